@@ -1,0 +1,64 @@
+// deep_fp8_gemm: basic types and qualifiers shared by every device header.
+//
+// The device library is header-only and includes nothing from the CUDA toolkit, so that
+// (1) NVRTC compiles a kernel with no include path in ~0.3 s (no CCCL / CUTLASS parsing) and
+// (2) the very same headers compile with the host C++ compiler for the CPU simulator
+//     (DFG_SIMULATOR defined), where the hardware layer (hal/) is replaced by an emulation.
+#pragma once
+
+#if defined(DFG_SIMULATOR)
+#include <cstdint>
+#include <cstddef>
+#define DFG_DEVICE inline
+#define DFG_HOST_DEVICE inline
+#define DFG_FORCEINLINE inline
+#define DFG_UNROLL
+#define DFG_GRID_CONSTANT
+#else
+#define DFG_DEVICE __device__ __forceinline__
+#define DFG_HOST_DEVICE __host__ __device__ __forceinline__
+#define DFG_FORCEINLINE __forceinline__
+#define DFG_UNROLL _Pragma("unroll")
+#define DFG_GRID_CONSTANT __grid_constant__
+#endif
+
+namespace dfg {
+
+#if defined(DFG_SIMULATOR)
+using u8 = std::uint8_t;
+using u16 = std::uint16_t;
+using u32 = std::uint32_t;
+using u64 = std::uint64_t;
+using i32 = std::int32_t;
+using i64 = std::int64_t;
+#else
+// NVRTC without an include path has no <cstdint>; these widths are fixed by the CUDA ABI.
+using u8 = unsigned char;
+using u16 = unsigned short;
+using u32 = unsigned int;
+using u64 = unsigned long long;
+using i32 = int;
+using i64 = long long;
+#endif
+static_assert(sizeof(u8) == 1 && sizeof(u16) == 2 && sizeof(u32) == 4 && sizeof(u64) == 8, "integer widths");
+
+template <typename T>
+DFG_HOST_DEVICE constexpr T ceil_div(T a, T b) { return (a + b - 1) / b; }
+
+template <typename T>
+DFG_HOST_DEVICE constexpr T round_up(T a, T b) { return ceil_div(a, b) * b; }
+
+template <typename T>
+DFG_HOST_DEVICE constexpr T min_of(T a, T b) { return a < b ? a : b; }
+
+template <typename T>
+DFG_HOST_DEVICE constexpr T max_of(T a, T b) { return a > b ? a : b; }
+
+// The three GEMM kinds one kernel template serves (same values as deep_fp8_gemm.config.GemmKind).
+enum class GemmKind : int {
+    Dense = 0,               // D[m, n] = A[m, k] . B[n, k]^T
+    GroupedContiguous = 1,   // rows of A grouped by expert; m_indices[row] = expert or -1 (padding)
+    GroupedMasked = 2,       // A[G, m_max, k]; only rows < masked_m[g] of group g are defined
+};
+
+}  // namespace dfg

@@ -1,0 +1,232 @@
+// deep_fp8_gemm hardware layer, sm_90a implementation (inline PTX).
+//
+// Every hardware-specific operation a kernel uses lives behind this interface. hal/sim.hpp
+// implements the same functions, with the same signatures and semantics, for the CPU simulator;
+// kernel logic above this layer is identical in both builds. When adding an operation, add it to
+// both files and to tests/test_hal_parity.py.
+//
+// Sources: PTX ISA 8.x, sections "mbarrier", "cp.async.bulk.tensor", "wgmma", "stmatrix",
+// "setmaxnreg", "fence.proxy.async"; the PTX strings match CUTLASS/CuTe's cute/arch/*.hpp and
+// cutlass/arch/barrier.h (shipped in the nvidia-cutlass wheel).
+#pragma once
+#include "../common.cuh"
+
+#if !defined(__CUDACC_RTC__) && !defined(__CUDACC__)
+#error "hal/ptx.cuh is the device implementation; build the simulator with -DDFG_SIMULATOR"
+#endif
+
+namespace dfg {
+
+// Same size and alignment as the driver's CUtensorMap (cuda.h: alignas(64) cuuint64_t opaque[16]).
+// Encoded on the host by cuTensorMapEncodeTiled; the kernel passes its address to TMA instructions.
+struct alignas(64) TensorMap {
+    u64 opaque[16];
+};
+static_assert(sizeof(TensorMap) == 128, "CUtensorMap is 128 bytes");
+
+namespace hal {
+
+// ---------------------------------------------------------------- indices
+DFG_DEVICE u32 thread_idx() { return threadIdx.x; }
+DFG_DEVICE u32 block_idx() { return blockIdx.x; }
+DFG_DEVICE u32 grid_dim() { return gridDim.x; }
+// Warp index made warp-uniform so that role branches compile to uniform control flow.
+DFG_DEVICE u32 warp_idx() { return __shfl_sync(0xffffffffu, threadIdx.x / 32, 0); }
+DFG_DEVICE u32 lane_idx() { return threadIdx.x % 32; }
+
+DFG_DEVICE u32 cluster_cta_rank() {
+    u32 rank;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+    return rank;
+}
+
+// ---------------------------------------------------------------- shared memory
+DFG_DEVICE u8* dynamic_smem() {
+    // 1024-byte alignment: the 128-byte swizzle pattern repeats every 1024 bytes and TMA / wgmma
+    // compute it from address bits, so every swizzled tile must start on a 1024-byte boundary.
+    extern __shared__ __align__(1024) u8 dfg_dynamic_smem[];
+    return dfg_dynamic_smem;
+}
+
+// 32-bit shared-window address of a generic pointer into shared memory.
+DFG_DEVICE u32 smem_addr(const void* ptr) {
+    u32 addr;
+    asm volatile("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(addr) : "l"(ptr));
+    return addr;
+}
+
+// ---------------------------------------------------------------- CTA / cluster synchronisation
+DFG_DEVICE void sync_threads() { __syncthreads(); }
+
+// bar.sync on hardware barrier `id` (1..15; 0 is __syncthreads) for `num_threads` threads (multiple of 32).
+DFG_DEVICE void named_barrier_sync(u32 id, u32 num_threads) {
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(num_threads) : "memory");
+}
+
+// Every thread of every CTA of the cluster arrives and waits (barrier.cluster, PTX ISA 9.7.13.1).
+DFG_DEVICE void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+// Makes mbarrier.init visible to the other CTAs of the cluster and to the async proxy (TMA).
+DFG_DEVICE void fence_barrier_init() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
+
+// Orders this thread's generic-proxy shared-memory writes (st.shared, stmatrix) before later
+// async-proxy accesses (TMA store, wgmma operand reads).
+DFG_DEVICE void fence_view_async_shared() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+
+// ---------------------------------------------------------------- mbarrier (u64 in shared memory)
+DFG_DEVICE void mbar_init(u64* bar, u32 arrive_count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(arrive_count) : "memory");
+}
+
+DFG_DEVICE void mbar_arrive(u64* bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
+}
+
+// Arrive on the barrier at the same shared-memory offset in CTA `cta_rank` of this cluster.
+DFG_DEVICE void mbar_arrive_cluster(u64* bar, u32 cta_rank) {
+    asm volatile(
+        "{\n\t.reg .b32 remote;\n\t"
+        "mapa.shared::cluster.u32 remote, %0, %1;\n\t"
+        "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n\t}" ::"r"(smem_addr(bar)),
+        "r"(cta_rank)
+        : "memory");
+}
+
+// Arrive once and add `tx_bytes` to the transaction count the current phase waits for.
+DFG_DEVICE void mbar_arrive_expect_tx(u64* bar, u32 tx_bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(tx_bytes)
+                 : "memory");
+}
+
+// Blocks until the phase with parity `phase` has completed.
+DFG_DEVICE void mbar_wait(u64* bar, u32 phase) {
+    const u32 addr = smem_addr(bar);
+    u32 done = 0;
+    do {
+        asm volatile(
+            "{\n\t.reg .pred p;\n\t"
+            "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+            "selp.u32 %0, 1, 0, p;\n\t}"
+            : "=r"(done)
+            : "r"(addr), "r"(phase)
+            : "memory");
+    } while (!done);
+}
+
+// ---------------------------------------------------------------- TMA (cp.async.bulk.tensor), rank 3
+DFG_DEVICE void tma_prefetch(const TensorMap* map) {
+    asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<u64>(map)) : "memory");
+}
+
+// Box at coordinates (c0 innermost, c1, c2) -> dst; completes `bytes-of-box` transactions on `bar`.
+DFG_DEVICE void tma_load_3d(void* dst, const TensorMap* map, u64* bar, i32 c0, i32 c1, i32 c2) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%3, %4, %5}], [%2];" ::"r"(smem_addr(dst)),
+        "l"(reinterpret_cast<u64>(map)), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "r"(c2)
+        : "memory");
+}
+
+// As tma_load_3d, but the box lands at the same offset in every CTA of `cta_mask` and each of
+// their barriers (same offset as `bar`) receives the transaction bytes.
+DFG_DEVICE void tma_load_3d_multicast(void* dst, const TensorMap* map, u64* bar, u16 cta_mask, i32 c0, i32 c1,
+                                      i32 c2) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+        " [%0], [%1, {%4, %5, %6}], [%2], %3;" ::"r"(smem_addr(dst)),
+        "l"(reinterpret_cast<u64>(map)), "r"(smem_addr(bar)), "h"(cta_mask), "r"(c0), "r"(c1), "r"(c2)
+        : "memory");
+}
+
+// Box from src -> global at (c0, c1, c2); out-of-bounds parts of the box are not written.
+DFG_DEVICE void tma_store_3d(const TensorMap* map, const void* src, i32 c0, i32 c1, i32 c2) {
+    asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];" ::"l"(
+                     reinterpret_cast<u64>(map)),
+                 "r"(smem_addr(src)), "r"(c0), "r"(c1), "r"(c2)
+                 : "memory");
+}
+
+DFG_DEVICE void tma_store_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+
+// Waits until at most N committed store groups are still reading their shared-memory source.
+template <int N>
+DFG_DEVICE void tma_store_wait_read() {
+    asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory");
+}
+
+// Waits until every committed store group has completed (writes visible in global memory).
+DFG_DEVICE void tma_store_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
+
+// ---------------------------------------------------------------- wgmma (warpgroup-collective)
+DFG_DEVICE void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+DFG_DEVICE void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+
+template <int N>
+DFG_DEVICE void wgmma_wait() {
+    static_assert(N >= 0 && N <= 7, "wgmma.wait_group takes 0..7");
+    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+
+// Keeps the compiler from moving accumulator reads/writes across wgmma fence/commit/wait.
+DFG_DEVICE void fence_operand(float& reg) { asm volatile("" : "+f"(reg)::"memory"); }
+
+// D[64 x N] (+)= A[64 x 32] . B[N x 32]^T, e4m3 inputs from shared memory, f32 accumulators.
+// `d` is this thread's fragment (N/2 floats, PTX ISA "wgmma .m64nNk32 register fragment D").
+// The specialisation for each N a kernel uses is generated by the JIT (deep_fp8_gemm/jit_gen.py)
+// into the translation unit, because inline asm needs the N/2 register operands spelled out.
+template <int N>
+struct WgmmaFp8;
+
+// ---------------------------------------------------------------- stmatrix / setmaxnreg
+// Stores four 8x8 b16 matrices; lane l supplies the row address of row (l % 8) of matrix (l / 8);
+// register q of lane l holds row l/4, columns 2*(l%4)..+1 of matrix q.
+DFG_DEVICE void stmatrix_x4(void* row_ptr, u32 r0, u32 r1, u32 r2, u32 r3) {
+    asm volatile("stmatrix.sync.aligned.x4.m8n8.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(smem_addr(row_ptr)),
+                 "r"(r0), "r"(r1), "r"(r2), "r"(r3)
+                 : "memory");
+}
+
+template <u32 kRegisters>
+DFG_DEVICE void setmaxnreg_inc() {
+    static_assert(kRegisters % 8 == 0 && kRegisters >= 24 && kRegisters <= 256, "setmaxnreg range");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kRegisters));
+}
+
+template <u32 kRegisters>
+DFG_DEVICE void setmaxnreg_dec() {
+    static_assert(kRegisters % 8 == 0 && kRegisters >= 24 && kRegisters <= 256, "setmaxnreg range");
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kRegisters));
+}
+
+// ---------------------------------------------------------------- conversions, loads, errors
+// Two floats -> two bf16 (round to nearest even) packed as {lo in bits 0..15, hi in bits 16..31}.
+DFG_DEVICE u32 pack_bf16x2(float lo, float hi) {
+    u32 packed;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(packed) : "f"(hi), "f"(lo));
+    return packed;
+}
+
+// Two floats -> two e4m3 (round to nearest even, saturate to +-448) packed as {lo byte, hi byte}.
+DFG_DEVICE u16 pack_e4m3x2(float lo, float hi) {
+    u16 packed;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(packed) : "f"(hi), "f"(lo));
+    return packed;
+}
+
+// Read-only global load (through the non-coherent texture path).
+DFG_DEVICE float ld_global_nc(const float* ptr) { return __ldg(ptr); }
+DFG_DEVICE i32 ld_global_nc(const i32* ptr) { return __ldg(ptr); }
+
+// Aborts the launch: the host sees CUDA_ERROR_LAUNCH_FAILED (the simulator reports `what`).
+DFG_DEVICE void trap(const char* /*what*/) { asm volatile("trap;"); }
+
+}  // namespace hal
+}  // namespace dfg
+
+// Kernel entry: one extern "C" symbol per translation unit, so the runtime finds it by name.
+#define DFG_DEFINE_KERNEL(NAME, NUM_THREADS, PARAMS_T, BODY)                                       \
+    extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1) NAME(const __grid_constant__ PARAMS_T params) { \
+        BODY(params);                                                                               \
+    }
