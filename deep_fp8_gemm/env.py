@@ -1,0 +1,59 @@
+"""Every ``DFG_*`` environment variable, read here and nowhere else.
+
+Values are read on each call (an ``os.environ`` lookup, well under a microsecond), so tests and
+long-running processes can change them. The README's "Environment variables" table mirrors this module.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+_FALSE = {"", "0", "false", "no", "off"}
+
+
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() not in _FALSE
+
+
+def jit_cache_dir() -> Path:
+    """``DFG_JIT_CACHE_DIR``: on-disk cubin cache; default ``$XDG_CACHE_HOME/deep_fp8_gemm`` (``~/.cache``)."""
+    explicit = os.environ.get("DFG_JIT_CACHE_DIR")
+    if explicit:
+        return Path(explicit).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "deep_fp8_gemm"
+
+
+def jit_disable_cache() -> bool:
+    """``DFG_JIT_DISABLE_CACHE=1``: never read or write the on-disk cache (the in-memory cache stays on)."""
+    return _flag("DFG_JIT_DISABLE_CACHE")
+
+
+def jit_debug() -> bool:
+    """``DFG_JIT_DEBUG=1``: dump rendered source / PTX / SASS next to the cache entry and print compile
+    times and chosen configs to stderr."""
+    return _flag("DFG_JIT_DEBUG")
+
+
+def jit_ptxas_verbose() -> bool:
+    """``DFG_JIT_PTXAS_VERBOSE=1``: print the full ptxas report of every compile to stderr."""
+    return _flag("DFG_JIT_PTXAS_VERBOSE")
+
+
+def simulate() -> bool:
+    """``DFG_SIMULATE=1``: public ops on CPU tensors run the real kernels through the CPU simulator
+    instead of the plain reference implementation."""
+    return _flag("DFG_SIMULATE")
+
+
+def sim_num_sms() -> int:
+    """``DFG_SIM_NUM_SMS``: SM count the simulator's persistent grid uses (default 4)."""
+    value = os.environ.get("DFG_SIM_NUM_SMS", "4")
+    try:
+        n = int(value)
+    except ValueError:
+        raise ValueError(f"DFG_SIM_NUM_SMS must be a positive integer, got {value!r}") from None
+    if n <= 0:
+        raise ValueError(f"DFG_SIM_NUM_SMS must be a positive integer, got {n}")
+    return n
