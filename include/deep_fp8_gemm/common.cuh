@@ -49,6 +49,9 @@ template <typename T>
 DFG_HOST_DEVICE constexpr T round_up(T a, T b) { return ceil_div(a, b) * b; }
 
 template <typename T>
+DFG_HOST_DEVICE constexpr T gcd(T a, T b) { return b == 0 ? a : gcd(b, a % b); }
+
+template <typename T>
 DFG_HOST_DEVICE constexpr T min_of(T a, T b) { return a < b ? a : b; }
 
 template <typename T>

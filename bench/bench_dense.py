@@ -1,0 +1,103 @@
+"""Dense FP8 GEMM benchmark: ``gemm_fp8_fp8_bf16_nt`` vs block-scaled cuBLAS, bf16 matmul and the reference
+design's H800 numbers, plus the host overhead of a decode-size call.
+
+    python -m bench.bench_dense [--shapes deepseek-v3|decode|all] [--quick] [--out DIR] [--time-budget S]
+
+Writes ``<out>/dense-<table>.{json,md,png}`` (see ``bench/report.py``). Method: ``bench/timing.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import zlib
+from collections.abc import Sequence
+
+import torch
+
+from . import baselines, harness, timing
+from .baselines import Impl
+from .shapes import DENSE_TABLES, SMOKE_SHAPES, DenseShape, dense_shapes
+
+# Host overhead is measured on the smallest decode calls, where it matters.
+HOST_OVERHEAD_SHAPES = (DenseShape(1, 2112, 7168), DenseShape(1, 7168, 2048))
+
+
+def make_inputs(shape: DenseShape, device: torch.device) -> dict:
+    """Random bf16 activations / weights quantised by the library; float64 reference of the dequantised
+    operands. The seed depends on the shape only, so reruns see the same data."""
+    import deep_fp8_gemm as dfg
+
+    gen = torch.Generator(device=device).manual_seed(zlib.crc32(shape.label.encode()))
+    x = torch.randn(shape.m, shape.k, device=device, generator=gen).to(torch.bfloat16)
+    w = torch.randn(shape.n, shape.k, device=device, generator=gen).to(torch.bfloat16)
+    a, sa = dfg.per_token_cast_to_fp8(x)
+    b, sb = dfg.per_block_cast_to_fp8(w)
+    a_deq, b_deq = baselines.dequant_a(a, sa), baselines.dequant_b(b, sb)
+    return {"a": a, "sa": sa, "b": b, "sb": sb, "a_deq": a_deq, "b_deq": b_deq,
+            "ref": baselines.reference_nt(a_deq, b_deq)}
+
+
+def ours(inputs: dict, n_copies: int) -> Impl:
+    """``gemm_fp8_fp8_bf16_nt`` with sA already M-major and TMA-aligned (as a model would keep it)."""
+    import deep_fp8_gemm as dfg
+
+    def gemm(a, sa, b, sb, out):
+        dfg.gemm_fp8_fp8_bf16_nt((a, sa), (b, sb), out)
+        return out
+
+    m, n = inputs["a"].size(0), inputs["b"].size(0)
+    sets = []
+    for i in range(n_copies):
+        clone = (lambda t: t) if i == 0 else (lambda t: t.clone())
+        sa = dfg.get_col_major_tma_aligned_tensor(clone(inputs["sa"]))  # clone() would lose the M-major strides
+        out = torch.empty(m, n, dtype=torch.bfloat16, device=inputs["a"].device)
+        sets.append((clone(inputs["a"]), sa, clone(inputs["b"]), clone(inputs["sb"]), out))
+    return Impl(harness.OURS, gemm, sets, lambda out: out, inputs["ref"],
+                poison=lambda args: args[4].fill_(float("nan")))
+
+
+def build(shape: DenseShape, device: torch.device, n_copies: int):
+    inputs = make_inputs(shape, device)
+    return [
+        (harness.OURS, lambda: ours(inputs, n_copies)),
+        ("cublas_block", lambda: baselines.cublas_block_dense(inputs["a"], inputs["sa"], inputs["b"], inputs["sb"],
+                                                              inputs["ref"], n_copies)),
+        ("bf16_matmul", lambda: baselines.bf16_dense(inputs["a_deq"], inputs["b_deq"], inputs["ref"], n_copies)),
+    ]
+
+
+def host_overhead(device: torch.device, calls: int = 200) -> dict:
+    """Per-call host time vs GPU time of back-to-back decode-size calls (deep_fp8_gemm and cuBLAS)."""
+    results = []
+    flusher = timing.L2Flusher(device)
+    for shape in HOST_OVERHEAD_SHAPES:
+        for name, thunk in build(shape, device, 1)[:2]:
+            entry = {"impl": name, "label": shape.label}
+            try:
+                impl = thunk()
+                kernel = timing.time_call(impl.fn, impl.arg_sets, device=device, flusher=flusher)
+                entry.update(timing.host_overhead(impl.fn, impl.arg_sets[0], device=device, calls=calls))
+                entry["kernel_us"] = kernel.median_us
+            except Exception as exc:  # noqa: BLE001 - report, don't crash
+                entry["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+            results.append(entry)
+    return {"host_overhead": results}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.bench_dense", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shapes", default="deepseek-v3", choices=(*DENSE_TABLES, "smoke"),
+                        help="deepseek-v3: 7 (N,K) x M in {64,128,4096}; decode: M 1..64 and 256/1024/2048; "
+                             "all: both; smoke: two tiny shapes for --device cpu")
+    parser.add_argument("--no-host-overhead", action="store_true", help="skip the host-overhead measurement")
+    harness.common_args(parser)
+    args = parser.parse_args(argv)
+    shapes = list(SMOKE_SHAPES) if args.shapes == "smoke" else dense_shapes(args.shapes, quick=args.quick)
+    extra = None if args.no_host_overhead else (
+        lambda device: host_overhead(device, calls=20 if device.type == "cpu" else 200))
+    return harness.run_family(f"dense-{args.shapes}", shapes, build, args, extra=extra)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

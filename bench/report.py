@@ -1,0 +1,369 @@
+"""Result files: ``<family>.json`` (everything), ``<family>.md`` (table), ``<family>.png`` (TFLOPS and
+speedups per shape), and the ``bench/RESULTS.md`` summary rebuilt from whatever JSONs exist.
+
+    python -m bench.report [--results DIR] [--summary FILE] [--plots]
+
+JSON layout: ``{"family", "env", "method", "rows": [row], "extra"}``; a row is ``{"shape", "label",
+"flops", "bytes", "h800_published_tflops", "rotation_copies", "impls": {name: record}}`` and a record
+``{"status": ok|wrong|n/a|error|skipped, "us", "us_min", "us_p20", "us_p80", "runs", "spread", "tflops",
+"gbs", "diff", "note", "error"}`` (timing fields only when ok).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import math
+import os
+import platform
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+from .shapes import H800_LABEL, H800_PUBLISHED, H800_PUBLISHED_DENSE, shape_from_dict
+
+OURS = "deep_fp8_gemm"
+BASELINES = ("cublas_block", "bf16_matmul", "scaled_grouped_mm_rowwise")
+LABELS = {
+    OURS: "deep_fp8_gemm",
+    "cublas_block": "cuBLAS block-scaled",
+    "bf16_matmul": "bf16 matmul",
+    "scaled_grouped_mm_rowwise": "_scaled_grouped_mm row-wise (different scaling)",
+    H800_LABEL: "reference design, H800 published",
+}
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+SUMMARY = Path(__file__).resolve().parent / "RESULTS.md"
+NOT_MEASURED = "not yet measured on a GPU"
+
+
+# --- numbers --------------------------------------------------------------------------------------------
+
+def speedup(row: dict, baseline: str) -> float | None:
+    """``baseline µs / deep_fp8_gemm µs`` when both were checked correct and timed; for ``H800_LABEL`` the
+    TFLOPS ratio to the published number."""
+    ours = row["impls"].get(OURS, {})
+    if ours.get("status") != "ok":
+        return None
+    if baseline == H800_LABEL:
+        published = row.get("h800_published_tflops")
+        return ours["tflops"] / published if published else None
+    other = row["impls"].get(baseline, {})
+    if other.get("status") != "ok":
+        return None
+    return other["us"] / ours["us"]
+
+
+def geomean(values: Sequence[float | None]) -> float | None:
+    kept = [v for v in values if v is not None and v > 0]
+    return math.exp(sum(math.log(v) for v in kept) / len(kept)) if kept else None
+
+
+# --- environment ------------------------------------------------------------------------------------------
+
+def _nvidia_smi() -> dict:
+    fields = "name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu,power.draw"
+    try:
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=15, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    values = [v.strip() for v in out.splitlines()[0].split(",")] if out.strip() else []
+    return dict(zip(["smi_name", "driver", "clock_sm", "clock_max_sm", "clock_mem", "temperature", "power"], values))
+
+
+def collect_env(device=None) -> dict:
+    """GPU, driver, CUDA, torch, clocks (nvidia-smi), NVRTC, library version, UTC date."""
+    import torch
+
+    env: dict = {
+        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "host": platform.node(), "python": platform.python_version(),
+        "torch": torch.__version__, "cuda": torch.version.cuda,
+    }
+    if device is not None and getattr(device, "type", device) == "cuda" and torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        env.update(gpu=props.name, sm_count=props.multi_processor_count,
+                   capability=f"{props.major}.{props.minor}", memory_gib=round(props.total_memory / 2**30, 1))
+        env.update(_nvidia_smi())
+    else:
+        env["gpu"] = "none (CPU smoke run)"
+    try:
+        from cuda.bindings import nvrtc
+
+        err, major, minor = nvrtc.nvrtcVersion()
+        env["nvrtc"] = f"{major}.{minor}"
+    except Exception:  # noqa: BLE001 - informational only
+        env["nvrtc"] = "unavailable"
+    try:
+        from importlib.metadata import version
+
+        env["deep_fp8_gemm"] = version("deep_fp8_gemm")
+    except Exception:  # noqa: BLE001
+        env["deep_fp8_gemm"] = "source tree"
+    return env
+
+
+# --- text ---------------------------------------------------------------------------------------------------
+
+def _f(value: float | None, fmt: str = "{:.0f}") -> str:
+    return "–" if value is None else fmt.format(value)
+
+
+def _cell(rec: dict | None, key: str, fmt: str = "{:.0f}") -> str:
+    if not rec:
+        return "–"
+    if rec.get("status") != "ok":
+        return rec.get("status", "–")
+    return _f(rec.get(key), fmt)
+
+
+def _present_baselines(rows: Sequence[dict]) -> list[str]:
+    return [b for b in BASELINES if any(b in r["impls"] for r in rows)]
+
+
+def markdown_table(rows: Sequence[dict]) -> str:
+    """One line per shape: deep_fp8_gemm µs / TFLOPS / GB/s, each baseline's µs and speedup, the H800
+    published TFLOPS and ratio, the check (calc_diff) and any note."""
+    baselines = _present_baselines(rows)
+    head = ["shape", "µs", "TFLOPS", "GB/s"]
+    for b in baselines:
+        head += [f"{LABELS[b]} µs", f"× {LABELS[b]}"]
+    head += ["H800 published TFLOPS", "× H800 published", "calc_diff", "notes"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        ours = r["impls"].get(OURS, {})
+        cells = [r["label"], _cell(ours, "us", "{:.1f}"), _cell(ours, "tflops"), _cell(ours, "gbs")]
+        for b in baselines:
+            cells += [_cell(r["impls"].get(b), "us", "{:.1f}"), _f(speedup(r, b), "{:.2f}x")]
+        cells += [_f(r.get("h800_published_tflops")), _f(speedup(r, H800_LABEL), "{:.2f}x"),
+                  _f(ours.get("diff"), "{:.1e}")]
+        notes = []
+        for name, rec in r["impls"].items():
+            text = rec.get("error") or (rec.get("note") if rec.get("status") != "ok" else "")
+            if rec.get("status") == "wrong":
+                text = f"wrong result (calc_diff {rec.get('diff'):.2e})"
+            if text:
+                notes.append(f"{LABELS.get(name, name)}: {text}")
+        cells.append("; ".join(notes).replace("|", "/"))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def headline(rows: Sequence[dict]) -> list[str]:
+    """Geometric-mean speedups and how many shapes beat the published H800 number."""
+    out = []
+    for b in (*_present_baselines(rows), H800_LABEL):
+        values = [speedup(r, b) for r in rows]
+        g = geomean(values)
+        n = sum(v is not None for v in values)
+        if g is not None:
+            extra = ""
+            if b == H800_LABEL:
+                extra = f", {sum(v >= 1.0 for v in values if v is not None)}/{n} shapes at or above it"
+            out.append(f"geomean speedup vs {LABELS[b]}: **{g:.2f}x** over {n} shapes{extra}")
+    ok = sum(r["impls"].get(OURS, {}).get("status") == "ok" for r in rows)
+    out.append(f"deep_fp8_gemm checked correct and timed on {ok}/{len(rows)} shapes")
+    return out
+
+
+def extra_markdown(extra: dict) -> str:
+    """The host-overhead table (dense) or whatever else a family adds."""
+    if not extra:
+        return ""
+    if "error" in extra:
+        return f"extra measurements failed: {extra['error']}"
+    lines = []
+    overhead = extra.get("host_overhead")
+    if overhead:
+        lines += ["Host overhead per call (back-to-back calls, no flush):", "",
+                  "| implementation | shape | calls | host µs/call | wall µs/call | GPU µs/call | isolated kernel µs |",
+                  "|---|---|---|---|---|---|---|"]
+        for o in overhead:
+            if "error" in o:
+                lines.append(f"| {LABELS.get(o['impl'], o['impl'])} | {o['label']} | – | {o['error']} | | | |")
+                continue
+            lines.append(f"| {LABELS.get(o['impl'], o['impl'])} | {o['label']} | {o['calls']} | {o['host_us']:.1f} | "
+                         f"{o['wall_us']:.1f} | {o['gpu_us']:.1f} | {_f(o.get('kernel_us'), '{:.1f}')} |")
+        lines += ["", "host µs/call > isolated kernel µs means such calls are launch-bound (capture them in a "
+                  "CUDA graph)."]
+    return "\n".join(lines)
+
+
+def env_line(env: dict) -> str:
+    clocks = ""
+    if env.get("clock_sm"):
+        clocks = f", SM clock {env['clock_sm']} (max {env.get('clock_max_sm', '?')}), mem clock {env.get('clock_mem', '?')}"
+    return (f"{env.get('gpu', '?')} ({env.get('sm_count', '?')} SMs), driver {env.get('driver', '?')}, "
+            f"CUDA {env.get('cuda', '?')}, torch {env.get('torch', '?')}, NVRTC {env.get('nvrtc', '?')}{clocks}; "
+            f"{env.get('date', '?')}" + (" (--quick)" if env.get("quick") else ""))
+
+
+def console_line(row: dict) -> str:
+    ours = row["impls"].get(OURS, {})
+    parts = [f"{row['label']:<40}"]
+    if ours.get("status") == "ok":
+        parts.append(f"{ours['us']:9.1f} us {ours['tflops']:7.0f} TFLOPS {ours['gbs']:6.0f} GB/s")
+    else:
+        parts.append(f"{ours.get('status', '?'):>9} {ours.get('error') or ours.get('note') or ''}"[:120])
+    for b in (*BASELINES, H800_LABEL):
+        s = speedup(row, b)
+        if s is not None:
+            parts.append(f"x{LABELS[b].split()[0]} {s:.2f}")
+    return "  ".join(parts)
+
+
+# --- files --------------------------------------------------------------------------------------------------
+
+def _atomic_write(path: Path, data: str | bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    if isinstance(data, str):
+        tmp.write_text(data)
+    else:
+        tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def write_family(family: str, rows: Sequence[dict], env: dict, out_dir: Path | str, *,
+                 extra: dict | None = None, plot: bool = True) -> list[Path]:
+    """Writes ``<family>.json`` and ``.md`` (and ``.png`` with ``plot`` when matplotlib is importable)."""
+    from .timing import METHOD_NOTE
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    doc = {"family": family, "env": env, "method": METHOD_NOTE, "rows": list(rows), "extra": extra or {}}
+    json_path, md_path = out_dir / f"{family}.json", out_dir / f"{family}.md"
+    _atomic_write(json_path, json.dumps(doc, indent=1, default=str))
+    _atomic_write(md_path, family_markdown(doc))
+    paths = [json_path, md_path]
+    if plot:
+        png = plot_family(doc, out_dir / f"{family}.png")
+        if png is not None:
+            paths.append(png)
+    return paths
+
+
+def family_markdown(doc: dict) -> str:
+    parts = [f"## {doc['family']}", "", env_line(doc["env"]), "", f"Method: {doc['method']}.", ""]
+    parts += [f"- {line}" for line in headline(doc["rows"])]
+    parts += ["", markdown_table(doc["rows"]), ""]
+    extra = extra_markdown(doc.get("extra") or {})
+    if extra:
+        parts += [extra, ""]
+    return "\n".join(parts)
+
+
+def plot_family(doc: dict, path: Path) -> Path | None:
+    """Two panels: TFLOPS per shape (deep_fp8_gemm, baselines, H800 published) and speedups (log scale, 1x
+    line). Returns None when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    rows = doc["rows"]
+    labels = [r["label"].replace(" n=", "\nn=") for r in rows]
+    series = [(OURS, [r["impls"].get(OURS, {}).get("tflops") for r in rows])]
+    series += [(b, [r["impls"].get(b, {}).get("tflops") for r in rows]) for b in _present_baselines(rows)]
+    series.append((H800_LABEL, [r.get("h800_published_tflops") for r in rows]))
+    x = list(range(len(rows)))
+    width = 0.8 / len(series)
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(max(8.0, 0.55 * len(rows) + 3), 9), sharex=True)
+    for i, (name, values) in enumerate(series):
+        ax1.bar([xi + (i - (len(series) - 1) / 2) * width for xi in x], [v or 0 for v in values], width,
+                label=LABELS[name])
+    ax1.set_ylabel("TFLOPS (2mnk/t, valid rows)")
+    ax1.set_title(f"{doc['family']} — {doc['env'].get('gpu', '?')}, {doc['env'].get('date', '')}")
+    ax1.legend(fontsize=8)
+    ax1.grid(axis="y", alpha=0.3)
+    speedups = [(b, [speedup(r, b) for r in rows]) for b in (*_present_baselines(rows), H800_LABEL)]
+    for name, values in speedups:
+        ax2.plot(x, [v if v is not None else float("nan") for v in values], marker="o", linestyle="none",
+                 label=f"vs {LABELS[name]}")
+    ax2.axhline(1.0, color="black", linewidth=0.8)
+    ax2.set_yscale("log")
+    ax2.set_ylabel("speedup of deep_fp8_gemm")
+    ax2.legend(fontsize=8)
+    ax2.grid(alpha=0.3)
+    ax2.set_xticks(x)
+    ax2.set_xticklabels(labels, rotation=90, fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def reference_table() -> str:
+    """The reference design's published H800 SXM numbers (ANCHORS.md), as a Markdown table."""
+    lines = ["| kind | shape | TFLOPS | GB/s |", "|---|---|---|---|"]
+    for shape, tflops in H800_PUBLISHED.items():
+        gbs = H800_PUBLISHED_DENSE[shape][1] if shape in H800_PUBLISHED_DENSE else None
+        lines.append(f"| {shape.family} | {shape.label} | {tflops:.0f} | {_f(gbs)} |")
+    return "\n".join(lines)
+
+
+def write_summary(results_dir: Path | str = RESULTS_DIR, summary: Path | str = SUMMARY, plots: bool = False) -> Path:
+    """Rebuilds the summary Markdown from every ``<family>.json`` in ``results_dir`` (``plots``: redraw PNGs)."""
+    results_dir, summary = Path(results_dir), Path(summary)
+    docs = []
+    for path in sorted(results_dir.glob("*.json")):
+        try:
+            docs.append(json.loads(path.read_text()))
+        except (OSError, json.JSONDecodeError) as exc:
+            print(f"skipping {path}: {exc}")
+    parts = ["# Benchmark results", "",
+             "Generated by `python -m bench.report` from `bench/results/*.json`; produce those with "
+             "`python -m bench.bench_dense`, `python -m bench.bench_grouped` or `bash bench/device_check.sh OUTDIR` "
+             "on a Hopper GPU (see `bench/__init__.py`).", ""]
+    if not docs:
+        from .timing import METHOD_NOTE
+
+        parts += [f"**Status: {NOT_MEASURED}.** No deep_fp8_gemm kernel has been timed yet; the tables below are the "
+                  "targets.", "", f"Method (when measured): {METHOD_NOTE}.", ""]
+    else:
+        parts += ["Machine: " + env_line(docs[0]["env"]), ""]
+        for doc in docs:
+            parts += [f"## {doc['family']}", ""]
+            if doc["env"] != docs[0]["env"]:
+                parts += [env_line(doc["env"]), ""]
+            parts += [f"- {line}" for line in headline(doc["rows"])]
+            png = results_dir / f"{doc['family']}.png"
+            if plots:
+                plot_family(doc, png)
+            if png.exists():
+                parts += ["", f"![{doc['family']}]({os.path.relpath(png, summary.parent)})"]
+            parts += ["", markdown_table(doc["rows"]), ""]
+            extra = extra_markdown(doc.get("extra") or {})
+            if extra:
+                parts += [extra, ""]
+        parts += [f"Method: {docs[0]['method']}.", ""]
+    parts += ["## Reference design's published numbers (H800 SXM, NVCC 12.8)", "",
+              "From `../shared/ANCHORS.md`. Different GPU: the H800 has the H200's 132 SMs and 1979 TFLOPS FP8 peak but "
+              "3.35 TB/s of HBM instead of 4.8, so memory-bound (small-M) shapes have ~1.4x more headroom on an H200. "
+              "TFLOPS = 2mnk/t over valid rows.", "", reference_table(), ""]
+    _atomic_write(summary, "\n".join(parts))
+    return summary
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.report", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--results", type=Path, default=RESULTS_DIR, help="directory of <family>.json files")
+    parser.add_argument("--summary", type=Path, default=SUMMARY, help="summary Markdown to write")
+    parser.add_argument("--plots", action="store_true", help="redraw every <family>.png from its JSON")
+    parser.add_argument("--print", dest="show", action="store_true", help="print the headline of every family")
+    args = parser.parse_args(argv)
+    path = write_summary(args.results, args.summary, plots=args.plots)
+    print(f"wrote {path}")
+    if args.show:
+        for doc_path in sorted(Path(args.results).glob("*.json")):
+            doc = json.loads(doc_path.read_text())
+            print(f"\n{doc['family']}: {env_line(doc['env'])}")
+            for line in headline(doc["rows"]):
+                print("  " + line.replace("**", ""))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,247 @@
+"""Named benchmark shape tables and the reference design's published H800 numbers.
+
+Sources: ``../shared/ANCHORS.md`` sections 1 (DeepGEMM's published H800 SXM table) and 5 (DeepSeek-V3 shapes).
+The H800 numbers were measured on a different GPU (H800 SXM: same 132 SMs and FP8 peak as the H200, but
+3.35 TB/s of HBM instead of 4.8), so every comparison with them is labelled "H800 published".
+
+Counting rules (used by every benchmark and by the published table):
+- FLOPs = ``2·m·n·k`` over *valid* rows only (grouped: padding rows and masked-out rows are not counted).
+- Bytes = A + B + scales + D, each read or written once: A ``m·k`` (e4m3, 1 B), sA ``m·ceil(k/128)·4``,
+  B ``n·k`` (per group), sB ``ceil(n/128)·ceil(k/128)·4`` (per group), D ``m·n·2`` (bf16). The published GB/s
+  column matches this within ~1% (``tests/test_bench_cpu.py`` checks it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+BLOCK = 128  # scale-block edge: 1x128 for activations, 128x128 for weights
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _align(x: int, a: int) -> int:
+    return _cdiv(x, a) * a
+
+
+def _operand_bytes(rows: int, n: int, k: int, groups: int) -> int:
+    """A + sA for ``rows`` valid rows, B + sB for ``groups`` weight matrices, D for ``rows`` rows."""
+    kb = _cdiv(k, BLOCK)
+    a = rows * k + rows * kb * 4
+    b = groups * (n * k + _cdiv(n, BLOCK) * kb * 4)
+    d = rows * n * 2
+    return a + b + d
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class DenseShape:
+    """``gemm_fp8_fp8_bf16_nt``: A ``[m, k]``, B ``[n, k]``, D ``[m, n]``."""
+
+    m: int
+    n: int
+    k: int
+    family: ClassVar[str] = "dense"
+
+    @property
+    def label(self) -> str:
+        return f"m={self.m} n={self.n} k={self.k}"
+
+    @property
+    def valid_m(self) -> int:
+        return self.m
+
+    def flops(self) -> int:
+        return 2 * self.m * self.n * self.k
+
+    def bytes(self) -> int:
+        return _operand_bytes(self.m, self.n, self.k, 1)
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class ContiguousShape:
+    """``m_grouped_gemm_fp8_fp8_bf16_nt_contiguous``: ``num_groups`` experts with ``m_per_group`` valid rows
+    each; every expert segment holds ``m_per_group + pad_per_group`` rows rounded up to 128, the extra rows
+    marked -1 in ``m_indices``. ``pad_per_group`` > 0 measures what padding costs (issue 5: 50% padding
+    should cost < 10%)."""
+
+    num_groups: int
+    m_per_group: int
+    n: int
+    k: int
+    pad_per_group: int = 0
+    family: ClassVar[str] = "contiguous"
+
+    @property
+    def segment(self) -> int:
+        return _align(self.m_per_group + self.pad_per_group, BLOCK)
+
+    @property
+    def m_sum(self) -> int:
+        return self.num_groups * self.segment
+
+    @property
+    def valid_m(self) -> int:
+        return self.num_groups * self.m_per_group
+
+    @property
+    def label(self) -> str:
+        pad = self.segment - self.m_per_group
+        pad_text = f" (+{pad} pad rows each)" if pad else ""
+        return f"G={self.num_groups} m={self.m_per_group}{pad_text} n={self.n} k={self.k}"
+
+    def flops(self) -> int:
+        return 2 * self.valid_m * self.n * self.k
+
+    def bytes(self) -> int:
+        return _operand_bytes(self.valid_m, self.n, self.k, self.num_groups)
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class MaskedShape:
+    """``m_grouped_gemm_fp8_fp8_bf16_nt_masked``: A ``[G, m_max, k]`` with ``masked_m[g] = expected_m`` valid
+    rows in every group and ``m_max = expected_m`` (as the reference design benchmarked it), unless
+    ``m_max`` is given."""
+
+    num_groups: int
+    expected_m: int
+    n: int
+    k: int
+    m_max: int = 0  # 0: same as expected_m
+    family: ClassVar[str] = "masked"
+
+    @property
+    def rows_per_group(self) -> int:
+        return self.m_max or self.expected_m
+
+    @property
+    def valid_m(self) -> int:
+        return self.num_groups * self.expected_m
+
+    @property
+    def label(self) -> str:
+        extra = f" m_max={self.m_max}" if self.m_max else ""
+        return f"G={self.num_groups} m={self.expected_m}{extra} n={self.n} k={self.k}"
+
+    def flops(self) -> int:
+        return 2 * self.valid_m * self.n * self.k
+
+    def bytes(self) -> int:
+        return _operand_bytes(self.valid_m, self.n, self.k, self.num_groups)
+
+
+Shape = DenseShape | ContiguousShape | MaskedShape
+
+# --- DeepSeek-V3 (ANCHORS.md section 5) -----------------------------------------------------------------
+DEEPSEEK_V3_NK: tuple[tuple[int, int], ...] = (
+    (2112, 7168),   # q_a + kv_a projection (fused)
+    (24576, 1536),  # q_b projection
+    (32768, 512),   # kv_b projection
+    (7168, 16384),  # attention output projection
+    (4096, 7168),   # shared-expert gate+up (per TP shard)
+    (7168, 2048),   # shared-expert down
+    (576, 7168),    # kv_a projection alone (not in the published table)
+)
+DEEPSEEK_V3_M = (64, 128, 4096)
+DECODE_M = (1, 2, 4, 8, 16, 32, 64)
+PREFILL_M = (256, 1024, 2048)
+# --quick keeps the M values whose configs differ most (tile shape changes around 16/64, then waves).
+DECODE_M_QUICK = (1, 16, 32)
+PREFILL_M_QUICK = (256, 2048)
+
+GROUPED_NK: tuple[tuple[int, int], ...] = ((4096, 7168), (7168, 2048))
+
+DENSE_TABLES = ("deepseek-v3", "decode", "all")
+
+
+def dense_shapes(table: str = "deepseek-v3", quick: bool = False) -> list[DenseShape]:
+    """``deepseek-v3``: the 7 (N, K) x M in {64, 128, 4096}; ``decode``: M in 1..64 and 256/1024/2048
+    (``quick``: a subset of those M); ``all``: both, without duplicates. Sorted by (N, K, M) order of the table."""
+    if table not in DENSE_TABLES:
+        raise ValueError(f"unknown dense table {table!r}; choose one of {DENSE_TABLES}")
+    ms: list[int] = []
+    if table in ("deepseek-v3", "all"):
+        ms += DEEPSEEK_V3_M
+    if table in ("decode", "all"):
+        ms += (DECODE_M_QUICK + PREFILL_M_QUICK) if quick else (DECODE_M + PREFILL_M)
+    ms = sorted(set(ms))
+    return [DenseShape(m, n, k) for n, k in DEEPSEEK_V3_NK for m in ms]
+
+
+def contiguous_shapes(quick: bool = False) -> list[ContiguousShape]:
+    """ANCHORS.md grouped shapes: experts x m-per-expert in {4x8192, 8x4096, 32x256} x (N, K) in GROUPED_NK,
+    plus one 50%-padding variant of 8x4096 (N=4096, K=7168) to price padding rows."""
+    sizes = ((4, 8192), (8, 4096)) if quick else ((4, 8192), (8, 4096), (32, 256))
+    shapes = [ContiguousShape(g, m, n, k) for g, m in sizes for n, k in GROUPED_NK]
+    shapes.append(ContiguousShape(8, 4096, 4096, 7168, pad_per_group=4096))
+    return shapes
+
+
+def masked_shapes(quick: bool = False) -> list[MaskedShape]:
+    """The published masked rows (1x1024, 2x512, 4x256) plus decode sizes (expected m 1 and 32 over 8 and 32
+    groups, m_max 128) x (N, K) in GROUPED_NK."""
+    sizes = [(1, 1024, 0), (2, 512, 0), (4, 256, 0)]
+    sizes += [(8, 32, 128)] if quick else [(8, 1, 128), (8, 32, 128), (32, 32, 128)]
+    return [MaskedShape(g, m, n, k, m_max) for g, m, m_max in sizes for n, k in GROUPED_NK]
+
+
+SMOKE_SHAPES: tuple[Shape, ...] = (
+    # Tiny shapes for CPU smoke runs of the benchmark pipeline (``--shapes smoke --device cpu``).
+    DenseShape(4, 256, 512),
+    DenseShape(3, 320, 512),
+)
+
+# --- The reference design's published H800 SXM numbers (ANCHORS.md section 1) ----------------------------
+# TFLOPS = 2mnk/t; GB/s as published (dense only).
+H800_PUBLISHED_DENSE: dict[DenseShape, tuple[int, int]] = {
+    DenseShape(64, 2112, 7168): (206, 1688),
+    DenseShape(64, 24576, 1536): (289, 2455),
+    DenseShape(64, 32768, 512): (219, 2143),
+    DenseShape(64, 7168, 16384): (336, 2668),
+    DenseShape(64, 4096, 7168): (287, 2320),
+    DenseShape(64, 7168, 2048): (295, 2470),
+    DenseShape(128, 2112, 7168): (352, 1509),
+    DenseShape(128, 24576, 1536): (535, 2448),
+    DenseShape(128, 32768, 512): (358, 2103),
+    DenseShape(128, 7168, 16384): (645, 2604),
+    DenseShape(128, 4096, 7168): (533, 2221),
+    DenseShape(128, 7168, 2048): (510, 2277),
+    DenseShape(4096, 2112, 7168): (1127, 562),
+    DenseShape(4096, 24576, 1536): (1212, 962),
+    DenseShape(4096, 32768, 512): (775, 1620),
+    DenseShape(4096, 7168, 16384): (1520, 384),
+    DenseShape(4096, 4096, 7168): (1410, 541),
+    DenseShape(4096, 7168, 2048): (1168, 794),
+}
+H800_PUBLISHED: dict[Shape, float] = {
+    **{shape: float(tflops) for shape, (tflops, _) in H800_PUBLISHED_DENSE.items()},
+    ContiguousShape(4, 8192, 4096, 7168): 1346.0,
+    ContiguousShape(4, 8192, 7168, 2048): 1214.0,
+    ContiguousShape(8, 4096, 4096, 7168): 1346.0,
+    ContiguousShape(8, 4096, 7168, 2048): 1214.0,
+    MaskedShape(1, 1024, 4096, 7168): 1233.0,
+    MaskedShape(1, 1024, 7168, 2048): 925.0,
+    MaskedShape(2, 512, 4096, 7168): 1040.0,
+    MaskedShape(2, 512, 7168, 2048): 916.0,
+    MaskedShape(4, 256, 4096, 7168): 932.0,
+    MaskedShape(4, 256, 7168, 2048): 815.0,
+}
+H800_LABEL = "H800 published"
+
+
+def h800_published(shape: Shape) -> float | None:
+    """The reference design's published H800 TFLOPS for ``shape``, or None when it published none."""
+    return H800_PUBLISHED.get(shape)
+
+
+def shape_from_dict(d: dict) -> Shape:
+    """Inverse of ``{"family": shape.family, **dataclasses.asdict(shape)}`` (used by the report)."""
+    fields = {k: v for k, v in d.items() if k != "family"}
+    cls = {"dense": DenseShape, "contiguous": ContiguousShape, "masked": MaskedShape}[d["family"]]
+    return cls(**fields)
+
+
+def shape_to_dict(shape: Shape) -> dict:
+    return {"family": shape.family, **dataclasses.asdict(shape)}

@@ -1,0 +1,41 @@
+"""deep_fp8_gemm: FP8 GEMMs with fine-grained (1x128 / 128x128) scaling for NVIDIA Hopper.
+
+Importing the package registers the ``torch.ops.deep_fp8_gemm`` custom ops; it imports neither the CUDA
+bindings nor the JIT (they load on the first GPU or simulator call).
+"""
+
+from . import reference
+from .ops import (
+    gemm_fp8_fp8_bf16_nt,
+    m_grouped_gemm_fp8_fp8_bf16_nt_contiguous,
+    m_grouped_gemm_fp8_fp8_bf16_nt_masked,
+)
+from .quant import per_block_cast_to_fp8, per_token_cast_to_fp8
+from .utils import (
+    calc_diff,
+    ceil_div,
+    get_col_major_tma_aligned_tensor,
+    get_m_alignment_for_contiguous_layout,
+    get_num_sms,
+    get_tma_aligned_size,
+    set_num_sms,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "__version__",
+    "calc_diff",
+    "ceil_div",
+    "gemm_fp8_fp8_bf16_nt",
+    "get_col_major_tma_aligned_tensor",
+    "get_m_alignment_for_contiguous_layout",
+    "get_num_sms",
+    "get_tma_aligned_size",
+    "m_grouped_gemm_fp8_fp8_bf16_nt_contiguous",
+    "m_grouped_gemm_fp8_fp8_bf16_nt_masked",
+    "per_block_cast_to_fp8",
+    "per_token_cast_to_fp8",
+    "reference",
+    "set_num_sms",
+]

@@ -1,0 +1,220 @@
+"""``python -m deep_fp8_gemm {audit,precompile,cache,env,demo}``; everything but ``demo`` works without a GPU.
+
+* ``audit``: compile every distinct kernel the heuristic picks for the given shapes and M values and
+  check registers, spills, local memory, required SASS and ptxas warnings (exit 1 if any fails).
+* ``precompile``: the same kernel list, only compiled into the disk cache (for build boxes: pass the
+  serving GPU's ``--num-sms``).
+* ``cache info`` / ``cache clear``; ``env``: versions and paths the JIT uses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+import time
+from collections.abc import Sequence
+
+GEMM_KINDS = ("dense", "contiguous", "masked")
+ALL_KINDS = (*GEMM_KINDS, "quant")
+
+
+class CliError(Exception):
+    """A usage problem reported as ``error: ...`` with exit status 2."""
+
+
+# ---------------------------------------------------------------------------------------- arguments
+def _shape(text: str) -> tuple[int, int]:
+    try:
+        n, k = (int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"shape must be N,K (two integers) or 'deepseek-v3', got {text!r}") from None
+    if n <= 0 or k <= 0:
+        raise argparse.ArgumentTypeError(f"shape N,K must be positive, got {text!r}")
+    return n, k
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) <= 0:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def _add_kernel_selection(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--kind", choices=(*ALL_KINDS, "all"), default="all", help="kernel family (default: all)")
+    parser.add_argument("--shapes", nargs="+", default=["deepseek-v3"], metavar="N,K",
+                        help="weight shapes N,K, or 'deepseek-v3' for the built-in table (default)")
+    parser.add_argument("--m", action="append", type=_int_list, metavar="M,...",
+                        help="M values (comma-separated, repeatable); default: the kernel family's M range")
+    parser.add_argument("--num-sms", type=int, default=132, help="SM count of the target GPU (default 132, H100/H200)")
+    parser.add_argument("--num-groups", type=int, default=None, help="expert count for grouped kernels")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``python -m deep_fp8_gemm``."""
+    parser = argparse.ArgumentParser(prog="python -m deep_fp8_gemm", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("audit", help="compile and statically check kernels (no GPU needed)")
+    _add_kernel_selection(p)
+    p.add_argument("--json", metavar="PATH", help="write the records as JSON to PATH ('-' = stdout, nothing else)")
+
+    p = sub.add_parser("precompile", help="fill the JIT cache for the given shapes")
+    _add_kernel_selection(p)
+
+    p = sub.add_parser("cache", help="inspect or empty the JIT cache")
+    p.add_argument("action", choices=("info", "clear"))
+
+    sub.add_parser("env", help="versions and paths the JIT uses")
+
+    p = sub.add_parser("demo", help="run the demo (deep_fp8_gemm.demo)", add_help=False)
+    p.add_argument("demo_args", nargs=argparse.REMAINDER)
+    return parser
+
+
+# ---------------------------------------------------------------------------------------- kernel list
+def collect_targets(kind: str, shapes: Sequence[str], ms: list[int] | None, num_sms: int,
+                    num_groups: int | None) -> list:
+    """AuditTargets from the kernel families (imported lazily: they pull in the config heuristics)."""
+    if num_sms <= 0:
+        raise CliError(f"--num-sms must be positive, got {num_sms}")
+    parsed = None if list(shapes) == ["deepseek-v3"] else [_shape(s) for s in shapes]
+    targets = []
+    for family in (ALL_KINDS if kind == "all" else (kind,)):
+        if family == "quant":
+            targets += _kernel_module("quant").audit_targets()
+        else:
+            targets += _kernel_module("gemm").audit_targets(family, parsed, ms, num_sms, num_groups)
+    return targets
+
+
+def _kernel_module(name: str):
+    try:
+        return importlib.import_module(f"deep_fp8_gemm.kernels.{name}")
+    except ImportError as exc:
+        raise CliError(f"kernel family module deep_fp8_gemm.kernels.{name} is not available: {exc}") from exc
+
+
+def _targets_from_args(args: argparse.Namespace) -> list:
+    ms = sorted({m for chunk in args.m for m in chunk}) if args.m else None
+    try:
+        return collect_targets(args.kind, args.shapes, ms, args.num_sms, args.num_groups)
+    except argparse.ArgumentTypeError as exc:
+        raise CliError(str(exc)) from exc
+
+
+# ---------------------------------------------------------------------------------------- commands
+def cmd_audit(args: argparse.Namespace) -> int:
+    from .runtime.audit import audit, format_table
+
+    records = audit(_targets_from_args(args), progress=True)
+    if args.json == "-":
+        json.dump(records, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    else:
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(records, f, indent=1)
+        print(format_table(records))
+    return 0 if all(r["ok"] for r in records) else 1
+
+
+def cmd_precompile(args: argparse.Namespace) -> int:
+    from .runtime.audit import print_progress
+    from .runtime.compiler import CompileError, compile_kernel
+
+    targets = _targets_from_args(args)
+    start = time.perf_counter()
+    new = failed = 0
+    for i, target in enumerate(targets):
+        try:
+            kernel = compile_kernel(target.name, target.source, options=target.options)
+            new += kernel.cache_hit == ""
+        except CompileError as exc:
+            failed += 1
+            print(f"\nerror: {exc}", file=sys.stderr)
+        print_progress(i + 1, len(targets), time.perf_counter() - start, target.name)
+    print(f"precompiled {len(targets)} kernels ({new} compiled, {len(targets) - new - failed} cached, "
+          f"{failed} failed) in {time.perf_counter() - start:.1f} s")
+    return 1 if failed else 0
+
+
+def cmd_cache(args: argparse.Namespace) -> int:
+    from .runtime.cache import cache_clear, cache_info
+
+    if args.action == "clear":
+        print(f"removed {cache_clear()} entries from {cache_info()['dir']}")
+    else:
+        info = cache_info()
+        print(f"dir: {info['dir']}\nentries: {info['entries']}\nbytes: {info['bytes']}")
+    return 0
+
+
+def env_report() -> dict:
+    """What ``env`` prints, as a dict (each probe reports its own failure instead of raising)."""
+    from . import env
+
+    report: dict[str, str] = {}
+    try:
+        import torch
+
+        report["torch"] = torch.__version__
+        if torch.cuda.is_available():
+            props = torch.cuda.get_device_properties(torch.cuda.current_device())
+            report["device"] = f"{props.name} (sm_{props.major}{props.minor}, {props.multi_processor_count} SMs)"
+        else:
+            report["device"] = "no GPU"
+    except ImportError:
+        report["torch"] = "not installed"
+        report["device"] = "unknown (no torch)"
+    try:
+        from .runtime.compiler import compiler_identity, nvrtc_version
+
+        report["nvrtc"] = "%d.%d" % nvrtc_version()
+        report["compiler id"] = compiler_identity()
+    except Exception as exc:  # missing library is a finding, not a crash
+        report["nvrtc"] = f"unavailable ({exc})"
+    try:
+        from .runtime.paths import include_dir
+
+        report["include dir"] = str(include_dir())
+    except FileNotFoundError as exc:
+        report["include dir"] = f"missing ({exc})"
+    report["cache dir"] = str(env.jit_cache_dir()) + (" (disabled)" if env.jit_disable_cache() else "")
+    try:
+        from .runtime.sass import find_disassembler
+
+        tool, path = find_disassembler()
+        report["disassembler"] = f"{path}"
+    except RuntimeError as exc:
+        report["disassembler"] = f"none ({exc})"
+    return report
+
+
+def cmd_env(args: argparse.Namespace) -> int:
+    for key, value in env_report().items():
+        print(f"{key + ':':<14}{value}")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    demo = importlib.import_module("deep_fp8_gemm.demo")
+    return int(demo.main(args.demo_args) or 0)
+
+
+_COMMANDS = {"audit": cmd_audit, "precompile": cmd_precompile, "cache": cmd_cache, "env": cmd_env, "demo": cmd_demo}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs the command line; returns the exit status (0 ok, 1 a kernel failed, 2 usage error)."""
+    args = build_parser().parse_args(argv)
+    try:
+        return _COMMANDS[args.command](args)
+    except CliError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,298 @@
+"""Kernel configuration: a frozen dataclass, one legality function, and a pure heuristic.
+
+``get_config(m, n, k, num_groups, kind, num_sms, smem_limit)`` depends on nothing else (no device
+queries, no globals), so it is cached and tested on the CPU. The shared-memory map here is the one in
+``include/deep_fp8_gemm/kernels/fp8_gemm.cuh``; the kernel ``static_assert``s that both agree.
+
+Heuristic (NOTES: a throughput model, to be calibrated on an H200 — see bench/RESULTS.md):
+a tile costs ``max(MMA time, shared-memory fill time)``; a config costs ``waves x tile cost`` bounded
+below by HBM traffic; the cheapest config wins. Small m therefore gets BLOCK_M = 64 and a BLOCK_N small
+enough to spread B over all SMs (B streaming is the whole cost), large m gets 128/256-row tiles, and
+unaligned BLOCK_N (112, 144, 160) are picked when they fill the SMs better.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+KINDS = ("dense", "contiguous", "masked")
+KIND_IDS = {"dense": 0, "contiguous": 1, "masked": 2}  # dfg::GemmKind
+
+BLOCK_K = 128
+SMEM_LIMIT = 232_448  # bytes of shared memory one block may use on sm_90
+REGISTER_FILE = 65_536  # 32-bit registers per SM
+PRODUCER_REGISTERS = 40
+MAX_STAGES = 16
+BLOCK_M_CHOICES = (64, 128, 256)
+BLOCK_N_CHOICES = tuple(range(16, 161, 16))
+CONTIGUOUS_ALIGNMENT = 128  # rows per expert segment in the contiguous layout
+MULTICAST_MIN_M = 512  # below this the operand shared by a pair is too small to be worth a cluster
+BAND_BLOCKS = 16  # n-blocks per rasterisation band (L2 reuse)
+
+# Throughput model of one SM (H100/H200 class), used only to rank configs.
+_MMA_FLOP_PER_CLK = 8192
+_SMEM_FILL_BYTES_PER_CLK = 96
+_HBM_BYTES_PER_CLK_PER_SM = 4.8e12 / 1.8e9 / 132
+_MMA_EFFICIENCY = {64: 0.70, 128: 0.85, 256: 0.90}  # one warpgroup cannot hide its own promotion work
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmConfig:
+    """Everything that is compiled into one kernel, plus its launch geometry.
+
+    ``cluster_n == 2``: the two CTAs of a cluster share their m-block and multicast A;
+    ``cluster_m == 2``: they share their n-block and multicast B (dense only).
+    """
+
+    kind: str
+    shape_n: int
+    shape_k: int
+    num_groups: int
+    block_m: int
+    block_n: int
+    num_stages: int
+    cluster_m: int
+    cluster_n: int
+    band_width: int  # cluster-tile columns per rasterisation band
+    grid_size: int  # CTAs launched (persistent: at most the SM count); not part of the binary
+
+    @property
+    def block_k(self) -> int:
+        return BLOCK_K
+
+    @property
+    def cluster_size(self) -> int:
+        return self.cluster_m * self.cluster_n
+
+    @property
+    def num_math_warpgroups(self) -> int:
+        return 1 if self.block_m == 64 else 2
+
+    @property
+    def num_threads(self) -> int:
+        return 128 * (self.num_math_warpgroups + 1)
+
+    @property
+    def waves_m(self) -> int:
+        """m64 slices each math warpgroup computes."""
+        return self.block_m // self.num_math_warpgroups // 64
+
+    @property
+    def wg_rows(self) -> int:
+        return self.block_m // self.num_math_warpgroups
+
+    @property
+    def math_registers(self) -> int:
+        return 240 if self.num_math_warpgroups == 1 else 232
+
+    @property
+    def smem_bytes(self) -> int:
+        return smem_bytes(self.block_m, self.block_n, self.num_stages)
+
+    @property
+    def multicast(self) -> str:
+        return "A" if self.cluster_n == 2 else "B" if self.cluster_m == 2 else "none"
+
+    def template_constants(self) -> dict[str, int]:
+        """The compile-time constants of ``jit/fp8_gemm.cu`` (the kernel binary's identity)."""
+        return {
+            "KIND": KIND_IDS[self.kind],
+            "SHAPE_N": self.shape_n,
+            "SHAPE_K": self.shape_k,
+            "BLOCK_M": self.block_m,
+            "BLOCK_N": self.block_n,
+            "NUM_STAGES": self.num_stages,
+            "NUM_GROUPS": self.num_groups,
+            "CLUSTER_M": self.cluster_m,
+            "CLUSTER_N": self.cluster_n,
+            "NUM_MATH_WARPGROUPS": self.num_math_warpgroups,
+            "BAND_WIDTH": self.band_width,
+            "SMEM_BYTES": self.smem_bytes,
+        }
+
+    def kernel_name(self) -> str:
+        """Readable, unique per binary: the extern "C" symbol of the rendered kernel."""
+        return (
+            f"dfg_fp8_gemm_{self.kind}_n{self.shape_n}_k{self.shape_k}_g{self.num_groups}"
+            f"_m{self.block_m}n{self.block_n}_s{self.num_stages}_c{self.cluster_m}x{self.cluster_n}_w{self.band_width}"
+        )
+
+    def as_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d.update(
+            num_threads=self.num_threads,
+            smem_bytes=self.smem_bytes,
+            multicast=self.multicast,
+            num_math_warpgroups=self.num_math_warpgroups,
+        )
+        return d
+
+
+def smem_bytes(block_m: int, block_n: int, num_stages: int) -> int:
+    """Dynamic shared memory of the kernel (same map as Fp8GemmKernel in fp8_gemm.cuh)."""
+    d_tile = _round_up(block_m * block_n * 2, 1024)  # bf16 D tile, 16-column swizzled chunks
+    a_stage = block_m * BLOCK_K
+    b_stage = block_n * BLOCK_K
+    sa_stage = _round_up(block_m * 4, 128)
+    barriers = 2 * num_stages * 8
+    return d_tile + num_stages * (a_stage + b_stage + sa_stage) + barriers
+
+
+def check_config(cfg: GemmConfig, smem_limit: int = SMEM_LIMIT) -> None:
+    """Every legality rule, in one place. Raises ``ValueError`` listing each violated rule."""
+    problems = []
+    if cfg.kind not in KINDS:
+        problems.append(f"kind must be one of {KINDS}, got {cfg.kind!r}")
+    if cfg.shape_n % 8 or cfg.shape_k % 16 or cfg.shape_n <= 0 or cfg.shape_k <= 0:
+        problems.append(f"TMA needs 16-byte row strides: n % 8 == 0 and k % 16 == 0, got n={cfg.shape_n} k={cfg.shape_k}")
+    if cfg.block_m not in BLOCK_M_CHOICES:
+        problems.append(f"block_m must be one of {BLOCK_M_CHOICES}, got {cfg.block_m}")
+    if cfg.block_n % 16 or not 16 <= cfg.block_n <= 256:
+        problems.append(f"block_n must be a multiple of 16 in [16, 256] (wgmma N, 16-column epilogue chunks), got {cfg.block_n}")
+    if cfg.block_n > 128 + math.gcd(cfg.block_n, 128):
+        problems.append(f"block_n={cfg.block_n} columns could touch three 128-column sB blocks")
+    # Registers: scratch + kWavesM accumulators of BLOCK_N/2 floats each, ~40 for addressing and scales.
+    math_regs_needed = (cfg.waves_m + 1) * cfg.block_n // 2 + 40
+    if math_regs_needed > cfg.math_registers:
+        problems.append(
+            f"accumulators need ~{math_regs_needed} registers per math thread, budget {cfg.math_registers} "
+            f"(block_m={cfg.block_m} block_n={cfg.block_n})"
+        )
+    if PRODUCER_REGISTERS * 128 + cfg.math_registers * 128 * cfg.num_math_warpgroups > REGISTER_FILE:
+        problems.append("setmaxnreg split exceeds the 64K-register file")
+    if cfg.smem_bytes > smem_limit:
+        problems.append(f"shared memory {cfg.smem_bytes} B exceeds the limit {smem_limit} B")
+    if not 2 <= cfg.num_stages <= MAX_STAGES:
+        problems.append(f"num_stages must be in [2, {MAX_STAGES}], got {cfg.num_stages}")
+    if cfg.kind == "dense" and cfg.num_groups != 1:
+        problems.append(f"dense GEMM has one group, got num_groups={cfg.num_groups}")
+    if cfg.num_groups < 1:
+        problems.append(f"num_groups must be >= 1, got {cfg.num_groups}")
+    if cfg.kind == "contiguous" and cfg.block_m > CONTIGUOUS_ALIGNMENT:
+        problems.append(f"contiguous layout pads experts to {CONTIGUOUS_ALIGNMENT} rows: block_m <= 128, got {cfg.block_m}")
+    if (cfg.cluster_m, cfg.cluster_n) not in ((1, 1), (1, 2), (2, 1)):
+        problems.append(f"cluster must be 1x1, 1x2 or 2x1, got {cfg.cluster_m}x{cfg.cluster_n}")
+    num_n_blocks = _ceil_div(cfg.shape_n, cfg.block_n)
+    if cfg.cluster_n == 2 and num_n_blocks % 2:
+        problems.append(f"multicast on A pairs n-blocks: need an even n-block count, got {num_n_blocks}")
+    if cfg.cluster_m == 2 and cfg.kind != "dense":
+        problems.append("grouped kinds multicast only on A (a pair must not straddle two experts)")
+    if cfg.grid_size < cfg.cluster_size or cfg.grid_size % cfg.cluster_size:
+        problems.append(f"grid_size={cfg.grid_size} must be a positive multiple of the cluster size {cfg.cluster_size}")
+    if cfg.band_width < 1:
+        problems.append(f"band_width must be >= 1, got {cfg.band_width}")
+    if problems:
+        raise ValueError("illegal GEMM config: " + "; ".join(problems))
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return (a + b - 1) // b
+
+
+def _round_up(a: int, b: int) -> int:
+    return _ceil_div(a, b) * b
+
+
+def _max_stages(block_m: int, block_n: int, smem_limit: int) -> int:
+    stages = MAX_STAGES
+    while stages >= 2 and smem_bytes(block_m, block_n, stages) > smem_limit:
+        stages -= 1
+    return stages
+
+
+def _num_m_blocks(kind: str, m: int, block_m: int, num_groups: int) -> int:
+    if kind == "masked":  # m is the expected rows per group
+        return num_groups * _ceil_div(m, block_m)
+    return _ceil_div(m, block_m)
+
+
+def _estimate_cycles(kind: str, m: int, n: int, k: int, num_groups: int, block_m: int, block_n: int, num_sms: int) -> float:
+    """Modelled kernel time in SM clocks (for ranking configs only)."""
+    num_tiles = _num_m_blocks(kind, m, block_m, num_groups) * _ceil_div(n, block_n)
+    waves = _ceil_div(num_tiles, num_sms)
+    k_padded = _round_up(k, BLOCK_K)
+    mma = 2 * block_m * block_n * k_padded / (_MMA_FLOP_PER_CLK * _MMA_EFFICIENCY[block_m])
+    fill = (block_m + block_n) * k_padded / _SMEM_FILL_BYTES_PER_CLK
+    tile = max(mma, fill) + 600  # per-tile fixed cost: pipeline ramp, epilogue
+    groups_touched = num_groups if kind != "dense" else 1
+    rows = m * (num_groups if kind == "masked" else 1)
+    hbm_bytes = rows * k + groups_touched * n * k + rows * n * 2
+    return max(waves * tile, hbm_bytes / (_HBM_BYTES_PER_CLK_PER_SM * num_sms))
+
+
+def _validate_problem(m: int, n: int, k: int, num_groups: int, kind: str, num_sms: int) -> None:
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    for name, value in (("m", m), ("n", n), ("k", k), ("num_groups", num_groups), ("num_sms", num_sms)):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if m < 0 or n <= 0 or k <= 0 or num_groups <= 0 or num_sms <= 0:
+        raise ValueError(f"need m >= 0 and n, k, num_groups, num_sms > 0: {m=} {n=} {k=} {num_groups=} {num_sms=}")
+    if n % 8 or k % 16:
+        raise ValueError(f"TMA needs 16-byte row strides: n % 8 == 0 and k % 16 == 0, got {n=} {k=}")
+    if kind == "dense" and num_groups != 1:
+        raise ValueError(f"dense GEMM takes num_groups=1, got {num_groups=}")
+
+
+@functools.lru_cache(maxsize=4096)
+def get_config(
+    m: int,
+    n: int,
+    k: int,
+    num_groups: int = 1,
+    kind: str = "dense",
+    num_sms: int = 132,
+    smem_limit: int = SMEM_LIMIT,
+) -> GemmConfig:
+    """The config for a problem. ``m``: rows (dense), m_sum (contiguous) or expected rows per group (masked).
+
+    Pure and cached: the same arguments always give the same config.
+    """
+    _validate_problem(m, n, k, num_groups, kind, num_sms)
+    m_eff = max(m, 1)
+    best = None
+    for block_m in BLOCK_M_CHOICES:
+        if kind == "contiguous" and block_m > CONTIGUOUS_ALIGNMENT:
+            continue
+        if block_m > 64 and m_eff <= 64:
+            continue  # a 64-row tile already covers all rows
+        for block_n in BLOCK_N_CHOICES:
+            num_stages = _max_stages(block_m, block_n, smem_limit)
+            candidate = GemmConfig(kind, n, k, num_groups, block_m, block_n, num_stages, 1, 1, 1, 1)
+            try:
+                check_config(candidate, smem_limit)
+            except ValueError:
+                continue
+            cost = _estimate_cycles(kind, m_eff, n, k, num_groups, block_m, block_n, num_sms)
+            # Ties: prefer larger tiles (fewer, better-amortised), then larger BLOCK_M.
+            key = (round(cost), -block_m * block_n, -block_m)
+            if best is None or key < best[0]:
+                best = (key, block_m, block_n, num_stages)
+    if best is None:
+        raise ValueError(f"no legal config for {kind=} {m=} {n=} {k=} {num_groups=} {smem_limit=}")
+    _, block_m, block_n, num_stages = best
+
+    num_n_blocks = _ceil_div(n, block_n)
+    num_m_blocks = _num_m_blocks(kind, m_eff, block_m, num_groups)
+    cluster_m, cluster_n = 1, 1
+    worth_multicast = m >= MULTICAST_MIN_M and num_sms >= 2 and num_m_blocks * num_n_blocks >= num_sms
+    if worth_multicast:
+        if num_n_blocks % 2 == 0:
+            cluster_n = 2
+        elif kind == "dense":
+            cluster_m = 2
+    cluster_size = cluster_m * cluster_n
+    band_width = max(1, BAND_BLOCKS // cluster_n)
+    max_clusters = num_sms // cluster_size
+    if kind == "masked":
+        num_clusters = max_clusters  # per-group row counts live on the GPU: launch the full persistent grid
+    else:
+        cluster_tiles = _ceil_div(_ceil_div(m_eff, block_m), cluster_m) * (num_n_blocks // cluster_n)
+        num_clusters = max(1, min(max_clusters, cluster_tiles))
+    cfg = GemmConfig(
+        kind, n, k, num_groups, block_m, block_n, num_stages, cluster_m, cluster_n, band_width, num_clusters * cluster_size
+    )
+    check_config(cfg, smem_limit)
+    return cfg

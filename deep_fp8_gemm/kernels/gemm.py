@@ -1,0 +1,193 @@
+"""Host side of the FP8 GEMM kernels: config -> source -> tensor maps + parameters -> launch.
+
+One kernel template (``jit/fp8_gemm.cu``) serves the three kinds. This module turns validated tensors
+into the kernel's single parameter struct (``dfg::GemmParams``) and launches it on an sm_90 GPU
+(``backend="cuda"``) or in the CPU simulator (``backend="sim"``). The tensor maps are described once
+as :class:`TensorMapSpec` and encoded by the driver or packed for the simulator, so both backends run
+the same kernel with the same parameters.
+
+Inputs arrive validated and normalised by ``deep_fp8_gemm.ops`` (dtypes, shapes, K-major operands,
+16-byte alignment, sA M-major with TMA-aligned column stride).
+"""
+
+from __future__ import annotations
+
+import functools
+import struct
+from typing import Iterable, Sequence
+
+import torch
+
+from .. import env
+from ..config import GemmConfig, get_config
+from ..runtime.tensor_map import TensorMapSpec, TmaDtype, TmaSwizzle
+from .wgmma_gen import wgmma_fp8_wrapper
+
+TEMPLATE = "fp8_gemm.cu"
+PARAMS_BYTES = 576  # sizeof(dfg::GemmParams), static_assert'ed in fp8_gemm.cuh
+_PARAMS_TAIL = struct.Struct("<QQII")  # sb, grouped_layout, rows, reserved at offset 512
+
+# DeepSeek-V3 shapes (ANCHORS.md section 5): dense (N, K) and grouped (N, K).
+DEEPSEEK_V3_DENSE = ((2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048), (576, 7168))
+DEEPSEEK_V3_GROUPED = ((4096, 7168), (7168, 2048))
+DEFAULT_DENSE_MS = (1, 16, 64, 128, 256, 1024, 4096, 8192)
+CONTIGUOUS_EXPERTS = ((4, 8192), (8, 4096), (32, 256))  # (experts, rows per expert)
+MASKED_GROUPS = (4, 8, 32)
+MASKED_EXPECTED_MS = (1, 32, 256, 1024)
+
+
+# ---------------------------------------------------------------------------------------------- source
+@functools.lru_cache(maxsize=1024)
+def render_source(cfg: GemmConfig, simulator: bool = False) -> str:
+    """The translation unit of ``cfg``'s kernel. The simulator build gets no PTX wrappers (its hal
+    implements wgmma generically); everything else is the same text."""
+    from ..runtime.render import render
+
+    constants = dict(cfg.template_constants(), KERNEL_NAME=cfg.kernel_name())
+    return render(TEMPLATE, constants, extra_code="" if simulator else wgmma_fp8_wrapper(cfg.block_n))
+
+
+# ---------------------------------------------------------------------------------------------- tensor maps
+def _spec(dtype: TmaDtype, ptr: int, dims: Sequence[int], strides: Sequence[int], box: Sequence[int],
+          swizzle: TmaSwizzle) -> TensorMapSpec:
+    return TensorMapSpec(dtype, ptr, tuple(dims), tuple(strides), tuple(box), swizzle)
+
+
+def tensor_map_specs(cfg: GemmConfig, a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, d: torch.Tensor
+                     ) -> tuple[TensorMapSpec, TensorMapSpec, TensorMapSpec, TensorMapSpec]:
+    """The four rank-3 tensor maps of ``dfg::GemmParams`` (dims innermost first).
+
+    Shapes: A ``[rows, k]`` or ``[G, rows, k]`` (masked) e4m3; sA M-major ``[rows, kb]`` / ``[G, rows, kb]``
+    with ``stride(-2) == 1``; B ``[n, k]`` or ``[G, n, k]``; D ``[rows, n]`` / ``[G, rows, n]`` bf16.
+    A 2-D operand gets a unit batch dimension (its batch stride is then never used).
+    """
+    k = a.shape[-1]
+    rows = a.shape[-2]
+    a_batch = a.shape[0] if a.dim() == 3 else 1
+    b_batch = b.shape[0] if b.dim() == 3 else 1
+    n = b.shape[-2]
+    kb = sa.shape[-1]
+
+    def batch_stride(t: torch.Tensor, elem: int) -> int:
+        return t.stride(0) * elem if t.dim() == 3 else t.shape[-2] * t.stride(-2) * elem
+
+    a_rows_per_load = cfg.block_m // 2 if cfg.cluster_n == 2 else cfg.block_m
+    b_rows_per_load = cfg.block_n // 2 if cfg.cluster_m == 2 else cfg.block_n
+    spec_a = _spec(TmaDtype.UINT8, a.data_ptr(), (k, rows, a_batch), (a.stride(-2), batch_stride(a, 1)),
+                   (cfg.block_k, a_rows_per_load, 1), TmaSwizzle.B128)
+    spec_b = _spec(TmaDtype.UINT8, b.data_ptr(), (k, n, b_batch), (b.stride(-2), batch_stride(b, 1)),
+                   (cfg.block_k, b_rows_per_load, 1), TmaSwizzle.B128)
+    sa_col_stride = sa.stride(-1) * 4
+    sa_batch_stride = sa.stride(0) * 4 if sa.dim() == 3 else sa_col_stride * kb
+    spec_sa = _spec(TmaDtype.FLOAT32, sa.data_ptr(), (rows, kb, a_batch), (sa_col_stride, sa_batch_stride),
+                    (cfg.block_m, 1, 1), TmaSwizzle.NONE)
+    spec_d = _spec(TmaDtype.BFLOAT16, d.data_ptr(), (n, rows, a_batch), (d.stride(-2) * 2, batch_stride(d, 2)),
+                   (16, cfg.wg_rows, 1), TmaSwizzle.B32)
+    return spec_a, spec_b, spec_sa, spec_d
+
+
+def pack_params(maps: Iterable[bytes], sb: torch.Tensor, grouped_layout: torch.Tensor | None, rows: int) -> bytes:
+    """Raw bytes of ``dfg::GemmParams``: four 128-byte tensor maps, then sb, grouped_layout, rows."""
+    head = b"".join(maps)
+    if len(head) != 512:
+        raise ValueError(f"expected four 128-byte tensor maps, got {len(head)} bytes")
+    tail = _PARAMS_TAIL.pack(sb.data_ptr(), 0 if grouped_layout is None else grouped_layout.data_ptr(), rows, 0)
+    return head + tail + bytes(PARAMS_BYTES - 512 - _PARAMS_TAIL.size)
+
+
+# ---------------------------------------------------------------------------------------------- launch
+def problem_config(kind: str, a: torch.Tensor, b: torch.Tensor, expected_m: int | None, num_sms: int) -> GemmConfig:
+    n, k = b.shape[-2], b.shape[-1]
+    if kind == "dense":
+        return get_config(a.shape[0], n, k, 1, "dense", num_sms)
+    if kind == "contiguous":
+        return get_config(a.shape[0], n, k, b.shape[0], "contiguous", num_sms)
+    return get_config(int(expected_m), n, k, b.shape[0], "masked", num_sms)
+
+
+def launch(kind: str, a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor, d: torch.Tensor,
+           grouped_layout: torch.Tensor | None = None, expected_m: int | None = None, backend: str = "cuda") -> None:
+    """Run the GEMM kernel of ``kind`` ("dense" | "contiguous" | "masked") on validated tensors.
+
+    ``backend="cuda"``: sm_90 GPU, on ``torch.cuda.current_stream()``. ``backend="sim"``: CPU tensors,
+    through the CPU simulator with ``DFG_SIM_NUM_SMS`` persistent CTAs.
+    """
+    rows = a.shape[-2]
+    if backend == "sim":
+        cfg = problem_config(kind, a, b, expected_m, env.sim_num_sms())
+        _launch_sim(cfg, a, sa, b, sb, d, grouped_layout, rows)
+    elif backend == "cuda":
+        from ..utils import get_num_sms
+
+        cfg = problem_config(kind, a, b, expected_m, get_num_sms())
+        _launch_cuda(cfg, a, sa, b, sb, d, grouped_layout, rows)
+    else:
+        raise ValueError(f"backend must be 'cuda' or 'sim', got {backend!r}")
+
+
+def _launch_sim(cfg, a, sa, b, sb, d, grouped_layout, rows) -> None:
+    from ..simulator import launch as sim_launch, pack_tensor_map
+
+    maps = [pack_tensor_map(s) for s in tensor_map_specs(cfg, a, sa, b, d)]
+    params = pack_params(maps, sb, grouped_layout, rows)
+    sim_launch(cfg.kernel_name(), render_source(cfg, simulator=True), params, grid=cfg.grid_size,
+               block=cfg.num_threads, cluster=cfg.cluster_size, smem_bytes=cfg.smem_bytes)
+
+
+@functools.lru_cache(maxsize=1024)
+def _cuda_kernel(cfg: GemmConfig, device: int):
+    """Compiled (cached on disk) and loaded once per (config, device); configs that differ only in
+    grid size share the binary through the compiler's and the driver's caches."""
+    from ..runtime import driver
+    from ..runtime.compiler import compile_kernel
+
+    compiled = compile_kernel(cfg.kernel_name(), render_source(cfg))
+    return driver.load_kernel(compiled.cubin, compiled.name, device)
+
+
+def _launch_cuda(cfg, a, sa, b, sb, d, grouped_layout, rows) -> None:
+    from ..runtime import driver
+
+    device = a.device.index if a.device.index is not None else torch.cuda.current_device()
+    kernel = _cuda_kernel(cfg, device)
+    maps = [driver.encode_tensor_map(s) for s in tensor_map_specs(cfg, a, sa, b, d)]
+    params = pack_params(maps, sb, grouped_layout, rows)
+    driver.launch(kernel, params, grid=cfg.grid_size, block=cfg.num_threads, cluster=cfg.cluster_size,
+                  smem_bytes=cfg.smem_bytes, stream=torch.cuda.current_stream(device).cuda_stream)
+
+
+# ---------------------------------------------------------------------------------------------- audit
+def audit_targets(kind: str, shapes: Sequence[tuple[int, int]] | None = None, ms: Sequence[int] | None = None,
+                  num_sms: int = 132, num_groups: int | None = None) -> list:
+    """Every distinct kernel the heuristic picks for ``kind`` over shapes x M (deduplicated by binary).
+
+    dense: ``ms`` are row counts (default 1..8192); contiguous: ``ms`` are rows per expert (default
+    the DeepSeek-V3 pairs of experts x rows); masked: ``ms`` are expected rows per group.
+    """
+    from ..runtime.audit import AuditTarget
+
+    if kind not in ("dense", "contiguous", "masked"):
+        raise ValueError(f"kind must be dense, contiguous or masked, got {kind!r}")
+    shapes = tuple(shapes) if shapes else (DEEPSEEK_V3_DENSE if kind == "dense" else DEEPSEEK_V3_GROUPED)
+    configs: list[GemmConfig] = []
+    for n, k in shapes:
+        if kind == "dense":
+            for m in ms or DEFAULT_DENSE_MS:
+                configs.append(get_config(m, n, k, 1, "dense", num_sms))
+        elif kind == "contiguous":
+            pairs = [(num_groups, m) for m in ms] if (ms and num_groups) else \
+                [(g, m) for g, m in CONTIGUOUS_EXPERTS] if not ms else [(g, m) for g, _ in CONTIGUOUS_EXPERTS for m in ms]
+            for g, m in pairs:
+                configs.append(get_config(g * m, n, k, g, "contiguous", num_sms))
+        else:
+            for g in ([num_groups] if num_groups else MASKED_GROUPS):
+                for m in ms or MASKED_EXPECTED_MS:
+                    configs.append(get_config(m, n, k, g, "masked", num_sms))
+    targets, seen = [], set()
+    for cfg in configs:
+        name = cfg.kernel_name()
+        if name in seen:
+            continue
+        seen.add(name)
+        targets.append(AuditTarget(kind=kind, config=cfg.as_dict(), name=name, source=render_source(cfg)))
+    return targets

@@ -1,0 +1,321 @@
+"""Host side of the fused quantisation kernels (``include/deep_fp8_gemm/kernels/quant.cuh``, ``jit/quant.cu``).
+
+Three memory-bound kernels, each rendered per (kind, input dtype, vectorised) and compiled once by the JIT:
+
+* :func:`per_token_cast_to_fp8_cuda` — ``[m, k]`` (or ``[G, m, k]``) -> e4m3 + 1x128 scales written straight
+  into the TMA-aligned M-major layout the GEMMs read (no transpose kernel afterwards);
+* :func:`per_block_cast_to_fp8_cuda` — ``[n, k]`` (or ``[G, n, k]``) -> e4m3 + 128x128 block scales;
+* :func:`silu_mul_quant_cuda` — the MoE middle: ``[m, 2I]`` (gate | up) -> ``SiLU(gate) * up`` quantised per
+  token to ``[m, I]`` e4m3 + M-major scales, in one pass.
+
+Numerics are those of :mod:`deep_fp8_gemm.quant` bit for bit (fp32: ``scale = max(amax, 1e-4) / 448``,
+``x / scale`` saturated to ±448 and rounded to nearest even). ``quant.py`` dispatches CUDA sm_90 tensors here.
+
+These functions need a CUDA sm_90 device; they validate their arguments but not the device (the public
+quantisers in :mod:`deep_fp8_gemm.quant` do). Everything JIT-related is imported lazily, so importing this
+module never needs the CUDA bindings. Kernels are launched on ``torch.cuda.current_stream()`` without any
+host synchronisation, so the calls are CUDA-graph capturable once their kernel is compiled and loaded
+(call once before capturing).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import enum
+import functools
+
+import torch
+
+GROUP = 128
+#: Threads per CTA: 8 warps (one 128-element group = 8 threads of 16 elements); see quant.cuh.
+NUM_THREADS = 256
+_TEMPLATE = "quant.cu"
+_KERNEL_PREFIX = "dfg_quant"
+#: SASS a compiled quantisation kernel must contain: the e4m3x2 conversion (``cvt.rn.satfinite.e4m3x2.f32``
+#: compiles to ``F2FP.SATFINITE.E4M3.F32.PACK_AB_MERGE_C``) and global loads / stores.
+REQUIRED_SASS = ("F2FP", "LDG", "STG")
+
+
+class QuantKind(enum.IntEnum):
+    """Same values as ``dfg::quant::QuantKind``."""
+
+    PER_TOKEN = 0
+    PER_BLOCK = 1
+    SILU_MUL_PER_TOKEN = 2
+
+
+class InputType(enum.IntEnum):
+    """Same values as ``dfg::quant::InputType``."""
+
+    BF16 = 0
+    FP16 = 1
+    FP32 = 2
+
+
+_INPUT_TYPES = {torch.bfloat16: InputType.BF16, torch.float16: InputType.FP16, torch.float32: InputType.FP32}
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantKernelConfig:
+    """Everything that changes the binary of a quantisation kernel.
+
+    ``vectorized``: 16-byte loads/stores; legal when ``k % 16 == 0`` (SiLU: ``I % 16 == 0``) and the input
+    rows start 16-byte aligned (see :func:`_vectorizable`). The scalar variant serves every other shape.
+    """
+
+    kind: QuantKind
+    input_type: InputType
+    vectorized: bool
+    num_threads: int = NUM_THREADS
+
+    @property
+    def smem_bytes(self) -> int:
+        """Dynamic shared memory of a launch (``dfg::quant::quant_smem_bytes``)."""
+        return (self.num_threads + self.num_threads // 8) * 4
+
+    def constants(self, kernel_name: str) -> dict[str, object]:
+        return {
+            "QUANT_KIND": int(self.kind),
+            "INPUT_TYPE": int(self.input_type),
+            "VECTORIZED": self.vectorized,
+            "NUM_THREADS": self.num_threads,
+            "KERNEL_NAME": kernel_name,
+        }
+
+    def as_dict(self) -> dict:
+        return {"kind": self.kind.name.lower(), "input": self.input_type.name.lower(),
+                "vectorized": self.vectorized, "num_threads": self.num_threads, "smem_bytes": self.smem_bytes}
+
+
+class QuantParams(ctypes.Structure):
+    """Byte image of ``dfg::quant::QuantParams`` (72 bytes; the C++ side static_asserts the size)."""
+
+    _fields_ = [
+        ("input", ctypes.c_uint64),
+        ("output", ctypes.c_uint64),
+        ("scales", ctypes.c_uint64),
+        ("input_row_stride", ctypes.c_uint64),
+        ("output_row_stride", ctypes.c_uint64),
+        ("up_offset", ctypes.c_uint64),
+        ("scale_batch_stride", ctypes.c_uint64),
+        ("num_rows", ctypes.c_uint32),
+        ("num_cols", ctypes.c_uint32),
+        ("rows_per_batch", ctypes.c_uint32),
+        ("scale_row_stride", ctypes.c_uint32),
+    ]
+
+
+assert ctypes.sizeof(QuantParams) == 72  # import-time layout check of our own struct, not a user check
+
+
+# ---------------------------------------------------------------------------------------------- JIT
+@functools.lru_cache(maxsize=None)
+def render_source(config: QuantKernelConfig) -> tuple[str, str]:
+    """``(kernel_name, source)`` of ``config``: the name hashes the source rendered with a placeholder name."""
+    from ..runtime.render import kernel_name, render
+
+    anonymous = render(_TEMPLATE, config.constants(_KERNEL_PREFIX))
+    name = kernel_name(f"{_KERNEL_PREFIX}_{config.kind.name.lower()}", anonymous)
+    return name, render(_TEMPLATE, config.constants(name))
+
+
+def compile_config(config: QuantKernelConfig):
+    """The :class:`deep_fp8_gemm.runtime.compiler.CompiledKernel` of ``config`` (cached by the JIT)."""
+    from ..runtime.compiler import compile_kernel
+
+    name, source = render_source(config)
+    return compile_kernel(name, source)
+
+
+_loaded: dict[tuple[QuantKernelConfig, int], object] = {}
+
+
+def _kernel(config: QuantKernelConfig, device: torch.device):
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    loaded = _loaded.get((config, index))
+    if loaded is None:
+        from ..runtime import driver
+
+        compiled = compile_config(config)
+        loaded = driver.load_kernel(compiled.cubin, compiled.name, index, key=compiled.key)
+        _loaded[(config, index)] = loaded
+    return loaded
+
+
+def _launch(config: QuantKernelConfig, params: QuantParams, grid: int, device: torch.device) -> None:
+    from ..runtime import driver
+
+    kernel = _kernel(config, device)
+    driver.launch(kernel, params, grid=grid, block=config.num_threads, smem_bytes=config.smem_bytes,
+                  stream=torch.cuda.current_stream(device).cuda_stream)
+
+
+def audit_targets() -> list:
+    """One :class:`deep_fp8_gemm.runtime.audit.AuditTarget` (kind ``"quant"``) per kernel variant."""
+    from ..runtime.audit import AuditTarget
+
+    targets = []
+    for kind in QuantKind:
+        for input_type in InputType:
+            for vectorized in (True, False):
+                config = QuantKernelConfig(kind, input_type, vectorized)
+                name, source = render_source(config)
+                targets.append(AuditTarget("quant", config.as_dict(), name, source, required_sass=REQUIRED_SASS))
+    return targets
+
+
+# ---------------------------------------------------------------------------------------------- checks
+def _aligned_m(m: int) -> int:
+    return (m + 3) // 4 * 4  # get_tma_aligned_size(m, 4): fp32 rows padded to 16 bytes
+
+
+def _check_tensor(x: object, name: str, ranks: tuple[int, ...]) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in _INPUT_TYPES:
+        raise TypeError(f"{name} must be bfloat16, float16 or float32, got {name}.dtype={x.dtype}")
+    if x.dim() not in ranks:
+        raise ValueError(f"{name} must have rank in {ranks}, got {name}.shape={tuple(x.shape)}")
+    if x.device.type != "cuda":
+        raise ValueError(f"{name} must be a CUDA tensor for the fused kernels, got {name}.device={x.device}")
+    return x
+
+
+def _rows_view(x: torch.Tensor) -> torch.Tensor:
+    """``x`` itself when the kernels can address it (2-D with a unit last stride, any row stride; 3-D
+    contiguous), else a contiguous copy."""
+    if x.dim() == 3:
+        return x if x.is_contiguous() else x.contiguous()
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def _row_stride(x: torch.Tensor) -> int:
+    """Elements between consecutive rows (over all batches: 3-D tensors are contiguous here)."""
+    return x.stride(-2) if x.dim() == 2 and x.shape[0] > 1 else x.shape[-1]
+
+
+def _vectorizable(x: torch.Tensor, cols: int, extra_offset: int = 0) -> bool:
+    """16-byte vector path: every 16-element run starts 16-byte aligned in the input and the output."""
+    es = x.element_size()
+    return (
+        cols % 16 == 0
+        and x.data_ptr() % 16 == 0
+        and (_row_stride(x) * es) % 16 == 0
+        and (extra_offset * es) % 16 == 0
+    )
+
+
+def _check_size(units: int, rows: int, what: str) -> None:
+    if units >= 2**31 or rows >= 2**32:
+        raise ValueError(f"{what}: too large for one launch ({rows=}, {units=} scale groups; limit 2^31)")
+
+
+# ---------------------------------------------------------------------------------------------- per token
+def _per_token(x: torch.Tensor, kind: QuantKind, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    x = _rows_view(x)
+    in_cols = x.shape[-1]
+    if kind == QuantKind.SILU_MUL_PER_TOKEN:
+        if in_cols % 2:
+            raise ValueError(f"{name} must have an even last dim (gate | up halves), got {name}.shape={tuple(x.shape)}")
+        cols, up_offset = in_cols // 2, in_cols // 2
+    else:
+        cols, up_offset = in_cols, 0
+    if cols <= 0:
+        raise ValueError(f"{name} must have at least one output column, got {name}.shape={tuple(x.shape)}")
+    batch = x.shape[0] if x.dim() == 3 else 1
+    m = x.shape[-2]
+    groups = (cols + GROUP - 1) // GROUP
+    aligned_m = _aligned_m(m)
+    out = torch.empty((*x.shape[:-1], cols), dtype=torch.float8_e4m3fn, device=x.device)
+    if x.dim() == 3:
+        scales = torch.empty_strided((batch, m, groups), (aligned_m * groups, 1, aligned_m),
+                                     dtype=torch.float32, device=x.device)
+    else:
+        scales = torch.empty_strided((m, groups), (1, aligned_m), dtype=torch.float32, device=x.device)
+    rows = batch * m
+    if rows == 0:
+        return out, scales
+    units = rows * groups
+    _check_size(units, rows, name)
+    config = QuantKernelConfig(kind, _INPUT_TYPES[x.dtype], _vectorizable(x, cols, up_offset))
+    params = QuantParams(
+        input=x.data_ptr(), output=out.data_ptr(), scales=scales.data_ptr(),
+        input_row_stride=_row_stride(x), output_row_stride=cols, up_offset=up_offset,
+        scale_batch_stride=aligned_m * groups, num_rows=rows, num_cols=cols, rows_per_batch=m,
+        scale_row_stride=aligned_m,
+    )
+    units_per_block = config.num_threads // 8
+    _launch(config, params, (units + units_per_block - 1) // units_per_block, x.device)
+    return out, scales
+
+
+def per_token_cast_to_fp8_cuda(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fused 1x128 quantisation of activations on an sm_90 GPU.
+
+    Args:
+        x: ``[m, k]`` (or batched ``[G, m, k]``) bfloat16 / float16 / float32 CUDA tensor; any strides (a
+            copy is made when the last dim is not contiguous, or for a non-contiguous 3-D tensor). ``k >= 1``; a k that is not a multiple of 128 is treated as zero-padded.
+
+    Returns:
+        ``(x_fp8, scales)``: ``x_fp8`` ``[m, k]`` float8_e4m3fn, contiguous; ``scales`` ``[m, ceil(k/128)]``
+        float32 in the TMA-aligned M-major layout, strides ``(1, aligned_m)`` with
+        ``aligned_m = get_tma_aligned_size(m, 4)`` (3-D: ``[G, m, g]``, strides ``(aligned_m * g, 1,
+        aligned_m)``) — written directly by the kernel, no transpose. Identical bits to
+        :func:`deep_fp8_gemm.quant.per_token_cast_to_fp8_torch`.
+    """
+    x = _check_tensor(x, "x", (2, 3))
+    return _per_token(x, QuantKind.PER_TOKEN, "x")
+
+
+def silu_mul_quant_cuda(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fused ``SiLU(gate) * up`` + 1x128 quantisation (the MoE middle) on an sm_90 GPU.
+
+    Args:
+        x: ``[m, 2I]`` (or ``[G, m, 2I]``) bfloat16 / float16 / float32 CUDA tensor: columns ``[0, I)`` are
+            the gate projection, ``[I, 2I)`` the up projection (the layout of ``w13``'s output).
+
+    Returns:
+        ``(y_fp8, scales)`` as :func:`per_token_cast_to_fp8_cuda` for ``y = silu(gate.float()) * up.float()``
+        (``silu(g) = g / (1 + exp(-g))``, fp32), shape ``[m, I]`` / ``[m, ceil(I/128)]`` (M-major).
+        ``y`` is never materialised. Equals ``per_token_cast_to_fp8(F.silu(gate.float()) * up.float())`` up to
+        the last bit of ``expf`` (the GPU's ``expf`` and torch's CUDA ``exp`` are the same libdevice routine).
+    """
+    x = _check_tensor(x, "x", (2, 3))
+    return _per_token(x, QuantKind.SILU_MUL_PER_TOKEN, "x")
+
+
+# ---------------------------------------------------------------------------------------------- per block
+def per_block_cast_to_fp8_cuda(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fused 128x128 block quantisation of weights on an sm_90 GPU.
+
+    Args:
+        w: ``[n, k]`` (or batched ``[G, n, k]``, e.g. the experts of a MoE layer) bfloat16 / float16 /
+            float32 CUDA tensor, any strides (copied when the last dim is not contiguous, or 3-D and not contiguous). Partial edge blocks are treated as
+            zero-padded.
+
+    Returns:
+        ``(w_fp8, scales)``: ``w_fp8`` with ``w``'s shape, float8_e4m3fn, contiguous; ``scales``
+        ``[ceil(n/128), ceil(k/128)]`` (3-D: ``[G, ceil(n/128), ceil(k/128)]``) float32, contiguous. Identical
+        bits to :func:`deep_fp8_gemm.quant.per_block_cast_to_fp8_torch` (per expert for 3-D).
+    """
+    w = _rows_view(_check_tensor(w, "w", (2, 3)))
+    batch = w.shape[0] if w.dim() == 3 else 1
+    n, k = w.shape[-2], w.shape[-1]
+    if k <= 0:
+        raise ValueError(f"w must have at least one column, got w.shape={tuple(w.shape)}")
+    nb, kb = (n + GROUP - 1) // GROUP, (k + GROUP - 1) // GROUP
+    out = torch.empty(w.shape, dtype=torch.float8_e4m3fn, device=w.device)
+    scales = torch.empty((*w.shape[:-2], nb, kb), dtype=torch.float32, device=w.device)
+    blocks = batch * nb * kb
+    if blocks == 0:
+        return out, scales
+    _check_size(blocks, batch * n, "w")
+    config = QuantKernelConfig(QuantKind.PER_BLOCK, _INPUT_TYPES[w.dtype], _vectorizable(w, k))
+    params = QuantParams(
+        input=w.data_ptr(), output=out.data_ptr(), scales=scales.data_ptr(),
+        input_row_stride=_row_stride(w), output_row_stride=k, up_offset=0,
+        scale_batch_stride=nb * kb, num_rows=batch * n, num_cols=k, rows_per_batch=n, scale_row_stride=kb,
+    )
+    _launch(config, params, blocks, w.device)
+    return out, scales

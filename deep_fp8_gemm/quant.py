@@ -1,0 +1,154 @@
+"""FP8 (e4m3) quantisation with DeepSeek-V3's fine-grained scales.
+
+* :func:`per_token_cast_to_fp8` — activations: one fp32 scale per row per 128 K-elements ("1x128").
+* :func:`per_block_cast_to_fp8` — weights: one fp32 scale per 128x128 block.
+
+Both are ``torch.library`` custom ops (``torch.ops.deep_fp8_gemm.*``, registered at the bottom of this
+module) so that ``torch.compile(fullgraph=True)`` traces them as single nodes. On CUDA tensors of an sm_90
+device they run the fused kernels of ``deep_fp8_gemm.kernels.quant``; everywhere else the plain-torch
+implementation below, whose float32 arithmetic is the definition of the result.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .utils import ceil_div, cuda_capability, empty_m_major, get_col_major_tma_aligned_tensor
+
+#: Largest finite float8_e4m3fn value; quantised values saturate here.
+FP8_E4M3_MAX = 448.0
+#: Lower clamp of a group's amax, so that an all-zero group gets a finite, non-zero scale.
+AMAX_FLOOR = 1e-4
+#: Elements per scale group along K (and along N for weight blocks).
+GROUP = 128
+
+_INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def _check_input(x: object, name: str) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in _INPUT_DTYPES:
+        raise TypeError(f"{name} must be bfloat16, float16 or float32, got {name}.dtype={x.dtype}")
+    if x.dim() != 2:
+        raise ValueError(f"{name} must be 2-D, got {name}.shape={tuple(x.shape)}")
+    if x.size(1) <= 0:
+        raise ValueError(f"{name} must have at least one column, got {name}.shape={tuple(x.shape)}")
+
+
+def _quantise_groups(groups: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``groups / scale`` in float32, saturated to ±448, rounded to e4m3 (nearest even).
+
+    torch's float8 cast does not saturate (out-of-range values become NaN), hence the clamp.
+    """
+    return (groups / scale).clamp_(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
+
+
+def per_token_cast_to_fp8_torch(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Plain-torch :func:`per_token_cast_to_fp8` (any device); the scales come back row-major ``[m, kb]``."""
+    m, k = x.shape
+    kb = ceil_div(k, GROUP)
+    padded = F.pad(x.float(), (0, kb * GROUP - k))  # zero padding never raises an amax
+    groups = padded.view(m, kb, GROUP)
+    scale = groups.abs().amax(dim=-1).clamp_min_(AMAX_FLOOR) / FP8_E4M3_MAX  # [m, kb]
+    x_fp8 = _quantise_groups(groups, scale.unsqueeze(-1)).view(m, kb * GROUP)[:, :k].contiguous()
+    return x_fp8, scale
+
+
+def per_block_cast_to_fp8_torch(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Plain-torch :func:`per_block_cast_to_fp8` (any device)."""
+    n, k = w.shape
+    nb, kb = ceil_div(n, GROUP), ceil_div(k, GROUP)
+    padded = F.pad(w.float(), (0, kb * GROUP - k, 0, nb * GROUP - n))
+    blocks = padded.view(nb, GROUP, kb, GROUP)
+    scale = blocks.abs().amax(dim=(1, 3)).clamp_min_(AMAX_FLOOR) / FP8_E4M3_MAX  # [nb, kb]
+    w_fp8 = _quantise_groups(blocks, scale.view(nb, 1, kb, 1)).view(nb * GROUP, kb * GROUP)[:n, :k].contiguous()
+    return w_fp8, scale
+
+
+def _use_fused_kernel(t: torch.Tensor) -> bool:
+    return t.device.type == "cuda" and cuda_capability(t.device) == (9, 0)
+
+
+def _per_token_impl(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    _check_input(x, "x")
+    if _use_fused_kernel(x):
+        from .kernels.quant import per_token_cast_to_fp8_cuda
+
+        x_fp8, scales = per_token_cast_to_fp8_cuda(x)
+    else:
+        x_fp8, scales = per_token_cast_to_fp8_torch(x)
+    return x_fp8, get_col_major_tma_aligned_tensor(scales)
+
+
+def _per_block_impl(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    _check_input(w, "w")
+    if _use_fused_kernel(w):
+        from .kernels.quant import per_block_cast_to_fp8_cuda
+
+        w_fp8, scales = per_block_cast_to_fp8_cuda(w)
+    else:
+        w_fp8, scales = per_block_cast_to_fp8_torch(w)
+    return w_fp8, scales.contiguous()
+
+
+def _per_token_fake(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    _check_input(x, "x")
+    m, k = x.shape
+    return x.new_empty((m, k), dtype=torch.float8_e4m3fn), empty_m_major((m, ceil_div(k, GROUP)), x.device)
+
+
+def _per_block_fake(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    _check_input(w, "w")
+    n, k = w.shape
+    return w.new_empty((n, k), dtype=torch.float8_e4m3fn), w.new_empty(
+        (ceil_div(n, GROUP), ceil_div(k, GROUP)), dtype=torch.float32
+    )
+
+
+def per_token_cast_to_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantise activations to e4m3 with one scale per row per 128 K-elements.
+
+    Args:
+        x: ``[m, k]`` bfloat16 / float16 / float32, any strides, CPU or CUDA; ``k >= 1``, ``m >= 0``.
+
+    Returns:
+        ``(x_fp8, scales)``: ``x_fp8`` ``[m, k]`` float8_e4m3fn, contiguous; ``scales`` ``[m, ceil(k/128)]``
+        float32 in the M-major TMA-aligned layout of :func:`get_col_major_tma_aligned_tensor`
+        (strides ``(1, get_tma_aligned_size(m, 4))``), i.e. ready to be ``sA`` of a GEMM without a copy.
+
+    For each row ``r`` and group ``j`` (columns ``[128j, 128j+128)``; a partial last group is treated as
+    zero-padded): ``amax = max(max|x[r, group]|, 1e-4)``, ``scales[r, j] = amax / 448`` and
+    ``x_fp8[r, c] = e4m3(clamp(x[r, c] / scales[r, j], -448, 448))`` (round to nearest even), all in float32.
+    Dequantisation is ``x_fp8.float() * scales`` per group. Non-finite inputs give unspecified results.
+    """
+    _check_input(x, "x")
+    return torch.ops.deep_fp8_gemm.per_token_cast_to_fp8.default(x)
+
+
+def per_block_cast_to_fp8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantise weights to e4m3 with one scale per 128x128 block.
+
+    Args:
+        w: ``[n, k]`` bfloat16 / float16 / float32, any strides, CPU or CUDA; ``k >= 1``, ``n >= 0``.
+
+    Returns:
+        ``(w_fp8, scales)``: ``w_fp8`` ``[n, k]`` float8_e4m3fn, contiguous; ``scales``
+        ``[ceil(n/128), ceil(k/128)]`` float32, contiguous.
+
+    Same arithmetic as :func:`per_token_cast_to_fp8` with the amax taken over each 128x128 block
+    (partial edge blocks treated as zero-padded).
+    """
+    _check_input(w, "w")
+    return torch.ops.deep_fp8_gemm.per_block_cast_to_fp8.default(w)
+
+
+_lib = torch.library.Library("deep_fp8_gemm", "FRAGMENT")
+_lib.define("per_token_cast_to_fp8(Tensor x) -> (Tensor, Tensor)")
+_lib.define("per_block_cast_to_fp8(Tensor w) -> (Tensor, Tensor)")
+for _key in ("CPU", "CUDA"):
+    _lib.impl("per_token_cast_to_fp8", _per_token_impl, _key)
+    _lib.impl("per_block_cast_to_fp8", _per_block_impl, _key)
+torch.library.register_fake("deep_fp8_gemm::per_token_cast_to_fp8", _per_token_fake, lib=_lib)
+torch.library.register_fake("deep_fp8_gemm::per_block_cast_to_fp8", _per_block_fake, lib=_lib)

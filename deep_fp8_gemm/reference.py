@@ -1,0 +1,138 @@
+"""Reference semantics of every public GEMM op: same names, same signatures, plain torch.
+
+These define what the kernels compute and are what the ops run on CPU tensors (unless ``DFG_SIMULATE=1``).
+For every output element::
+
+    out[r, c] = bf16( Σ_k  (A[r, k] · sA[r, k // 128]) · (B[c, k] · sB[c // 128, k // 128]) )
+
+i.e. both operands are dequantised to float32 (one rounding per product of value and scale), the products
+are summed with float32 accumulation (summation order unspecified), and the sum is rounded once to bfloat16
+(nearest even). Against a float64 evaluation the result is within one bf16 ulp.
+
+They check types, dtypes, ranks, exact shapes and devices like the ops do, but accept any strides, any
+``n`` / ``k`` / ``m_sum``, and they *do* read ``m_indices`` / ``masked_m`` on the host (the ops never do):
+out-of-range indices or counts raise ``ValueError`` here. Importable on its own: it needs only torch.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .validation import check_contiguous, check_dense, check_masked, unpack_pair
+
+
+def dequantize_per_token(x_fp8: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """float32 ``x_fp8 · scales`` for ``x_fp8`` ``[..., m, k]`` e4m3 and ``scales`` ``[..., m, ceil(k/128)]``
+    (one scale per row per 128 K-elements)."""
+    k = x_fp8.size(-1)
+    return x_fp8.float() * scales.float().repeat_interleave(128, dim=-1)[..., :k]
+
+
+def dequantize_per_block(w_fp8: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """float32 ``w_fp8 · scales`` for ``w_fp8`` ``[..., n, k]`` e4m3 and ``scales``
+    ``[..., ceil(n/128), ceil(k/128)]`` (one scale per 128x128 block)."""
+    n, k = w_fp8.shape[-2:]
+    expanded = scales.float().repeat_interleave(128, dim=-2)[..., :n, :].repeat_interleave(128, dim=-1)[..., :k]
+    return w_fp8.float() * expanded
+
+
+def _matmul_nt_bf16(a_deq: torch.Tensor, b_fp8: torch.Tensor, sb: torch.Tensor) -> torch.Tensor:
+    """bf16(a_deq @ dequant(B).T) with float32 accumulation; a_deq ``[r, k]`` fp32, B ``[n, k]``."""
+    return (a_deq @ dequantize_per_block(b_fp8, sb).t()).to(torch.bfloat16)
+
+
+def _dense(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor, out: torch.Tensor) -> None:
+    """:func:`gemm_fp8_fp8_bf16_nt` on validated tensors."""
+    out.copy_(_matmul_nt_bf16(dequantize_per_token(a, sa), b, sb))
+
+
+def _contiguous(a, sa, b, sb, out, m_indices) -> None:
+    """:func:`m_grouped_gemm_fp8_fp8_bf16_nt_contiguous` on validated tensors: one matmul per expert."""
+    num_groups = b.size(0)
+    experts = m_indices.to(device=a.device, dtype=torch.long)
+    if experts.numel() == 0:
+        return
+    lo, hi = int(experts.min()), int(experts.max())
+    if lo < -1 or hi >= num_groups:
+        raise ValueError(f"m_indices values must be in [-1, G), got min={lo} max={hi} with G={num_groups}")
+    order = torch.argsort(experts, stable=True)  # padding rows (-1) first, then expert 0, 1, ...
+    counts = torch.bincount(experts + 1, minlength=num_groups + 1).tolist()
+    a_deq = dequantize_per_token(a, sa)
+    start = counts[0]
+    for g in range(num_groups):
+        count = counts[g + 1]
+        if count:
+            rows = order[start : start + count]
+            out[rows] = _matmul_nt_bf16(a_deq[rows], b[g], sb[g])
+            start += count
+
+
+def _masked(a, sa, b, sb, out, masked_m) -> None:
+    """:func:`m_grouped_gemm_fp8_fp8_bf16_nt_masked` on validated tensors: one matmul per group."""
+    m_max = a.size(1)
+    counts = masked_m.tolist()
+    for g, count in enumerate(counts):
+        if not 0 <= count <= m_max:
+            raise ValueError(f"masked_m[{g}] must be in [0, m_max={m_max}], got {count}")
+        if count:
+            out[g, :count] = _matmul_nt_bf16(dequantize_per_token(a[g, :count], sa[g, :count]), b[g], sb[g])
+
+
+def gemm_fp8_fp8_bf16_nt(
+    lhs: tuple[torch.Tensor, torch.Tensor], rhs: tuple[torch.Tensor, torch.Tensor], out: torch.Tensor
+) -> None:
+    """Reference of :func:`deep_fp8_gemm.gemm_fp8_fp8_bf16_nt`: ``out = A·Bᵀ`` of the dequantised operands.
+
+    Args:
+        lhs: ``(A [m, k] float8_e4m3fn, sA [m, ceil(k/128)] float32)``.
+        rhs: ``(B [n, k] float8_e4m3fn, sB [ceil(n/128), ceil(k/128)] float32)``.
+        out: ``[m, n]`` bfloat16, written in place.
+    """
+    a, sa = unpack_pair(lhs, "lhs")
+    b, sb = unpack_pair(rhs, "rhs")
+    check_dense(a, sa, b, sb, out, layout=False, pointers=False)
+    _dense(a, sa, b, sb, out)
+
+
+def m_grouped_gemm_fp8_fp8_bf16_nt_contiguous(
+    lhs: tuple[torch.Tensor, torch.Tensor],
+    rhs: tuple[torch.Tensor, torch.Tensor],
+    out: torch.Tensor,
+    m_indices: torch.Tensor,
+) -> None:
+    """Reference of the contiguous grouped GEMM: ``out[r] = A[r]·B[m_indices[r]]ᵀ`` (dequantised).
+
+    Args:
+        lhs: ``(A [m_sum, k] float8_e4m3fn, sA [m_sum, ceil(k/128)] float32)``.
+        rhs: ``(B [G, n, k] float8_e4m3fn, sB [G, ceil(n/128), ceil(k/128)] float32)``.
+        out: ``[m_sum, n]`` bfloat16, written in place.
+        m_indices: ``[m_sum]`` int32, values in ``[-1, G)``; rows with -1 are padding: their output is
+            unspecified by the op (this reference leaves them untouched).
+    """
+    a, sa = unpack_pair(lhs, "lhs")
+    b, sb = unpack_pair(rhs, "rhs")
+    check_contiguous(a, sa, b, sb, out, m_indices, layout=False, pointers=False)
+    _contiguous(a, sa, b, sb, out, m_indices)
+
+
+def m_grouped_gemm_fp8_fp8_bf16_nt_masked(
+    lhs: tuple[torch.Tensor, torch.Tensor],
+    rhs: tuple[torch.Tensor, torch.Tensor],
+    out: torch.Tensor,
+    masked_m: torch.Tensor,
+    expected_m: int,
+) -> None:
+    """Reference of the masked grouped GEMM: ``out[g, :masked_m[g]] = A[g, :masked_m[g]]·B[g]ᵀ`` (dequantised).
+
+    Args:
+        lhs: ``(A [G, m_max, k] float8_e4m3fn, sA [G, m_max, ceil(k/128)] float32)``.
+        rhs: ``(B [G, n, k] float8_e4m3fn, sB [G, ceil(n/128), ceil(k/128)] float32)``.
+        out: ``[G, m_max, n]`` bfloat16; rows ``>= masked_m[g]`` are unspecified by the op (this reference
+            leaves them untouched).
+        masked_m: ``[G]`` int32, values in ``[0, m_max]``.
+        expected_m: positive int, a performance hint only (unused here).
+    """
+    a, sa = unpack_pair(lhs, "lhs")
+    b, sb = unpack_pair(rhs, "rhs")
+    check_masked(a, sa, b, sb, out, masked_m, expected_m, layout=False, pointers=False)
+    _masked(a, sa, b, sb, out, masked_m)

@@ -1,0 +1,137 @@
+"""Static kernel audit ("kernel doctor"): compile each kernel and check what ptxas and the SASS say.
+
+Needs no GPU. A kernel passes when it compiles, does not spill, uses no local memory (no stack, no
+``STL``/``LDL``), contains its required instructions (for the GEMMs: ``QGMMA`` = FP8 wgmma, ``UTMALDG`` =
+TMA loads, ``USETMAXREG`` = warp-specialised register split) and ptxas raised none of the
+performance warnings in :data:`FATAL_WARNINGS`.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import os
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterable, Sequence
+
+from .compiler import CompileError, compile_kernel
+from .sass import disassemble, instruction_histogram
+
+# C7508: setmaxnreg ignored; C7511/C7517/C7519: wgmma serialised / extra waits inserted by ptxas.
+FATAL_WARNINGS = ("C7508", "C7511", "C7517", "C7519")
+# Opcodes always reported in the ``sass`` field, present or not.
+REPORTED_SASS = ("QGMMA", "UTMALDG", "UTMASTG", "USETMAXREG", "STL", "LDL", "WARPGROUP", "SYNCS")
+GEMM_REQUIRED_SASS = ("QGMMA", "UTMALDG", "USETMAXREG")
+
+
+@dataclasses.dataclass
+class AuditTarget:
+    """One kernel to audit.
+
+    ``kind``: family (``"dense"``, ``"contiguous"``, ``"masked"``, ``"quant"``, ...); ``config``: the
+    JSON-safe configuration that produced it (``smem_bytes`` = dynamic shared memory of the launch);
+    ``name``/``source``: entry symbol and rendered translation unit; ``required_sass``: opcodes that
+    must appear; ``options``: extra NVRTC options.
+    """
+
+    kind: str
+    config: dict
+    name: str
+    source: str
+    required_sass: tuple[str, ...] = GEMM_REQUIRED_SASS
+    options: tuple[str, ...] = ()
+
+
+def _compile_record(target: AuditTarget) -> tuple[dict, bytes | None]:
+    """The record with the compile results filled in, and the cubin (None if the compile failed)."""
+    record: dict = {
+        "kind": target.kind, "config": dict(target.config), "name": target.name,
+        "compile_seconds": None, "cache_hit": None, "registers": None, "spill_bytes": None,
+        "stack_bytes": None, "smem_bytes": target.config.get("smem_bytes"), "sass": {},
+        "warnings": [], "ok": False, "problems": [],
+    }
+    try:
+        kernel = compile_kernel(target.name, target.source, options=target.options)
+    except CompileError as exc:
+        record["problems"].append(f"compile failed (source: {exc.source_path}): {exc.log.strip()[:2000]}")
+        return record, None
+    res = kernel.resources
+    record.update(compile_seconds=round(kernel.compile_seconds, 4), cache_hit=kernel.cache_hit,
+                  registers=res.registers, spill_bytes=res.spill_bytes, stack_bytes=res.stack_bytes,
+                  warnings=list(res.warnings))
+    if res.spill_bytes:
+        record["problems"].append(f"spills {res.spill_store_bytes} B stores / {res.spill_load_bytes} B loads")
+    if res.stack_bytes:
+        record["problems"].append(f"{res.stack_bytes} B stack frame (local memory)")
+    bad = [code for code in res.warnings if code in FATAL_WARNINGS]
+    if bad:
+        record["problems"].append(f"ptxas performance warnings {bad}")
+    return record, kernel.cubin
+
+
+def _check_sass(record: dict, target: AuditTarget, histogram: Counter) -> None:
+    record["sass"] = {op: histogram.get(op, 0) for op in (*REPORTED_SASS, *target.required_sass)}
+    if histogram["STL"] or histogram["LDL"]:
+        record["problems"].append(f"local memory instructions: {histogram['STL']} STL, {histogram['LDL']} LDL")
+    missing = [op for op in target.required_sass if not histogram[op]]
+    if missing:
+        record["problems"].append(f"missing SASS {missing}")
+
+
+def audit(targets: Iterable[AuditTarget], *, progress: bool = True) -> list[dict]:
+    """Compiles (through the cache) and checks every target; one record per target, in order.
+
+    Record fields: ``kind, config, name, compile_seconds, cache_hit, registers, spill_bytes,
+    stack_bytes, smem_bytes, sass`` (opcode -> count), ``warnings`` (ptxas codes), ``ok``, ``problems``.
+    ``progress`` draws a progress bar on stderr.
+    """
+    targets = list(targets)
+    start = time.perf_counter()
+    # NOTES: nvdisasm spends ~0.5 s starting up whatever the cubin size, so disassembly runs in worker
+    # threads (subprocesses; the GIL is released) while the next kernel compiles.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        pending = []
+        for i, target in enumerate(targets):
+            record, cubin = _compile_record(target)
+            pending.append((record, target, pool.submit(disassemble, cubin) if cubin is not None else None))
+            if progress:
+                print_progress(i + 1, len(targets), time.perf_counter() - start, target.name)
+        for record, target, future in pending:
+            if future is not None:
+                _check_sass(record, target, instruction_histogram(future.result()))
+            record["ok"] = not record["problems"]
+    return [record for record, _, _ in pending]
+
+
+def print_progress(done: int, total: int, seconds: float, label: str) -> None:
+    width = 30
+    filled = width * done // max(total, 1)
+    end = "\n" if done == total else ""
+    sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {seconds:6.1f} s {label[:40]:<40}{end}")
+    sys.stderr.flush()
+
+
+def format_table(records: Sequence[dict]) -> str:
+    """A fixed-width table of audit records, one line per kernel, problems indented below."""
+    header = f"{'kind':<11}{'name':<44}{'regs':>5}{'spill':>6}{'stack':>6}{'smem':>8}{'QGMMA':>6}{'TMA ld':>7}" \
+             f"{'TMA st':>7}{'setmaxnreg':>11}{'compile s':>10}{'cache':>7}  status"
+    lines = [header, "-" * len(header)]
+    for r in records:
+        s = r["sass"]
+        compile_s = "-" if r["compile_seconds"] is None else f"{r['compile_seconds']:.3f}"
+        lines.append(
+            f"{r['kind']:<11}{r['name'][:43]:<44}{_cell(r['registers']):>5}{_cell(r['spill_bytes']):>6}"
+            f"{_cell(r['stack_bytes']):>6}{_cell(r['smem_bytes']):>8}{_cell(s.get('QGMMA')):>6}"
+            f"{_cell(s.get('UTMALDG')):>7}{_cell(s.get('UTMASTG')):>7}{_cell(s.get('USETMAXREG')):>11}"
+            f"{compile_s:>10}{(r['cache_hit'] or 'new') if r['cache_hit'] is not None else '-':>7}"
+            f"  {'ok' if r['ok'] else 'FAIL'}")
+        lines += [f"    - {p.splitlines()[0] if p else p}" for p in r["problems"]]
+    failed = sum(not r["ok"] for r in records)
+    lines.append(f"{len(records)} kernels, {failed} failed")
+    return "\n".join(lines)
+
+
+def _cell(value: object) -> str:
+    return "-" if value is None else str(value)

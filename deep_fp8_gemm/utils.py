@@ -1,0 +1,155 @@
+"""Layout and housekeeping helpers shared by the ops, the tests and user code.
+
+Nothing here imports the JIT or the CUDA bindings; every helper works on CPU and CUDA tensors.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+#: Rows each expert segment of the contiguous grouped layout is padded to (= the largest BLOCK_M a grouped
+#: kernel may use, so that no M tile straddles two experts).
+_M_ALIGNMENT_FOR_CONTIGUOUS_LAYOUT = 128
+
+#: SM count assumed when no CUDA device is visible (H100 / H800 / H200 SXM).
+_DEFAULT_NUM_SMS = 132
+
+_num_sms_override: int | None = None
+
+
+def ceil_div(a: int, b: int) -> int:
+    """``ceil(a / b)`` for integers ``a >= 0`` and ``b > 0``."""
+    if b <= 0:
+        raise ValueError(f"ceil_div needs a positive divisor, got {a=} {b=}")
+    return (a + b - 1) // b
+
+
+def get_tma_aligned_size(x: int, element_size: int) -> int:
+    """``x`` rounded up so that ``x * element_size`` is a multiple of 16 bytes (TMA's global-stride rule).
+
+    ``element_size`` is in bytes and must divide 16 (1, 2, 4, 8 or 16).
+    """
+    if element_size <= 0 or 16 % element_size != 0:
+        raise ValueError(f"element_size must divide 16 bytes, got {element_size=}")
+    alignment = 16 // element_size
+    return ceil_div(x, alignment) * alignment
+
+
+def _m_major_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Strides of the M-major, TMA-aligned layout for a ``[m, g]`` or ``[G, m, g]`` shape."""
+    m, g = shape[-2], shape[-1]
+    aligned_m = get_tma_aligned_size(m, 4)
+    if len(shape) == 2:
+        return (1, aligned_m)
+    return (aligned_m * g, 1, aligned_m)
+
+
+def empty_m_major(shape: tuple[int, ...], device: torch.device | str) -> torch.Tensor:
+    """Uninitialised float32 tensor of ``shape`` (``[m, g]`` or ``[G, m, g]``) in the layout that
+    :func:`get_col_major_tma_aligned_tensor` returns."""
+    return torch.empty_strided(shape, _m_major_strides(shape), dtype=torch.float32, device=device)
+
+
+def get_col_major_tma_aligned_tensor(s: torch.Tensor) -> torch.Tensor:
+    """Return the scales ``s`` in the M-major, TMA-aligned layout the kernels read.
+
+    ``s``: float32, ``[m, g]`` or ``[G, m, g]`` (``g = ceil(k/128)`` scale columns), any strides, any device.
+
+    Returns a tensor with the same shape and values whose strides are exactly
+    ``(1, aligned_m)`` for 2-D and ``(aligned_m * g, 1, aligned_m)`` for 3-D, where
+    ``aligned_m = get_tma_aligned_size(m, 4)`` (rows padded to 16 bytes; the padding is uninitialised and
+    never read). ``s`` itself is returned, without a copy, when it already has exactly those strides;
+    otherwise this allocates and copies (one strided copy on the tensor's device).
+    """
+    if not isinstance(s, torch.Tensor):
+        raise TypeError(f"s must be a torch.Tensor, got {type(s).__name__}")
+    if s.dtype != torch.float32:
+        raise TypeError(f"s must be float32, got s.dtype={s.dtype}")
+    if s.dim() not in (2, 3):
+        raise ValueError(f"s must be 2-D [m, g] or 3-D [G, m, g], got shape={tuple(s.shape)}")
+    shape = tuple(s.shape)
+    strides = _m_major_strides(shape)
+    if s.stride() == strides:
+        return s
+    out = torch.empty_strided(shape, strides, dtype=torch.float32, device=s.device)
+    if s.numel() > 0:
+        out.copy_(s)
+    return out
+
+
+def get_m_alignment_for_contiguous_layout() -> int:
+    """Rows every expert segment of the contiguous grouped layout must be padded to (128).
+
+    ``m_grouped_gemm_fp8_fp8_bf16_nt_contiguous`` requires ``m_sum`` to be a multiple of this and every
+    expert's segment (including its -1 padding rows) to start at a multiple of it.
+    """
+    return _M_ALIGNMENT_FOR_CONTIGUOUS_LAYOUT
+
+
+def _device_num_sms() -> int | None:
+    """SM count of the current CUDA device, or None when no CUDA device is visible."""
+    if not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+
+
+def set_num_sms(num_sms: int) -> None:
+    """Limit the persistent kernels to ``num_sms`` SMs (process-wide).
+
+    ``num_sms`` must be an int in ``[1, device SM count]`` (the upper bound is checked only when a CUDA
+    device is visible). Useful to leave SMs to a concurrent communication kernel.
+    """
+    if isinstance(num_sms, bool) or not isinstance(num_sms, int):
+        raise TypeError(f"num_sms must be an int, got {type(num_sms).__name__} ({num_sms!r})")
+    device_sms = _device_num_sms()
+    upper = device_sms if device_sms is not None else None
+    if num_sms < 1 or (upper is not None and num_sms > upper):
+        raise ValueError(f"num_sms must be in [1, {upper if upper is not None else 'inf'}], got {num_sms=}")
+    global _num_sms_override
+    _num_sms_override = num_sms
+
+
+def get_num_sms() -> int:
+    """SMs the kernels may use: the value given to :func:`set_num_sms`, else the current CUDA device's
+    multiprocessor count, else 132 (no CUDA device visible)."""
+    if _num_sms_override is not None:
+        return _num_sms_override
+    device_sms = _device_num_sms()
+    return device_sms if device_sms is not None else _DEFAULT_NUM_SMS
+
+
+def _reset_num_sms() -> None:
+    """Forget any :func:`set_num_sms` override (tests)."""
+    global _num_sms_override
+    _num_sms_override = None
+
+
+def calc_diff(x: torch.Tensor, y: torch.Tensor) -> float:
+    """``1 - 2·Σ(x·y) / Σ(x² + y²)``, computed in float64: 0 for identical tensors, ~7e-4 is normal for
+    an FP8 GEMM against a bf16 reference (the reference design's tests accept < 1e-3).
+
+    ``x`` and ``y`` must have the same shape. Two all-zero tensors give 0.0 (not NaN).
+    Returns a Python float (synchronises when the tensors are on a GPU).
+    """
+    if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor):
+        raise TypeError(f"x and y must be torch.Tensors, got {type(x).__name__} and {type(y).__name__}")
+    if x.shape != y.shape:
+        raise ValueError(f"x and y must have the same shape, got x.shape={tuple(x.shape)} y.shape={tuple(y.shape)}")
+    x64, y64 = x.double(), y.double()
+    denominator = (x64 * x64 + y64 * y64).sum().item()
+    if denominator == 0.0:
+        return 0.0
+    return float(1.0 - 2.0 * (x64 * y64).sum().item() / denominator)
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_capability_of_index(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+def cuda_capability(device: torch.device) -> tuple[int, int]:
+    """Compute capability ``(major, minor)`` of a CUDA ``device`` (cached per device index)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _cuda_capability_of_index(index)

@@ -1,0 +1,47 @@
+// FP8 wgmma operands: shared-memory matrix descriptors for K-major tiles with the 128-byte swizzle.
+//
+// Tile layout (what TMA writes with CU_TENSOR_MAP_SWIZZLE_128B and a 128-byte inner box): row r of a
+// tile occupies bytes [128 r, 128 r + 128) before swizzling, 16-byte chunk c of that row is stored at
+// chunk c ^ (r % 8). One row holds BLOCK_K = 128 e4m3 values of K. Eight rows form a 1024-byte
+// "core matrix group", the unit of the descriptor's stride byte offset.
+//
+// Descriptor bits (PTX ISA "Matrix Descriptor Format"; cute/arch/mma_sm90_desc.hpp GmmaDescriptor):
+//   [0,14)  start address >> 4        [16,30) leading byte offset >> 4 (unused for swizzled K-major)
+//   [32,46) stride byte offset >> 4   [49,52) base offset (0: tiles are 1024-byte aligned)
+//   [62,64) layout type: 1 = SWIZZLE_128B
+// A k32 slice (32 bytes of each row) is selected by advancing the start address by 32 bytes: the
+// hardware applies the swizzle to the computed address, as CuTe's DescriptorIterator does.
+#pragma once
+#include "common.cuh"
+#include "hal.cuh"
+
+namespace dfg {
+
+constexpr u32 kSwizzle128BAtomBytes = 1024;  // 8 rows x 128 bytes
+constexpr u32 kWgmmaK = 32;                  // K of one e4m3 wgmma
+
+DFG_HOST_DEVICE constexpr u64 make_k_major_sw128_desc(u32 smem_byte_addr) {
+    return static_cast<u64>((smem_byte_addr >> 4) & 0x3FFFu)                 // start address
+           | (static_cast<u64>(1u) << 16)                                     // LBO: ignored, CuTe writes 1
+           | (static_cast<u64>(kSwizzle128BAtomBytes >> 4) << 32)             // SBO: next 8-row group
+           | (static_cast<u64>(1u) << 62);                                    // SWIZZLE_128B
+}
+
+// Descriptor of the k32 slice `k_slice` (0..3) of a K-major SW128 tile that starts at `tile`.
+DFG_DEVICE u64 k_slice_desc(const void* tile, u32 k_slice) {
+    return make_k_major_sw128_desc(hal::smem_addr(tile) + k_slice * kWgmmaK);
+}
+
+// Accumulator fragment of wgmma m64nNk32 (PTX ISA "Register Fragment D", CuTe CLayout_64xN):
+// value i of thread t (warp w = t / 32 in the warpgroup, lane l) sits at
+//   row = 16 w + l / 4 + 8 ((i / 2) % 2),   col = 8 (i / 4) + 2 (l % 4) + i % 2.
+template <u32 N>
+struct WgmmaFragment {
+    static_assert(N % 16 == 0 && N >= 16 && N <= 256, "e4m3 wgmma N used here: multiple of 16 in [16, 256]");
+    static constexpr u32 kValues = N / 2;   // floats per thread
+    static constexpr u32 kColGroups = N / 8;
+    DFG_HOST_DEVICE static constexpr u32 row(u32 warp, u32 lane, u32 i) { return 16 * warp + lane / 4 + 8 * ((i / 2) % 2); }
+    DFG_HOST_DEVICE static constexpr u32 col(u32 lane, u32 i) { return 8 * (i / 4) + 2 * (lane % 4) + i % 2; }
+};
+
+}  // namespace dfg

@@ -1,0 +1,147 @@
+// Persistent tile scheduler for the dense and grouped GEMM kinds.
+//
+// Plain C++ over integers (plus reads of the grouped layout), so the same code runs on the GPU, in
+// the CPU simulator and in the host-side tests that check every output tile is visited exactly once.
+//
+// Vocabulary
+//   block        BLOCK_M x BLOCK_N output tile, computed by one CTA.
+//   cluster tile kClusterM x kClusterN blocks computed by the kClusterM * kClusterN (1 or 2) CTAs of a
+//                cluster. kClusterN == 2: the two CTAs share the m-block, so A is multicast;
+//                kClusterM == 2: they share the n-block, so B is multicast.
+//   band         kBandWidth consecutive cluster-tile columns; tiles are numbered band by band and,
+//                inside a band, row-major, so the CTAs of one wave touch few distinct A rows and B
+//                columns at a time (L2 reuse). Same idea as the reference design's 16-block groups.
+//
+// Every CTA of a cluster walks the same sequence of cluster tiles (cluster c takes c, c + C, c + 2C,
+// ... for C clusters), so both CTAs always agree on which stages they fill and release.
+//
+// Kinds
+//   Dense              rows = m. With kClusterM == 2 and an odd number of m-blocks the last pair has
+//                      a "phantom" m-block past m: its TMA loads are all out of bounds (zero fill),
+//                      its TMA store is clipped away, and its CTA still loads its half of the shared
+//                      B tile for the peer. No special case anywhere else.
+//   GroupedContiguous  rows = m_sum, grouped_layout = m_indices[m_sum]. Expert segments are padded to
+//                      128 rows (>= BLOCK_M), so a block belongs to one expert; its expert is read
+//                      from its first and last rows. A block whose first and last rows are both
+//                      padding (-1) is skipped: no loads, no MMAs, no store (rows left untouched).
+//                      Multicast only on A (kClusterM == 1): both CTAs share the m-block, so they
+//                      agree on skipping.
+//   GroupedMasked      rows per group = min(masked_m[g], m_max), grouped_layout = masked_m[G] on the
+//                      device. Groups are walked in order; a group with no rows has no tiles.
+#pragma once
+#include "common.cuh"
+
+namespace dfg {
+
+struct TileInfo {
+    u32 m_block;   // block row within the group (masked) or within the whole A (dense/contiguous)
+    u32 n_block;   // block column
+    u32 group;     // expert / group index: selects B, sB and (masked) the A / D batch; 0 for dense
+};
+
+template <GemmKind kKind, u32 SHAPE_N, u32 BLOCK_M, u32 BLOCK_N, u32 kNumGroups, u32 kClusterM, u32 kClusterN,
+          u32 kBandWidth>
+struct TileScheduler {
+    static constexpr u32 kClusterSize = kClusterM * kClusterN;
+    static constexpr u32 kNumNBlocks = ceil_div(SHAPE_N, BLOCK_N);
+    static_assert(kClusterSize == 1 || kClusterSize == 2, "clusters of 1 or 2 CTAs");
+    static_assert(kNumNBlocks % kClusterN == 0, "multicast on A pairs n-blocks: the n-block count must be even");
+    static_assert(kKind == GemmKind::Dense || kClusterM == 1,
+                  "grouped kinds multicast only on A, so a cluster never straddles two experts");
+    static_assert(kBandWidth >= 1, "band width");
+    static constexpr u32 kNumClusterCols = kNumNBlocks / kClusterN;
+
+    const i32* grouped_layout;
+    u32 num_rows;           // dense: m; contiguous: m_sum; masked: m_max
+    u32 cluster_rank;       // this CTA's rank in its cluster
+    u32 next_cluster_tile;  // next cluster-tile index this cluster takes
+    u32 cluster_stride;     // number of clusters in the grid
+
+    // Masked kind: the group the cursor is in, the index of its first cluster tile, its tile rows.
+    u32 cur_group;
+    u32 cur_group_first_tile;
+    u32 cur_group_rows;
+
+    DFG_HOST_DEVICE TileScheduler(u32 num_rows_, const i32* grouped_layout_, u32 block_idx, u32 grid_size)
+        : grouped_layout(grouped_layout_),
+          num_rows(num_rows_),
+          cluster_rank(block_idx % kClusterSize),
+          next_cluster_tile(block_idx / kClusterSize),
+          cluster_stride(grid_size / kClusterSize),
+          cur_group(0),
+          cur_group_first_tile(0),
+          cur_group_rows(0) {
+        if constexpr (kKind == GemmKind::GroupedMasked)
+            cur_group_rows = cluster_rows_of_group(0);
+    }
+
+    // Cluster-tile rows of a row extent (m-blocks rounded up to whole cluster rows).
+    static DFG_HOST_DEVICE u32 cluster_rows(u32 rows) { return ceil_div(ceil_div(rows, BLOCK_M), kClusterM); }
+
+    DFG_HOST_DEVICE u32 cluster_rows_of_group(u32 group) const {
+        const i32 valid = grouped_layout[group];
+        const u32 rows = valid <= 0 ? 0u : min_of(static_cast<u32>(valid), num_rows);
+        return cluster_rows(rows);
+    }
+
+    // Maps a cluster-tile index inside a (rows x kNumClusterCols) grid to this CTA's block.
+    DFG_HOST_DEVICE void rasterize(u32 tile, u32 rows, TileInfo& info) const {
+        const u32 band_tiles = rows * kBandWidth;
+        const u32 band = tile / band_tiles;
+        const u32 first_col = band * kBandWidth;
+        const u32 cols_in_band = min_of(kBandWidth, kNumClusterCols - first_col);
+        const u32 in_band = tile - band * band_tiles;
+        const u32 cluster_row = in_band / cols_in_band;
+        const u32 cluster_col = first_col + in_band % cols_in_band;
+        info.m_block = cluster_row * kClusterM + (kClusterM == 2 ? cluster_rank : 0u);
+        info.n_block = cluster_col * kClusterN + (kClusterN == 2 ? cluster_rank : 0u);
+    }
+
+    // Expert of a contiguous-layout block, or -1 when the block holds only padding rows.
+    DFG_HOST_DEVICE i32 contiguous_block_expert(u32 m_block) const {
+        const u32 first = m_block * BLOCK_M;
+        const u32 last = min_of(first + BLOCK_M, num_rows) - 1;
+        const i32 a = grouped_layout[first];
+        const i32 b = grouped_layout[last];
+        return a > b ? a : b;
+    }
+
+    // Next block of this CTA; false when the CTA's share of the work is done.
+    DFG_HOST_DEVICE bool next(TileInfo& info) {
+        if constexpr (kKind == GemmKind::GroupedMasked) {
+            while (true) {
+                const u32 tile = next_cluster_tile;
+                while (cur_group < kNumGroups && tile >= cur_group_first_tile + cur_group_rows * kNumClusterCols) {
+                    cur_group_first_tile += cur_group_rows * kNumClusterCols;
+                    ++cur_group;
+                    cur_group_rows = cur_group < kNumGroups ? cluster_rows_of_group(cur_group) : 0u;
+                }
+                if (cur_group >= kNumGroups)
+                    return false;
+                next_cluster_tile += cluster_stride;
+                rasterize(tile - cur_group_first_tile, cur_group_rows, info);
+                info.group = cur_group;
+                return true;
+            }
+        } else {
+            const u32 rows = cluster_rows(num_rows);
+            const u32 num_tiles = rows * kNumClusterCols;
+            while (next_cluster_tile < num_tiles) {
+                const u32 tile = next_cluster_tile;
+                next_cluster_tile += cluster_stride;
+                rasterize(tile, rows, info);
+                info.group = 0;
+                if constexpr (kKind == GemmKind::GroupedContiguous) {
+                    const i32 expert = contiguous_block_expert(info.m_block);
+                    if (expert < 0)
+                        continue;  // padding-only block: no loads, no MMAs
+                    info.group = static_cast<u32>(expert);
+                }
+                return true;
+            }
+            return false;
+        }
+    }
+};
+
+}  // namespace dfg
