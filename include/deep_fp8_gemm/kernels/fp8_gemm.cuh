@@ -31,6 +31,7 @@
 #include "../hal.cuh"
 #include "../mma.cuh"
 #include "../pipeline.cuh"
+#include "../scales.cuh"
 #include "../scheduler.cuh"
 #include "../tma.cuh"
 
@@ -199,16 +200,9 @@ struct Fp8GemmKernel {
             if (tile.group >= kNumGroups)
                 hal::trap("grouped layout names a group >= num_groups");
             const u32 n0 = tile.n_block * BLOCK_N;
-            // Scale blocks of this tile's columns: every 8-column group lies in one 128-column block
-            // (n0 % 8 == 0), either the first one or the next one. Columns past N clamp to the last block.
-            const u32 sb_block0 = min_of(n0 / 128u, kNumScaleBlocksN - 1);
-            const u32 sb_block1 = min_of(n0 / 128u + 1u, kNumScaleBlocksN - 1);
-            u32 second_block_mask = 0;  // bit j: column group j uses sb_block1
-            DFG_UNROLL
-            for (u32 j = 0; j < BLOCK_N / 8; ++j)
-                second_block_mask |= ((n0 + 8 * j) / 128u != n0 / 128u ? 1u : 0u) << j;
-            const float* sb_row0 = params.sb + (tile.group * kNumScaleBlocksN + sb_block0) * kNumKBlocks;
-            const float* sb_row1 = params.sb + (tile.group * kNumScaleBlocksN + sb_block1) * kNumKBlocks;
+            const auto scale_cols = ScaleColumns<BLOCK_N, kNumScaleBlocksN>::of(n0);
+            const float* sb_row0 = params.sb + (tile.group * kNumScaleBlocksN + scale_cols.block0) * kNumKBlocks;
+            const float* sb_row1 = params.sb + (tile.group * kNumScaleBlocksN + scale_cols.block1) * kNumKBlocks;
 
             DFG_UNROLL
             for (u32 w = 0; w < kWavesM; ++w)
@@ -243,7 +237,7 @@ struct Fp8GemmKernel {
                         hal::fence_operand(scratch[i]);
                     if (w + 1 == kWavesM)
                         release_stage(empty, pipe.stage, lane);
-                    promote(acc[w], scratch, sa_lo, sa_hi, sb0, sb1, second_block_mask);
+                    promote(acc[w], scratch, sa_lo, sa_hi, sb0, sb1, scale_cols.mask);
                 }
                 pipe.advance();
             }
