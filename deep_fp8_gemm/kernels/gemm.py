@@ -109,20 +109,28 @@ def launch(kind: str, a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: to
            grouped_layout: torch.Tensor | None = None, expected_m: int | None = None, backend: str = "cuda") -> None:
     """Run the GEMM kernel of ``kind`` ("dense" | "contiguous" | "masked") on validated tensors.
 
-    ``backend="cuda"``: sm_90 GPU, on ``torch.cuda.current_stream()``. ``backend="sim"``: CPU tensors,
-    through the CPU simulator with ``DFG_SIM_NUM_SMS`` persistent CTAs.
+    ``backend="cuda"``: sm_90 GPU, on ``torch.cuda.current_stream()``, with ``get_num_sms()`` CTAs at
+    most. ``backend="sim"``: CPU tensors, through the CPU simulator with ``DFG_SIM_NUM_SMS`` CTAs.
     """
-    rows = a.shape[-2]
     if backend == "sim":
-        cfg = problem_config(kind, a, b, expected_m, env.sim_num_sms())
-        _launch_sim(cfg, a, sa, b, sb, d, grouped_layout, rows)
+        num_sms = env.sim_num_sms()
     elif backend == "cuda":
         from ..utils import get_num_sms
 
-        cfg = problem_config(kind, a, b, expected_m, get_num_sms())
-        _launch_cuda(cfg, a, sa, b, sb, d, grouped_layout, rows)
+        num_sms = get_num_sms()
     else:
         raise ValueError(f"backend must be 'cuda' or 'sim', got {backend!r}")
+    run(problem_config(kind, a, b, expected_m, num_sms), a, sa, b, sb, d, grouped_layout, backend)
+
+
+def run(cfg: GemmConfig, a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor, d: torch.Tensor,
+        grouped_layout: torch.Tensor | None, backend: str) -> None:
+    """Run the kernel of an explicit ``cfg`` (tests and benchmarks force configs through this)."""
+    rows = a.shape[-2]
+    if backend == "sim":
+        _launch_sim(cfg, a, sa, b, sb, d, grouped_layout, rows)
+    else:
+        _launch_cuda(cfg, a, sa, b, sb, d, grouped_layout, rows)
 
 
 def _launch_sim(cfg, a, sa, b, sb, d, grouped_layout, rows) -> None:
