@@ -150,7 +150,7 @@ def _cuda_kernel(cfg: GemmConfig, device: int):
     from ..runtime.compiler import compile_kernel
 
     compiled = compile_kernel(cfg.kernel_name(), render_source(cfg))
-    return driver.load_kernel(compiled.cubin, compiled.name, device)
+    return driver.load_kernel(compiled.cubin, compiled.name, device, key=compiled.key)
 
 
 def _launch_cuda(cfg, a, sa, b, sb, d, grouped_layout, rows) -> None:
@@ -158,7 +158,8 @@ def _launch_cuda(cfg, a, sa, b, sb, d, grouped_layout, rows) -> None:
 
     device = a.device.index if a.device.index is not None else torch.cuda.current_device()
     kernel = _cuda_kernel(cfg, device)
-    maps = [driver.encode_tensor_map(s) for s in tensor_map_specs(cfg, a, sa, b, d)]
+    # Cached by spec: weight maps always hit, activation maps whenever the allocator reuses an address.
+    maps = [driver.tensor_map_cache(s) for s in tensor_map_specs(cfg, a, sa, b, d)]
     params = pack_params(maps, sb, grouped_layout, rows)
     driver.launch(kernel, params, grid=cfg.grid_size, block=cfg.num_threads, cluster=cfg.cluster_size,
                   smem_bytes=cfg.smem_bytes, stream=torch.cuda.current_stream(device).cuda_stream)
