@@ -24,6 +24,7 @@ BLOCK_K = 128
 SMEM_LIMIT = 232_448  # bytes of shared memory one block may use on sm_90
 REGISTER_FILE = 65_536  # 32-bit registers per SM
 PRODUCER_REGISTERS = 40
+MATH_REGISTER_OVERHEAD = 56
 MAX_STAGES = 16
 BLOCK_M_CHOICES = (64, 128, 256)
 BLOCK_N_CHOICES = tuple(range(16, 161, 16))
@@ -153,8 +154,9 @@ def check_config(cfg: GemmConfig, smem_limit: int = SMEM_LIMIT) -> None:
         problems.append(f"block_n must be a multiple of 16 in [16, 256] (wgmma N, 16-column epilogue chunks), got {cfg.block_n}")
     if cfg.block_n > 128 + math.gcd(cfg.block_n, 128):
         problems.append(f"block_n={cfg.block_n} columns could touch three 128-column sB blocks")
-    # Registers: scratch + kWavesM accumulators of BLOCK_N/2 floats each, ~40 for addressing and scales.
-    math_regs_needed = (cfg.waves_m + 1) * cfg.block_n // 2 + 40
+    # Registers: scratch + kWavesM accumulators of BLOCK_N/2 floats each, plus ~56 for addresses, scales,
+    # scheduler state (measured: 2 waves x BLOCK_N 128 = 192 + 40 spilled in the masked kernel).
+    math_regs_needed = (cfg.waves_m + 1) * cfg.block_n // 2 + MATH_REGISTER_OVERHEAD
     if math_regs_needed > cfg.math_registers:
         problems.append(
             f"accumulators need ~{math_regs_needed} registers per math thread, budget {cfg.math_registers} "

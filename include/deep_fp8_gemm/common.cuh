@@ -22,6 +22,13 @@
 #define DFG_GRID_CONSTANT __grid_constant__
 #endif
 
+// offsetof for layout static_asserts: NVRTC 12.9 rejects __builtin_offsetof on these structs.
+#if defined(__CUDACC_RTC__)
+#define DFG_OFFSETOF(T, member) ((unsigned long long)__INTADDR__(&(((T*)0)->member)))
+#else
+#define DFG_OFFSETOF(T, member) __builtin_offsetof(T, member)
+#endif
+
 namespace dfg {
 
 #if defined(DFG_SIMULATOR)

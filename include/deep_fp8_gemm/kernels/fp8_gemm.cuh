@@ -48,10 +48,10 @@ struct GemmParams {
     u32 rows;                   // dense: m; contiguous: m_sum; masked: m_max
     u32 reserved;
 };
-static_assert(__builtin_offsetof(GemmParams, tma_a) == 0 && __builtin_offsetof(GemmParams, tma_b) == 128 &&
-                  __builtin_offsetof(GemmParams, tma_sa) == 256 && __builtin_offsetof(GemmParams, tma_d) == 384 &&
-                  __builtin_offsetof(GemmParams, sb) == 512 && __builtin_offsetof(GemmParams, grouped_layout) == 520 &&
-                  __builtin_offsetof(GemmParams, rows) == 528 && sizeof(GemmParams) == 576,
+static_assert(DFG_OFFSETOF(GemmParams, tma_a) == 0 && DFG_OFFSETOF(GemmParams, tma_b) == 128 &&
+                  DFG_OFFSETOF(GemmParams, tma_sa) == 256 && DFG_OFFSETOF(GemmParams, tma_d) == 384 &&
+                  DFG_OFFSETOF(GemmParams, sb) == 512 && DFG_OFFSETOF(GemmParams, grouped_layout) == 520 &&
+                  DFG_OFFSETOF(GemmParams, rows) == 528 && sizeof(GemmParams) == 576,
               "GemmParams layout is mirrored in deep_fp8_gemm/kernels/gemm.py");
 
 template <GemmKind kKind, u32 SHAPE_N, u32 SHAPE_K, u32 BLOCK_M, u32 BLOCK_N, u32 kNumStages, u32 kNumGroups,
