@@ -12,7 +12,9 @@
 //     rendezvous) or returns. The interleaving is deterministic.
 //   * A blocked fiber is resumed only once its wait condition holds; when a whole scheduling pass resumes
 //     nothing, the launch is deadlocked and the report lists who waits on what (see deadlock_report).
-//   * TMA loads and stores copy synchronously at issue and signal their mbarrier at once. wgmma groups
+//   * TMA loads are checked at issue and land (copy + complete-tx) at the end of the scheduling pass, so a
+//     thread that reads a stage without waiting for its barrier sees stale or poisoned bytes. TMA stores
+//     write global memory at issue and keep a copy of their source for tma_store_wait_*. wgmma groups
 //     execute lazily at wgmma_wait (all committed groups but the newest N), so reading accumulators before
 //     the wait sees stale values, and a TMA write into shared memory that an unwaited wgmma still reads is
 //     caught as an error.
@@ -22,7 +24,7 @@
 // Errors (bounds, alignment, descriptors, barrier misuse, races the model can see, trap()) abort the whole
 // launch: the entry point returns nonzero and dfg_sim_last_error() gives the report.
 //
-// Sources: PTX ISA 8.x sections cited per operation; layouts cross-checked against CuTe
+// Sources: PTX ISA 8.x, sections cited by title per operation; layouts cross-checked against CuTe
 // (cute/arch/mma_sm90_desc.hpp, cute/atom/mma_traits_sm90_gmma.hpp, cute/atom/copy_traits_sm90*.hpp)
 // by tests/test_sim_groundtruth.py.
 #pragma once
@@ -32,6 +34,7 @@
 #error "hal/sim.hpp is the CPU simulator implementation; it needs -DDFG_SIMULATOR"
 #endif
 
+#include <signal.h>
 #include <sys/mman.h>
 #include <ucontext.h>
 
@@ -108,7 +111,7 @@ namespace detail {
 constexpr u32 kWarpgroupThreads = 128;
 constexpr u32 kMaxSmemBytes = 232448;  // sm_90 opt-in maximum dynamic shared memory per CTA (227 KiB)
 constexpr size_t kFiberStackBytes = 256 * 1024;
-// PTX ISA 9.7.13.15.1 (mbarrier contents): tx-count range is [-(2^20 - 1), 2^20 - 1], arrival counts < 2^20.
+// PTX ISA "Contents of the mbarrier object": tx-count range is [-(2^20 - 1), 2^20 - 1], arrival counts < 2^20.
 constexpr i64 kMaxTxCount = (1 << 20) - 1;
 // Written into an mbarrier's 8 bytes at init: ordinary stores or TMA writes over a live barrier are caught
 // when the barrier is next used.
@@ -125,7 +128,7 @@ struct Wait {
     u64 target;  // generation seen at arrival | wgmma group count that must be committed
 };
 
-// PTX ISA 9.7.13.15 "Parallel Synchronization and Communication Instructions: mbarrier".
+// PTX ISA "Parallel Synchronization and Communication Instructions: mbarrier".
 struct Mbarrier {
     u32 expected;  // arrival count set by mbarrier.init
     u32 pending;   // arrivals still missing in the current phase
@@ -133,9 +136,12 @@ struct Mbarrier {
     u64 phase;     // number of completed phases; the current phase's parity is phase & 1
 };
 
-// bar.sync barriers (PTX ISA 9.7.13.1 "bar{.cta}") and the cluster barrier (9.7.13.2 "barrier.cluster").
+// bar.sync barriers (PTX ISA "bar, barrier") and the cluster barrier (PTX ISA "barrier.cluster").
+// The forms without a thread count wait for every thread that has not exited (PTX ISA "exit": an
+// exiting thread releases a barrier it alone was holding up); a count form waits for exactly that many.
+constexpr u32 kAllThreads = ~0u;
 struct ThreadBarrier {
-    u32 expected = 0;  // thread count of the current round (0: idle)
+    u32 expected = 0;  // thread count of the current round, kAllThreads, or 0 when idle
     u32 arrived = 0;
     u64 generation = 0;
 };
@@ -182,11 +188,11 @@ struct Thread {
     bool done = false, blocked = false;
     Wait wait{};
     const char* wait_op = "";
-    // wgmma bookkeeping (PTX ISA 9.7.15.6 wgmma.fence / commit_group / wait_group)
+    // wgmma bookkeeping (PTX ISA "wgmma.fence", "wgmma.commit_group", "wgmma.wait_group")
     u64 wgmma_commits = 0;
     u32 wgmma_ops_in_open_group = 0;
     bool wgmma_fenced = false;
-    // bulk async-groups of TMA stores (PTX ISA 9.7.9.25.5.2 cp.async.bulk.commit_group / wait_group)
+    // bulk async-groups of TMA stores (PTX ISA "cp.async.bulk.commit_group", "cp.async.bulk.wait_group")
     std::vector<StoreRecord> open_stores;
     std::deque<std::vector<StoreRecord>> committed_stores;
     std::vector<i32> setmaxnreg_log;  // +regs for inc, -regs for dec
@@ -196,8 +202,16 @@ struct Cta {
     u8* smem = nullptr;
     std::unordered_map<u32, Mbarrier> mbarriers;  // keyed by smem offset
     ThreadBarrier named[16];
+    u32 live = 0;  // threads not exited
     std::vector<WarpRendezvous> warps;
     std::vector<Warpgroup> warpgroups;
+};
+
+// A TMA load between issue and landing (see land_tma_loads).
+struct PendingLoad {
+    SimTensorMap map;  // a copy: the kernel may reuse the memory of its TensorMap
+    i32 c[3];
+    u32 first_cta, cta_mask, offset, bar_offset;
 };
 
 struct Launch {
@@ -206,13 +220,21 @@ struct Launch {
     const void* params = nullptr;
     size_t smem_alloc = 0;
     std::vector<Cta> ctas;
-    std::vector<ThreadBarrier> clusters;
+    struct Cluster {
+        ThreadBarrier barrier;
+        u32 live = 0;  // threads of the cluster not exited
+    };
+    std::vector<Cluster> clusters;
     std::vector<std::unique_ptr<Thread>> threads;
     ucontext_t scheduler;
     Thread* current = nullptr;
     bool failed = false;
     std::string error;
+    std::vector<PendingLoad> pending_loads;
     std::vector<float> scratch;  // decoded wgmma operands
+    bool in_fiber = false;       // a fiber is running (the fault handler may abandon it)
+    int fault_signal = 0;
+    void* fault_address = nullptr;
 };
 
 inline Launch* g_launch = nullptr;
@@ -284,10 +306,9 @@ inline void check_no_mbarrier_overlap(u32 cta, u32 offset, u64 bytes, const char
     }
 }
 
-// PTX ISA 9.7.9.25.4 (tensor copy): the 16-byte chunk index (address bits [4, 4+B)) is XORed with
+// PTX ISA "Tensor copy swizzling modes": the 16-byte chunk index (address bits [4, 4+B)) is XORed with
 // address bits [7, 7+B): B = 3 / 2 / 1 for the 128 / 64 / 32-byte swizzle = CuTe Swizzle<B,4,3> on byte
 // addresses. The same function governs wgmma's view of swizzled operands.
-inline u32 swizzle_bits(u32 tma_swizzle) { return tma_swizzle; }  // TmaSwizzle enum value == B
 inline u32 swizzle(u32 addr, u32 bits) { return addr ^ ((addr >> 3) & (((1u << bits) - 1) << 4)); }
 
 // ---------------------------------------------------------------- numerics
@@ -307,7 +328,7 @@ struct E4m3Table {
 };
 inline const E4m3Table g_e4m3;
 
-// cvt.rn.satfinite.e4m3x2.f32 (PTX ISA 9.7.9.21 cvt): round to nearest even, finite results saturate to
+// cvt.rn.satfinite.e4m3x2.f32 (PTX ISA "cvt"): round to nearest even, finite results saturate to
 // +-448, NaN -> 0x7F.
 inline u8 float_to_e4m3(float x) {
     if (std::isnan(x)) return 0x7F;
@@ -356,7 +377,7 @@ inline u32 mbarrier_offset(const u64* bar, const char* what) {
 }
 
 // The phase completes when all expected arrivals and all expected transaction bytes are in; the pending
-// count is then reloaded (PTX ISA 9.7.13.15.6 "Phase completion of the mbarrier object").
+// count is then reloaded (PTX ISA "Phase completion of the mbarrier object").
 inline void mbarrier_maybe_complete(Mbarrier& mb) {
     if (mb.pending == 0 && mb.tx == 0) {
         ++mb.phase;
@@ -371,7 +392,7 @@ inline void mbarrier_arrive(u32 cta, u32 offset, u32 tx_bytes, const char* what)
                     "already has all arrivals, %lld tx bytes outstanding)",
                     what, mb.expected, offset, cta, static_cast<unsigned long long>(mb.phase),
                     static_cast<long long>(mb.tx)));
-    mb.tx += tx_bytes;  // expect-tx precedes the arrive (PTX ISA 9.7.13.15.12 mbarrier.arrive .expect_tx)
+    mb.tx += tx_bytes;  // expect-tx precedes the arrive (PTX ISA "mbarrier.arrive", .expect_tx)
     if (mb.tx > kMaxTxCount)
         fail(format("%s: tx-count %lld of the mbarrier at smem+%#x exceeds 2^20-1", what,
                     static_cast<long long>(mb.tx), offset));
@@ -379,34 +400,41 @@ inline void mbarrier_arrive(u32 cta, u32 offset, u32 tx_bytes, const char* what)
     mbarrier_maybe_complete(mb);
 }
 
-// complete-tx from a TMA load (PTX ISA 9.7.13.15.2 "tx-count": may be observed before the expect-tx).
-inline void mbarrier_complete_tx(u32 cta, u32 offset, u32 bytes, const char* what) {
-    Mbarrier& mb = mbarrier_at(cta, offset, what);
+// complete-tx from a landing TMA load (PTX ISA "tx-count": may precede the expect-tx). Runs in
+// the scheduler, so it returns an error message instead of failing a thread.
+inline std::string mbarrier_complete_tx(u32 cta, u32 offset, u32 bytes) {
+    Mbarrier& mb = L().ctas[cta].mbarriers.at(offset);
     mb.tx -= bytes;
     if (mb.tx < -kMaxTxCount)
-        fail(format("%s: tx-count of the mbarrier at smem+%#x of cta %u underflows (%lld): more TMA bytes than "
-                    "expected",
-                    what, offset, cta, static_cast<long long>(mb.tx)));
+        return format("tx-count of the mbarrier at smem+%#x of cta %u underflows (%lld): more TMA bytes than expected",
+                      offset, cta, static_cast<long long>(mb.tx));
     mbarrier_maybe_complete(mb);
+    return "";
 }
 
 // ---------------------------------------------------------------- thread barriers
 
-inline void thread_barrier_sync(ThreadBarrier& b, u32 count, WaitKind kind, u32 cta, u32 key, const char* op) {
+// Opens the next generation once everybody expected has arrived; `live` is the number of threads not exited.
+inline void thread_barrier_release(ThreadBarrier& b, u32 live) {
+    if (b.arrived == 0 || b.arrived < (b.expected == kAllThreads ? live : b.expected)) return;
+    b.arrived = 0;
+    b.expected = 0;
+    ++b.generation;
+}
+
+inline void thread_barrier_sync(ThreadBarrier& b, u32 count, u32 live, WaitKind kind, u32 cta, u32 key,
+                                const char* op) {
     if (b.expected == 0) {
         b.expected = count;
     } else if (b.expected != count) {
-        fail(format("%s: barrier %u used with thread counts %u and %u in the same round", op, key, b.expected,
-                    count));
+        const auto show = [](u32 n) { return n == kAllThreads ? std::string("all") : std::to_string(n); };
+        fail(format("%s: barrier %u used with thread counts %s and %s in the same round", op, key,
+                    show(b.expected).c_str(), show(count).c_str()));
     }
     const u64 generation = b.generation;
-    if (++b.arrived == b.expected) {
-        b.arrived = 0;
-        b.expected = 0;
-        ++b.generation;
-        return;
-    }
-    block(Wait{kind, cta, key, 0, generation}, op);
+    ++b.arrived;
+    thread_barrier_release(b, live);
+    if (b.generation == generation) block(Wait{kind, cta, key, 0, generation}, op);
 }
 
 // ---------------------------------------------------------------- tensor maps / TMA
@@ -436,15 +464,18 @@ inline u32 element_bytes(const SimTensorMap& m) {
 // memory densely, innermost dimension first, and hands the layout's swizzle to the tensor map
 // (get_tma_swizzle_bits): box element (x, y, z) sits at un-swizzled byte offset
 // ((z * box1 + y) * box0 + x) * element_bytes from the destination, and the swizzle is applied to the
-// resulting shared-memory address.
+// resulting shared-memory address. (CuTe's swizzle atoms make a swizzled box exactly one span wide; a
+// narrower inner box is assumed to be packed the same way.)
 struct Box {
     const SimTensorMap& map;
     u32 eb, row_bytes, rows, bytes, swz;
+    u32 footprint;  // smem bytes the box may touch: the swizzle permutes 16-byte chunks within 16 << swz bytes
     i32 c[3];
 
     Box(const SimTensorMap& m, i32 c0, i32 c1, i32 c2)
         : map(m), eb(element_bytes(m)), row_bytes(m.box_dims[0] * eb), rows(u32(m.box_dims[1]) * m.box_dims[2]),
-          bytes(row_bytes * rows), swz(swizzle_bits(m.swizzle)), c{c0, c1, c2} {}
+          bytes(row_bytes * rows), swz(m.swizzle),  // the TmaSwizzle value is B of Swizzle<B,4,3>
+          footprint(swz ? (bytes + (16u << swz) - 1) / (16u << swz) * (16u << swz) : bytes), c{c0, c1, c2} {}
 
     // Global address of row (y, z) of the box, or nullptr when that row is out of bounds.
     const u8* row_global(u32 row) const {
@@ -455,9 +486,9 @@ struct Box {
     }
     bool x_in_bounds(u32 x) const { return i64(c[0]) + x >= 0 && i64(c[0]) + x < i64(map.global_dims[0]); }
 
-    // PTX ISA 9.7.9.25.5.1 (cp.async.bulk.tensor): the smem address must be 128-byte aligned; with a swizzle
-    // the pattern is a function of address bits, so tiles are aligned to its repeat (256 / 512 / 1024 bytes)
-    // for the layout CuTe and the kernels assume.
+    // PTX ISA "cp.async.bulk.tensor": the smem address must be 128-byte aligned; with a swizzle the pattern
+    // is a function of address bits, so tiles are aligned to its repeat (256 / 512 / 1024 bytes) for the
+    // layout CuTe and the kernels assume.
     void check_smem(u32 offset, const char* what) const {
         const u32 align = swz ? (128u << swz) : 128u;
         if (offset % align)
@@ -465,200 +496,13 @@ struct Box {
                         align, swz ? ", swizzle repeat" : ""));
         if (swz && row_bytes > (16u << swz))
             fail(format("%s: inner box extent %u B exceeds the %u B swizzle span", what, row_bytes, 16u << swz));
-        check_smem_range(offset, bytes, what);
+        check_smem_range(offset, footprint, what);
     }
 };
-
-inline void tma_load(void* dst, const TensorMap* map, u64* bar, u32 cta_mask, bool multicast, i32 c0, i32 c1,
-                     i32 c2, const char* what);
-
-}  // namespace detail
-
-// ================================================================ the hal interface (see hal/ptx.cuh)
-namespace hal {
-using namespace dfg::sim::detail;
-
-// ---------------------------------------------------------------- indices
-inline u32 thread_idx() { return me().tid; }
-inline u32 block_idx() { return me().cta; }
-inline u32 grid_dim() { return L().cfg.grid_x; }
-inline u32 warp_idx() { return me().tid / 32; }
-inline u32 lane_idx() { return me().tid % 32; }
-// %cluster_ctarank: 1-D clusters are consecutive CTAs (PTX ISA 10 "Special registers: %cluster_ctarank").
-inline u32 cluster_cta_rank() { return me().cta % L().cfg.cluster_x; }
-
-// ---------------------------------------------------------------- shared memory
-inline u8* dynamic_smem() { return my_cta().smem; }
-// The shared window of a CTA starts at 0 here: offsets are what the descriptors and tensor copies see.
-inline u32 smem_addr(const void* ptr) { return smem_offset(ptr, "smem_addr"); }
-
-// ---------------------------------------------------------------- CTA / cluster synchronisation
-inline void sync_threads() {
-    Thread& t = me();
-    thread_barrier_sync(my_cta().named[0], L().cfg.block_x, WaitKind::NamedBarrier, t.cta, 0, "sync_threads");
-}
-
-// bar.sync id, n (PTX ISA 9.7.13.1): n a multiple of the warp size; counted per thread here.
-inline void named_barrier_sync(u32 id, u32 num_threads) {
-    if (id >= 16) fail(format("named_barrier_sync: barrier id %u is not in 0..15", id));
-    if (num_threads == 0 || num_threads % 32 || num_threads > L().cfg.block_x)
-        fail(format("named_barrier_sync(%u): thread count %u must be a positive multiple of 32 <= %u", id,
-                    num_threads, L().cfg.block_x));
-    Thread& t = me();
-    thread_barrier_sync(my_cta().named[id], num_threads, WaitKind::NamedBarrier, t.cta, id, "named_barrier_sync");
-}
-
-// barrier.cluster.arrive + wait (PTX ISA 9.7.13.2): every thread of every CTA of the cluster.
-inline void cluster_sync() {
-    const LaunchConfig& cfg = L().cfg;
-    const u32 cluster = me().cta / cfg.cluster_x;
-    thread_barrier_sync(L().clusters[cluster], cfg.cluster_x * cfg.block_x, WaitKind::ClusterBarrier, cluster, 0,
-                        "cluster_sync");
-}
-
-// Memory-model fences: the emulation is sequentially consistent and copies synchronously, so they order
-// nothing further.
-inline void fence_barrier_init() {}
-inline void fence_view_async_shared() {}
-
-// ---------------------------------------------------------------- mbarrier
-// mbarrier.init (PTX ISA 9.7.13.15.9): phase 0, pending = expected = count, tx-count 0.
-inline void mbar_init(u64* bar, u32 arrive_count) {
-    const u32 offset = mbarrier_offset(bar, "mbar_init");
-    if (arrive_count == 0 || arrive_count > u32(kMaxTxCount))
-        fail(format("mbar_init: arrive count %u must be in [1, 2^20-1]", arrive_count));
-    my_cta().mbarriers[offset] = Mbarrier{arrive_count, arrive_count, 0, 0};
-    std::memcpy(bar, &kMbarrierTag, 8);
-}
-
-inline void mbar_arrive(u64* bar) { mbarrier_arrive(me().cta, mbarrier_offset(bar, "mbar_arrive"), 0, "mbar_arrive"); }
-
-// mapa + mbarrier.arrive.shared::cluster: the barrier at the same offset in CTA `cta_rank` of the cluster.
-inline void mbar_arrive_cluster(u64* bar, u32 cta_rank) {
-    const u32 cluster_x = L().cfg.cluster_x;
-    if (cta_rank >= cluster_x)
-        fail(format("mbar_arrive_cluster: cta rank %u outside the cluster of %u CTAs", cta_rank, cluster_x));
-    const u32 target = me().cta / cluster_x * cluster_x + cta_rank;
-    mbarrier_arrive(target, mbarrier_offset(bar, "mbar_arrive_cluster"), 0, "mbar_arrive_cluster");
-}
-
-inline void mbar_arrive_expect_tx(u64* bar, u32 tx_bytes) {
-    mbarrier_arrive(me().cta, mbarrier_offset(bar, "mbar_arrive_expect_tx"), tx_bytes, "mbar_arrive_expect_tx");
-}
-
-// mbarrier.try_wait.parity (PTX ISA 9.7.13.15.16): true once the phase with parity `phase` has completed,
-// i.e. while the current phase's parity differs from `phase`.
-inline void mbar_wait(u64* bar, u32 phase) {
-    const u32 offset = mbarrier_offset(bar, "mbar_wait");
-    const Mbarrier& mb = mbarrier_at(me().cta, offset, "mbar_wait");
-    if ((mb.phase & 1) != (phase & 1)) return;
-    block(Wait{WaitKind::Mbarrier, me().cta, offset, phase & 1, 0}, "mbar_wait");
-}
-
-// ---------------------------------------------------------------- TMA
-inline void tma_prefetch(const TensorMap* map) { tensor_map(map, "tma_prefetch"); }
-
-inline void tma_load_3d(void* dst, const TensorMap* map, u64* bar, i32 c0, i32 c1, i32 c2) {
-    tma_load(dst, map, bar, 1u << cluster_cta_rank(), false, c0, c1, c2, "tma_load_3d");
-}
-
-inline void tma_load_3d_multicast(void* dst, const TensorMap* map, u64* bar, u16 cta_mask, i32 c0, i32 c1,
-                                  i32 c2) {
-    tma_load(dst, map, bar, cta_mask, true, c0, c1, c2, "tma_load_3d_multicast");
-}
-
-// cp.async.bulk.tensor global <- shared (PTX ISA 9.7.9.25.5.1): only in-bounds elements are written.
-// The copy happens at issue; the source bytes are kept so that tma_store_wait_read can prove the kernel did
-// not overwrite them while the hardware could still be reading.
-inline void tma_store_3d(const TensorMap* map, const void* src, i32 c0, i32 c1, i32 c2) {
-    const char* what = "tma_store_3d";
-    const Box box(tensor_map(map, what), c0, c1, c2);
-    const u32 offset = smem_offset(src, what);
-    box.check_smem(offset, what);
-    const u8* smem = my_cta().smem;
-    for (u32 row = 0; row < box.rows; ++row) {
-        u8* g = const_cast<u8*>(box.row_global(row));
-        if (!g) continue;
-        for (u32 x = 0; x < box.map.box_dims[0]; ++x) {
-            if (!box.x_in_bounds(x)) continue;
-            const u32 s = swizzle(offset + row * box.row_bytes + x * box.eb, box.swz);
-            std::memcpy(g + (i64(c0) + x) * box.eb, smem + s, box.eb);
-        }
-    }
-    me().open_stores.push_back(StoreRecord{offset, std::vector<u8>(smem + offset, smem + offset + box.bytes)});
-}
-
-inline void tma_store_commit() {
-    Thread& t = me();
-    t.committed_stores.push_back(std::move(t.open_stores));
-    t.open_stores.clear();
-}
-
-// cp.async.bulk.wait_group.read N: all but the newest N committed groups have finished reading smem.
-template <int N>
-inline void tma_store_wait_read() {
-    Thread& t = me();
-    while (t.committed_stores.size() > size_t(N)) {
-        for (const StoreRecord& r : t.committed_stores.front())
-            if (std::memcmp(my_cta().smem + r.offset, r.snapshot.data(), r.snapshot.size()) != 0)
-                fail(format("shared-memory source [%#x, %#zx) of a TMA store was overwritten before "
-                            "tma_store_wait_read / tma_store_wait_all released it",
-                            r.offset, r.offset + r.snapshot.size()));
-        t.committed_stores.pop_front();
-    }
-}
-
-inline void tma_store_wait_all() { tma_store_wait_read<0>(); }
-
-// ---------------------------------------------------------------- wgmma
-// wgmma.fence (PTX ISA 9.7.15.6.1): required before the first wgmma.mma_async and between register
-// accesses and a wgmma.mma_async on those registers; the simulator requires one after each wait.
-inline void wgmma_fence() { me().wgmma_fenced = true; }
-void wgmma_commit();
-template <int N>
-void wgmma_wait();
-inline void fence_operand(float&) {}
-
-// D[64 x N] (+)= A[64 x 32] . B[N x 32]^T, e4m3 from shared memory through descriptors, f32 accumulators.
-// `d` is this thread's fragment of N/2 floats (PTX ISA 9.7.15.5.1 "Register fragments", D of .m64nNk32).
-template <int N>
-struct WgmmaFp8 {
-    static_assert(N % 8 == 0 && N >= 8 && N <= 256, "wgmma .m64nNk32 needs N in 8..256, a multiple of 8");
-    static void mma(u64 desc_a, u64 desc_b, float* d, bool scale_d);
-};
-
-inline void stmatrix_x4(void* row_ptr, u32 r0, u32 r1, u32 r2, u32 r3);
-
-// setmaxnreg (PTX ISA 9.7.19.6) has no effect here; the launch checks that every thread of a warpgroup
-// made the same sequence of calls (.sync.aligned over the warpgroup).
-template <u32 kRegisters>
-inline void setmaxnreg_inc() {
-    static_assert(kRegisters % 8 == 0 && kRegisters >= 24 && kRegisters <= 256, "setmaxnreg range");
-    me().setmaxnreg_log.push_back(i32(kRegisters));
-}
-
-template <u32 kRegisters>
-inline void setmaxnreg_dec() {
-    static_assert(kRegisters % 8 == 0 && kRegisters >= 24 && kRegisters <= 256, "setmaxnreg range");
-    me().setmaxnreg_log.push_back(-i32(kRegisters));
-}
-
-// ---------------------------------------------------------------- conversions, loads, errors
-inline u32 pack_bf16x2(float lo, float hi) { return u32(float_to_bf16(lo)) | (u32(float_to_bf16(hi)) << 16); }
-inline u16 pack_e4m3x2(float lo, float hi) { return u16(float_to_e4m3(lo) | (u16(float_to_e4m3(hi)) << 8)); }
-
-inline float ld_global_nc(const float* ptr) { return *ptr; }
-inline i32 ld_global_nc(const i32* ptr) { return *ptr; }
-
-inline void trap(const char* what) { fail(std::string("trap: ") + (what ? what : "")); }
-
-}  // namespace hal
 
 // ================================================================ emulation of the collective operations
-namespace detail {
-
 // ---------------------------------------------------------------- TMA load (+ multicast)
-// A wgmma issued but not yet waited may still read its operands (PTX ISA 9.7.15.6.3 wgmma.wait_group):
+// A wgmma issued but not yet waited may still read its operands (PTX ISA "wgmma.wait_group"):
 // a TMA write over them is the "stage released too early" race.
 inline void check_no_wgmma_reader(u32 cta, u32 offset, u32 bytes, const char* what) {
     const auto& wgs = L().ctas[cta].warpgroups;
@@ -677,8 +521,10 @@ inline void check_no_wgmma_reader(u32 cta, u32 offset, u32 bytes, const char* wh
 }
 
 // cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes[.multicast::cluster]
-// (PTX ISA 9.7.9.25.5.1): the whole box is written (out-of-bounds elements filled) and its full byte count
-// is signalled as complete-tx on the barrier at the same offset in each destination CTA.
+// (PTX ISA "cp.async.bulk.tensor"): the whole box is written (out-of-bounds elements filled) and its full
+// byte count is signalled as complete-tx on the barrier at the same offset in each destination CTA. Checked
+// here, at issue; the copy lands at the end of the scheduling pass (land_tma_loads), so a thread that reads
+// the stage without waiting for its barrier reads stale or poisoned bytes, as it may on the hardware.
 inline void tma_load(void* dst, const TensorMap* map, u64* bar, u32 cta_mask, bool multicast, i32 c0, i32 c1,
                      i32 c2, const char* what) {
     const Box box(tensor_map(map, what), c0, c1, c2);
@@ -688,34 +534,56 @@ inline void tma_load(void* dst, const TensorMap* map, u64* bar, u32 cta_mask, bo
     const u32 cluster_x = L().cfg.cluster_x;
     if (multicast && (cta_mask == 0 || cta_mask >> cluster_x))
         fail(format("%s: cta mask %#x is empty or names CTAs outside the cluster of %u", what, cta_mask, cluster_x));
-    u32 fill = 0;
-    if (box.map.oob_fill == 1) {
-        if (box.map.dtype == 7) fill = 0x7FFFFFFFu;
-        else if (box.map.dtype == 9) fill = 0x7FFFu;
-        else fail(format("%s: NaN out-of-bounds fill needs a floating-point dtype, got %u", what, box.map.dtype));
-    }
+    if (box.map.oob_fill == 1 && box.map.dtype != 7 && box.map.dtype != 9)
+        fail(format("%s: NaN out-of-bounds fill needs a floating-point dtype, got %u", what, box.map.dtype));
     const u32 first = me().cta / cluster_x * cluster_x;
     for (u32 rank = 0; rank < cluster_x; ++rank) {
         if (!(cta_mask >> rank & 1)) continue;
-        const u32 cta = first + rank;
-        mbarrier_at(cta, bar_offset, what);
-        check_no_wgmma_reader(cta, offset, box.bytes, what);
-        check_no_mbarrier_overlap(cta, offset, box.bytes, what);
-        u8* smem = L().ctas[cta].smem;
-        for (u32 row = 0; row < box.rows; ++row) {
-            const u8* g = box.row_global(row);
-            for (u32 x = 0; x < box.map.box_dims[0]; ++x) {
-                u8* s = smem + swizzle(offset + row * box.row_bytes + x * box.eb, box.swz);
-                if (g && box.x_in_bounds(x)) std::memcpy(s, g + (i64(c0) + x) * box.eb, box.eb);
-                else std::memcpy(s, &fill, box.eb);
-            }
-        }
-        mbarrier_complete_tx(cta, bar_offset, box.bytes, what);
+        mbarrier_at(first + rank, bar_offset, what);
+        check_no_wgmma_reader(first + rank, offset, box.footprint, what);
+        check_no_mbarrier_overlap(first + rank, offset, box.footprint, what);
     }
+    L().pending_loads.push_back(PendingLoad{box.map, {c0, c1, c2}, first, cta_mask, offset, bar_offset});
+}
+
+// Lands every issued TMA load: copy, then complete-tx. A wgmma not yet executed that reads the box was issued
+// before the data arrived (a missing or wrong full-barrier wait). Returns an error message or "".
+inline std::string land_tma_loads() {
+    Launch& l = L();
+    for (const PendingLoad& load : l.pending_loads) {
+        const Box box(load.map, load.c[0], load.c[1], load.c[2]);
+        const u32 fill = load.map.oob_fill == 0 ? 0u : load.map.dtype == 7 ? 0x7FFFFFFFu : 0x7FFFu;
+        for (u32 rank = 0; rank < l.cfg.cluster_x; ++rank) {
+            if (!(load.cta_mask >> rank & 1)) continue;
+            const u32 cta = load.first_cta + rank;
+            const auto& wgs = l.ctas[cta].warpgroups;
+            for (u32 w = 0; w < wgs.size(); ++w)
+                for (const WgmmaGroup& group : wgs[w].groups)
+                    for (const WgmmaOp& op : group.ops)
+                        if ((op.lo_a < load.offset + box.footprint && load.offset < op.hi_a) ||
+                            (op.lo_b < load.offset + box.footprint && load.offset < op.hi_b))
+                            return format("cta %u: a wgmma of warpgroup %u reads smem [%#x, %#x) before the TMA load "
+                                          "writing it has landed (missing or wrong full-barrier wait?)",
+                                          cta, w, load.offset, load.offset + box.footprint);
+            u8* smem = l.ctas[cta].smem;
+            for (u32 row = 0; row < box.rows; ++row) {
+                const u8* g = box.row_global(row);
+                for (u32 x = 0; x < load.map.box_dims[0]; ++x) {
+                    u8* s = smem + swizzle(load.offset + row * box.row_bytes + x * box.eb, box.swz);
+                    if (g && box.x_in_bounds(x)) std::memcpy(s, g + (i64(load.c[0]) + x) * box.eb, box.eb);
+                    else std::memcpy(s, &fill, box.eb);
+                }
+            }
+            const std::string error = mbarrier_complete_tx(cta, load.bar_offset, box.bytes);
+            if (!error.empty()) return error;
+        }
+    }
+    l.pending_loads.clear();
+    return "";
 }
 
 // ---------------------------------------------------------------- wgmma descriptors
-// Shared-memory matrix descriptor (PTX ISA 9.7.15.5.1 "Matrix Descriptor Format"; CuTe GmmaDescriptor in
+// Shared-memory matrix descriptor (PTX ISA "Matrix Descriptor Format"; CuTe GmmaDescriptor in
 // cute/arch/mma_sm90_desc.hpp): start address >> 4 in bits [0,14), leading byte offset >> 4 in [16,30),
 // stride byte offset >> 4 in [32,46), base offset in [49,52), layout type in [62,64) (0 interleave,
 // 1 128B, 2 64B, 3 32B swizzle); the other bits are reserved.
@@ -760,9 +628,9 @@ inline void decode_operand(u64 desc, u32 rows, std::vector<u32>& addr, u32& lo, 
         }
 }
 
-// Accumulator fragment of .m64nNk32 with f32 D (PTX ISA 9.7.15.5.1, figure "WGMMA .m64nNk32 register fragment
-// layout for accumulator matrix D"; CuTe CLayout_64xN): thread t = 32 w + l holds in value i
-// row 16 w + l/4 + 8 ((i/2) % 2), column 8 (i/4) + 2 (l%4) + i%2.
+// Accumulator fragment of .m64nNk32 with f32 D (PTX ISA "Register Fragments", figure "WGMMA .m64nNk32
+// register fragment layout for accumulator matrix D"; CuTe CLayout_64xN): thread t = 32 w + l holds in
+// value i row 16 w + l/4 + 8 ((i/2) % 2), column 8 (i/4) + 2 (l%4) + i%2.
 inline u32 frag_row(u32 t, u32 i) { return 16 * (t / 32) + (t % 32) / 4 + 8 * ((i / 2) % 2); }
 inline u32 frag_col(u32 t, u32 i) { return 8 * (i / 4) + 2 * (t % 4) + i % 2; }
 
@@ -793,13 +661,100 @@ inline Warpgroup& my_warpgroup(const char* what) {
     return my_cta().warpgroups[wg];
 }
 
+// ---------------------------------------------------------------- thread-facing operations (hal wraps them)
+
+inline void sync_threads() {
+    Cta& c = my_cta();
+    thread_barrier_sync(c.named[0], kAllThreads, c.live, WaitKind::NamedBarrier, me().cta, 0, "sync_threads");
+}
+
+inline void named_barrier_sync(u32 id, u32 num_threads) {
+    const char* what = "named_barrier_sync";
+    if (id >= 16) fail(format("%s: barrier id %u is not in 0..15", what, id));
+    if (num_threads == 0 || num_threads % 32 || num_threads > L().cfg.block_x)
+        fail(format("%s(%u): thread count %u must be a positive multiple of 32 <= %u", what, id, num_threads,
+                    L().cfg.block_x));
+    Cta& c = my_cta();
+    thread_barrier_sync(c.named[id], num_threads, c.live, WaitKind::NamedBarrier, me().cta, id, what);
+}
+
+inline void cluster_sync() {
+    const u32 index = me().cta / L().cfg.cluster_x;
+    Launch::Cluster& cluster = L().clusters[index];
+    thread_barrier_sync(cluster.barrier, kAllThreads, cluster.live, WaitKind::ClusterBarrier, index, 0,
+                        "cluster_sync");
+}
+
+inline void mbar_init(u64* bar, u32 arrive_count) {
+    const u32 offset = mbarrier_offset(bar, "mbar_init");
+    if (arrive_count == 0 || arrive_count > u32(kMaxTxCount))
+        fail(format("mbar_init: arrive count %u must be in [1, 2^20-1]", arrive_count));
+    my_cta().mbarriers[offset] = Mbarrier{arrive_count, arrive_count, 0, 0};
+    std::memcpy(bar, &kMbarrierTag, 8);
+}
+
+inline void mbar_arrive_cluster(u64* bar, u32 cta_rank) {
+    const u32 cluster_x = L().cfg.cluster_x;
+    if (cta_rank >= cluster_x)
+        fail(format("mbar_arrive_cluster: cta rank %u outside the cluster of %u CTAs", cta_rank, cluster_x));
+    const u32 target = me().cta / cluster_x * cluster_x + cta_rank;
+    mbarrier_arrive(target, mbarrier_offset(bar, "mbar_arrive_cluster"), 0, "mbar_arrive_cluster");
+}
+
+inline void mbar_wait(u64* bar, u32 parity) {
+    const u32 offset = mbarrier_offset(bar, "mbar_wait");
+    const Mbarrier& mb = mbarrier_at(me().cta, offset, "mbar_wait");
+    if ((mb.phase & 1) != (parity & 1)) return;
+    block(Wait{WaitKind::Mbarrier, me().cta, offset, parity & 1, 0}, "mbar_wait");
+}
+
+inline void tma_store(const TensorMap* map, const void* src, i32 c0, i32 c1, i32 c2) {
+    const char* what = "tma_store_3d";
+    const Box box(tensor_map(map, what), c0, c1, c2);
+    const u32 offset = smem_offset(src, what);
+    box.check_smem(offset, what);
+    const u8* smem = my_cta().smem;
+    for (u32 row = 0; row < box.rows; ++row) {
+        u8* g = const_cast<u8*>(box.row_global(row));
+        if (!g) continue;
+        for (u32 x = 0; x < box.map.box_dims[0]; ++x) {
+            if (!box.x_in_bounds(x)) continue;
+            const u32 s = swizzle(offset + row * box.row_bytes + x * box.eb, box.swz);
+            std::memcpy(g + (i64(c0) + x) * box.eb, smem + s, box.eb);
+        }
+    }
+    me().open_stores.push_back(StoreRecord{offset, std::vector<u8>(smem + offset, smem + offset + box.footprint)});
+}
+
+inline void tma_store_commit() {
+    Thread& t = me();
+    t.committed_stores.push_back(std::move(t.open_stores));
+    t.open_stores.clear();
+}
+
+inline void tma_store_wait_read(u32 n) {
+    Thread& t = me();
+    while (t.committed_stores.size() > n) {
+        for (const StoreRecord& r : t.committed_stores.front())
+            if (std::memcmp(my_cta().smem + r.offset, r.snapshot.data(), r.snapshot.size()) != 0)
+                fail(format("shared-memory source [%#x, %#zx) of a TMA store was overwritten before "
+                            "tma_store_wait_read / tma_store_wait_all released it",
+                            r.offset, r.offset + r.snapshot.size()));
+        t.committed_stores.pop_front();
+    }
+}
+
+inline WgmmaGroup& wgmma_open_group(Warpgroup& wg, u64 g) {
+    while (wg.executed + wg.groups.size() <= g) wg.groups.emplace_back();
+    return wg.groups[g - wg.executed];
+}
+
 inline void wgmma_issue(u32 n, u64 desc_a, u64 desc_b, float* d, bool scale_d) {
     Thread& t = me();
     Warpgroup& wg = my_warpgroup("wgmma");
     if (!t.wgmma_fenced) fail("wgmma issued without wgmma_fence since the last wgmma_wait (PTX ISA wgmma.fence)");
     const u64 g = t.wgmma_commits;
-    while (wg.executed + wg.groups.size() <= g) wg.groups.emplace_back();
-    WgmmaGroup& group = wg.groups[g - wg.executed];
+    WgmmaGroup& group = wgmma_open_group(wg, g);
     const u32 k = t.wgmma_ops_in_open_group++;
     if (k == group.ops.size()) {
         WgmmaOp op;
@@ -814,7 +769,8 @@ inline void wgmma_issue(u32 n, u64 desc_a, u64 desc_b, float* d, bool scale_d) {
     WgmmaOp& op = group.ops[k];
     if (op.desc_a != desc_a || op.desc_b != desc_b || op.n != n || op.scale_d != scale_d)
         fail(format("wgmma is warpgroup-collective but this thread's operands differ from its warpgroup's: "
-                    "(desc_a %#llx, desc_b %#llx, N %u, scale_d %d) vs (%#llx, %#llx, %u, %d) in wgmma %u of group %llu",
+                    "(desc_a %#llx, desc_b %#llx, N %u, scale_d %d) vs (%#llx, %#llx, %u, %d) in wgmma %u of group "
+                    "%llu",
                     static_cast<unsigned long long>(desc_a), static_cast<unsigned long long>(desc_b), n, scale_d,
                     static_cast<unsigned long long>(op.desc_a), static_cast<unsigned long long>(op.desc_b), op.n,
                     op.scale_d, k, static_cast<unsigned long long>(g)));
@@ -822,42 +778,30 @@ inline void wgmma_issue(u32 n, u64 desc_a, u64 desc_b, float* d, bool scale_d) {
     ++op.issued;
 }
 
-}  // namespace detail
-
-namespace hal {
-
-template <int N>
-void WgmmaFp8<N>::mma(u64 desc_a, u64 desc_b, float* d, bool scale_d) {
-    detail::wgmma_issue(N, desc_a, desc_b, d, scale_d);
-}
-
-// wgmma.commit_group: this thread's wgmmas since its last commit form the next group.
 inline void wgmma_commit() {
     Thread& t = me();
     Warpgroup& wg = my_warpgroup("wgmma_commit");
     const u64 g = t.wgmma_commits;
-    while (wg.executed + wg.groups.size() <= g) wg.groups.emplace_back();
-    WgmmaGroup& group = wg.groups[g - wg.executed];
+    WgmmaGroup& group = wgmma_open_group(wg, g);
     if (t.wgmma_ops_in_open_group != group.ops.size())
         fail(format("wgmma_commit: this thread issued %u wgmma in group %llu, its warpgroup issued %zu",
                     t.wgmma_ops_in_open_group, static_cast<unsigned long long>(g), group.ops.size()));
     ++t.wgmma_commits;
     t.wgmma_ops_in_open_group = 0;
-    if (++group.committed == kWarpgroupThreads) wg.complete = g + 1;
+    if (++group.committed < kWarpgroupThreads) return;
+    for (u32 k = 0; k < group.ops.size(); ++k)  // a thread may have committed before others issued more
+        if (group.ops[k].issued != kWarpgroupThreads)
+            fail(format("wgmma_commit: only %u of 128 threads issued wgmma %u of group %llu", group.ops[k].issued, k,
+                        static_cast<unsigned long long>(g)));
+    wg.complete = g + 1;
 }
 
-// wgmma.wait_group N (PTX ISA 9.7.15.6.3): waits until at most N of this thread's committed groups are
-// pending. The groups that must finish run here, once all 128 threads have committed them (a warpgroup
-// rendezvous), in commit order.
-template <int N>
-void wgmma_wait() {
-    static_assert(N >= 0 && N <= 7, "wgmma.wait_group takes 0..7");
+inline void wgmma_wait(u32 n) {
     Thread& t = me();
     Warpgroup& wg = my_warpgroup("wgmma_wait");
     t.wgmma_fenced = false;
-    if (t.wgmma_commits <= u64(N)) return;
-    const u64 target = t.wgmma_commits - N;  // groups [0, target) must be complete
-    if (wg.executed >= target) return;
+    if (t.wgmma_commits <= n) return;
+    const u64 target = t.wgmma_commits - n;  // groups [0, target) must be complete
     if (wg.complete < target)
         block(Wait{WaitKind::WgmmaGroup, t.cta, t.tid / kWarpgroupThreads, 0, target}, "wgmma_wait");
     while (wg.executed < target) {
@@ -867,10 +811,7 @@ void wgmma_wait() {
     }
 }
 
-// stmatrix.sync.aligned.x4.m8n8.shared.b16 (PTX ISA 9.7.9.27): lane l gives the address of row l%8 of matrix
-// l/8 (16-byte aligned); register q of lane l holds row l/4, columns 2(l%4), 2(l%4)+1 of matrix q. All 32
-// lanes meet; the last to arrive performs the store.
-inline void stmatrix_x4(void* row_ptr, u32 r0, u32 r1, u32 r2, u32 r3) {
+inline void stmatrix_x4(void* row_ptr, const u32 (&regs)[4]) {
     const char* what = "stmatrix_x4";
     const u32 offset = smem_offset(row_ptr, what);
     if (offset % 16) fail(format("%s: row address smem+%#x is not 16-byte aligned", what, offset));
@@ -879,10 +820,7 @@ inline void stmatrix_x4(void* row_ptr, u32 r0, u32 r1, u32 r2, u32 r3) {
     WarpRendezvous& w = my_cta().warps[t.tid / 32];
     const u32 lane = t.tid % 32;
     w.row_offset[lane] = offset;
-    w.regs[lane][0] = r0;
-    w.regs[lane][1] = r1;
-    w.regs[lane][2] = r2;
-    w.regs[lane][3] = r3;
+    std::memcpy(w.regs[lane], regs, sizeof regs);
     const u64 generation = w.generation;
     if (++w.arrived < 32) {
         block(Wait{WaitKind::StmatrixWarp, t.cta, t.tid / 32, 0, generation}, what);
@@ -898,7 +836,143 @@ inline void stmatrix_x4(void* row_ptr, u32 r0, u32 r1, u32 r2, u32 r3) {
     ++w.generation;
 }
 
+}  // namespace detail
+
+}  // namespace sim
+
+// ================================================================ the hal interface (see hal/ptx.cuh)
+namespace hal {
+namespace sd = ::dfg::sim::detail;  // the emulation; kernels use only the hal names below
+
+// ---------------------------------------------------------------- indices
+inline u32 thread_idx() { return sd::me().tid; }
+inline u32 block_idx() { return sd::me().cta; }
+inline u32 grid_dim() { return sd::L().cfg.grid_x; }
+inline u32 warp_idx() { return sd::me().tid / 32; }
+inline u32 lane_idx() { return sd::me().tid % 32; }
+// %cluster_ctarank (PTX ISA "Special Registers"): 1-D clusters are runs of cluster_x consecutive CTAs.
+inline u32 cluster_cta_rank() { return sd::me().cta % sd::L().cfg.cluster_x; }
+
+// ---------------------------------------------------------------- shared memory
+// Page-aligned (so 1024-byte aligned, as on the device) and poisoned with 0xFF at launch.
+inline u8* dynamic_smem() { return sd::my_cta().smem; }
+// A CTA's shared window starts at 0 here: these offsets are what descriptors and TMA addresses see.
+inline u32 smem_addr(const void* ptr) { return sd::smem_offset(ptr, "smem_addr"); }
+
+// ---------------------------------------------------------------- CTA / cluster synchronisation
+// bar.sync 0 (PTX ISA "bar, barrier") without a count: every thread of the CTA that has not exited.
+inline void sync_threads() { sd::sync_threads(); }
+// bar.sync id, n: n a positive multiple of 32; arrivals are counted per thread.
+inline void named_barrier_sync(u32 id, u32 num_threads) { sd::named_barrier_sync(id, num_threads); }
+// barrier.cluster.arrive + wait (PTX ISA "barrier.cluster"): every thread of every CTA of the cluster.
+inline void cluster_sync() { sd::cluster_sync(); }
+
+// The emulation is sequentially consistent and copies synchronously: fences order nothing further.
+inline void fence_barrier_init() {}
+inline void fence_view_async_shared() {}
+
+// ---------------------------------------------------------------- mbarrier (PTX ISA "mbarrier")
+// mbarrier.init: phase 0, pending = expected = arrive_count, tx-count 0.
+inline void mbar_init(u64* bar, u32 arrive_count) { sd::mbar_init(bar, arrive_count); }
+inline void mbar_arrive(u64* bar) {
+    sd::mbarrier_arrive(sd::me().cta, sd::mbarrier_offset(bar, "mbar_arrive"), 0, "mbar_arrive");
+}
+// mapa + mbarrier.arrive.shared::cluster: the barrier at the same offset in CTA `cta_rank` of the cluster.
+inline void mbar_arrive_cluster(u64* bar, u32 cta_rank) { sd::mbar_arrive_cluster(bar, cta_rank); }
+inline void mbar_arrive_expect_tx(u64* bar, u32 tx_bytes) {
+    sd::mbarrier_arrive(sd::me().cta, sd::mbarrier_offset(bar, "mbar_arrive_expect_tx"), tx_bytes,
+                        "mbar_arrive_expect_tx");
+}
+// mbarrier.try_wait.parity (PTX ISA "mbarrier.test_wait / mbarrier.try_wait"): returns once the phase with
+// parity `phase` has completed, i.e. while the current phase's parity differs from `phase`.
+inline void mbar_wait(u64* bar, u32 phase) { sd::mbar_wait(bar, phase); }
+
+// ---------------------------------------------------------------- TMA (PTX ISA "cp.async.bulk.tensor"), rank 3
+inline void tma_prefetch(const TensorMap* map) { sd::tensor_map(map, "tma_prefetch"); }
+
+inline void tma_load_3d(void* dst, const TensorMap* map, u64* bar, i32 c0, i32 c1, i32 c2) {
+    sd::tma_load(dst, map, bar, 1u << cluster_cta_rank(), false, c0, c1, c2, "tma_load_3d");
+}
+
+inline void tma_load_3d_multicast(void* dst, const TensorMap* map, u64* bar, u16 cta_mask, i32 c0, i32 c1,
+                                  i32 c2) {
+    sd::tma_load(dst, map, bar, cta_mask, true, c0, c1, c2, "tma_load_3d_multicast");
+}
+
+// Writes global memory at issue (in-bounds elements only) and keeps a copy of the smem source, which
+// tma_store_wait_read / _all compare against: overwriting the source before the wait is reported.
+inline void tma_store_3d(const TensorMap* map, const void* src, i32 c0, i32 c1, i32 c2) {
+    sd::tma_store(map, src, c0, c1, c2);
+}
+// PTX ISA "cp.async.bulk.commit_group" / "cp.async.bulk.wait_group" [.read] N: bulk groups are per thread.
+inline void tma_store_commit() { sd::tma_store_commit(); }
+template <int N>
+inline void tma_store_wait_read() {
+    sd::tma_store_wait_read(N);
+}
+inline void tma_store_wait_all() { sd::tma_store_wait_read(0); }
+
+// ---------------------------------------------------------------- wgmma (PTX ISA "wgmma", warpgroup-collective)
+// PTX ISA "wgmma.fence" is required before a wgmma that touches registers accessed since the last one;
+// the simulator requires it between each wgmma_wait and the next wgmma.
+inline void wgmma_fence() { sd::me().wgmma_fenced = true; }
+// wgmma.commit_group: this thread's wgmmas since its last commit form its next group.
+inline void wgmma_commit() { sd::wgmma_commit(); }
+// PTX ISA "wgmma.wait_group" N: at most N of this thread's committed groups stay pending. The groups that
+// must finish execute here, once all 128 threads have committed them, in commit order.
+template <int N>
+inline void wgmma_wait() {
+    static_assert(N >= 0 && N <= 7, "wgmma.wait_group takes 0..7");
+    sd::wgmma_wait(N);
+}
+inline void fence_operand(float&) {}
+
+// D[64 x N] (+)= A[64 x 32] . B[N x 32]^T, e4m3 from shared memory through descriptors, f32 accumulators;
+// `d` is this thread's fragment of N/2 floats (PTX ISA "Register Fragments", D of .m64nNk32). The operands
+// are decoded at issue and the product computed at the wgmma_wait that retires its group.
+template <int N>
+struct WgmmaFp8 {
+    static_assert(N % 8 == 0 && N >= 8 && N <= 256, "wgmma .m64nNk32 needs N in 8..256, a multiple of 8");
+    static void mma(u64 desc_a, u64 desc_b, float* d, bool scale_d) { sd::wgmma_issue(N, desc_a, desc_b, d, scale_d); }
+};
+
+// ---------------------------------------------------------------- stmatrix / setmaxnreg
+// stmatrix.sync.aligned.x4.m8n8.shared.b16 (PTX ISA "stmatrix"): lane l gives the address of row l%8 of
+// matrix l/8 (16-byte aligned); register q of lane l holds row l/4, columns 2(l%4), 2(l%4)+1 of matrix q.
+// A warp rendezvous: the last of the 32 lanes to arrive performs the store.
+inline void stmatrix_x4(void* row_ptr, u32 r0, u32 r1, u32 r2, u32 r3) {
+    const u32 regs[4] = {r0, r1, r2, r3};
+    sd::stmatrix_x4(row_ptr, regs);
+}
+
+// setmaxnreg (PTX ISA "setmaxnreg") changes nothing here; at the end of the launch every thread of a warpgroup
+// must have made the same sequence of calls (.sync.aligned over the warpgroup).
+template <u32 kRegisters>
+inline void setmaxnreg_inc() {
+    static_assert(kRegisters % 8 == 0 && kRegisters >= 24 && kRegisters <= 256, "setmaxnreg range");
+    sd::me().setmaxnreg_log.push_back(i32(kRegisters));
+}
+
+template <u32 kRegisters>
+inline void setmaxnreg_dec() {
+    static_assert(kRegisters % 8 == 0 && kRegisters >= 24 && kRegisters <= 256, "setmaxnreg range");
+    sd::me().setmaxnreg_log.push_back(-i32(kRegisters));
+}
+
+// ---------------------------------------------------------------- conversions, loads, errors
+// cvt.rn.bf16x2.f32 / cvt.rn.satfinite.e4m3x2.f32 (PTX ISA "cvt"): lo in the low half.
+inline u32 pack_bf16x2(float lo, float hi) { return u32(sd::float_to_bf16(lo)) | (u32(sd::float_to_bf16(hi)) << 16); }
+inline u16 pack_e4m3x2(float lo, float hi) { return u16(sd::float_to_e4m3(lo) | (sd::float_to_e4m3(hi) << 8)); }
+
+inline float ld_global_nc(const float* ptr) { return *ptr; }
+inline i32 ld_global_nc(const i32* ptr) { return *ptr; }
+
+// Aborts the launch; the report carries `what`.
+inline void trap(const char* what) { sd::fail(std::string("trap: ") + (what ? what : "")); }
+
 }  // namespace hal
+
+namespace sim {
 
 // ================================================================ scheduler
 namespace detail {
@@ -911,7 +985,7 @@ inline bool ready(const Wait& w) {
             return it == l.ctas[w.cta].mbarriers.end() || (it->second.phase & 1) != w.parity;
         }
         case WaitKind::NamedBarrier: return l.ctas[w.cta].named[w.key].generation != w.target;
-        case WaitKind::ClusterBarrier: return l.clusters[w.cta].generation != w.target;
+        case WaitKind::ClusterBarrier: return l.clusters[w.cta].barrier.generation != w.target;
         case WaitKind::WgmmaGroup: return l.ctas[w.cta].warpgroups[w.key].complete >= w.target;
         case WaitKind::StmatrixWarp: return l.ctas[w.cta].warps[w.key].generation != w.target;
     }
@@ -931,11 +1005,15 @@ inline std::string describe_wait(const Thread& t) {
         }
         case WaitKind::NamedBarrier: {
             const ThreadBarrier& b = l.ctas[w.cta].named[w.key];
+            if (b.expected == kAllThreads)
+                return format("%s(barrier %u) - %u of the %u threads not exited arrived", t.wait_op, w.key, b.arrived,
+                              l.ctas[w.cta].live);
             return format("%s(barrier %u) - %u of %u threads arrived", t.wait_op, w.key, b.arrived, b.expected);
         }
         case WaitKind::ClusterBarrier: {
-            const ThreadBarrier& b = l.clusters[w.cta];
-            return format("cluster_sync(cluster %u) - %u of %u threads arrived", w.cta, b.arrived, b.expected);
+            const Launch::Cluster& c = l.clusters[w.cta];
+            return format("cluster_sync(cluster %u) - %u of the %u threads not exited arrived", w.cta,
+                          c.barrier.arrived, c.live);
         }
         case WaitKind::WgmmaGroup: {
             const Warpgroup& wg = l.ctas[w.cta].warpgroups[w.key];
@@ -968,7 +1046,7 @@ inline std::string deadlock_report() {
             std::string s;
             if (tid < block) {
                 const Thread& t = *l.threads[size_t(c) * block + tid];
-                s = t.done ? std::string("exited") : describe_wait(t);
+                s = t.done ? std::string("exited") : t.blocked ? describe_wait(t) : std::string("runnable");
             }
             if (tid == block || s != state) {
                 if (tid > 0) out += format("  cta %u %s: ", c, thread_range(first, tid - 1).c_str()) + state + "\n";
@@ -1013,8 +1091,13 @@ inline void final_checks() {
 inline void fiber_main() {
     Launch& l = L();
     l.entry(l.params);
-    l.current->done = true;  // uc_link returns to the scheduler
-}
+    Thread& t = *l.current;
+    t.done = true;
+    Cta& cta = l.ctas[t.cta];
+    thread_barrier_release(cta.named[0], --cta.live);
+    Launch::Cluster& cluster = l.clusters[t.cta / l.cfg.cluster_x];
+    thread_barrier_release(cluster.barrier, --cluster.live);
+}  // uc_link returns to the scheduler
 
 inline std::string validate_config(const LaunchConfig& cfg, u32 max_threads) {
     if (cfg.grid_x == 0 || cfg.block_x == 0) return "grid_x and block_x must be positive";
@@ -1033,6 +1116,85 @@ inline void release(Launch& l) {
         if (t->stack) munmap(t->stack, kFiberStackBytes + 4096);
     for (Cta& c : l.ctas)
         if (c.smem) munmap(c.smem, l.smem_alloc);
+}
+
+// A fiber for thread `tid` of CTA `cta`, with a guard page below its stack (an overflow faults instead of
+// corrupting a neighbour). Kept out of run(): getcontext returns twice, which would pin run()'s locals.
+__attribute__((noinline)) inline void add_fiber(Launch& l, u32 cta, u32 tid) {
+    void* p = mmap(nullptr, kFiberStackBytes + 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+        l.failed = true;
+        l.error = "out of memory for fiber stacks";
+        return;
+    }
+    mprotect(p, 4096, PROT_NONE);
+    auto t = std::make_unique<Thread>();
+    t->cta = cta;
+    t->tid = tid;
+    t->stack = p;
+    getcontext(&t->ctx);
+    t->ctx.uc_stack.ss_sp = static_cast<u8*>(p) + 4096;
+    t->ctx.uc_stack.ss_size = kFiberStackBytes;
+    t->ctx.uc_link = &l.scheduler;
+    makecontext(&t->ctx, fiber_main, 0);
+    l.threads.push_back(std::move(t));
+}
+
+// Synchronous faults inside a fiber (a wild pointer in the kernel, a fiber stack overflowing into its guard
+// page) abandon that fiber and fail the launch instead of killing the process. The handler runs on an
+// alternate stack (the fiber's may be exhausted). Outside a fiber it reinstalls the previous handler and
+// returns: the fault recurs and that handler (e.g. Python's faulthandler) sees it.
+struct FaultGuard {
+    static constexpr size_t kAltStackBytes = 64 * 1024;
+    struct sigaction previous_segv, previous_bus;
+    stack_t previous_stack;
+    std::unique_ptr<u8[]> alt_stack{new u8[kAltStackBytes]};
+
+    static void on_fault(int sig, siginfo_t* info, void*);
+    FaultGuard();
+    ~FaultGuard();
+};
+inline FaultGuard* g_fault_guard = nullptr;
+
+inline void FaultGuard::on_fault(int sig, siginfo_t* info, void*) {
+    Launch* l = g_launch;
+    if (!l || !l->in_fiber) {
+        sigaction(sig, sig == SIGSEGV ? &g_fault_guard->previous_segv : &g_fault_guard->previous_bus, nullptr);
+        return;
+    }
+    l->fault_signal = sig;
+    l->fault_address = info->si_addr;
+    setcontext(&l->scheduler);  // back into run(), as if the fiber had yielded
+}
+
+inline FaultGuard::FaultGuard() {
+    stack_t ss{};
+    ss.ss_sp = alt_stack.get();
+    ss.ss_size = kAltStackBytes;
+    sigaltstack(&ss, &previous_stack);
+    struct sigaction sa{};
+    sa.sa_sigaction = on_fault;
+    sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGSEGV, &sa, &previous_segv);
+    sigaction(SIGBUS, &sa, &previous_bus);
+    g_fault_guard = this;
+}
+
+inline FaultGuard::~FaultGuard() {
+    sigaction(SIGSEGV, &previous_segv, nullptr);
+    sigaction(SIGBUS, &previous_bus, nullptr);
+    sigaltstack(&previous_stack, nullptr);
+    g_fault_guard = nullptr;
+}
+
+inline void report_fault(Launch& l) {
+    const Thread& t = *l.current;
+    l.failed = true;
+    const char* kind = l.fault_signal == SIGBUS ? "bus error" : "segmentation fault";
+    l.error = format("cta %u thread %u (warp %u lane %u): %s at address %p (a bad pointer, or more than %zu KiB of "
+                     "fiber stack)",
+                     t.cta, t.tid, t.tid / 32, t.tid % 32, kind, l.fault_address, kFiberStackBytes / 1024);
 }
 
 // Runs one launch to completion; returns 0 or 1 (error in g_last_error).
@@ -1054,8 +1216,8 @@ inline int run(const LaunchConfig& cfg, u32 max_threads, void (*entry)(const voi
     l.smem_alloc = (size_t(cfg.dynamic_smem_bytes) + 4095) / 4096 * 4096 + 4096;
     l.ctas.resize(cfg.grid_x);
     l.clusters.resize(cfg.grid_x / cfg.cluster_x);
+    for (Launch::Cluster& c : l.clusters) c.live = cfg.cluster_x * cfg.block_x;
     g_launch = &l;
-    int status = 0;
     for (Cta& c : l.ctas) {
         // Page-aligned (so 1024-byte aligned, as the device's dynamic smem), poisoned.
         void* p = mmap(nullptr, l.smem_alloc, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -1066,31 +1228,14 @@ inline int run(const LaunchConfig& cfg, u32 max_threads, void (*entry)(const voi
         }
         c.smem = static_cast<u8*>(p);
         std::memset(c.smem, (cfg.flags & kFlagZeroSmem) ? 0x00 : 0xFF, l.smem_alloc);
+        c.live = cfg.block_x;
         c.warps.resize((cfg.block_x + 31) / 32);
         c.warpgroups.resize((cfg.block_x + kWarpgroupThreads - 1) / kWarpgroupThreads);
     }
     for (u32 c = 0; c < cfg.grid_x && !l.failed; ++c)
-        for (u32 tid = 0; tid < cfg.block_x; ++tid) {
-            auto t = std::make_unique<Thread>();
-            t->cta = c;
-            t->tid = tid;
-            // Guard page below the stack: an overflow faults instead of corrupting another fiber.
-            void* p = mmap(nullptr, kFiberStackBytes + 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-            if (p == MAP_FAILED) {
-                l.failed = true;
-                l.error = "out of memory for fiber stacks";
-                break;
-            }
-            mprotect(p, 4096, PROT_NONE);
-            t->stack = p;
-            getcontext(&t->ctx);
-            t->ctx.uc_stack.ss_sp = static_cast<u8*>(p) + 4096;
-            t->ctx.uc_stack.ss_size = kFiberStackBytes;
-            t->ctx.uc_link = &l.scheduler;
-            makecontext(&t->ctx, fiber_main, 0);
-            l.threads.push_back(std::move(t));
-        }
+        for (u32 tid = 0; tid < cfg.block_x && !l.failed; ++tid) add_fiber(l, c, tid);
 
+    const FaultGuard fault_guard;
     const auto start = std::chrono::steady_clock::now();
     u64 steps = 0;
     while (!l.failed) {
@@ -1104,17 +1249,27 @@ inline int run(const LaunchConfig& cfg, u32 max_threads, void (*entry)(const voi
                 t.blocked = false;
             }
             l.current = &t;
+            l.in_fiber = true;
             swapcontext(&l.scheduler, &t.ctx);
+            l.in_fiber = false;
+            if (l.fault_signal) report_fault(l);
             resumed = true;
             ++steps;
             if (l.failed) break;
         }
         if (l.failed) break;
+        const bool landed = !l.pending_loads.empty();
+        const std::string error = land_tma_loads();
+        if (!error.empty()) {
+            l.failed = true;
+            l.error = error;
+            break;
+        }
         if (all_done) {
             final_checks();
             break;
         }
-        if (!resumed) {
+        if (!resumed && !landed) {
             l.failed = true;
             l.error = deadlock_report();
             break;
@@ -1132,13 +1287,10 @@ inline int run(const LaunchConfig& cfg, u32 max_threads, void (*entry)(const voi
             break;
         }
     }
-    if (l.failed) {
-        g_last_error = l.error;
-        status = 1;
-    }
+    if (l.failed) g_last_error = l.error;
     release(l);
     g_launch = nullptr;
-    return status;
+    return l.failed ? 1 : 0;
 }
 
 }  // namespace detail

@@ -1,0 +1,96 @@
+"""Runs one simulated launch: loads a simulator library with ctypes and calls its kernel entry point.
+
+The entry point is ``extern "C" int <name>_sim(const Params*, const dfg::sim::LaunchConfig*)``
+(``DFG_DEFINE_KERNEL`` in ``include/deep_fp8_gemm/hal/sim.hpp``); :class:`LaunchConfig` mirrors the C++
+struct byte for byte.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import threading
+from pathlib import Path
+
+from .build import build_library
+
+# Fill shared memory with zeros instead of the 0xFF poison (dfg::sim::kFlagZeroSmem).
+FLAG_ZERO_SMEM = 1
+_PARAMS_ALIGNMENT = 128  # TensorMaps inside the parameter struct are 64-byte aligned; CUDA gives 128
+# One launch at a time per process: a launch owns its library's state and the process's SIGSEGV / SIGBUS
+# handlers (which turn a fault inside a simulated thread into a SimulationError).
+_LAUNCH_LOCK = threading.Lock()
+
+
+class SimulationError(RuntimeError):
+    """A simulated launch failed: deadlock, timeout, a hardware-rule violation or ``trap``. The message is
+    the simulator's report."""
+
+
+class LaunchConfig(ctypes.Structure):
+    """``dfg::sim::LaunchConfig`` (40 bytes)."""
+
+    _fields_ = [
+        ("grid_x", ctypes.c_uint32),
+        ("block_x", ctypes.c_uint32),
+        ("cluster_x", ctypes.c_uint32),
+        ("dynamic_smem_bytes", ctypes.c_uint32),
+        ("max_steps", ctypes.c_uint64),
+        ("timeout_s", ctypes.c_double),
+        ("flags", ctypes.c_uint32),
+        ("reserved", ctypes.c_uint32),
+    ]
+
+
+assert ctypes.sizeof(LaunchConfig) == 40 and LaunchConfig.timeout_s.offset == 24 and LaunchConfig.flags.offset == 32
+
+
+@functools.lru_cache(maxsize=None)
+def _load(path: Path) -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(path))  # RTLD_LOCAL: libraries never resolve symbols against each other
+    lib.dfg_sim_last_error.restype = ctypes.c_char_p
+    lib.dfg_sim_last_error.argtypes = []
+    return lib
+
+
+def launch(
+    name: str,
+    source: str,
+    params: bytes,
+    *,
+    grid: int,
+    block: int,
+    cluster: int,
+    smem_bytes: int,
+    timeout_s: float = 60,
+    max_steps: int = 0,
+    flags: int = 0,
+) -> None:
+    """Builds (cached) and runs kernel ``name`` of the translation unit ``source`` on the CPU.
+
+    ``params`` is the raw bytes of the kernel's parameter struct (tensor maps inside it packed by
+    :func:`~deep_fp8_gemm.simulator.pack_tensor_map`, pointers are host addresses of CPU tensors that
+    the caller keeps alive); it is copied into a 128-byte-aligned buffer. ``grid`` CTAs of ``block``
+    threads, ``cluster`` consecutive CTAs per cluster, ``smem_bytes`` dynamic shared memory per CTA.
+    ``timeout_s`` (wall clock) and ``max_steps`` (fiber resumptions, 0 = unlimited) bound the run.
+
+    Raises:
+        SimBuildError: the translation unit did not compile.
+        SimulationError: the launch failed; the message is the simulator's report.
+    """
+    lib = _load(build_library(source, name))
+    entry = getattr(lib, f"{name}_sim")
+    entry.restype = ctypes.c_int
+    entry.argtypes = [ctypes.c_void_p, ctypes.POINTER(LaunchConfig)]
+
+    raw = ctypes.create_string_buffer(len(params) + _PARAMS_ALIGNMENT)
+    base = ctypes.addressof(raw)
+    aligned = (base + _PARAMS_ALIGNMENT - 1) // _PARAMS_ALIGNMENT * _PARAMS_ALIGNMENT
+    ctypes.memmove(aligned, params, len(params))
+
+    cfg = LaunchConfig(grid, block, cluster, smem_bytes, max_steps, timeout_s, flags, 0)
+    with _LAUNCH_LOCK:
+        status = entry(aligned, ctypes.byref(cfg))
+        report = lib.dfg_sim_last_error().decode(errors="replace") if status != 0 else ""
+    if status != 0:
+        raise SimulationError(report)
