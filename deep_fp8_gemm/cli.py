@@ -10,8 +10,10 @@
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import importlib
 import json
+import multiprocessing
 import sys
 import time
 from collections.abc import Sequence
@@ -66,14 +68,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("precompile", help="fill the JIT cache for the given shapes")
     _add_kernel_selection(p)
+    p.add_argument("--jobs", "-j", type=int, default=1, help="compile in N worker processes (default 1)")
 
     p = sub.add_parser("cache", help="inspect or empty the JIT cache")
     p.add_argument("action", choices=("info", "clear"))
 
     sub.add_parser("env", help="versions and paths the JIT uses")
 
-    p = sub.add_parser("demo", help="run the demo (deep_fp8_gemm.demo)", add_help=False)
-    p.add_argument("demo_args", nargs=argparse.REMAINDER)
+    # Listed for --help only: main() hands everything after "demo" to deep_fp8_gemm.demo untouched.
+    sub.add_parser("demo", help="run the demo (deep_fp8_gemm.demo; its own options follow)", add_help=False)
     return parser
 
 
@@ -124,21 +127,42 @@ def cmd_audit(args: argparse.Namespace) -> int:
     return 0 if all(r["ok"] for r in records) else 1
 
 
-def cmd_precompile(args: argparse.Namespace) -> int:
-    from .runtime.audit import print_progress
+def _precompile_one(target) -> str:
+    """Compiles one target into the cache; returns its cache_hit or ``"error: ..."`` (runs in workers)."""
     from .runtime.compiler import CompileError, compile_kernel
 
+    try:
+        return compile_kernel(target.name, target.source, options=target.options).cache_hit
+    except CompileError as exc:
+        return f"error: {exc}"
+
+
+def cmd_precompile(args: argparse.Namespace) -> int:
+    from .runtime.audit import print_progress
+
+    if args.jobs <= 0:
+        raise CliError(f"--jobs must be positive, got {args.jobs}")
     targets = _targets_from_args(args)
     start = time.perf_counter()
-    new = failed = 0
-    for i, target in enumerate(targets):
-        try:
-            kernel = compile_kernel(target.name, target.source, options=target.options)
-            new += kernel.cache_hit == ""
-        except CompileError as exc:
-            failed += 1
-            print(f"\nerror: {exc}", file=sys.stderr)
-        print_progress(i + 1, len(targets), time.perf_counter() - start, target.name)
+    outcomes: list[str] = []
+
+    def record(i: int, outcome: str, name: str) -> None:
+        outcomes.append(outcome)
+        if outcome.startswith("error: "):
+            print(f"\n{outcome}", file=sys.stderr)
+        print_progress(i + 1, len(targets), time.perf_counter() - start, name)
+
+    if args.jobs == 1:
+        for i, target in enumerate(targets):
+            record(i, _precompile_one(target), target.name)
+    else:
+        # Processes, not threads: NVRTC's thread-safety differs between versions, and the disk cache's
+        # per-key locks already make concurrent processes safe. "spawn" avoids forking torch's threads.
+        with concurrent.futures.ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            for i, (target, outcome) in enumerate(zip(targets, pool.map(_precompile_one, targets))):
+                record(i, outcome, target.name)
+    failed = sum(o.startswith("error: ") for o in outcomes)
+    new = outcomes.count("")
     print(f"precompiled {len(targets)} kernels ({new} compiled, {len(targets) - new - failed} cached, "
           f"{failed} failed) in {time.perf_counter() - start:.1f} s")
     return 1 if failed else 0
@@ -189,8 +213,7 @@ def env_report() -> dict:
     try:
         from .runtime.sass import find_disassembler
 
-        tool, path = find_disassembler()
-        report["disassembler"] = f"{path}"
+        report["disassembler"] = str(find_disassembler()[1])
     except RuntimeError as exc:
         report["disassembler"] = f"none ({exc})"
     return report
@@ -202,18 +225,24 @@ def cmd_env(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_demo(args: argparse.Namespace) -> int:
-    demo = importlib.import_module("deep_fp8_gemm.demo")
-    return int(demo.main(args.demo_args) or 0)
+def cmd_demo(demo_argv: list[str]) -> int:
+    try:
+        demo = importlib.import_module("deep_fp8_gemm.demo")
+    except ImportError as exc:
+        raise CliError(f"the demo is not available: {exc}") from exc
+    return int(demo.main(demo_argv) or 0)
 
 
-_COMMANDS = {"audit": cmd_audit, "precompile": cmd_precompile, "cache": cmd_cache, "env": cmd_env, "demo": cmd_demo}
+_COMMANDS = {"audit": cmd_audit, "precompile": cmd_precompile, "cache": cmd_cache, "env": cmd_env}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the command line; returns the exit status (0 ok, 1 a kernel failed, 2 usage error)."""
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
+        if argv[:1] == ["demo"]:  # the demo parses its own options
+            return cmd_demo(argv[1:])
+        args = build_parser().parse_args(argv)
         return _COMMANDS[args.command](args)
     except CliError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from deep_fp8_gemm.runtime import cache
-from deep_fp8_gemm.runtime.compiler import compile_kernel, compiler_identity
+from deep_fp8_gemm.runtime.compiler import compile_kernel
 from tests.jit_kernels import PYTHON, REPO_ROOT, jit_cache, probe_source, subprocess_env  # noqa: F401 (fixture)
 
 NAME = "dfg_test_cache_probe"
@@ -50,6 +50,17 @@ def test_disable_cache_skips_disk(jit_cache, source, monkeypatch):
     assert compile_kernel(NAME, source).cache_hit == ""
     assert compile_kernel(NAME, source).cache_hit == "memory"
     assert not jit_cache.exists() or not any(jit_cache.iterdir())
+
+
+def test_unusable_cache_dir_still_compiles(tmp_path, source, monkeypatch):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("DFG_JIT_CACHE_DIR", str(blocker / "cache"))
+    cache.clear_memory_cache()
+    with pytest.warns(RuntimeWarning, match="unusable"):
+        kernel = compile_kernel(NAME, source)
+    assert kernel.cache_hit == "" and kernel.cubin[:4] == b"\x7fELF"
+    cache.clear_memory_cache()
 
 
 def test_key_covers_source_options_arch_compiler_and_headers(source):
@@ -137,24 +148,32 @@ def test_info_and_clear(jit_cache, source):
 
 
 _RACER = textwrap.dedent("""
-    import sys, time
-    sys.path.insert(0, {kernel_parent!r})
+    import pathlib, sys, time
+    sys.path.insert(0, {repo!r})
     from tests.jit_kernels import probe_source
     from deep_fp8_gemm.runtime.compiler import compile_kernel
     source = probe_source({name!r})
-    while time.time() < {start}:  # all processes call compile_kernel at the same moment
+    sync = pathlib.Path({sync!r})
+    (sync / f"ready-{{sys.argv[1]}}").touch()
+    while not (sync / "go").exists():  # every process calls compile_kernel at the same moment
         time.sleep(0.001)
     kernel = compile_kernel({name!r}, source)
     print(kernel.cache_hit or "compiled", kernel.key, len(kernel.cubin))
 """)
 
 
-def test_concurrent_processes_share_one_entry(jit_cache):
-    name = "dfg_test_race"
-    script = _RACER.format(kernel_parent=str(REPO_ROOT), name=name, start=time.time() + 4.0)
+def test_concurrent_processes_share_one_entry(jit_cache, tmp_path):
+    name, num_procs = "dfg_test_race", 4
+    sync = tmp_path / "sync"
+    sync.mkdir()
+    script = _RACER.format(repo=str(REPO_ROOT), name=name, sync=str(sync))
     env = subprocess_env(DFG_JIT_CACHE_DIR=str(jit_cache))
-    procs = [subprocess.Popen([PYTHON, "-c", script], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True) for _ in range(4)]
+    procs = [subprocess.Popen([PYTHON, "-c", script, str(i)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for i in range(num_procs)]
+    deadline = time.time() + 120
+    while len(list(sync.glob("ready-*"))) < num_procs and time.time() < deadline and all(p.poll() is None for p in procs):
+        time.sleep(0.01)
+    (sync / "go").touch()
     outputs = [p.communicate(timeout=120) for p in procs]
     assert all(p.returncode == 0 for p in procs), [err for _, err in outputs]
     lines = [out.split() for out, _ in outputs]
@@ -162,4 +181,3 @@ def test_concurrent_processes_share_one_entry(jit_cache):
     assert sorted(hit for hit, _, _ in lines).count("compiled") == 1  # the lock let exactly one compile
     assert _entry_files(jit_cache) == ["cubin", "json"]  # one entry, no temporaries left
     assert cache.DiskCache(jit_cache).load(lines[0][1]) is not None
-    assert compiler_identity()

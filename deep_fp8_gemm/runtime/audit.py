@@ -106,31 +106,43 @@ def audit(targets: Iterable[AuditTarget], *, progress: bool = True) -> list[dict
 
 
 def print_progress(done: int, total: int, seconds: float, label: str) -> None:
-    width = 30
-    filled = width * done // max(total, 1)
-    end = "\n" if done == total else ""
-    sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {seconds:6.1f} s {label[:40]:<40}{end}")
+    """Progress on stderr: a redrawn bar on a terminal; in logs (not a TTY) one line per ~10%."""
+    if sys.stderr.isatty():
+        width = 30
+        filled = width * done // max(total, 1)
+        sys.stderr.write(f"\r\033[K[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {seconds:6.1f} s {label}")
+        if done == total:
+            sys.stderr.write("\n")
+    elif done == total or done % max(total // 10, 1) == 0:
+        sys.stderr.write(f"{done}/{total} kernels, {seconds:.1f} s\n")
     sys.stderr.flush()
 
 
 def format_table(records: Sequence[dict]) -> str:
     """A fixed-width table of audit records, one line per kernel, problems indented below."""
-    header = f"{'kind':<11}{'name':<44}{'regs':>5}{'spill':>6}{'stack':>6}{'smem':>8}{'QGMMA':>6}{'TMA ld':>7}" \
+    width = max([len(r["name"]) for r in records] + [4]) + 2
+    header = f"{'kind':<11}{'name':<{width}}{'regs':>5}{'spill':>6}{'stack':>6}{'smem':>8}{'QGMMA':>6}{'TMA ld':>7}" \
              f"{'TMA st':>7}{'setmaxnreg':>11}{'compile s':>10}{'cache':>7}  status"
     lines = [header, "-" * len(header)]
     for r in records:
         s = r["sass"]
         compile_s = "-" if r["compile_seconds"] is None else f"{r['compile_seconds']:.3f}"
         lines.append(
-            f"{r['kind']:<11}{r['name'][:43]:<44}{_cell(r['registers']):>5}{_cell(r['spill_bytes']):>6}"
+            f"{r['kind']:<11}{r['name']:<{width}}{_cell(r['registers']):>5}{_cell(r['spill_bytes']):>6}"
             f"{_cell(r['stack_bytes']):>6}{_cell(r['smem_bytes']):>8}{_cell(s.get('QGMMA')):>6}"
             f"{_cell(s.get('UTMALDG')):>7}{_cell(s.get('UTMASTG')):>7}{_cell(s.get('USETMAXREG')):>11}"
-            f"{compile_s:>10}{(r['cache_hit'] or 'new') if r['cache_hit'] is not None else '-':>7}"
+            f"{compile_s:>10}{_cache_cell(r['cache_hit']):>7}"
             f"  {'ok' if r['ok'] else 'FAIL'}")
         lines += [f"    - {p.splitlines()[0] if p else p}" for p in r["problems"]]
     failed = sum(not r["ok"] for r in records)
     lines.append(f"{len(records)} kernels, {failed} failed")
     return "\n".join(lines)
+
+
+def _cache_cell(hit: str | None) -> str:
+    if hit is None:  # compile failed
+        return "-"
+    return hit or "new"
 
 
 def _cell(value: object) -> str:

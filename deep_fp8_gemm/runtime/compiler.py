@@ -4,10 +4,11 @@
 headers include nothing from the CUDA toolkit, so NVRTC needs no include path but our own and a cold
 compile costs ~0.1-0.3 s instead of the 1-2 s that parsing CUTLASS/CCCL headers takes.
 
-NOTES (measured, 2-core CI machine, NVRTC 13.5): the first compile in a process pays ~0.15 s of NVRTC
-start-up (builtins library load); ``--minimal`` (NVRTC >= 12.4) skips the runtime-API declarations our
-kernels never use. Works with libnvrtc 12.x (cuda-bindings 12.x) and 13.x: only API calls present since
-CUDA 11.1 are used, and options are spelled in their long form.
+NOTES (measured, 2-core CI machine, NVRTC 13.5): a dense GEMM compiles in 0.25-0.4 s, most of it ptxas;
+the first compile in a process adds ~0.1 s of NVRTC start-up. ``--minimal`` (NVRTC >= 12.4) made no
+measurable difference for our toolkit-free sources, so it is not used. Works with libnvrtc 12.x
+(cuda-bindings 12.x) and 13.x: only API calls present since CUDA 11.1 are used, and every option exists
+in both.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import functools
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -61,9 +63,12 @@ class CompiledKernel:
 def _nvrtc():
     try:
         from cuda.bindings import nvrtc
-    except ImportError as exc:  # pragma: no cover - depends on the installation
-        raise RuntimeError("deep_fp8_gemm's JIT needs cuda-bindings and NVRTC: "
-                           "pip install cuda-bindings nvidia-cuda-nvrtc") from exc
+    except ImportError:
+        try:  # cuda-python < 12.6 exposed the same API as cuda.nvrtc
+            from cuda import nvrtc
+        except ImportError as exc:  # pragma: no cover - depends on the installation
+            raise RuntimeError("deep_fp8_gemm's JIT needs cuda-bindings and NVRTC: "
+                               "pip install cuda-bindings nvidia-cuda-nvrtc") from exc
     return nvrtc
 
 
@@ -99,8 +104,6 @@ def nvrtc_options(arch: str = DEFAULT_ARCH, options: Sequence[str] = ()) -> list
     """The full NVRTC option list: target (a real ``sm_`` arch makes NVRTC emit a CUBIN), C++17, our
     include directory, the ptxas report, then the caller's ``options``."""
     base = [f"--gpu-architecture={arch}", "-std=c++17", _INCLUDE_TOKEN, "--ptxas-options=-v"]
-    if nvrtc_version() >= (12, 4):
-        base.append("--minimal")
     return [f"-I{include_dir()}" if o == _INCLUDE_TOKEN else o for o in base] + list(options)
 
 
@@ -119,10 +122,11 @@ def _get_bytes(prog, size_fn, get_fn, what: str) -> bytes:
 
 @dataclasses.dataclass(frozen=True)
 class _NvrtcOutput:
-    cubin: bytes
+    cubin: bytes  # empty when the compile failed
     ptx: str
     log: str
     seconds: float
+    status: str = "NVRTC_SUCCESS"
 
 
 def _nvrtc_compile(name: str, source: str, options: list[str], want_ptx: bool) -> _NvrtcOutput:
@@ -135,7 +139,7 @@ def _nvrtc_compile(name: str, source: str, options: list[str], want_ptx: bool) -
         log = _get_bytes(prog, nvrtc.nvrtcGetProgramLogSize, nvrtc.nvrtcGetProgramLog, "nvrtcGetProgramLog")
         log_text = log.decode(errors="replace")
         if status != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-            return _NvrtcOutput(b"", "", log_text, time.perf_counter() - start)
+            return _NvrtcOutput(b"", "", log_text, time.perf_counter() - start, getattr(status, "name", str(status)))
         cubin = _check(nvrtc.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize")
         buffer = b" " * cubin
         _check(nvrtc.nvrtcGetCUBIN(prog, buffer), "nvrtcGetCUBIN")
@@ -195,11 +199,16 @@ def _load_or_compile(name: str, source: str, arch: str, options: tuple, key: str
     disk = cache.disk_cache()
     entry = disk.load(key)
     if entry is None:
-        # Serialise with other processes building this key; the winner's entry serves the rest.
-        with disk.lock(key):
-            entry = disk.load(key, repair=True)
-            if entry is None:
-                return _compile(name, source, arch, options, key, disk=disk)
+        try:
+            # Serialise with other processes building this key; the winner's entry serves the rest.
+            with disk.lock(key):
+                entry = disk.load(key, repair=True)
+                if entry is None:
+                    return _compile(name, source, arch, options, key, disk=disk)
+        except OSError as exc:  # read-only or full cache directory: still compile, just do not cache
+            warnings.warn(f"deep_fp8_gemm JIT cache {disk.directory} is unusable ({exc}); compiling "
+                          "without it (set DFG_JIT_CACHE_DIR to a writable directory)", RuntimeWarning, stacklevel=3)
+            return _compile(name, source, arch, options, key, disk=None)
     return _from_entry(entry, key)
 
 
@@ -223,8 +232,8 @@ def _compile(name: str, source: str, arch: str, options: tuple, key: str, disk: 
     out = _nvrtc_compile(name, source, nvrtc_options(arch, options), want_ptx=debug)
     if not out.cubin:
         path = _save_failed_source(name, key, source)
-        raise CompileError(f"NVRTC failed to compile kernel {name} for {arch} "
-                           f"(source saved to {path}):\n{out.log.strip()}", log=out.log, source_path=path)
+        raise CompileError(f"NVRTC failed to compile kernel {name} for {arch} ({out.status}; source saved to "
+                           f"{path}):\n{out.log.strip()}", log=out.log, source_path=path)
     resources = parse_ptxas_log(out.log, name)
     if env.jit_ptxas_verbose():
         print(f"[deep_fp8_gemm] ptxas report for {name}:\n{out.log.strip()}", file=sys.stderr)

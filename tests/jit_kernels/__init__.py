@@ -17,6 +17,7 @@ import pytest
 KERNEL_DIR = Path(__file__).resolve().parent
 REPO_ROOT = KERNEL_DIR.parent.parent
 SPILL_OPTIONS = ("--maxrregcount=32",)
+PYTHON = sys.executable
 
 
 def _render(template: str, constants: dict, extra_code: str = "") -> str:
@@ -56,5 +57,3 @@ def jit_cache(tmp_path, monkeypatch):
     yield directory
     cache.clear_memory_cache()
 
-
-PYTHON = sys.executable

@@ -1,0 +1,113 @@
+"""``python -m deep_fp8_gemm`` commands on a machine without a GPU (test kernels stand in for the GEMMs)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+import types
+
+import pytest
+
+from deep_fp8_gemm import cli
+from deep_fp8_gemm.runtime.audit import AuditTarget
+from tests.jit_kernels import PYTHON, REPO_ROOT, SPILL_OPTIONS, jit_cache, probe_source, simple_source, subprocess_env  # noqa: F401
+
+
+def _probe_target(name: str = "dfg_test_cli_probe") -> AuditTarget:
+    return AuditTarget("dense", {"block_m": 64, "smem_bytes": 4104}, name, probe_source(name))
+
+
+@pytest.fixture
+def targets(monkeypatch):
+    """Replaces the kernel families' target lists with the given test kernels."""
+    chosen: list[AuditTarget] = []
+    monkeypatch.setattr(cli, "collect_targets", lambda *args, **kwargs: list(chosen))
+    return chosen
+
+
+def test_audit_json_stdout_is_only_json(jit_cache, targets, capsys):
+    targets.append(_probe_target())
+    assert cli.main(["audit", "--json", "-"]) == 0
+    out, err = capsys.readouterr()
+    (record,) = json.loads(out)
+    assert record["ok"] and record["name"] == "dfg_test_cli_probe" and record["smem_bytes"] == 4104
+    assert set(record) >= {"kind", "config", "compile_seconds", "cache_hit", "registers", "spill_bytes",
+                           "smem_bytes", "sass", "warnings"}
+    assert all(record["sass"][op] >= 0 for op in ("QGMMA", "UTMALDG", "UTMASTG", "USETMAXREG", "STL", "LDL"))
+    assert "1/1" in err  # progress bar on stderr
+
+
+def test_audit_failure_sets_exit_status_and_writes_table(jit_cache, targets, capsys, tmp_path):
+    targets += [_probe_target("dfg_test_cli_ok"),
+                AuditTarget("test", {}, "dfg_test_cli_spill", simple_source("spill.cu", "dfg_test_cli_spill"),
+                            required_sass=(), options=SPILL_OPTIONS)]
+    report = tmp_path / "audit.json"
+    assert cli.main(["audit", "--json", str(report)]) == 1
+    out = capsys.readouterr().out
+    assert "dfg_test_cli_spill" in out and "FAIL" in out and "2 kernels, 1 failed" in out
+    assert [r["ok"] for r in json.loads(report.read_text())] == [True, False]
+
+
+def test_precompile_fills_the_cache(jit_cache, targets, capsys):
+    targets.append(_probe_target("dfg_test_cli_pre"))
+    assert cli.main(["precompile", "--shapes", "7168,2048", "--m", "64,128"]) == 0
+    assert "precompiled 1 kernels (1 compiled, 0 cached, 0 failed)" in capsys.readouterr().out
+    assert cli.main(["cache", "info"]) == 0
+    assert "entries: 1" in capsys.readouterr().out
+
+
+def test_bad_arguments_exit_2(capsys):
+    assert cli.main(["audit", "--shapes", "7168"]) == 2
+    assert "shape must be N,K" in capsys.readouterr().err
+    assert cli.main(["precompile", "--num-sms", "0"]) == 2
+    with pytest.raises(SystemExit):
+        cli.main(["audit", "--kind", "sparse"])
+
+
+def test_cache_info_and_clear(jit_cache, capsys):
+    jit_cache.mkdir()
+    (jit_cache / ("0" * 64 + ".json")).write_text("{}")
+    (jit_cache / ("0" * 64 + ".cubin")).write_bytes(b"\x7fELF")
+    assert cli.main(["cache", "info"]) == 0
+    assert f"dir: {jit_cache}\nentries: 1\nbytes: 6\n" == capsys.readouterr().out
+    assert cli.main(["cache", "clear"]) == 0
+    assert "removed 1 entries" in capsys.readouterr().out
+    assert not any(jit_cache.iterdir())
+
+
+def test_module_entry_point_env_and_cache(jit_cache):
+    """``python -m deep_fp8_gemm`` in a real process (one per command: each pays the package import)."""
+    env = subprocess_env(DFG_JIT_CACHE_DIR=str(jit_cache))
+
+    def run(*args):
+        result = subprocess.run([PYTHON, "-m", "deep_fp8_gemm", *args], cwd=REPO_ROOT, env=env,
+                                capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    out = run("env")
+    for field in ("torch:", "device:", "nvrtc:", "cache dir:", "disassembler:"):
+        assert field in out
+    assert str(jit_cache) in out
+    assert "entries: 0" in run("cache", "info")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("deep_fp8_gemm.kernels.gemm") is None,
+                    reason="deep_fp8_gemm.kernels.gemm (GEMM audit targets) not present yet")
+def test_audit_real_gemm_kernel(jit_cache, capsys):
+    status = cli.main(["audit", "--kind", "dense", "--shapes", "7168,2048", "--m", "128", "--json", "-"])
+    records = json.loads(capsys.readouterr().out)
+    assert records and all(r["kind"] == "dense" for r in records)
+    assert status == (0 if all(r["ok"] for r in records) else 1)
+    assert all(r["ok"] for r in records), [r["problems"] for r in records]
+
+
+def test_demo_gets_its_arguments_untouched(monkeypatch):
+    seen = []
+    fake = types.ModuleType("deep_fp8_gemm.demo")
+    fake.main = lambda argv: seen.append(argv) or 0
+    monkeypatch.setitem(sys.modules, "deep_fp8_gemm.demo", fake)
+    assert cli.main(["demo", "--size", "3", "-h"]) == 0
+    assert seen == [["--size", "3", "-h"]]
