@@ -10,7 +10,13 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import json
+import os
+import shutil
 import struct
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from cuda.bindings import driver as real_driver
@@ -249,22 +255,28 @@ def test_encode_tensor_map_passes_the_spec_exactly(fake, spec):
     assert data == b"".join(struct.pack("<Q", 0x0101010101010101 * (i + 1)) for i in range(16))
 
 
-def test_enum_values_match_the_driver():
-    # tensor_map.py's IntEnums are written down by hand; they must equal the driver's enums.
-    for ours, theirs, prefix in (
-        (TmaDtype, real_driver.CUtensorMapDataType, "CU_TENSOR_MAP_DATA_TYPE_"),
-        (TmaSwizzle, real_driver.CUtensorMapSwizzle, None),
-        (TmaL2Promotion, real_driver.CUtensorMapL2promotion, None),
-    ):
-        for member in ours:
-            if prefix:
-                assert int(getattr(theirs, prefix + member.name)) == int(member)
-    assert real_driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B == TmaSwizzle.B128
-    assert real_driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_64B == TmaSwizzle.B64
-    assert real_driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_32B == TmaSwizzle.B32
-    assert real_driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B == TmaL2Promotion.B256
-    assert real_driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE == TmaOobFill.ZERO
-    assert real_driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA == TmaOobFill.NAN
+_DRIVER_ENUM_NAMES = {
+    TmaDtype: ("CUtensorMapDataType", {m: f"CU_TENSOR_MAP_DATA_TYPE_{m.name}" for m in TmaDtype}),
+    TmaSwizzle: ("CUtensorMapSwizzle", {TmaSwizzle.NONE: "CU_TENSOR_MAP_SWIZZLE_NONE",
+                                        TmaSwizzle.B32: "CU_TENSOR_MAP_SWIZZLE_32B",
+                                        TmaSwizzle.B64: "CU_TENSOR_MAP_SWIZZLE_64B",
+                                        TmaSwizzle.B128: "CU_TENSOR_MAP_SWIZZLE_128B"}),
+    TmaL2Promotion: ("CUtensorMapL2promotion", {TmaL2Promotion.NONE: "CU_TENSOR_MAP_L2_PROMOTION_NONE",
+                                                TmaL2Promotion.B64: "CU_TENSOR_MAP_L2_PROMOTION_L2_64B",
+                                                TmaL2Promotion.B128: "CU_TENSOR_MAP_L2_PROMOTION_L2_128B",
+                                                TmaL2Promotion.B256: "CU_TENSOR_MAP_L2_PROMOTION_L2_256B"}),
+    TmaOobFill: ("CUtensorMapFloatOOBfill", {TmaOobFill.ZERO: "CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE",
+                                             TmaOobFill.NAN: "CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA"}),
+}
+
+
+@pytest.mark.parametrize("ours", list(_DRIVER_ENUM_NAMES), ids=lambda e: e.__name__)
+def test_tensor_map_enums_equal_the_drivers(ours):
+    # tensor_map.py's IntEnums are written down by hand (the simulator must not need cuda.bindings).
+    cls_name, names = _DRIVER_ENUM_NAMES[ours]
+    assert set(names) == set(ours), f"{ours.__name__}: a member has no driver counterpart in this table"
+    for member, name in names.items():
+        assert int(getattr(getattr(real_driver, cls_name), name)) == int(member), f"{ours.__name__}.{member.name}"
 
 
 def test_binding_tensor_map_bytes_are_its_opaque_words():
@@ -440,7 +452,8 @@ def test_launch_error_names_kernel_and_configuration(fake):
     with pytest.raises(drv.CudaDriverError) as info:
         drv.launch(kernel, bytes(384), grid=132, block=384, cluster=2, smem_bytes=1024, stream=0x10)
     message = str(info.value)
-    assert message.startswith("cuLaunchKernelEx('dfg_gemm', grid=132, block=384, cluster=2, smem_bytes=1024, stream=0x10)")
+    assert message.startswith(
+        "cuLaunchKernelEx('dfg_gemm', grid=132, block=384, cluster=2, smem_bytes=1024, stream=0x10)")
     assert "CUDA_ERROR_INVALID_VALUE" in message
 
 
@@ -475,3 +488,96 @@ def test_param_slot_is_aligned_and_grows():
     big = bytes(9000)
     slot2, size2 = drv._stage_params(big)
     assert size2 == 9000 and slot2.capacity >= 9000 and slot2.address % 128 == 0
+
+
+# ---------------------------------------------------------------------------------------- real binding, stub driver
+# The fakes above stand in for cuda.bindings itself. This test keeps the real binding and replaces only
+# libcuda.so.1 (tests/gpu_kernels/stub_libcuda.c), so the binding's own marshalling of our arguments
+# into C (kernelParams as an int void**, CUlaunchConfig fields, the cluster attribute, tensor-map arrays)
+# is what gets checked. A child process: the binding loads libcuda once per process.
+_STUB_CHILD = r"""
+import ctypes, json, os, struct, sys
+from deep_fp8_gemm.runtime import driver as drv
+from deep_fp8_gemm.runtime.tensor_map import TensorMapSpec, TmaDtype, TmaL2Promotion, TmaOobFill, TmaSwizzle
+
+stub = ctypes.CDLL(os.path.join(sys.argv[1], "libcuda.so.1"))
+def g(name, ctype):
+    value = ctype.in_dll(stub, name)
+    return list(value) if isinstance(value, ctypes.Array) else value.value
+
+class Params(ctypes.Structure):
+    _fields_ = [("tensor_map", ctypes.c_uint64 * 16), ("out", ctypes.c_uint64), ("rest", ctypes.c_uint32 * 62)]
+
+out = {}
+kernel = drv.load_kernel(b"\x7fELF-cubin", "dfg_k", 0)
+out["kernel_name"] = ctypes.string_at(ctypes.addressof(ctypes.c_char.in_dll(stub, "g_kernel_name"))).decode()
+out["code_head"] = bytes(g("g_code_head", ctypes.c_ubyte * 8)).hex()
+out["param_size"] = kernel.param_size
+params = Params(out=0xDEADBEEF)
+params.tensor_map[:] = range(100, 116)
+drv.launch(kernel, params, grid=132, block=384, cluster=2, smem_bytes=200000, stream=0x5555)
+out["grid"], out["block"] = g("g_grid", ctypes.c_uint * 3), g("g_block", ctypes.c_uint * 3)
+out["smem"], out["stream"] = g("g_smem", ctypes.c_uint), g("g_stream", ctypes.c_uint64)
+out["num_attrs"], out["attr_id"] = g("g_num_attrs", ctypes.c_uint), g("g_attr_id", ctypes.c_int)
+out["cluster"] = g("g_cluster", ctypes.c_uint * 3)
+out["params_ok"] = bytes(g("g_params", ctypes.c_ubyte * 384)) == bytes(params)
+out["params_align"] = g("g_params_ptr", ctypes.c_uint64) % 128
+out["function"], out["extra"] = g("g_function", ctypes.c_uint64), g("g_extra", ctypes.c_uint64)
+out["smem_attr"] = [g("g_smem_attr", ctypes.c_int), g("g_smem_value", ctypes.c_int), g("g_smem_device", ctypes.c_int)]
+drv.launch(kernel, bytes(params), grid=4, block=128, smem_bytes=0, stream=0)
+out["null_stream_launch"] = [g("g_launches", ctypes.c_int), g("g_num_attrs", ctypes.c_uint),
+                             g("g_stream", ctypes.c_uint64)]
+
+spec = TensorMapSpec(TmaDtype.BFLOAT16, 0x7F0000001000, (7168, 4096, 2), (14336, 14336 * 4096), (64, 32, 1),
+                     TmaSwizzle.B128, TmaL2Promotion.B256, TmaOobFill.NAN)
+data = drv.encode_tensor_map(spec)
+out["tm_bytes_ok"] = data == b"".join(struct.pack("<Q", 0x0101010101010101 * (i + 1)) for i in range(16))
+def tensor_map_args():
+    i32, u32, u64 = ctypes.c_int, ctypes.c_uint, ctypes.c_uint64
+    return [g("g_tm_dtype", i32), g("g_tm_rank", i32), g("g_tm_address", u64), g("g_tm_dims", u64 * 5)[:3],
+            g("g_tm_strides", u64 * 4)[:2], g("g_tm_box", u32 * 5)[:3], g("g_tm_elem_strides", u32 * 5)[:3],
+            g("g_tm_interleave", i32), g("g_tm_swizzle", i32), g("g_tm_l2", i32), g("g_tm_oob", i32)]
+out["tm_args"] = tensor_map_args()
+out["tm_calls"] = g("g_tm_calls", ctypes.c_int)
+out["ctypes_encoder"] = drv._use_ctypes_encoder
+# A driver that insists on a 64-byte-aligned tensorMap rejects the binding's (16-byte-aligned) output
+# object; the ctypes retry with an aligned buffer must then produce the same bytes.
+os.environ["STUB_CUDA_STRICT_ALIGN"] = "1"
+out["strict_bytes_ok"] = drv.encode_tensor_map(spec) == data
+out["strict_tm_calls"] = g("g_tm_calls", ctypes.c_int)
+out["strict_out_align"] = g("g_tm_out", ctypes.c_uint64) % 64
+out["strict_ctypes_encoder"] = drv._use_ctypes_encoder
+out["strict_tm_args"] = tensor_map_args()
+out["props"] = drv.device_properties(0)
+print(json.dumps(out))
+"""
+
+
+def test_real_binding_marshals_our_calls(tmp_path):
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no C compiler to build the stub libcuda.so.1")
+    source = Path(__file__).resolve().parent / "gpu_kernels" / "stub_libcuda.c"
+    subprocess.run([compiler, "-O1", "-shared", "-fPIC", "-o", str(tmp_path / "libcuda.so.1"), str(source)], check=True)
+    env = dict(os.environ, LD_LIBRARY_PATH=str(tmp_path), STUB_CUDA_STRICT_ALIGN="0")
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parent.parent), env.get("PYTHONPATH", "")])
+    run = subprocess.run([sys.executable, "-c", _STUB_CHILD, str(tmp_path)], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stderr
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    assert got["kernel_name"] == "dfg_k" and got["code_head"] == b"\x7fELF-cub".hex() and got["param_size"] == 384
+    assert got["grid"] == [132, 1, 1] and got["block"] == [384, 1, 1]
+    assert got["smem"] == 200000 and got["stream"] == 0x5555
+    # one attribute: CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION (4) = (2, 1, 1)
+    assert got["num_attrs"] == 1 and got["attr_id"] == 4 and got["cluster"] == [2, 1, 1]
+    assert got["params_ok"] and got["params_align"] == 0
+    assert got["function"] == 0x3000 and got["extra"] == 0  # the CUkernel handle, cast to CUfunction
+    assert got["smem_attr"] == [8, 200000, 0]  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES on device 0
+    assert got["null_stream_launch"] == [2, 0, 0]
+    assert got["props"]["num_sms"] == 132 and got["props"]["name"] == "Stub H200"
+    tm_args = [9, 3, 0x7F0000001000, [7168, 4096, 2], [14336, 14336 * 4096], [64, 32, 1], [1, 1, 1], 0, 3, 3, 1]
+    assert got["tm_bytes_ok"] and got["tm_args"] == tm_args
+    assert got["tm_calls"] == 1 and got["ctypes_encoder"] is False
+    # strict driver: binding call rejected, ctypes call into an aligned buffer accepted, same arguments
+    assert got["strict_bytes_ok"] and got["strict_tm_args"] == tm_args
+    assert got["strict_tm_calls"] == 3 and got["strict_out_align"] == 0 and got["strict_ctypes_encoder"] is True

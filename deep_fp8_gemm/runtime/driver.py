@@ -25,16 +25,21 @@ a preallocated per-thread ``c_void_p[1]`` that points at a per-thread 128-byte-a
 params: no allocation and no marshalling per call. The driver copies the parameters when the launch
 is enqueued, so the buffer is free again as soon as ``cuLaunchKernelEx`` returns.
 
-NOTES (CPU-side costs, measured with cuda-bindings 13.4.4 on the 2-core CI machine): building a
-``CUlaunchConfig`` costs ~0.8 us, ~4.7 us with a cluster attribute, so configs are cached per
-(grid, block, cluster, smem, stream) (~0.1 us per hit); copying a 384-byte param block costs
-~0.1 us (bytes / bytearray) to ~0.7 us (ctypes.Structure).
+NOTES (host costs, cuda-bindings 13.4.4 on the 2-core CI machine, driver replaced by the stub
+tests/gpu_kernels/stub_libcuda.c, so the real driver's own work is not included): a whole
+:func:`launch` costs ~2-3 us (the binding's cuLaunchKernelEx with an int kernelParams ~0.4-0.8 us;
+its tuple form ~1-1.8 us); building a ``CUlaunchConfig`` costs ~0.8 us, ~4.7 us with a cluster
+attribute, hence the config cache (~0.1 us per hit); staging 384 bytes of params ~0.1 us (bytes) to
+~0.7 us (ctypes.Structure); the ``cuCtxGetCurrent`` check of a null-stream launch ~0.5 us.
+:func:`encode_tensor_map` costs ~6-10 us (``spec.validate`` ~3 us, argument objects, the copy-out),
+a :class:`TensorMapCache` hit ~1-1.5 us: keep maps of unchanging tensors (weights) in the cache.
 """
 
 from __future__ import annotations
 
 import collections
 import ctypes
+import functools
 import hashlib
 import threading
 from typing import Any
@@ -48,6 +53,7 @@ TENSOR_MAP_BYTES = 128
 _PARAM_ALIGN = 128
 _MAX_CLUSTER = 8  # portable cluster size limit (larger needs CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED)
 _MAX_CACHED_CONFIGS = 4096
+_tls = threading.local()  # per-thread parameter slot and tensor-map output buffer
 
 
 # ---------------------------------------------------------------------------------------- errors
@@ -318,38 +324,98 @@ def load_kernel(cubin: bytes, name: str, device: int, *, key: str | None = None)
 
 
 # ---------------------------------------------------------------------------------------- tensor maps
+_CUDA_ERROR_INVALID_VALUE = 1
+_use_ctypes_encoder = False  # set once the driver rejected the binding's (unaligned) output object
+_c_encode_tiled = None  # ctypes function for cuTensorMapEncodeTiled, made on first use
+
+
+@functools.lru_cache(maxsize=None)
+def _enum(cls: type, value: int) -> Any:
+    """``cls(value)`` for a driver enum, memoised (constructing a binding enum costs ~0.35 us)."""
+    return cls(int(value))
+
+
 def encode_tensor_map(spec: TensorMapSpec) -> bytes:
     """The 128 bytes of the ``CUtensorMap`` that ``cuTensorMapEncodeTiled`` makes of ``spec``.
 
     Interleave is NONE and element strides are all 1. The bytes go, unchanged, into a 64-byte-aligned
     ``dfg::TensorMap`` of a kernel's parameter struct.
 
+    The binding's ``CUtensorMap`` output object is not 64-byte aligned (CPython allocates it 16-byte
+    aligned), although the driver API asks for a 64-byte-aligned ``tensorMap``. Drivers accept it in
+    practice; should one reject it (``CUDA_ERROR_INVALID_VALUE``), the call is repeated through ctypes
+    into an aligned buffer, and that path is kept for the rest of the process.
+
     Raises:
         ValueError: ``spec.validate()`` rejects the spec.
         CudaDriverError: the driver rejects it.
     """
+    global _use_ctypes_encoder
     spec.validate()
     ensure_initialized()
+    if _use_ctypes_encoder:
+        return _encode_with_ctypes(spec)
     u64, u32 = driver.cuuint64_t, driver.cuuint32_t
-    one = u32(1)
-    tensor_map = check(
-        driver.cuTensorMapEncodeTiled(
-            driver.CUtensorMapDataType(int(spec.dtype)),
-            spec.rank,
-            spec.global_address,
-            [u64(d) for d in spec.global_dims],
-            [u64(s) for s in spec.global_strides],
-            [u32(b) for b in spec.box_dims],
-            [one] * spec.rank,
-            driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-            driver.CUtensorMapSwizzle(int(spec.swizzle)),
-            driver.CUtensorMapL2promotion(int(spec.l2_promotion)),
-            driver.CUtensorMapFloatOOBfill(int(spec.oob_fill)),
-        ),
-        f"cuTensorMapEncodeTiled({spec})",
+    result = driver.cuTensorMapEncodeTiled(
+        _enum(driver.CUtensorMapDataType, spec.dtype),
+        spec.rank,
+        spec.global_address,
+        list(map(u64, spec.global_dims)),
+        list(map(u64, spec.global_strides)),
+        list(map(u32, spec.box_dims)),
+        [u32(1)] * spec.rank,
+        driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+        _enum(driver.CUtensorMapSwizzle, spec.swizzle),
+        _enum(driver.CUtensorMapL2promotion, spec.l2_promotion),
+        _enum(driver.CUtensorMapFloatOOBfill, spec.oob_fill),
     )
+    if result[0] != 0:  # the message is formatted only on failure: the spec's repr costs more than the call
+        if int(result[0]) == _CUDA_ERROR_INVALID_VALUE:
+            try:
+                data = _encode_with_ctypes(spec)
+            except Exception:  # rejected there too (or no ctypes route): report the binding's error
+                pass
+            else:
+                _use_ctypes_encoder = True
+                return data
+        _raise(result[0], f"cuTensorMapEncodeTiled({spec})")
     # getPtr() is the address of the binding's CUtensorMap storage (its `opaque` uint64[16]).
-    return ctypes.string_at(tensor_map.getPtr(), TENSOR_MAP_BYTES)
+    return ctypes.string_at(result[1].getPtr(), TENSOR_MAP_BYTES)
+
+
+def _encode_with_ctypes(spec: TensorMapSpec) -> bytes:
+    """``cuTensorMapEncodeTiled`` called through ctypes into a 128-byte-aligned buffer (see above)."""
+    global _c_encode_tiled
+    if _c_encode_tiled is None:
+        # The library cuda.bindings loaded (dlopen by soname returns the same handle).
+        fn = ctypes.CDLL("libcuda.so.1").cuTensorMapEncodeTiled
+        fn.restype = ctypes.c_int
+        # CUresult cuTensorMapEncodeTiled(CUtensorMap*, CUtensorMapDataType, cuuint32_t rank, void* address,
+        #   const cuuint64_t* dims, const cuuint64_t* strides, const cuuint32_t* box,
+        #   const cuuint32_t* elementStrides, interleave, swizzle, l2Promotion, oobFill)  [enums are C ints]
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p] + [ctypes.c_void_p] * 4 + [
+            ctypes.c_int] * 4
+        _c_encode_tiled = fn
+    rank = spec.rank
+    out = getattr(_tls, "tensor_map_out", None)
+    if out is None:
+        raw = ctypes.create_string_buffer(2 * TENSOR_MAP_BYTES)
+        out = _tls.tensor_map_out = (raw, (ctypes.addressof(raw) + TENSOR_MAP_BYTES - 1) & ~(TENSOR_MAP_BYTES - 1))
+    err = _c_encode_tiled(
+        out[1], int(spec.dtype), rank, spec.global_address,
+        (ctypes.c_uint64 * rank)(*spec.global_dims),
+        (ctypes.c_uint64 * max(rank - 1, 1))(*spec.global_strides),
+        (ctypes.c_uint32 * rank)(*spec.box_dims),
+        (ctypes.c_uint32 * rank)(*([1] * rank)),
+        0, int(spec.swizzle), int(spec.l2_promotion), int(spec.oob_fill),
+    )
+    if err != 0:
+        try:
+            err = driver.CUresult(err)
+        except ValueError:  # a code this binding does not know: reported as CUresult(<int>)
+            pass
+        _raise(err, f"cuTensorMapEncodeTiled({spec}) [ctypes]")
+    return ctypes.string_at(out[1], TENSOR_MAP_BYTES)
 
 
 class TensorMapCache:
@@ -412,9 +478,6 @@ class _ParamSlot:
         self.view = memoryview((ctypes.c_ubyte * capacity).from_address(self.address)).cast("B")
         self.pointers = (ctypes.c_void_p * 1)(self.address)
         self.pointers_address = ctypes.addressof(self.pointers)
-
-
-_tls = threading.local()
 
 
 def _stage_params(params: Any) -> tuple[_ParamSlot, int]:
@@ -517,12 +580,13 @@ def launch(
         if pushed:
             check(driver.cuCtxPopCurrent(), "cuCtxPopCurrent()")
     if err != 0:
-        _raise(err, f"cuLaunchKernelEx({kernel.name!r}, {grid=}, {block=}, {cluster=}, {smem_bytes=}, stream={stream:#x})")
+        _raise(err, f"cuLaunchKernelEx({kernel.name!r}, {grid=}, {block=}, {cluster=}, {smem_bytes=}, "
+                    f"stream={stream:#x})")
 
 
 def _reset_for_tests() -> None:
     """Forgets every cached handle (the driver objects themselves are not released)."""
-    global _initialized
+    global _initialized, _use_ctypes_encoder
     with _lock:
         _initialized = False
         _contexts.clear()
@@ -531,5 +595,5 @@ def _reset_for_tests() -> None:
         _kernels.clear()
         _configs.clear()
         tensor_map_cache.clear()
-    if hasattr(_tls, "slot"):
-        del _tls.slot
+        _use_ctypes_encoder = False
+    _tls.__dict__.clear()
