@@ -6,6 +6,9 @@ published H800 numbers. Run from the repository root as modules::
     python -m bench.report        # rebuild bench/RESULTS.md from bench/results/*.json
     bash bench/device_check.sh OUTDIR [--dry-run]
 
-Shape tables live in :mod:`bench.shapes`, the timing method in :mod:`bench.timing`, the baselines in
-:mod:`bench.baselines`. Nothing here is imported by the library itself.
+Shape tables live in :mod:`bench.shapes` (with the reference design's published H800 numbers), the timing
+method in :mod:`bench.timing`, the baselines and float64 references in :mod:`bench.baselines`, the
+per-shape loop in :mod:`bench.harness`, the JSON / Markdown / PNG writers in :mod:`bench.report`.
+``--device cpu`` (with ``--shapes smoke`` / ``--smoke``) runs the whole pipeline on tiny CPU shapes to test
+the code path; those numbers are not benchmarks. Nothing here is imported by the library itself.
 """

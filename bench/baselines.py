@@ -119,7 +119,8 @@ def _probe(fn: Callable[..., object], args: tuple, what: str) -> None:
         if args and isinstance(args[0], torch.Tensor) and args[0].is_cuda:
             torch.cuda.synchronize()
     except Exception as exc:  # noqa: BLE001 - any failure means "not supported here"
-        raise Unsupported(f"{what}: {type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}") from exc
+        first_line = str(exc).splitlines()[0][:160] if str(exc) else ""
+        raise Unsupported(f"{what}: {type(exc).__name__}: {first_line}") from exc
 
 
 def cublas_block_dense(a, sa, b, sb, ref: torch.Tensor, n_copies: int) -> Impl:

@@ -18,6 +18,10 @@ from .baselines import Impl, Unsupported
 from .shapes import Shape, h800_published, shape_to_dict
 
 OURS = report.OURS
+# Event times of calls shorter than this (--quick: the second number) are cross-checked with the profiler's
+# kernel durations, for deep_fp8_gemm and block-scaled cuBLAS.
+PROFILE_BELOW_US = (100.0, 30.0)
+PROFILED = (OURS, "cublas_block")
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 
 # A case builder: shape, device, rotation copies -> [(implementation name, thunk building its Impl)].
@@ -34,10 +38,16 @@ def common_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--time-budget", type=float, default=None, metavar="S",
                         help="start no new shape after S seconds; the rest are reported as skipped")
     parser.add_argument("--no-baselines", action="store_true", help="time deep_fp8_gemm only")
+    parser.add_argument("--no-plot", action="store_true", help="skip the PNG (JSON and Markdown only)")
+    parser.add_argument("--no-profiler", action="store_true",
+                        help="skip the profiler (CUPTI) kernel-time cross-check of calls under "
+                             f"{PROFILE_BELOW_US[0]:.0f} µs ({PROFILE_BELOW_US[1]:.0f} with --quick)")
 
 
-def measure(impl: Impl, *, device: torch.device, flusher: timing.L2Flusher, runs: int, warmup: int) -> dict:
-    """Check ``impl`` once against its reference, then time it. Status: ok | wrong | error."""
+def measure(impl: Impl, *, device: torch.device, flusher: timing.L2Flusher, runs: int, warmup: int,
+            profile_below_us: float = 0.0) -> dict:
+    """Check ``impl`` once against its reference, then time it; calls faster than ``profile_below_us`` are
+    cross-checked with the profiler's kernel times (``us_kernel``). Status: ok | wrong | error."""
     rec: dict = {"status": "error", "note": impl.note}
     try:
         args = impl.arg_sets[0]
@@ -51,6 +61,11 @@ def measure(impl: Impl, *, device: torch.device, flusher: timing.L2Flusher, runs
         rec.update(timing.time_call(impl.fn, impl.arg_sets, device=device, flusher=flusher,
                                     runs=runs, warmup=warmup).as_dict())
         rec["status"] = "ok"
+        if device.type == "cuda" and rec["us"] < profile_below_us:
+            try:
+                rec["us_kernel"] = timing.kernel_time_us(impl.fn, impl.arg_sets, flusher=flusher)
+            except Exception as exc:  # noqa: BLE001 - the cross-check is optional
+                rec["us_kernel_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
     except Exception as exc:  # noqa: BLE001 - one failing implementation must not end the run
         rec["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
     return rec
@@ -105,7 +120,9 @@ def run_family(family: str, shapes: Sequence[Shape], build: Builder, args: argpa
             except Exception as exc:  # noqa: BLE001
                 row["impls"][name] = {"status": "error", "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
                 continue
-            rec = measure(impl, device=device, flusher=flusher, runs=runs, warmup=warmup)
+            profile_below = 0.0 if args.no_profiler or name not in PROFILED else PROFILE_BELOW_US[bool(args.quick)]
+            rec = measure(impl, device=device, flusher=flusher, runs=runs, warmup=warmup,
+                          profile_below_us=profile_below)
             _rates(rec, shape)
             row["impls"][name] = rec
             del impl
@@ -121,9 +138,10 @@ def run_family(family: str, shapes: Sequence[Shape], build: Builder, args: argpa
             extra_data = extra(device)
         except Exception as exc:  # noqa: BLE001
             extra_data = {"error": f"{type(exc).__name__}: {exc}"}
-    paths = report.write_family(family, rows, env, args.out, extra=extra_data, plot=True)
+    paths = report.write_family(family, rows, env, args.out, extra=extra_data, plot=not args.no_plot)
     print()
     print(report.markdown_table(rows))
+    print("\n".join("- " + line.replace("**", "") for line in report.headline(rows)))
     if extra_data:
         print(report.extra_markdown(extra_data))
     print(f"\nwritten: {', '.join(str(p) for p in paths)}  ({time.perf_counter() - start:.0f} s)")

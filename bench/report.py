@@ -21,7 +21,7 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
-from .shapes import H800_LABEL, H800_PUBLISHED, H800_PUBLISHED_DENSE, shape_from_dict
+from .shapes import H800_LABEL, H800_PUBLISHED, H800_PUBLISHED_DENSE
 
 OURS = "deep_fp8_gemm"
 BASELINES = ("cublas_block", "bf16_matmul", "scaled_grouped_mm_rowwise")
@@ -32,6 +32,12 @@ LABELS = {
     "scaled_grouped_mm_rowwise": "_scaled_grouped_mm row-wise (different scaling)",
     H800_LABEL: "reference design, H800 published",
 }
+COLORS = {OURS: "C0", "cublas_block": "C1", "bf16_matmul": "C2", "scaled_grouped_mm_rowwise": "C4", H800_LABEL: "C3"}
+SHORT = {OURS: "ours", "cublas_block": "cuBLAS", "bf16_matmul": "bf16", "scaled_grouped_mm_rowwise": "rowwise",
+         H800_LABEL: "H800 pub."}
+# H200 SXM datasheet ceilings (leads, not measurements: KINDS.md measured ~4.3 TB/s device copy).
+PEAK_FP8_TFLOPS = 1979.0
+HBM_TBS = 4.8
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 SUMMARY = Path(__file__).resolve().parent / "RESULTS.md"
 NOT_MEASURED = "not yet measured on a GPU"
@@ -39,9 +45,9 @@ NOT_MEASURED = "not yet measured on a GPU"
 
 # --- numbers --------------------------------------------------------------------------------------------
 
-def speedup(row: dict, baseline: str) -> float | None:
-    """``baseline µs / deep_fp8_gemm µs`` when both were checked correct and timed; for ``H800_LABEL`` the
-    TFLOPS ratio to the published number."""
+def speedup(row: dict, baseline: str, key: str = "us") -> float | None:
+    """``baseline µs / deep_fp8_gemm µs`` when both were checked correct and timed (``key="us_kernel"``: the
+    profiler's kernel times); for ``H800_LABEL`` the TFLOPS ratio to the published number."""
     ours = row["impls"].get(OURS, {})
     if ours.get("status") != "ok":
         return None
@@ -49,14 +55,20 @@ def speedup(row: dict, baseline: str) -> float | None:
         published = row.get("h800_published_tflops")
         return ours["tflops"] / published if published else None
     other = row["impls"].get(baseline, {})
-    if other.get("status") != "ok":
+    if other.get("status") != "ok" or not other.get(key) or not ours.get(key):
         return None
-    return other["us"] / ours["us"]
+    return other[key] / ours[key]
 
 
 def geomean(values: Sequence[float | None]) -> float | None:
     kept = [v for v in values if v is not None and v > 0]
     return math.exp(sum(math.log(v) for v in kept) / len(kept)) if kept else None
+
+
+def floor_us(flops: int, nbytes: int) -> tuple[float, str]:
+    """The H200 roofline floor in µs for a call and what binds it ("compute" or "memory")."""
+    compute, memory = flops / (PEAK_FP8_TFLOPS * 1e6), nbytes / (HBM_TBS * 1e6)
+    return (compute, "compute") if compute >= memory else (memory, "memory")
 
 
 # --- environment ------------------------------------------------------------------------------------------
@@ -126,17 +138,25 @@ def markdown_table(rows: Sequence[dict]) -> str:
     """One line per shape: deep_fp8_gemm µs / TFLOPS / GB/s, each baseline's µs and speedup, the H800
     published TFLOPS and ratio, the check (calc_diff) and any note."""
     baselines = _present_baselines(rows)
-    head = ["shape", "µs", "TFLOPS", "GB/s"]
+    kernel_col = any(r["impls"].get(OURS, {}).get("us_kernel") for r in rows)
+    head = ["shape", "µs", *(["kernel µs (CUPTI)"] if kernel_col else []), "TFLOPS", "GB/s"]
     for b in baselines:
-        head += [f"{LABELS[b]} µs", f"× {LABELS[b]}"]
-    head += ["H800 published TFLOPS", "× H800 published", "calc_diff", "notes"]
+        head += [f"{SHORT[b]} µs", f"× {SHORT[b]}"]
+        if kernel_col and b == "cublas_block":
+            head += ["× cuBLAS (CUPTI)"]
+    head += ["H800 pub. TFLOPS", "× H800 pub.", "% of H200 floor", "calc_diff", "notes"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         ours = r["impls"].get(OURS, {})
-        cells = [r["label"], _cell(ours, "us", "{:.1f}"), _cell(ours, "tflops"), _cell(ours, "gbs")]
+        kernel = [_f(ours.get("us_kernel"), "{:.1f}")] if kernel_col else []
+        cells = [r["label"], _cell(ours, "us", "{:.1f}"), *kernel, _cell(ours, "tflops"), _cell(ours, "gbs")]
         for b in baselines:
             cells += [_cell(r["impls"].get(b), "us", "{:.1f}"), _f(speedup(r, b), "{:.2f}x")]
-        cells += [_f(r.get("h800_published_tflops")), _f(speedup(r, H800_LABEL), "{:.2f}x"),
+            if kernel_col and b == "cublas_block":
+                cells.append(_f(speedup(r, b, "us_kernel"), "{:.2f}x"))
+        floor, bound = floor_us(r["flops"], r["bytes"])
+        roof = f"{100 * floor / ours['us']:.0f}% ({bound})" if ours.get("status") == "ok" else "–"
+        cells += [_f(r.get("h800_published_tflops")), _f(speedup(r, H800_LABEL), "{:.2f}x"), roof,
                   _f(ours.get("diff"), "{:.1e}")]
         notes = []
         for name, rec in r["impls"].items():
@@ -144,9 +164,16 @@ def markdown_table(rows: Sequence[dict]) -> str:
             if rec.get("status") == "wrong":
                 text = f"wrong result (calc_diff {rec.get('diff'):.2e})"
             if text:
-                notes.append(f"{LABELS.get(name, name)}: {text}")
+                notes.append(f"{SHORT.get(name, name)}: {text[:90]}")
         cells.append("; ".join(notes).replace("|", "/"))
         lines.append("| " + " | ".join(cells) + " |")
+    legend = "; ".join(f"{SHORT[b]} = {LABELS[b]}" for b in (*baselines, H800_LABEL))
+    lines += ["", f"× = speedup of deep_fp8_gemm (baseline µs / ours µs; H800: TFLOPS ratio). {legend}. "
+              f"H200 floor = max(FLOPs / {PEAK_FP8_TFLOPS:.0f} TFLOPS, bytes / {HBM_TBS} TB/s) (datasheet). "
+              + ("kernel µs (CUPTI) = the profiler's device-kernel time per call, a cross-check of the event time "
+                 "(which includes ~1-3 µs of launch latency) for short calls; speedups use event times. "
+                 if kernel_col else "") +
+              "Full error texts are in the JSON."]
     return "\n".join(lines)
 
 
@@ -176,8 +203,9 @@ def extra_markdown(extra: dict) -> str:
     lines = []
     overhead = extra.get("host_overhead")
     if overhead:
-        lines += ["Host overhead per call (back-to-back calls, no flush):", "",
-                  "| implementation | shape | calls | host µs/call | wall µs/call | GPU µs/call | isolated kernel µs |",
+        lines += ["", "Host overhead per call (back-to-back calls, no flush):", "",
+                  "| implementation | shape | calls | host µs/call | wall µs/call | GPU µs/call "
+                  "| isolated kernel µs |",
                   "|---|---|---|---|---|---|---|"]
         for o in overhead:
             if "error" in o:
@@ -193,10 +221,27 @@ def extra_markdown(extra: dict) -> str:
 def env_line(env: dict) -> str:
     clocks = ""
     if env.get("clock_sm"):
-        clocks = f", SM clock {env['clock_sm']} (max {env.get('clock_max_sm', '?')}), mem clock {env.get('clock_mem', '?')}"
+        clocks = (f", SM clock {env['clock_sm']} (max {env.get('clock_max_sm', '?')}), "
+                  f"mem clock {env.get('clock_mem', '?')}")
     return (f"{env.get('gpu', '?')} ({env.get('sm_count', '?')} SMs), driver {env.get('driver', '?')}, "
             f"CUDA {env.get('cuda', '?')}, torch {env.get('torch', '?')}, NVRTC {env.get('nvrtc', '?')}{clocks}; "
             f"{env.get('date', '?')}" + (" (--quick)" if env.get("quick") else ""))
+
+
+def compact_table(rows: Sequence[dict]) -> str:
+    """A fixed-width console table: deep_fp8_gemm µs (and CUPTI kernel µs), TFLOPS, GB/s, speedups."""
+    lines = [f"  {'shape':<44}{'µs':>9}{'kern µs':>9}{'TFLOPS':>8}{'GB/s':>7}{'xcuBLAS':>9}{'xbf16':>7}"
+             f"{'xH800':>7}  status"]
+    for r in rows:
+        ours = r["impls"].get(OURS, {})
+        ok = ours.get("status") == "ok"
+        lines.append(
+            f"  {r['label'][:43]:<44}{_f(ours.get('us') if ok else None, '{:.1f}'):>9}"
+            f"{_f(ours.get('us_kernel') if ok else None, '{:.1f}'):>9}{_f(ours.get('tflops') if ok else None):>8}"
+            f"{_f(ours.get('gbs') if ok else None):>7}{_f(speedup(r, 'cublas_block'), '{:.2f}'):>9}"
+            f"{_f(speedup(r, 'bf16_matmul'), '{:.2f}'):>7}{_f(speedup(r, H800_LABEL), '{:.2f}'):>7}"
+            f"  {ours.get('status', '?')}")
+    return "\n".join(lines)
 
 
 def console_line(row: dict) -> str:
@@ -204,12 +249,14 @@ def console_line(row: dict) -> str:
     parts = [f"{row['label']:<40}"]
     if ours.get("status") == "ok":
         parts.append(f"{ours['us']:9.1f} us {ours['tflops']:7.0f} TFLOPS {ours['gbs']:6.0f} GB/s")
+        if ours.get("us_kernel"):
+            parts.append(f"(kernel {ours['us_kernel']:.1f} us)")
     else:
         parts.append(f"{ours.get('status', '?'):>9} {ours.get('error') or ours.get('note') or ''}"[:120])
     for b in (*BASELINES, H800_LABEL):
         s = speedup(row, b)
         if s is not None:
-            parts.append(f"x{LABELS[b].split()[0]} {s:.2f}")
+            parts.append(f"x{SHORT[b]} {s:.2f}")
     return "  ".join(parts)
 
 
@@ -273,7 +320,7 @@ def plot_family(doc: dict, path: Path) -> Path | None:
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(max(8.0, 0.55 * len(rows) + 3), 9), sharex=True)
     for i, (name, values) in enumerate(series):
         ax1.bar([xi + (i - (len(series) - 1) / 2) * width for xi in x], [v or 0 for v in values], width,
-                label=LABELS[name])
+                label=LABELS[name], color=COLORS[name])
     ax1.set_ylabel("TFLOPS (2mnk/t, valid rows)")
     ax1.set_title(f"{doc['family']} — {doc['env'].get('gpu', '?')}, {doc['env'].get('date', '')}")
     ax1.legend(fontsize=8)
@@ -281,7 +328,7 @@ def plot_family(doc: dict, path: Path) -> Path | None:
     speedups = [(b, [speedup(r, b) for r in rows]) for b in (*_present_baselines(rows), H800_LABEL)]
     for name, values in speedups:
         ax2.plot(x, [v if v is not None else float("nan") for v in values], marker="o", linestyle="none",
-                 label=f"vs {LABELS[name]}")
+                 label=f"vs {LABELS[name]}", color=COLORS[name])
     ax2.axhline(1.0, color="black", linewidth=0.8)
     ax2.set_yscale("log")
     ax2.set_ylabel("speedup of deep_fp8_gemm")
@@ -296,12 +343,23 @@ def plot_family(doc: dict, path: Path) -> Path | None:
 
 
 def reference_table() -> str:
-    """The reference design's published H800 SXM numbers (ANCHORS.md), as a Markdown table."""
-    lines = ["| kind | shape | TFLOPS | GB/s |", "|---|---|---|---|"]
+    """The reference design's published H800 SXM numbers (ANCHORS.md) with each shape's H200 roofline floor."""
+    lines = ["| kind | shape | H800 pub. TFLOPS | H800 pub. GB/s | H800 pub. µs | H200 floor µs | bound by | "
+             "TFLOPS at the floor |", "|---|---|---|---|---|---|---|---|"]
     for shape, tflops in H800_PUBLISHED.items():
         gbs = H800_PUBLISHED_DENSE[shape][1] if shape in H800_PUBLISHED_DENSE else None
-        lines.append(f"| {shape.family} | {shape.label} | {tflops:.0f} | {_f(gbs)} |")
+        floor, bound = floor_us(shape.flops(), shape.bytes())
+        lines.append(f"| {shape.family} | {shape.label} | {tflops:.0f} | {_f(gbs)} | "
+                     f"{shape.flops() / tflops / 1e6:.1f} | {floor:.1f} | {bound} | "
+                     f"{shape.flops() / floor / 1e6:.0f} |")
     return "\n".join(lines)
+
+
+TARGETS = """Targets (issues 4 and 5): every published shape at or above its H800 TFLOPS; M=4096 large-K dense shapes
+>= 1,500 TFLOPS; geometric mean >= 1.3x block-scaled cuBLAS over the dense table; M <= 128 dense shapes at >= 80%
+of HBM bandwidth (bytes = A + B + scales + D once each); contiguous >= 1,346 / 1,214 TFLOPS, masked >= its rows
+below; a contiguous call with 50% padding rows within 10% of the same call without them (the
+`(+4096 pad rows each)` row of the contiguous table against its unpadded twin)."""
 
 
 def write_summary(results_dir: Path | str = RESULTS_DIR, summary: Path | str = SUMMARY, plots: bool = False) -> Path:
@@ -320,8 +378,8 @@ def write_summary(results_dir: Path | str = RESULTS_DIR, summary: Path | str = S
     if not docs:
         from .timing import METHOD_NOTE
 
-        parts += [f"**Status: {NOT_MEASURED}.** No deep_fp8_gemm kernel has been timed yet; the tables below are the "
-                  "targets.", "", f"Method (when measured): {METHOD_NOTE}.", ""]
+        parts += [f"**Status: {NOT_MEASURED}.** No deep_fp8_gemm kernel has been timed yet; the table below is the "
+                  "bar.", "", TARGETS, "", f"Method (when measured): {METHOD_NOTE}.", ""]
     else:
         parts += ["Machine: " + env_line(docs[0]["env"]), ""]
         for doc in docs:
@@ -338,11 +396,14 @@ def write_summary(results_dir: Path | str = RESULTS_DIR, summary: Path | str = S
             extra = extra_markdown(doc.get("extra") or {})
             if extra:
                 parts += [extra, ""]
-        parts += [f"Method: {docs[0]['method']}.", ""]
+        parts += [f"Method: {docs[0]['method']}.", "", TARGETS, ""]
     parts += ["## Reference design's published numbers (H800 SXM, NVCC 12.8)", "",
-              "From `../shared/ANCHORS.md`. Different GPU: the H800 has the H200's 132 SMs and 1979 TFLOPS FP8 peak but "
+              "From `../shared/ANCHORS.md`. Different GPU: the H800 has the H200's 132 SMs and 1979 TFLOPS FP8 peak "
+              "but "
               "3.35 TB/s of HBM instead of 4.8, so memory-bound (small-M) shapes have ~1.4x more headroom on an H200. "
-              "TFLOPS = 2mnk/t over valid rows.", "", reference_table(), ""]
+              "TFLOPS = 2mnk/t over valid rows; µs derived from it. "
+              "H200 floor = max(FLOPs / 1979 TFLOPS, bytes / 4.8 TB/s), datasheet ceilings "
+              "(a device copy measured ~4.3 TB/s on these machines).", "", reference_table(), ""]
     _atomic_write(summary, "\n".join(parts))
     return summary
 
@@ -362,6 +423,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"\n{doc['family']}: {env_line(doc['env'])}")
             for line in headline(doc["rows"]):
                 print("  " + line.replace("**", ""))
+            print(compact_table(doc["rows"]))
     return 0
 
 

@@ -189,8 +189,8 @@ def masked_shapes(quick: bool = False) -> list[MaskedShape]:
 
 SMOKE_SHAPES: tuple[Shape, ...] = (
     # Tiny shapes for CPU smoke runs of the benchmark pipeline (``--shapes smoke --device cpu``).
-    DenseShape(4, 256, 512),
-    DenseShape(3, 320, 512),
+    DenseShape(4, 128, 256),
+    DenseShape(3, 192, 256),
 )
 
 # --- The reference design's published H800 SXM numbers (ANCHORS.md section 1) ----------------------------

@@ -13,6 +13,11 @@ Per measured callable:
      (distinct allocations), so even without the flush no call finds the previous call's data in cache.
 4. **Statistic**: the median over the runs (min, p20, p80 and the relative spread are kept too).
 
+Cross-check for short kernels (``kernel_time_us``): CUDA events include the GPU's launch latency between
+the start event and the kernel (~1-3 µs), which matters for 3-20 µs decode-size calls. There the same
+flushed loop also runs under ``torch.profiler`` (CUPTI activity records), and the median per call of the
+summed device-kernel durations (every kernel between two flushes) is reported beside the event time.
+
 Host overhead (``host_overhead``): ``n`` back-to-back calls without flushes or syncs; reports host time per
 call (the loop's wall time before the final synchronize), wall time per call including the drain, and
 GPU time per call from events around the whole loop. When host time per call exceeds the kernel's
@@ -40,8 +45,9 @@ METHOD_NOTE = (
     "median of >= 20 runs, each timed alone with CUDA events after an L2 flush (zero_() of a 256 MiB buffer, "
     "> 4x the 60 MB L2) with inputs rotated over independent copies; one untimed call (JIT) + warm-up first; "
     "every implementation's output checked against a float64 reference of the same dequantised operands "
-    "(calc_diff < 1e-3, output NaN-poisoned first) before timing; FLOPs = 2mnk over valid rows; "
-    "bytes = A + B + scales + D once each"
+    "(calc_diff < 1e-3, output NaN-poisoned first) before timing; short calls (< 100 µs, < 30 µs with --quick) "
+    "also timed from the profiler's CUPTI kernel records, since events add ~1-3 µs of launch latency; "
+    "FLOPs = 2mnk over valid rows; bytes = A + B + scales + D once each"
 )
 
 
@@ -168,6 +174,54 @@ def host_overhead(fn: Callable[..., object], args: tuple, *, device: torch.devic
     wall_us = (t2 - t0) * 1e6 / calls
     gpu_us = begin.elapsed_time(end) * 1e3 / calls if device.type == "cuda" else wall_us
     return {"calls": calls, "host_us": (t1 - t0) * 1e6 / calls, "wall_us": wall_us, "gpu_us": gpu_us}
+
+
+def split_per_call(kernels: Sequence[tuple[str, float, float]], flush_names: set[str]) -> list[float]:
+    """Per-call device time from ``(name, start_us, duration_us)`` kernel records of a flushed loop: the
+    durations of the kernels between one flush and the next are summed (the flush's own kernels, recognised
+    by name, are left out). Records before the first flush are ignored."""
+    per_call: list[float] = []
+    current: float | None = None
+    for name, _, duration in sorted(kernels, key=lambda k: k[1]):
+        if name in flush_names:
+            if current is not None:
+                per_call.append(current)
+            current = 0.0
+        elif current is not None:
+            current += duration
+    if current is not None:
+        per_call.append(current)
+    return per_call
+
+
+def _device_kernels(prof) -> list[tuple[str, float, float]]:
+    from torch.autograd import DeviceType
+
+    return [(e.name, e.time_range.start, e.time_range.elapsed_us()) for e in prof.events()
+            if e.device_type == DeviceType.CUDA]
+
+
+def kernel_time_us(fn: Callable[..., object], arg_sets: Sequence[tuple], *, flusher: L2Flusher,
+                   runs: int = MIN_RUNS) -> float | None:
+    """Median per-call device-kernel time (µs) of the flushed, rotated loop, from the profiler's CUPTI records;
+    None when the profiler gives no usable records (then only the event times stand)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        flusher()
+        torch.cuda.synchronize()
+    flush_names = {name for name, _, _ in _device_kernels(prof)}
+    if not flush_names:
+        return None
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for i in range(runs):
+            flusher()
+            fn(*arg_sets[i % len(arg_sets)])
+        torch.cuda.synchronize()
+    per_call = split_per_call(_device_kernels(prof), flush_names)
+    if len(per_call) != runs or min(per_call) <= 0:
+        return None
+    return statistics.median(per_call)
 
 
 def calc_diff(x: torch.Tensor, y: torch.Tensor) -> float:

@@ -1,0 +1,296 @@
+#!/usr/bin/env bash
+# One-command GPU check for a bare Hopper machine with torch + CUDA and NO network.
+#
+#   bash bench/device_check.sh OUTDIR [--dry-run] [--full] [--budget SECONDS] [--no-install] [--no-precompile] [--skip STEP,...] [--allow-no-gpu]
+#
+# --dry-run prints the plan and runs nothing; --full runs the benchmarks without --quick (needs a larger
+# --budget); --no-install uses PYTHONPATH instead of pip; --no-precompile leaves the JIT to the first
+# calls; --skip leaves out named steps (gpu-tests, bench-dense, bench-decode, bench-contiguous, bench-masked),
+# e.g. for a short rerun; --allow-no-gpu goes on without a CUDA device
+# (only to exercise this script's plumbing on a CPU machine).
+#
+# Steps (each with its own time limit, all inside one deadline, default 470 s < 8 minutes):
+#   1. preflight: required imports (torch with a CUDA device, numpy, cuda.bindings.nvrtc + libnvrtc, driver
+#      bindings, setuptools, pytest); optional ones (matplotlib, hypothesis, nvdisasm) only warn.
+#      A missing required package stops here with its name (exit 2): nothing is downloaded, ever.
+#   2. OUTDIR/env.txt: nvidia-smi, clocks, versions.
+#   3. pip install --no-index --no-deps --no-build-isolation -e .  (falls back to PYTHONPATH if it fails,
+#      and says so).
+#   4. python -m deep_fp8_gemm precompile (JIT cache fill) in the background, overlapping step 5.
+#   5. python -m pytest -q -m gpu tests
+#   6. benchmarks in --quick mode: dense deepseek-v3, dense decode, grouped contiguous, grouped masked
+#      (each given a --time-budget so it stops starting new shapes in time, and writes results as it goes).
+#   7. python -m bench.report -> OUTDIR/RESULTS.md; a short summary table printed last (and in summary.txt).
+# Exit status: 0 all passed; 1 GPU tests failed, a kernel result was wrong, or a step failed/timed out
+# (later steps still run); 2 usage error or a required package is missing.
+#
+# OUTDIR gets: env.txt, steps.tsv, summary.txt, RESULTS.md, logs/*.log, results/*.{json,md,png}, junit.xml.
+# The device tool returns at most 8 files from $OUT, so from there run it on a scratch directory and
+# archive it, e.g.:
+#   bash bench/device_check.sh /tmp/dc; rc=$?; tar czf $OUT/device_check.tgz -C /tmp dc; \
+#   cp /tmp/dc/summary.txt /tmp/dc/RESULTS.md $OUT/; exit $rc
+set -u -o pipefail
+
+usage() {
+    echo "usage: bash bench/device_check.sh OUTDIR [--dry-run] [--full] [--budget SECONDS] [--no-install] [--no-precompile] [--skip STEP,...] [--allow-no-gpu]" >&2
+    exit 2
+}
+
+OUTDIR="" DRY_RUN=0 QUICK="--quick" BUDGET=470 INSTALL=1 PRECOMPILE=1 ALLOW_NO_GPU=0 SKIP=","
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --dry-run) DRY_RUN=1 ;;
+        --full) QUICK="" ;;
+        --no-install) INSTALL=0 ;;
+        --no-precompile) PRECOMPILE=0 ;;
+        --skip) shift; [ $# -gt 0 ] || usage
+                for name in ${1//,/ }; do
+                    case "$name" in
+                        gpu-tests|bench-dense|bench-decode|bench-contiguous|bench-masked) SKIP="$SKIP$name," ;;
+                        *) echo "error: --skip takes gpu-tests, bench-dense, bench-decode, bench-contiguous, bench-masked; got '$name'" >&2; exit 2 ;;
+                    esac
+                done ;;
+        --allow-no-gpu) ALLOW_NO_GPU=1 ;;
+        --budget) shift; [ $# -gt 0 ] || usage; BUDGET="$1"
+                  case "$BUDGET" in ''|*[!0-9]*) echo "error: --budget needs whole seconds, got '$BUDGET'" >&2; exit 2 ;; esac ;;
+        -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
+        -*) echo "error: unknown option $1" >&2; usage ;;
+        *) [ -z "$OUTDIR" ] || { echo "error: more than one OUTDIR ($OUTDIR, $1)" >&2; usage; }; OUTDIR="$1" ;;
+    esac
+    shift
+done
+[ -n "$OUTDIR" ] || usage
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PY="${PYTHON:-python3}"
+cd "$REPO" || exit 2
+export PYTHONUNBUFFERED=1
+
+# name | planned time limit (s) | command  (the command is eval'ed with $OUTDIR, $PY, $QUICK set)
+PLAN=(
+    "install|40|$PY -m pip install --no-index --no-deps --no-build-isolation -e ."
+    "precompile|150|$PY -m deep_fp8_gemm precompile   (background, overlaps gpu-tests)"
+    "gpu-tests|150|$PY -m pytest -q -m gpu tests -p no:cacheprovider --junitxml=OUTDIR/junit.xml"
+    "bench-dense|70|$PY -m bench.bench_dense --shapes deepseek-v3 $QUICK --out OUTDIR/results"
+    "bench-decode|75|$PY -m bench.bench_dense --shapes decode $QUICK --no-host-overhead --out OUTDIR/results"
+    "bench-contiguous|60|$PY -m bench.bench_grouped --kind contiguous $QUICK --out OUTDIR/results"
+    "bench-masked|45|$PY -m bench.bench_grouped --kind masked $QUICK --out OUTDIR/results"
+    "report|20|$PY -m bench.report --results OUTDIR/results --summary OUTDIR/RESULTS.md --print"
+)
+
+if [ "$DRY_RUN" = 1 ]; then
+    echo "device_check plan (dry run: nothing is run; deadline ${BUDGET} s; repo $REPO; python $PY)"
+    echo "  preflight        required: torch+CUDA device, numpy, cuda.bindings.nvrtc (+libnvrtc), cuda.bindings.driver, setuptools, pytest"
+    echo "  env              nvidia-smi, clocks, versions -> $OUTDIR/env.txt"
+    for step in "${PLAN[@]}"; do
+        IFS='|' read -r name limit cmd <<< "$step"
+        if { [ "$name" = install ] && [ "$INSTALL" = 0 ]; } || { [ "$name" = precompile ] && [ "$PRECOMPILE" = 0 ]; }; then
+            printf '  %-16s skipped (--no-%s)\n' "$name" "$name"; continue
+        fi
+        case "$SKIP" in *",$name,"*) printf '  %-16s skipped (--skip)\n' "$name"; continue ;; esac
+        case "$name" in bench-*) cmd="$cmd --time-budget LIMIT-25" ;; esac
+        printf '  %-16s <=%4ss  %s\n' "$name" "$limit" "${cmd//OUTDIR/$OUTDIR}"
+    done
+    echo "  summary          $OUTDIR/summary.txt (printed last)"
+    exit 0
+fi
+
+mkdir -p "$OUTDIR/logs" "$OUTDIR/results" || exit 2
+OUTDIR="$(cd "$OUTDIR" && pwd)"
+STEPS="$OUTDIR/steps.tsv"
+printf 'step\tstatus\tseconds\tlog\n' > "$STEPS"
+FAILED=0
+SECONDS=0
+
+record() {  # name status seconds log
+    printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" >> "$STEPS"
+    printf '[%3ds] %-16s %s (%ss)\n' "$SECONDS" "$1" "$2" "$3"
+}
+
+limit_for() {  # planned_limit reserve -> prints the limit that still fits the deadline (may be <= 0)
+    local left=$(( BUDGET - SECONDS - $2 ))
+    echo $(( $1 < left ? $1 : left ))
+}
+
+run_step() {  # name limit reserve command...
+    local name="$1" planned="$2" reserve="$3"; shift 3
+    local limit; limit=$(limit_for "$planned" "$reserve")
+    local log="$OUTDIR/logs/$name.log"
+    case "$SKIP" in *",$name,"*) record "$name" "skipped (--skip)" 0 "-"; return 0 ;; esac
+    if [ "$limit" -lt 10 ]; then
+        record "$name" "SKIPPED (deadline)" 0 "-"; FAILED=1; return 124
+    fi
+    local t0=$SECONDS rc
+    echo "\$ $* (limit ${limit}s)" > "$log"
+    timeout -k 5 "$limit" "$@" >> "$log" 2>&1
+    rc=$?
+    local status="ok"
+    if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then status="TIMEOUT after ${limit}s"; elif [ $rc -ne 0 ]; then status="FAILED (rc $rc)"; fi
+    record "$name" "$status" $(( SECONDS - t0 )) "logs/$name.log"
+    return $rc
+}
+
+# --- 1. preflight -----------------------------------------------------------------------------------------
+"$PY" - "$ALLOW_NO_GPU" > "$OUTDIR/logs/preflight.log" 2>&1 <<'EOF'
+import importlib, shutil, sys
+allow_no_gpu = sys.argv[1] == "1"
+missing, warnings = [], []
+
+def need(module, package, why):
+    try:
+        return importlib.import_module(module)
+    except Exception as exc:
+        missing.append(f"{package} (import {module}: {type(exc).__name__}: {exc}) - {why}")
+
+def want(module, package, why):
+    try:
+        return importlib.import_module(module)
+    except Exception as exc:
+        warnings.append(f"{package} missing ({type(exc).__name__}) - {why}")
+
+torch = need("torch", "torch", "everything")
+need("numpy", "numpy", "runtime dependency")
+nvrtc = need("cuda.bindings.nvrtc", "cuda-bindings", "JIT compiler bindings")
+need("cuda.bindings.driver", "cuda-bindings", "kernel launch / tensor maps")
+need("setuptools", "setuptools>=64", "pip install -e . without network")
+need("pytest", "pytest", "GPU tests")
+want("matplotlib", "matplotlib", "no PNG plots (JSON/Markdown still written)")
+want("hypothesis", "hypothesis", "property-based tests are not GPU tests; fine for -m gpu")
+if nvrtc is not None:
+    try:
+        err, major, minor = nvrtc.nvrtcVersion()
+        print(f"NVRTC {major}.{minor} ({err})")
+    except Exception as exc:
+        missing.append(f"libnvrtc (nvidia-cuda-nvrtc or a CUDA toolkit): nvrtcVersion failed: {exc}")
+if not (shutil.which("nvdisasm") or shutil.which("cuobjdump")):
+    warnings.append("nvdisasm/cuobjdump not on PATH - only the static audit needs them")
+if torch is not None:
+    print(f"torch {torch.__version__} CUDA {torch.version.cuda}")
+    if not torch.cuda.is_available():
+        (warnings if allow_no_gpu else missing).append("a CUDA device visible to torch (torch.cuda.is_available() is False)")
+    else:
+        cap = torch.cuda.get_device_capability()
+        print(f"device {torch.cuda.get_device_name()} sm_{cap[0]}{cap[1]}")
+        if cap != (9, 0):
+            warnings.append(f"device is sm_{cap[0]}{cap[1]}, not sm_90: GPU tests will skip, kernels cannot run")
+for w in warnings:
+    print("warning:", w)
+for m in missing:
+    print("MISSING:", m)
+sys.exit(1 if missing else 0)
+EOF
+PREFLIGHT_RC=$?
+cat "$OUTDIR/logs/preflight.log"
+record preflight "$([ $PREFLIGHT_RC -eq 0 ] && echo ok || echo 'FAILED (missing packages)')" "$SECONDS" logs/preflight.log
+ENV_T0=$SECONDS
+
+# --- 2. environment ---------------------------------------------------------------------------------------
+{
+    echo "date: $(date -u '+%Y-%m-%d %H:%M:%S UTC')"; echo "host: $(uname -a)"; echo "cpus: $(nproc)"
+    echo; echo "== nvidia-smi"; timeout 20 nvidia-smi 2>&1
+    echo; echo "== clocks"; timeout 20 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,clocks.max.mem,power.draw,power.limit,temperature.gpu --format=csv 2>&1
+    echo; echo "== nvcc"; (nvcc --version 2>&1 || echo "no nvcc") | tail -2
+    echo; echo "== python"; "$PY" -c 'import sys; print(sys.version)'
+    "$PY" - <<'EOF' 2>&1
+import torch
+print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version())
+if torch.cuda.is_available():
+    p = torch.cuda.get_device_properties(0)
+    print("device", p.name, f"sm_{p.major}{p.minor}", p.multi_processor_count, "SMs", round(p.total_memory / 2**30, 1), "GiB",
+          "L2", getattr(p, "L2_cache_size", "?"))
+EOF
+    echo; echo "== packages"; "$PY" -m pip list 2>/dev/null | grep -i -E '^(torch|numpy|cuda|nvidia|triton|matplotlib|pytest|hypothesis|setuptools) '
+} > "$OUTDIR/env.txt" 2>&1
+record env ok $(( SECONDS - ENV_T0 )) env.txt
+
+if [ $PREFLIGHT_RC -ne 0 ]; then
+    echo; echo "device_check: required packages are missing (see above); nothing was run. Bring them as wheels"
+    echo "(pip install --no-index) or use an image that has them."
+    cp "$STEPS" "$OUTDIR/summary.txt"
+    exit 2
+fi
+
+# --- 3. install -------------------------------------------------------------------------------------------
+if [ "$INSTALL" = 0 ]; then
+    echo "--no-install: using PYTHONPATH=$REPO"
+    export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
+elif ! run_step install 40 420 "$PY" -m pip install --no-index --no-deps --no-build-isolation -e .; then
+    echo "install failed (see logs/install.log); continuing with PYTHONPATH=$REPO"
+    export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
+    FAILED=1
+fi
+
+# --- 4. precompile in the background, 5. GPU tests --------------------------------------------------------
+PRE_LIMIT=$(limit_for 150 300)
+PRE_T0=$SECONDS PRE_PID=""
+if [ "$PRECOMPILE" = 1 ] && [ "$PRE_LIMIT" -ge 10 ]; then
+    timeout -k 5 "$PRE_LIMIT" "$PY" -m deep_fp8_gemm precompile > "$OUTDIR/logs/precompile.log" 2>&1 &
+    PRE_PID=$!
+fi
+
+run_step gpu-tests 150 270 "$PY" -m pytest -q -m gpu tests -p no:cacheprovider --junitxml="$OUTDIR/junit.xml"
+TEST_RC=$?
+case $TEST_RC in
+    0) if case "$SKIP" in *",gpu-tests,"*) true ;; *) false ;; esac; then TESTS="skipped (--skip)"
+       elif grep -q ' passed' "$OUTDIR/logs/gpu-tests.log"; then TESTS="passed"; else TESTS="nothing ran (all skipped?)"; [ "$ALLOW_NO_GPU" = 1 ] || FAILED=1; fi ;;
+    5) TESTS="no GPU tests collected" ;;
+    *) TESTS="FAILED"; FAILED=1 ;;
+esac
+
+if [ -n "$PRE_PID" ]; then
+    wait "$PRE_PID"
+    PRE_RC=$?
+    record precompile "$([ $PRE_RC -eq 0 ] && echo ok || echo "FAILED/TIMEOUT (rc $PRE_RC; not fatal: kernels JIT on first use)")" \
+        $(( SECONDS - PRE_T0 )) logs/precompile.log
+else
+    record precompile "skipped" 0 "-"
+fi
+
+# --- 6. benchmarks ----------------------------------------------------------------------------------------
+bench() {  # name planned reserve module args...
+    local name="$1" planned="$2" reserve="$3"; shift 3
+    local limit; limit=$(limit_for "$planned" "$reserve")
+    # Stop starting new shapes 25 s before the hard limit (the last shape, extras and the plot must fit).
+    run_step "$name" "$planned" "$reserve" "$PY" -m "$@" $QUICK --out "$OUTDIR/results" --time-budget $(( limit > 35 ? limit - 25 : 10 ))
+    local rc=$?
+    [ $rc -eq 0 ] || FAILED=1
+}
+bench bench-dense 70 200 bench.bench_dense --shapes deepseek-v3
+bench bench-decode 75 125 bench.bench_dense --shapes decode --no-host-overhead
+bench bench-contiguous 60 65 bench.bench_grouped --kind contiguous
+bench bench-masked 45 20 bench.bench_grouped --kind masked
+
+# --- 7. report and summary --------------------------------------------------------------------------------
+run_step report 20 0 "$PY" -m bench.report --results "$OUTDIR/results" --summary "$OUTDIR/RESULTS.md" --print || FAILED=1
+
+{
+    echo "== device_check summary ($(date -u '+%Y-%m-%d %H:%M UTC'), ${SECONDS}s of ${BUDGET}s)"
+    timeout 10 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader 2>/dev/null \
+        | sed 's/^/GPU (name, driver, SM clock, max SM clock): /'
+    echo
+    column -t -s $'\t' "$STEPS" 2>/dev/null || cat "$STEPS"
+    echo
+    PYTEST_LINE=$(grep -E '(passed|failed|error|skipped|no tests ran)' "$OUTDIR/logs/gpu-tests.log" 2>/dev/null | tail -1)
+    echo "GPU tests: $TESTS${PYTEST_LINE:+  ($PYTEST_LINE)}"
+    echo
+    if [ -f "$OUTDIR/logs/report.log" ]; then sed -n '2,$p' "$OUTDIR/logs/report.log" | grep -v '^wrote ' ; fi
+    echo
+    echo "deep_fp8_gemm results that were not ok:"
+    "$PY" - "$OUTDIR/results" <<'EOF' 2>&1
+import json, pathlib, sys
+bad = 0
+for path in sorted(pathlib.Path(sys.argv[1]).glob("*.json")):
+    for row in json.loads(path.read_text())["rows"]:
+        rec = row["impls"].get("deep_fp8_gemm", {})
+        if rec.get("status") != "ok":
+            bad += 1
+            detail = rec.get("error") or rec.get("note") or (f"calc_diff {rec.get('diff'):.2e}" if rec.get("diff") is not None else "")
+            print(f"  {path.stem:<18} {row['label']:<44} {rec.get('status', '?'):<8} {str(detail)[:120]}")
+print("  none" if not bad else f"  {bad} shape(s)")
+EOF
+    echo
+    echo "exit status: $([ $FAILED -eq 0 ] && echo 0 || echo 1)   (details: $OUTDIR/RESULTS.md, logs/)"
+} > "$OUTDIR/summary.txt" 2>&1
+echo
+cat "$OUTDIR/summary.txt"
+exit $FAILED
