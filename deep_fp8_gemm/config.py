@@ -59,6 +59,14 @@ class GemmConfig:
     band_width: int  # cluster-tile columns per rasterisation band
     grid_size: int  # CTAs launched (persistent: at most the SM count); not part of the binary
 
+    def __hash__(self) -> int:
+        # Configs key the per-call kernel caches: hash the fields once, not on every launch.
+        return self._hash
+
+    @functools.cached_property
+    def _hash(self) -> int:
+        return hash(dataclasses.astuple(self))
+
     @property
     def block_k(self) -> int:
         return BLOCK_K

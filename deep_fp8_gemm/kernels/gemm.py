@@ -19,7 +19,7 @@ from typing import Iterable, Sequence
 import torch
 
 from .. import env
-from ..config import GemmConfig, get_config
+from ..config import BLOCK_K, GemmConfig, get_config
 from ..runtime.tensor_map import TensorMapSpec, TmaDtype, TmaSwizzle
 from .wgmma_gen import wgmma_fp8_wrapper
 
@@ -48,42 +48,49 @@ def render_source(cfg: GemmConfig, simulator: bool = False) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- tensor maps
-def _spec(dtype: TmaDtype, ptr: int, dims: Sequence[int], strides: Sequence[int], box: Sequence[int],
-          swizzle: TmaSwizzle) -> TensorMapSpec:
-    return TensorMapSpec(dtype, ptr, tuple(dims), tuple(strides), tuple(box), swizzle)
+MapArgs = tuple  # (dtype, address, dims, strides, box, swizzle): the fields of a TensorMapSpec, in order
 
 
-def tensor_map_specs(cfg: GemmConfig, a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, d: torch.Tensor
-                     ) -> tuple[TensorMapSpec, TensorMapSpec, TensorMapSpec, TensorMapSpec]:
-    """The four rank-3 tensor maps of ``dfg::GemmParams`` (dims innermost first).
+def tensor_map_args(cfg: GemmConfig, a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, d: torch.Tensor
+                    ) -> tuple[MapArgs, MapArgs, MapArgs, MapArgs]:
+    """The four rank-3 tensor maps of ``dfg::GemmParams`` (dims innermost first), as plain tuples.
 
     Shapes: A ``[rows, k]`` or ``[G, rows, k]`` (masked) e4m3; sA M-major ``[rows, kb]`` / ``[G, rows, kb]``
     with ``stride(-2) == 1``; B ``[n, k]`` or ``[G, n, k]``; D ``[rows, n]`` / ``[G, rows, n]`` bf16.
-    A 2-D operand gets a unit batch dimension (its batch stride is then never used).
+    A 2-D operand gets a unit batch dimension (its batch stride is then never used). Plain tuples
+    because this runs on every call: they hash and compare faster than spec objects.
     """
-    k = a.shape[-1]
-    rows = a.shape[-2]
-    a_batch = a.shape[0] if a.dim() == 3 else 1
-    b_batch = b.shape[0] if b.dim() == 3 else 1
+    rows, k = a.shape[-2], a.shape[-1]
     n = b.shape[-2]
     kb = sa.shape[-1]
-
-    def batch_stride(t: torch.Tensor, elem: int) -> int:
-        return t.stride(0) * elem if t.dim() == 3 else t.shape[-2] * t.stride(-2) * elem
-
+    a_stride, d_stride = a.stride(-2), d.stride(-2)
+    if a.dim() == 3:  # masked: [G, rows, *]
+        a_batch, a_batch_stride, d_batch_stride, sa_batch_stride = a.shape[0], a.stride(0), d.stride(0) * 2, sa.stride(0) * 4
+    else:
+        a_batch, a_batch_stride, d_batch_stride = 1, rows * a_stride, rows * d_stride * 2
+        sa_batch_stride = sa.stride(-1) * 4 * kb
+    if b.dim() == 3:
+        b_batch, b_batch_stride = b.shape[0], b.stride(0)
+    else:
+        b_batch, b_batch_stride = 1, n * b.stride(-2)
     a_rows_per_load = cfg.block_m // 2 if cfg.cluster_n == 2 else cfg.block_m
     b_rows_per_load = cfg.block_n // 2 if cfg.cluster_m == 2 else cfg.block_n
-    spec_a = _spec(TmaDtype.UINT8, a.data_ptr(), (k, rows, a_batch), (a.stride(-2), batch_stride(a, 1)),
-                   (cfg.block_k, a_rows_per_load, 1), TmaSwizzle.B128)
-    spec_b = _spec(TmaDtype.UINT8, b.data_ptr(), (k, n, b_batch), (b.stride(-2), batch_stride(b, 1)),
-                   (cfg.block_k, b_rows_per_load, 1), TmaSwizzle.B128)
-    sa_col_stride = sa.stride(-1) * 4
-    sa_batch_stride = sa.stride(0) * 4 if sa.dim() == 3 else sa_col_stride * kb
-    spec_sa = _spec(TmaDtype.FLOAT32, sa.data_ptr(), (rows, kb, a_batch), (sa_col_stride, sa_batch_stride),
-                    (cfg.block_m, 1, 1), TmaSwizzle.NONE)
-    spec_d = _spec(TmaDtype.BFLOAT16, d.data_ptr(), (n, rows, a_batch), (d.stride(-2) * 2, batch_stride(d, 2)),
-                   (16, cfg.wg_rows, 1), TmaSwizzle.B32)
-    return spec_a, spec_b, spec_sa, spec_d
+    return (
+        (TmaDtype.UINT8, a.data_ptr(), (k, rows, a_batch), (a_stride, a_batch_stride), (BLOCK_K, a_rows_per_load, 1),
+         TmaSwizzle.B128),
+        (TmaDtype.UINT8, b.data_ptr(), (k, n, b_batch), (b.stride(-2), b_batch_stride), (BLOCK_K, b_rows_per_load, 1),
+         TmaSwizzle.B128),
+        (TmaDtype.FLOAT32, sa.data_ptr(), (rows, kb, a_batch), (sa.stride(-1) * 4, sa_batch_stride),
+         (cfg.block_m, 1, 1), TmaSwizzle.NONE),
+        (TmaDtype.BFLOAT16, d.data_ptr(), (n, rows, a_batch), (d_stride * 2, d_batch_stride), (16, cfg.wg_rows, 1),
+         TmaSwizzle.B32),
+    )
+
+
+def tensor_map_specs(cfg: GemmConfig, a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, d: torch.Tensor
+                     ) -> list[TensorMapSpec]:
+    """:func:`tensor_map_args` as validated-on-encode :class:`TensorMapSpec` objects."""
+    return [TensorMapSpec(*args) for args in tensor_map_args(cfg, a, sa, b, d)]
 
 
 def pack_params(maps: Iterable[bytes], sb: torch.Tensor, grouped_layout: torch.Tensor | None, rows: int) -> bytes:
@@ -153,13 +160,30 @@ def _cuda_kernel(cfg: GemmConfig, device: int):
     return driver.load_kernel(compiled.cubin, compiled.name, device, key=compiled.key)
 
 
+_ENCODED_MAPS: dict[MapArgs, bytes] = {}
+_ENCODED_MAPS_LIMIT = 4096
+
+
+def _encoded_map(args: MapArgs) -> bytes:
+    """Driver-encoded tensor map, cached by its arguments (weights always hit; activations whenever the
+    caching allocator hands back the same address)."""
+    encoded = _ENCODED_MAPS.get(args)
+    if encoded is None:
+        from ..runtime import driver
+
+        encoded = driver.encode_tensor_map(TensorMapSpec(*args))
+        if len(_ENCODED_MAPS) >= _ENCODED_MAPS_LIMIT:
+            _ENCODED_MAPS.clear()
+        _ENCODED_MAPS[args] = encoded
+    return encoded
+
+
 def _launch_cuda(cfg, a, sa, b, sb, d, grouped_layout, rows) -> None:
     from ..runtime import driver
 
     device = a.device.index if a.device.index is not None else torch.cuda.current_device()
     kernel = _cuda_kernel(cfg, device)
-    # Cached by spec: weight maps always hit, activation maps whenever the allocator reuses an address.
-    maps = [driver.tensor_map_cache(s) for s in tensor_map_specs(cfg, a, sa, b, d)]
+    maps = [_encoded_map(args) for args in tensor_map_args(cfg, a, sa, b, d)]
     params = pack_params(maps, sb, grouped_layout, rows)
     driver.launch(kernel, params, grid=cfg.grid_size, block=cfg.num_threads, cluster=cfg.cluster_size,
                   smem_bytes=cfg.smem_bytes, stream=torch.cuda.current_stream(device).cuda_stream)
