@@ -46,21 +46,26 @@ def _launch(kind: str, a, sa, b, sb, out, grouped_layout, expected_m, backend: s
     launch(kind, a, sa, b, sb, out, grouped_layout=grouped_layout, expected_m=expected_m, backend=backend)
 
 
+def _require_sm90(device: torch.device) -> None:
+    capability = cuda_capability(device)
+    if capability != (9, 0):
+        name = torch.cuda.get_device_name(device)
+        raise RuntimeError(
+            f"deep_fp8_gemm's CUDA kernels need an sm_90 (Hopper) device; {device} ({name}) is "
+            f"sm_{capability[0]}{capability[1]}. Use CPU tensors for the reference implementation."
+        )
+
+
 def _dispatch(kind: str, a, sa, b, sb, out, grouped_layout=None, expected_m=None) -> None:
     """Run a validated, non-empty GEMM of ``kind`` ("dense" | "contiguous" | "masked") on a's device."""
+    on_cuda = a.device.type == "cuda"
+    if on_cuda:
+        _require_sm90(a.device)
     sa = _normalise_sa(sa)
     sb = sb.contiguous()
     if grouped_layout is not None:
         grouped_layout = grouped_layout.contiguous()
-    device = a.device
-    if device.type == "cuda":
-        capability = cuda_capability(device)
-        if capability != (9, 0):
-            name = torch.cuda.get_device_name(device)
-            raise RuntimeError(
-                f"deep_fp8_gemm's CUDA kernels need an sm_90 (Hopper) device; {device} ({name}) is "
-                f"sm_{capability[0]}{capability[1]}. Use CPU tensors for the reference implementation."
-            )
+    if on_cuda:
         _launch(kind, a, sa, b, sb, out, grouped_layout, expected_m, "cuda")
     elif env.simulate():
         _launch(kind, a, sa, b, sb, out, grouped_layout, expected_m, "sim")
@@ -134,11 +139,20 @@ _contiguous_op = torch.ops.deep_fp8_gemm.m_grouped_gemm_fp8_fp8_bf16_nt_contiguo
 _masked_op = torch.ops.deep_fp8_gemm.m_grouped_gemm_fp8_fp8_bf16_nt_masked.default
 
 
-def _require_tensors(named: tuple[tuple[object, str], ...]) -> None:
-    # The dispatcher would reject a non-tensor with a RuntimeError; users get a TypeError naming it.
-    for t, name in named:
+_OPERAND_NAMES = ("lhs[0] (A)", "lhs[1] (sA)", "rhs[0] (B)", "rhs[1] (sB)", "out")
+
+
+def _operands(lhs, rhs, out, *extra: tuple[object, str]) -> tuple[torch.Tensor, ...]:
+    """Unpack ``lhs`` / ``rhs`` into ``(A, sA, B, sB)`` and require tensors everywhere.
+
+    The dispatcher would reject a non-tensor with a RuntimeError; users get a TypeError naming it.
+    """
+    a, sa = unpack_pair(lhs, "lhs")
+    b, sb = unpack_pair(rhs, "rhs")
+    for t, name in (*zip((a, sa, b, sb, out), _OPERAND_NAMES), *extra):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    return a, sa, b, sb
 
 
 # --- public API ----------------------------------------------------------------------------------------
@@ -166,9 +180,7 @@ def gemm_fp8_fp8_bf16_nt(
         TypeError: a non-tensor argument or a wrong dtype. ValueError: a wrong rank, shape, stride, alignment
         or device.
     """
-    a, sa = unpack_pair(lhs, "lhs")
-    b, sb = unpack_pair(rhs, "rhs")
-    _require_tensors(((a, "lhs[0] (A)"), (sa, "lhs[1] (sA)"), (b, "rhs[0] (B)"), (sb, "rhs[1] (sB)"), (out, "out")))
+    a, sa, b, sb = _operands(lhs, rhs, out)
     _dense_op(a, sa, b, sb, out)
 
 
@@ -194,12 +206,7 @@ def m_grouped_gemm_fp8_fp8_bf16_nt_contiguous(
 
     Same alignment rules, errors and dispatch as :func:`gemm_fp8_fp8_bf16_nt`.
     """
-    a, sa = unpack_pair(lhs, "lhs")
-    b, sb = unpack_pair(rhs, "rhs")
-    _require_tensors(
-        ((a, "lhs[0] (A)"), (sa, "lhs[1] (sA)"), (b, "rhs[0] (B)"), (sb, "rhs[1] (sB)"), (out, "out"),
-         (m_indices, "m_indices"))
-    )
+    a, sa, b, sb = _operands(lhs, rhs, out, (m_indices, "m_indices"))
     _contiguous_op(a, sa, b, sb, out, m_indices)
 
 
@@ -226,11 +233,6 @@ def m_grouped_gemm_fp8_fp8_bf16_nt_masked(
 
     Same alignment rules, errors and dispatch as :func:`gemm_fp8_fp8_bf16_nt`.
     """
-    a, sa = unpack_pair(lhs, "lhs")
-    b, sb = unpack_pair(rhs, "rhs")
-    _require_tensors(
-        ((a, "lhs[0] (A)"), (sa, "lhs[1] (sA)"), (b, "rhs[0] (B)"), (sb, "rhs[1] (sB)"), (out, "out"),
-         (masked_m, "masked_m"))
-    )
+    a, sa, b, sb = _operands(lhs, rhs, out, (masked_m, "masked_m"))
     check_expected_m(expected_m)
     _masked_op(a, sa, b, sb, out, masked_m, expected_m)

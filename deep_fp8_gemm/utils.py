@@ -92,7 +92,12 @@ def _device_num_sms() -> int | None:
     """SM count of the current CUDA device, or None when no CUDA device is visible."""
     if not torch.cuda.is_available():
         return None
-    return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    return _num_sms_of_index(torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms_of_index(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def set_num_sms(num_sms: int) -> None:
@@ -104,9 +109,9 @@ def set_num_sms(num_sms: int) -> None:
     if isinstance(num_sms, bool) or not isinstance(num_sms, int):
         raise TypeError(f"num_sms must be an int, got {type(num_sms).__name__} ({num_sms!r})")
     device_sms = _device_num_sms()
-    upper = device_sms if device_sms is not None else None
-    if num_sms < 1 or (upper is not None and num_sms > upper):
-        raise ValueError(f"num_sms must be in [1, {upper if upper is not None else 'inf'}], got {num_sms=}")
+    if num_sms < 1 or (device_sms is not None and num_sms > device_sms):
+        upper = "the device's SM count" if device_sms is None else device_sms
+        raise ValueError(f"num_sms must be in [1, {upper}], got {num_sms=} ({device_sms=})")
     global _num_sms_override
     _num_sms_override = num_sms
 

@@ -52,7 +52,7 @@ def _tensor(t: object, name: str, dtype: torch.dtype, rank: int) -> None:
 
 
 def _shape(t: torch.Tensor, name: str, expected: tuple[int, ...], what: str) -> None:
-    if tuple(t.shape) != expected:
+    if t.shape != expected:
         raise ValueError(f"{name} must have shape {what}={expected}, got {name}.shape={tuple(t.shape)}")
 
 
@@ -89,8 +89,11 @@ def _aligned_ptr(t: torch.Tensor, name: str) -> None:
 
 
 def _byte_range(t: torch.Tensor) -> tuple[int, int]:
-    span = 1 + sum((d - 1) * s for d, s in zip(t.shape, t.stride()))
+    """[first byte, last byte + 1) of a non-empty tensor."""
     start = t.data_ptr()
+    if t.is_contiguous():  # the common case, without a Python loop over dims
+        return start, start + t.numel() * t.element_size()
+    span = 1 + sum((d - 1) * s for d, s in zip(t.shape, t.stride()))
     return start, start + span * t.element_size()
 
 
@@ -103,7 +106,9 @@ def _no_overlap(out: torch.Tensor, named: tuple[tuple[torch.Tensor, str], ...]) 
             continue
         t_lo, t_hi = _byte_range(t)
         if lo < t_hi and t_lo < hi:
-            raise ValueError(f"out must not overlap {name} (out bytes [{lo:#x}, {hi:#x}), {name} [{t_lo:#x}, {t_hi:#x}))")
+            raise ValueError(
+                f"out must not overlap {name}: out bytes [{lo:#x}, {hi:#x}), {name} bytes [{t_lo:#x}, {t_hi:#x})"
+            )
 
 
 def _check_operand_b(b: torch.Tensor, sb: torch.Tensor, k: int, kb: int, num_groups: int | None) -> int:

@@ -121,9 +121,22 @@ def test_non_contiguous_input_and_empty_rows():
     dtype=st.sampled_from([torch.bfloat16, torch.float16, torch.float32]),
     per_token=st.booleans(),
     seed=st.integers(0, 2**16),
-    log_scale=st.floats(-20, 20),
+    log_scale=st.floats(-14, 10),  # keeps float16 inputs finite
 )
 def test_property_any_shape_matches_model(m, k, dtype, per_token, seed, log_scale):
     g = torch.Generator().manual_seed(seed)
     x = (torch.randn(m, k, generator=g) * 2.0**log_scale).to(dtype)
     check_against_model(x, per_token)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(1, 128), (300, 7168), (129, 200)])
+def test_cuda_quantisers_match_cpu_bits(shape):
+    """On sm_90 the ops dispatch to the fused kernels, which must give the CPU definition's bits."""
+    x = torch.randn(shape, dtype=torch.bfloat16)
+    for fn in (dfg.per_token_cast_to_fp8, dfg.per_block_cast_to_fp8):
+        q_cpu, s_cpu = fn(x)
+        q_gpu, s_gpu = fn(x.cuda())
+        assert s_gpu.stride() == s_cpu.stride()
+        assert torch.equal(q_gpu.cpu().view(torch.uint8), q_cpu.view(torch.uint8))
+        assert torch.equal(s_gpu.cpu(), s_cpu)

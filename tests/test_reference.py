@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -54,12 +53,12 @@ def test_grouped_contiguous_with_empty_experts_and_padding():
     b, sb = quantised_weights((len(counts), n, k), seed=4)
     out = torch.full((m_sum, n), SENTINEL, dtype=torch.bfloat16)
     reference.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous((a, sa), (b, sb), out, m_indices)
-    for row in range(m_sum):  # row-by-row float64 model, independent of the per-expert grouping
-        expert = int(m_indices[row])
-        if expert < 0:
-            assert (out[row] == SENTINEL).all(), f"padding row {row} was written"
-        else:
-            assert_within_one_bf16_ulp(out[row : row + 1], gemm64(a[row : row + 1], sa[row : row + 1], b[expert], sb[expert]))
+    for expert in range(len(counts)):  # float64 model of each expert's rows, selected independently
+        rows = (m_indices == expert).nonzero().flatten()
+        assert rows.numel() == counts[expert]
+        if rows.numel():
+            assert_within_one_bf16_ulp(out[rows], gemm64(a[rows], sa[rows], b[expert], sb[expert]))
+    assert (out[m_indices < 0] == SENTINEL).all(), "padding rows were written"
     out_op = torch.full_like(out, SENTINEL)
     dfg.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous((a, sa), (b, sb), out_op, m_indices)
     valid = m_indices >= 0
@@ -122,7 +121,8 @@ def test_m_zero_is_a_no_op():
     dfg.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous((a, sa), (b, sb), out, torch.empty(0, dtype=torch.int32))
     a3 = torch.empty(2, 0, 128, dtype=torch.float8_e4m3fn)
     out3 = torch.empty(2, 0, 64, dtype=torch.bfloat16)
-    dfg.m_grouped_gemm_fp8_fp8_bf16_nt_masked((a3, torch.empty(2, 0, 1)), (b, sb), out3, torch.zeros(2, dtype=torch.int32), 1)
+    masked_m = torch.zeros(2, dtype=torch.int32)
+    dfg.m_grouped_gemm_fp8_fp8_bf16_nt_masked((a3, torch.empty(2, 0, 1)), (b, sb), out3, masked_m, 1)
 
 
 @settings(deadline=None, max_examples=30)
