@@ -134,7 +134,9 @@ def build_contiguous_layout(
     if not isinstance(tokens_per_expert, torch.Tensor):
         raise TypeError(f"tokens_per_expert must be a torch.Tensor, got {type(tokens_per_expert).__name__}")
     if tokens_per_expert.dtype not in _INDEX_DTYPES:
-        raise TypeError(f"tokens_per_expert must be an integer tensor, got tokens_per_expert.dtype={tokens_per_expert.dtype}")
+        raise TypeError(
+            f"tokens_per_expert must be an integer tensor, got tokens_per_expert.dtype={tokens_per_expert.dtype}"
+        )
     if tokens_per_expert.dim() != 1 or tokens_per_expert.shape[0] == 0:
         raise ValueError(f"tokens_per_expert must be 1-D [E] with E >= 1, got shape={tuple(tokens_per_expert.shape)}")
     alignment = _check_alignment(alignment)
@@ -152,7 +154,9 @@ def build_contiguous_layout(
         m_sum = int(offsets[-1].item())
     else:
         m_sum = max_m_sum
-        torch._assert_async((offsets[-1] <= m_sum) & (counts >= 0).all(), "max_m_sum below the padded total, or a negative count")
+        torch._assert_async(
+            (offsets[-1] <= m_sum) & (counts >= 0).all(), "max_m_sum below the padded total, or a negative count"
+        )
 
     m_indices = _m_indices(counts, offsets, m_sum)
     return ContiguousLayout(counts, padded, offsets, m_sum, m_indices, alignment)
@@ -180,7 +184,8 @@ def route_topk(
     Args:
         topk_ids: ``[T, top_k]`` integer tensor (any device); entry ``(t, j)`` is the expert of token ``t``'s
             ``j``-th choice, in ``[0, num_experts)``, or -1 for a dropped slot (expert parallelism: the expert
-            lives elsewhere). Out-of-range ids raise ``ValueError`` on CPU and trip a device assert on GPU.
+            lives elsewhere). Out-of-range ids raise ``ValueError`` on CPU in eager mode, and trip
+            ``torch._assert_async`` (no host sync) on GPU and under ``torch.compile``.
         num_experts: ``E >= 1``.
         alignment: segment alignment (128 for the grouped GEMMs).
         max_m_sum: as in :func:`build_contiguous_layout` (``None`` syncs once to read the padded total; pass
@@ -210,7 +215,7 @@ def route_topk(
     device = topk_ids.device
     flat = topk_ids.reshape(-1).to(torch.int64)
     out_of_range = (flat < -1) | (flat >= num_experts)
-    if device.type == "cpu":
+    if device.type == "cpu" and not torch.compiler.is_compiling():
         if bool(out_of_range.any()):
             bad = flat[out_of_range][:8].tolist()
             raise ValueError(f"topk_ids entries must be -1 or in [0, {num_experts}), got e.g. {bad}")

@@ -13,8 +13,9 @@ using namespace dfg;
 constexpr u32 kNumThreads = {{NUM_THREADS}};
 
 DFG_DEVICE void body(const quant::QuantParams& params) {
-    quant::quant_body<static_cast<quant::QuantKind>({{QUANT_KIND}}), static_cast<quant::InputType>({{INPUT_TYPE}}), {{VECTORIZED}}, kNumThreads>(
-        params);
+    constexpr auto kKind = static_cast<quant::QuantKind>({{QUANT_KIND}});
+    constexpr auto kInputType = static_cast<quant::InputType>({{INPUT_TYPE}});
+    quant::quant_body<kKind, kInputType, {{VECTORIZED}}, kNumThreads>(params);
 }
 
 }  // namespace dfg_quant_entry

@@ -206,13 +206,17 @@ def _vectorizable(x: torch.Tensor, cols: int, extra_offset: int = 0) -> bool:
     )
 
 
-def _check_size(units: int, rows: int, what: str) -> None:
-    if units >= 2**31 or rows >= 2**32:
-        raise ValueError(f"{what}: too large for one launch ({rows=}, {units=} scale groups; limit 2^31)")
+def _check_size(units: int, rows: int, cols: int, what: str) -> None:
+    """The kernels index units (grid) and columns with 32-bit integers."""
+    if units >= 2**31 or rows >= 2**32 or cols >= 2**31:
+        raise ValueError(f"{what}: too large for one launch ({rows=}, {cols=}, {units=} scale groups or blocks; "
+                         "limits 2^32 rows, 2^31 columns and 2^31 groups)")
 
 
 # ---------------------------------------------------------------------------------------------- per token
-def _per_token(x: torch.Tensor, kind: QuantKind, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+# The private _per_token / _per_block take the launcher as an argument: the default launches on the GPU; the
+# tests pass a CPU emulation of the kernel so that this host code (params, layouts, grid) is tested too.
+def _per_token(x: torch.Tensor, kind: QuantKind, name: str, launch=None) -> tuple[torch.Tensor, torch.Tensor]:
     x = _rows_view(x)
     in_cols = x.shape[-1]
     if kind == QuantKind.SILU_MUL_PER_TOKEN:
@@ -237,7 +241,7 @@ def _per_token(x: torch.Tensor, kind: QuantKind, name: str) -> tuple[torch.Tenso
     if rows == 0:
         return out, scales
     units = rows * groups
-    _check_size(units, rows, name)
+    _check_size(units, rows, cols, name)
     config = QuantKernelConfig(kind, _INPUT_TYPES[x.dtype], _vectorizable(x, cols, up_offset))
     params = QuantParams(
         input=x.data_ptr(), output=out.data_ptr(), scales=scales.data_ptr(),
@@ -246,7 +250,7 @@ def _per_token(x: torch.Tensor, kind: QuantKind, name: str) -> tuple[torch.Tenso
         scale_row_stride=aligned_m,
     )
     units_per_block = config.num_threads // 8
-    _launch(config, params, (units + units_per_block - 1) // units_per_block, x.device)
+    (launch or _launch)(config, params, (units + units_per_block - 1) // units_per_block, x.device)
     return out, scales
 
 
@@ -255,7 +259,8 @@ def per_token_cast_to_fp8_cuda(x: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
 
     Args:
         x: ``[m, k]`` (or batched ``[G, m, k]``) bfloat16 / float16 / float32 CUDA tensor; any strides (a
-            copy is made when the last dim is not contiguous, or for a non-contiguous 3-D tensor). ``k >= 1``; a k that is not a multiple of 128 is treated as zero-padded.
+            copy is made when the last dim is not contiguous, or for a non-contiguous 3-D tensor). ``k >= 1``;
+            a k that is not a multiple of 128 is treated as zero-padded.
 
     Returns:
         ``(x_fp8, scales)``: ``x_fp8`` ``[m, k]`` float8_e4m3fn, contiguous; ``scales`` ``[m, ceil(k/128)]``
@@ -291,15 +296,19 @@ def per_block_cast_to_fp8_cuda(w: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
 
     Args:
         w: ``[n, k]`` (or batched ``[G, n, k]``, e.g. the experts of a MoE layer) bfloat16 / float16 /
-            float32 CUDA tensor, any strides (copied when the last dim is not contiguous, or 3-D and not contiguous). Partial edge blocks are treated as
-            zero-padded.
+            float32 CUDA tensor, any strides (copied when the last dim is not contiguous, or 3-D and not
+            contiguous). Partial edge blocks are treated as zero-padded.
 
     Returns:
         ``(w_fp8, scales)``: ``w_fp8`` with ``w``'s shape, float8_e4m3fn, contiguous; ``scales``
         ``[ceil(n/128), ceil(k/128)]`` (3-D: ``[G, ceil(n/128), ceil(k/128)]``) float32, contiguous. Identical
         bits to :func:`deep_fp8_gemm.quant.per_block_cast_to_fp8_torch` (per expert for 3-D).
     """
-    w = _rows_view(_check_tensor(w, "w", (2, 3)))
+    return _per_block(_check_tensor(w, "w", (2, 3)))
+
+
+def _per_block(w: torch.Tensor, launch=None) -> tuple[torch.Tensor, torch.Tensor]:
+    w = _rows_view(w)
     batch = w.shape[0] if w.dim() == 3 else 1
     n, k = w.shape[-2], w.shape[-1]
     if k <= 0:
@@ -310,12 +319,12 @@ def per_block_cast_to_fp8_cuda(w: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     blocks = batch * nb * kb
     if blocks == 0:
         return out, scales
-    _check_size(blocks, batch * n, "w")
+    _check_size(blocks, batch * n, k, "w")
     config = QuantKernelConfig(QuantKind.PER_BLOCK, _INPUT_TYPES[w.dtype], _vectorizable(w, k))
     params = QuantParams(
         input=w.data_ptr(), output=out.data_ptr(), scales=scales.data_ptr(),
         input_row_stride=_row_stride(w), output_row_stride=k, up_offset=0,
         scale_batch_stride=nb * kb, num_rows=batch * n, num_cols=k, rows_per_batch=n, scale_row_stride=kb,
     )
-    _launch(config, params, blocks, w.device)
+    (launch or _launch)(config, params, blocks, w.device)
     return out, scales

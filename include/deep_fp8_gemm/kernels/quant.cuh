@@ -1,4 +1,4 @@
-// deep_fp8_gemm fused quantisation kernels: bf16 / fp32 -> e4m3 with fp32 scales, memory-bound.
+// deep_fp8_gemm fused quantisation kernels: bf16 / fp16 / fp32 -> e4m3 with fp32 scales, memory-bound.
 //
 // Three kinds, one parameter struct (QuantParams, mirrored by ctypes in deep_fp8_gemm/kernels/quant.py):
 //   PerToken        x [rows, k]  -> e4m3 [rows, k] + one scale per (row, 128 columns), written straight into
@@ -20,21 +20,22 @@
 // fp32 loads, one 16-byte e4m3 store), so a 128-element group is 8 consecutive threads of one warp.
 //   PerToken / SiluMul: a CTA of kNumThreads threads handles kNumThreads / 8 (row, group) units, ordered
 //     group-major (consecutive units = consecutive rows of one scale column, so a warp's scale stores are
-//     contiguous). The group amax is exchanged through shared memory: partial[tid] is written, a per-warp
-//     named barrier (id 1 + warp, 32 threads; the 8 threads of a group are in one warp) orders it, and each
-//     thread reads its group's 8 partials. No CTA-wide barrier.
+//     contiguous). The group amax is exchanged through shared memory: partial[tid] is written, one
+//     __syncthreads orders it, and each thread reads its group's 8 partials (two 16-byte broadcast loads).
 //   PerBlock: one CTA per 128x128 block; each thread owns 16 columns of 128 / (kNumThreads / 8) rows.
 //     Block amax: partial[tid] -> __syncthreads -> the first kNumThreads / 8 threads reduce 8 each into
 //     partial[kNumThreads + i] -> __syncthreads -> every thread reduces those.
 // Shared memory: (kNumThreads + kNumThreads / 8) * 4 bytes of dynamic shared memory (quant_smem_bytes).
 // Amax is reduced on the IEEE bit patterns of |x| (integer max): exact, and a NaN input propagates as in torch.
 //
-// NOTES: no shuffle is needed because the hal has none; the per-warp bar.sync costs about what a
-// shfl_xor butterfly would (3 rounds) and keeps this file inside the hal interface.
+// NOTES: the hal has no warp shuffle, so the 8-thread amax goes through shared memory. A per-warp named
+// barrier (bar.sync 1 + warp, 32) would avoid the CTA-wide wait, but a runtime barrier id makes ptxas reserve
+// all 16 hardware barriers per CTA, which may limit CTAs per SM; this one-pass kernel has ~6 resident CTAs
+// per SM to hide a CTA-wide wait. With a hal shfl_xor the exchange would need no barrier at all.
 #pragma once
 #include "../hal.cuh"
 #if defined(DFG_SIMULATOR)
-#include <cmath>
+#include <cmath>  // expf for the host build; NVRTC declares the CUDA math functions itself
 #endif
 
 namespace dfg {
@@ -183,8 +184,7 @@ DFG_DEVICE float silu(float x) { return x / (1.0f + expf(-x)); }
 template <QuantKind kKind, InputType kType, bool kVectorized, u32 kNumThreads>
 DFG_DEVICE void per_token_body(const QuantParams& p) {
     static_assert(kKind == QuantKind::PerToken || kKind == QuantKind::SiluMulPerToken, "per-token kinds");
-    static_assert(kNumThreads % 32 == 0 && kNumThreads / 32 <= 15,
-                  "one named barrier (ids 1..15) per warp: at most 15 warps");
+    static_assert(kNumThreads % 32 == 0 && kNumThreads <= 1024, "whole warps, at most 1024 threads");
     constexpr u32 kUnitsPerBlock = kNumThreads / kThreadsPerGroup;
 
     const u32 tid = hal::thread_idx();
@@ -210,7 +210,7 @@ DFG_DEVICE void per_token_body(const QuantParams& p) {
 
     u32* partial = reinterpret_cast<u32*>(hal::dynamic_smem());
     partial[tid] = abs_max_bits(v);
-    hal::named_barrier_sync(1 + tid / 32, 32);
+    hal::sync_threads();
     const Vec16B* mine = reinterpret_cast<const Vec16B*>(partial + (tid / kThreadsPerGroup) * kThreadsPerGroup);
     const u32 amax_bits = max_of(max_of_vec(mine[0]), max_of_vec(mine[1]));
 

@@ -1,0 +1,118 @@
+"""``FP8Linear``: a drop-in inference replacement for ``nn.Linear`` with an e4m3 weight.
+
+The weight is quantised once (128x128 blocks, :func:`deep_fp8_gemm.per_block_cast_to_fp8`); each forward
+quantises the activations per token (1x128, :func:`deep_fp8_gemm.per_token_cast_to_fp8`) and runs
+:func:`deep_fp8_gemm.gemm_fp8_fp8_bf16_nt` (fp32 accumulation, bf16 output), then adds the bias in fp32 and
+rounds once more to bf16. CPU tensors use the exact reference GEMM; sm_90 CUDA tensors the JIT kernel. Traces
+with ``torch.compile(fullgraph=True)`` (the quantiser and the GEMM are custom ops). Forward only: no autograd.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from .ops import gemm_fp8_fp8_bf16_nt
+from .quant import per_block_cast_to_fp8, per_token_cast_to_fp8
+
+__all__ = ["FP8Linear"]
+
+
+def _check_features(in_features: object, out_features: object) -> None:
+    for value, name in ((in_features, "in_features"), (out_features, "out_features")):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
+        if value < 1:
+            raise ValueError(f"{name} must be positive, got {name}={value}")
+    if in_features % 16:
+        raise ValueError(f"in_features must be a multiple of 16 (16-byte fp8 rows for TMA), got {in_features=}")
+    if out_features % 8:
+        raise ValueError(f"out_features must be a multiple of 8 (16-byte bf16 output rows), got {out_features=}")
+
+
+class FP8Linear(nn.Module):
+    """``y = x · Wᵀ + b`` with ``W`` stored as e4m3 + 128x128 block scales.
+
+    Args:
+        in_features: ``K``, a multiple of 16.
+        out_features: ``N``, a multiple of 8.
+        bias: whether to hold an additive bias (``[N]`` bfloat16 parameter, ``requires_grad=False``).
+        device: where the buffers live.
+
+    Buffers / parameters:
+        weight_fp8: ``[N, K]`` float8_e4m3fn, contiguous (K-major).
+        weight_scale: ``[ceil(N/128), ceil(K/128)]`` float32, contiguous.
+        bias: ``[N]`` bfloat16 or None.
+
+    A freshly constructed layer is initialised like ``nn.Linear`` (uniform in ``±1/sqrt(K)``) and quantised;
+    :meth:`from_linear` converts a trained ``nn.Linear``.
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, *,
+                 device: torch.device | str | None = None):
+        super().__init__()
+        _check_features(in_features, out_features)
+        self.in_features, self.out_features = in_features, out_features
+        bound = 1.0 / math.sqrt(in_features)
+        weight = torch.empty((out_features, in_features), dtype=torch.bfloat16, device=device).uniform_(-bound, bound)
+        self._set_weight(weight)
+        if bias:
+            b = torch.empty(out_features, dtype=torch.bfloat16, device=device).uniform_(-bound, bound)
+            self.bias = nn.Parameter(b, requires_grad=False)
+        else:
+            self.register_parameter("bias", None)
+
+    def _set_weight(self, weight: torch.Tensor) -> None:
+        weight_fp8, weight_scale = per_block_cast_to_fp8(weight)
+        self.register_buffer("weight_fp8", weight_fp8)
+        self.register_buffer("weight_scale", weight_scale)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> FP8Linear:
+        """Quantises ``linear.weight`` once (128x128 blocks); the bias is copied as bfloat16.
+
+        The result lives on ``linear.weight``'s device. Raises ``TypeError`` for a non-``nn.Linear`` and
+        ``ValueError`` for feature counts the kernels cannot take (``in % 16``, ``out % 8``).
+        """
+        if not isinstance(linear, nn.Linear):
+            raise TypeError(f"linear must be a torch.nn.Linear, got {type(linear).__name__}")
+        _check_features(linear.in_features, linear.out_features)
+        module = cls.__new__(cls)
+        nn.Module.__init__(module)
+        module.in_features, module.out_features = linear.in_features, linear.out_features
+        with torch.no_grad():
+            module._set_weight(linear.weight.detach())
+            if linear.bias is not None:
+                module.bias = nn.Parameter(linear.bias.detach().to(torch.bfloat16).clone(), requires_grad=False)
+            else:
+                module.register_parameter("bias", None)
+        return module
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x [..., K]`` bfloat16 (any leading dims, any strides) -> ``[..., N]`` bfloat16, a new tensor.
+
+        ``y = bf16(bf16(dequant(per_token(x)) · dequant(W)ᵀ) + b)``: the GEMM output is rounded to bf16, the
+        bias added in fp32.
+        """
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+        if x.dtype != torch.bfloat16:
+            raise TypeError(f"x must be bfloat16, got x.dtype={x.dtype}")
+        if x.dim() < 1 or x.shape[-1] != self.in_features:
+            raise ValueError(f"x must be [..., in_features={self.in_features}], got x.shape={tuple(x.shape)}")
+        if x.device != self.weight_fp8.device:
+            raise ValueError(f"x is on {x.device} but the layer's weight is on {self.weight_fp8.device}")
+        leading = x.shape[:-1]
+        x2 = x.reshape(-1, self.in_features)
+        out = torch.empty((x2.shape[0], self.out_features), dtype=torch.bfloat16, device=x.device)
+        if x2.shape[0] > 0:
+            x_fp8, x_scales = per_token_cast_to_fp8(x2)
+            gemm_fp8_fp8_bf16_nt((x_fp8, x_scales), (self.weight_fp8, self.weight_scale), out)
+            if self.bias is not None:
+                out = (out.float() + self.bias.float()).to(torch.bfloat16)
+        return out.view(*leading, self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
