@@ -1,10 +1,12 @@
 """deep_fp8_gemm: FP8 GEMMs with fine-grained (1x128 / 128x128) scaling for NVIDIA Hopper.
 
-Importing the package registers the ``torch.ops.deep_fp8_gemm`` custom ops; it imports neither the CUDA
-bindings nor the JIT (they load on the first GPU or simulator call).
+Importing the package registers the ``torch.ops.deep_fp8_gemm`` custom ops (GEMMs, quantisers, the MoE
+``silu_mul_quant``); it imports neither the CUDA bindings nor the JIT (they load on the first GPU or
+simulator call). Model-facing modules: ``deep_fp8_gemm.nn`` (FP8Linear), ``deep_fp8_gemm.moe``
+(fp8_moe_forward, FP8MoE), ``deep_fp8_gemm.layout`` (MoE contiguous layout and routing).
 """
 
-from . import reference
+from . import layout, moe, nn, reference
 from .ops import (
     gemm_fp8_fp8_bf16_nt,
     m_grouped_gemm_fp8_fp8_bf16_nt_contiguous,
@@ -32,8 +34,11 @@ __all__ = [
     "get_m_alignment_for_contiguous_layout",
     "get_num_sms",
     "get_tma_aligned_size",
+    "layout",
     "m_grouped_gemm_fp8_fp8_bf16_nt_contiguous",
     "m_grouped_gemm_fp8_fp8_bf16_nt_masked",
+    "moe",
+    "nn",
     "per_block_cast_to_fp8",
     "per_token_cast_to_fp8",
     "reference",
