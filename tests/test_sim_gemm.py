@@ -128,16 +128,38 @@ def test_config_smem_matches_kernel_map():
     assert smem_bytes(64, 64, 3) == 8192 + 3 * (8192 + 8192 + 256) + 48
 
 
-def test_public_op_simulate_env(monkeypatch):
-    """DFG_SIMULATE=1 routes the public op on CPU tensors through the simulator (heuristic config)."""
-    from deep_fp8_gemm import gemm_fp8_fp8_bf16_nt
+def test_public_ops_simulate_env(monkeypatch):
+    """DFG_SIMULATE=1 routes the public ops on CPU tensors through the simulator (heuristic configs)."""
+    import deep_fp8_gemm as dfg
+    from deep_fp8_gemm.kernels import gemm as gemm_module
 
+    launched = []
+    real_run = gemm_module.run
+    monkeypatch.setattr(gemm_module, "run", lambda cfg, *args: (launched.append(cfg.kind), real_run(cfg, *args))[1])
     monkeypatch.setenv("DFG_SIMULATE", "1")
     monkeypatch.setenv("DFG_SIM_NUM_SMS", "3")
-    m, n, k = 5, 128, 256
-    a, sa, b, sb = quantised_operands((m,), n, k, seed=11)
-    d = torch.full((m, n), float("nan"), dtype=torch.bfloat16)
-    gemm_fp8_fp8_bf16_nt((a, sa), (b, sb), d)
+    n, k = 128, 256
+
+    a, sa, b, sb = quantised_operands((5,), n, k, seed=11)
+    d = torch.full((5, n), float("nan"), dtype=torch.bfloat16)
+    dfg.gemm_fp8_fp8_bf16_nt((a, sa), (b, sb), d)
     ref = torch.empty_like(d)
     reference.gemm_fp8_fp8_bf16_nt((a, sa), (b, sb), ref)
     assert calc_diff(d, ref) < 1e-3
+
+    layout = contiguous_layout([3, 0, 130])
+    a, sa, b, sb = quantised_operands((layout.numel(),), n, k, groups=3, seed=12)
+    d = torch.full((layout.numel(), n), float("nan"), dtype=torch.bfloat16)
+    dfg.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous((a, sa), (b, sb), d, layout)
+    ref = torch.empty_like(d)
+    reference.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous((a, sa), (b, sb), ref, layout)
+    assert calc_diff(d[layout >= 0], ref[layout >= 0]) < 1e-3
+
+    masked_m = torch.tensor([2, 0], dtype=torch.int32)
+    a, sa, b, sb = quantised_operands((2, 8), n, k, groups=2, seed=13)
+    d = torch.full((2, 8, n), float("nan"), dtype=torch.bfloat16)
+    dfg.m_grouped_gemm_fp8_fp8_bf16_nt_masked((a, sa), (b, sb), d, masked_m, 2)
+    ref = torch.empty_like(d)
+    reference.m_grouped_gemm_fp8_fp8_bf16_nt_masked((a, sa), (b, sb), ref, masked_m, 2)
+    assert calc_diff(d[0, :2], ref[0, :2]) < 1e-3
+    assert launched == ["dense", "contiguous", "masked"], "the ops did not go through the simulator"
