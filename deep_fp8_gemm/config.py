@@ -135,6 +135,8 @@ class GemmConfig:
             smem_bytes=self.smem_bytes,
             multicast=self.multicast,
             num_math_warpgroups=self.num_math_warpgroups,
+            math_registers=self.math_registers,
+            producer_registers=PRODUCER_REGISTERS,
         )
         return d
 

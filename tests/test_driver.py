@@ -93,6 +93,9 @@ class FakeDriver:
     def cuDeviceGetName(self, length, dev):
         return self._ret("cuDeviceGetName", length, int(dev), values=(b"NVIDIA H200".ljust(length, b"\0"),))
 
+    def cuDriverGetVersion(self):
+        return self._ret("cuDriverGetVersion", values=(12080,))
+
     def cuLibraryLoadData(self, code, *options):
         n = len(self.calls["cuLibraryLoadData"])
         return self._ret("cuLibraryLoadData", bytes(code), *options, values=(real_driver.CUlibrary(0x2000 + n),))
@@ -581,3 +584,10 @@ def test_real_binding_marshals_our_calls(tmp_path):
     # strict driver: binding call rejected, ctypes call into an aligned buffer accepted, same arguments
     assert got["strict_bytes_ok"] and got["strict_tm_args"] == tm_args
     assert got["strict_tm_calls"] == 3 and got["strict_out_align"] == 0 and got["strict_ctypes_encoder"] is True
+
+
+def test_rejected_cubin_names_driver_and_compiler_versions(fake):
+    """A cubin the driver cannot load (typically: NVRTC newer than the driver) says which versions clash."""
+    fake.fail["cuLibraryLoadData"] = real_driver.CUresult.CUDA_ERROR_UNSUPPORTED_PTX_VERSION
+    with pytest.raises(drv.CudaDriverError, match=r"CUDA_ERROR_UNSUPPORTED_PTX_VERSION.*driver supports CUDA 12\.8"):
+        drv.load_kernel(b"\x7fELF not really", "k", 0)

@@ -68,7 +68,24 @@ def _compile_record(target: AuditTarget) -> tuple[dict, bytes | None]:
     bad = [code for code in res.warnings if code in FATAL_WARNINGS]
     if bad:
         record["problems"].append(f"ptxas performance warnings {bad}")
+    _check_register_split(record, target.config, res.registers)
     return record, kernel.cubin
+
+
+def _check_register_split(record: dict, config: dict, registers: int) -> None:
+    """Warp-specialised kernels (configs with ``math_registers``): the launch allocates ``registers`` (R)
+    per thread; the producer warpgroup's ``setmaxnreg.dec`` to P must free what the math warpgroups'
+    ``setmaxnreg.inc`` to M takes, i.e. P <= R <= M and 128 (R - P) >= math_threads (M - R). Otherwise
+    ``setmaxnreg.inc`` spins forever (SASS retries TRY_ALLOC) or, with R > M, is undefined."""
+    if "math_registers" not in config:
+        return
+    producer, math = config["producer_registers"], config["math_registers"]
+    math_threads = 128 * config["num_math_warpgroups"]
+    if not producer <= registers <= math or 128 * (registers - producer) < math_threads * (math - registers):
+        record["problems"].append(
+            f"register split does not fit: launch {registers} regs/thread, producer -> {producer}, "
+            f"{math_threads} math threads -> {math}"
+        )
 
 
 def _check_sass(record: dict, target: AuditTarget, histogram: Counter) -> None:

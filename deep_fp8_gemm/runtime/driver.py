@@ -259,15 +259,44 @@ _libraries: dict[str, tuple[Any, bytes]] = {}
 _kernels: dict[tuple[int, str, str], LoadedKernel] = {}
 
 
+def driver_version() -> int:
+    """``cuDriverGetVersion``: 1000 * major + 10 * minor of the CUDA version the driver supports."""
+    ensure_initialized()
+    return int(check(driver.cuDriverGetVersion(), "cuDriverGetVersion()"))
+
+
 def _library(key: str, cubin: bytes) -> Any:
     entry = _libraries.get(key)
     if entry is None:
-        library = check(
-            driver.cuLibraryLoadData(cubin, None, None, 0, None, None, 0),
-            f"cuLibraryLoadData(cubin of {len(cubin)} bytes, key={key[:16]})",
-        )
+        what = f"cuLibraryLoadData(cubin of {len(cubin)} bytes, key={key[:16]})"
+        try:
+            library = check(driver.cuLibraryLoadData(cubin, None, None, 0, None, None, 0), what)
+        except CudaDriverError as exc:
+            # The usual cause: a cubin from a newer CUDA than the driver supports (NVRTC 13.x needs a
+            # CUDA 13 driver, r580+). Say so instead of leaving a bare CUresult.
+            major = _nvrtc_major()
+            hint = (f"the driver supports CUDA {_supported_cuda()}; cubins from NVRTC {major}.x "
+                    f"need a driver for CUDA {major}.0 or newer (match nvidia-cuda-nvrtc to the driver)")
+            raise CudaDriverError(what, exc.result, exc.name, hint) from exc
         entry = _libraries[key] = (library, cubin)
     return entry[0]
+
+
+def _supported_cuda() -> str:
+    try:
+        version = driver_version()
+    except Exception:  # the hint must never hide the original error
+        return "?"
+    return f"{version // 1000}.{version % 1000 // 10}"
+
+
+def _nvrtc_major() -> str:
+    try:
+        from .compiler import nvrtc_version
+
+        return str(nvrtc_version()[0])
+    except Exception:  # the hint must never hide the original error
+        return "?"
 
 
 def _param_size(kernel: Any, name: str) -> int | None:

@@ -3,7 +3,7 @@
 // Every hardware-specific operation a kernel uses lives behind this interface. hal/sim.hpp
 // implements the same functions, with the same signatures and semantics, for the CPU simulator;
 // kernel logic above this layer is identical in both builds. When adding an operation, add it to
-// both files and to tests/test_hal_parity.py.
+// both files; tests/test_hal_parity.py checks that they declare the same operations.
 //
 // Sources: PTX ISA 8.x, sections "mbarrier", "cp.async.bulk.tensor", "wgmma", "stmatrix",
 // "setmaxnreg", "fence.proxy.async"; the PTX strings match CUTLASS/CuTe's cute/arch/*.hpp and
@@ -38,6 +38,13 @@ DFG_DEVICE u32 cluster_cta_rank() {
     u32 rank;
     asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
     return rank;
+}
+
+// CTAs in this CTA's cluster (1 when launched without a cluster).
+DFG_DEVICE u32 cluster_num_ctas() {
+    u32 n;
+    asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(n));
+    return n;
 }
 
 // ---------------------------------------------------------------- shared memory
@@ -85,11 +92,14 @@ DFG_DEVICE void mbar_arrive(u64* bar) {
 }
 
 // Arrive on the barrier at the same shared-memory offset in CTA `cta_rank` of this cluster.
+// Default semantics (.release.cta), as CUTLASS's ClusterBarrier::arrive(cta_id): the .release.cluster
+// form compiles to MEMBAR.ALL.GPU before every arrive, and the waiting producer's try_wait is .acquire.cta
+// anyway, so the wider scope would buy nothing but a stall on every K block.
 DFG_DEVICE void mbar_arrive_cluster(u64* bar, u32 cta_rank) {
     asm volatile(
         "{\n\t.reg .b32 remote;\n\t"
         "mapa.shared::cluster.u32 remote, %0, %1;\n\t"
-        "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n\t}" ::"r"(smem_addr(bar)),
+        "mbarrier.arrive.shared::cluster.b64 _, [remote];\n\t}" ::"r"(smem_addr(bar)),
         "r"(cta_rank)
         : "memory");
 }

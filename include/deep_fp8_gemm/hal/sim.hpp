@@ -852,6 +852,8 @@ inline u32 warp_idx() { return sd::me().tid / 32; }
 inline u32 lane_idx() { return sd::me().tid % 32; }
 // %cluster_ctarank (PTX ISA "Special Registers"): 1-D clusters are runs of cluster_x consecutive CTAs.
 inline u32 cluster_cta_rank() { return sd::me().cta % sd::L().cfg.cluster_x; }
+// %cluster_nctarank: CTAs per cluster.
+inline u32 cluster_num_ctas() { return sd::L().cfg.cluster_x; }
 
 // ---------------------------------------------------------------- shared memory
 // Page-aligned (so 1024-byte aligned, as on the device) and poisoned with 0xFF at launch.

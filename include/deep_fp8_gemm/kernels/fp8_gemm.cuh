@@ -123,6 +123,9 @@ struct Fp8GemmKernel {
             // Swizzle patterns are computed from address bits: the map above assumes a 1024-aligned base.
             if (hal::smem_addr(smem) % 1024 != 0)
                 hal::trap("dynamic shared memory is not 1024-byte aligned");
+            // A cluster kernel launched without its cluster would multicast / arrive into a missing peer.
+            if (hal::cluster_num_ctas() != kClusterSize)
+                hal::trap("launched with a cluster size other than the kernel's");
             hal::tma_prefetch(&params.tma_a);
             hal::tma_prefetch(&params.tma_b);
             hal::tma_prefetch(&params.tma_sa);
@@ -131,6 +134,8 @@ struct Fp8GemmKernel {
                 hal::mbar_init(&full[s], 1);
                 hal::mbar_init(&empty[s], kClusterSize * kNumMathWarps);
             }
+            // Barrier initialisation visible to the async proxy (TMA complete_tx) and to the cluster.
+            hal::fence_view_async_shared();
             hal::fence_barrier_init();
         }
         // The peer CTA's barriers must be initialised before anyone multicasts or arrives remotely.
@@ -210,9 +215,17 @@ struct Fp8GemmKernel {
                 for (u32 i = 0; i < kAccValues; ++i)
                     acc[w][i] = 0.0f;
 
+            // sB values are loaded one K block ahead: a global load per K block would otherwise sit on
+            // the critical path between the full-barrier wait and the promotion.
+            float next_sb0 = hal::ld_global_nc(sb_row0);
+            float next_sb1 = hal::ld_global_nc(sb_row1);
             for (u32 kb = 0; kb < kNumKBlocks; ++kb) {
-                const float sb0 = hal::ld_global_nc(sb_row0 + kb);
-                const float sb1 = hal::ld_global_nc(sb_row1 + kb);
+                const float sb0 = next_sb0;
+                const float sb1 = next_sb1;
+                if (kb + 1 < kNumKBlocks) {
+                    next_sb0 = hal::ld_global_nc(sb_row0 + kb + 1);
+                    next_sb1 = hal::ld_global_nc(sb_row1 + kb + 1);
+                }
                 hal::mbar_wait(&full[pipe.stage], pipe.phase);
                 const float* sa = reinterpret_cast<const float*>(smem + kSmemSA + pipe.stage * kSmemSABytes);
                 const u8* a_stage = smem + kSmemA + pipe.stage * kSmemABytes;
