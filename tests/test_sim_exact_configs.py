@@ -1,0 +1,77 @@
+"""The exact kernel binaries the heuristic picks for the reference design's table, run in the simulator.
+
+Same template constants as on the GPU (N, K, tiles, stages, cluster shape, band width): only the grid
+(4 CTAs instead of 132) and the row count (one or two m-blocks instead of thousands) are reduced, and
+neither is part of the binary. So the kernels the first GPU run will launch have already executed here,
+with their real N and K, against the reference (calc_diff < 1e-3, NaN-poisoned output).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+
+import pytest
+import torch
+
+from deep_fp8_gemm import calc_diff, reference
+from deep_fp8_gemm.config import get_config
+from deep_fp8_gemm.kernels.gemm import DEEPSEEK_V3_DENSE, DEEPSEEK_V3_GROUPED
+
+from .test_sim_gemm import contiguous_layout, quantised_operands, run_sim
+
+pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="the simulator builds kernels with g++")
+
+SIM_GRID = 4  # a multiple of every cluster size
+
+
+def _dense_cases():
+    seen = {}
+    for n, k in DEEPSEEK_V3_DENSE:
+        for m in (64, 128, 4096):
+            cfg = get_config(m, n, k, 1, "dense", 132)
+            seen.setdefault(cfg.kernel_name(), (cfg, m))
+    return sorted(seen.values(), key=lambda c: c[0].kernel_name())
+
+
+@pytest.mark.parametrize("cfg,m", _dense_cases(), ids=lambda v: v.kernel_name() if hasattr(v, "kernel_name") else str(v))
+def test_dense_anchor_config(cfg, m):
+    # One m-block (two for B multicast, the second a partial one: the pairing path runs for real).
+    rows = min(m, cfg.block_m) if cfg.cluster_m == 1 else cfg.block_m + 1
+    cfg = dataclasses.replace(cfg, grid_size=SIM_GRID)
+    n, k = cfg.shape_n, cfg.shape_k
+    a, sa, b, sb = quantised_operands((rows,), n, k, seed=n + k)
+    d = torch.full((rows, n), float("nan"), dtype=torch.bfloat16)
+    run_sim(cfg, a, sa, b, sb, d)
+    ref = torch.empty_like(d)
+    reference.gemm_fp8_fp8_bf16_nt((a, sa), (b, sb), ref)
+    assert not d.isnan().any()
+    assert calc_diff(d, ref) < 1e-3
+
+
+@pytest.mark.parametrize("n,k", DEEPSEEK_V3_GROUPED)
+def test_contiguous_anchor_config(n, k):
+    cfg = dataclasses.replace(get_config(8 * 4096, n, k, 8, "contiguous", 132), grid_size=SIM_GRID)
+    layout = contiguous_layout([0, 0, 0, 0, 0, 0, 70, 0])  # one non-empty expert, one partial block
+    rows = layout.numel()
+    a, sa, b, sb = quantised_operands((rows,), n, k, groups=cfg.num_groups, seed=n)
+    d = torch.full((rows, n), float("nan"), dtype=torch.bfloat16)
+    run_sim(cfg, a, sa, b, sb, d, layout)
+    ref = torch.empty_like(d)
+    reference.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous((a, sa), (b, sb), ref, layout)
+    valid = layout >= 0
+    assert not d[valid].isnan().any() and calc_diff(d[valid], ref[valid]) < 1e-3
+
+
+@pytest.mark.parametrize("n,k", DEEPSEEK_V3_GROUPED)
+def test_masked_anchor_config(n, k):
+    cfg = dataclasses.replace(get_config(256, n, k, 4, "masked", 132), grid_size=SIM_GRID)
+    m_max = 64
+    masked_m = torch.tensor([0, 0, 33, 0], dtype=torch.int32)
+    a, sa, b, sb = quantised_operands((4, m_max), n, k, groups=4, seed=k)
+    d = torch.full((4, m_max, n), float("nan"), dtype=torch.bfloat16)
+    run_sim(cfg, a, sa, b, sb, d, masked_m)
+    ref = torch.empty_like(d)
+    reference.m_grouped_gemm_fp8_fp8_bf16_nt_masked((a, sa), (b, sb), ref, masked_m, 256)
+    assert not d[2, :33].isnan().any() and calc_diff(d[2, :33], ref[2, :33]) < 1e-3
+    assert d[[0, 1, 3]].isnan().all()
