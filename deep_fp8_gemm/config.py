@@ -5,8 +5,8 @@ queries, no globals), so it is cached and tested on the CPU. The shared-memory m
 ``include/deep_fp8_gemm/kernels/fp8_gemm.cuh``; the kernel ``static_assert``s that both agree.
 
 Heuristic (NOTES: a throughput model, to be calibrated on an H200 — see bench/RESULTS.md):
-a tile costs ``max(MMA time, shared-memory fill time)``; a config costs ``waves x tile cost`` bounded
-below by HBM traffic; the cheapest config wins. Small m therefore gets BLOCK_M = 64 and a BLOCK_N small
+a tile costs ``max(MMA time, shared-memory bandwidth time (wgmma operand reads + TMA writes), L2 -> shared
+fill time)``; a config costs ``waves x tile cost`` bounded below by HBM traffic; the cheapest config wins. Small m therefore gets BLOCK_M = 64 and a BLOCK_N small
 enough to spread B over all SMs (B streaming is the whole cost), large m gets 128/256-row tiles, and
 unaligned BLOCK_N (112, 144, 160) are picked when they fill the SMs better.
 """
@@ -34,7 +34,8 @@ BAND_BLOCKS = 16  # n-blocks per rasterisation band (L2 reuse)
 
 # Throughput model of one SM (H100/H200 class), used only to rank configs.
 _MMA_FLOP_PER_CLK = 8192
-_SMEM_FILL_BYTES_PER_CLK = 96
+_SMEM_FILL_BYTES_PER_CLK = 96  # L2 -> shared memory through TMA
+_SMEM_BYTES_PER_CLK = 128  # shared-memory bandwidth: wgmma operand reads + TMA writes share it
 _HBM_BYTES_PER_CLK_PER_SM = 4.8e12 / 1.8e9 / 132
 _MMA_EFFICIENCY = {64: 0.70, 128: 0.85, 256: 0.90}  # one warpgroup cannot hide its own promotion work
 
@@ -227,6 +228,11 @@ def _estimate_cycles(kind: str, m: int, n: int, k: int, num_groups: int, block_m
     k_padded = _round_up(k, BLOCK_K)
     mma = 2 * block_m * block_n * k_padded / (_MMA_FLOP_PER_CLK * _MMA_EFFICIENCY[block_m])
     fill = (block_m + block_n) * k_padded / _SMEM_FILL_BYTES_PER_CLK
+    # Every m64 wgmma reads its A slice and the whole B tile from shared memory, so narrow tiles are
+    # bound by shared-memory bandwidth before the tensor cores: per K element, (BM/64) x (64 + BN)
+    # operand bytes plus (BM + BN) bytes written by TMA.
+    smem = ((block_m // 64) * (64 + block_n) + block_m + block_n) * k_padded / _SMEM_BYTES_PER_CLK
+    mma = max(mma, smem)
     tile = max(mma, fill) + 600  # per-tile fixed cost: pipeline ramp, epilogue
     groups_touched = num_groups if kind != "dense" else 1
     rows = m * (num_groups if kind == "masked" else 1)
