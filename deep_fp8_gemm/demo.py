@@ -13,6 +13,7 @@ Quick timing only (median of 30 CUDA-event timings, L2 flushed); ``bench/`` has 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -30,7 +31,7 @@ MOE_CONTIGUOUS = {"num_groups": 8, "m_per_group": 512, "n": 4096, "k": 7168}   #
 MOE_MASKED = {"num_groups": 8, "m_max": 128, "expected_m": 64, "n": 7168, "k": 2048}  # experts' down, decode
 THRESHOLD = 1e-3
 NUM_SMS = 132
-NOT_RUN = "no sm_90 GPU: kernels compiled and audited, not executed"
+NOT_RUN = "no sm_90 GPU: kernels compiled and audited, not executed on a GPU"
 
 
 def _print_env() -> tuple[bool, str]:
@@ -289,7 +290,7 @@ def audit_layer(m: int) -> tuple[str, list[dict] | None]:
     return (NOT_RUN if not bad else f"{NOT_RUN}; {len(bad)} kernel(s) FAILED the audit"), records
 
 
-def cpu_demo(m: int, do_audit: bool, reduce: int = 8) -> int:
+def cpu_demo(m: int, do_audit: bool, reduce: int = 8, do_simulate: bool = True) -> int:
     status = 0
     message = "kernels not compiled (--no-audit); not executed: no sm_90 GPU"
     if do_audit:
@@ -310,8 +311,37 @@ def cpu_demo(m: int, do_audit: bool, reduce: int = 8) -> int:
         ok = diff < THRESHOLD and rel < 2 ** -7  # bf16 output: within a couple of ulps of the largest value
         status |= not ok
         print(f"{call['label']:<48}{call['valid_m']:>6}{diff:11.1e}{rel:24.1e}  {'ok' if ok else 'FAIL'}")
+    if do_simulate:
+        status |= simulate_calls(calls)
     print(f"\n{message}.")
     print("Run this on an H100/H200 (sm_90) to execute the kernels, or `bash bench/device_check.sh OUTDIR`.")
+    return status
+
+
+def simulate_calls(calls: list[dict]) -> int:
+    """The real kernels (same source as the GPU's), executed by the CPU simulator on one call of each kind."""
+    print("\n3. The real kernels executed by the CPU simulator (DFG_SIMULATE=1, 4 simulated SMs), same calls")
+    head = f"{'call':<48}{'rows':>6}{'calc_diff':>11}  {'seconds':>8}  check"
+    print(head + "\n" + "-" * len(head))
+    status = 0
+    picked = [next(c for c in calls if c["kind"] == kind) for kind in ("dense", "contiguous", "masked")]
+    saved = {k: os.environ.get(k) for k in ("DFG_SIMULATE", "DFG_SIM_NUM_SMS")}
+    os.environ.update(DFG_SIMULATE="1", DFG_SIM_NUM_SMS="4")
+    try:
+        for call in picked:
+            start = time.perf_counter()
+            out = _valid(call, run_call(call, ops)).double()
+            diff = calc_diff(out, float64_einsum(call))
+            ok = diff < THRESHOLD and not out.isnan().any()
+            status |= not ok
+            print(f"{call['label']:<48}{call['valid_m']:>6}{diff:11.1e}  {time.perf_counter() - start:8.1f}  "
+                  f"{'ok' if ok else 'FAIL'}", flush=True)
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
     return status
 
 
@@ -320,6 +350,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--m", type=int, default=128, help="token count of the dense calls (default 128)")
     parser.add_argument("--cpu", action="store_true", help="take the no-GPU path even when a GPU is present")
     parser.add_argument("--no-audit", action="store_true", help="no-GPU path: skip compiling/auditing kernels")
+    parser.add_argument("--no-sim", action="store_true",
+                        help="no-GPU path: skip running the kernels in the CPU simulator")
     parser.add_argument("--reduce", type=int, default=8, metavar="F",
                         help="no-GPU path: divide N and K by F for the CPU reference run (default 8)")
     args = parser.parse_args(argv)
@@ -328,7 +360,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if sm90 and not args.cpu:
         status = gpu_demo(args.m)
     else:
-        status = cpu_demo(args.m, not args.no_audit, max(1, args.reduce))
+        status = cpu_demo(args.m, not args.no_audit, max(1, args.reduce), not args.no_sim)
     print(f"\ndemo finished in {time.perf_counter() - start:.1f} s")
     return status
 
