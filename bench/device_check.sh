@@ -5,8 +5,8 @@
 #
 # --dry-run prints the plan and runs nothing; --full runs the benchmarks without --quick (needs a larger
 # --budget); --no-install uses PYTHONPATH instead of pip; --no-precompile leaves the JIT to the first
-# calls; --skip leaves out named steps (gpu-tests, bench-dense, bench-decode, bench-contiguous, bench-masked),
-# e.g. for a short rerun; --allow-no-gpu goes on without a CUDA device
+# calls; --skip leaves out named steps (gpu-tests, bench-dense, bench-decode, bench-contiguous, bench-masked,
+# bench-quant, bench-moe), e.g. for a short rerun; --allow-no-gpu goes on without a CUDA device
 # (only to exercise this script's plumbing on a CPU machine).
 #
 # Steps (each with its own time limit, all inside one deadline, default 470 s < 8 minutes):
@@ -19,7 +19,13 @@
 #   4. python -m deep_fp8_gemm precompile (JIT cache fill) in the background, overlapping step 5.
 #   5. python -m pytest -q -m gpu tests
 #   6. benchmarks in --quick mode: dense deepseek-v3, dense decode, grouped contiguous, grouped masked
-#      (each given a --time-budget so it stops starting new shapes in time, and writes results as it goes).
+#      (each given a --time-budget so it stops starting new shapes in time, and writes results as it goes);
+#      then, best-effort, the fused quantisation kernels (bench-quant, <= 30 s) and the MoE layer
+#      (bench-moe, <= 60 s). Deadline rule for those two: the steps before them keep their planned limits and
+#      reserves unchanged (so they never get less time than without the new steps); bench-quant gets
+#      min(30, time left - 80) (leaving bench-moe 60 s and the report 20 s), bench-moe min(60, time left - 20).
+#      A best-effort step left with less than half its planned limit is recorded "SKIPPED (deadline,
+#      best-effort)" and does not fail the check (everything else that is skipped for the deadline does).
 #   7. python -m bench.report -> OUTDIR/RESULTS.md; a short summary table printed last (and in summary.txt).
 # Exit status: 0 all passed; 1 GPU tests failed, a kernel result was wrong, or a step failed/timed out
 # (later steps still run); 2 usage error or a required package is missing.
@@ -46,14 +52,14 @@ while [ $# -gt 0 ]; do
         --skip) shift; [ $# -gt 0 ] || usage
                 for name in ${1//,/ }; do
                     case "$name" in
-                        gpu-tests|bench-dense|bench-decode|bench-contiguous|bench-masked) SKIP="$SKIP$name," ;;
-                        *) echo "error: --skip takes gpu-tests, bench-dense, bench-decode, bench-contiguous, bench-masked; got '$name'" >&2; exit 2 ;;
+                        gpu-tests|bench-dense|bench-decode|bench-contiguous|bench-masked|bench-quant|bench-moe) SKIP="$SKIP$name," ;;
+                        *) echo "error: --skip takes gpu-tests, bench-dense, bench-decode, bench-contiguous, bench-masked, bench-quant, bench-moe; got '$name'" >&2; exit 2 ;;
                     esac
                 done ;;
         --allow-no-gpu) ALLOW_NO_GPU=1 ;;
         --budget) shift; [ $# -gt 0 ] || usage; BUDGET="$1"
                   case "$BUDGET" in ''|*[!0-9]*) echo "error: --budget needs whole seconds, got '$BUDGET'" >&2; exit 2 ;; esac ;;
-        -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,38p' "$0"; exit 0 ;;
         -*) echo "error: unknown option $1" >&2; usage ;;
         *) [ -z "$OUTDIR" ] || { echo "error: more than one OUTDIR ($OUTDIR, $1)" >&2; usage; }; OUTDIR="$1" ;;
     esac
@@ -75,6 +81,8 @@ PLAN=(
     "bench-decode|75|$PY -m bench.bench_dense --shapes decode $QUICK --no-host-overhead --out OUTDIR/results"
     "bench-contiguous|60|$PY -m bench.bench_grouped --kind contiguous $QUICK --out OUTDIR/results"
     "bench-masked|45|$PY -m bench.bench_grouped --kind masked $QUICK --out OUTDIR/results"
+    "bench-quant|30|$PY -m bench.bench_quant $QUICK --out OUTDIR/results"
+    "bench-moe|60|$PY -m bench.bench_moe $QUICK --out OUTDIR/results"
     "report|20|$PY -m bench.report --results OUTDIR/results --summary OUTDIR/RESULTS.md --print"
 )
 
@@ -89,6 +97,7 @@ if [ "$DRY_RUN" = 1 ]; then
         fi
         case "$SKIP" in *",$name,"*) printf '  %-16s skipped (--skip)\n' "$name"; continue ;; esac
         case "$name" in bench-*) cmd="$cmd --time-budget LIMIT-25" ;; esac
+        case "$name" in bench-quant|bench-moe) cmd="$cmd   (best-effort: what is left of the deadline)" ;; esac
         printf '  %-16s <=%4ss  %s\n' "$name" "$limit" "${cmd//OUTDIR/$OUTDIR}"
     done
     echo "  summary          $OUTDIR/summary.txt (printed last)"
@@ -100,6 +109,7 @@ OUTDIR="$(cd "$OUTDIR" && pwd)"
 STEPS="$OUTDIR/steps.tsv"
 printf 'step\tstatus\tseconds\tlog\n' > "$STEPS"
 FAILED=0
+BEST_EFFORT=0  # 1 while the best-effort steps (bench-quant, bench-moe) run: see step 6 in the header
 SECONDS=0
 
 record() {  # name status seconds log
@@ -117,6 +127,9 @@ run_step() {  # name limit reserve command...
     local limit; limit=$(limit_for "$planned" "$reserve")
     local log="$OUTDIR/logs/$name.log"
     case "$SKIP" in *",$name,"*) record "$name" "skipped (--skip)" 0 "-"; return 0 ;; esac
+    if [ "$BEST_EFFORT" = 1 ] && [ "$limit" -lt $(( planned / 2 )) ]; then
+        record "$name" "SKIPPED (deadline, best-effort; $(( limit > 0 ? limit : 0 ))s left)" 0 "-"; return 0
+    fi
     if [ "$limit" -lt 10 ]; then
         record "$name" "SKIPPED (deadline)" 0 "-"; FAILED=1; return 124
     fi
@@ -259,6 +272,10 @@ bench bench-dense 70 200 bench.bench_dense --shapes deepseek-v3
 bench bench-decode 75 125 bench.bench_dense --shapes decode --no-host-overhead
 bench bench-contiguous 60 65 bench.bench_grouped --kind contiguous
 bench bench-masked 45 20 bench.bench_grouped --kind masked
+BEST_EFFORT=1
+bench bench-quant 30 80 bench.bench_quant
+bench bench-moe 60 20 bench.bench_moe
+BEST_EFFORT=0
 
 # --- 7. report and summary --------------------------------------------------------------------------------
 run_step report 20 0 "$PY" -m bench.report --results "$OUTDIR/results" --summary "$OUTDIR/RESULTS.md" --print || FAILED=1

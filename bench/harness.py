@@ -53,7 +53,8 @@ def measure(impl: Impl, *, device: torch.device, flusher: timing.L2Flusher, runs
         args = impl.arg_sets[0]
         if impl.poison is not None:
             impl.poison(args)
-        ok, diff = timing.check(impl.valid(impl.fn(*args)), impl.reference)
+        ok, diff = timing.check(impl.valid(impl.fn(*args)), impl.reference,
+                                impl.threshold if impl.threshold is not None else timing.CHECK_THRESHOLD)
         rec["diff"] = diff
         if not ok:
             rec["status"] = "wrong"

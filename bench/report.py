@@ -24,17 +24,24 @@ from pathlib import Path
 from .shapes import H800_LABEL, H800_PUBLISHED, H800_PUBLISHED_DENSE
 
 OURS = "deep_fp8_gemm"
-BASELINES = ("cublas_block", "bf16_matmul", "scaled_grouped_mm_rowwise")
+BASELINES = ("cublas_block", "bf16_matmul", "scaled_grouped_mm_rowwise", "torch_quant", "bf16_layer")
 LABELS = {
     OURS: "deep_fp8_gemm",
     "cublas_block": "cuBLAS block-scaled",
     "bf16_matmul": "bf16 matmul",
     "scaled_grouped_mm_rowwise": "_scaled_grouped_mm row-wise (different scaling)",
+    "torch_quant": "plain-torch quantisation",
+    "bf16_layer": "bf16 PyTorch MoE layer",
     H800_LABEL: "reference design, H800 published",
 }
-COLORS = {OURS: "C0", "cublas_block": "C1", "bf16_matmul": "C2", "scaled_grouped_mm_rowwise": "C4", H800_LABEL: "C3"}
+COLORS = {OURS: "C0", "cublas_block": "C1", "bf16_matmul": "C2", "scaled_grouped_mm_rowwise": "C4", "torch_quant": "C5",
+          "bf16_layer": "C2", H800_LABEL: "C3"}
 SHORT = {OURS: "ours", "cublas_block": "cuBLAS", "bf16_matmul": "bf16", "scaled_grouped_mm_rowwise": "rowwise",
-         H800_LABEL: "H800 pub."}
+         "torch_quant": "torch", "bf16_layer": "bf16 layer", H800_LABEL: "H800 pub."}
+# Family-specific names (quant and moe tables): the MoE "cublas_block" is a per-expert loop of the call.
+MOE_LABELS = {"cublas_block": "per-expert loop of block-scaled torch._scaled_mm"}
+#: Issue 7's target for the memory-bound quantisation kernels: this fraction of HBM_TBS.
+QUANT_TARGET = 0.8
 # H200 SXM datasheet ceilings (leads, not measurements: KINDS.md measured ~4.3 TB/s device copy).
 PEAK_FP8_TFLOPS = 1979.0
 HBM_TBS = 4.8
@@ -63,6 +70,23 @@ def speedup(row: dict, baseline: str, key: str = "us") -> float | None:
 def geomean(values: Sequence[float | None]) -> float | None:
     kept = [v for v in values if v is not None and v > 0]
     return math.exp(sum(math.log(v) for v in kept) / len(kept)) if kept else None
+
+
+def family_of(rows: Sequence[dict]) -> str | None:
+    """The shape family of a result table (``rows[0]["shape"]["family"]``), None when empty."""
+    return rows[0]["shape"].get("family") if rows else None
+
+
+def quant_bandwidth(rec: dict, nbytes: int) -> tuple[float, float, str] | None:
+    """``(GB/s, fraction of HBM_TBS, source)`` of a checked quantisation call: from the profiler's kernel
+    time when it was measured (short calls, where events add ~1-3 µs of launch latency), else the event time."""
+    if rec.get("status") != "ok":
+        return None
+    us, source = (rec["us_kernel"], "CUPTI") if rec.get("us_kernel") else (rec.get("us"), "events")
+    if not us:
+        return None
+    gbs = nbytes / us / 1e3
+    return gbs, gbs / (HBM_TBS * 1e3), source
 
 
 def floor_us(flops: int, nbytes: int) -> tuple[float, str]:
@@ -134,9 +158,74 @@ def _present_baselines(rows: Sequence[dict]) -> list[str]:
     return [b for b in BASELINES if any(b in r["impls"] for r in rows)]
 
 
+def _notes(row: dict, ok_notes: bool = False) -> str:
+    notes = []
+    for name, rec in row["impls"].items():
+        text = rec.get("error") or (rec.get("note") if ok_notes or rec.get("status") != "ok" else "")
+        if rec.get("status") == "wrong":
+            text = f"wrong result (calc_diff {rec.get('diff'):.2e})"
+        if text:
+            notes.append(f"{SHORT.get(name, name)}: {text[:110 if ok_notes else 90]}")
+    return "; ".join(notes).replace("|", "/")
+
+
+def quant_table(rows: Sequence[dict]) -> str:
+    """Quantisation kernels: µs (events and CUPTI), GB/s and % of HBM bandwidth, the torch path's µs and the
+    speedup over it, the check."""
+    kernel_col = any(r["impls"].get(OURS, {}).get("us_kernel") for r in rows)
+    head = ["kernel / shape", "MB moved", "µs", *(["kernel µs (CUPTI)"] if kernel_col else []), "GB/s",
+            f"% of {HBM_TBS} TB/s", "torch µs", "× torch", "check (calc_diff)", "notes"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        ours = r["impls"].get(OURS, {})
+        bw = quant_bandwidth(ours, r["bytes"])
+        kernel = [_f(ours.get("us_kernel"), "{:.1f}")] if kernel_col else []
+        pct = f"{100 * bw[1]:.0f}%" + (" (CUPTI)" if bw[2] == "CUPTI" else "") if bw else "–"
+        cells = [r["label"], f"{r['bytes'] / 1e6:.1f}", _cell(ours, "us", "{:.1f}"), *kernel,
+                 _f(bw[0] if bw else None), pct, _cell(r["impls"].get("torch_quant"), "us", "{:.1f}"),
+                 _f(speedup(r, "torch_quant"), "{:.2f}x"), _f(ours.get("diff"), "{:.1e}"), _notes(r)]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", f"MB moved = input read + e4m3 output + scales written, once each. GB/s and % of the H200's "
+              f"{HBM_TBS} TB/s (datasheet; target >= {100 * QUANT_TARGET:.0f}%) use the profiler's kernel time where "
+              "it was measured (calls under the profiling threshold), else the event time. × torch = torch µs / "
+              "ours µs (event times). Check: per-token and per-block must equal the torch path bit for bit (0.0), "
+              "SiLU·mul within 1e-4."]
+    return "\n".join(lines)
+
+
+def moe_table(rows: Sequence[dict]) -> str:
+    """MoE layer: µs, effective TFLOPS over routed slots, the bf16 layer's and the cuBLAS loop's µs and the
+    speedups, calc_diff against the reference (the bf16 layer)."""
+    kernel_col = any(r["impls"].get(OURS, {}).get("us_kernel") for r in rows)
+    head = ["layer", "routed slots", "µs", *(["kernel µs (CUPTI)"] if kernel_col else []), "TFLOPS (routed)",
+            "bf16 layer µs", "× bf16 layer", "cuBLAS loop µs", "× cuBLAS loop", "calc_diff", "notes"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        ours = r["impls"].get(OURS, {})
+        shape = r["shape"]
+        kernel = [_f(ours.get("us_kernel"), "{:.1f}")] if kernel_col else []
+        cells = [r["label"], str(shape.get("tokens", 0) * shape.get("top_k", 0)), _cell(ours, "us", "{:.1f}"),
+                 *kernel, _cell(ours, "tflops"), _cell(r["impls"].get("bf16_layer"), "us", "{:.1f}"),
+                 _f(speedup(r, "bf16_layer"), "{:.2f}x"), _cell(r["impls"].get("cublas_block"), "us", "{:.1f}"),
+                 _f(speedup(r, "cublas_block"), "{:.2f}x"), _f(ours.get("diff"), "{:.1e}"),
+                 _notes(r, ok_notes=True)]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "TFLOPS = 2 · routed slots · 3·H·I / time. × = baseline µs / ours µs (event times, eager calls "
+              "including routing and the host synchronisation each implementation does). calc_diff: against the "
+              "bf16 layer (two FP8 GEMMs with requantised activations: ~2e-3 expected; the check allows 1e-2). "
+              f"cuBLAS loop = {MOE_LABELS['cublas_block']} (same FP8 math as ours, one expert at a time)."]
+    return "\n".join(lines)
+
+
 def markdown_table(rows: Sequence[dict]) -> str:
     """One line per shape: deep_fp8_gemm µs / TFLOPS / GB/s, each baseline's µs and speedup, the H800
-    published TFLOPS and ratio, the check (calc_diff) and any note."""
+    published TFLOPS and ratio, the check (calc_diff) and any note. The quant and moe families have their
+    own columns (:func:`quant_table`, :func:`moe_table`)."""
+    family = family_of(rows)
+    if family == "quant":
+        return quant_table(rows)
+    if family == "moe":
+        return moe_table(rows)
     baselines = _present_baselines(rows)
     kernel_col = any(r["impls"].get(OURS, {}).get("us_kernel") for r in rows)
     head = ["shape", "µs", *(["kernel µs (CUPTI)"] if kernel_col else []), "TFLOPS", "GB/s"]
@@ -157,15 +246,7 @@ def markdown_table(rows: Sequence[dict]) -> str:
         floor, bound = floor_us(r["flops"], r["bytes"])
         roof = f"{100 * floor / ours['us']:.0f}% ({bound})" if ours.get("status") == "ok" else "–"
         cells += [_f(r.get("h800_published_tflops")), _f(speedup(r, H800_LABEL), "{:.2f}x"), roof,
-                  _f(ours.get("diff"), "{:.1e}")]
-        notes = []
-        for name, rec in r["impls"].items():
-            text = rec.get("error") or (rec.get("note") if rec.get("status") != "ok" else "")
-            if rec.get("status") == "wrong":
-                text = f"wrong result (calc_diff {rec.get('diff'):.2e})"
-            if text:
-                notes.append(f"{SHORT.get(name, name)}: {text[:90]}")
-        cells.append("; ".join(notes).replace("|", "/"))
+                  _f(ours.get("diff"), "{:.1e}"), _notes(r)]
         lines.append("| " + " | ".join(cells) + " |")
     legend = "; ".join(f"{SHORT[b]} = {LABELS[b]}" for b in (*baselines, H800_LABEL))
     lines += ["", f"× = speedup of deep_fp8_gemm (baseline µs / ours µs; H800: TFLOPS ratio). {legend}. "
@@ -180,6 +261,7 @@ def markdown_table(rows: Sequence[dict]) -> str:
 def headline(rows: Sequence[dict]) -> list[str]:
     """Geometric-mean speedups and how many shapes beat the published H800 number."""
     out = []
+    family = family_of(rows)
     for b in (*_present_baselines(rows), H800_LABEL):
         values = [speedup(r, b) for r in rows]
         g = geomean(values)
@@ -188,7 +270,19 @@ def headline(rows: Sequence[dict]) -> list[str]:
             extra = ""
             if b == H800_LABEL:
                 extra = f", {sum(v >= 1.0 for v in values if v is not None)}/{n} shapes at or above it"
-            out.append(f"geomean speedup vs {LABELS[b]}: **{g:.2f}x** over {n} shapes{extra}")
+            label = MOE_LABELS.get(b, LABELS[b]) if family == "moe" else LABELS[b]
+            out.append(f"geomean speedup vs {label}: **{g:.2f}x** over {n} shapes{extra}")
+    if family == "quant":
+        fractions = [bw[1] for r in rows if (bw := quant_bandwidth(r["impls"].get(OURS, {}), r["bytes"]))]
+        if fractions:
+            out.append(f"HBM bandwidth: {100 * min(fractions):.0f}–{100 * max(fractions):.0f}% of {HBM_TBS} TB/s "
+                       f"(median {100 * sorted(fractions)[len(fractions) // 2]:.0f}%); "
+                       f"**{sum(f >= QUANT_TARGET for f in fractions)}/{len(fractions)}** calls at or above the "
+                       f"{100 * QUANT_TARGET:.0f}% target")
+    if family == "moe":
+        diffs = [r["impls"][OURS]["diff"] for r in rows if r["impls"].get(OURS, {}).get("status") == "ok"]
+        if diffs:
+            out.append(f"calc_diff vs the bf16 layer: {min(diffs):.1e}–{max(diffs):.1e}")
     ok = sum(r["impls"].get(OURS, {}).get("status") == "ok" for r in rows)
     out.append(f"deep_fp8_gemm checked correct and timed on {ok}/{len(rows)} shapes")
     return out
@@ -230,16 +324,17 @@ def env_line(env: dict) -> str:
 
 def compact_table(rows: Sequence[dict]) -> str:
     """A fixed-width console table: deep_fp8_gemm µs (and CUPTI kernel µs), TFLOPS, GB/s, speedups."""
-    lines = [f"  {'shape':<44}{'µs':>9}{'kern µs':>9}{'TFLOPS':>8}{'GB/s':>7}{'xcuBLAS':>9}{'xbf16':>7}"
-             f"{'xH800':>7}  status"]
+    baselines = _present_baselines(rows) or ["cublas_block", "bf16_matmul"]
+    heads = "".join(f"{'x' + SHORT[b].replace(' ', ''):>12}" for b in baselines)
+    lines = [f"  {'shape':<44}{'µs':>9}{'kern µs':>9}{'TFLOPS':>8}{'GB/s':>7}{heads}{'xH800':>7}  status"]
     for r in rows:
         ours = r["impls"].get(OURS, {})
         ok = ours.get("status") == "ok"
+        ratios = "".join(f"{_f(speedup(r, b), '{:.2f}'):>12}" for b in baselines)
         lines.append(
             f"  {r['label'][:43]:<44}{_f(ours.get('us') if ok else None, '{:.1f}'):>9}"
             f"{_f(ours.get('us_kernel') if ok else None, '{:.1f}'):>9}{_f(ours.get('tflops') if ok else None):>8}"
-            f"{_f(ours.get('gbs') if ok else None):>7}{_f(speedup(r, 'cublas_block'), '{:.2f}'):>9}"
-            f"{_f(speedup(r, 'bf16_matmul'), '{:.2f}'):>7}{_f(speedup(r, H800_LABEL), '{:.2f}'):>7}"
+            f"{_f(ours.get('gbs') if ok else None):>7}{ratios}{_f(speedup(r, H800_LABEL), '{:.2f}'):>7}"
             f"  {ours.get('status', '?')}")
     return "\n".join(lines)
 
@@ -312,20 +407,28 @@ def plot_family(doc: dict, path: Path) -> Path | None:
         return None
     rows = doc["rows"]
     labels = [r["label"].replace(" n=", "\nn=") for r in rows]
-    series = [(OURS, [r["impls"].get(OURS, {}).get("tflops") for r in rows])]
-    series += [(b, [r["impls"].get(b, {}).get("tflops") for r in rows]) for b in _present_baselines(rows)]
-    series.append((H800_LABEL, [r.get("h800_published_tflops") for r in rows]))
+    quant = family_of(rows) == "quant"
+    metric = "gbs" if quant else "tflops"  # quantisation kernels: bandwidth, not FLOPs
+    series = [(OURS, [r["impls"].get(OURS, {}).get(metric) for r in rows])]
+    series += [(b, [r["impls"].get(b, {}).get(metric) for r in rows]) for b in _present_baselines(rows)]
+    if any(r.get("h800_published_tflops") for r in rows):
+        series.append((H800_LABEL, [r.get("h800_published_tflops") for r in rows]))
     x = list(range(len(rows)))
     width = 0.8 / len(series)
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(max(8.0, 0.55 * len(rows) + 3), 9), sharex=True)
     for i, (name, values) in enumerate(series):
         ax1.bar([xi + (i - (len(series) - 1) / 2) * width for xi in x], [v or 0 for v in values], width,
                 label=LABELS[name], color=COLORS[name])
-    ax1.set_ylabel("TFLOPS (2mnk/t, valid rows)")
+    if quant:
+        ax1.axhline(HBM_TBS * 1e3, color="black", linewidth=0.8, linestyle="--", label=f"{HBM_TBS} TB/s (datasheet)")
+        ax1.set_ylabel("GB/s (bytes read + written once, event time)")
+    else:
+        ax1.set_ylabel("TFLOPS (2mnk/t, valid rows)" if family_of(rows) != "moe" else "TFLOPS (routed slots)")
     ax1.set_title(f"{doc['family']} — {doc['env'].get('gpu', '?')}, {doc['env'].get('date', '')}")
     ax1.legend(fontsize=8)
     ax1.grid(axis="y", alpha=0.3)
-    speedups = [(b, [speedup(r, b) for r in rows]) for b in (*_present_baselines(rows), H800_LABEL)]
+    speedups = [(b, [speedup(r, b) for r in rows]) for b in (*_present_baselines(rows), H800_LABEL)
+                if b != H800_LABEL or any(r.get("h800_published_tflops") for r in rows)]
     for name, values in speedups:
         ax2.plot(x, [v if v is not None else float("nan") for v in values], marker="o", linestyle="none",
                  label=f"vs {LABELS[name]}", color=COLORS[name])
@@ -359,7 +462,13 @@ TARGETS = """Targets (issues 4 and 5): every published shape at or above its H80
 >= 1,500 TFLOPS; geometric mean >= 1.3x block-scaled cuBLAS over the dense table; M <= 128 dense shapes at >= 80%
 of HBM bandwidth (bytes = A + B + scales + D once each); contiguous >= 1,346 / 1,214 TFLOPS, masked >= its rows
 below; a contiguous call with 50% padding rows within 10% of the same call without them (the
-`(+4096 pad rows each)` row of the contiguous table against its unpadded twin)."""
+`(+4096 pad rows each)` row of the contiguous table against its unpadded twin).
+
+Issue 7 (families `quant` and `moe`): the fused quantisation kernels (per-token with M-major scales, per-block,
+SiLU·mul + quantise) at >= 80% of the H200's 4.8 TB/s (bytes = input read + e4m3 output + scales written once
+each), bit-exact with the plain-torch path, and faster than it; the MoE layer (E = 256, top-8, H = 7168,
+I = 2048, T in {1, 16, 128, 1024, 4096}) against the bf16 PyTorch layer and a per-expert loop of block-scaled
+`torch._scaled_mm`, with calc_diff against the bf16 layer."""
 
 
 def write_summary(results_dir: Path | str = RESULTS_DIR, summary: Path | str = SUMMARY, plots: bool = False) -> Path:
@@ -373,13 +482,18 @@ def write_summary(results_dir: Path | str = RESULTS_DIR, summary: Path | str = S
             print(f"skipping {path}: {exc}")
     parts = ["# Benchmark results", "",
              "Generated by `python -m bench.report` from `bench/results/*.json`; produce those with "
-             "`python -m bench.bench_dense`, `python -m bench.bench_grouped` or `bash bench/device_check.sh OUTDIR` "
+             "`python -m bench.bench_dense`, `python -m bench.bench_grouped`, `python -m bench.bench_quant`, "
+             "`python -m bench.bench_moe` or `bash bench/device_check.sh OUTDIR` "
              "on a Hopper GPU (see `bench/__init__.py`).", ""]
     if not docs:
         from .timing import METHOD_NOTE
 
-        parts += [f"**Status: {NOT_MEASURED}.** No deep_fp8_gemm kernel has been timed yet; the table below is the "
-                  "bar.", "", TARGETS, "", f"Method (when measured): {METHOD_NOTE}.", ""]
+        parts += [f"**Status: {NOT_MEASURED}.** No deep_fp8_gemm kernel has been timed yet: not the GEMMs (families "
+                  "`dense-*`, `contiguous`, `masked`), not the fused quantisation kernels (`quant`: per-token, "
+                  "per-block, SiLU·mul + quantise against their bytes-moved floor and the plain-torch path), not the "
+                  "MoE layer (`moe`: against the bf16 PyTorch layer and a per-expert block-scaled `torch._scaled_mm` "
+                  "loop). The table below is the GEMMs' bar.", "", TARGETS, "",
+                  f"Method (when measured): {METHOD_NOTE}.", ""]
     else:
         parts += ["Machine: " + env_line(docs[0]["env"]), ""]
         for doc in docs:

@@ -132,7 +132,96 @@ class MaskedShape:
         return _operand_bytes(self.valid_m, self.n, self.k, self.num_groups)
 
 
-Shape = DenseShape | ContiguousShape | MaskedShape
+@dataclasses.dataclass(frozen=True, order=True)
+class QuantShape:
+    """A fused quantisation kernel on bf16 input (``deep_fp8_gemm.kernels.quant``):
+
+    - ``per_token``: ``[m, k]`` -> e4m3 ``[m, k]`` + 1x128 scales ``[m, ceil(k/128)]`` (M-major);
+    - ``per_block``: ``[m, k]`` (a weight ``[n, k]``, ``m`` = n) -> e4m3 + 128x128 scales;
+    - ``silu_mul``: ``[m, 2k]`` (gate | up, ``k`` = I) -> ``SiLU(gate)·up`` as e4m3 ``[m, k]`` + 1x128 scales.
+
+    Bytes = input read once (bf16) + e4m3 output + fp32 scales written once (the TMA alignment padding of the
+    M-major scales is not counted); FLOPs = 0 (memory-bound by construction)."""
+
+    kind: str
+    m: int
+    k: int
+    family: ClassVar[str] = "quant"
+    KINDS: ClassVar[tuple[str, ...]] = ("per_token", "per_block", "silu_mul")
+
+    def __post_init__(self):
+        if self.kind not in self.KINDS:
+            raise ValueError(f"unknown quantisation kind {self.kind!r}; choose one of {self.KINDS}")
+
+    @property
+    def in_cols(self) -> int:
+        return 2 * self.k if self.kind == "silu_mul" else self.k
+
+    @property
+    def label(self) -> str:
+        if self.kind == "silu_mul":
+            return f"silu_mul m={self.m} I={self.k} (in [{self.m}, {2 * self.k}])"
+        return f"{self.kind} {'n' if self.kind == 'per_block' else 'm'}={self.m} k={self.k}"
+
+    @property
+    def valid_m(self) -> int:
+        return self.m
+
+    def flops(self) -> int:
+        return 0
+
+    def scale_count(self) -> int:
+        rows = _cdiv(self.m, BLOCK) if self.kind == "per_block" else self.m
+        return rows * _cdiv(self.k, BLOCK)
+
+    def bytes(self) -> int:
+        return self.m * self.in_cols * 2 + self.m * self.k + self.scale_count() * 4
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class MoEShape:
+    """One forward of a SwiGLU MoE layer (``deep_fp8_gemm.moe.fp8_moe_forward``): ``tokens`` tokens routed
+    top-``top_k`` (uniformly at random, no slot dropped) over ``num_experts`` experts with hidden size
+    ``hidden`` and expert intermediate size ``inter``.
+
+    FLOPs = ``2 · routed slots · 3·H·I`` (gate+up ``2I x H`` and down ``H x I`` per slot; padding rows not
+    counted). Bytes (a floor, not what the layer moves) = the e4m3 weights + block scales of the experts a
+    uniform routing hits in expectation (``E·(1 - (1 - top_k/E)^T)``), plus ``hidden`` read and the output
+    written once in bf16."""
+
+    tokens: int
+    num_experts: int = 256
+    top_k: int = 8
+    hidden: int = 7168
+    inter: int = 2048
+    family: ClassVar[str] = "moe"
+
+    @property
+    def label(self) -> str:
+        return f"T={self.tokens} E={self.num_experts} top-{self.top_k} H={self.hidden} I={self.inter}"
+
+    @property
+    def valid_m(self) -> int:
+        """Routed (token, expert) slots."""
+        return self.tokens * self.top_k
+
+    def flops(self) -> int:
+        return 2 * self.valid_m * 3 * self.hidden * self.inter
+
+    def expected_active_experts(self) -> float:
+        return self.num_experts * (1.0 - (1.0 - self.top_k / self.num_experts) ** self.tokens)
+
+    def expert_bytes(self) -> int:
+        """e4m3 ``w13 [2I, H]`` + ``w2 [H, I]`` and their 128x128 block scales, for one expert."""
+        h, i = self.hidden, self.inter
+        scales = _cdiv(2 * i, BLOCK) * _cdiv(h, BLOCK) + _cdiv(h, BLOCK) * _cdiv(i, BLOCK)
+        return 3 * h * i + scales * 4
+
+    def bytes(self) -> int:
+        return round(self.expected_active_experts() * self.expert_bytes()) + 2 * self.tokens * self.hidden * 2
+
+
+Shape = DenseShape | ContiguousShape | MaskedShape | QuantShape | MoEShape
 
 # --- DeepSeek-V3 (ANCHORS.md section 5) -----------------------------------------------------------------
 DEEPSEEK_V3_NK: tuple[tuple[int, int], ...] = (
@@ -187,6 +276,35 @@ def masked_shapes(quick: bool = False) -> list[MaskedShape]:
     return [MaskedShape(g, m, n, k, m_max) for g, m, m_max in sizes for n, k in GROUPED_NK]
 
 
+# --- fused quantisation kernels and the MoE layer (issue 7) ----------------------------------------------
+QUANT_TOKEN_M = (128, 4096, 16384)
+QUANT_K = (2048, 7168)
+MOE_INTER = 2048  # DeepSeek-V3 routed-expert intermediate size (the SiLU·mul kernel's I)
+MOE_TOKENS = (1, 16, 128, 1024, 4096)
+MOE_TOKENS_QUICK = (16, 1024)
+
+
+def quant_shapes(quick: bool = False) -> list[QuantShape]:
+    """per_token: m in {128, 4096, 16384} x k in {2048, 7168}; per_block: the DeepSeek-V3 weights
+    (DEEPSEEK_V3_NK); silu_mul: m in {128, 4096, 16384}, I = 2048. ``quick``: the smallest and largest
+    activations at k = 7168 / I = 2048 and two weights (a small and the largest)."""
+    if quick:
+        token_m, token_k, weights = (128, 16384), (7168,), ((2112, 7168), (7168, 16384))
+    else:
+        token_m, token_k, weights = QUANT_TOKEN_M, QUANT_K, DEEPSEEK_V3_NK
+    shapes = [QuantShape("per_token", m, k) for k in token_k for m in token_m]
+    shapes += [QuantShape("per_block", n, k) for n, k in weights]
+    shapes += [QuantShape("silu_mul", m, MOE_INTER) for m in token_m]
+    return shapes
+
+
+def moe_shapes(quick: bool = False, tokens: tuple[int, ...] | None = None) -> list[MoEShape]:
+    """The issue-7 layer (E=256, top-8, H=7168, I=2048) at T in MOE_TOKENS (``quick``: MOE_TOKENS_QUICK)."""
+    if tokens is None:
+        tokens = MOE_TOKENS_QUICK if quick else MOE_TOKENS
+    return [MoEShape(t) for t in tokens]
+
+
 SMOKE_SHAPES: tuple[Shape, ...] = (
     # Tiny shapes for CPU smoke runs of the benchmark pipeline (``--shapes smoke --device cpu``).
     DenseShape(4, 128, 256),
@@ -239,7 +357,8 @@ def h800_published(shape: Shape) -> float | None:
 def shape_from_dict(d: dict) -> Shape:
     """Inverse of ``{"family": shape.family, **dataclasses.asdict(shape)}`` (used by the report)."""
     fields = {k: v for k, v in d.items() if k != "family"}
-    cls = {"dense": DenseShape, "contiguous": ContiguousShape, "masked": MaskedShape}[d["family"]]
+    cls = {"dense": DenseShape, "contiguous": ContiguousShape, "masked": MaskedShape, "quant": QuantShape,
+           "moe": MoEShape}[d["family"]]
     return cls(**fields)
 
 

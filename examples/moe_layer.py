@@ -30,13 +30,14 @@ FULL = dict(num_experts=256, top_k=8, hidden=7168, inter=2048, tokens=(1, 16, 12
 REDUCED = dict(num_experts=8, top_k=4, hidden=256, inter=128, tokens=(1, 32))
 
 
-def bf16_moe(hidden, topk_ids, topk_weights, w13, w2):
-    """The bf16 PyTorch layer: per-expert matmuls on the routed tokens, fp32 weighted sum, bf16 result."""
-    inter = w13.shape[1] // 2
+def per_expert_moe(hidden, topk_ids, topk_weights, num_experts, expert_ffn):
+    """A per-expert loop MoE layer: ``expert_ffn(e, tokens) -> [len(tokens), H]`` runs expert ``e`` on the token
+    indices routed to it; the results are weighted and summed in fp32 (bf16 result). Dropped slots (-1) are
+    skipped. Shared by the bf16 layer below and ``bench/bench_moe.py``'s block-scaled ``torch._scaled_mm`` loop."""
     out = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)
     flat = topk_ids.flatten()
     order = torch.argsort(flat, stable=True)
-    counts = torch.bincount(flat[flat >= 0], minlength=w13.shape[0]).tolist()
+    counts = torch.bincount(flat[flat >= 0], minlength=num_experts).tolist()
     start = int((flat < 0).sum())  # dropped slots (-1) sort first
     for e, count in enumerate(counts):
         if count == 0:
@@ -44,10 +45,20 @@ def bf16_moe(hidden, topk_ids, topk_weights, w13, w2):
         slots = order[start : start + count]
         start += count
         tokens = slots // topk_ids.shape[1]
-        gate_up = hidden[tokens] @ w13[e].t()
-        y = (F.silu(gate_up[:, :inter]) * gate_up[:, inter:]) @ w2[e].t()
+        y = expert_ffn(e, tokens)
         out.index_add_(0, tokens, y.float() * topk_weights.flatten()[slots, None])
     return out.to(torch.bfloat16)
+
+
+def bf16_moe(hidden, topk_ids, topk_weights, w13, w2):
+    """The bf16 PyTorch layer: per-expert matmuls on the routed tokens, fp32 weighted sum, bf16 result."""
+    inter = w13.shape[1] // 2
+
+    def expert_ffn(e, tokens):
+        gate_up = hidden[tokens] @ w13[e].t()
+        return (F.silu(gate_up[:, :inter]) * gate_up[:, inter:]) @ w2[e].t()
+
+    return per_expert_moe(hidden, topk_ids, topk_weights, w13.shape[0], expert_ffn)
 
 
 def route(num_tokens, num_experts, top_k, device, generator):
