@@ -1,0 +1,59 @@
+// deep_fp8_gemm CPU simulator: host-visible ABI (launch configuration, tensor-map packing).
+// Part of hal/sim.hpp (included from there, in order); see its header for the execution model.
+#pragma once
+
+namespace dfg {
+
+// Same size and alignment as the device TensorMap / CUtensorMap; the simulator's content is SimTensorMap.
+struct alignas(64) TensorMap {
+    u64 opaque[16];
+};
+static_assert(sizeof(TensorMap) == 128, "CUtensorMap is 128 bytes");
+
+namespace sim {
+
+// ================================================================ host-visible ABI (mirrored in Python)
+
+// One launch. Mirrored by deep_fp8_gemm/simulator/runner.py (ctypes LaunchConfig).
+struct LaunchConfig {
+    u32 grid_x;              // CTAs in the grid (a multiple of cluster_x)
+    u32 block_x;             // threads per CTA (<= the kernel's NUM_THREADS)
+    u32 cluster_x;           // CTAs per cluster (1, 2, ..., 8)
+    u32 dynamic_smem_bytes;  // shared memory per CTA
+    u64 max_steps;           // fiber resumptions before the launch is aborted; 0 = unlimited
+    double timeout_s;        // wall-clock limit; 0 = none
+    u32 flags;               // kFlag* bits
+    u32 reserved;            // must be 0
+};
+static_assert(sizeof(LaunchConfig) == 40, "LaunchConfig layout is mirrored in Python");
+static_assert(offsetof(LaunchConfig, max_steps) == 16 && offsetof(LaunchConfig, timeout_s) == 24 &&
+                  offsetof(LaunchConfig, flags) == 32,
+              "LaunchConfig layout is mirrored in Python");
+
+// Fill shared memory with zeros instead of the 0xFF poison (to tell uninitialised reads from other bugs).
+constexpr u32 kFlagZeroSmem = 1u;
+
+// The simulator's content of a TensorMap: the cuTensorMapEncodeTiled arguments of a TensorMapSpec
+// (deep_fp8_gemm/runtime/tensor_map.py), packed by deep_fp8_gemm/simulator/tensor_map_pack.py.
+// Interleave is NONE and element strides are 1, as in TensorMapSpec.
+struct SimTensorMap {
+    u32 magic;             // kTensorMapMagic: tells a packed map from garbage or a GPU-encoded one
+    u32 rank;              // 1..5
+    u32 dtype;             // TmaDtype (CUtensorMapDataType)
+    u32 swizzle;           // TmaSwizzle: 0 none, 1 32B, 2 64B, 3 128B
+    u32 l2_promotion;      // TmaL2Promotion (no effect here)
+    u32 oob_fill;          // TmaOobFill: 0 zeros, 1 NaN
+    u64 global_address;    // host address of element (0, 0, ...)
+    u64 global_dims[5];    // elements, innermost first
+    u64 global_strides[4]; // bytes, dimensions 1..rank-1
+    u16 box_dims[5];       // elements, innermost first
+    u16 reserved[7];
+};
+static_assert(sizeof(SimTensorMap) == sizeof(TensorMap), "SimTensorMap fills a TensorMap exactly");
+static_assert(offsetof(SimTensorMap, global_address) == 24 && offsetof(SimTensorMap, global_dims) == 32 &&
+                  offsetof(SimTensorMap, global_strides) == 72 && offsetof(SimTensorMap, box_dims) == 104,
+              "SimTensorMap layout is mirrored in Python");
+constexpr u32 kTensorMapMagic = 0x54474644u;  // "DFGT"
+
+}  // namespace sim
+}  // namespace dfg

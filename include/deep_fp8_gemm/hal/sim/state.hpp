@@ -1,0 +1,172 @@
+// deep_fp8_gemm CPU simulator: simulator state (launch, CTAs, threads, waits).
+// Part of hal/sim.hpp (included from there, in order); see its header for the execution model.
+#pragma once
+
+namespace dfg::sim::detail {
+
+constexpr u32 kWarpgroupThreads = 128;
+constexpr u32 kMaxSmemBytes = 232448;  // sm_90 opt-in maximum dynamic shared memory per CTA (227 KiB)
+constexpr size_t kFiberStackBytes = 256 * 1024;
+// PTX ISA "Contents of the mbarrier object": tx-count range is [-(2^20 - 1), 2^20 - 1], arrival counts < 2^20.
+constexpr i64 kMaxTxCount = (1 << 20) - 1;
+// Written into an mbarrier's 8 bytes at init: ordinary stores or TMA writes over a live barrier are caught
+// when the barrier is next used.
+constexpr u64 kMbarrierTag = 0xDF8BA5A1DF8BA5A1ull;
+
+enum class WaitKind : u8 { Mbarrier, NamedBarrier, ClusterBarrier, WgmmaGroup, StmatrixWarp };
+
+// What a blocked fiber waits for; the scheduler evaluates it (ready()) without resuming the fiber.
+struct Wait {
+    WaitKind kind;
+    u32 cta;     // CTA whose object is waited on (cluster index for ClusterBarrier)
+    u32 key;     // mbarrier smem offset | named barrier id | warpgroup | warp
+    u32 parity;  // mbarrier parity
+    u64 target;  // generation seen at arrival | wgmma group count that must be committed
+};
+
+// PTX ISA "Parallel Synchronization and Communication Instructions: mbarrier".
+struct Mbarrier {
+    u32 expected;  // arrival count set by mbarrier.init
+    u32 pending;   // arrivals still missing in the current phase
+    i64 tx;        // transaction bytes still missing in the current phase (may go negative transiently)
+    u64 phase;     // number of completed phases; the current phase's parity is phase & 1
+};
+
+// bar.sync barriers (PTX ISA "bar, barrier") and the cluster barrier (PTX ISA "barrier.cluster").
+// The forms without a thread count wait for every thread that has not exited (PTX ISA "exit": an
+// exiting thread releases a barrier it alone was holding up); a count form waits for exactly that many.
+constexpr u32 kAllThreads = ~0u;
+struct ThreadBarrier {
+    u32 expected = 0;  // thread count of the current round, kAllThreads, or 0 when idle
+    u32 arrived = 0;
+    u64 generation = 0;
+};
+
+// stmatrix is warp-collective (.sync.aligned): the 32 lanes' addresses and registers meet here.
+struct WarpRendezvous {
+    u32 arrived = 0;
+    u64 generation = 0;
+    u32 row_offset[32];
+    u32 regs[32][4];
+};
+
+// One wgmma.mma_async of a warpgroup: identical descriptors from all 128 threads, one fragment each.
+struct WgmmaOp {
+    u64 desc_a, desc_b;
+    u32 n;
+    bool scale_d;
+    u32 issued = 0;
+    float* frag[kWarpgroupThreads] = {};
+    std::vector<u32> addr_a, addr_b;  // decoded operand byte offsets, [row * 32 + k]
+    u32 lo_a, hi_a, lo_b, hi_b;       // smem byte ranges [lo, hi) the operands read
+};
+
+struct WgmmaGroup {
+    std::vector<WgmmaOp> ops;
+    u32 committed = 0;  // threads that have committed this group
+};
+
+struct Warpgroup {
+    std::deque<WgmmaGroup> groups;  // issued but not yet executed; groups.front() has index `executed`
+    u64 executed = 0;               // groups executed so far
+    u64 complete = 0;               // groups committed by all 128 threads
+};
+
+struct StoreRecord {
+    u32 offset;                // smem source offset
+    std::vector<u8> snapshot;  // the source bytes at issue
+};
+
+struct Thread {
+    ucontext_t ctx;
+    void* stack = nullptr;
+    u32 cta = 0, tid = 0;
+    bool done = false, blocked = false;
+    Wait wait{};
+    const char* wait_op = "";
+    // wgmma bookkeeping (PTX ISA "wgmma.fence", "wgmma.commit_group", "wgmma.wait_group")
+    u64 wgmma_commits = 0;
+    u32 wgmma_ops_in_open_group = 0;
+    bool wgmma_fenced = false;
+    // bulk async-groups of TMA stores (PTX ISA "cp.async.bulk.commit_group", "cp.async.bulk.wait_group")
+    std::vector<StoreRecord> open_stores;
+    std::deque<std::vector<StoreRecord>> committed_stores;
+    std::vector<i32> setmaxnreg_log;  // +regs for inc, -regs for dec
+};
+
+struct Cta {
+    u8* smem = nullptr;
+    std::unordered_map<u32, Mbarrier> mbarriers;  // keyed by smem offset
+    ThreadBarrier named[16];
+    u32 live = 0;  // threads not exited
+    std::vector<WarpRendezvous> warps;
+    std::vector<Warpgroup> warpgroups;
+};
+
+// A TMA load between issue and landing (see land_tma_loads).
+struct PendingLoad {
+    SimTensorMap map;  // a copy: the kernel may reuse the memory of its TensorMap
+    i32 c[3];
+    u32 first_cta, cta_mask, offset, bar_offset;
+};
+
+struct Launch {
+    LaunchConfig cfg{};
+    void (*entry)(const void*) = nullptr;
+    const void* params = nullptr;
+    size_t smem_alloc = 0;
+    std::vector<Cta> ctas;
+    struct Cluster {
+        ThreadBarrier barrier;
+        u32 live = 0;  // threads of the cluster not exited
+    };
+    std::vector<Cluster> clusters;
+    std::vector<std::unique_ptr<Thread>> threads;
+    ucontext_t scheduler;
+    Thread* current = nullptr;
+    bool failed = false;
+    std::string error;
+    std::vector<PendingLoad> pending_loads;
+    std::vector<float> scratch;  // decoded wgmma operands
+    bool in_fiber = false;       // a fiber is running (the fault handler may abandon it)
+    int fault_signal = 0;
+    void* fault_address = nullptr;
+};
+
+inline Launch* g_launch = nullptr;
+inline std::string g_last_error;
+
+inline Launch& L() { return *g_launch; }
+inline Thread& me() { return *g_launch->current; }
+inline Cta& my_cta() { return g_launch->ctas[me().cta]; }
+
+inline std::string format(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+inline std::string format(const char* fmt, ...) {
+    char buf[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    return buf;
+}
+
+// Records the error for the current thread and abandons the launch: control returns to the scheduler and
+// this fiber is never resumed (its stack is unmapped with the others).
+[[noreturn]] inline void fail(const std::string& what) {
+    Launch& l = L();
+    Thread& t = me();
+    l.failed = true;
+    l.error = format("cta %u thread %u (warp %u lane %u): ", t.cta, t.tid, t.tid / 32, t.tid % 32) + what;
+    swapcontext(&t.ctx, &l.scheduler);
+    __builtin_unreachable();
+}
+
+inline void block(const Wait& w, const char* op) {
+    Thread& t = me();
+    t.wait = w;
+    t.wait_op = op;
+    t.blocked = true;
+    swapcontext(&t.ctx, &L().scheduler);  // resumed only once ready(w) holds
+}
+
+}  // namespace dfg::sim::detail

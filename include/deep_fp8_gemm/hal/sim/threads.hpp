@@ -1,0 +1,182 @@
+// deep_fp8_gemm CPU simulator: the thread-facing operations the hal wraps.
+// Part of hal/sim.hpp (included from there, in order); see its header for the execution model.
+#pragma once
+
+namespace dfg::sim::detail {
+
+// ---------------------------------------------------------------- thread-facing operations (hal wraps them)
+
+inline void sync_threads() {
+    Cta& c = my_cta();
+    thread_barrier_sync(c.named[0], kAllThreads, c.live, WaitKind::NamedBarrier, me().cta, 0, "sync_threads");
+}
+
+inline void named_barrier_sync(u32 id, u32 num_threads) {
+    const char* what = "named_barrier_sync";
+    if (id >= 16) fail(format("%s: barrier id %u is not in 0..15", what, id));
+    if (num_threads == 0 || num_threads % 32 || num_threads > L().cfg.block_x)
+        fail(format("%s(%u): thread count %u must be a positive multiple of 32 <= %u", what, id, num_threads,
+                    L().cfg.block_x));
+    Cta& c = my_cta();
+    thread_barrier_sync(c.named[id], num_threads, c.live, WaitKind::NamedBarrier, me().cta, id, what);
+}
+
+inline void cluster_sync() {
+    const u32 index = me().cta / L().cfg.cluster_x;
+    Launch::Cluster& cluster = L().clusters[index];
+    thread_barrier_sync(cluster.barrier, kAllThreads, cluster.live, WaitKind::ClusterBarrier, index, 0,
+                        "cluster_sync");
+}
+
+inline void mbar_init(u64* bar, u32 arrive_count) {
+    const u32 offset = mbarrier_offset(bar, "mbar_init");
+    if (arrive_count == 0 || arrive_count > u32(kMaxTxCount))
+        fail(format("mbar_init: arrive count %u must be in [1, 2^20-1]", arrive_count));
+    my_cta().mbarriers[offset] = Mbarrier{arrive_count, arrive_count, 0, 0};
+    std::memcpy(bar, &kMbarrierTag, 8);
+}
+
+inline void mbar_arrive_cluster(u64* bar, u32 cta_rank) {
+    const u32 cluster_x = L().cfg.cluster_x;
+    if (cta_rank >= cluster_x)
+        fail(format("mbar_arrive_cluster: cta rank %u outside the cluster of %u CTAs", cta_rank, cluster_x));
+    const u32 target = me().cta / cluster_x * cluster_x + cta_rank;
+    mbarrier_arrive(target, mbarrier_offset(bar, "mbar_arrive_cluster"), 0, "mbar_arrive_cluster");
+}
+
+inline void mbar_wait(u64* bar, u32 parity) {
+    const u32 offset = mbarrier_offset(bar, "mbar_wait");
+    const Mbarrier& mb = mbarrier_at(me().cta, offset, "mbar_wait");
+    if ((mb.phase & 1) != (parity & 1)) return;
+    block(Wait{WaitKind::Mbarrier, me().cta, offset, parity & 1, 0}, "mbar_wait");
+}
+
+inline void tma_store(const TensorMap* map, const void* src, i32 c0, i32 c1, i32 c2) {
+    const char* what = "tma_store_3d";
+    const Box box(tensor_map(map, what), c0, c1, c2);
+    const u32 offset = smem_offset(src, what);
+    box.check_smem(offset, what);
+    const u8* smem = my_cta().smem;
+    for (u32 row = 0; row < box.rows; ++row) {
+        u8* g = const_cast<u8*>(box.row_global(row));
+        if (!g) continue;
+        for (u32 x = 0; x < box.map.box_dims[0]; ++x) {
+            if (!box.x_in_bounds(x)) continue;
+            const u32 s = swizzle(offset + row * box.row_bytes + x * box.eb, box.swz);
+            std::memcpy(g + (i64(c0) + x) * box.eb, smem + s, box.eb);
+        }
+    }
+    me().open_stores.push_back(StoreRecord{offset, std::vector<u8>(smem + offset, smem + offset + box.footprint)});
+}
+
+inline void tma_store_commit() {
+    Thread& t = me();
+    t.committed_stores.push_back(std::move(t.open_stores));
+    t.open_stores.clear();
+}
+
+inline void tma_store_wait_read(u32 n) {
+    Thread& t = me();
+    while (t.committed_stores.size() > n) {
+        for (const StoreRecord& r : t.committed_stores.front())
+            if (std::memcmp(my_cta().smem + r.offset, r.snapshot.data(), r.snapshot.size()) != 0)
+                fail(format("shared-memory source [%#x, %#zx) of a TMA store was overwritten before "
+                            "tma_store_wait_read / tma_store_wait_all released it",
+                            r.offset, r.offset + r.snapshot.size()));
+        t.committed_stores.pop_front();
+    }
+}
+
+inline WgmmaGroup& wgmma_open_group(Warpgroup& wg, u64 g) {
+    while (wg.executed + wg.groups.size() <= g) wg.groups.emplace_back();
+    return wg.groups[g - wg.executed];
+}
+
+inline void wgmma_issue(u32 n, u64 desc_a, u64 desc_b, float* d, bool scale_d) {
+    Thread& t = me();
+    Warpgroup& wg = my_warpgroup("wgmma");
+    if (!t.wgmma_fenced) fail("wgmma issued without wgmma_fence since the last wgmma_wait (PTX ISA wgmma.fence)");
+    const u64 g = t.wgmma_commits;
+    WgmmaGroup& group = wgmma_open_group(wg, g);
+    const u32 k = t.wgmma_ops_in_open_group++;
+    if (k == group.ops.size()) {
+        WgmmaOp op;
+        op.desc_a = desc_a;
+        op.desc_b = desc_b;
+        op.n = n;
+        op.scale_d = scale_d;
+        decode_operand(desc_a, 64, op.addr_a, op.lo_a, op.hi_a, "A");
+        decode_operand(desc_b, n, op.addr_b, op.lo_b, op.hi_b, "B");
+        group.ops.push_back(std::move(op));
+    }
+    WgmmaOp& op = group.ops[k];
+    if (op.desc_a != desc_a || op.desc_b != desc_b || op.n != n || op.scale_d != scale_d)
+        fail(format("wgmma is warpgroup-collective but this thread's operands differ from its warpgroup's: "
+                    "(desc_a %#llx, desc_b %#llx, N %u, scale_d %d) vs (%#llx, %#llx, %u, %d) in wgmma %u of group "
+                    "%llu",
+                    static_cast<unsigned long long>(desc_a), static_cast<unsigned long long>(desc_b), n, scale_d,
+                    static_cast<unsigned long long>(op.desc_a), static_cast<unsigned long long>(op.desc_b), op.n,
+                    op.scale_d, k, static_cast<unsigned long long>(g)));
+    op.frag[t.tid % kWarpgroupThreads] = d;
+    ++op.issued;
+}
+
+inline void wgmma_commit() {
+    Thread& t = me();
+    Warpgroup& wg = my_warpgroup("wgmma_commit");
+    const u64 g = t.wgmma_commits;
+    WgmmaGroup& group = wgmma_open_group(wg, g);
+    if (t.wgmma_ops_in_open_group != group.ops.size())
+        fail(format("wgmma_commit: this thread issued %u wgmma in group %llu, its warpgroup issued %zu",
+                    t.wgmma_ops_in_open_group, static_cast<unsigned long long>(g), group.ops.size()));
+    ++t.wgmma_commits;
+    t.wgmma_ops_in_open_group = 0;
+    if (++group.committed < kWarpgroupThreads) return;
+    for (u32 k = 0; k < group.ops.size(); ++k)  // a thread may have committed before others issued more
+        if (group.ops[k].issued != kWarpgroupThreads)
+            fail(format("wgmma_commit: only %u of 128 threads issued wgmma %u of group %llu", group.ops[k].issued, k,
+                        static_cast<unsigned long long>(g)));
+    wg.complete = g + 1;
+}
+
+inline void wgmma_wait(u32 n) {
+    Thread& t = me();
+    Warpgroup& wg = my_warpgroup("wgmma_wait");
+    t.wgmma_fenced = false;
+    if (t.wgmma_commits <= n) return;
+    const u64 target = t.wgmma_commits - n;  // groups [0, target) must be complete
+    if (wg.complete < target)
+        block(Wait{WaitKind::WgmmaGroup, t.cta, t.tid / kWarpgroupThreads, 0, target}, "wgmma_wait");
+    while (wg.executed < target) {
+        for (const WgmmaOp& op : wg.groups.front().ops) execute(op, my_cta().smem);
+        wg.groups.pop_front();
+        ++wg.executed;
+    }
+}
+
+inline void stmatrix_x4(void* row_ptr, const u32 (&regs)[4]) {
+    const char* what = "stmatrix_x4";
+    const u32 offset = smem_offset(row_ptr, what);
+    if (offset % 16) fail(format("%s: row address smem+%#x is not 16-byte aligned", what, offset));
+    check_smem_range(offset, 16, what);
+    Thread& t = me();
+    WarpRendezvous& w = my_cta().warps[t.tid / 32];
+    const u32 lane = t.tid % 32;
+    w.row_offset[lane] = offset;
+    std::memcpy(w.regs[lane], regs, sizeof regs);
+    const u64 generation = w.generation;
+    if (++w.arrived < 32) {
+        block(Wait{WaitKind::StmatrixWarp, t.cta, t.tid / 32, 0, generation}, what);
+        return;
+    }
+    u8* smem = my_cta().smem;
+    for (u32 l = 0; l < 32; ++l) {
+        const u32 matrix = l / 8, row = l % 8;
+        check_no_mbarrier_overlap(t.cta, w.row_offset[l], 16, what);
+        for (u32 c = 0; c < 4; ++c) std::memcpy(smem + w.row_offset[l] + 4 * c, &w.regs[row * 4 + c][matrix], 4);
+    }
+    w.arrived = 0;
+    ++w.generation;
+}
+
+}  // namespace dfg::sim::detail

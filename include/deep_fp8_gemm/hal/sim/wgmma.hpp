@@ -1,0 +1,86 @@
+// deep_fp8_gemm CPU simulator: wgmma descriptor decoding and execution.
+// Part of hal/sim.hpp (included from there, in order); see its header for the execution model.
+#pragma once
+
+namespace dfg::sim::detail {
+
+// ---------------------------------------------------------------- wgmma descriptors
+// Shared-memory matrix descriptor (PTX ISA "Matrix Descriptor Format"; CuTe GmmaDescriptor in
+// cute/arch/mma_sm90_desc.hpp): start address >> 4 in bits [0,14), leading byte offset >> 4 in [16,30),
+// stride byte offset >> 4 in [32,46), base offset in [49,52), layout type in [62,64) (0 interleave,
+// 1 128B, 2 64B, 3 32B swizzle); the other bits are reserved.
+constexpr u64 kDescReservedBits = (3ull << 14) | (3ull << 30) | (7ull << 46) | (0x3FFull << 52);
+
+// Byte offsets of the `rows` x 32 e4m3 operand, K-major (FP8 wgmma reads both operands K-major). Following
+// make_gmma_desc<Major::K>'s canonical layouts (mma_traits_sm90_gmma.hpp) in bytes (T = 16 fp8):
+//   INTERLEAVE: ((8,m),(16,2)):((16,SBO),(1,LBO))       core matrices 8 rows x 16 B
+//   SW32/64/128: ((8,m),(16,2)):((W*16,SBO),(1,16))      rows of W*16 B, 8-row groups SBO apart
+// then the swizzle Swizzle<log2 W,4,3> is applied to the shared-memory address itself, so a k32 slice at
+// start + 32*j of a 128-byte swizzled row reads what TMA wrote for those K elements.
+inline void decode_operand(u64 desc, u32 rows, std::vector<u32>& addr, u32& lo, u32& hi, const char* which) {
+    if (desc & kDescReservedBits)
+        fail(format("wgmma: descriptor %s %#llx sets reserved bits %#llx", which, static_cast<unsigned long long>(desc),
+                    static_cast<unsigned long long>(desc & kDescReservedBits)));
+    const u32 start = u32(desc & 0x3FFF) << 4;
+    const u32 lbo = u32((desc >> 16) & 0x3FFF) << 4;
+    const u32 sbo = u32((desc >> 32) & 0x3FFF) << 4;
+    const u32 base_offset = u32((desc >> 49) & 7);
+    const u32 layout = u32(desc >> 62);
+    if (base_offset != 0)
+        fail(format("wgmma: descriptor %s %#llx has base offset %u; only 0 (pattern-aligned tiles) is modelled",
+                    which, static_cast<unsigned long long>(desc), base_offset));
+    const u32 bits = layout == 0 ? 0 : 4 - layout;  // 1 -> 3 (128B), 2 -> 2 (64B), 3 -> 1 (32B)
+    const u32 row_pitch = 16u << bits;
+    const u32 smem_bytes = L().cfg.dynamic_smem_bytes;
+    addr.resize(size_t(rows) * 32);
+    lo = ~0u;
+    hi = 0;
+    for (u32 r = 0; r < rows; ++r)
+        for (u32 k = 0; k < 32; ++k) {
+            u32 a = start + (r / 8) * sbo;
+            a += layout == 0 ? (r % 8) * 16 + (k / 16) * lbo + k % 16 : (r % 8) * row_pitch + k;
+            a = swizzle(a, bits);
+            if (a >= smem_bytes)
+                fail(format("wgmma: descriptor %s %#llx reads element (row %u, k %u) at smem+%#x, outside the %#x "
+                            "bytes of shared memory",
+                            which, static_cast<unsigned long long>(desc), r, k, a, smem_bytes));
+            addr[r * 32 + k] = a;
+            lo = a < lo ? a : lo;
+            hi = a + 1 > hi ? a + 1 : hi;
+        }
+}
+
+// Accumulator fragment of .m64nNk32 with f32 D (PTX ISA "Register Fragments", figure "WGMMA .m64nNk32
+// register fragment layout for accumulator matrix D"; CuTe CLayout_64xN): thread t = 32 w + l holds in
+// value i row 16 w + l/4 + 8 ((i/2) % 2), column 8 (i/4) + 2 (l%4) + i%2.
+inline u32 frag_row(u32 t, u32 i) { return 16 * (t / 32) + (t % 32) / 4 + 8 * ((i / 2) % 2); }
+inline u32 frag_col(u32 t, u32 i) { return 8 * (i / 4) + 2 * (t % 4) + i % 2; }
+
+inline void execute(const WgmmaOp& op, const u8* smem) {
+    const u32 n = op.n;
+    std::vector<float>& s = L().scratch;
+    s.resize(size_t(64 + n) * 32);
+    float* a = s.data();
+    float* b = a + 64 * 32;
+    for (u32 i = 0; i < 64 * 32; ++i) a[i] = g_e4m3.value[smem[op.addr_a[i]]];
+    for (u32 i = 0; i < n * 32; ++i) b[i] = g_e4m3.value[smem[op.addr_b[i]]];
+    for (u32 t = 0; t < kWarpgroupThreads; ++t) {
+        float* d = op.frag[t];
+        for (u32 i = 0; i < n / 2; ++i) {
+            const float* ar = a + frag_row(t, i) * 32;
+            const float* br = b + frag_col(t, i) * 32;
+            float dot = 0.f;
+            for (u32 k = 0; k < 32; ++k) dot += ar[k] * br[k];
+            d[i] = op.scale_d ? d[i] + dot : dot;
+        }
+    }
+}
+
+inline Warpgroup& my_warpgroup(const char* what) {
+    const u32 wg = me().tid / kWarpgroupThreads;
+    if ((wg + 1) * kWarpgroupThreads > L().cfg.block_x)
+        fail(format("%s: thread is in an incomplete warpgroup (block has %u threads)", what, L().cfg.block_x));
+    return my_cta().warpgroups[wg];
+}
+
+}  // namespace dfg::sim::detail
