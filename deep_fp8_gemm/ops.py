@@ -212,8 +212,9 @@ def m_grouped_gemm_fp8_fp8_bf16_nt_contiguous(
         rhs: ``(B, sB)``: B ``[G, n, k]`` float8_e4m3fn, K-major; sB ``[G, ceil(n/128), ceil(k/128)]`` float32.
         out: ``[m_sum, n]`` bfloat16, row-major, written in place.
         m_indices: ``[m_sum]`` int32 on the same device, expert of each row in ``[0, G)``, or -1 for a padding
-            row whose output is unspecified. Never read on the host by the CUDA path (values out of range are
-            undefined behaviour there; the CPU path raises ``ValueError``).
+            row whose output is unspecified. Never read on the host by the CUDA path: there an expert id
+            ``>= G`` makes the kernel trap (the launch fails; the CUDA context is lost), and the CPU path raises
+            ``ValueError``.
 
     Same alignment rules, errors and dispatch as :func:`gemm_fp8_fp8_bf16_nt`.
     """
