@@ -69,8 +69,12 @@ done
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${PYTHON:-python3}"
+# A relative OUTDIR is relative to the caller's directory, not to the repository we cd into below.
+case "$OUTDIR" in /*) ;; *) OUTDIR="$PWD/$OUTDIR" ;; esac
 cd "$REPO" || exit 2
 export PYTHONUNBUFFERED=1
+# No network: pip's self version check (run by `pip list`) could otherwise wait on connection timeouts.
+export PIP_DISABLE_PIP_VERSION_CHECK=1
 
 # name | planned time limit (s) | command  (the command is eval'ed with $OUTDIR, $PY, $QUICK set)
 PLAN=(
@@ -212,7 +216,7 @@ if torch.cuda.is_available():
     print("device", p.name, f"sm_{p.major}{p.minor}", p.multi_processor_count, "SMs", round(p.total_memory / 2**30, 1), "GiB",
           "L2", getattr(p, "L2_cache_size", "?"))
 EOF
-    echo; echo "== packages"; "$PY" -m pip list 2>/dev/null | grep -i -E '^(torch|numpy|cuda|nvidia|triton|matplotlib|pytest|hypothesis|setuptools) '
+    echo; echo "== packages"; timeout 30 "$PY" -m pip list 2>/dev/null | grep -i -E '^(torch|numpy|cuda|nvidia|triton|matplotlib|pytest|hypothesis|setuptools) '
 } > "$OUTDIR/env.txt" 2>&1
 record env ok $(( SECONDS - ENV_T0 )) env.txt
 

@@ -212,7 +212,10 @@ def _cublas(call: dict) -> Callable[[], list[torch.Tensor]] | None:
         for g, c in enumerate(call["counts"]):
             if c:
                 rows = torch.nonzero(idx == g).squeeze(1)
-                parts.append(prep(call["a"][rows], call["sa"][rows], call["b"][g], call["sb"][g]))
+                # Gather the e4m3 rows through a uint8 view: CUDA advanced indexing ("index_cuda") is not
+                # implemented for float8 dtypes, and this runs outside fn()'s try below.
+                a_rows = call["a"].view(torch.uint8).index_select(0, rows).view(call["a"].dtype)
+                parts.append(prep(a_rows, call["sa"][rows], call["b"][g], call["sb"][g]))
     else:
         parts = [prep(call["a"][g, :c], call["sa"][g, :c], call["b"][g], call["sb"][g])
                  for g, c in enumerate(call["counts"]) if c]

@@ -11,8 +11,7 @@ import dataclasses
 import math
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from tests._hypothesis import given, settings, st  # stand-ins (skips) without hypothesis
 
 from deep_fp8_gemm.config import SMEM_LIMIT, GemmConfig, check_config, get_config, smem_bytes
 

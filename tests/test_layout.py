@@ -129,6 +129,8 @@ def test_route_topk_edge_cases_and_errors():
         route_topk(torch.tensor([[0]]), 0)
 
 
+# Marked gpu so that the device check's `pytest -m gpu tests` runs it (unmarked, -m gpu deselected it).
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: CPU/CUDA equality not checkable")
 def test_route_topk_same_on_cuda():
     ids = torch.randint(-1, 16, (300, 8))
