@@ -6,9 +6,11 @@
 // Warp roles (kNumThreads = 128 * (kNumMathWarpgroups + 1)):
 //   threads [0, 128 * kNumMathWarpgroups)   math warpgroups; warpgroup w owns tile rows
 //                                           [w * kWgRows, (w + 1) * kWgRows), kWavesM m64 slices.
-//                                           setmaxnreg.inc to kMathRegisters.
+//                                           setmaxnreg.inc to kMathRegisters (232 with two math
+//                                           warpgroups, 240 with one).
 //   last 128 threads                        producer warpgroup; one thread issues every TMA load.
-//                                           setmaxnreg.dec to kProducerRegisters.
+//                                           setmaxnreg.dec to kProducerRegisters (40). The audit
+//                                           checks that the launch allocation fits this split.
 //
 // Barriers (shared memory, one pair per stage):
 //   full[s]   producer -> math. Arrive count 1 (the producer's arrive.expect_tx) + transaction bytes
@@ -18,12 +20,13 @@
 //             because a multicasting peer writes into this CTA's stage s too.
 //   named barriers 1 + w: the 128 threads of math warpgroup w around the epilogue's shared tile.
 //
-// Shared memory (dynamic, 1024-byte aligned; offsets in SmemLayout, total kSmemBytes):
+// Shared memory (dynamic, 1024-byte aligned; offsets kSmem* below, total kSmemBytes, equal to
+// deep_fp8_gemm.config.smem_bytes by static_assert):
 //   D tile (bf16, BLOCK_N/16 swizzled 16-column chunks) | A stages | B stages | sA stages | barriers
 //
-// Math per 128-wide K block: 4 x wgmma m64nBLOCK_Nk32 into a scratch accumulator (scale-d = 0 on the
-// first), wait, release the stage, then promote on the CUDA cores: acc += scratch * sA[row] * sB[col
-// block]. The tensor cores never sum more than 128 products, which keeps FP8 GEMMs accurate
+// Math per 128-wide K block and m64 wave: 4 x wgmma m64nBLOCK_Nk32 into a scratch accumulator (scale-d = 0
+// on the first), wait, release the stage (after the last wave), then promote on the CUDA cores:
+// acc += scratch * sA[row] * sB[col block], the sB values loaded one K block ahead. The tensor cores never sum more than 128 products, which keeps FP8 GEMMs accurate
 // (their internal accumulator keeps ~14 bits of alignment; see ANCHORS.md, "two-level accumulation").
 #pragma once
 #include "../common.cuh"
@@ -37,7 +40,7 @@
 
 namespace dfg {
 
-// The kernel's single parameter. Byte layout mirrored by deep_fp8_gemm/kernels/gemm.py (_GemmParams).
+// The kernel's single parameter. Byte layout mirrored by deep_fp8_gemm/kernels/gemm.py (pack_params).
 struct GemmParams {
     TensorMap tma_a;            // A  [G][rows][K] e4m3: dims (K, rows, G), box (128, A rows per load, 1), SW128
     TensorMap tma_b;            // B  [G][N][K]    e4m3: dims (K, N, G),    box (128, B rows per load, 1), SW128
