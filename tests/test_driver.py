@@ -321,6 +321,20 @@ def test_tensor_map_cache_hit_skips_the_driver(fake):
     assert drv.tensor_map_cache(a) == first  # the module-level cache works the same way
 
 
+def test_tensor_map_cache_lookup_by_argument_tuple(fake):
+    """The GEMM launch path keys by the spec's argument tuple and builds the spec only on a miss."""
+    from deep_fp8_gemm.runtime.tensor_map import TensorMapSpec
+
+    cache = drv.TensorMapCache()
+    spec = spec_fp8_3d()
+    args = (spec.dtype, spec.global_address, spec.global_dims, spec.global_strides, spec.box_dims, spec.swizzle)
+    assert TensorMapSpec(*args) == spec
+    first = cache.lookup(args, args)
+    assert cache.lookup(args, args) == first
+    assert len(fake.calls["cuTensorMapEncodeTiled"]) == 1 and (cache.hits, cache.misses) == (1, 1)
+    assert cache.get(spec) == first  # same encoding whichever key found it
+
+
 # ---------------------------------------------------------------------------------------- kernels
 def test_load_kernel_once_per_device_cubin_and_name(fake):
     cubin = b"\x7fELF fake cubin"

@@ -160,30 +160,14 @@ def _cuda_kernel(cfg: GemmConfig, device: int):
     return driver.load_kernel(compiled.cubin, compiled.name, device, key=compiled.key)
 
 
-_ENCODED_MAPS: dict[MapArgs, bytes] = {}
-_ENCODED_MAPS_LIMIT = 4096
-
-
-def _encoded_map(args: MapArgs) -> bytes:
-    """Driver-encoded tensor map, cached by its arguments (weights always hit; activations whenever the
-    caching allocator hands back the same address)."""
-    encoded = _ENCODED_MAPS.get(args)
-    if encoded is None:
-        from ..runtime import driver
-
-        encoded = driver.encode_tensor_map(TensorMapSpec(*args))
-        if len(_ENCODED_MAPS) >= _ENCODED_MAPS_LIMIT:
-            _ENCODED_MAPS.clear()
-        _ENCODED_MAPS[args] = encoded
-    return encoded
-
-
 def _launch_cuda(cfg, a, sa, b, sb, d, grouped_layout, rows) -> None:
     from ..runtime import driver
 
     device = a.device.index if a.device.index is not None else torch.cuda.current_device()
     kernel = _cuda_kernel(cfg, device)
-    maps = [_encoded_map(args) for args in tensor_map_args(cfg, a, sa, b, d)]
+    # Keyed by the argument tuples: weights always hit, activations whenever the caching allocator hands
+    # back the same address; no spec objects are built on a hit.
+    maps = [driver.tensor_map_cache.lookup(args, args) for args in tensor_map_args(cfg, a, sa, b, d)]
     params = pack_params(maps, sb, grouped_layout, rows)
     driver.launch(kernel, params, grid=cfg.grid_size, block=cfg.num_threads, cluster=cfg.cluster_size,
                   smem_bytes=cfg.smem_bytes, stream=torch.cuda.current_stream(device).cuda_stream)

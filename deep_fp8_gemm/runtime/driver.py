@@ -448,7 +448,9 @@ def _encode_with_ctypes(spec: TensorMapSpec) -> bytes:
 
 
 class TensorMapCache:
-    """Bounded LRU of encoded tensor maps, keyed by the (frozen, hashable) :class:`TensorMapSpec`.
+    """Bounded LRU of encoded tensor maps, keyed by the (frozen, hashable) :class:`TensorMapSpec` or by
+    the tuple of its constructor arguments (:meth:`lookup`, for per-call launch code that should not
+    build spec objects on a hit).
 
     The encoding is a pure function of the spec (address included), so a hit is always correct,
     even when a freed tensor's address is reused by a tensor of the same shape. Thread-safe.
@@ -459,23 +461,30 @@ class TensorMapCache:
             raise ValueError(f"TensorMapCache maxsize must be >= 1, got {maxsize}")
         self.maxsize = maxsize
         self._encode = encode  # None: module-level encode_tensor_map, looked up per miss (patchable)
-        self._entries: collections.OrderedDict[TensorMapSpec, bytes] = collections.OrderedDict()
+        self._entries: collections.OrderedDict[object, bytes] = collections.OrderedDict()
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
 
     def get(self, spec: TensorMapSpec) -> bytes:
         """The encoded map of ``spec``; calls the driver only on a miss."""
+        return self.lookup(spec, spec)
+
+    def lookup(self, key: object, spec: TensorMapSpec | tuple) -> bytes:
+        """The encoded map cached under ``key``; on a miss ``spec`` (a :class:`TensorMapSpec`, or the tuple
+        of its constructor arguments) is encoded."""
         with self._lock:
-            data = self._entries.get(spec)
+            data = self._entries.get(key)
             if data is not None:
-                self._entries.move_to_end(spec)
+                self._entries.move_to_end(key)
                 self.hits += 1
                 return data
+        if not isinstance(spec, TensorMapSpec):
+            spec = TensorMapSpec(*spec)
         data = (self._encode or encode_tensor_map)(spec)
         with self._lock:
             self.misses += 1
-            self._entries[spec] = data
+            self._entries[key] = data
             if len(self._entries) > self.maxsize:
                 self._entries.popitem(last=False)
         return data
