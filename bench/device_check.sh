@@ -17,7 +17,8 @@
 #   3. pip install --no-index --no-deps --no-build-isolation -e .  (falls back to PYTHONPATH if it fails,
 #      and says so).
 #   4. python -m deep_fp8_gemm precompile (JIT cache fill) in the background, overlapping step 5.
-#   5. python -m pytest -q -m gpu tests
+#   5. python -m pytest -v -m gpu tests (verbose: pytest names each test as it starts, so if a kernel hangs
+#      until the step's timeout, the log ends with the test that hung)
 #   6. benchmarks in --quick mode: dense deepseek-v3, dense decode, grouped contiguous, grouped masked
 #      (each given a --time-budget so it stops starting new shapes in time, and writes results as it goes);
 #      then, best-effort, the fused quantisation kernels (bench-quant, <= 30 s) and the MoE layer
@@ -80,7 +81,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 PLAN=(
     "install|40|$PY -m pip install --no-index --no-deps --no-build-isolation -e ."
     "precompile|150|$PY -m deep_fp8_gemm precompile   (background, overlaps gpu-tests)"
-    "gpu-tests|150|$PY -m pytest -q -m gpu tests -p no:cacheprovider --junitxml=OUTDIR/junit.xml"
+    "gpu-tests|150|$PY -m pytest -v -m gpu tests -p no:cacheprovider --durations=15 --junitxml=OUTDIR/junit.xml"
     "bench-dense|70|$PY -m bench.bench_dense --shapes deepseek-v3 $QUICK --out OUTDIR/results"
     "bench-decode|75|$PY -m bench.bench_dense --shapes decode $QUICK --no-host-overhead --out OUTDIR/results"
     "bench-contiguous|60|$PY -m bench.bench_grouped --kind contiguous $QUICK --out OUTDIR/results"
@@ -245,7 +246,7 @@ if [ "$PRECOMPILE" = 1 ] && [ "$PRE_LIMIT" -ge 10 ]; then
     PRE_PID=$!
 fi
 
-run_step gpu-tests 150 270 "$PY" -m pytest -q -m gpu tests -p no:cacheprovider --junitxml="$OUTDIR/junit.xml"
+run_step gpu-tests 150 270 "$PY" -m pytest -v -m gpu tests -p no:cacheprovider --durations=15 --junitxml="$OUTDIR/junit.xml"
 TEST_RC=$?
 case $TEST_RC in
     0) if case "$SKIP" in *",gpu-tests,"*) true ;; *) false ;; esac; then TESTS="skipped (--skip)"
