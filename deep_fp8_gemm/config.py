@@ -32,11 +32,12 @@ CONTIGUOUS_ALIGNMENT = 128  # rows per expert segment in the contiguous layout
 MULTICAST_MIN_M = 512  # below this the operand shared by a pair is too small to be worth a cluster
 BAND_BLOCKS = 16  # n-blocks per rasterisation band (L2 reuse)
 
-# Throughput model of one SM (H100/H200 class), used only to rank configs.
+# Throughput model of one SM (H100/H200 class), used to rank configs and for bench/predict.py.
+MODEL_CLOCK_HZ = 1.83e9  # SM clock the model's cycles are converted at (the FP8 peak's clock, ANCHORS.md)
 _MMA_FLOP_PER_CLK = 8192
 _SMEM_FILL_BYTES_PER_CLK = 96  # L2 -> shared memory through TMA
 _SMEM_BYTES_PER_CLK = 128  # shared-memory bandwidth: wgmma operand reads + TMA writes share it
-_HBM_BYTES_PER_CLK_PER_SM = 4.8e12 / 1.8e9 / 132
+_HBM_BYTES_PER_CLK_PER_SM = 4.8e12 / MODEL_CLOCK_HZ / 132  # H200 datasheet HBM bandwidth, shared by 132 SMs
 _MMA_EFFICIENCY = {64: 0.70, 128: 0.85, 256: 0.90}  # one warpgroup cannot hide its own promotion work
 
 
@@ -236,8 +237,18 @@ def _estimate_cycles(kind: str, m: int, n: int, k: int, num_groups: int, block_m
     tile = max(mma, fill) + 600  # per-tile fixed cost: pipeline ramp, epilogue
     groups_touched = num_groups if kind != "dense" else 1
     rows = m * (num_groups if kind == "masked" else 1)
-    hbm_bytes = rows * k + groups_touched * n * k + rows * n * 2
+    k_blocks = _ceil_div(k, BLOCK_K)
+    hbm_bytes = (rows * k + groups_touched * n * k + rows * n * 2  # A, B, D
+                 + 4 * (rows * k_blocks + groups_touched * _ceil_div(n, 128) * k_blocks))  # sA, sB
     return max(waves * tile, hbm_bytes / (_HBM_BYTES_PER_CLK_PER_SM * num_sms))
+
+
+def estimate_seconds(cfg: GemmConfig, m: int, num_sms: int = 132) -> float:
+    """The heuristic's modelled time of ``cfg`` for ``m`` (dense rows, contiguous m_sum, masked rows per
+    group). A prediction to compare with measurements (bench/predict.py), not a measurement."""
+    cycles = _estimate_cycles(cfg.kind, max(m, 1), cfg.shape_n, cfg.shape_k, cfg.num_groups, cfg.block_m,
+                              cfg.block_n, num_sms)
+    return cycles / MODEL_CLOCK_HZ
 
 
 def _validate_problem(m: int, n: int, k: int, num_groups: int, kind: str, num_sms: int) -> None:
