@@ -111,6 +111,19 @@ def _no_overlap(out: torch.Tensor, named: tuple[tuple[torch.Tensor, str], ...]) 
             )
 
 
+def _check_operand_a_2d(a: torch.Tensor, sa: torch.Tensor, rows: str) -> tuple[int, int, int]:
+    """A ``[rows, k]`` e4m3 and sA ``[rows, ceil(k/128)]`` fp32 (``rows`` names the row count in messages);
+    returns ``(rows, k, ceil(k/128))``."""
+    _tensor(a, "lhs[0] (A)", FP8, 2)
+    num_rows, k = a.shape
+    if k <= 0:
+        raise ValueError(f"k must be positive, got lhs[0] (A).shape={tuple(a.shape)}")
+    kb = ceil_div(k, 128)
+    _tensor(sa, "lhs[1] (sA)", torch.float32, 2)
+    _shape(sa, "lhs[1] (sA)", (num_rows, kb), f"[{rows}, ceil(k/128)]")
+    return num_rows, k, kb
+
+
 def _check_operand_b(b: torch.Tensor, sb: torch.Tensor, k: int, kb: int, num_groups: int | None) -> int:
     """B ``[n, k]`` / ``[G, n, k]`` and sB ``[ceil(n/128), kb]`` / ``[G, ceil(n/128), kb]``; returns n."""
     rank = 2 if num_groups is None else 3
@@ -143,13 +156,7 @@ def _check_pointers(a, sa, b, sb, out, extra: tuple[tuple[torch.Tensor, str], ..
 def check_dense(a, sa, b, sb, out, *, layout: bool = True, pointers: bool = True) -> tuple[int, int, int]:
     """Checks of ``gemm_fp8_fp8_bf16_nt``: A ``[m, k]`` e4m3, sA ``[m, ceil(k/128)]`` fp32, B ``[n, k]``
     e4m3, sB ``[ceil(n/128), ceil(k/128)]`` fp32, out ``[m, n]`` bf16. Returns ``(m, n, k)``."""
-    _tensor(a, "lhs[0] (A)", FP8, 2)
-    m, k = a.shape
-    if k <= 0:
-        raise ValueError(f"k must be positive, got lhs[0] (A).shape={tuple(a.shape)}")
-    kb = ceil_div(k, 128)
-    _tensor(sa, "lhs[1] (sA)", torch.float32, 2)
-    _shape(sa, "lhs[1] (sA)", (m, kb), "[m, ceil(k/128)]")
+    m, k, kb = _check_operand_a_2d(a, sa, "m")
     n = _check_operand_b(b, sb, k, kb, None)
     _tensor(out, "out", torch.bfloat16, 2)
     _shape(out, "out", (m, n), "[m, n]")
@@ -167,13 +174,7 @@ def check_contiguous(
     """Checks of ``m_grouped_gemm_fp8_fp8_bf16_nt_contiguous``: A ``[m_sum, k]``, sA ``[m_sum, ceil(k/128)]``,
     B ``[G, n, k]``, sB ``[G, ceil(n/128), ceil(k/128)]``, out ``[m_sum, n]`` bf16, m_indices ``[m_sum]`` int32.
     Returns ``(m_sum, n, k, G)``. The values of m_indices are not read."""
-    _tensor(a, "lhs[0] (A)", FP8, 2)
-    m_sum, k = a.shape
-    if k <= 0:
-        raise ValueError(f"k must be positive, got lhs[0] (A).shape={tuple(a.shape)}")
-    kb = ceil_div(k, 128)
-    _tensor(sa, "lhs[1] (sA)", torch.float32, 2)
-    _shape(sa, "lhs[1] (sA)", (m_sum, kb), "[m_sum, ceil(k/128)]")
+    m_sum, k, kb = _check_operand_a_2d(a, sa, "m_sum")
     if not isinstance(b, torch.Tensor):
         raise TypeError(f"rhs[0] (B) must be a torch.Tensor, got {type(b).__name__}")
     if b.dim() != 3 or b.size(0) < 1:
