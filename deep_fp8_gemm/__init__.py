@@ -12,7 +12,7 @@ from .ops import (
     m_grouped_gemm_fp8_fp8_bf16_nt_contiguous,
     m_grouped_gemm_fp8_fp8_bf16_nt_masked,
 )
-from .quant import per_block_cast_to_fp8, per_token_cast_to_fp8
+from .quant import per_block_cast_to_fp8, per_channel_cast_to_fp8, per_token_cast_to_fp8
 from .utils import (
     calc_diff,
     ceil_div,

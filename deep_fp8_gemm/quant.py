@@ -2,6 +2,10 @@
 
 * :func:`per_token_cast_to_fp8` — activations: one fp32 scale per row per 128 K-elements ("1x128").
 * :func:`per_block_cast_to_fp8` — weights: one fp32 scale per 128x128 block.
+* :func:`per_channel_cast_to_fp8` — one fp32 scale per column per 128 rows (the reference design's helper).
+
+``use_ue8m0=True`` (all three) rounds every scale up to a power of two, :func:`ceil_to_ue8m0` (the
+reference design's UE8M0 recipe; on Hopper the GEMMs read such scales as ordinary fp32 values).
 
 Both are ``torch.library`` custom ops (``torch.ops.deep_fp8_gemm.*``, registered at the bottom of this
 module) so that ``torch.compile(fullgraph=True)`` traces them as single nodes. On CUDA tensors of an sm_90
@@ -37,6 +41,25 @@ def _check_input(x: object, name: str) -> None:
         raise ValueError(f"{name} must have at least one column, got {name}.shape={tuple(x.shape)}")
 
 
+def ceil_to_ue8m0(scale: torch.Tensor) -> torch.Tensor:
+    """``2^ceil(log2(|scale|))`` of a float32 tensor, exactly, from the bit pattern: the exponent field plus
+    one when any mantissa bit is set, clamped to ``[1, 254]`` (a finite normal; NaN / inf become ``2^127``).
+
+    No floating-point ``log2`` / ``pow`` is involved, so the result is exact for every input (``amax / 448``
+    scales are >= 1e-4 / 448, always normal). Same arithmetic as ``dfg::quant::ceil_to_ue8m0`` in the fused
+    kernels.
+    """
+    bits = scale.contiguous().view(torch.int32)
+    exponent = ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).to(torch.int32)
+    return (exponent.clamp_(1, 254) << 23).view(torch.float32).view(scale.shape)
+
+
+def _check_flag(value: object, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__} ({value!r})")
+    return value
+
+
 def _quantise_groups(groups: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """``groups / scale`` in float32, saturated to ±448, rounded to e4m3 (nearest even).
 
@@ -45,24 +68,28 @@ def _quantise_groups(groups: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return (groups / scale).clamp_(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
 
 
-def per_token_cast_to_fp8_torch(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def per_token_cast_to_fp8_torch(x: torch.Tensor, use_ue8m0: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Plain-torch :func:`per_token_cast_to_fp8` (any device); the scales come back row-major ``[m, kb]``."""
     m, k = x.shape
     kb = ceil_div(k, GROUP)
     padded = F.pad(x.float(), (0, kb * GROUP - k))  # zero padding never raises an amax
     groups = padded.view(m, kb, GROUP)
     scale = groups.abs().amax(dim=-1).clamp_min_(AMAX_FLOOR) / FP8_E4M3_MAX  # [m, kb]
+    if use_ue8m0:
+        scale = ceil_to_ue8m0(scale)
     x_fp8 = _quantise_groups(groups, scale.unsqueeze(-1)).view(m, kb * GROUP)[:, :k].contiguous()
     return x_fp8, scale
 
 
-def per_block_cast_to_fp8_torch(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def per_block_cast_to_fp8_torch(w: torch.Tensor, use_ue8m0: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Plain-torch :func:`per_block_cast_to_fp8` (any device)."""
     n, k = w.shape
     nb, kb = ceil_div(n, GROUP), ceil_div(k, GROUP)
     padded = F.pad(w.float(), (0, kb * GROUP - k, 0, nb * GROUP - n))
     blocks = padded.view(nb, GROUP, kb, GROUP)
     scale = blocks.abs().amax(dim=(1, 3)).clamp_min_(AMAX_FLOOR) / FP8_E4M3_MAX  # [nb, kb]
+    if use_ue8m0:
+        scale = ceil_to_ue8m0(scale)
     w_fp8 = _quantise_groups(blocks, scale.view(nb, 1, kb, 1)).view(nb * GROUP, kb * GROUP)[:n, :k].contiguous()
     return w_fp8, scale
 
@@ -71,35 +98,35 @@ def _use_fused_kernel(t: torch.Tensor) -> bool:
     return t.device.type == "cuda" and cuda_capability(t.device) == (9, 0)
 
 
-def _per_token_impl(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _per_token_impl(x: torch.Tensor, use_ue8m0: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     _check_input(x, "x")
     if _use_fused_kernel(x):
         from .kernels.quant import per_token_cast_to_fp8_cuda
 
-        x_fp8, scales = per_token_cast_to_fp8_cuda(x)
+        x_fp8, scales = per_token_cast_to_fp8_cuda(x, use_ue8m0)
     else:
-        x_fp8, scales = per_token_cast_to_fp8_torch(x)
+        x_fp8, scales = per_token_cast_to_fp8_torch(x, use_ue8m0)
     return x_fp8, get_col_major_tma_aligned_tensor(scales)
 
 
-def _per_block_impl(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _per_block_impl(w: torch.Tensor, use_ue8m0: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     _check_input(w, "w")
     if _use_fused_kernel(w):
         from .kernels.quant import per_block_cast_to_fp8_cuda
 
-        w_fp8, scales = per_block_cast_to_fp8_cuda(w)
+        w_fp8, scales = per_block_cast_to_fp8_cuda(w, use_ue8m0)
     else:
-        w_fp8, scales = per_block_cast_to_fp8_torch(w)
+        w_fp8, scales = per_block_cast_to_fp8_torch(w, use_ue8m0)
     return w_fp8, scales.contiguous()
 
 
-def _per_token_fake(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _per_token_fake(x: torch.Tensor, use_ue8m0: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     _check_input(x, "x")
     m, k = x.shape
     return x.new_empty((m, k), dtype=torch.float8_e4m3fn), empty_m_major((m, ceil_div(k, GROUP)), x.device)
 
 
-def _per_block_fake(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _per_block_fake(w: torch.Tensor, use_ue8m0: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     _check_input(w, "w")
     n, k = w.shape
     return w.new_empty((n, k), dtype=torch.float8_e4m3fn), w.new_empty(
@@ -107,11 +134,18 @@ def _per_block_fake(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     )
 
 
-def per_token_cast_to_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def per_token_cast_to_fp8(
+    x: torch.Tensor, use_ue8m0: bool = False, gran_k: int = 128, use_packed_ue8m0: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantise activations to e4m3 with one scale per row per 128 K-elements.
 
     Args:
         x: ``[m, k]`` bfloat16 / float16 / float32, any strides, CPU or CUDA; ``k >= 1``, ``m >= 0``.
+        use_ue8m0: round every scale up to a power of two (:func:`ceil_to_ue8m0`), as the reference
+            design's ``per_token_cast_to_fp8(x, use_ue8m0)`` (positional or keyword).
+        gran_k: K-elements per scale; only 128 (gran_k 32 is the reference's SM100-only MXFP8 recipe:
+            ``NotImplementedError``).
+        use_packed_ue8m0: the reference's SM100-only int32-packed scales: ``NotImplementedError`` if True.
 
     Returns:
         ``(x_fp8, scales)``: ``x_fp8`` ``[m, k]`` float8_e4m3fn, contiguous; ``scales`` ``[m, ceil(k/128)]``
@@ -120,18 +154,24 @@ def per_token_cast_to_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
     For each row ``r`` and group ``j`` (columns ``[128j, 128j+128)``; a partial last group is treated as
     zero-padded): ``amax = max(max|x[r, group]|, 1e-4)``, ``scales[r, j] = amax / 448`` and
-    ``x_fp8[r, c] = e4m3(clamp(x[r, c] / scales[r, j], -448, 448))`` (round to nearest even), all in float32.
-    Dequantisation is ``x_fp8.float() * scales`` per group. Non-finite inputs give unspecified results.
+    ``x_fp8[r, c] = e4m3(clamp(x[r, c] / scales[r, j], -448, 448))`` (round to nearest even), all in float32
+    (with ``use_ue8m0`` the scale is ``ceil_to_ue8m0(amax / 448)``). Dequantisation is ``x_fp8.float() *
+    scales`` per group. Non-finite inputs give unspecified results.
     """
     _check_input(x, "x")
-    return torch.ops.deep_fp8_gemm.per_token_cast_to_fp8.default(x)
+    _check_sm100_options(gran_k, use_packed_ue8m0)
+    return torch.ops.deep_fp8_gemm.per_token_cast_to_fp8.default(x, _check_flag(use_ue8m0, "use_ue8m0"))
 
 
-def per_block_cast_to_fp8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def per_block_cast_to_fp8(
+    w: torch.Tensor, use_ue8m0: bool = False, gran_k: int = 128
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantise weights to e4m3 with one scale per 128x128 block.
 
     Args:
         w: ``[n, k]`` bfloat16 / float16 / float32, any strides, CPU or CUDA; ``k >= 1``, ``n >= 0``.
+        use_ue8m0: power-of-two scales (:func:`ceil_to_ue8m0`), positional or keyword as in the reference.
+        gran_k: block edge; only 128 (``NotImplementedError`` otherwise).
 
     Returns:
         ``(w_fp8, scales)``: ``w_fp8`` ``[n, k]`` float8_e4m3fn, contiguous; ``scales``
@@ -141,12 +181,58 @@ def per_block_cast_to_fp8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     (partial edge blocks treated as zero-padded).
     """
     _check_input(w, "w")
-    return torch.ops.deep_fp8_gemm.per_block_cast_to_fp8.default(w)
+    _check_sm100_options(gran_k, False)
+    return torch.ops.deep_fp8_gemm.per_block_cast_to_fp8.default(w, _check_flag(use_ue8m0, "use_ue8m0"))
+
+
+def _check_sm100_options(gran_k: object, use_packed_ue8m0: object) -> None:
+    if isinstance(gran_k, bool) or not isinstance(gran_k, int):
+        raise TypeError(f"gran_k must be an int, got {type(gran_k).__name__} ({gran_k!r})")
+    if gran_k != GROUP:
+        raise NotImplementedError(
+            f"gran_k={gran_k}: only 128-element scale groups exist on Hopper (gran_k 32 is the reference "
+            "design's SM100-only MXFP8 recipe)"
+        )
+    if _check_flag(use_packed_ue8m0, "use_packed_ue8m0"):
+        raise NotImplementedError(
+            "use_packed_ue8m0=True: int32-packed UE8M0 scales are read only by the reference design's SM100 "
+            "kernels; on Hopper use use_ue8m0=True (power-of-two fp32 scales)"
+        )
+
+
+def per_channel_cast_to_fp8(
+    x: torch.Tensor, use_ue8m0: bool = False, gran_k: int = 128
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantise with one scale per column per 128 rows (the reference design's ``per_channel_cast_to_fp8``).
+
+    Args:
+        x: ``[m, n]`` bfloat16 / float16 / float32, any strides, any device, ``m % 128 == 0``.
+        use_ue8m0: power-of-two scales (:func:`ceil_to_ue8m0`).
+        gran_k: rows per scale; only 128.
+
+    Returns:
+        ``(x_fp8, scales)``: ``x_fp8`` ``[m, n]`` float8_e4m3fn, contiguous; ``scales`` ``[m / 128, n]``
+        float32, contiguous; ``scales[i, c] = max(max|x[128i:128i+128, c]|, 1e-4) / 448`` and
+        ``x_fp8[r, c] = e4m3(clamp(x[r, c] / scales[r // 128, c], -448, 448))`` in float32. Plain torch on
+        every device (no fused kernel: it prepares operands of the weight-gradient recipe, off the hot path).
+    """
+    _check_input(x, "x")
+    _check_sm100_options(gran_k, False)
+    use_ue8m0 = _check_flag(use_ue8m0, "use_ue8m0")
+    m, n = x.shape
+    if m % GROUP != 0:
+        raise ValueError(f"x must have a multiple of {GROUP} rows for per-channel scales, got x.shape={tuple(x.shape)}")
+    groups = x.float().reshape(m // GROUP, GROUP, n)
+    scale = groups.abs().amax(dim=1).clamp_min_(AMAX_FLOOR) / FP8_E4M3_MAX  # [m / 128, n]
+    if use_ue8m0:
+        scale = ceil_to_ue8m0(scale)
+    x_fp8 = _quantise_groups(groups, scale.unsqueeze(1)).reshape(m, n).contiguous()
+    return x_fp8, scale.contiguous()
 
 
 _lib = torch.library.Library("deep_fp8_gemm", "FRAGMENT")
-_lib.define("per_token_cast_to_fp8(Tensor x) -> (Tensor, Tensor)")
-_lib.define("per_block_cast_to_fp8(Tensor w) -> (Tensor, Tensor)")
+_lib.define("per_token_cast_to_fp8(Tensor x, bool use_ue8m0=False) -> (Tensor, Tensor)")
+_lib.define("per_block_cast_to_fp8(Tensor w, bool use_ue8m0=False) -> (Tensor, Tensor)")
 for _key in ("CPU", "CUDA"):
     _lib.impl("per_token_cast_to_fp8", _per_token_impl, _key)
     _lib.impl("per_block_cast_to_fp8", _per_block_impl, _key)

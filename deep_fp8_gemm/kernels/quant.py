@@ -9,7 +9,8 @@ Three memory-bound kernels, each rendered per (kind, input dtype, vectorised) an
   token to ``[m, I]`` e4m3 + M-major scales, in one pass.
 
 Numerics are those of :mod:`deep_fp8_gemm.quant` bit for bit (fp32: ``scale = max(amax, 1e-4) / 448``,
-``x / scale`` saturated to ±448 and rounded to nearest even). ``quant.py`` dispatches CUDA sm_90 tensors here.
+``x / scale`` saturated to ±448 and rounded to nearest even; with ``use_ue8m0=True`` the scale is first rounded
+up to a power of two on its bit pattern, ``deep_fp8_gemm.quant.ceil_to_ue8m0``). ``quant.py`` dispatches CUDA sm_90 tensors here.
 
 These functions need a CUDA sm_90 device; they validate their arguments but not the device (the public
 quantisers in :mod:`deep_fp8_gemm.quant` do). Everything JIT-related is imported lazily, so importing this
@@ -62,12 +63,14 @@ class QuantKernelConfig:
 
     ``vectorized``: 16-byte loads/stores; legal when ``k % 16 == 0`` (SiLU: ``I % 16 == 0``) and the input
     rows start 16-byte aligned (see :func:`_vectorizable`). The scalar variant serves every other shape.
+    ``ue8m0``: power-of-two (UE8M0) scales, ``2^ceil(log2(amax / 448))``.
     """
 
     kind: QuantKind
     input_type: InputType
     vectorized: bool
     num_threads: int = NUM_THREADS
+    ue8m0: bool = False
 
     @property
     def smem_bytes(self) -> int:
@@ -80,12 +83,14 @@ class QuantKernelConfig:
             "INPUT_TYPE": int(self.input_type),
             "VECTORIZED": self.vectorized,
             "NUM_THREADS": self.num_threads,
+            "USE_UE8M0": self.ue8m0,
             "KERNEL_NAME": kernel_name,
         }
 
     def as_dict(self) -> dict:
         return {"kind": self.kind.name.lower(), "input": self.input_type.name.lower(),
-                "vectorized": self.vectorized, "num_threads": self.num_threads, "smem_bytes": self.smem_bytes}
+                "vectorized": self.vectorized, "num_threads": self.num_threads, "smem_bytes": self.smem_bytes,
+                "ue8m0": self.ue8m0}
 
 
 class QuantParams(ctypes.Structure):
@@ -155,13 +160,15 @@ def audit_targets() -> list:
     """One :class:`deep_fp8_gemm.runtime.audit.AuditTarget` (kind ``"quant"``) per kernel variant."""
     from ..runtime.audit import AuditTarget
 
+    configs = [QuantKernelConfig(kind, input_type, vectorized)
+               for kind in QuantKind for input_type in InputType for vectorized in (True, False)]
+    # UE8M0 changes only the scale computation: one vectorised bf16 variant per quantiser that offers it.
+    configs += [QuantKernelConfig(kind, InputType.BF16, True, ue8m0=True)
+                for kind in (QuantKind.PER_TOKEN, QuantKind.PER_BLOCK)]
     targets = []
-    for kind in QuantKind:
-        for input_type in InputType:
-            for vectorized in (True, False):
-                config = QuantKernelConfig(kind, input_type, vectorized)
-                name, source = render_source(config)
-                targets.append(AuditTarget("quant", config.as_dict(), name, source, required_sass=REQUIRED_SASS))
+    for config in configs:
+        name, source = render_source(config)
+        targets.append(AuditTarget("quant", config.as_dict(), name, source, required_sass=REQUIRED_SASS))
     return targets
 
 
@@ -216,7 +223,8 @@ def _check_size(units: int, rows: int, cols: int, what: str) -> None:
 # ---------------------------------------------------------------------------------------------- per token
 # The private _per_token / _per_block take the launcher as an argument: the default launches on the GPU; the
 # tests pass a CPU emulation of the kernel so that this host code (params, layouts, grid) is tested too.
-def _per_token(x: torch.Tensor, kind: QuantKind, name: str, launch=None) -> tuple[torch.Tensor, torch.Tensor]:
+def _per_token(x: torch.Tensor, kind: QuantKind, name: str, launch=None, ue8m0: bool = False
+               ) -> tuple[torch.Tensor, torch.Tensor]:
     x = _rows_view(x)
     in_cols = x.shape[-1]
     if kind == QuantKind.SILU_MUL_PER_TOKEN:
@@ -242,7 +250,7 @@ def _per_token(x: torch.Tensor, kind: QuantKind, name: str, launch=None) -> tupl
         return out, scales
     units = rows * groups
     _check_size(units, rows, cols, name)
-    config = QuantKernelConfig(kind, _INPUT_TYPES[x.dtype], _vectorizable(x, cols, up_offset))
+    config = QuantKernelConfig(kind, _INPUT_TYPES[x.dtype], _vectorizable(x, cols, up_offset), ue8m0=ue8m0)
     params = QuantParams(
         input=x.data_ptr(), output=out.data_ptr(), scales=scales.data_ptr(),
         input_row_stride=_row_stride(x), output_row_stride=cols, up_offset=up_offset,
@@ -254,7 +262,7 @@ def _per_token(x: torch.Tensor, kind: QuantKind, name: str, launch=None) -> tupl
     return out, scales
 
 
-def per_token_cast_to_fp8_cuda(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def per_token_cast_to_fp8_cuda(x: torch.Tensor, use_ue8m0: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Fused 1x128 quantisation of activations on an sm_90 GPU.
 
     Args:
@@ -267,10 +275,10 @@ def per_token_cast_to_fp8_cuda(x: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
         float32 in the TMA-aligned M-major layout, strides ``(1, aligned_m)`` with
         ``aligned_m = get_tma_aligned_size(m, 4)`` (3-D: ``[G, m, g]``, strides ``(aligned_m * g, 1,
         aligned_m)``) — written directly by the kernel, no transpose. Identical bits to
-        :func:`deep_fp8_gemm.quant.per_token_cast_to_fp8_torch`.
+        :func:`deep_fp8_gemm.quant.per_token_cast_to_fp8_torch` (``use_ue8m0``: power-of-two scales).
     """
     x = _check_tensor(x, "x", (2, 3))
-    return _per_token(x, QuantKind.PER_TOKEN, "x")
+    return _per_token(x, QuantKind.PER_TOKEN, "x", ue8m0=bool(use_ue8m0))
 
 
 def silu_mul_quant_cuda(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -291,7 +299,7 @@ def silu_mul_quant_cuda(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 # ---------------------------------------------------------------------------------------------- per block
-def per_block_cast_to_fp8_cuda(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def per_block_cast_to_fp8_cuda(w: torch.Tensor, use_ue8m0: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Fused 128x128 block quantisation of weights on an sm_90 GPU.
 
     Args:
@@ -302,12 +310,13 @@ def per_block_cast_to_fp8_cuda(w: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     Returns:
         ``(w_fp8, scales)``: ``w_fp8`` with ``w``'s shape, float8_e4m3fn, contiguous; ``scales``
         ``[ceil(n/128), ceil(k/128)]`` (3-D: ``[G, ceil(n/128), ceil(k/128)]``) float32, contiguous. Identical
-        bits to :func:`deep_fp8_gemm.quant.per_block_cast_to_fp8_torch` (per expert for 3-D).
+        bits to :func:`deep_fp8_gemm.quant.per_block_cast_to_fp8_torch` (per expert for 3-D; ``use_ue8m0``:
+        power-of-two scales).
     """
-    return _per_block(_check_tensor(w, "w", (2, 3)))
+    return _per_block(_check_tensor(w, "w", (2, 3)), ue8m0=bool(use_ue8m0))
 
 
-def _per_block(w: torch.Tensor, launch=None) -> tuple[torch.Tensor, torch.Tensor]:
+def _per_block(w: torch.Tensor, launch=None, ue8m0: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     w = _rows_view(w)
     batch = w.shape[0] if w.dim() == 3 else 1
     n, k = w.shape[-2], w.shape[-1]
@@ -320,7 +329,7 @@ def _per_block(w: torch.Tensor, launch=None) -> tuple[torch.Tensor, torch.Tensor
     if blocks == 0:
         return out, scales
     _check_size(blocks, batch * n, k, "w")
-    config = QuantKernelConfig(QuantKind.PER_BLOCK, _INPUT_TYPES[w.dtype], _vectorizable(w, k))
+    config = QuantKernelConfig(QuantKind.PER_BLOCK, _INPUT_TYPES[w.dtype], _vectorizable(w, k), ue8m0=ue8m0)
     params = QuantParams(
         input=w.data_ptr(), output=out.data_ptr(), scales=scales.data_ptr(),
         input_row_stride=_row_stride(w), output_row_stride=k, up_offset=0,

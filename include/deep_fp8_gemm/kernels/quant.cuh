@@ -13,6 +13,8 @@
 // Numerics (identical to deep_fp8_gemm.quant): per group amax = max |x| clamped below at 1e-4,
 // scale = amax / 448, value = x / scale in fp32 (IEEE division, as torch), e4m3 by round-to-nearest-even
 // with saturation to +-448 (cvt.rn.satfinite). A k that is not a multiple of 128 behaves as if zero-padded.
+// kUe8m0 (UE8M0 / power-of-two scales, the reference design's use_ue8m0): the fp32 quotient amax / 448 is
+// rounded up to 2^ceil(log2(.)) on its bit pattern (exact: no log2 in floating point), see ceil_to_ue8m0.
 //
 // Inputs: bf16, fp16 (widened exactly in software: the hal has no half conversion and none is needed) or fp32.
 //
@@ -171,17 +173,29 @@ DFG_DEVICE u32 abs_max_bits(const float (&v)[kElemsPerThread]) {
 
 DFG_DEVICE u32 max_of_vec(const Vec16B& a) { return max_of(max_of(a.w[0], a.w[1]), max_of(a.w[2], a.w[3])); }
 
+// Smallest power of two >= |scale| (UE8M0: an 8-bit exponent, no mantissa), from the fp32 bit pattern:
+// the exponent field, plus one when any mantissa bit is set, clamped to [1, 254] (so the result is a
+// finite normal; a NaN / inf scale becomes 2^127). Same arithmetic as deep_fp8_gemm.quant.ceil_to_ue8m0.
+DFG_HOST_DEVICE float ceil_to_ue8m0(float scale) {
+    const u32 bits = float_to_bits(scale);
+    u32 exponent = ((bits >> 23) & 0xFFu) + ((bits & 0x7FFFFFu) != 0u ? 1u : 0u);
+    exponent = exponent < 1u ? 1u : (exponent > 254u ? 254u : exponent);
+    return bits_to_float(exponent << 23);
+}
+
 // amax (as |x| bits) -> the scale: values are divided by it before the cast, and the GEMM multiplies by it.
+template <bool kUe8m0>
 DFG_DEVICE float amax_to_scale(u32 amax_bits) {
     float amax = bits_to_float(amax_bits);
     amax = amax < kAmaxFloor ? kAmaxFloor : amax;  // NaN compares false and stays NaN, as torch.clamp
-    return amax / kE4m3Max;
+    const float scale = amax / kE4m3Max;
+    return kUe8m0 ? ceil_to_ue8m0(scale) : scale;
 }
 
 DFG_DEVICE float silu(float x) { return x / (1.0f + expf(-x)); }
 
 // PerToken and SiluMulPerToken: see the file comment.
-template <QuantKind kKind, InputType kType, bool kVectorized, u32 kNumThreads>
+template <QuantKind kKind, InputType kType, bool kVectorized, u32 kNumThreads, bool kUe8m0 = false>
 DFG_DEVICE void per_token_body(const QuantParams& p) {
     static_assert(kKind == QuantKind::PerToken || kKind == QuantKind::SiluMulPerToken, "per-token kinds");
     static_assert(kNumThreads % 32 == 0 && kNumThreads <= 1024, "whole warps, at most 1024 threads");
@@ -214,7 +228,7 @@ DFG_DEVICE void per_token_body(const QuantParams& p) {
     const Vec16B* mine = reinterpret_cast<const Vec16B*>(partial + (tid / kThreadsPerGroup) * kThreadsPerGroup);
     const u32 amax_bits = max_of(max_of_vec(mine[0]), max_of_vec(mine[1]));
 
-    const float scale = amax_to_scale(amax_bits);
+    const float scale = amax_to_scale<kUe8m0>(amax_bits);
     quantize_store16<kVectorized>(p.output + u64(row) * p.output_row_stride + col, valid, v, scale);
     if (active && tid % kThreadsPerGroup == 0) {
         const u32 batch = row / p.rows_per_batch;
@@ -224,7 +238,7 @@ DFG_DEVICE void per_token_body(const QuantParams& p) {
 }
 
 // PerBlock: see the file comment.
-template <InputType kType, bool kVectorized, u32 kNumThreads>
+template <InputType kType, bool kVectorized, u32 kNumThreads, bool kUe8m0 = false>
 DFG_DEVICE void per_block_body(const QuantParams& p) {
     constexpr u32 kRowsPerPass = kNumThreads / kThreadsPerGroup;
     static_assert(kGroupSize % kRowsPerPass == 0, "the block's 128 rows split into whole passes");
@@ -266,7 +280,7 @@ DFG_DEVICE void per_block_body(const QuantParams& p) {
     DFG_UNROLL
     for (u32 i = 0; i < kRowsPerPass / 4; ++i) block_amax = max_of(block_amax, max_of_vec(second[i]));
 
-    const float scale = amax_to_scale(block_amax);
+    const float scale = amax_to_scale<kUe8m0>(block_amax);
     DFG_UNROLL
     for (u32 pass = 0; pass < kPasses; ++pass) {
         const u32 r = block_n * kGroupSize + pass * kRowsPerPass + tid / kThreadsPerGroup;
@@ -278,12 +292,12 @@ DFG_DEVICE void per_block_body(const QuantParams& p) {
         p.scales[u64(batch) * p.scale_batch_stride + u64(block_n) * p.scale_row_stride + block_k] = scale;
 }
 
-template <QuantKind kKind, InputType kType, bool kVectorized, u32 kNumThreads>
+template <QuantKind kKind, InputType kType, bool kVectorized, u32 kNumThreads, bool kUe8m0 = false>
 DFG_DEVICE void quant_body(const QuantParams& p) {
     if constexpr (kKind == QuantKind::PerBlock) {
-        per_block_body<kType, kVectorized, kNumThreads>(p);
+        per_block_body<kType, kVectorized, kNumThreads, kUe8m0>(p);
     } else {
-        per_token_body<kKind, kType, kVectorized, kNumThreads>(p);
+        per_token_body<kKind, kType, kVectorized, kNumThreads, kUe8m0>(p);
     }
 }
 
