@@ -6,12 +6,13 @@ simulator call). Model-facing modules: ``deep_fp8_gemm.nn`` (FP8Linear), ``deep_
 (fp8_moe_forward, FP8MoE), ``deep_fp8_gemm.layout`` (MoE contiguous layout and routing).
 """
 
-from . import layout, moe, nn, reference
+from . import layout, moe, nn, psum, reference
 from .ops import (
     gemm_fp8_fp8_bf16_nt,
     m_grouped_gemm_fp8_fp8_bf16_nt_contiguous,
     m_grouped_gemm_fp8_fp8_bf16_nt_masked,
 )
+from .psum import m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum
 from .quant import per_block_cast_to_fp8, per_channel_cast_to_fp8, per_token_cast_to_fp8
 from .utils import (
     calc_diff,

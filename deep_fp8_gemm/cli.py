@@ -18,7 +18,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-GEMM_KINDS = ("dense", "contiguous", "masked")
+GEMM_KINDS = ("dense", "contiguous", "masked", "psum")
 ALL_KINDS = (*GEMM_KINDS, "quant")
 
 

@@ -17,8 +17,10 @@ import dataclasses
 import functools
 import math
 
-KINDS = ("dense", "contiguous", "masked")
-KIND_IDS = {"dense": 0, "contiguous": 1, "masked": 2}  # dfg::GemmKind
+KINDS = ("dense", "contiguous", "masked", "psum")
+KIND_IDS = {"dense": 0, "contiguous": 1, "masked": 2, "psum": 3}  # dfg::GemmKind
+#: Kinds whose rows are expert segments padded to CONTIGUOUS_ALIGNMENT ("psum": the prefix-sum ends layout).
+CONTIGUOUS_KINDS = ("contiguous", "psum")
 
 BLOCK_K = 128
 SMEM_LIMIT = 232_448  # bytes of shared memory one block may use on sm_90
@@ -184,7 +186,7 @@ def check_config(cfg: GemmConfig, smem_limit: int = SMEM_LIMIT) -> None:
         problems.append(f"dense GEMM has one group, got num_groups={cfg.num_groups}")
     if cfg.num_groups < 1:
         problems.append(f"num_groups must be >= 1, got {cfg.num_groups}")
-    if cfg.kind == "contiguous" and cfg.block_m > CONTIGUOUS_ALIGNMENT:
+    if cfg.kind in CONTIGUOUS_KINDS and cfg.block_m > CONTIGUOUS_ALIGNMENT:
         problems.append(f"contiguous layout pads experts to {CONTIGUOUS_ALIGNMENT} rows: block_m <= 128, got {cfg.block_m}")
     if (cfg.cluster_m, cfg.cluster_n) not in ((1, 1), (1, 2), (2, 1)):
         problems.append(f"cluster must be 1x1, 1x2 or 2x1, got {cfg.cluster_m}x{cfg.cluster_n}")
@@ -283,7 +285,7 @@ def get_config(
     m_eff = max(m, 1)
     best = None
     for block_m in BLOCK_M_CHOICES:
-        if kind == "contiguous" and block_m > CONTIGUOUS_ALIGNMENT:
+        if kind in CONTIGUOUS_KINDS and block_m > CONTIGUOUS_ALIGNMENT:
             continue
         if block_m > 64 and m_eff <= 64:
             continue  # a 64-row tile already covers all rows

@@ -58,7 +58,7 @@ def _require_sm90(device: torch.device) -> None:
 
 
 def _dispatch(kind: str, a, sa, b, sb, out, grouped_layout=None, expected_m=None) -> None:
-    """Run a validated, non-empty GEMM of ``kind`` ("dense" | "contiguous" | "masked") on a's device."""
+    """Run a validated, non-empty GEMM of ``kind`` ("dense" | "contiguous" | "masked" | "psum") on a's device."""
     on_cuda = a.device.type == "cuda"
     if on_cuda:
         _require_sm90(a.device)
@@ -74,6 +74,8 @@ def _dispatch(kind: str, a, sa, b, sb, out, grouped_layout=None, expected_m=None
         reference._dense(a, sa, b, sb, out)
     elif kind == "contiguous":
         reference._contiguous(a, sa, b, sb, out, grouped_layout)
+    elif kind == "psum":
+        reference._contiguous_psum(a, sa, b, sb, out, grouped_layout)
     else:
         reference._masked(a, sa, b, sb, out, grouped_layout)
 

@@ -67,6 +67,40 @@ def _contiguous(a, sa, b, sb, out, m_indices) -> None:
             start += count
 
 
+def psum_group_rows(ends: list[int], alignment: int = 128) -> list[tuple[int, int]]:
+    """``[(start, end)]`` of each group of the prefix-sum ("psum") contiguous layout: group g owns rows
+    ``[start_g, end_g)`` with ``start_0 = 0``, ``start_g = round_up(ends[g-1], alignment)`` and
+    ``end_g = max(ends[g], start_g)`` (an end at or before its start is an empty group)."""
+    rows, previous = [], 0
+    for g, end in enumerate(ends):
+        start = 0 if g == 0 else (previous + alignment - 1) // alignment * alignment
+        rows.append((start, max(end, start)))
+        previous = end
+    return rows
+
+
+def check_psum_values(ends: list[int], m_sum: int, name: str = "grouped_layout") -> None:
+    """Values of a psum layout: ``0 <= ends[0] <= ends[1] <= ... <= ends[G-1] <= m_sum`` (ValueError)."""
+    previous = 0
+    for g, end in enumerate(ends):
+        if end < previous:
+            what = "non-negative" if g == 0 else f"non-decreasing ({name}[{g - 1}]={previous})"
+            raise ValueError(f"{name} (psum layout: end row of each group) must be {what}, got {name}[{g}]={end}")
+        previous = end
+    if ends and ends[-1] > m_sum:
+        raise ValueError(f"{name}[{len(ends) - 1}]={ends[-1]} exceeds the rows of lhs[0] (A), m_sum={m_sum}")
+
+
+def _contiguous_psum(a, sa, b, sb, out, ends) -> None:
+    """:func:`deep_fp8_gemm.psum.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum` on validated tensors: one
+    matmul per group's rows (see :func:`psum_group_rows`); padding rows are left untouched."""
+    values = ends.tolist()
+    check_psum_values(values, a.size(0))
+    for g, (start, end) in enumerate(psum_group_rows(values)):
+        if end > start:
+            out[start:end] = _matmul_nt_bf16(dequantize_per_token(a[start:end], sa[start:end]), b[g], sb[g])
+
+
 def _masked(a, sa, b, sb, out, masked_m) -> None:
     """:func:`m_grouped_gemm_fp8_fp8_bf16_nt_masked` on validated tensors: one matmul per group."""
     m_max = a.size(1)

@@ -109,12 +109,15 @@ def problem_config(kind: str, a: torch.Tensor, b: torch.Tensor, expected_m: int 
         return get_config(a.shape[0], n, k, 1, "dense", num_sms)
     if kind == "contiguous":
         return get_config(a.shape[0], n, k, b.shape[0], "contiguous", num_sms)
+    if kind == "psum":  # expected_m: rows per group hint (the buffer may be far larger than its rows in use)
+        m_sum = a.shape[0] if expected_m is None else min(a.shape[0], int(expected_m) * b.shape[0])
+        return get_config(max(m_sum, 1), n, k, b.shape[0], "psum", num_sms)
     return get_config(int(expected_m), n, k, b.shape[0], "masked", num_sms)
 
 
 def launch(kind: str, a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor, d: torch.Tensor,
            grouped_layout: torch.Tensor | None = None, expected_m: int | None = None, backend: str = "cuda") -> None:
-    """Run the GEMM kernel of ``kind`` ("dense" | "contiguous" | "masked") on validated tensors.
+    """Run the GEMM kernel of ``kind`` ("dense" | "contiguous" | "masked" | "psum") on validated tensors.
 
     ``backend="cuda"``: sm_90 GPU, on ``torch.cuda.current_stream()``, with ``get_num_sms()`` CTAs at
     most. ``backend="sim"``: CPU tensors, through the CPU simulator with ``DFG_SIM_NUM_SMS`` CTAs.
@@ -183,19 +186,19 @@ def audit_targets(kind: str, shapes: Sequence[tuple[int, int]] | None = None, ms
     """
     from ..runtime.audit import AuditTarget
 
-    if kind not in ("dense", "contiguous", "masked"):
-        raise ValueError(f"kind must be dense, contiguous or masked, got {kind!r}")
+    if kind not in ("dense", "contiguous", "masked", "psum"):
+        raise ValueError(f"kind must be dense, contiguous, masked or psum, got {kind!r}")
     shapes = tuple(shapes) if shapes else (DEEPSEEK_V3_DENSE if kind == "dense" else DEEPSEEK_V3_GROUPED)
     configs: list[GemmConfig] = []
     for n, k in shapes:
         if kind == "dense":
             for m in ms or DEFAULT_DENSE_MS:
                 configs.append(get_config(m, n, k, 1, "dense", num_sms))
-        elif kind == "contiguous":
+        elif kind in ("contiguous", "psum"):
             pairs = [(num_groups, m) for m in ms] if (ms and num_groups) else \
                 [(g, m) for g, m in CONTIGUOUS_EXPERTS] if not ms else [(g, m) for g, _ in CONTIGUOUS_EXPERTS for m in ms]
             for g, m in pairs:
-                configs.append(get_config(g * m, n, k, g, "contiguous", num_sms))
+                configs.append(get_config(g * m, n, k, g, kind, num_sms))
         else:
             for g in ([num_groups] if num_groups else MASKED_GROUPS):
                 for m in ms or MASKED_EXPECTED_MS:

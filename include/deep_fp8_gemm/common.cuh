@@ -64,11 +64,12 @@ DFG_HOST_DEVICE constexpr T min_of(T a, T b) { return a < b ? a : b; }
 template <typename T>
 DFG_HOST_DEVICE constexpr T max_of(T a, T b) { return a > b ? a : b; }
 
-// The three GEMM kinds one kernel template serves (same values as deep_fp8_gemm.config.GemmKind).
+// The GEMM kinds one kernel template serves (same values as deep_fp8_gemm.config.GemmKind).
 enum class GemmKind : int {
     Dense = 0,               // D[m, n] = A[m, k] . B[n, k]^T
     GroupedContiguous = 1,   // rows of A grouped by expert; m_indices[row] = expert or -1 (padding)
     GroupedMasked = 2,       // A[G, m_max, k]; only rows < masked_m[g] of group g are defined
+    GroupedContiguousPsum = 3,  // rows of A grouped by expert; ends[G]: group g = [round_up(ends[g-1], 128), ends[g])
 };
 
 }  // namespace dfg

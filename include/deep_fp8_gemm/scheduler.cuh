@@ -28,6 +28,15 @@
 //                      agree on skipping.
 //   GroupedMasked      rows per group = min(masked_m[g], m_max), grouped_layout = masked_m[G] on the
 //                      device. Groups are walked in order; a group with no rows has no tiles.
+//   GroupedContiguousPsum
+//                      rows = m_sum, grouped_layout = ends[G] (the "psum" layout DeepEP hands over):
+//                      group g owns rows [start_g, ends[g]) with start_0 = 0 and
+//                      start_g = round_up(ends[g-1], 128); rows outside every group are padding. Tiles
+//                      are enumerated as for GroupedContiguous; a block's group is the first g with
+//                      ends[g] > its first row (binary search over the kNumGroups ends, ends
+//                      non-decreasing), and the block is padding-only, hence skipped, when that g does
+//                      not exist or starts after the block's first row. Group starts are multiples of
+//                      128 >= BLOCK_M, so a block never straddles two groups. Nothing is read on the host.
 #pragma once
 #include "common.cuh"
 
@@ -106,6 +115,25 @@ struct TileScheduler {
         return a > b ? a : b;
     }
 
+    // Group of a psum-layout block, or -1 when the block holds only padding rows (see "Kinds").
+    DFG_HOST_DEVICE i32 psum_block_group(u32 m_block) const {
+        constexpr u32 kGroupAlignment = 128;
+        const i32 first = static_cast<i32>(m_block * BLOCK_M);
+        u32 lo = 0, hi = kNumGroups;  // smallest g with ends[g] > first, in [lo, hi]
+        while (lo < hi) {
+            const u32 mid = (lo + hi) / 2;
+            if (grouped_layout[mid] > first)
+                hi = mid;
+            else
+                lo = mid + 1;
+        }
+        if (lo == kNumGroups)
+            return -1;  // past the last group's end
+        const i32 start = lo == 0 ? 0 : static_cast<i32>(round_up(static_cast<u32>(max_of(grouped_layout[lo - 1], 0)),
+                                                                    kGroupAlignment));
+        return start <= first ? static_cast<i32>(lo) : -1;
+    }
+
     // Next block of this CTA; false when the CTA's share of the work is done.
     DFG_HOST_DEVICE bool next(TileInfo& info) {
         if constexpr (kKind == GemmKind::GroupedMasked) {
@@ -136,6 +164,12 @@ struct TileScheduler {
                     if (expert < 0)
                         continue;  // padding-only block: no loads, no MMAs
                     info.group = static_cast<u32>(expert);
+                }
+                if constexpr (kKind == GemmKind::GroupedContiguousPsum) {
+                    const i32 group = psum_block_group(info.m_block);
+                    if (group < 0)
+                        continue;  // padding-only block: no loads, no MMAs
+                    info.group = static_cast<u32>(group);
                 }
                 return true;
             }

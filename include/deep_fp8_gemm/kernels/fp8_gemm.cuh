@@ -47,7 +47,7 @@ struct GemmParams {
     TensorMap tma_sa;           // sA fp32 M-major:      dims (rows, ceil(K/128), G), box (BLOCK_M, 1, 1)
     TensorMap tma_d;            // D  [G][rows][N] bf16: dims (N, rows, G),   box (16, kWgRows, 1), SW32
     const float* sb;            // sB [G][ceil(N/128)][ceil(K/128)] fp32, row-major
-    const i32* grouped_layout;  // contiguous: m_indices[rows]; masked: masked_m[G]; dense: unused
+    const i32* grouped_layout;  // contiguous: m_indices[rows]; psum: ends[G]; masked: masked_m[G]; dense: unused
     u32 rows;                   // dense: m; contiguous: m_sum; masked: m_max
     u32 reserved;
 };
@@ -82,7 +82,7 @@ struct Fp8GemmKernel {
     static_assert(kWgRows % 64 == 0 && kWavesM >= 1 && kWavesM <= 2, "each warpgroup owns 64 or 128 rows");
     static_assert(BLOCK_N % 16 == 0 && BLOCK_N >= 16 && BLOCK_N <= 256, "BLOCK_N: multiple of 16 in [16, 256]");
     static_assert(kKind != GemmKind::Dense || kNumGroups == 1, "dense GEMM has one group");
-    static_assert(kKind != GemmKind::GroupedContiguous || BLOCK_M <= 128,
+    static_assert((kKind != GemmKind::GroupedContiguous && kKind != GemmKind::GroupedContiguousPsum) || BLOCK_M <= 128,
                   "contiguous layout pads experts to 128 rows: a block must not straddle two experts");
     static_assert(kNumStages >= 2, "at least two stages to overlap loads with math");
     static_assert(kProducerRegisters * 128 + kMathRegisters * kNumMathThreads <= 65536, "register file is 64K");

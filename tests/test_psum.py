@@ -1,0 +1,218 @@
+"""The prefix-sum ("psum") contiguous layout: scheduler (host build), kernel (simulator), reference, errors.
+
+Group g owns rows ``[start_g, ends[g])``, ``start_0 = 0``, ``start_g = round_up(ends[g-1], 128)``. The models
+here are written from that contract: a row -> group map built row by row in Python, compared against the
+tiles the real scheduler code (include/deep_fp8_gemm/scheduler.cuh, GemmKind::GroupedContiguousPsum) visits,
+and against float64 GEMMs of the real kernel run by the CPU simulator with NaN-poisoned outputs.
+"""
+
+from __future__ import annotations
+
+import collections
+import random
+import shutil
+
+import pytest
+import torch
+
+import deep_fp8_gemm as dfg
+from deep_fp8_gemm import calc_diff
+from deep_fp8_gemm.psum import check_psum_layout, m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum as psum_gemm
+from deep_fp8_gemm.runtime import paths
+from tests._gpu import requires_sm90
+from tests._operands import gemm64
+
+needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="host build / simulator need g++")
+PSUM_KIND = 3  # dfg::GemmKind::GroupedContiguousPsum
+
+
+def _ends_from_sizes(sizes, align=128):
+    """Ends of the psum layout whose groups hold ``sizes`` rows (group g starts at the aligned previous end)."""
+    ends, cursor = [], 0
+    for s in sizes:
+        ends.append(cursor + s)
+        cursor = (cursor + s + align - 1) // align * align
+    return ends
+
+
+def _row_groups(ends, rows):
+    """Group of each row (-1: padding), straight from the definition."""
+    owner = [-1] * rows
+    previous = 0
+    for g, end in enumerate(ends):
+        start = 0 if g == 0 else (previous + 127) // 128 * 128
+        for r in range(start, min(end, rows)):
+            owner[r] = g
+        previous = end
+    return owner
+
+
+# ---------------------------------------------------------------------------------------------- scheduler
+@needs_gxx
+@pytest.mark.parametrize("block_m,cluster_n", [(64, 1), (128, 1), (128, 2), (64, 2)])
+def test_scheduler_visits_each_group_block_once(tmp_path_factory, block_m, cluster_n):
+    from tests.test_scheduler import _build, _run
+
+    shape_n, block_n, num_groups = 512, 128, 7
+    exe = _build(tmp_path_factory.mktemp("psum_probe"), KIND=PSUM_KIND, SHAPE_N=shape_n, BLOCK_M=block_m,
+                 BLOCK_N=block_n, NUM_GROUPS=num_groups, CLUSTER_M=1, CLUSTER_N=cluster_n, BAND_WIDTH=2)
+    rng = random.Random(block_m * 10 + cluster_n)
+    layouts = [
+        _ends_from_sizes([0] * num_groups),  # all empty: nothing scheduled
+        _ends_from_sizes([128, 256, 0, 0, 384, 128, 128]),  # multiples of 128, empty groups in the middle
+        _ends_from_sizes([0, 1, 64, 65, 127, 129, 0]),  # partial blocks, empty first / last groups
+        [50, 60, 60, 300, 300, 301, 700],  # ends inside the previous group's padding = empty groups
+    ] + [_ends_from_sizes([rng.choice([0, 1, 63, 128, 200, rng.randint(0, 300)]) for _ in range(num_groups)])
+         for _ in range(4)]
+    for ends in layouts:
+        rows = max(ends[-1] + rng.choice([0, 5, 128]), 1)  # the buffer may extend past the last group
+        grid = cluster_n * rng.randint(1, 5)
+        tiles, _ = _run(exe, rows, grid, ends)
+        owner = _row_groups(ends, rows)
+        expected = {}
+        for mb in range((rows + block_m - 1) // block_m):
+            groups = {g for g in owner[mb * block_m:(mb + 1) * block_m] if g >= 0}
+            assert len(groups) <= 1, "the layout contract keeps a block inside one group"
+            for nb in range(shape_n // block_n):
+                if groups:
+                    expected[(mb, nb)] = next(iter(groups))
+        got = collections.Counter((mb, nb) for _, _, mb, nb, _ in tiles)
+        assert set(got) == set(expected), f"{ends}: scheduled blocks differ from the blocks holding group rows"
+        assert all(c == 1 for c in got.values()), f"{ends}: a block was scheduled twice"
+        for _, _, mb, nb, g in tiles:
+            assert g == expected[(mb, nb)], f"{ends}: block {mb} mapped to group {g}, expected {expected[(mb, nb)]}"
+
+
+# ---------------------------------------------------------------------------------------------- operands
+def _operands(m_sum, n, k, groups, seed):
+    g = torch.Generator().manual_seed(seed)
+    a, sa = dfg.per_token_cast_to_fp8(torch.randn(m_sum, k, generator=g))
+    pairs = [dfg.per_block_cast_to_fp8(torch.randn(n, k, generator=g)) for _ in range(groups)]
+    return a, sa, torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
+
+
+def _check_against_float64(out, a, sa, b, sb, ends, block_m=None):
+    owner = torch.tensor(_row_groups(ends, out.shape[0]))
+    for g in range(b.shape[0]):
+        rows = (owner == g).nonzero().flatten()
+        if rows.numel() == 0:
+            continue
+        got = out[rows]
+        assert not got.isnan().any(), f"group {g}: rows left unwritten"
+        expected = gemm64(a[rows], sa.contiguous()[rows], b[g], sb[g]).value
+        assert calc_diff(got, torch.from_numpy(expected)) < 1e-3, f"group {g}"
+    if block_m is not None:  # padding-only blocks are skipped: untouched (still NaN)
+        for blk in range((out.shape[0] + block_m - 1) // block_m):
+            if (owner[blk * block_m:(blk + 1) * block_m] < 0).all():
+                assert out[blk * block_m:(blk + 1) * block_m].isnan().all(), f"padding-only block {blk} was written"
+
+
+# ---------------------------------------------------------------------------------------------- simulator
+SIM_CASES = {
+    # name: (group sizes, block_m, cluster, extra rows after the last group)
+    "empty_groups_and_partial_blocks": ([70, 0, 128, 1], 128, (1, 1), 0),
+    "multiples_of_128_multicast_a": ([128, 0, 256, 128], 64, (1, 2), 128),
+    "all_empty_but_last": ([0, 0, 0, 200], 64, (1, 1), 56),
+}
+
+
+@needs_gxx
+@pytest.mark.parametrize("case", sorted(SIM_CASES))
+def test_simulated_kernel_matches_float64(case):
+    from tests.test_sim_gemm import make_config, run_sim
+
+    sizes, block_m, cluster, extra = SIM_CASES[case]
+    n, k, groups = 256, 256, len(sizes)
+    ends = _ends_from_sizes(sizes)
+    m_sum = ends[-1] + extra
+    cfg = make_config("psum", n, k, block_m, 64, groups=groups, cluster=cluster, grid=2 * cluster[1])
+    a, sa, b, sb = _operands(m_sum, n, k, groups, seed=len(case))
+    d = torch.full((m_sum, n), float("nan"), dtype=torch.bfloat16)
+    run_sim(cfg, a, sa, b, sb, d, torch.tensor(ends, dtype=torch.int32))
+    _check_against_float64(d, a, sa, b, sb, ends, block_m)
+
+
+@needs_gxx
+def test_planted_scheduler_bug_is_caught(tmp_path, monkeypatch):
+    """A group start that forgets the 128-row rounding maps padding blocks to the next group: must fail."""
+    from tests.test_sim_gemm import make_config, run_sim
+
+    original = "return start <= first ? static_cast<i32>(lo) : -1;"
+    mutated = tmp_path / "include"
+    shutil.copytree(paths.include_dir(), mutated)
+    header = mutated / "deep_fp8_gemm" / "scheduler.cuh"
+    text = header.read_text()
+    assert text.count(original) == 1, "the planted line is gone from scheduler.cuh: update this test"
+    header.write_text(text.replace(original, "return static_cast<i32>(lo);"))
+    monkeypatch.setattr(paths, "include_dir", lambda: mutated)
+    monkeypatch.setenv("DFG_JIT_CACHE_DIR", str(tmp_path / "cache"))
+    ends = _ends_from_sizes([40, 100])  # rows 64..127 are padding: a BLOCK_M=64 block of group 1 under the bug
+    cfg = make_config("psum", 128, 128, 64, 64, groups=2, grid=2)
+    a, sa, b, sb = _operands(ends[-1], 128, 128, 2, seed=9)
+    d = torch.full((ends[-1], 128), float("nan"), dtype=torch.bfloat16)
+    run_sim(cfg, a, sa, b, sb, d, torch.tensor(ends, dtype=torch.int32))
+    with pytest.raises(AssertionError, match="padding-only block"):
+        _check_against_float64(d, a, sa, b, sb, ends, 64)
+
+
+@pytest.mark.parametrize("simulate", (False, True))
+def test_public_op_cpu_and_simulator(simulate, monkeypatch):
+    if simulate:
+        if shutil.which("g++") is None:
+            pytest.skip("the simulator builds kernels with g++")
+        monkeypatch.setenv("DFG_SIMULATE", "1")
+        monkeypatch.setenv("DFG_SIM_NUM_SMS", "3")
+    sizes = [0, 256, 33, 0, 128]
+    ends = _ends_from_sizes(sizes)
+    m_sum = ends[-1] + 60  # m_sum need not be a multiple of 128
+    a, sa, b, sb = _operands(m_sum, 128, 384, len(sizes), seed=4)
+    d = torch.full((m_sum, 128), float("nan"), dtype=torch.bfloat16)
+    psum_gemm((a, sa), (b, sb), d, torch.tensor(ends, dtype=torch.int32), expected_m=128)
+    _check_against_float64(d, a, sa, b, sb, ends)
+
+
+# ---------------------------------------------------------------------------------------------- errors
+def test_bad_layouts_raise():
+    a, sa, b, sb = _operands(512, 128, 128, 3, seed=1)
+    d = torch.empty(512, 128, dtype=torch.bfloat16)
+    call = lambda layout, **kw: psum_gemm((a, sa), (b, sb), d, layout, **kw)  # noqa: E731
+    with pytest.raises(ValueError, match=r"must have G=3 entries .*shape=\(4,\)"):
+        call(torch.tensor([1, 2, 3, 4], dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"non-decreasing \(grouped_layout\[0\]=300\), got grouped_layout\[1\]=200"):
+        call(torch.tensor([300, 200, 400], dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"grouped_layout\[2\]=513 exceeds the rows of lhs\[0\] \(A\), m_sum=512"):
+        call(torch.tensor([100, 200, 513], dtype=torch.int32))
+    with pytest.raises(ValueError, match="non-negative"):
+        call(torch.tensor([-1, 200, 300], dtype=torch.int32))
+    with pytest.raises(TypeError, match="grouped_layout must be torch.int32"):
+        call(torch.tensor([1, 2, 3], dtype=torch.int64))
+    with pytest.raises(ValueError, match="expected_m must be positive"):
+        call(torch.tensor([1, 2, 3], dtype=torch.int32), expected_m=0)
+    with pytest.raises(ValueError, match="non-decreasing"):
+        check_psum_layout(torch.tensor([5, 4], dtype=torch.int32), 10)
+
+
+# ---------------------------------------------------------------------------------------------- GPU
+@requires_sm90
+@pytest.mark.gpu
+def test_gpu_psum_matches_float64_and_is_graph_safe():
+    sizes = [0, 300, 128, 0, 1, 512, 77, 0]
+    ends = _ends_from_sizes(sizes)
+    m_sum = ends[-1] + 128
+    a, sa, b, sb = _operands(m_sum, 512, 1024, len(sizes), seed=5)
+    layout = torch.tensor(ends, dtype=torch.int32, device="cuda")
+    d = torch.full((m_sum, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+    args = ((a.cuda(), sa.cuda()), (b.cuda(), sb.cuda()), d, layout)
+    psum_gemm(*args, expected_m=128)
+    torch.cuda.synchronize()
+    _check_against_float64(d.cpu(), a, sa, b, sb, ends, 128)
+    # Replay under a CUDA graph with new ends on the device: no host read of the layout.
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        psum_gemm(*args, expected_m=128)
+    new_ends = _ends_from_sizes([128, 0, 0, 0, 0, 0, 0, 10])
+    layout.copy_(torch.tensor(new_ends, dtype=torch.int32))
+    d.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    _check_against_float64(d.cpu(), a, sa, b, sb, new_ends, 128)
