@@ -4,9 +4,27 @@ Importing the package registers the ``torch.ops.deep_fp8_gemm`` custom ops (GEMM
 ``silu_mul_quant``); it imports neither the CUDA bindings nor the JIT (they load on the first GPU or
 simulator call). Model-facing modules: ``deep_fp8_gemm.nn`` (FP8Linear), ``deep_fp8_gemm.moe``
 (fp8_moe_forward, FP8MoE), ``deep_fp8_gemm.layout`` (MoE contiguous layout and routing).
+
+The reference design's 2.x names (``fp8_gemm_nt``, ``m_grouped_fp8_gemm_nt_contiguous`` with the psum layout,
+``m_grouped_fp8_gemm_nt_masked``, ``transform_sf_into_required_layout``, ...) live in
+:mod:`deep_fp8_gemm.compat` and are exported here too, so ``import deep_fp8_gemm as deep_gemm`` works in
+code written against it (see the README, "Using it as ``deep_gemm``").
 """
 
-from . import layout, moe, nn, psum, reference
+from . import compat, layout, moe, nn, psum, reference
+from .compat import (
+    fp8_fp4_gemm_nt,
+    fp8_gemm_nt,
+    fp8_m_grouped_gemm_nt_masked,
+    get_k_alignment_for_contiguous_layout,
+    get_mk_alignment_for_contiguous_layout,
+    get_mn_major_tma_aligned_tensor,
+    m_grouped_fp8_fp4_gemm_nt_contiguous,
+    m_grouped_fp8_fp4_gemm_nt_masked,
+    m_grouped_fp8_gemm_nt_contiguous,
+    m_grouped_fp8_gemm_nt_masked,
+    transform_sf_into_required_layout,
+)
 from .ops import (
     gemm_fp8_fp8_bf16_nt,
     m_grouped_gemm_fp8_fp8_bf16_nt_contiguous,
@@ -30,18 +48,33 @@ __all__ = [
     "__version__",
     "calc_diff",
     "ceil_div",
+    "compat",
+    "fp8_fp4_gemm_nt",
+    "fp8_gemm_nt",
+    "fp8_m_grouped_gemm_nt_masked",
     "gemm_fp8_fp8_bf16_nt",
     "get_col_major_tma_aligned_tensor",
+    "get_k_alignment_for_contiguous_layout",
     "get_m_alignment_for_contiguous_layout",
+    "get_mk_alignment_for_contiguous_layout",
+    "get_mn_major_tma_aligned_tensor",
     "get_num_sms",
     "get_tma_aligned_size",
     "layout",
+    "m_grouped_fp8_fp4_gemm_nt_contiguous",
+    "m_grouped_fp8_fp4_gemm_nt_masked",
+    "m_grouped_fp8_gemm_nt_contiguous",
+    "m_grouped_fp8_gemm_nt_masked",
     "m_grouped_gemm_fp8_fp8_bf16_nt_contiguous",
+    "m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum",
     "m_grouped_gemm_fp8_fp8_bf16_nt_masked",
     "moe",
     "nn",
     "per_block_cast_to_fp8",
+    "per_channel_cast_to_fp8",
     "per_token_cast_to_fp8",
+    "psum",
     "reference",
     "set_num_sms",
+    "transform_sf_into_required_layout",
 ]

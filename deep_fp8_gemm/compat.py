@@ -1,0 +1,326 @@
+"""The reference design's 2.x API names (DeepGEMM 2.6, SM90 semantics), so ``import deep_fp8_gemm as deep_gemm``
+works in code written against it (vLLM's ``vllm/utils/deep_gemm.py``, SGLang's ``deep_gemm_wrapper``, torchao).
+
+Every entry point validates the 2.x-only arguments here and then calls the 1.x op of :mod:`deep_fp8_gemm.ops`
+(or :mod:`deep_fp8_gemm.psum`), so the numerics, dispatch (CPU reference / ``DFG_SIMULATE=1`` simulator /
+sm_90 kernel) and tensor checks are exactly those of the 1.x names, which stay.
+
+Argument semantics, as the reference applies them on SM90 (``csrc/apis/gemm.hpp``, ``csrc/apis/layout.hpp``):
+
+* operands are ``(data, scales)`` pairs, both K-major ("NT"); scales are float32 (sA one per row per 128 K,
+  sB one per 128x128 block); power-of-two (UE8M0) fp32 scales are ordinary scales here.
+* ``recipe`` ``(gran_m_of_A, gran_n_of_B, gran_k)``, or the pair ``recipe_a=(gran_m, gran_k)``,
+  ``recipe_b=(gran_n, gran_k)``; ``None`` = ``(1, 128, 128)``, the 1D2D kernel this library implements.
+  ``(1, 1, 128)`` (per-channel B scales: the 1D1D weight-gradient kernel, fp32 D accumulated into C) is not
+  built yet and raises ``NotImplementedError``; ``gran_k == 32`` (MXFP8) is SM100-only (``NotImplementedError``);
+  any other recipe is a ``ValueError``.
+* ``compiled_dims``: which of m / n / k the reference bakes into the binary. Validated (a string of distinct
+  letters from ``"mnk"``) and otherwise a hint: this library always compiles N and K and keeps M a run-time
+  value, the reference's default ``"nk"``.
+* ``disable_ue8m0_cast``: the reference casts fp32 scales to packed UE8M0 only on SM100; on SM90 fp32 scales are
+  used as given either way. Validated as a bool, no effect.
+* ``c``: the reference's SM90 1D2D kernel has no C input (bf16 D only), so ``c is not None`` raises
+  ``ValueError`` (decided here rather than computing D = C + A·Bᵀ in a second pass: the reference rejects it
+  and a silent extra pass would differ from it in both rounding and cost). ``alpha`` (SM100) raises
+  ``NotImplementedError`` unless None.
+* SM100-only inputs raise ``NotImplementedError`` naming the option: FP4 operands (packed ``int8`` /
+  ``uint8`` / ``float4_e2m1fn_x2`` data), packed UE8M0 ``int32`` scales, ``gran_k`` 32.
+
+The NN / TN / TT layouts (SM100-only in the reference) are deliberately *not* defined: consumers probe
+``hasattr(deep_gemm, name)`` to choose a code path, and a name that always raises would steer them wrong.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import ops, psum
+from .utils import get_col_major_tma_aligned_tensor, get_m_alignment_for_contiguous_layout
+
+_DEFAULT_RECIPE = (1, 128, 128)
+_ONE_D_ONE_D = "the 1D1D weight-gradient kernel (per-channel B scales, fp32 D accumulated into C)"
+_FP4_DTYPES = tuple(getattr(torch, name) for name in ("float4_e2m1fn_x2",) if hasattr(torch, name)) + (
+    torch.int8, torch.uint8)
+
+
+# ---------------------------------------------------------------------------------------------- argument checks
+def _int_tuple(value: object, length: int, name: str) -> tuple[int, ...]:
+    if not isinstance(value, (tuple, list)) or len(value) != length or not all(
+            isinstance(v, int) and not isinstance(v, bool) for v in value):
+        raise TypeError(f"{name} must be a tuple of {length} ints, got {value!r}")
+    return tuple(value)
+
+
+def _check_granularity(gran_mn_a: int, gran_mn_b: int, gran_k: int, what: str) -> None:
+    """Accept exactly the 1D2D recipe; name what the others are."""
+    if gran_k == 32:
+        raise NotImplementedError(f"{what}: gran_k 32 (MXFP8 scale groups) exists only on the reference's SM100 "
+                                  "kernels; Hopper kernels use gran_k 128")
+    if (gran_mn_a, gran_k) == (1, 128) and gran_mn_b == 1:
+        raise NotImplementedError(f"{what} selects {_ONE_D_ONE_D}, which deep_fp8_gemm does not implement yet; "
+                                  "use recipe (1, 128, 128) with 128x128 B scales")
+    if (gran_mn_a, gran_mn_b, gran_k) != _DEFAULT_RECIPE:
+        raise ValueError(f"{what} is not a recipe of the Hopper kernels: supported (1, 128, 128) (1x128 A scales, "
+                         "128x128 B scales); (1, 1, 128) is the 1D1D kernel")
+
+
+def check_recipe(recipe: object = None, recipe_a: object = None, recipe_b: object = None) -> None:
+    """Validate the reference's ``recipe`` / ``recipe_a`` + ``recipe_b`` arguments (see the module docstring)."""
+    if recipe is not None and (recipe_a is not None or recipe_b is not None):
+        raise ValueError(f"pass either recipe or the recipe_a / recipe_b pair, not both: {recipe=} {recipe_a=} "
+                         f"{recipe_b=}")
+    if (recipe_a is None) != (recipe_b is None):
+        raise ValueError(f"recipe_a and recipe_b go together, got {recipe_a=} {recipe_b=}")
+    if recipe is not None:
+        gm, gn, gk = _int_tuple(recipe, 3, "recipe")
+        _check_granularity(gm, gn, gk, f"recipe={tuple(recipe)}")
+    elif recipe_a is not None:
+        gm, gka = _int_tuple(recipe_a, 2, "recipe_a")
+        gn, gkb = _int_tuple(recipe_b, 2, "recipe_b")
+        if gka != gkb:
+            raise ValueError(f"recipe_a and recipe_b must share gran_k, got {recipe_a=} {recipe_b=}")
+        _check_granularity(gm, gn, gka, f"recipe_a={tuple(recipe_a)}, recipe_b={tuple(recipe_b)}")
+
+
+def check_compiled_dims(compiled_dims: object) -> None:
+    """A string of distinct letters from ``"mnk"`` (the reference's compile-time dims hint)."""
+    if not isinstance(compiled_dims, str):
+        raise TypeError(f"compiled_dims must be a str, got {type(compiled_dims).__name__} ({compiled_dims!r})")
+    if set(compiled_dims) - set("mnk") or len(set(compiled_dims)) != len(compiled_dims):
+        raise ValueError(f"compiled_dims must be distinct letters of 'mnk', got {compiled_dims!r}")
+
+
+def _check_bool(value: object, name: str) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__} ({value!r})")
+
+
+def _check_sm100_operands(a: object, b: object) -> None:
+    """FP4 data and packed-UE8M0 int scales name the SM100-only feature instead of a dtype error."""
+    for pair, name in ((a, "a"), (b, "b")):
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            continue  # the 1.x checks raise the TypeError for a malformed pair
+        data, scales = pair
+        if isinstance(data, torch.Tensor) and data.dtype in _FP4_DTYPES:
+            raise NotImplementedError(f"{name}[0].dtype={data.dtype}: FP4 operands exist only on the reference's "
+                                      "SM100 kernels; Hopper kernels take float8_e4m3fn")
+        if isinstance(scales, torch.Tensor) and scales.dtype == torch.int32:
+            raise NotImplementedError(f"{name}[1].dtype=torch.int32: packed UE8M0 scales exist only on the "
+                                      "reference's SM100 kernels; pass float32 scales (power-of-two fp32 scales "
+                                      "from per_token_cast_to_fp8(x, use_ue8m0=True) are fine)")
+
+
+def _common_checks(a, b, recipe, recipe_a, recipe_b, compiled_dims, disable_ue8m0_cast) -> None:
+    _check_sm100_operands(a, b)
+    check_recipe(recipe, recipe_a, recipe_b)
+    check_compiled_dims(compiled_dims)
+    _check_bool(disable_ue8m0_cast, "disable_ue8m0_cast")
+
+
+def _check_output(d: object) -> None:
+    if isinstance(d, torch.Tensor) and d.dtype == torch.float32:
+        raise NotImplementedError(f"d.dtype=torch.float32: an fp32 D is written only by {_ONE_D_ONE_D}, not built "
+                                  "yet; the 1D2D kernel writes bfloat16")
+
+
+# ---------------------------------------------------------------------------------------------- GEMMs
+def fp8_gemm_nt(
+    a: tuple[torch.Tensor, torch.Tensor],
+    b: tuple[torch.Tensor, torch.Tensor],
+    d: torch.Tensor,
+    c: torch.Tensor | None = None,
+    recipe: tuple[int, int, int] | None = None,
+    recipe_a: tuple[int, int] | None = None,
+    recipe_b: tuple[int, int] | None = None,
+    compiled_dims: str = "nk",
+    disable_ue8m0_cast: bool = False,
+    alpha: float | None = None,
+) -> None:
+    """``d = bf16(dequant(A) · dequant(B)ᵀ)``: the reference's ``fp8_gemm_nt`` with SM90 semantics.
+
+    ``a = (A [m, k] e4m3 K-major, sA [m, ceil(k/128)] fp32)``, ``b = (B [n, k] e4m3 K-major,
+    sB [ceil(n/128), ceil(k/128)] fp32)``, ``d`` ``[m, n]`` bf16 written in place. ``c`` must be None
+    (``ValueError``: the SM90 1D2D kernel has no C); the other 2.x arguments as in the module docstring.
+    Everything else is :func:`deep_fp8_gemm.gemm_fp8_fp8_bf16_nt`.
+    """
+    _common_checks(a, b, recipe, recipe_a, recipe_b, compiled_dims, disable_ue8m0_cast)
+    if alpha is not None:
+        raise NotImplementedError(f"alpha={alpha!r}: the output scale exists only on the reference's SM100 kernels")
+    _check_output(d)
+    if c is not None:
+        raise ValueError("c (D = C + A·Bᵀ) is not supported with recipe (1, 128, 128) and a bfloat16 d: the SM90 "
+                         "1D2D kernel has no C input (as in the reference); add C yourself, e.g. d += c")
+    ops.gemm_fp8_fp8_bf16_nt(a, b, d)
+
+
+def m_grouped_fp8_gemm_nt_contiguous(
+    a: tuple[torch.Tensor, torch.Tensor],
+    b: tuple[torch.Tensor, torch.Tensor],
+    d: torch.Tensor,
+    grouped_layout: torch.Tensor,
+    recipe: tuple[int, int, int] | None = None,
+    recipe_a: tuple[int, int] | None = None,
+    recipe_b: tuple[int, int] | None = None,
+    compiled_dims: str = "nk",
+    disable_ue8m0_cast: bool = False,
+    use_psum_layout: bool = False,
+    expected_m_for_psum_layout: int | None = None,
+    *,
+    ensure_zero_padding: bool = True,
+) -> None:
+    """Grouped GEMM over expert rows concatenated in ``a`` (``[m, k]``), B ``[G, n, k]``, d ``[m, n]`` bf16.
+
+    ``use_psum_layout=False``: ``grouped_layout`` is ``m_indices`` ``[m]`` int32 (expert per row, -1 padding;
+    :func:`deep_fp8_gemm.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous`); ``expected_m_for_psum_layout`` must then
+    be None (``ValueError``, as the reference).
+    ``use_psum_layout=True``: ``grouped_layout`` is ``[G]`` int32 group ends (group g = rows
+    ``[round_up(grouped_layout[g-1], 128), grouped_layout[g])``, the first from row 0; see
+    :mod:`deep_fp8_gemm.psum` for what is checked where), read on the device only; ``expected_m_for_psum_layout``
+    (rows per group, optional) picks the kernel configuration.
+    ``ensure_zero_padding`` (keyword-only; the reference's SM100 option about padding rows) is validated and has
+    no effect: padding rows' output is unspecified either way.
+    """
+    _common_checks(a, b, recipe, recipe_a, recipe_b, compiled_dims, disable_ue8m0_cast)
+    _check_bool(use_psum_layout, "use_psum_layout")
+    _check_bool(ensure_zero_padding, "ensure_zero_padding")
+    _check_output(d)
+    if use_psum_layout:
+        psum.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum(a, b, d, grouped_layout, expected_m_for_psum_layout)
+        return
+    if expected_m_for_psum_layout is not None:
+        raise ValueError(f"expected_m_for_psum_layout={expected_m_for_psum_layout!r} is only meaningful with "
+                         "use_psum_layout=True (grouped_layout is per-row m_indices otherwise)")
+    ops.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous(a, b, d, grouped_layout)
+
+
+def m_grouped_fp8_gemm_nt_masked(
+    a: tuple[torch.Tensor, torch.Tensor],
+    b: tuple[torch.Tensor, torch.Tensor],
+    d: torch.Tensor,
+    masked_m: torch.Tensor,
+    expected_m: int,
+    recipe: tuple[int, int, int] | None = None,
+    recipe_a: tuple[int, int] | None = None,
+    recipe_b: tuple[int, int] | None = None,
+    compiled_dims: str = "nk",
+    disable_ue8m0_cast: bool = False,
+) -> None:
+    """Grouped GEMM over a fixed-size buffer per group: A ``[G, m_max, k]``, B ``[G, n, k]``, d ``[G, m_max, n]``
+    bf16, ``masked_m`` ``[G]`` int32 valid rows per group (device-side), ``expected_m`` a positive int hint.
+    Everything else is :func:`deep_fp8_gemm.m_grouped_gemm_fp8_fp8_bf16_nt_masked`."""
+    _common_checks(a, b, recipe, recipe_a, recipe_b, compiled_dims, disable_ue8m0_cast)
+    _check_output(d)
+    ops.m_grouped_gemm_fp8_fp8_bf16_nt_masked(a, b, d, masked_m, expected_m)
+
+
+#: vLLM resolves the masked GEMM under this name (``vllm/utils/deep_gemm.py``).
+fp8_m_grouped_gemm_nt_masked = m_grouped_fp8_gemm_nt_masked
+#: The reference's newest spellings of the same entry points (they also take FP4 on SM100).
+fp8_fp4_gemm_nt = fp8_gemm_nt
+m_grouped_fp8_fp4_gemm_nt_contiguous = m_grouped_fp8_gemm_nt_contiguous
+m_grouped_fp8_fp4_gemm_nt_masked = m_grouped_fp8_gemm_nt_masked
+
+
+# ---------------------------------------------------------------------------------------------- layout helpers
+def get_mk_alignment_for_contiguous_layout() -> int:
+    """Rows (M-grouped) or K elements (K-grouped) each group of a contiguous layout is aligned to: 128."""
+    return get_m_alignment_for_contiguous_layout()
+
+
+#: The K-grouped spelling of the same alignment (the reference's 2.0 name).
+get_k_alignment_for_contiguous_layout = get_mk_alignment_for_contiguous_layout
+
+
+def get_mn_major_tma_aligned_tensor(sf: torch.Tensor) -> torch.Tensor:
+    """The reference's name of :func:`deep_fp8_gemm.get_col_major_tma_aligned_tensor`: ``sf`` float32
+    ``[mn, g]`` / ``[G, mn, g]`` in the MN-major layout with TMA-aligned (16-byte) columns; ``sf`` itself when
+    it already is (no copy), else one strided copy."""
+    return get_col_major_tma_aligned_tensor(sf)
+
+
+def transform_sf_into_required_layout(
+    sf: torch.Tensor,
+    mn: int,
+    k: int,
+    recipe: tuple[int, ...],
+    num_groups: int | None = None,
+    is_sfa: bool | None = None,
+    disable_ue8m0_cast: bool = False,
+    psum_layout: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Scales ``sf`` in the layout the SM90 kernels read (the reference's helper, SM90 branch).
+
+    Args:
+        sf: float32 scales, ``[ceil(mn/gran_mn), ceil(k/gran_k)]``, or ``[num_groups, ...]`` when
+            ``num_groups`` is given.
+        mn, k: the operand's rows (m for A, n for B) and K.
+        recipe: ``(gran_m, gran_n, gran_k)`` together with ``is_sfa`` (True: A's scales use gran_m, False: B's
+            use gran_n), or ``(gran_mn, gran_k)`` with ``is_sfa=None``.
+        disable_ue8m0_cast: validated; fp32 scales are used as given on SM90.
+        psum_layout: accepted for signature compatibility (the reference uses it only to pack SM100 scales).
+
+    Returns:
+        gran ``(1, 128)`` (per-token A scales): :func:`get_mn_major_tma_aligned_tensor` of ``sf`` (M-major,
+        TMA-aligned; no copy when it already is). gran ``(128, 128)`` (block B scales): ``sf`` contiguous (no
+        copy when it already is). Power-of-two (UE8M0) fp32 values pass through unchanged.
+
+    Raises:
+        NotImplementedError: int32 (packed UE8M0) scales, gran_k 32, the 1D1D recipe's per-channel B scales.
+        TypeError / ValueError: wrong types, shapes, or an is_sfa that does not fit the recipe's form.
+    """
+    if not isinstance(sf, torch.Tensor):
+        raise TypeError(f"sf must be a torch.Tensor, got {type(sf).__name__}")
+    if sf.dtype == torch.int32:
+        raise NotImplementedError("sf.dtype=torch.int32: packed UE8M0 scales exist only on the reference's SM100 "
+                                  "kernels")
+    if sf.dtype != torch.float32:
+        raise TypeError(f"sf must be float32, got sf.dtype={sf.dtype}")
+    for value, name in ((mn, "mn"), (k, "k")):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise TypeError(f"{name} must be a non-negative int, got {value!r}")
+    _check_bool(disable_ue8m0_cast, "disable_ue8m0_cast")
+    if psum_layout is not None and not isinstance(psum_layout, torch.Tensor):
+        raise TypeError(f"psum_layout must be a torch.Tensor or None, got {type(psum_layout).__name__}")
+    if isinstance(recipe, (tuple, list)) and len(recipe) == 3:
+        if not isinstance(is_sfa, bool):
+            raise ValueError(f"a 3-element recipe needs is_sfa=True (A's scales) or False (B's), got {is_sfa=}")
+        gran_m, gran_n, gran_k = _int_tuple(recipe, 3, "recipe")
+        gran_mn = gran_m if is_sfa else gran_n
+    else:
+        if is_sfa is not None:
+            raise ValueError(f"a 2-element recipe (gran_mn, gran_k) takes is_sfa=None, got {is_sfa=}")
+        gran_mn, gran_k = _int_tuple(recipe, 2, "recipe")
+    if gran_k == 32:
+        raise NotImplementedError("gran_k 32 (MXFP8 scale groups) exists only on the reference's SM100 kernels")
+    if gran_k != 128 or gran_mn not in (1, 128):
+        raise ValueError(f"recipe {tuple(recipe)} gives scale granularity ({gran_mn}, {gran_k}); the Hopper kernels "
+                         "read (1, 128) A scales and (128, 128) B scales")
+    lead = () if num_groups is None else (num_groups,)
+    if num_groups is not None and (isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < 1):
+        raise TypeError(f"num_groups must be a positive int or None, got {num_groups!r}")
+    expected = lead + ((mn + gran_mn - 1) // gran_mn, (k + 127) // 128)
+    if tuple(sf.shape) != expected:
+        raise ValueError(f"sf must have shape {expected} for {mn=} {k=} granularity ({gran_mn}, {gran_k}) "
+                         f"{num_groups=}, got sf.shape={tuple(sf.shape)}")
+    if gran_mn == 1:
+        if is_sfa is False:
+            raise NotImplementedError(f"per-channel B scales (granularity (1, 128)) are read only by {_ONE_D_ONE_D}")
+        return get_mn_major_tma_aligned_tensor(sf)
+    return sf if sf.is_contiguous() else sf.contiguous()
+
+
+__all__ = [
+    "check_compiled_dims",
+    "check_recipe",
+    "fp8_fp4_gemm_nt",
+    "fp8_gemm_nt",
+    "fp8_m_grouped_gemm_nt_masked",
+    "get_k_alignment_for_contiguous_layout",
+    "get_mk_alignment_for_contiguous_layout",
+    "get_mn_major_tma_aligned_tensor",
+    "m_grouped_fp8_fp4_gemm_nt_contiguous",
+    "m_grouped_fp8_fp4_gemm_nt_masked",
+    "m_grouped_fp8_gemm_nt_contiguous",
+    "m_grouped_fp8_gemm_nt_masked",
+    "transform_sf_into_required_layout",
+]
