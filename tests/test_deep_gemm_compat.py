@@ -35,12 +35,19 @@ ALIGN = 128
 @pytest.fixture(params=["cpu", "simulator"])
 def path(request, monkeypatch):
     """Run each call on the CPU reference and through the real kernels in the CPU simulator."""
+    launched = []
     if request.param == "simulator":
         if shutil.which("g++") is None:
             pytest.skip("the simulator builds kernels with g++")
+        from deep_fp8_gemm.kernels import gemm as gemm_module
+
+        real_run = gemm_module.run
+        monkeypatch.setattr(gemm_module, "run", lambda cfg, *args: (launched.append(cfg.kind), real_run(cfg, *args))[1])
         monkeypatch.setenv("DFG_SIMULATE", "1")
         monkeypatch.setenv("DFG_SIM_NUM_SMS", "3")
-    return request.param
+    yield request.param
+    if request.param == "simulator":
+        assert launched, "DFG_SIMULATE=1 but no kernel ran in the simulator"
 
 
 def _resolve_symbol(module, new: str, old: str):
