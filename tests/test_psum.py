@@ -216,3 +216,30 @@ def test_gpu_psum_matches_float64_and_is_graph_safe():
     graph.replay()
     torch.cuda.synchronize()
     _check_against_float64(d.cpu(), a, sa, b, sb, new_ends, 128)
+
+
+# ---------------------------------------------------------------------------------------------- custom op
+def test_custom_op_opcheck_and_compile():
+    """One torch.library op (``torch.ops.deep_fp8_gemm.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum``): fake
+    kernel vs real, AOT dispatch with dynamic shapes, and torch.compile(fullgraph=True) through the 2.x name."""
+    ends = torch.tensor(_ends_from_sizes([100, 0, 128]), dtype=torch.int32)
+    a, sa, b, sb = _operands(int(ends[-1]), 128, 256, 3, seed=7)
+    sa = dfg.get_col_major_tma_aligned_tensor(sa)
+    out = torch.zeros(int(ends[-1]), 128, dtype=torch.bfloat16)
+    op = torch.ops.deep_fp8_gemm.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum.default
+    torch.library.opcheck(op, (a, sa, b, sb, out, ends, 64), test_utils=("test_faketensor", "test_aot_dispatch_dynamic"))
+    written = [arg.name for arg in op._schema.arguments if arg.alias_info is not None and arg.alias_info.is_write]
+    assert written == ["out"]
+
+    def model(a, sa, b, sb, ends):
+        d = torch.zeros(a.size(0), b.size(1), dtype=torch.bfloat16)
+        dfg.m_grouped_fp8_gemm_nt_contiguous((a, sa), (b, sb), d, ends, use_psum_layout=True,
+                                             expected_m_for_psum_layout=64)
+        return d * 2
+
+    torch._dynamo.reset()
+    try:
+        compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+        assert torch.equal(compiled(a, sa, b, sb, ends), model(a, sa, b, sb, ends))
+    finally:
+        torch._dynamo.reset()

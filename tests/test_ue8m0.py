@@ -191,3 +191,22 @@ def test_gpu_gemm_on_ue8m0_scales():
     dfg.fp8_gemm_nt((a, sa), (b, sb), out, disable_ue8m0_cast=False)
     expected = gemm64(a.cpu(), sa.cpu().contiguous(), b.cpu(), sb.cpu()).value
     assert dfg.calc_diff(out.cpu(), torch.from_numpy(expected)) < 1e-3
+
+
+def test_quantiser_ops_take_use_ue8m0():
+    """The custom ops' schemas carry use_ue8m0 (default False): fake vs real, AOT dispatch, torch.compile."""
+    x = torch.randn(40, 300, dtype=torch.bfloat16)
+    for op in (torch.ops.deep_fp8_gemm.per_token_cast_to_fp8.default,
+               torch.ops.deep_fp8_gemm.per_block_cast_to_fp8.default):
+        torch.library.opcheck(op, (x, True), test_utils=("test_faketensor", "test_aot_dispatch_dynamic"))
+
+    def model(x):
+        q, s = dfg.per_token_cast_to_fp8(x, use_ue8m0=True)
+        return q.float() * s.repeat_interleave(128, 1)[:, : x.size(1)]
+
+    torch._dynamo.reset()
+    try:
+        compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+        assert torch.equal(compiled(x), model(x))
+    finally:
+        torch._dynamo.reset()
