@@ -1,0 +1,14 @@
+"""Expert-parallel MoE and tensor-parallel FP8 linears on ``torch.distributed`` (NCCL on GPUs, gloo on CPUs).
+
+* :func:`ep_moe_forward` — prefill / training: uneven all-to-all dispatch, contiguous grouped GEMMs.
+* :class:`EPMoE` — a module owning one rank's experts.
+* :func:`reserve_sms` — leave SMs to communication kernels that overlap the GEMMs.
+
+Expert sharding: rank ``r`` of the group owns global experts ``[r*E_local, (r+1)*E_local)``.
+"""
+
+from .ep_moe import ep_moe_forward
+from .module import EPMoE
+from .sms import reserve_sms
+
+__all__ = ["EPMoE", "ep_moe_forward", "reserve_sms"]
