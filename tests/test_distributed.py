@@ -68,6 +68,9 @@ def _moe_worker(rank: int, world: int) -> list[str]:
     full = FP8MoE.from_weights(w13, w2)
     local = EPMoE.from_experts(w13, w2)
     lo, hi = rank * E_LOCAL, (rank + 1) * E_LOCAL
+    max_tokens = max(max(_tokens(world, c)) for c, _ in CASES)
+    # "one_rank" repeats experts within a token: up to max_tokens * TOP_K slots per expert and source rank.
+    buffers = local.decode_buffers(max_tokens, TOP_K, max_rows_per_expert=world * max_tokens * TOP_K)
     done = []
     for seed, (case, _) in enumerate(CASES):
         tokens = _tokens(world, case)
@@ -81,9 +84,27 @@ def _moe_worker(rank: int, world: int) -> list[str]:
         assert torch.equal(got, expected), f"{case}: ep_moe_forward differs, max {(got.float() - expected.float()).abs().max()}"
         got = local(hidden[mine], ids[mine], weights[mine])
         assert torch.equal(got, expected), f"{case}: EPMoE differs"
+        for _ in range(2):  # the static buffers are reused: a second call must not see the first one's rows
+            got = local.forward_decode(hidden[mine], ids[mine], weights[mine], buffers, expected_m=4)
+            assert torch.equal(got, expected), f"{case}: decode differs"
         done.append(case)
+
+    # Default buffers (m_max = world * max_tokens) overflow when every slot of every token goes to expert 2
+    # (rank 1): rank 1 raises after the last collective, the others finish normally.
+    small = local.decode_buffers(max_tokens, TOP_K)
+    tokens = _tokens(world, "balanced")
+    hidden, _, weights = _routing("balanced", tokens, num_experts, 99)
+    ids = torch.full((sum(tokens), TOP_K), 2, dtype=torch.int32)
+    start = sum(tokens[:rank])
+    mine = slice(start, start + tokens[rank])
+    if rank == 1:
+        with pytest.raises(RuntimeError, match="max_rows_per_expert"):
+            local.forward_decode(hidden[mine], ids[mine], weights[mine], small, expected_m=4)
+    else:
+        local.forward_decode(hidden[mine], ids[mine], weights[mine], small, expected_m=4)
+    done.append("overflow")
     return done
 
 
 def test_ep_moe_two_ranks():
-    assert run_world(2, _moe_worker) == [[c for c, _ in CASES]] * 2
+    assert run_world(2, _moe_worker) == [[c for c, _ in CASES] + ["overflow"]] * 2

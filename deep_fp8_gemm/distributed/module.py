@@ -8,6 +8,7 @@ from torch import nn
 
 from ..moe import FP8MoE, _tensor
 from .comm import group_rank, group_size
+from .ep_decode import EPDecodeBuffers, ep_moe_forward_decode
 from .ep_moe import ep_moe_forward
 
 __all__ = ["EPMoE"]
@@ -78,6 +79,21 @@ class EPMoE(nn.Module):
         ``topk_weights [T_local, top_k]`` -> ``[T_local, H]`` bf16 (:func:`ep_moe_forward`)."""
         e = self.experts
         return ep_moe_forward(hidden, topk_ids, topk_weights, e.w13, e.w13_scale, e.w2, e.w2_scale, self.group)
+
+    def decode_buffers(self, max_tokens: int, top_k: int, max_rows_per_expert: int | None = None) -> EPDecodeBuffers:
+        """Static buffers for :meth:`forward_decode` with up to ``max_tokens`` tokens per rank, on the weights'
+        device (``EPDecodeBuffers.allocate``)."""
+        return EPDecodeBuffers.allocate(max_tokens, self.experts.hidden_size, top_k, self.num_local_experts,
+                                        max_rows_per_expert=max_rows_per_expert, group=self.group,
+                                        device=self.experts.w13.device)
+
+    def forward_decode(self, hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                       buffers: EPDecodeBuffers, expected_m: int) -> torch.Tensor:
+        """:meth:`forward` without host synchronisation (CUDA-graph capturable on NCCL): see
+        :func:`deep_fp8_gemm.distributed.ep_moe_forward_decode`. Same result, bit for bit."""
+        e = self.experts
+        return ep_moe_forward_decode(hidden, topk_ids, topk_weights, e.w13, e.w13_scale, e.w2, e.w2_scale,
+                                     buffers, expected_m, self.group)
 
     def extra_repr(self) -> str:
         return (f"num_experts={self.num_experts}, local experts [{self.expert_offset}, "
