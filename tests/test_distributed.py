@@ -8,6 +8,8 @@ within the bf16 rounding of the partial sums for the row-parallel one (see each 
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -106,5 +108,122 @@ def _moe_worker(rank: int, world: int) -> list[str]:
     return done
 
 
-def test_ep_moe_two_ranks():
-    assert run_world(2, _moe_worker) == [[c for c, _ in CASES] + ["overflow"]] * 2
+def _tp_worker(rank: int, world: int) -> list[str]:
+    from torch import nn
+
+    from deep_fp8_gemm import calc_diff
+    from deep_fp8_gemm.distributed import ColumnParallelFP8Linear, RowParallelFP8Linear
+    from deep_fp8_gemm.nn import FP8Linear
+
+    g = _gen(77)
+    tokens = 4 * world  # divisible by world: sequence parallelism splits the tokens
+    share = slice(rank * 4, rank * 4 + 4)
+    done = []
+
+    # Column-parallel: 128 output features per rank (whole 128x128 scale blocks) -> bit-identical.
+    full = nn.Linear(H, 128 * world).bfloat16()
+    with torch.no_grad():
+        full.weight.copy_(torch.randn(full.weight.shape, generator=g) / H ** 0.5)
+        full.bias.copy_(torch.randn(full.bias.shape, generator=g))
+    x = torch.randn(tokens, 2, H, generator=g).bfloat16()  # leading dims [T, 2]
+    expected = FP8Linear.from_linear(full)(x)
+    cols = slice(rank * 128, (rank + 1) * 128)
+    assert torch.equal(ColumnParallelFP8Linear.from_linear(full)(x), expected[..., cols])
+    assert torch.equal(ColumnParallelFP8Linear.from_linear(full, gather_output=True)(x), expected)
+    seq = ColumnParallelFP8Linear.from_linear(full, gather_output=True, sequence_parallel=True)
+    assert torch.equal(seq(x[share]), expected)
+    done.append("column")
+
+    # Row-parallel: 128 input features per rank; partials rounded to bf16 by each GEMM, summed in fp32.
+    full = nn.Linear(128 * world, H).bfloat16()
+    with torch.no_grad():
+        full.weight.copy_(torch.randn(full.weight.shape, generator=g) / (128 * world) ** 0.5)
+        full.bias.copy_(torch.randn(full.bias.shape, generator=g))
+    x = torch.randn(tokens, 128 * world, generator=g).bfloat16()
+    single = FP8Linear.from_linear(full)(x)
+    partials = []
+    for r in range(world):  # the sharded math, evaluated in one process (float64 sum of the bf16 partials)
+        shard = nn.Linear(128, H, bias=False).bfloat16()
+        with torch.no_grad():
+            shard.weight.copy_(full.weight[:, r * 128:(r + 1) * 128])
+        partials.append(FP8Linear.from_linear(shard)(x[:, r * 128:(r + 1) * 128]).double())
+    exact = sum(partials) + full.bias.double()
+
+    magnitude = sum(p.abs() for p in partials)
+
+    def check(got, rows, reduce_bf16=False):
+        want = exact[rows]
+        # fp32 sum of the `world` bf16 partials + bias, one bf16 rounding: within 1 bf16 ulp (2^-8 relative) of
+        # the float64 sum. A bf16 reduction rounds each partial sum (relative to the partials, which the bias
+        # may then cancel): one ulp of the partials' magnitude per step.
+        tol = 2.0 ** -8 * want.abs() + 1e-6
+        if reduce_bf16:
+            tol = tol + world * 2.0 ** -8 * magnitude[rows]
+        assert got.shape == want.shape and bool(((got.double() - want).abs() <= tol).all()), \
+            f"row-parallel off by {((got.double() - want).abs() / want.abs().clamp_min(1e-3)).max():.2e} relative"
+        assert calc_diff(got, single[rows]) < 1e-4
+
+    mine = slice(rank * 128, (rank + 1) * 128)
+    check(RowParallelFP8Linear.from_linear(full)(x[:, mine]), slice(None))
+    check(RowParallelFP8Linear.from_linear(full, input_is_parallel=False)(x), slice(None))
+    check(RowParallelFP8Linear.from_linear(full, sequence_parallel=True)(x[:, mine]), share)
+    check(RowParallelFP8Linear.from_linear(full, reduce_dtype=torch.bfloat16)(x[:, mine]), slice(None), True)
+    # Freshly initialised layers: the bias is broadcast, so every rank holds rank 0's.
+    layer = RowParallelFP8Linear(128 * world, H, group=None)
+    bias = layer.bias.clone()
+    import torch.distributed as dist
+
+    dist.broadcast(bias, src=0)
+    assert torch.equal(bias, layer.bias)
+    done.append("row")
+    return done
+
+
+def _all_worker(rank: int, world: int) -> list[str]:
+    return _moe_worker(rank, world) + _tp_worker(rank, world)
+
+
+ALL = [c for c, _ in CASES] + ["overflow", "column", "row"]
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_distributed_world(world):
+    """ep_moe_forward, EPMoE (prefill and decode) and both TP linears on a spawned gloo world."""
+    assert run_world(world, _all_worker, timeout=240) == [ALL] * world
+
+
+# --- a failing or hanging rank ends the test in bounded time ---------------------------------------------------
+def _raising_worker(rank: int, world: int) -> None:
+    from deep_fp8_gemm.distributed import ep_moe_forward
+    from deep_fp8_gemm.moe import FP8MoE
+
+    experts = FP8MoE(E_LOCAL, H, I)
+    hidden = torch.zeros((3, H), dtype=torch.bfloat16)
+    ids = torch.zeros((3, TOP_K), dtype=torch.int32)
+    if rank == 1:
+        hidden = hidden[:, :128]  # rank 1 raises ValueError before its first collective; rank 0 waits in it
+    ep_moe_forward(hidden, ids, torch.ones(3, TOP_K), experts.w13, experts.w13_scale, experts.w2, experts.w2_scale)
+
+
+def _hanging_worker(rank: int, world: int) -> None:
+    import time
+
+    import torch.distributed as dist
+
+    if rank == 1:
+        time.sleep(600)  # never joins the collective
+    dist.all_reduce(torch.ones(1))
+
+
+def test_raising_rank_fails_fast():
+    start = time.monotonic()
+    with pytest.raises(WorldError, match="hidden must be"):
+        run_world(2, _raising_worker, timeout=120)
+    assert time.monotonic() - start < 60  # terminated when rank 1 exited, not at gloo's timeout
+
+
+def test_hanging_rank_times_out():
+    start = time.monotonic()
+    with pytest.raises(WorldTimeout, match="terminated"):
+        run_world(2, _hanging_worker, timeout=8)
+    assert time.monotonic() - start < 30

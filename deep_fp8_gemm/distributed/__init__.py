@@ -4,6 +4,7 @@
 * :func:`ep_moe_forward_decode` with :class:`EPDecodeBuffers` — decode under CUDA graphs: static buffers,
   masked layout, no host synchronisation.
 * :class:`EPMoE` — a module owning one rank's experts.
+* :class:`ColumnParallelFP8Linear`, :class:`RowParallelFP8Linear` — tensor parallelism, Megatron-LM style.
 * :func:`reserve_sms` — leave SMs to communication kernels that overlap the GEMMs.
 
 Expert sharding: rank ``r`` of the group owns global experts ``[r*E_local, (r+1)*E_local)``.
@@ -13,5 +14,14 @@ from .ep_decode import EPDecodeBuffers, ep_moe_forward_decode
 from .ep_moe import ep_moe_forward
 from .module import EPMoE
 from .sms import reserve_sms
+from .tensor_parallel import ColumnParallelFP8Linear, RowParallelFP8Linear
 
-__all__ = ["EPDecodeBuffers", "EPMoE", "ep_moe_forward", "ep_moe_forward_decode", "reserve_sms"]
+__all__ = [
+    "ColumnParallelFP8Linear",
+    "EPDecodeBuffers",
+    "EPMoE",
+    "ep_moe_forward",
+    "ep_moe_forward_decode",
+    "reserve_sms",
+    "RowParallelFP8Linear",
+]

@@ -64,7 +64,8 @@ def all_gather_dim0(x: torch.Tensor, group: dist.ProcessGroup | None = None) -> 
     """``[n, ...]`` on every rank -> ``[world * n, ...]``, rank ``r``'s rows at ``[r*n, (r+1)*n)``."""
     x = x.contiguous()
     out = x.new_empty((group_size(group) * x.shape[0], *x.shape[1:]))
-    dist.all_gather_into_tensor(out, x, group=group)
+    # all_gather_single replaces all_gather_into_tensor (deprecated in torch 2.13); same semantics.
+    (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(out, x, group=group)
     return out
 
 
