@@ -192,7 +192,8 @@ def ep_moe_forward_decode(
     fits = (flat >= 0) & (row_in_expert < m_max)
     target = torch.where(fits, flat * m_max + row_in_expert, torch.full_like(flat, num_local * m_max))
     buffers.masked_m.copy_(running[-1].clamp(max=m_max))
-    source_row = torch.arange(rows, dtype=torch.int64, device=device).repeat_interleave(top_k)
+    # expand, not repeat_interleave: the latter may read its output size back from the device.
+    source_row = torch.arange(rows, dtype=torch.int64, device=device).unsqueeze(1).expand(rows, top_k).reshape(-1)
     buffers.expert_x.index_copy_(0, target, recv_x.view(torch.uint8).index_select(0, source_row))
     buffers.expert_scales.index_copy_(0, target, recv_s.index_select(0, source_row))
     a = buffers.expert_x[:-1].view(num_local, m_max, hidden_size).view(FP8)
