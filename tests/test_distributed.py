@@ -83,7 +83,8 @@ def _moe_worker(rank: int, world: int) -> list[str]:
         got = ep_moe_forward(hidden[mine], ids[mine], weights[mine], full.w13[lo:hi], full.w13_scale[lo:hi],
                              full.w2[lo:hi], full.w2_scale[lo:hi])
         assert got.dtype == torch.bfloat16 and got.shape == (tokens[rank], H)
-        assert torch.equal(got, expected), f"{case}: ep_moe_forward differs, max {(got.float() - expected.float()).abs().max()}"
+        error = (got.float() - expected.float()).abs().max()
+        assert torch.equal(got, expected), f"{case}: ep_moe_forward differs, max |error| {error}"
         got = local(hidden[mine], ids[mine], weights[mine])
         assert torch.equal(got, expected), f"{case}: EPMoE differs"
         for _ in range(2):  # the static buffers are reused: a second call must not see the first one's rows

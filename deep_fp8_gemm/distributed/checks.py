@@ -40,7 +40,8 @@ def check_ep_inputs(hidden, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale
     _tensor(topk_weights, "topk_weights", (torch.float32, torch.bfloat16, torch.float16), 2)
     num_tokens = hidden.shape[0]
     if hidden.shape[1] != hidden_size:
-        raise ValueError(f"hidden must be [T, H] with H={hidden_size} (from w13), got hidden.shape={tuple(hidden.shape)}")
+        raise ValueError(f"hidden must be [T, H] with H={hidden_size} (from w13), "
+                         f"got hidden.shape={tuple(hidden.shape)}")
     if topk_ids.shape[0] != num_tokens or topk_weights.shape != topk_ids.shape:
         raise ValueError(f"topk_ids and topk_weights must both be [T={num_tokens}, top_k], got "
                          f"topk_ids.shape={tuple(topk_ids.shape)} topk_weights.shape={tuple(topk_weights.shape)}")
@@ -64,8 +65,13 @@ def _check_expert_range(topk_ids: torch.Tensor, num_experts: int) -> None:
 
 def check_peer_shapes(peers: list[list[int]], mine: list[int]) -> None:
     """``peers[s]`` = ``[H, top_k, E_local]`` received from rank ``s``; raises ValueError on every rank when the
-    ranks disagree (each rank sees all the others' values, so all of them raise: no rank is left waiting)."""
+    ranks disagree (each rank sees all the others' values, so all of them raise: no rank is left waiting).
+
+    A different ``E_local`` also changes the width of the count message that carries these values, so the
+    count exchange itself may fail (or, on some backends, wait until the timeout) before this check runs; a
+    different ``H`` or ``top_k`` is always caught here."""
     for source, theirs in enumerate(peers):
         if list(theirs) != list(mine):
             raise ValueError(f"expert-parallel ranks disagree on (H, top_k, E_local): this rank has {tuple(mine)}, "
-                             f"rank {source} has {tuple(theirs)}; every rank must pass the same top_k and weight shapes")
+                             f"rank {source} has {tuple(theirs)}; every rank must pass the same top_k and weight "
+                             "shapes")
