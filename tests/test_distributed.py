@@ -83,8 +83,8 @@ def _moe_worker(rank: int, world: int) -> list[str]:
         got = ep_moe_forward(hidden[mine], ids[mine], weights[mine], full.w13[lo:hi], full.w13_scale[lo:hi],
                              full.w2[lo:hi], full.w2_scale[lo:hi])
         assert got.dtype == torch.bfloat16 and got.shape == (tokens[rank], H)
-        error = (got.float() - expected.float()).abs().max()
-        assert torch.equal(got, expected), f"{case}: ep_moe_forward differs, max |error| {error}"
+        assert torch.equal(got, expected), f"{case}: ep_moe_forward differs, max |error| " \
+            f"{(got.float() - expected.float()).abs().max()}"
         got = local(hidden[mine], ids[mine], weights[mine])
         assert torch.equal(got, expected), f"{case}: EPMoE differs"
         for _ in range(2):  # the static buffers are reused: a second call must not see the first one's rows
@@ -106,6 +106,12 @@ def _moe_worker(rank: int, world: int) -> list[str]:
     else:
         local.forward_decode(hidden[mine], ids[mine], weights[mine], small, expected_m=4)
     done.append("overflow")
+
+    # Ranks that disagree on top_k: every rank raises after the count exchange (none waits for the payload).
+    k = TOP_K if rank == 0 else TOP_K - 1
+    with pytest.raises(ValueError, match="disagree on"):
+        local(hidden[mine], ids[mine, :k], weights[mine, :k])
+    done.append("peer_mismatch")
     return done
 
 
@@ -184,7 +190,7 @@ def _all_worker(rank: int, world: int) -> list[str]:
     return _moe_worker(rank, world) + _tp_worker(rank, world)
 
 
-ALL = [c for c, _ in CASES] + ["overflow", "column", "row"]
+ALL = [c for c, _ in CASES] + ["overflow", "peer_mismatch", "column", "row"]
 
 
 @pytest.mark.parametrize("world", [2, 3])
