@@ -50,13 +50,15 @@ def _routing(case: str, tokens: list[int], num_experts: int, seed: int):
     return hidden, ids.to(torch.int32), weights
 
 
-CASES = [("balanced", None), ("one_rank", None), ("no_tokens", 0), ("dropped", None), ("empty_experts", None)]
+CASES = ["balanced", "one_rank", "no_tokens", "dropped", "empty_experts", "all_empty"]
 
 
 def _tokens(world: int, case: str) -> list[int]:
     tokens = [5 + 3 * r for r in range(world)]
     if case == "no_tokens":
         tokens[1] = 0
+    if case == "all_empty":  # no rank has a token: every collective moves nothing, every rank still calls
+        tokens = [0] * world
     return tokens
 
 
@@ -70,11 +72,11 @@ def _moe_worker(rank: int, world: int) -> list[str]:
     full = FP8MoE.from_weights(w13, w2)
     local = EPMoE.from_experts(w13, w2)
     lo, hi = rank * E_LOCAL, (rank + 1) * E_LOCAL
-    max_tokens = max(max(_tokens(world, c)) for c, _ in CASES)
+    max_tokens = max(max(_tokens(world, c)) for c in CASES)
     # "one_rank" repeats experts within a token: up to max_tokens * TOP_K slots per expert and source rank.
     buffers = local.decode_buffers(max_tokens, TOP_K, max_rows_per_expert=world * max_tokens * TOP_K)
     done = []
-    for seed, (case, _) in enumerate(CASES):
+    for seed, case in enumerate(CASES):
         tokens = _tokens(world, case)
         hidden, ids, weights = _routing(case, tokens, num_experts, seed)
         start = sum(tokens[:rank])
@@ -190,7 +192,7 @@ def _all_worker(rank: int, world: int) -> list[str]:
     return _moe_worker(rank, world) + _tp_worker(rank, world)
 
 
-ALL = [c for c, _ in CASES] + ["overflow", "peer_mismatch", "column", "row"]
+ALL = [*CASES, "overflow", "peer_mismatch", "column", "row"]
 
 
 @pytest.mark.parametrize("world", [2, 3])
