@@ -7,7 +7,8 @@ to finish, so nothing overlaps. :func:`deep_fp8_gemm.set_num_sms` caps the GEMMs
 for the GEMMs, the ``c`` others stay free for the communication kernel (NCCL uses one CTA per channel:
 ``NCCL_MAX_NCHANNELS`` / ``NCCL_MIN_NCHANNELS`` bound it, typically 16-32 on NVLink; DeepEP's ``Buffer``
 takes its SM count as a setting, 20-24 in DeepSeek's configs). The heuristic then plans waves over the
-smaller count (so the tile shape may change too) and the kernels cache per SM count.
+smaller count (so the tile shape may change too) and caps the grid at it; configurations that differ only in
+grid size share one compiled binary.
 
 Without overlap (the collectives of this package run between the GEMMs, on the same stream) there is nothing
 to reserve: the GEMMs should keep every SM.
