@@ -10,7 +10,8 @@ Steps (rank = "source" for its own tokens, "expert rank" for the tokens it recei
    one rank is sent once), in ``(destination rank, token)`` order;
 3. exchange counts: an ``[world, 4 + E_local]`` int64 matrix per rank (``H``, ``top_k``, ``E_local``, tokens,
    slots per local expert) with one ``all_to_all_single``; read back to the host once (the split sizes of the
-   next collectives); a peer with another ``H`` / ``top_k`` / ``E_local`` makes every rank raise ValueError;
+   next collectives); a peer with another ``H`` or ``top_k`` makes every rank raise ValueError (another
+   ``E_local``: see :func:`.checks.check_peer_shapes`);
 4. dispatch: one ``all_to_all_single`` of packed uint8 rows (:mod:`.wire`: fp8 payload, scales, local ids);
 5. on the expert rank: ``layout.route_topk`` over the received rows' local ids (the padded total is known from
    the counts, no second sync), then ``moe._experts_contiguous``: grouped GEMM, fused SiLU·mul+quant, grouped
@@ -23,7 +24,8 @@ Equality with the single-process layer: the expert rank sees each expert's rows 
 tokens concatenated builds for that expert — and the return path carries the unweighted bf16 expert outputs
 that the single-process combine reads, combined with the same arithmetic in the same order. So the result is
 **bit-identical** to ``moe.fp8_moe_forward(cat(all ranks' tokens), ..., all experts)[this rank's rows]``
-(tested on CPU with 2 and 3 gloo ranks). Returning per-slot rows costs ``top_k`` rows per token instead of one
+(tested on CPU with 2 and 3 gloo ranks; on a GPU it holds as long as a GEMM row's result does not depend on the
+other experts' rows, which the kernels' per-tile math gives — not yet measured). Returning per-slot rows costs ``top_k`` rows per token instead of one
 reduced row per (token, rank) — DeepEP's combine sums on the expert rank, which changes the summation order.
 
 Bytes per token (``g = ceil(H/128)``): dispatch ``H + 4g + 4·top_k`` per (token, destination rank) — half
