@@ -12,6 +12,12 @@ Implementations, all on the same routing (uniformly random top-8 of 256, no slot
 - ``cublas_block``: ``per_expert_moe`` of ``examples/moe_layer.py`` with each expert run as two block-scaled
   ``torch._scaled_mm`` calls (``bench.baselines``: M padded to 4, M-major 1x128 activation scales) and the
   library's per-token and SiLU·mul quantisers in between — the same FP8 math as ours, one expert at a time.
+- ``ep_world1`` / ``ep_decode_world1`` (issue 16): :func:`deep_fp8_gemm.distributed.ep_moe_forward` and, for
+  T <= 128, ``ep_moe_forward_decode`` (static buffers, masked layout, no host sync) on a one-rank
+  ``torch.distributed`` world (NCCL on the GPU, gloo on CPU, created here when none exists): the same GEMMs
+  plus the expert-parallel machinery (count exchange and its host sync, FP8 row packing, all-to-all with
+  itself, per-slot return, combine), i.e. the layer's own overhead over ``fp8_moe_forward`` before any
+  network time. Results are bit-identical to ours (checked against the same reference).
 
 Check before timing: calc_diff against the bf16 layer below ``MOE_THRESHOLD`` (two chained FP8 GEMMs with
 requantised activations; ~2e-3 expected, a dropped or misrouted expert gives > 1e-2); the cuBLAS loop's note
@@ -158,6 +164,65 @@ def cublas_moe(w13, w13_scale, w2, w2_scale):
     return forward
 
 
+# --- the expert-parallel layer on a one-rank world -----------------------------------------------------------
+
+_OWN_GROUP: list = []  # the process group this module created (destroyed by main())
+
+
+def _world_of_one(device: torch.device) -> None:
+    """Initialises a one-rank ``torch.distributed`` world (NCCL for CUDA, gloo for CPU) unless one exists."""
+    import os
+    import tempfile
+
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        if dist.get_world_size() != 1:
+            raise Unsupported(f"a {dist.get_world_size()}-rank world is initialised; this row needs one rank")
+        return
+    init = os.path.join(tempfile.mkdtemp(prefix="dfg-bench-ep-"), "init")
+    try:
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=f"file://{init}",
+                                rank=0, world_size=1)
+    except Exception as exc:  # noqa: BLE001 - no backend here: the row is n/a, the others still run
+        raise Unsupported(f"cannot start a one-rank world: {type(exc).__name__}: {exc}") from exc
+    _OWN_GROUP.append(True)
+
+
+def _close_world() -> None:
+    if _OWN_GROUP:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+        _OWN_GROUP.clear()
+
+
+def ep_impls(shape: MoEShape, device: torch.device, fp8: tuple, sets: list, reference, threshold: float,
+             case_note: str) -> list:
+    """The ``ep_world1`` and ``ep_decode_world1`` implementations (module docstring)."""
+    from deep_fp8_gemm.distributed import EPDecodeBuffers, ep_moe_forward, ep_moe_forward_decode
+
+    identity = lambda out: out  # noqa: E731
+
+    def prefill() -> Impl:
+        _world_of_one(device)
+        return Impl("ep_world1", lambda h, i, tw: ep_moe_forward(h, i, tw, *fp8), sets, identity, reference,
+                    note=f"ep_moe_forward, 1 rank; {case_note}", threshold=threshold)
+
+    def decode() -> Impl:
+        if shape.tokens > 128:
+            raise Unsupported("decode path timed for T <= 128 only (its static buffers scale with T)")
+        _world_of_one(device)
+        buffers = EPDecodeBuffers.allocate(shape.tokens, shape.hidden, shape.top_k, shape.num_experts,
+                                           device=device)
+        expected_m = max(1, shape.tokens * shape.top_k // shape.num_experts)
+        return Impl("ep_decode_world1",
+                    lambda h, i, tw: ep_moe_forward_decode(h, i, tw, *fp8, buffers, expected_m), sets, identity,
+                    reference, note=f"ep_moe_forward_decode, 1 rank, expected_m={expected_m}", threshold=threshold)
+
+    return [("ep_world1", prefill), ("ep_decode_world1", decode)]
+
+
 # --- cases ---------------------------------------------------------------------------------------------------
 
 def make_inputs(shape: MoEShape, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -230,7 +295,8 @@ def build(shape: MoEShape, device: torch.device, n_copies: int):
         return Impl("cublas_block", lambda h, i, tw: fn(h, i, tw), sets, identity, reference, note=note,
                     threshold=threshold)
 
-    return [(harness.OURS, ours), ("bf16_layer", bf16), ("cublas_block", cublas)]
+    return [(harness.OURS, ours), ("bf16_layer", bf16), ("cublas_block", cublas),
+            *ep_impls(shape, device, fp8, sets, reference, threshold, case_note)]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -246,7 +312,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         shapes = moe_shapes(args.quick, tuple(args.tokens) if args.tokens else None)
     if any(t < 1 for t in (s.tokens for s in shapes)):
         parser.error("--tokens must be positive")
-    return harness.run_family("moe" + ("-smoke" if args.smoke else ""), shapes, build, args)
+    try:
+        return harness.run_family("moe" + ("-smoke" if args.smoke else ""), shapes, build, args)
+    finally:
+        _close_world()
 
 
 if __name__ == "__main__":

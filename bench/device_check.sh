@@ -22,7 +22,8 @@
 #   6. benchmarks in --quick mode: dense deepseek-v3, dense decode, grouped contiguous, grouped masked
 #      (each given a --time-budget so it stops starting new shapes in time, and writes results as it goes);
 #      then, best-effort, the fused quantisation kernels (bench-quant, <= 30 s) and the MoE layer
-#      (bench-moe, <= 60 s). Deadline rule for those two: the steps before them keep their planned limits and
+#      (bench-moe, <= 60 s; incl. issue 16 rows ep_world1, ep_decode_world1: the expert-parallel layer on a
+#      one-rank NCCL world). Deadline rule for those two: the steps before them keep their planned limits and
 #      reserves unchanged (so they never get less time than without the new steps); bench-quant gets
 #      min(30, time left - 80) (leaving bench-moe 60 s and the report 20 s), bench-moe min(60, time left - 20).
 #      A best-effort step left with less than half its planned limit is recorded "SKIPPED (deadline,
@@ -60,7 +61,7 @@ while [ $# -gt 0 ]; do
         --allow-no-gpu) ALLOW_NO_GPU=1 ;;
         --budget) shift; [ $# -gt 0 ] || usage; BUDGET="$1"
                   case "$BUDGET" in ''|*[!0-9]*) echo "error: --budget needs whole seconds, got '$BUDGET'" >&2; exit 2 ;; esac ;;
-        -h|--help) sed -n '2,38p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,39p' "$0"; exit 0 ;;
         -*) echo "error: unknown option $1" >&2; usage ;;
         *) [ -z "$OUTDIR" ] || { echo "error: more than one OUTDIR ($OUTDIR, $1)" >&2; usage; }; OUTDIR="$1" ;;
     esac

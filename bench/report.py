@@ -32,12 +32,15 @@ LABELS = {
     "scaled_grouped_mm_rowwise": "_scaled_grouped_mm row-wise (different scaling)",
     "torch_quant": "plain-torch quantisation",
     "bf16_layer": "bf16 PyTorch MoE layer",
+    "ep_world1": "expert-parallel layer (ep_moe_forward), one-rank world",
+    "ep_decode_world1": "expert-parallel decode (ep_moe_forward_decode), one-rank world",
     H800_LABEL: "reference design, H800 published",
 }
 COLORS = {OURS: "C0", "cublas_block": "C1", "bf16_matmul": "C2", "scaled_grouped_mm_rowwise": "C4", "torch_quant": "C5",
           "bf16_layer": "C2", H800_LABEL: "C3"}
 SHORT = {OURS: "ours", "cublas_block": "cuBLAS", "bf16_matmul": "bf16", "scaled_grouped_mm_rowwise": "rowwise",
-         "torch_quant": "torch", "bf16_layer": "bf16 layer", H800_LABEL: "H800 pub."}
+         "torch_quant": "torch", "bf16_layer": "bf16 layer", "ep_world1": "EP 1 rank",
+         "ep_decode_world1": "EP decode 1 rank", H800_LABEL: "H800 pub."}
 # Family-specific names (quant and moe tables): the MoE "cublas_block" is a per-expert loop of the call.
 MOE_LABELS = {"cublas_block": "per-expert loop of block-scaled torch._scaled_mm"}
 #: Issue 7's target for the memory-bound quantisation kernels: this fraction of HBM_TBS.
@@ -197,8 +200,10 @@ def moe_table(rows: Sequence[dict]) -> str:
     """MoE layer: µs, effective TFLOPS over routed slots, the bf16 layer's and the cuBLAS loop's µs and the
     speedups, calc_diff against the reference (the bf16 layer)."""
     kernel_col = any(r["impls"].get(OURS, {}).get("us_kernel") for r in rows)
+    ep = [name for name in ("ep_world1", "ep_decode_world1") if any(name in r["impls"] for r in rows)]
     head = ["layer", "routed slots", "µs", *(["kernel µs (CUPTI)"] if kernel_col else []), "TFLOPS (routed)",
-            "bf16 layer µs", "× bf16 layer", "cuBLAS loop µs", "× cuBLAS loop", "calc_diff", "notes"]
+            "bf16 layer µs", "× bf16 layer", "cuBLAS loop µs", "× cuBLAS loop",
+            *(f"{SHORT[name]} µs" for name in ep), "calc_diff", "notes"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         ours = r["impls"].get(OURS, {})
@@ -207,13 +212,17 @@ def moe_table(rows: Sequence[dict]) -> str:
         cells = [r["label"], str(shape.get("tokens", 0) * shape.get("top_k", 0)), _cell(ours, "us", "{:.1f}"),
                  *kernel, _cell(ours, "tflops"), _cell(r["impls"].get("bf16_layer"), "us", "{:.1f}"),
                  _f(speedup(r, "bf16_layer"), "{:.2f}x"), _cell(r["impls"].get("cublas_block"), "us", "{:.1f}"),
-                 _f(speedup(r, "cublas_block"), "{:.2f}x"), _f(ours.get("diff"), "{:.1e}"),
+                 _f(speedup(r, "cublas_block"), "{:.2f}x"),
+                 *(_cell(r["impls"].get(name), "us", "{:.1f}") for name in ep), _f(ours.get("diff"), "{:.1e}"),
                  _notes(r, ok_notes=True)]
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "TFLOPS = 2 · routed slots · 3·H·I / time. × = baseline µs / ours µs (event times, eager calls "
               "including routing and the host synchronisation each implementation does). calc_diff: against the "
               "bf16 layer (two FP8 GEMMs with requantised activations: ~2e-3 expected; the check allows 1e-2). "
-              f"cuBLAS loop = {MOE_LABELS['cublas_block']} (same FP8 math as ours, one expert at a time)."]
+              f"cuBLAS loop = {MOE_LABELS['cublas_block']} (same FP8 math as ours, one expert at a time)."
+              + (" EP 1 rank / EP decode 1 rank = the expert-parallel layer (deep_fp8_gemm.distributed) on a "
+                 "one-rank world: the same GEMMs plus its dispatch / return machinery, no network."
+                 if ep else "")]
     return "\n".join(lines)
 
 

@@ -225,9 +225,23 @@ def fp8_moe_forward(
     m_sum = routed.layout.m_sum
     if m_sum == 0:  # every slot dropped (known on the host only in the synchronising mode)
         return hidden.new_zeros(out_shape)
-    m_indices = routed.layout.m_indices
 
     x_fp8, x_scales = per_token_cast_to_fp8(hidden)
+    down = _experts_contiguous(x_fp8, x_scales, routed, w13, w13_scale, w2, w2_scale)
+    return _combine(down, routed.scatter_index, topk_weights)
+
+
+def _experts_contiguous(x_fp8, x_scales, routed, w13, w13_scale, w2, w2_scale) -> torch.Tensor:
+    """Steps 2-5 of :func:`fp8_moe_forward` on already-quantised rows (shared with
+    :mod:`deep_fp8_gemm.distributed`, which quantises before dispatch).
+
+    ``x_fp8`` ``[T, H]`` e4m3 and ``x_scales`` ``[T, ceil(H/128)]`` float32 (any strides) are the rows that
+    ``routed.gather_index`` indexes; ``routed.layout.m_sum > 0``. Returns ``down`` ``[m_sum + 1, H]`` bfloat16:
+    row ``r < m_sum`` = ``FFN_e(x[gather_index[r]])`` for non-padding rows, the last row zeros (see
+    :func:`_combine`).
+    """
+    m_sum, m_indices = routed.layout.m_sum, routed.layout.m_indices
+    hidden_size, inter = w13.shape[2], w13.shape[1] // 2
     # Padding rows (gather_index -1) read token 0: any finite row will do, their outputs are never used.
     rows = routed.gather_index.clamp(min=0)
     a = x_fp8.view(torch.uint8).index_select(0, rows).view(FP8)
@@ -235,15 +249,15 @@ def fp8_moe_forward(
     # transpose is exactly the M-major TMA-aligned layout (m_sum is a multiple of 128).
     a_scales = x_scales.t().index_select(1, rows).t()
 
-    gate_up = torch.empty((m_sum, 2 * inter), dtype=torch.bfloat16, device=hidden.device)
+    gate_up = torch.empty((m_sum, 2 * inter), dtype=torch.bfloat16, device=x_fp8.device)
     m_grouped_gemm_fp8_fp8_bf16_nt_contiguous((a, a_scales), (w13, w13_scale), gate_up, m_indices)
     h_fp8, h_scales = silu_mul_quant(gate_up)
     # One extra zero row after the GEMM's rows: dropped slots read it, so the combine needs no masking.
-    down = torch.empty((m_sum + 1, hidden_size), dtype=torch.bfloat16, device=hidden.device)
+    down = torch.empty((m_sum + 1, hidden_size), dtype=torch.bfloat16, device=x_fp8.device)
     down[m_sum].zero_()
     m_grouped_gemm_fp8_fp8_bf16_nt_contiguous((h_fp8, h_scales), (w2, w2_scale), down[:m_sum], m_indices)
 
-    return _combine(down, routed.scatter_index, topk_weights)
+    return down
 
 
 def _combine(down: torch.Tensor, scatter_index: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
@@ -311,17 +325,29 @@ def fp8_moe_forward_masked(
         expected_m = max(m_max, 1)
     if isinstance(expected_m, bool) or not isinstance(expected_m, int) or expected_m <= 0:
         raise ValueError(f"expected_m must be a positive int, got {expected_m=!r}")
-    out = hidden_per_expert.new_empty((num_experts, m_max, hidden_size))
     if m_max == 0:
-        return out
+        return hidden_per_expert.new_empty((num_experts, m_max, hidden_size))
 
     # Per-token scales do not care which expert a row belongs to: quantise all E * m_max rows as one matrix,
-    # then view the scales as [E, m_max, g] and put them in the per-expert M-major layout (a small copy).
+    # then view the scales as [E, m_max, g] (put in the per-expert M-major layout by _experts_masked).
     x_fp8, x_scales = per_token_cast_to_fp8(hidden_per_expert.reshape(num_experts * m_max, hidden_size))
     a = x_fp8.view(num_experts, m_max, hidden_size)
-    a_scales = get_col_major_tma_aligned_tensor(x_scales.view(num_experts, m_max, -1))
+    return _experts_masked(a, x_scales.view(num_experts, m_max, -1), counts, w13, w13_scale, w2, w2_scale, expected_m)
 
-    gate_up = hidden_per_expert.new_empty((num_experts, m_max, 2 * inter))
+
+def _experts_masked(a, a_scales, counts, w13, w13_scale, w2, w2_scale, expected_m: int) -> torch.Tensor:
+    """The two masked grouped GEMMs and SiLU·mul+quant of :func:`fp8_moe_forward_masked` on already-quantised
+    rows (shared with :mod:`deep_fp8_gemm.distributed`'s decode path).
+
+    ``a`` ``[E, m_max, H]`` e4m3 (contiguous), ``a_scales`` ``[E, m_max, ceil(H/128)]`` float32 (any strides;
+    copied to the M-major layout unless already in it), ``counts`` ``[E]`` int32 on the device (never read on
+    the host), ``m_max > 0``. Returns ``[E, m_max, H]`` bfloat16, rows ``>= counts[e]`` unspecified.
+    """
+    num_experts, m_max, hidden_size = a.shape
+    inter = w13.shape[1] // 2
+    a_scales = get_col_major_tma_aligned_tensor(a_scales)
+    out = torch.empty((num_experts, m_max, hidden_size), dtype=torch.bfloat16, device=a.device)
+    gate_up = torch.empty((num_experts, m_max, 2 * inter), dtype=torch.bfloat16, device=a.device)
     m_grouped_gemm_fp8_fp8_bf16_nt_masked((a, a_scales), (w13, w13_scale), gate_up, counts, expected_m)
     h_fp8, h_scales = silu_mul_quant(gate_up)
     m_grouped_gemm_fp8_fp8_bf16_nt_masked((h_fp8, h_scales), (w2, w2_scale), out, counts, expected_m)

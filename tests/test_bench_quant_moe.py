@@ -82,6 +82,8 @@ def test_moe_cpu_smoke(tmp_path):
         assert ours["tflops"] == pytest.approx(row["flops"] / ours["us"] / 1e6)
         assert bf16["status"] == "ok" and bf16["diff"] == 0.0  # the reference itself
         assert row["impls"]["cublas_block"]["status"] == "n/a"  # H=256: not a multiple of 512
+        for name in ("ep_world1", "ep_decode_world1"):  # issue 16's rows: the same bits as ours
+            assert row["impls"][name]["status"] == "ok" and row["impls"][name]["diff"] == ours["diff"]
     md = (tmp_path / "moe-smoke.md").read_text()
     assert "× bf16 layer" in md and "TFLOPS (routed)" in md and "calc_diff vs the bf16 layer" in md
 

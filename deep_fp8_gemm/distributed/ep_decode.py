@@ -1,0 +1,216 @@
+"""Expert-parallel FP8 MoE forward for decode under CUDA graphs: static buffers, the masked layout, no host sync.
+
+Same sharding, quantise-before-send wire rows (:mod:`.wire`) and result as :func:`.ep_moe_forward`, with every
+size fixed in advance by :class:`EPDecodeBuffers` (``max_tokens`` per rank):
+
+1. quantise; each rank writes one row per (token, destination) into its send buffer ``[world, max_tokens]``
+   (slot ``d*max_tokens + i`` for the ``i``-th token going to rank ``d``, found by a cumulative sum on the
+   device); unused rows keep all-(-1) local ids, so the receiver can tell them apart without counts;
+2. dispatch: ``all_to_all_single`` with equal splits (no host-side sizes): ``world * max_tokens`` rows each way;
+3. on the expert rank: each valid (row, slot) goes to row ``pos`` of its expert in the masked layout
+   ``[E_local, m_max, H]`` (``pos`` by a cumulative count on the device, in (source rank, token, slot) order —
+   the global token order), ``masked_m[e]`` = rows of expert ``e`` (device tensor). ``m_max`` defaults to
+   ``world * max_tokens``, enough when a token's ``top_k`` experts are distinct (any top-k router); routing
+   that repeats an expert within a token needs ``max_rows_per_expert`` up to ``world * max_tokens * top_k``.
+   Rows past ``m_max`` are not written (no out-of-bounds access) and fail a ``torch._assert_async`` after the
+   last collective (so no peer is left waiting; on CPU it raises RuntimeError on the overflowing rank);
+   ``moe._experts_masked``: masked grouped GEMM, fused SiLU·mul+quant, masked grouped GEMM with the caller's
+   ``expected_m``;
+4. return: one bf16 row per (received row, slot), ``world * max_tokens * top_k`` rows, equal splits;
+5. combine on the source: ``moe._combine`` over the rows that belong to its slots, fp32 in slot order.
+
+Exactness: each expert sees the same rows in the same order as the single-process layer, and the masked GEMM
+computes a row exactly as the contiguous one does, so the result is bit-identical to ``moe.fp8_moe_forward``
+over all ranks' tokens (tested on CPU).
+
+Host synchronisation on NCCL (CUDA tensors): none — every step is a fixed-shape device op or a collective with
+equal splits; the expert-id range check is ``torch._assert_async``. The call is therefore capturable in a CUDA
+graph and replays with new tokens / routing (warm it up once first so that the kernels are compiled). On gloo
+(CPU tensors) each collective blocks the calling thread: there is no device to run ahead.
+
+Cost of static shapes: every call moves the whole buffers — ``world * max_tokens * (H + 4*ceil(H/128) +
+4*top_k)`` bytes out and ``world * max_tokens * top_k * 2H`` back per rank, whatever the real counts — and the
+masked GEMMs are sized by ``m_max`` rows per expert (only ``masked_m`` rows are computed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.distributed as dist
+
+from ..moe import _combine, _experts_masked
+from ..quant import per_token_cast_to_fp8
+from ..utils import ceil_div
+from .checks import check_ep_inputs
+from .comm import all_to_all_rows, group_rank, group_size
+from .wire import FP8, row_bytes, unpack_rows
+
+__all__ = ["EPDecodeBuffers", "ep_moe_forward_decode"]
+
+
+@dataclasses.dataclass(frozen=True)
+class EPDecodeBuffers:
+    """Static buffers of :func:`ep_moe_forward_decode` (allocate with :meth:`allocate`; reuse across calls and
+    CUDA-graph replays; one set per layer that may run concurrently). ``N = world * max_tokens`` rows,
+    ``m_max`` rows per local expert (``max_rows_per_expert``, default ``N``), ``g = ceil(H/128)``,
+    ``B = row_bytes(H, top_k)``.
+
+    Attributes:
+        send: ``[N + 1, B]`` uint8, rows to send (:mod:`.wire`) plus a sink row for unused writes.
+        recv: ``[N, B]`` uint8, received rows.
+        expert_x: ``[E_local * m_max + 1, H]`` uint8, the e4m3 masked-layout activations (+ sink row).
+        expert_scales: ``[E_local * m_max + 1, g]`` float32, their scales (+ sink row).
+        ret_send: ``[N * top_k, H]`` bfloat16, expert outputs per (received row, slot).
+        ret_recv: ``[N * top_k + 1, H]`` bfloat16, returned outputs; the last row stays zero (dropped slots).
+        masked_m: ``[E_local]`` int32, rows per local expert of the last call (device).
+    """
+
+    max_tokens: int
+    hidden: int
+    top_k: int
+    num_local_experts: int
+    world: int
+    m_max: int
+    send: torch.Tensor
+    recv: torch.Tensor
+    expert_x: torch.Tensor
+    expert_scales: torch.Tensor
+    ret_send: torch.Tensor
+    ret_recv: torch.Tensor
+    masked_m: torch.Tensor
+
+    @classmethod
+    def allocate(cls, max_tokens: int, hidden: int, top_k: int, num_local_experts: int, *,
+                 max_rows_per_expert: int | None = None, group: dist.ProcessGroup | None = None,
+                 device: torch.device | str = "cpu") -> EPDecodeBuffers:
+        """Buffers for up to ``max_tokens`` tokens per rank of ``group`` (``None``: the world) and up to
+        ``max_rows_per_expert`` received slots per local expert (default ``world * max_tokens``: see the module
+        docstring)."""
+        for value, name in ((max_tokens, "max_tokens"), (hidden, "hidden"), (top_k, "top_k"),
+                            (num_local_experts, "num_local_experts")):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {name}={value!r}")
+        if hidden % 16:
+            raise ValueError(f"hidden must be a multiple of 16, got {hidden=}")
+        world = group_size(group)
+        rows, width = world * max_tokens, row_bytes(hidden, top_k)
+        m_max = rows if max_rows_per_expert is None else max_rows_per_expert
+        if isinstance(m_max, bool) or not isinstance(m_max, int) or m_max < 1:
+            raise ValueError(f"max_rows_per_expert must be a positive int or None, got {max_rows_per_expert!r}")
+        experts_rows = num_local_experts * m_max + 1
+
+        def empty(shape, dtype):
+            return torch.empty(shape, dtype=dtype, device=device)
+
+        ret_recv = empty((rows * top_k + 1, hidden), torch.bfloat16)
+        ret_recv[-1].zero_()
+        return cls(max_tokens, hidden, top_k, num_local_experts, world, m_max,
+                   send=empty((rows + 1, width), torch.uint8), recv=empty((rows, width), torch.uint8),
+                   expert_x=empty((experts_rows, hidden), torch.uint8),
+                   expert_scales=empty((experts_rows, ceil_div(hidden, 128)), torch.float32),
+                   ret_send=empty((rows * top_k, hidden), torch.bfloat16), ret_recv=ret_recv,
+                   masked_m=torch.zeros(num_local_experts, dtype=torch.int32, device=device))
+
+
+def _check_buffers(buffers: object, shape, device: torch.device, expected_m: object) -> None:
+    if not isinstance(buffers, EPDecodeBuffers):
+        raise TypeError(f"buffers must be EPDecodeBuffers, got {type(buffers).__name__}")
+    have = (buffers.hidden, buffers.top_k, buffers.num_local_experts, buffers.world)
+    want = (shape.hidden, shape.top_k, shape.num_local_experts, shape.world)
+    if have != want:
+        raise ValueError(f"buffers were allocated for (H, top_k, E_local, world)={have}, this call has {want}")
+    if shape.num_tokens > buffers.max_tokens:
+        raise ValueError(f"hidden has T={shape.num_tokens} tokens, more than buffers.max_tokens={buffers.max_tokens}")
+    if buffers.send.device != device:
+        raise ValueError(f"buffers are on {buffers.send.device}, the tokens on {device}")
+    if isinstance(expected_m, bool) or not isinstance(expected_m, int) or expected_m <= 0:
+        raise ValueError(f"expected_m must be a positive int (host hint of rows per expert), got {expected_m=!r}")
+
+
+def ep_moe_forward_decode(
+    hidden: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    w13: torch.Tensor,
+    w13_scale: torch.Tensor,
+    w2: torch.Tensor,
+    w2_scale: torch.Tensor,
+    buffers: EPDecodeBuffers,
+    expected_m: int,
+    group: dist.ProcessGroup | None = None,
+) -> torch.Tensor:
+    """Expert-parallel MoE forward without host synchronisation (module docstring: steps, exactness, costs).
+
+    Args:
+        hidden, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, group: as :func:`.ep_moe_forward`, with
+            ``T_local <= buffers.max_tokens`` (pad a batch with tokens whose ``topk_ids`` are all -1 to keep
+            the shape of a captured graph).
+        buffers: :class:`EPDecodeBuffers` for this group, ``H``, ``top_k`` and ``E_local``, on the tokens' device.
+        expected_m: host hint of the rows per local expert, for the masked GEMMs' configuration (e.g.
+            ``T * top_k * world / (E_local * world)`` for balanced routing); never affects the result.
+
+    Returns:
+        ``[T_local, H]`` bfloat16, a new tensor (bit-identical to :func:`.ep_moe_forward`).
+    """
+    world, rank = group_size(group), group_rank(group)
+    shape = check_ep_inputs(hidden, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, world)
+    device = hidden.device
+    _check_buffers(buffers, shape, device, expected_m)
+    num_tokens, top_k, hidden_size, num_local = shape.num_tokens, shape.top_k, shape.hidden, shape.num_local_experts
+    rows, m_max = world * buffers.max_tokens, buffers.m_max  # rows of the send / receive buffers; per expert
+    ranks = torch.arange(world, dtype=torch.int64, device=device)
+
+    # 1. one row per (token, destination rank); slot d*max_tokens + (index of the token among those for d).
+    x_fp8, x_scales = per_token_cast_to_fp8(hidden)
+    ids = topk_ids.to(torch.int64)
+    dest = torch.where(ids >= 0, ids // num_local, torch.full_like(ids, world))  # [T, top_k], world = dropped
+    sends = torch.zeros((num_tokens, world + 1), dtype=torch.bool, device=device).scatter_(1, dest, True)[:, :world]
+    pos = torch.cumsum(sends, 0) - 1  # [T, world]
+    slot = torch.where(sends, ranks * buffers.max_tokens + pos, torch.full_like(pos, rows)).reshape(-1)  # sink: rows
+    on_rank = dest.unsqueeze(1) == ranks.view(1, world, 1)  # [T, world, top_k]
+    local_ids = torch.where(on_rank, ids.unsqueeze(1) - (ranks * num_local).view(1, world, 1), -1)
+    send_x, send_s, send_ids = unpack_rows(buffers.send, hidden_size, top_k)
+    send_ids.fill_(-1)  # rows that no token writes this call must read as "no slot here"
+    per_pair = (num_tokens * world, hidden_size)
+    send_x.view(torch.uint8).index_copy_(0, slot, x_fp8.view(torch.uint8).unsqueeze(1).expand(
+        num_tokens, world, hidden_size).reshape(per_pair))
+    groups = x_scales.shape[1]
+    send_s.index_copy_(0, slot, x_scales.unsqueeze(1).expand(num_tokens, world, groups).reshape(-1, groups))
+    send_ids.index_copy_(0, slot, local_ids.reshape(num_tokens * world, top_k).to(torch.int32))
+
+    # 2. dispatch, equal splits.
+    all_to_all_rows(buffers.recv, buffers.send[:rows], group=group)
+
+    # 3. masked layout: slot (n, j) with local expert e goes to row pos of expert e, in (n, j) order.
+    recv_x, recv_s, recv_ids = unpack_rows(buffers.recv, hidden_size, top_k)
+    flat = recv_ids.reshape(-1).to(torch.int64)  # [rows * top_k]
+    hits = flat.unsqueeze(1) == torch.arange(num_local, dtype=torch.int64, device=device)  # [rows*top_k, E_local]
+    running = torch.cumsum(hits, 0)
+    row_in_expert = (running * hits).sum(1) - 1
+    fits = (flat >= 0) & (row_in_expert < m_max)
+    target = torch.where(fits, flat * m_max + row_in_expert, torch.full_like(flat, num_local * m_max))
+    buffers.masked_m.copy_(running[-1].clamp(max=m_max))
+    # expand, not repeat_interleave: the latter may read its output size back from the device.
+    source_row = torch.arange(rows, dtype=torch.int64, device=device).unsqueeze(1).expand(rows, top_k).reshape(-1)
+    buffers.expert_x.index_copy_(0, target, recv_x.view(torch.uint8).index_select(0, source_row))
+    buffers.expert_scales.index_copy_(0, target, recv_s.index_select(0, source_row))
+    a = buffers.expert_x[:-1].view(num_local, m_max, hidden_size).view(FP8)
+    a_scales = buffers.expert_scales[:-1].view(num_local, m_max, -1)
+    out = _experts_masked(a, a_scales, buffers.masked_m, w13, w13_scale, w2, w2_scale, expected_m)
+
+    # 4. one row per (received row, slot); rows of slots that are not here are never read by their source.
+    torch.index_select(out.view(-1, hidden_size), 0, torch.where(fits, target, 0), out=buffers.ret_send)
+    all_to_all_rows(buffers.ret_recv[:-1], buffers.ret_send, group=group)
+    # After the last collective, so that a failure here leaves no peer waiting.
+    torch._assert_async((running[-1] <= m_max).all(), "ep_moe_forward_decode: more slots for a local expert than "
+                        "buffers.m_max (max_rows_per_expert); allocate larger buffers")
+
+    # 5. slot (t, j) on rank d came back at row (d*max_tokens + pos[t, d]) * top_k + j; dropped: the zero row.
+    if num_tokens == 0 or top_k == 0:
+        return hidden.new_zeros((num_tokens, hidden_size))
+    pos_of_slot = pos.gather(1, dest.clamp(max=world - 1))
+    scatter = torch.where(dest < world, (dest * buffers.max_tokens + pos_of_slot) * top_k
+                          + torch.arange(top_k, device=device), torch.full_like(dest, -1))
+    return _combine(buffers.ret_recv, scatter, topk_weights)

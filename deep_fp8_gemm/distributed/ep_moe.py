@@ -1,0 +1,164 @@
+"""Expert-parallel FP8 MoE forward, prefill / training shapes (contiguous layout).
+
+Sharding: rank ``r`` of the group owns global experts ``[r*E_local, (r+1)*E_local)``; ``topk_ids`` hold global
+ids (-1 = dropped slot). Every rank calls :func:`ep_moe_forward` with its own tokens (any count, 0 included).
+
+Steps (rank = "source" for its own tokens, "expert rank" for the tokens it receives):
+
+1. quantise the local tokens per token, 1x128 (once; the same bytes go to every destination);
+2. plan: a token goes once to each rank that owns at least one of its experts (a token with two experts on
+   one rank is sent once), in ``(destination rank, token)`` order;
+3. exchange counts: an ``[world, 4 + E_local]`` int64 matrix per rank (``H``, ``top_k``, ``E_local``, tokens,
+   slots per local expert) with one ``all_to_all_single``; read back to the host once (the split sizes of the
+   next collectives); a peer with another ``H`` or ``top_k`` makes every rank raise ValueError (another
+   ``E_local``: see :func:`.checks.check_peer_shapes`);
+4. dispatch: one ``all_to_all_single`` of packed uint8 rows (:mod:`.wire`: fp8 payload, scales, local ids);
+5. on the expert rank: ``layout.route_topk`` over the received rows' local ids (the padded total is known from
+   the counts, no second sync), then ``moe._experts_contiguous``: grouped GEMM, fused SiLU·mul+quant, grouped
+   GEMM — the single-GPU layer's code;
+6. return: one bf16 row per routed slot, in ``(source token, slot)`` order (``all_to_all_single``);
+7. combine on the source: ``moe._combine``, fp32 in slot order ``j = 0, 1, ...``, one rounding to bf16.
+
+Equality with the single-process layer: the expert rank sees each expert's rows in global token order
+``(source rank, token, slot)`` — exactly the rows, order and padding that ``fp8_moe_forward`` over all ranks'
+tokens concatenated builds for that expert — and the return path carries the unweighted bf16 expert outputs
+that the single-process combine reads, combined with the same arithmetic in the same order. So the result is
+**bit-identical** to ``moe.fp8_moe_forward(cat(all ranks' tokens), ..., all experts)[this rank's rows]``
+(tested on CPU with 2 and 3 gloo ranks; on a GPU it holds as long as a GEMM row's result does not depend on the
+other experts' rows, which the kernels' per-tile math gives — not yet measured). Returning per-slot rows costs ``top_k`` rows per token instead of one
+reduced row per (token, rank) — DeepEP's combine sums on the expert rank, which changes the summation order.
+
+Bytes per token (``g = ceil(H/128)``): dispatch ``H + 4g + 4·top_k`` per (token, destination rank) — half
+of a bf16 dispatch — plus ``8·(4 + E_local)`` per rank pair for the counts; return ``2H`` per routed slot.
+
+Host synchronisation: one (reading the counts) — ``all_to_all_single`` with uneven splits needs host sizes
+(DeepEP's normal mode syncs for the same reason). On gloo every collective also blocks the calling thread.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from ..layout import route_topk
+from ..moe import _combine, _experts_contiguous
+from ..quant import per_token_cast_to_fp8
+from ..utils import get_m_alignment_for_contiguous_layout
+from .checks import check_ep_inputs, check_peer_shapes
+from .comm import all_to_all_rows, group_rank, group_size
+from .wire import pack_rows, row_bytes, unpack_rows
+
+__all__ = ["ep_moe_forward"]
+
+
+def _first_true(mask: torch.Tensor, count: int) -> torch.Tensor:
+    """Indices of the ``count`` True entries of 1-D ``mask``, ascending, without a host sync (``count`` is known
+    on the host): a stable sort puts the True entries first in their order."""
+    return torch.sort((~mask).to(torch.uint8), stable=True).indices[:count]
+
+
+def ep_moe_forward(
+    hidden: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    w13: torch.Tensor,
+    w13_scale: torch.Tensor,
+    w2: torch.Tensor,
+    w2_scale: torch.Tensor,
+    group: dist.ProcessGroup | None = None,
+) -> torch.Tensor:
+    """Expert-parallel :func:`deep_fp8_gemm.moe.fp8_moe_forward` (module docstring: steps, exactness, bytes).
+
+    Args:
+        hidden: ``[T_local, H]`` bfloat16, this rank's tokens (``T_local`` may differ per rank, 0 included).
+        topk_ids: ``[T_local, top_k]`` integer, **global** expert ids in ``[0, world * E_local)`` or -1 (dropped).
+            ``top_k`` must be the same on every rank.
+        topk_weights: ``[T_local, top_k]`` float32 (bf16 / fp16 widened).
+        w13, w13_scale, w2, w2_scale: this rank's ``E_local`` experts, as in ``fp8_moe_forward``
+            (``w13`` ``[E_local, 2I, H]`` e4m3 ...), holding global experts ``[rank*E_local, (rank+1)*E_local)``;
+            same ``E_local``, ``H``, ``I`` on every rank.
+        group: the process group of the expert-parallel ranks (``None``: the world). Tensors on CPU need a
+            gloo group, on CUDA an NCCL one.
+
+    Returns:
+        ``[T_local, H]`` bfloat16, a new tensor; tokens whose slots are all dropped get zeros.
+
+    Raises:
+        RuntimeError: ``torch.distributed`` not initialised. TypeError / ValueError: as ``fp8_moe_forward``
+            (raised on this rank only, before any collective: see :mod:`.checks`).
+    """
+    world, rank = group_size(group), group_rank(group)
+    shape = check_ep_inputs(hidden, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, world)
+    num_tokens, top_k, hidden_size, num_local = shape.num_tokens, shape.top_k, shape.hidden, shape.num_local_experts
+    device = hidden.device
+
+    # 1-2. quantise once; plan one row per (destination rank, token) in that order.
+    x_fp8, x_scales = per_token_cast_to_fp8(hidden)
+    ids = topk_ids.to(torch.int64)
+    dest = torch.where(ids >= 0, ids // num_local, torch.full_like(ids, world))  # world = dropped
+    sends = torch.zeros((num_tokens, world + 1), dtype=torch.bool, device=device)
+    sends.scatter_(1, dest, True)
+    sends = sends[:, :world]
+    expert_slots = torch.zeros(world * num_local + 1, dtype=torch.int64, device=device)
+    expert_slots.scatter_add_(0, torch.where(ids >= 0, ids, world * num_local).reshape(-1),
+                              torch.ones(ids.numel(), dtype=torch.int64, device=device))
+
+    # 3. counts: [world, 3 + E_local] = (H, top_k, E_local | tokens, slots per local expert of the destination).
+    header = torch.tensor([hidden_size, top_k, num_local], dtype=torch.int64, device=device).expand(world, 3)
+    send_counts = torch.cat([header, sends.sum(0, dtype=torch.int64).unsqueeze(1),
+                             expert_slots[:-1].view(world, num_local)], dim=1).contiguous()
+    recv_counts = torch.empty_like(send_counts)
+    all_to_all_rows(recv_counts, send_counts, group=group)
+    counts = torch.stack([send_counts, recv_counts]).tolist()  # the one host synchronisation
+    check_peer_shapes([row[:3] for row in counts[1]], [hidden_size, top_k, num_local])
+    counts = [[row[3:] for row in side] for side in counts]
+    send_tokens = [row[0] for row in counts[0]]
+    send_slots = [sum(row[1:]) for row in counts[0]]
+    recv_tokens = [row[0] for row in counts[1]]
+    recv_slots = [sum(row[1:]) for row in counts[1]]
+    recv_per_expert = [sum(counts[1][s][1 + e] for s in range(world)) for e in range(num_local)]
+
+    # 4. dispatch packed rows; the local id of a slot is its expert minus the destination's first expert.
+    pairs = _first_true(sends.t().reshape(-1), sum(send_tokens))  # flat (d, t), ascending
+    pair_dest, pair_token = pairs // max(num_tokens, 1), pairs % max(num_tokens, 1)
+    pair_ids = ids.index_select(0, pair_token)
+    local_ids = torch.where(dest.index_select(0, pair_token) == pair_dest.unsqueeze(1),
+                            pair_ids - (pair_dest * num_local).unsqueeze(1), torch.full_like(pair_ids, -1))
+    send_rows = pack_rows(x_fp8.view(torch.uint8).index_select(0, pair_token).view(x_fp8.dtype),
+                          x_scales.index_select(0, pair_token), local_ids)
+    recv_rows = send_rows.new_empty((sum(recv_tokens), row_bytes(hidden_size, top_k)))
+    all_to_all_rows(recv_rows, send_rows, recv_tokens, send_tokens, group=group)
+
+    # 5-6. the experts over the received rows; return one bf16 row per routed slot, (row, slot) order.
+    back = _expert_rows(recv_rows, recv_per_expert, sum(recv_slots), shape, w13, w13_scale, w2, w2_scale)
+    # One extra zero row at the end: the combine reads it for dropped slots.
+    returned = torch.zeros((sum(send_slots) + 1, hidden_size), dtype=torch.bfloat16, device=device)
+    all_to_all_rows(returned[:-1], back, send_slots, recv_slots, group=group)
+
+    # 7. slot (t, j) came back at its rank among the routed slots sorted by (destination, t, j).
+    flat_dest = dest.reshape(-1)
+    order = torch.sort(flat_dest, stable=True).indices[:sum(send_slots)]
+    scatter = torch.full((num_tokens * top_k,), -1, dtype=torch.int64, device=device)
+    scatter[order] = torch.arange(order.shape[0], dtype=torch.int64, device=device)
+    if num_tokens == 0 or top_k == 0:
+        return hidden.new_zeros((num_tokens, hidden_size))
+    return _combine(returned, scatter.view(num_tokens, top_k), topk_weights)
+
+
+def _expert_rows(recv_rows, recv_per_expert, num_slots, shape, w13, w13_scale, w2, w2_scale) -> torch.Tensor:
+    """Runs this rank's experts on the received rows: ``[num_slots, H]`` bf16, one row per routed slot in
+    (received row, slot) order."""
+    hidden_size, top_k = shape.hidden, shape.top_k
+    out = torch.empty((num_slots, hidden_size), dtype=torch.bfloat16, device=recv_rows.device)
+    if num_slots == 0:
+        return out
+    x_fp8, x_scales, local_ids = unpack_rows(recv_rows, hidden_size, top_k)
+    alignment = get_m_alignment_for_contiguous_layout()
+    m_sum = sum((c + alignment - 1) // alignment * alignment for c in recv_per_expert)
+    # m_sum from the exchanged counts: route_topk checks it on the device instead of reading it back.
+    routed = route_topk(local_ids, shape.num_local_experts, alignment, max_m_sum=m_sum)
+    down = _experts_contiguous(x_fp8, x_scales, routed, w13, w13_scale, w2, w2_scale)
+    flat = routed.scatter_index.reshape(-1)
+    rows = flat.index_select(0, _first_true(flat >= 0, num_slots))
+    torch.index_select(down, 0, rows, out=out)
+    return out

@@ -1,0 +1,100 @@
+"""``EPMoE``: one rank's share of an expert-parallel FP8 MoE layer."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..moe import FP8MoE, _tensor
+from .comm import group_rank, group_size
+from .ep_decode import EPDecodeBuffers, ep_moe_forward_decode
+from .ep_moe import ep_moe_forward
+
+__all__ = ["EPMoE"]
+
+
+def _check_positive(value: object, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {name}={value!r}")
+    return value
+
+
+class EPMoE(nn.Module):
+    """SwiGLU experts sharded over the ranks of ``group``: this module holds global experts
+    ``[rank*E_local, (rank+1)*E_local)`` (``E_local = num_experts / world``) as FP8 weights.
+
+    Submodule ``experts``: an :class:`deep_fp8_gemm.moe.FP8MoE` with the ``E_local`` local experts (its buffers
+    ``w13 [E_local, 2I, H]`` e4m3, ``w13_scale``, ``w2``, ``w2_scale`` — the state dict of one rank).
+    :meth:`forward` is :func:`deep_fp8_gemm.distributed.ep_moe_forward`: every rank of ``group`` must call it
+    together, each with its own tokens. The constructor initialises the local experts randomly (like
+    ``FP8MoE``); :meth:`from_experts` loads trained weights. Inference only (no autograd).
+    """
+
+    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, *,
+                 group: dist.ProcessGroup | None = None, device: torch.device | str | None = None):
+        super().__init__()
+        self._setup(num_experts, group)
+        self.experts = FP8MoE(self.num_local_experts, hidden_size, intermediate_size, device=device)
+
+    def _setup(self, num_experts: int, group: dist.ProcessGroup | None) -> None:
+        _check_positive(num_experts, "num_experts")
+        world, rank = group_size(group), group_rank(group)
+        if num_experts % world:
+            raise ValueError(f"num_experts must be a multiple of the group size, got {num_experts=} world={world}")
+        self.group = group
+        self.num_experts, self.num_local_experts = num_experts, num_experts // world
+        self.expert_offset = rank * self.num_local_experts
+
+    @classmethod
+    def from_experts(cls, w13: torch.Tensor, w2: torch.Tensor, *, group: dist.ProcessGroup | None = None,
+                     local: bool = False) -> EPMoE:
+        """Quantises this rank's experts (128x128 blocks per expert, as ``FP8MoE.from_weights``).
+
+        Args:
+            w13: ``[E, 2I, H]`` bfloat16 / float16 / float32, ``cat([W1, W3], dim=1)`` of every expert
+                (``local=False``: all ``E`` global experts, of which this rank keeps its slice) or ``[E_local,
+                2I, H]`` of this rank's experts only (``local=True``: ``E = E_local * world``).
+            w2: ``[E, H, I]`` (or ``[E_local, H, I]``), the down projections.
+            group: the expert-parallel process group (``None``: the world).
+        The module's buffers live on the weights' device; the slice is copied, not viewed.
+        """
+        _tensor(w13, "w13", (torch.bfloat16, torch.float16, torch.float32), 3)
+        _tensor(w2, "w2", (torch.bfloat16, torch.float16, torch.float32), 3)
+        if w13.shape[0] != w2.shape[0]:
+            raise ValueError(f"w13 and w2 must hold the same experts, got w13.shape={tuple(w13.shape)} "
+                             f"w2.shape={tuple(w2.shape)}")
+        module = cls.__new__(cls)
+        nn.Module.__init__(module)
+        world = group_size(group)
+        module._setup(w13.shape[0] * (world if local else 1), group)
+        if not local:
+            lo, hi = module.expert_offset, module.expert_offset + module.num_local_experts
+            w13, w2 = w13[lo:hi], w2[lo:hi]
+        module.experts = FP8MoE.from_weights(w13, w2)
+        return module
+
+    def forward(self, hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
+        """``hidden [T_local, H]`` bf16, ``topk_ids [T_local, top_k]`` global expert ids (-1 = dropped),
+        ``topk_weights [T_local, top_k]`` -> ``[T_local, H]`` bf16 (:func:`ep_moe_forward`)."""
+        e = self.experts
+        return ep_moe_forward(hidden, topk_ids, topk_weights, e.w13, e.w13_scale, e.w2, e.w2_scale, self.group)
+
+    def decode_buffers(self, max_tokens: int, top_k: int, max_rows_per_expert: int | None = None) -> EPDecodeBuffers:
+        """Static buffers for :meth:`forward_decode` with up to ``max_tokens`` tokens per rank, on the weights'
+        device (``EPDecodeBuffers.allocate``)."""
+        return EPDecodeBuffers.allocate(max_tokens, self.experts.hidden_size, top_k, self.num_local_experts,
+                                        max_rows_per_expert=max_rows_per_expert, group=self.group,
+                                        device=self.experts.w13.device)
+
+    def forward_decode(self, hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                       buffers: EPDecodeBuffers, expected_m: int) -> torch.Tensor:
+        """:meth:`forward` without host synchronisation (CUDA-graph capturable on NCCL): see
+        :func:`deep_fp8_gemm.distributed.ep_moe_forward_decode`. Same result, bit for bit."""
+        e = self.experts
+        return ep_moe_forward_decode(hidden, topk_ids, topk_weights, e.w13, e.w13_scale, e.w2, e.w2_scale,
+                                     buffers, expected_m, self.group)
+
+    def extra_repr(self) -> str:
+        return (f"num_experts={self.num_experts}, local experts [{self.expert_offset}, "
+                f"{self.expert_offset + self.num_local_experts})")
