@@ -43,7 +43,6 @@ from .ops import m_grouped_gemm_fp8_fp8_bf16_nt_contiguous, m_grouped_gemm_fp8_f
 from .quant import per_block_cast_to_fp8, per_token_cast_to_fp8, per_token_cast_to_fp8_torch
 from .utils import (
     ceil_div,
-    cuda_capability,
     empty_m_major,
     get_col_major_tma_aligned_tensor,
     get_m_alignment_for_contiguous_layout,
@@ -80,7 +79,9 @@ def _check_silu_input(x: torch.Tensor) -> None:
 
 def _silu_mul_quant_impl(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     _check_silu_input(x)
-    if x.device.type == "cuda" and cuda_capability(x.device) == (9, 0):
+    from .quant import _use_fused_kernel
+
+    if _use_fused_kernel(x):
         from .kernels.quant import silu_mul_quant_cuda
 
         return silu_mul_quant_cuda(x)

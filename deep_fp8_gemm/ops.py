@@ -25,7 +25,8 @@ from __future__ import annotations
 import torch
 
 from . import env, reference
-from .utils import cuda_capability, empty_m_major, get_col_major_tma_aligned_tensor
+from .runtime import target
+from .utils import empty_m_major, get_col_major_tma_aligned_tensor
 from .validation import check_contiguous, check_dense, check_expected_m, check_masked, unpack_pair
 
 _NAMESPACE = "deep_fp8_gemm"
@@ -47,8 +48,8 @@ def _launch(kind: str, a, sa, b, sb, out, grouped_layout, expected_m, backend: s
     launch(kind, a, sa, b, sb, out, grouped_layout=grouped_layout, expected_m=expected_m, backend=backend)
 
 
-def _require_sm90(device: torch.device) -> None:
-    capability = cuda_capability(device)
+def _require_sm90(device: torch.device, index: int) -> None:
+    capability = target.capability(index)
     if capability != (9, 0):
         name = torch.cuda.get_device_name(device)
         raise RuntimeError(
@@ -59,9 +60,10 @@ def _require_sm90(device: torch.device) -> None:
 
 def _dispatch(kind: str, a, sa, b, sb, out, grouped_layout=None, expected_m=None) -> None:
     """Run a validated, non-empty GEMM of ``kind`` ("dense" | "contiguous" | "masked" | "psum") on a's device."""
-    on_cuda = a.device.type == "cuda"
+    index = target.gpu_index(a.device)
+    on_cuda = index is not None
     if on_cuda:
-        _require_sm90(a.device)
+        _require_sm90(a.device, index)
     sa = _normalise_sa(sa)
     sb = sb.contiguous()
     if grouped_layout is not None:

@@ -18,7 +18,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .utils import ceil_div, cuda_capability, empty_m_major, get_col_major_tma_aligned_tensor
+from .runtime import target
+from .utils import ceil_div, empty_m_major, get_col_major_tma_aligned_tensor
 
 #: Largest finite float8_e4m3fn value; quantised values saturate here.
 FP8_E4M3_MAX = 448.0
@@ -95,7 +96,8 @@ def per_block_cast_to_fp8_torch(w: torch.Tensor, use_ue8m0: bool = False) -> tup
 
 
 def _use_fused_kernel(t: torch.Tensor) -> bool:
-    return t.device.type == "cuda" and cuda_capability(t.device) == (9, 0)
+    index = target.gpu_index(t.device)
+    return index is not None and target.capability(index) == (9, 0)
 
 
 def _per_token_impl(x: torch.Tensor, use_ue8m0: bool = False) -> tuple[torch.Tensor, torch.Tensor]:

@@ -164,16 +164,16 @@ def _cuda_kernel(cfg: GemmConfig, device: int):
 
 
 def _launch_cuda(cfg, a, sa, b, sb, d, grouped_layout, rows) -> None:
-    from ..runtime import driver
+    from ..runtime import driver, target
 
-    device = a.device.index if a.device.index is not None else torch.cuda.current_device()
+    device = target.gpu_index(a.device)
     kernel = _cuda_kernel(cfg, device)
     # Keyed by the argument tuples: weights always hit, activations whenever the caching allocator hands
     # back the same address; no spec objects are built on a hit.
     maps = [driver.tensor_map_cache.lookup(args, args) for args in tensor_map_args(cfg, a, sa, b, d)]
     params = pack_params(maps, sb, grouped_layout, rows)
     driver.launch(kernel, params, grid=cfg.grid_size, block=cfg.num_threads, cluster=cfg.cluster_size,
-                  smem_bytes=cfg.smem_bytes, stream=torch.cuda.current_stream(device).cuda_stream)
+                  smem_bytes=cfg.smem_bytes, stream=target.current_stream(device))
 
 
 # ---------------------------------------------------------------------------------------------- audit

@@ -136,8 +136,7 @@ def compile_config(config: QuantKernelConfig):
 _loaded: dict[tuple[QuantKernelConfig, int], object] = {}
 
 
-def _kernel(config: QuantKernelConfig, device: torch.device):
-    index = device.index if device.index is not None else torch.cuda.current_device()
+def _kernel(config: QuantKernelConfig, index: int):
     loaded = _loaded.get((config, index))
     if loaded is None:
         from ..runtime import driver
@@ -149,11 +148,12 @@ def _kernel(config: QuantKernelConfig, device: torch.device):
 
 
 def _launch(config: QuantKernelConfig, params: QuantParams, grid: int, device: torch.device) -> None:
-    from ..runtime import driver
+    from ..runtime import driver, target
 
-    kernel = _kernel(config, device)
+    index = target.gpu_index(device)
+    kernel = _kernel(config, index)
     driver.launch(kernel, params, grid=grid, block=config.num_threads, smem_bytes=config.smem_bytes,
-                  stream=torch.cuda.current_stream(device).cuda_stream)
+                  stream=target.current_stream(index))
 
 
 def audit_targets() -> list:
@@ -184,7 +184,9 @@ def _check_tensor(x: object, name: str, ranks: tuple[int, ...]) -> torch.Tensor:
         raise TypeError(f"{name} must be bfloat16, float16 or float32, got {name}.dtype={x.dtype}")
     if x.dim() not in ranks:
         raise ValueError(f"{name} must have rank in {ranks}, got {name}.shape={tuple(x.shape)}")
-    if x.device.type != "cuda":
+    from ..runtime import target
+
+    if target.gpu_index(x.device) is None:
         raise ValueError(f"{name} must be a CUDA tensor for the fused kernels, got {name}.device={x.device}")
     return x
 

@@ -1,0 +1,324 @@
+"""Host time per call of every eager op, against the floor of any Python launcher.
+
+``python -m bench.bench_host [--json PATH|-] [--quick]`` prints, per op (dense, contiguous, masked GEMM; the
+fused quantisers per_token, per_block, silu_mul_quant)::
+
+    {"ops": [{"op": "dense", "call_us": ..., "launch_floor_us": ..., "ratio": ..., "device": "stub", ...}, ...]}
+
+* ``call_us``: median over ``--repeats`` batches of ``--calls`` back-to-back public calls (warm: kernel compiled
+  and loaded, tensor maps encoded) of the per-call host time.
+* ``launch_floor_us``: the same statistic for one bare ``cuLaunchKernelEx`` issued through cuda-bindings with a
+  prebuilt ``CUlaunchConfig`` and the op's argument count passed the way a Python launcher passes kernel
+  arguments (``((values...), (ctypes types...))``, marshalled by the binding): one argument per tensor the op
+  reads or writes plus one per Python scalar argument (dense 5, contiguous 6, masked 7, quantisers 3: input,
+  output, scales).
+* ``ratio = call_us / launch_floor_us`` (the issue's bar: 2.5).
+
+Rows with ``"device": "stub"`` run in a child process whose ``libcuda.so.1`` is the stub of
+``tests/gpu_kernels/stub_libcuda.c`` (built here with ``cc``): the real cuda-bindings marshal every call, the
+stub records and returns. CPU tensors are sent down the GPU launch path through the one seam the ops have for
+it, :mod:`deep_fp8_gemm.runtime.target` (this tool maps the CPU device to ordinal 0, capability 9.0 and the
+default stream 0), so the host code measured is exactly what a GPU call runs, except the driver's own work and
+torch's CUDA caching allocator (the quantisers allocate their outputs with torch's CPU allocator here). The
+kernels are really compiled (NVRTC) and "loaded" (the stub keeps the cubin's first bytes).
+Rows with ``"device": "cuda"`` are added when an sm_90 GPU is present: the same calls on CUDA tensors and the
+real driver (host time of the enqueue loop, synchronised between batches), the floor an empty kernel with the
+same parameter count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+_STUB_ENV = "DFG_HOST_BENCH_STUB"  # set in the child: directory holding the stub libcuda.so.1
+_REPO = Path(__file__).resolve().parent.parent
+_STUB_SOURCE = _REPO / "tests" / "gpu_kernels" / "stub_libcuda.c"
+GEMM_PARAMS_BYTES = 576
+QUANT_PARAMS_BYTES = 72
+
+# Decode-sized problems (DeepSeek-V3 shapes, ANCHORS.md section 5).
+DENSE = dict(m=64, n=2112, k=7168)
+CONTIGUOUS = dict(groups=4, m_per_group=128, n=4096, k=7168)
+MASKED = dict(groups=8, m_max=64, n=7168, k=2048, expected_m=32)
+PER_TOKEN = dict(m=64, k=7168)
+PER_BLOCK = dict(n=576, k=7168)
+SILU = dict(m=64, two_i=4096)
+
+
+# ---------------------------------------------------------------------------------------------- operands
+def _fp8(shape, device, gpu: bool) -> torch.Tensor:
+    # Zeros on a GPU (the kernels really run there); uninitialised on the stub (nothing reads them).
+    return (torch.zeros if gpu else torch.empty)(shape, dtype=torch.float8_e4m3fn, device=device)
+
+
+def _scales(shape, device) -> torch.Tensor:
+    return torch.ones(shape, dtype=torch.float32, device=device)
+
+
+def make_ops(device: torch.device) -> list[tuple[str, int, str, object, tuple]]:
+    """``(name, argument count, params kind, fn, args)`` of every measured op on ``device``."""
+    import deep_fp8_gemm as dfg
+    from deep_fp8_gemm.moe import silu_mul_quant
+    from deep_fp8_gemm.utils import empty_m_major
+
+    gpu = device.type == "cuda"
+    ops = []
+
+    m, n, k = DENSE["m"], DENSE["n"], DENSE["k"]
+    kb = (k + 127) // 128
+    sa = empty_m_major((m, kb), device)
+    sa.fill_(1.0)
+    lhs = (_fp8((m, k), device, gpu), sa)
+    rhs = (_fp8((n, k), device, gpu), _scales(((n + 127) // 128, kb), device))
+    out = torch.empty((m, n), dtype=torch.bfloat16, device=device)
+    ops.append(("dense", 5, "gemm", dfg.gemm_fp8_fp8_bf16_nt, (lhs, rhs, out)))
+
+    g, mg, n, k = CONTIGUOUS["groups"], CONTIGUOUS["m_per_group"], CONTIGUOUS["n"], CONTIGUOUS["k"]
+    kb, m_sum = (k + 127) // 128, g * mg
+    sa = empty_m_major((m_sum, kb), device)
+    sa.fill_(1.0)
+    lhs = (_fp8((m_sum, k), device, gpu), sa)
+    rhs = (_fp8((g, n, k), device, gpu), _scales((g, (n + 127) // 128, kb), device))
+    out = torch.empty((m_sum, n), dtype=torch.bfloat16, device=device)
+    m_indices = torch.arange(m_sum, dtype=torch.int32, device=device) // mg
+    ops.append(("contiguous", 6, "gemm", dfg.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous, (lhs, rhs, out, m_indices)))
+
+    g, m_max, n, k = MASKED["groups"], MASKED["m_max"], MASKED["n"], MASKED["k"]
+    kb = (k + 127) // 128
+    sa = empty_m_major((g, m_max, kb), device)
+    sa.fill_(1.0)
+    lhs = (_fp8((g, m_max, k), device, gpu), sa)
+    rhs = (_fp8((g, n, k), device, gpu), _scales((g, (n + 127) // 128, kb), device))
+    out = torch.empty((g, m_max, n), dtype=torch.bfloat16, device=device)
+    masked_m = torch.full((g,), MASKED["expected_m"], dtype=torch.int32, device=device)
+    ops.append(("masked", 7, "gemm", dfg.m_grouped_gemm_fp8_fp8_bf16_nt_masked,
+                (lhs, rhs, out, masked_m, MASKED["expected_m"])))
+
+    x = torch.zeros((PER_TOKEN["m"], PER_TOKEN["k"]), dtype=torch.bfloat16, device=device)
+    ops.append(("per_token", 3, "quant", dfg.per_token_cast_to_fp8, (x,)))
+    w = torch.zeros((PER_BLOCK["n"], PER_BLOCK["k"]), dtype=torch.bfloat16, device=device)
+    ops.append(("per_block", 3, "quant", dfg.per_block_cast_to_fp8, (w,)))
+    h = torch.zeros((SILU["m"], SILU["two_i"]), dtype=torch.bfloat16, device=device)
+    ops.append(("silu_mul_quant", 3, "quant", silu_mul_quant, (h,)))
+    return ops
+
+
+# ---------------------------------------------------------------------------------------------- timing
+def per_call_us(fn, args: tuple, *, calls: int, repeats: int, sync=None) -> float:
+    """Median over ``repeats`` batches of the mean host time of ``calls`` calls of ``fn(*args)``, in µs."""
+    samples = []
+    for _ in range(repeats):
+        if sync is not None:
+            sync()
+        t0 = time.perf_counter_ns()
+        for _ in range(calls):
+            fn(*args)
+        samples.append((time.perf_counter_ns() - t0) / calls / 1e3)
+    return statistics.median(samples)
+
+
+_FLOOR_SOURCE = 'extern "C" __global__ void {name}({params}) {{}}\n'
+
+
+def floor_cubin(num_args: int) -> tuple[str, bytes]:
+    """Name and cubin of an empty kernel taking ``num_args`` pointers (JIT-cached)."""
+    from deep_fp8_gemm.runtime.compiler import compile_kernel
+
+    name = f"dfg_host_floor_{num_args}"
+    params = ", ".join(f"void* p{i}" for i in range(num_args))
+    return name, compile_kernel(name, _FLOOR_SOURCE.format(name=name, params=params)).cubin
+
+
+def floor_launcher(num_args: int, stream: int):
+    """``(fn, args)``: a bare ``cuLaunchKernelEx`` of an empty kernel taking ``num_args`` pointers, with a
+    prebuilt one-CTA config, its arguments given as ``((pointers...), (c_void_p,) * num_args)``."""
+    from cuda.bindings import driver
+
+    from deep_fp8_gemm.runtime import driver as drv
+
+    name, cubin = floor_cubin(num_args)
+    drv.ensure_initialized()
+    drv.primary_context(0)
+    drv._make_current_if_none(drv.primary_context(0))
+    library = drv.check(driver.cuLibraryLoadData(cubin, None, None, 0, None, None, 0), "cuLibraryLoadData")
+    kernel = drv.check(driver.cuLibraryGetKernel(library, name.encode()), "cuLibraryGetKernel")
+    function = driver.CUfunction(int(kernel))
+    config = driver.CUlaunchConfig()
+    config.gridDimX = config.gridDimY = config.gridDimZ = 1
+    config.blockDimX, config.blockDimY, config.blockDimZ = 32, 1, 1
+    config.sharedMemBytes = 0
+    config.hStream = driver.CUstream(stream)
+    config.numAttrs = 0
+    values = tuple(0x7F0000001000 + 256 * i for i in range(num_args))
+    kernel_args = (values, (ctypes.c_void_p,) * num_args)
+    launch = driver.cuLaunchKernelEx
+
+    def fn():
+        err = launch(config, function, kernel_args, 0)[0]
+        if err != 0:
+            raise RuntimeError(f"floor launch failed: {err}")
+
+    fn._keep = library  # the library must outlive the launches
+    return fn
+
+
+def measure(device: torch.device, *, calls: int, repeats: int, only: set[str] | None, label: str,
+            before_warmup=None, sync=None) -> list[dict]:
+    rows = []
+    floors: dict[int, float] = {}
+    from deep_fp8_gemm.runtime import target
+
+    index = target.gpu_index(device)
+    stream = target.current_stream(index)
+    for name, num_args, params_kind, fn, args in make_ops(device):
+        if only and name not in only:
+            continue
+        if before_warmup is not None:
+            before_warmup(params_kind)
+        for _ in range(3):  # compile, load, encode the tensor maps
+            fn(*args)
+        call_us = per_call_us(fn, args, calls=calls, repeats=repeats, sync=sync)
+        if num_args not in floors:
+            if before_warmup is not None:
+                before_warmup("floor")
+            floor = floor_launcher(num_args, stream)
+            floor()
+            floors[num_args] = per_call_us(floor, (), calls=calls, repeats=repeats, sync=sync)
+        rows.append({"op": name, "call_us": round(call_us, 3), "launch_floor_us": round(floors[num_args], 3),
+                     "ratio": round(call_us / floors[num_args], 2), "args": num_args, "device": label})
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------- stub child
+def _run_stub_child(stub_dir: str, calls: int, repeats: int, only: set[str] | None) -> list[dict]:
+    """In the child: the binding has loaded the stub; map CPU tensors onto it and measure."""
+    from cuda.bindings import driver as binding
+
+    from deep_fp8_gemm.runtime import target
+
+    stub = ctypes.CDLL(os.path.join(stub_dir, "libcuda.so.1"))
+    param_size = ctypes.c_size_t.in_dll(stub, "g_param_size")
+    launches = ctypes.c_int.in_dll(stub, "g_launches")
+    sizes = {"gemm": GEMM_PARAMS_BYTES, "quant": QUANT_PARAMS_BYTES, "floor": 8}
+
+    def before_warmup(kind: str) -> None:
+        # cuKernelGetParamInfo of the stub reports this size for the kernel loaded next; the stub's launch
+        # copies that many bytes of the first argument.
+        param_size.value = sizes[kind]
+
+    binding.cuInit(0)
+    target.gpu_index = lambda device: 0
+    target.capability = lambda index: (9, 0)
+    target.current_stream = lambda index: 0
+    first = launches.value
+    rows = measure(torch.device("cpu"), calls=calls, repeats=repeats, only=only, label="stub",
+                   before_warmup=before_warmup)
+    if launches.value - first < calls * repeats:
+        raise RuntimeError(f"the stub driver saw {launches.value - first} launches: the calls did not reach it")
+    return rows
+
+
+def precompile(only: set[str] | None) -> None:
+    """Compile (into the on-disk JIT cache) every kernel the stub child loads.
+
+    NVRTC itself crashes in a process whose ``libcuda.so.1`` is the stub (it calls into the driver), so the
+    child must only get cache hits (and ``DFG_JIT_DISABLE_CACHE`` must be off)."""
+    from deep_fp8_gemm.kernels import gemm, quant
+    from deep_fp8_gemm.runtime.compiler import compile_kernel
+    from deep_fp8_gemm.utils import get_num_sms
+
+    kinds = {"per_token": quant.QuantKind.PER_TOKEN, "per_block": quant.QuantKind.PER_BLOCK,
+             "silu_mul_quant": quant.QuantKind.SILU_MUL_PER_TOKEN}
+    counts = set()
+    for name, num_args, params_kind, _, args in make_ops(torch.device("cpu")):
+        if only and name not in only:
+            continue
+        counts.add(num_args)
+        if params_kind == "gemm":
+            expected_m = args[4] if name == "masked" else None
+            cfg = gemm.problem_config(name, args[0][0], args[1][0], expected_m, get_num_sms())
+            compile_kernel(cfg.kernel_name(), gemm.render_source(cfg))
+        else:
+            x = args[0]
+            cols = x.shape[-1] // 2 if name == "silu_mul_quant" else x.shape[-1]
+            up_offset = cols if name == "silu_mul_quant" else 0
+            config = quant.QuantKernelConfig(kinds[name], quant._INPUT_TYPES[x.dtype],
+                                             quant._vectorizable(x, cols, up_offset))
+            quant.compile_config(config)
+    for n in counts:
+        floor_cubin(n)
+
+
+def stub_rows(calls: int, repeats: int, only: set[str] | None) -> list[dict]:
+    """Build the stub driver, run the measurement in a child process that loads it, return its rows."""
+    precompile(only)
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise RuntimeError("bench_host needs a C compiler (cc) to build the stub libcuda.so.1")
+    with tempfile.TemporaryDirectory(prefix="dfg-host-bench-") as tmp:
+        subprocess.run([compiler, "-O1", "-shared", "-fPIC", "-o", os.path.join(tmp, "libcuda.so.1"),
+                        str(_STUB_SOURCE)], check=True)
+        env = dict(os.environ, LD_LIBRARY_PATH=tmp + os.pathsep + os.environ.get("LD_LIBRARY_PATH", ""))
+        env[_STUB_ENV] = tmp
+        env["PYTHONPATH"] = os.pathsep.join([str(_REPO), os.environ.get("PYTHONPATH", "")])
+        cmd = [sys.executable, "-m", "bench.bench_host", "--calls", str(calls), "--repeats", str(repeats),
+               "--json", "-"] + (["--ops", ",".join(sorted(only))] if only else [])
+        run = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=str(_REPO))
+        if run.returncode != 0:
+            raise RuntimeError(f"stub measurement failed:\n{run.stderr}")
+        return json.loads(run.stdout)["ops"]
+
+
+def gpu_rows(calls: int, repeats: int, only: set[str] | None) -> list[dict]:
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        return []
+    return measure(torch.device("cuda"), calls=calls, repeats=repeats, only=only, label="cuda",
+                   sync=torch.cuda.synchronize)
+
+
+# ---------------------------------------------------------------------------------------------- main
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", metavar="PATH", help="write the JSON result here ('-' = stdout)")
+    parser.add_argument("--calls", type=int, default=200, help="calls per timed batch (default 200)")
+    parser.add_argument("--repeats", type=int, default=31, help="timed batches; the median is reported (31)")
+    parser.add_argument("--quick", action="store_true", help="50 calls x 9 batches")
+    parser.add_argument("--ops", help="comma-separated subset of ops")
+    args = parser.parse_args(argv)
+    calls, repeats = (50, 9) if args.quick else (args.calls, args.repeats)
+    only = set(args.ops.split(",")) if args.ops else None
+
+    stub_dir = os.environ.get(_STUB_ENV)
+    if stub_dir:  # the child
+        rows = _run_stub_child(stub_dir, calls, repeats, only)
+    else:
+        rows = stub_rows(calls, repeats, only) + gpu_rows(calls, repeats, only)
+    result = {"ops": rows, "calls": calls, "repeats": repeats}
+    if args.json:
+        text = json.dumps(result, indent=None if args.json == "-" else 2)
+        if args.json == "-":
+            print(text)
+        else:
+            Path(args.json).write_text(text + "\n")
+    if not stub_dir and args.json != "-":
+        print(f"{'op':<16}{'device':<8}{'call_us':>10}{'floor_us':>10}{'ratio':>8}")
+        for row in rows:
+            print(f"{row['op']:<16}{row['device']:<8}{row['call_us']:>10.2f}{row['launch_floor_us']:>10.2f}"
+                  f"{row['ratio']:>8.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
