@@ -13,6 +13,10 @@ fused quantisers per_token, per_block, silu_mul_quant)::
   reads or writes plus one per Python scalar argument (dense 5, contiguous 6, masked 7, quantisers 3: input,
   output, scales).
 * ``ratio = call_us / launch_floor_us`` (the issue's bar: 2.5).
+* ``alloc_us`` (quantisers): what allocating and freeing tensors like the op's two outputs costs by itself
+  (``torch.empty_strided`` x 2): part of ``call_us`` that no launcher avoids.
+
+The op's and the floor's timed batches alternate, so both medians see the same load of a shared machine.
 
 Rows with ``"device": "stub"`` run in a child process whose ``libcuda.so.1`` is the stub of
 ``tests/gpu_kernels/stub_libcuda.c`` (built here with ``cc``): the real cuda-bindings marshal every call, the
@@ -176,10 +180,12 @@ def floor_launcher(num_args: int, stream: int):
 
 def measure(device: torch.device, *, calls: int, repeats: int, only: set[str] | None, label: str,
             before_warmup=None, sync=None) -> list[dict]:
-    rows = []
-    floors: dict[int, float] = {}
+    """One row per op. The op's batches and its floor's batches alternate, so that both medians see the same
+    machine load (the 2-core development machine is shared)."""
     from deep_fp8_gemm.runtime import target
 
+    rows = []
+    floors: dict[int, object] = {}
     index = target.gpu_index(device)
     stream = target.current_stream(index)
     for name, num_args, params_kind, fn, args in make_ops(device):
@@ -189,16 +195,36 @@ def measure(device: torch.device, *, calls: int, repeats: int, only: set[str] | 
             before_warmup(params_kind)
         for _ in range(3):  # compile, load, encode the tensor maps
             fn(*args)
-        call_us = per_call_us(fn, args, calls=calls, repeats=repeats, sync=sync)
         if num_args not in floors:
             if before_warmup is not None:
                 before_warmup("floor")
-            floor = floor_launcher(num_args, stream)
-            floor()
-            floors[num_args] = per_call_us(floor, (), calls=calls, repeats=repeats, sync=sync)
-        rows.append({"op": name, "call_us": round(call_us, 3), "launch_floor_us": round(floors[num_args], 3),
-                     "ratio": round(call_us / floors[num_args], 2), "args": num_args, "device": label})
+            floors[num_args] = floor_launcher(num_args, stream)
+            floors[num_args]()
+        floor = floors[num_args]
+        op_samples, floor_samples = [], []
+        for _ in range(repeats):
+            op_samples.append(per_call_us(fn, args, calls=calls, repeats=1, sync=sync))
+            floor_samples.append(per_call_us(floor, (), calls=calls, repeats=1, sync=sync))
+        call_us, floor_us = statistics.median(op_samples), statistics.median(floor_samples)
+        row = {"op": name, "call_us": round(call_us, 3), "launch_floor_us": round(floor_us, 3),
+               "ratio": round(call_us / floor_us, 2), "args": num_args, "device": label}
+        if params_kind == "quant":  # what allocating (and freeing) the two outputs alone costs here
+            outputs = fn(*args)
+            alloc = _allocator(outputs)
+            row["alloc_us"] = round(per_call_us(alloc, (), calls=calls, repeats=repeats, sync=sync), 3)
+        rows.append(row)
     return rows
+
+
+def _allocator(outputs: tuple[torch.Tensor, ...]):
+    """A function allocating tensors like ``outputs`` (same shapes, strides, dtypes, device), discarding them."""
+    specs = [(tuple(t.shape), t.stride(), t.dtype, t.device) for t in outputs]
+    empty_strided = torch.empty_strided
+
+    def fn():
+        return [empty_strided(shape, stride, dtype=dtype, device=device) for shape, stride, dtype, device in specs]
+
+    return fn
 
 
 # ---------------------------------------------------------------------------------------------- stub child
@@ -272,6 +298,11 @@ def stub_rows(calls: int, repeats: int, only: set[str] | None) -> list[dict]:
                         str(_STUB_SOURCE)], check=True)
         env = dict(os.environ, LD_LIBRARY_PATH=tmp + os.pathsep + os.environ.get("LD_LIBRARY_PATH", ""))
         env[_STUB_ENV] = tmp
+        # The quantisers allocate their outputs on every call. On a GPU torch's caching allocator serves a
+        # repeated size from its cache; glibc would instead mmap / trim (a system call) for every ~0.5 MB
+        # buffer. Keep freed memory in the heap so the CPU stand-in is closer to the caching allocator.
+        env.setdefault("MALLOC_MMAP_THRESHOLD_", str(32 << 20))
+        env.setdefault("MALLOC_TRIM_THRESHOLD_", str(1 << 30))
         env["PYTHONPATH"] = os.pathsep.join([str(_REPO), os.environ.get("PYTHONPATH", "")])
         cmd = [sys.executable, "-m", "bench.bench_host", "--calls", str(calls), "--repeats", str(repeats),
                "--json", "-"] + (["--ops", ",".join(sorted(only))] if only else [])
@@ -313,10 +344,11 @@ def main(argv: list[str] | None = None) -> int:
         else:
             Path(args.json).write_text(text + "\n")
     if not stub_dir and args.json != "-":
-        print(f"{'op':<16}{'device':<8}{'call_us':>10}{'floor_us':>10}{'ratio':>8}")
+        print(f"{'op':<16}{'device':<8}{'call_us':>10}{'floor_us':>10}{'ratio':>8}{'alloc_us':>10}")
         for row in rows:
+            alloc = f"{row['alloc_us']:>10.2f}" if "alloc_us" in row else ""
             print(f"{row['op']:<16}{row['device']:<8}{row['call_us']:>10.2f}{row['launch_floor_us']:>10.2f}"
-                  f"{row['ratio']:>8.2f}")
+                  f"{row['ratio']:>8.2f}{alloc}")
     return 0
 
 

@@ -30,6 +30,7 @@ from .ops import (
     m_grouped_gemm_fp8_fp8_bf16_nt_contiguous,
     m_grouped_gemm_fp8_fp8_bf16_nt_masked,
 )
+from .prepared import PreparedGemm, prepare_gemm
 from .psum import m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum
 from .quant import per_block_cast_to_fp8, per_channel_cast_to_fp8, per_token_cast_to_fp8
 from .utils import (
@@ -74,6 +75,8 @@ __all__ = [
     "per_channel_cast_to_fp8",
     "per_token_cast_to_fp8",
     "psum",
+    "prepare_gemm",
+    "PreparedGemm",
     "reference",
     "set_num_sms",
     "transform_sf_into_required_layout",

@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import prepared
 from .layout import max_m_sum_bound, route_topk
 from .ops import m_grouped_gemm_fp8_fp8_bf16_nt_contiguous, m_grouped_gemm_fp8_fp8_bf16_nt_masked
 from .quant import per_block_cast_to_fp8, per_token_cast_to_fp8, per_token_cast_to_fp8_torch
@@ -116,6 +117,9 @@ def silu_mul_quant(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         ``sA`` of the next GEMM. Values: ``per_token_cast_to_fp8(F.silu(gate.float()) * up.float())``, in fp32.
         On sm_90 one fused kernel (``y`` is never written to memory); elsewhere plain torch.
     """
+    result = prepared.quantise("silu", x, _check_silu_input, _silu_mul_quant_impl)  # eager: checks cached
+    if result is not None:
+        return result
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
     _check_silu_input(x)

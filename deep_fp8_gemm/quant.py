@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from . import prepared
 from .runtime import target
 from .utils import ceil_div, empty_m_major, get_col_major_tma_aligned_tensor
 
@@ -59,6 +60,14 @@ def _check_flag(value: object, name: str) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be a bool, got {type(value).__name__} ({value!r})")
     return value
+
+
+def _check_x(x: torch.Tensor) -> None:
+    _check_input(x, "x")
+
+
+def _check_w(w: torch.Tensor) -> None:
+    _check_input(w, "w")
 
 
 def _quantise_groups(groups: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -160,6 +169,10 @@ def per_token_cast_to_fp8(
     (with ``use_ue8m0`` the scale is ``ceil_to_ue8m0(amax / 448)``). Dequantisation is ``x_fp8.float() *
     scales`` per group. Non-finite inputs give unspecified results.
     """
+    if type(use_ue8m0) is bool and type(gran_k) is int and gran_k == GROUP and use_packed_ue8m0 is False:
+        result = prepared.quantise("per_token", x, _check_x, _per_token_impl, use_ue8m0)  # eager: cached checks
+        if result is not None:
+            return result
     _check_input(x, "x")
     _check_sm100_options(gran_k, use_packed_ue8m0)
     return torch.ops.deep_fp8_gemm.per_token_cast_to_fp8.default(x, _check_flag(use_ue8m0, "use_ue8m0"))
@@ -182,6 +195,10 @@ def per_block_cast_to_fp8(
     Same arithmetic as :func:`per_token_cast_to_fp8` with the amax taken over each 128x128 block
     (partial edge blocks treated as zero-padded).
     """
+    if type(use_ue8m0) is bool and type(gran_k) is int and gran_k == GROUP:
+        result = prepared.quantise("per_block", w, _check_w, _per_block_impl, use_ue8m0)  # eager: cached checks
+        if result is not None:
+            return result
     _check_input(w, "w")
     _check_sm100_options(gran_k, False)
     return torch.ops.deep_fp8_gemm.per_block_cast_to_fp8.default(w, _check_flag(use_ue8m0, "use_ue8m0"))

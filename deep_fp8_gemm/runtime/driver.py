@@ -526,9 +526,7 @@ def _stage_params(params: Any) -> tuple[_ParamSlot, int]:
         size = len(params)
     else:
         raise TypeError(f"params must be bytes, bytearray or a ctypes.Structure, got {type(params).__name__}")
-    slot = getattr(_tls, "slot", None)
-    if slot is None or slot.capacity < size:
-        slot = _tls.slot = _ParamSlot(max(4096, size))
+    slot = param_slot(size)
     if size:
         if isinstance(params, ctypes.Structure):
             ctypes.memmove(slot.address, ctypes.addressof(params), size)
@@ -602,10 +600,20 @@ def launch(
         raise ValueError(f"kernel {kernel.name!r} takes a {kernel.param_size}-byte parameter struct, got {size} bytes")
     if smem_bytes > kernel.max_dynamic_smem:
         kernel.set_max_dynamic_smem(smem_bytes)
-    config = _launch_config(grid, block, cluster, smem_bytes, stream)
+    _enqueue(kernel, _launch_config(grid, block, cluster, smem_bytes, stream), slot, stream, grid, block, cluster,
+             smem_bytes)
+
+
+def _enqueue(kernel: LoadedKernel, config: Any, slot: _ParamSlot, stream: int, grid: int, block: int, cluster: int,
+             smem_bytes: int) -> None:
+    """``cuLaunchKernelEx`` of ``kernel`` with ``config`` and the parameters staged in ``slot`` (null stream:
+    in ``kernel.device``'s primary context, pushed if another one is current)."""
     pushed = False
     if stream == 0:
-        current = _current_context()
+        err, current = driver.cuCtxGetCurrent()  # _current_context() inlined: this runs on every launch
+        if err != 0:
+            _raise(err, "cuCtxGetCurrent()")
+        current = int(current)
         if current != kernel._context_handle:
             if current == 0:
                 check(driver.cuCtxSetCurrent(kernel.context), "cuCtxSetCurrent(primary context)")
@@ -620,6 +628,61 @@ def launch(
     if err != 0:
         _raise(err, f"cuLaunchKernelEx({kernel.name!r}, {grid=}, {block=}, {cluster=}, {smem_bytes=}, "
                     f"stream={stream:#x})")
+
+
+def param_slot(size: int) -> _ParamSlot:
+    """This thread's 128-byte-aligned parameter block with room for ``size`` bytes; write the parameters into
+    ``slot.view`` (a writable byte memoryview) and launch with :meth:`PreparedLaunch.launch`. Nothing else may
+    launch on this thread in between (the block is shared by every launch of the thread)."""
+    slot = getattr(_tls, "slot", None)
+    if slot is None or slot.capacity < size:
+        slot = _tls.slot = _ParamSlot(max(4096, size))
+    return slot
+
+
+class PreparedLaunch:
+    """One kernel with a fixed launch shape and parameter size, checked once; per launch only the parameter
+    bytes and the stream vary (the ``CUlaunchConfig`` is built once per stream).
+
+    What :func:`launch` checks and does on every call (parameter size, shared-memory limit, launch shape) is
+    done here at construction; each :meth:`launch` is the null-stream context check (as :func:`launch`) and
+    ``cuLaunchKernelEx``.
+
+    Raises (constructor): ValueError for a parameter size the kernel does not take or a bad launch shape;
+    CudaDriverError if raising the shared-memory limit fails.
+    """
+
+    __slots__ = ("kernel", "grid", "block", "cluster", "smem_bytes", "param_size", "_configs")
+
+    def __init__(self, kernel: LoadedKernel, param_size: int, *, grid: int, block: int, cluster: int = 1,
+                 smem_bytes: int):
+        if kernel.param_size is not None and param_size != kernel.param_size:
+            raise ValueError(f"kernel {kernel.name!r} takes a {kernel.param_size}-byte parameter struct, got "
+                             f"{param_size} bytes")
+        if smem_bytes > kernel.max_dynamic_smem:
+            kernel.set_max_dynamic_smem(smem_bytes)
+        self.kernel, self.grid, self.block, self.cluster = kernel, grid, block, cluster
+        self.smem_bytes, self.param_size = smem_bytes, param_size
+        self._configs: dict[int, Any] = {}
+        _launch_config(grid, block, cluster, smem_bytes, 0)  # validates the shape now
+
+    def launch(self, slot: _ParamSlot, stream: int) -> None:
+        """Enqueue the kernel with the first ``param_size`` bytes of ``slot`` (from :func:`param_slot`) on
+        ``stream`` (same meaning as in :func:`launch`)."""
+        config = self._configs.get(stream)
+        if config is None:
+            config = self._configs[stream] = _launch_config(self.grid, self.block, self.cluster, self.smem_bytes,
+                                                            stream)
+        kernel = self.kernel
+        if stream == 0:  # null stream: launch here only if kernel.device's primary context is current
+            err, current = driver.cuCtxGetCurrent()
+            if err != 0 or int(current) != kernel._context_handle:
+                _enqueue(kernel, config, slot, stream, self.grid, self.block, self.cluster, self.smem_bytes)
+                return
+        err = driver.cuLaunchKernelEx(config, kernel.function, slot.pointers_address, 0)[0]
+        if err != 0:
+            _raise(err, f"cuLaunchKernelEx({kernel.name!r}, grid={self.grid}, block={self.block}, "
+                        f"cluster={self.cluster}, smem_bytes={self.smem_bytes}, stream={stream:#x})")
 
 
 def _reset_for_tests() -> None:

@@ -1,0 +1,482 @@
+"""The eager ops' per-call host path: checks cached per tensor signature, launches prepared once.
+
+A decode GEMM runs for 3-25 µs on the GPU, so the Python in front of its launch must cost about one launch.
+Everything the ops check and compute before a launch, except the data pointers, is a function of the
+arguments' *signature*: per tensor ``(shape, stride(), dtype, device)``, plus ``expected_m`` and the
+:func:`~deep_fp8_gemm.set_num_sms` override. So an eager call builds that tuple and looks up a **plan**:
+
+* miss: the full checks of :mod:`.validation` run (same errors, same messages, same order as before), and the
+  plan records their outcome: the problem is empty or not, the GPU ordinal (``runtime.target``), whether sA
+  already has the M-major TMA-aligned layout and sB / the grouped layout are contiguous (else the same
+  conversions as before run on every call), the byte span of every tensor (for the overlap check), and for a
+  GPU: the kernel config, the loaded kernel and a :class:`~deep_fp8_gemm.runtime.driver.PreparedLaunch`.
+* hit: only what depends on the data pointers runs: 16-byte alignment of A, B and out, out overlapping no
+  input (integer compares against the cached spans; on a hit of either the full pointer check runs and raises
+  its usual message), sA's alignment, the tensor maps, the parameter bytes, the launch.
+
+A changed shape, stride, dtype or device is a different signature, so it misses and is checked in full; a
+changed pointer is checked on every call.
+
+Tensor maps: a ``CUtensorMap`` is opaque (the driver API documents no field offsets, so its global address
+cannot be patched on the host), so the four encoded maps are cached per plan under the four data pointers
+(64 pointer tuples per plan, then cleared), on top of the driver's LRU keyed by the full encode arguments
+(weights always hit there). The allocator hands a decode loop the same addresses, so a steady state never
+encodes.
+
+:func:`prepare_gemm` exposes a plan as an object for callers that want to skip even the signature tuple:
+it checks the example tensors once, and each call trusts that the tensors have the example's metadata
+(their pointers are still checked).
+"""
+
+from __future__ import annotations
+
+import struct
+
+import torch
+
+from . import utils
+from .runtime import target
+from .validation import check_expected_m
+
+_Tensor = torch.Tensor
+_MAX_PLANS = 1024  # per op; cleared when full (a model has a handful of signatures per op)
+_MAX_HEADS = 64  # encoded tensor-map sets per plan
+_GEMM_PARAMS_BYTES = 576  # sizeof(dfg::GemmParams)
+_GEMM_TAIL = struct.Struct("<QQII40x")  # sb, grouped_layout, rows, reserved, padding up to 576 bytes (at 512)
+_QUANT_PARAMS = struct.Struct("<7Q4I")  # dfg::quant::QuantParams (72 bytes), field order of kernels.quant
+_param_slot = None  # driver.param_slot, bound when the first GPU plan is built (no CUDA import before)
+_is_compiling = torch.compiler.is_compiling
+_empty_strided = torch.empty_strided
+_FP8, _F32 = torch.float8_e4m3fn, torch.float32
+_dispatch_depth = torch._C._len_torch_dispatch_stack
+
+
+def eager(*tensors: object) -> bool:
+    """True when a call may take this path: not tracing, no dispatch mode active, plain tensors only (the same
+    rule as ``ops._eager``; anything else goes through the custom op so compiled code sees one node)."""
+    if _is_compiling() or _dispatch_depth():
+        return False
+    for t in tensors:
+        if type(t) is not _Tensor:
+            return False
+    return True
+
+
+def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
+
+
+def _bind_driver() -> None:
+    global _param_slot
+    from .runtime import driver
+
+    _param_slot = driver.param_slot
+
+
+def _span(t: torch.Tensor) -> int:
+    """Bytes from ``t.data_ptr()`` to one past its last element (0 for an empty tensor), as ``_byte_range``."""
+    if t.numel() == 0:
+        return 0
+    from .validation import _byte_range
+
+    lo, hi = _byte_range(t)
+    return hi - lo
+
+
+# ---------------------------------------------------------------------------------------------- GEMM plans
+class GemmPlan:
+    """The checked, prepared form of one GEMM signature (see the module docstring). Call it with tensors of
+    that signature: ``plan(a, sa, b, sb, out, grouped_layout)`` (``grouped_layout`` None for dense)."""
+
+    __slots__ = ("kind", "expected_m", "empty", "index", "rows", "cfg", "launcher", "heads", "sa_ready",
+                 "sb_ready", "gl_ready", "span_a", "span_sa", "span_b", "span_sb", "span_out", "span_gl",
+                 "_ops")
+
+    def __init__(self, kind: str, a, sa, b, sb, out, gl, expected_m: int | None):
+        from . import ops
+        from .validation import check_contiguous, check_dense, check_masked
+
+        self._ops = ops
+        self.kind, self.expected_m = kind, expected_m
+        if kind == "dense":
+            m, n, _ = check_dense(a, sa, b, sb, out)
+            self.empty = not (m and n)
+        elif kind == "contiguous":
+            m_sum, n, _, _ = check_contiguous(a, sa, b, sb, out, gl)
+            self.empty = not (m_sum and n)
+        else:
+            _, m_max, n, _ = check_masked(a, sa, b, sb, out, gl, expected_m)
+            self.empty = not (m_max and n)
+        self.span_a, self.span_sa, self.span_b, self.span_sb = _span(a), _span(sa), _span(b), _span(sb)
+        self.span_out, self.span_gl = _span(out), (0 if gl is None else _span(gl))
+        self.rows = a.shape[-2]
+        self.index = None if self.empty else target.gpu_index(a.device)
+        self.cfg = self.launcher = None
+        self.heads: dict[tuple[int, int, int, int], bytes] = {}
+        canonical = utils._m_major_strides(tuple(sa.shape))
+        self.sa_ready = sa.numel() == 0 or sa.stride() == canonical
+        self.sb_ready = sb.is_contiguous()
+        self.gl_ready = gl is None or gl.is_contiguous()
+        if self.index is not None:
+            self._prepare_gpu(a, sa, b, sb)
+
+    def _prepare_gpu(self, a, sa, b, sb) -> None:
+        from .kernels import gemm
+        from .runtime import driver
+
+        self._ops._require_sm90(a.device, self.index)
+        _bind_driver()
+        cfg = gemm.problem_config(self.kind, a, b, self.expected_m, utils.get_num_sms())
+        kernel = gemm._cuda_kernel(cfg, self.index)
+        self.launcher = driver.PreparedLaunch(kernel, _GEMM_PARAMS_BYTES, grid=cfg.grid_size, block=cfg.num_threads,
+                                              cluster=cfg.cluster_size, smem_bytes=cfg.smem_bytes)
+        self.cfg = cfg
+
+    def __call__(self, a, sa, b, sb, out, gl=None) -> None:
+        pa, psa, pb, psb, pd = a.data_ptr(), sa.data_ptr(), b.data_ptr(), sb.data_ptr(), out.data_ptr()
+        pgl = 0 if gl is None else gl.data_ptr()
+        hi = pd + self.span_out
+        # Conservative: any possible misalignment or overlap (empty tensors included) runs the full check,
+        # which raises the usual message, or passes.
+        if ((pa | pb | pd) & 15 or (pd < pa + self.span_a and pa < hi) or (pd < psa + self.span_sa and psa < hi)
+                or (pd < pb + self.span_b and pb < hi) or (pd < psb + self.span_sb and psb < hi)
+                or (pgl and pd < pgl + self.span_gl and pgl < hi)):
+            self._check_pointers(a, sa, b, sb, out, gl)
+        launcher = self.launcher
+        if launcher is None:  # empty problem, or CPU: the reference (or the simulator), as before
+            if not self.empty:
+                self._ops._dispatch(self.kind, a, sa, b, sb, out, grouped_layout=gl, expected_m=self.expected_m)
+            return
+        if not self.sa_ready or psa & 15:
+            sa = self._ops._normalise_sa(sa)
+            psa = sa.data_ptr()
+        if not self.sb_ready:
+            sb = sb.contiguous()
+            psb = sb.data_ptr()
+        if not self.gl_ready:
+            gl = gl.contiguous()
+            pgl = gl.data_ptr()
+        key = (pa, psa, pb, pd)
+        head = self.heads.get(key)
+        if head is None:
+            head = self._encode(a, sa, b, out, key)
+        slot = _param_slot(_GEMM_PARAMS_BYTES)
+        view = slot.view
+        view[:512] = head
+        _GEMM_TAIL.pack_into(view, 512, psb, pgl, self.rows, 0)
+        launcher.launch(slot, target.current_stream(self.index))
+
+    def _check_pointers(self, a, sa, b, sb, out, gl) -> None:
+        from .validation import _check_pointers
+
+        extra = () if gl is None else ((gl, "m_indices" if self.kind == "contiguous" else "masked_m"),)
+        _check_pointers(a, sa, b, sb, out, extra)
+
+    def _encode(self, a, sa, b, out, key) -> bytes:
+        from .kernels.gemm import tensor_map_args
+        from .runtime import driver
+
+        cache = driver.tensor_map_cache
+        head = b"".join(cache.lookup(args, args) for args in tensor_map_args(self.cfg, a, sa, b, out))
+        if len(self.heads) >= _MAX_HEADS:
+            self.heads.clear()
+        self.heads[key] = head
+        return head
+
+
+_dense_plans: dict[tuple, GemmPlan] = {}
+_last: dict[str, tuple] = {"dense": ((), None), "contiguous": ((), None), "masked": ((), None)}  # key, plan
+_contiguous_plans: dict[tuple, GemmPlan] = {}
+_masked_plans: dict[tuple, GemmPlan] = {}
+
+
+def _remember(plans: dict, key: tuple, plan):
+    if len(plans) >= _MAX_PLANS:
+        plans.clear()
+    plans[key] = plan
+    return plan
+
+
+def dense(a, sa, b, sb, out) -> bool:
+    """``gemm_fp8_fp8_bf16_nt`` through its plan when :func:`eager` allows; False (nothing done) otherwise."""
+    if _is_compiling() or _dispatch_depth() or type(a) is not _Tensor or type(sa) is not _Tensor or \
+            type(b) is not _Tensor or type(sb) is not _Tensor or type(out) is not _Tensor:
+        return False
+    key = (a.shape, a.stride(), a.dtype, a.device, sa.shape, sa.stride(), sa.dtype, sa.device,
+           b.shape, b.stride(), b.dtype, b.device, sb.shape, sb.stride(), sb.dtype, sb.device,
+           out.shape, out.stride(), out.dtype, out.device, utils._num_sms_override)
+    last = _last["dense"]
+    if key == last[0]:  # the same signature as the previous call: no hashing
+        plan = last[1]
+    else:
+        plan = _dense_plans.get(key)
+    if plan is None:
+        plan = _remember(_dense_plans, key, GemmPlan("dense", a, sa, b, sb, out, None, None))
+    _last["dense"] = (key, plan)
+    plan(a, sa, b, sb, out)
+    return True
+
+
+def contiguous(a, sa, b, sb, out, m_indices) -> bool:
+    """``m_grouped_gemm_fp8_fp8_bf16_nt_contiguous`` through its plan when :func:`eager` allows; else False."""
+    if not eager(a, sa, b, sb, out, m_indices):
+        return False
+    key = (a.shape, a.stride(), a.dtype, a.device, sa.shape, sa.stride(), sa.dtype, sa.device,
+           b.shape, b.stride(), b.dtype, b.device, sb.shape, sb.stride(), sb.dtype, sb.device,
+           out.shape, out.stride(), out.dtype, out.device,
+           m_indices.shape, m_indices.stride(), m_indices.dtype, m_indices.device, utils._num_sms_override)
+    last = _last["contiguous"]
+    if key == last[0]:  # the same signature as the previous call: no hashing
+        plan = last[1]
+    else:
+        plan = _contiguous_plans.get(key)
+    if plan is None:
+        plan = _remember(_contiguous_plans, key, GemmPlan("contiguous", a, sa, b, sb, out, m_indices, None))
+    _last["contiguous"] = (key, plan)
+    plan(a, sa, b, sb, out, m_indices)
+    return True
+
+
+def masked(a, sa, b, sb, out, masked_m, expected_m: int) -> bool:
+    """``m_grouped_gemm_fp8_fp8_bf16_nt_masked`` through its plan when :func:`eager` allows; else False."""
+    if not eager(a, sa, b, sb, out, masked_m):
+        return False
+    check_expected_m(expected_m)  # before the lookup: True == 1 as a key
+    key = (a.shape, a.stride(), a.dtype, a.device, sa.shape, sa.stride(), sa.dtype, sa.device,
+           b.shape, b.stride(), b.dtype, b.device, sb.shape, sb.stride(), sb.dtype, sb.device,
+           out.shape, out.stride(), out.dtype, out.device,
+           masked_m.shape, masked_m.stride(), masked_m.dtype, masked_m.device, expected_m, utils._num_sms_override)
+    last = _last["masked"]
+    if key == last[0]:  # the same signature as the previous call: no hashing
+        plan = last[1]
+    else:
+        plan = _masked_plans.get(key)
+    if plan is None:
+        plan = _remember(_masked_plans, key, GemmPlan("masked", a, sa, b, sb, out, masked_m, expected_m))
+    _last["masked"] = (key, plan)
+    plan(a, sa, b, sb, out, masked_m)
+    return True
+
+
+def clear() -> None:
+    """Forget every plan (tests; a loaded kernel stays loaded)."""
+    for plans in (_dense_plans, _contiguous_plans, _masked_plans, _quant_plans):
+        plans.clear()
+    for kind in _last:
+        _last[kind] = ((), None)
+
+
+# ---------------------------------------------------------------------------------------------- prepared calls
+class PreparedGemm:
+    """A GEMM checked once against example tensors; calling it skips the per-call signature checks.
+
+    Made by :func:`prepare_gemm`. Call it exactly like the op it was prepared for, with tensors that have the
+    example's shapes, strides, dtypes and device (**not checked** per call: that is what it saves; use
+    :meth:`matches` while developing): ``p(lhs, rhs, out)`` (dense), ``p(lhs, rhs, out, m_indices)``
+    (contiguous), ``p(lhs, rhs, out, masked_m)`` (masked; the ``expected_m`` given to :func:`prepare_gemm`).
+    Data pointers may change from call to call and are still checked (16-byte alignment, no overlap of out
+    with an input), with the ops' messages. CUDA-graph capturable like the ops (after one call).
+    """
+
+    __slots__ = ("kind", "expected_m", "_plan", "_key")
+
+    def __init__(self, kind: str, plan: GemmPlan, key: tuple, expected_m: int | None):
+        self.kind, self._plan, self._key, self.expected_m = kind, plan, key, expected_m
+
+    def __call__(self, lhs, rhs, out, grouped_layout=None) -> None:
+        a, sa = lhs
+        b, sb = rhs
+        self._plan(a, sa, b, sb, out, grouped_layout)
+
+    def matches(self, lhs, rhs, out, grouped_layout=None) -> bool:
+        """True when these tensors have the example's signature (what a call assumes without checking)."""
+        return _gemm_key(self.kind, lhs, rhs, out, grouped_layout, self.expected_m) == self._key
+
+    def __repr__(self) -> str:
+        return f"PreparedGemm(kind={self.kind!r}, config={self._plan.cfg})"
+
+
+def _gemm_key(kind, lhs, rhs, out, gl, expected_m) -> tuple:
+    tensors = (*lhs, *rhs, out) + (() if gl is None else (gl,))
+    return (kind, expected_m, utils._num_sms_override) + tuple(
+        (t.shape, t.stride(), t.dtype, t.device) for t in tensors)
+
+
+def prepare_gemm(kind: str, lhs, rhs, out, grouped_layout: torch.Tensor | None = None,
+                 expected_m: int | None = None) -> PreparedGemm:
+    """Check a GEMM once and return a callable that runs it with new tensors of the same signature.
+
+    Args:
+        kind: ``"dense"`` (:func:`~deep_fp8_gemm.gemm_fp8_fp8_bf16_nt`), ``"contiguous"``
+            (:func:`~deep_fp8_gemm.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous`, ``grouped_layout`` = m_indices) or
+            ``"masked"`` (:func:`~deep_fp8_gemm.m_grouped_gemm_fp8_fp8_bf16_nt_masked`, ``grouped_layout`` =
+            masked_m, ``expected_m`` required).
+        lhs, rhs, out, grouped_layout: example arguments, exactly as the op takes them (shapes, dtypes, layouts
+            and errors as documented there); nothing is computed.
+
+    Returns:
+        A :class:`PreparedGemm`. On a GPU its kernel is compiled and loaded here.
+
+    Raises:
+        The op's TypeError / ValueError / RuntimeError for bad example arguments; ValueError for an unknown
+        ``kind`` or a grouped_layout given to / missing from the wrong kind.
+    """
+    from . import ops
+    from .validation import check_expected_m
+
+    if kind not in ("dense", "contiguous", "masked"):
+        raise ValueError(f"kind must be 'dense', 'contiguous' or 'masked', got {kind!r}")
+    if (grouped_layout is None) != (kind == "dense"):
+        what = "m_indices" if kind == "contiguous" else "masked_m"
+        raise ValueError(f"prepare_gemm('dense', ...) takes no grouped_layout" if kind == "dense" else
+                         f"prepare_gemm({kind!r}, ...) needs grouped_layout ({what})")
+    if kind == "masked":
+        check_expected_m(expected_m)
+    elif expected_m is not None:
+        raise ValueError(f"expected_m is only for kind='masked', got {expected_m=} for {kind=}")
+    extra = () if grouped_layout is None else ((grouped_layout, "m_indices" if kind == "contiguous" else "masked_m"),)
+    a, sa, b, sb = ops._operands(lhs, rhs, out, *extra)
+    plan = GemmPlan(kind, a, sa, b, sb, out, grouped_layout, expected_m)
+    return PreparedGemm(kind, plan, _gemm_key(kind, (a, sa), (b, sb), out, grouped_layout, expected_m), expected_m)
+
+
+# ---------------------------------------------------------------------------------------------- quantisers
+class QuantPlan:
+    """One quantiser signature: ``kind`` ("per_token" | "per_block" | "silu"), checked and prepared.
+
+    CPU (or a non-sm_90 GPU): calls the plain-torch implementation, as before. sm_90: allocates the outputs
+    with the cached shapes / strides, packs ``QuantParams`` into the parameter slot and launches the fused
+    kernel (vectorised when the input address is 16-byte aligned and the shape allows, as before)."""
+
+    __slots__ = ("kind", "ue8m0", "fallback", "index", "device", "copy", "out_shape", "out_strides", "scale_shape", "scale_strides",
+                 "consts", "grid", "vectorizable", "_launchers", "_config_args", "empty")
+
+    def __init__(self, kind: str, x: torch.Tensor, check, fallback, ue8m0: bool):
+        from .kernels import quant as kq
+
+        check(x)
+        self.kind, self.ue8m0 = kind, ue8m0
+        self.fallback = fallback if kind == "silu" else (lambda t: fallback(t, ue8m0))
+        self.index = target.gpu_index(x.device)
+        if self.index is not None and target.capability(self.index) != (9, 0):
+            self.index = None
+        if self.index is None:
+            return
+        kq._check_tensor(x, "w" if kind == "per_block" else "x", (2, 3))
+        self.device = x.device
+        _bind_driver()
+        view = kq._rows_view(x)
+        self.copy = view is not x
+        self._launchers: dict[bool, object] = {}
+        dtype = kq._INPUT_TYPES[x.dtype]
+        if kind == "per_block":
+            self._prepare_per_block(kq, view, dtype)
+        else:
+            self._prepare_per_token(kq, view, dtype)
+
+    def _prepare_per_token(self, kq, x, dtype) -> None:
+        name = "x"
+        in_cols = x.shape[-1]
+        if self.kind == "silu":
+            if in_cols % 2:
+                raise ValueError(f"{name} must have an even last dim (gate | up halves), got {name}.shape={tuple(x.shape)}")
+            cols, up_offset = in_cols // 2, in_cols // 2
+            kind = kq.QuantKind.SILU_MUL_PER_TOKEN
+        else:
+            cols, up_offset = in_cols, 0
+            kind = kq.QuantKind.PER_TOKEN
+        if cols <= 0:
+            raise ValueError(f"{name} must have at least one output column, got {name}.shape={tuple(x.shape)}")
+        batch = x.shape[0] if x.dim() == 3 else 1
+        m = x.shape[-2]
+        groups = (cols + kq.GROUP - 1) // kq.GROUP
+        aligned_m = kq._aligned_m(m)
+        self.out_shape = (*x.shape[:-1], cols)
+        self.out_strides = _contiguous_strides(self.out_shape)
+        if x.dim() == 3:
+            self.scale_shape, self.scale_strides = (batch, m, groups), (aligned_m * groups, 1, aligned_m)
+        else:
+            self.scale_shape, self.scale_strides = (m, groups), (1, aligned_m)
+        rows = batch * m
+        self.empty = rows == 0
+        if self.empty:
+            return
+        units = rows * groups
+        kq._check_size(units, rows, cols, name)
+        row_stride = kq._row_stride(x)
+        self.consts = (row_stride, cols, up_offset, aligned_m * groups, rows, cols, m, aligned_m)
+        es = x.element_size()
+        self.vectorizable = cols % 16 == 0 and (row_stride * es) % 16 == 0 and (up_offset * es) % 16 == 0
+        units_per_block = kq.NUM_THREADS // 8
+        self.grid = (units + units_per_block - 1) // units_per_block
+        self._config_args = (kind, dtype)
+
+    def _prepare_per_block(self, kq, w, dtype) -> None:
+        batch = w.shape[0] if w.dim() == 3 else 1
+        n, k = w.shape[-2], w.shape[-1]
+        if k <= 0:
+            raise ValueError(f"w must have at least one column, got w.shape={tuple(w.shape)}")
+        nb, kb = (n + kq.GROUP - 1) // kq.GROUP, (k + kq.GROUP - 1) // kq.GROUP
+        self.out_shape = tuple(w.shape)
+        self.out_strides = _contiguous_strides(self.out_shape)
+        self.scale_shape = (*w.shape[:-2], nb, kb)
+        self.scale_strides = _contiguous_strides(self.scale_shape)
+        blocks = batch * nb * kb
+        self.empty = blocks == 0
+        if self.empty:
+            return
+        kq._check_size(blocks, batch * n, k, "w")
+        row_stride = kq._row_stride(w)
+        self.consts = (row_stride, k, 0, nb * kb, batch * n, k, n, kb)
+        self.vectorizable = k % 16 == 0 and (row_stride * w.element_size()) % 16 == 0
+        self.grid = blocks
+        self._config_args = (kq.QuantKind.PER_BLOCK, dtype)
+
+    def _launcher(self, vectorized: bool):
+        from .kernels import quant as kq
+        from .runtime import driver
+
+        config = kq.QuantKernelConfig(*self._config_args, vectorized, ue8m0=self.ue8m0)
+        launcher = driver.PreparedLaunch(kq._kernel(config, self.index), _QUANT_PARAMS.size, grid=self.grid,
+                                         block=config.num_threads, smem_bytes=config.smem_bytes)
+        self._launchers[vectorized] = launcher
+        return launcher
+
+    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.index is None:
+            return self.fallback(x)
+        if self.copy:
+            x = x.contiguous()
+        # empty_strided parses its size tuples faster than empty(tuple) (~1.4 vs ~2-3.5 µs on the CI machine)
+        out = _empty_strided(self.out_shape, self.out_strides, dtype=_FP8, device=self.device)
+        scales = _empty_strided(self.scale_shape, self.scale_strides, dtype=_F32, device=self.device)
+        if self.empty:
+            return out, scales
+        px = x.data_ptr()
+        vectorized = self.vectorizable and not px & 15
+        launcher = self._launchers.get(vectorized) or self._launcher(vectorized)
+        slot = _param_slot(_QUANT_PARAMS.size)
+        _QUANT_PARAMS.pack_into(slot.view, 0, px, out.data_ptr(), scales.data_ptr(), *self.consts)
+        launcher.launch(slot, target.current_stream(self.index))
+        return out, scales
+
+
+_quant_plans: dict[tuple, QuantPlan] = {}
+
+
+def quantise(kind: str, x: torch.Tensor, check, fallback, ue8m0: bool = False
+             ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Quantiser ``kind`` through its plan when :func:`eager` allows (else None, nothing done): ``check(x)`` is
+    the public op's check (run on a new signature), ``fallback`` its implementation for devices without the
+    fused kernels (called as ``fallback(x, ue8m0)``, or ``fallback(x)`` for "silu"); ``ue8m0`` a bool."""
+    if _is_compiling() or _dispatch_depth() or type(x) is not _Tensor:
+        return None
+    key = (kind, ue8m0, x.shape, x.stride(), x.dtype, x.device)
+    plan = _quant_plans.get(key)
+    if plan is None:
+        plan = _remember(_quant_plans, key, QuantPlan(kind, x, check, fallback, ue8m0))
+    return plan(x)

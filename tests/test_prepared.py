@@ -1,0 +1,290 @@
+"""The eager ops' cached-signature path (deep_fp8_gemm.prepared): nothing it skips can let a bad call through,
+and on a GPU it launches exactly what the uncached path launches.
+
+The GPU side runs on the CPU: the driver is tests/test_driver.py's FakeDriver (real binding types), tensor maps
+are "encoded" into bytes that identify their arguments, and ``runtime.target`` maps CPU tensors to GPU 0, so
+the plan's parameter bytes can be compared with those of ``kernels.gemm.launch`` / ``kernels.quant``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+
+import pytest
+import torch
+
+import deep_fp8_gemm as dfg
+from deep_fp8_gemm import prepared, utils
+from deep_fp8_gemm.kernels import gemm
+from deep_fp8_gemm.kernels import quant as kq
+from deep_fp8_gemm.runtime import driver as drv
+from deep_fp8_gemm.runtime import target
+from tests.test_driver import FakeDriver
+from tests.test_validation import BUILDERS, CASES, _call, _offset_view
+
+_QUANT_FIELDS = struct.Struct("<7Q4I")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_plans():
+    prepared.clear()
+    yield
+    prepared.clear()
+
+
+def _canonical(args: dict) -> dict:
+    """The builders' sA is row-major; the plans' no-copy case wants it M-major."""
+    return dict(args, sa=utils.get_col_major_tma_aligned_tensor(args["sa"]))
+
+
+# ---------------------------------------------------------------------------------------------- CPU: checks kept
+@pytest.mark.parametrize("kind,case_id,mutate,exc,text", CASES, ids=[f"{c[0]}-{c[1]}" for c in CASES])
+def test_a_changed_argument_is_caught_after_a_cached_call(kind, case_id, mutate, exc, text):
+    """Every bad-input case of tests/test_validation.py, made right after a valid call cached the baseline's
+    plan: same exception and the same message as with no plan cached."""
+    baseline = BUILDERS[kind]()
+    _call(kind, dict(baseline))  # caches the plan of the valid signature
+    bad = mutate(dict(baseline))
+    with pytest.raises(exc) as warm:
+        _call(kind, dict(bad))
+    prepared.clear()
+    with pytest.raises(exc) as cold:
+        _call(kind, dict(bad))
+    assert str(warm.value) == str(cold.value)
+    assert text in str(warm.value)
+
+
+@pytest.mark.parametrize("kind", list(BUILDERS))
+@pytest.mark.parametrize("change", ["shape", "stride", "dtype", "device", "alignment", "overlap"])
+def test_each_kind_of_change_is_caught_on_the_fast_path(kind, change):
+    """One tensor changed at a time after a cached call, the issue's list: shape, stride, dtype, device,
+    alignment (and overlap). Pointer-only changes hit the cached plan (no new plan) and still raise."""
+    args = BUILDERS[kind]()
+    _call(kind, dict(args))
+    plans = {"dense": prepared._dense_plans, "contiguous": prepared._contiguous_plans,
+             "masked": prepared._masked_plans}[kind]
+    assert len(plans) == 1
+    out = args["out"]
+    changed = {
+        "shape": out[..., :8],  # [.., 8] instead of [.., N]
+        "stride": out.transpose(-1, -2).contiguous().transpose(-1, -2),
+        "dtype": out.float(),
+        "device": out.to("meta"),
+        "alignment": _offset_view(out, 8),
+        "overlap": args["a"].view(-1)[: out.numel() * 2].view(out.dtype).view(out.shape),
+    }[change]
+    error = TypeError if change == "dtype" else ValueError
+    with pytest.raises(error, match="out"):
+        _call(kind, dict(args, out=changed))
+    if change in ("alignment", "overlap"):
+        assert len(plans) == 1, "a pointer-only change must be checked on the cached plan"
+    _call(kind, dict(args))  # and the cached plan still serves valid calls
+
+
+@pytest.mark.parametrize("kind", list(BUILDERS))
+def test_cached_calls_compute_the_reference(kind):
+    args = BUILDERS[kind]()
+    expected = args["out"].clone()
+    prepared.clear()
+    _call(kind, dict(args, out=expected))
+    for _ in range(2):  # cached plan, fresh output buffer and fresh inputs of the same signature
+        out = torch.full_like(args["out"], 7.0)
+        _call(kind, dict(args, out=out, a=args["a"].clone(), sa=args["sa"].clone()))
+        if kind == "masked":  # rows past masked_m are unspecified
+            for g, rows in enumerate(args["masked_m"].tolist()):
+                assert torch.equal(out[g, :rows], expected[g, :rows])
+        else:
+            assert torch.equal(out, expected)
+
+
+def test_set_num_sms_is_part_of_the_signature(monkeypatch):
+    args = BUILDERS["dense"]()
+    _call("dense", dict(args))
+    monkeypatch.setattr(utils, "_num_sms_override", 7)
+    _call("dense", dict(args))
+    assert len(prepared._dense_plans) == 2
+
+
+def test_expected_m_bool_is_rejected_after_an_int_call():
+    args = BUILDERS["masked"]()
+    _call("masked", dict(args, expected_m=1))
+    with pytest.raises(TypeError, match="expected_m"):
+        _call("masked", dict(args, expected_m=True))  # True == 1 and hashes alike
+
+
+def test_quantiser_signature_change_is_caught():
+    x = torch.randn(8, 256)
+    dfg.per_token_cast_to_fp8(x)
+    with pytest.raises(TypeError, match=r"\bx\b"):
+        dfg.per_token_cast_to_fp8(x.double())
+    with pytest.raises(ValueError, match=r"\bx\b"):
+        dfg.per_token_cast_to_fp8(x.view(2, 4, 256))
+    a, sa = dfg.per_token_cast_to_fp8(x)
+    ref_a, ref_sa = dfg.quant.per_token_cast_to_fp8_torch(x)
+    assert torch.equal(a.float(), ref_a.float()) and torch.equal(sa, ref_sa)
+
+
+# ---------------------------------------------------------------------------------------------- prepare_gemm
+@pytest.mark.parametrize("kind", list(BUILDERS))
+def test_prepare_gemm_runs_new_tensors_of_the_signature(kind):
+    args = BUILDERS[kind]()
+    grouped = {"dense": None, "contiguous": args.get("m_indices"), "masked": args.get("masked_m")}[kind]
+    expected_m = args.get("expected_m")
+    call = dfg.prepare_gemm(kind, (args["a"], args["sa"]), (args["b"], args["sb"]), args["out"], grouped,
+                            expected_m=expected_m)
+    expected = args["out"].clone()
+    _call(kind, dict(args, out=expected))
+    out = torch.zeros_like(args["out"])
+    assert call.matches((args["a"], args["sa"]), (args["b"], args["sb"]), out, grouped)
+    assert not call.matches((args["a"], args["sa"]), (args["b"], args["sb"]), out.float(), grouped)
+    call((args["a"].clone(), args["sa"]), (args["b"], args["sb"]), out, grouped)
+    if kind == "masked":
+        for g, rows in enumerate(args["masked_m"].tolist()):
+            assert torch.equal(out[g, :rows], expected[g, :rows])
+    else:
+        assert torch.equal(out, expected)
+    with pytest.raises(ValueError, match="overlap"):  # pointers are still checked
+        call((args["a"], args["sa"]), (args["b"], args["sb"]),
+             args["a"].view(-1)[: out.numel() * 2].view(out.dtype).view(out.shape), grouped)
+
+
+def test_prepare_gemm_rejects_bad_examples_and_kinds():
+    args = BUILDERS["dense"]()
+    lhs, rhs = (args["a"], args["sa"]), (args["b"], args["sb"])
+    with pytest.raises(ValueError, match="kind"):
+        dfg.prepare_gemm("sparse", lhs, rhs, args["out"])
+    with pytest.raises(TypeError, match="out"):
+        dfg.prepare_gemm("dense", lhs, rhs, args["out"].float())
+    with pytest.raises(ValueError, match="grouped_layout"):
+        dfg.prepare_gemm("contiguous", lhs, rhs, args["out"])
+    with pytest.raises(ValueError, match="expected_m"):
+        dfg.prepare_gemm("dense", lhs, rhs, args["out"], expected_m=4)
+    margs = BUILDERS["masked"]()
+    with pytest.raises(TypeError, match="expected_m"):
+        dfg.prepare_gemm("masked", (margs["a"], margs["sa"]), (margs["b"], margs["sb"]), margs["out"],
+                         margs["masked_m"], expected_m=None)
+
+
+# ---------------------------------------------------------------------------------------------- GPU path, faked
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """CPU tensors launch through the plans into FakeDriver; tensor maps encode to bytes naming their spec."""
+    fake = FakeDriver()
+    fake.param_sizes = [576]
+    monkeypatch.setattr(drv, "driver", fake)
+    drv._reset_for_tests()
+    specs = []
+
+    def encode(spec):
+        specs.append(spec)
+        return hashlib.sha512(repr(spec).encode()).digest() * 2  # 128 bytes, one per distinct spec
+
+    monkeypatch.setattr(drv, "encode_tensor_map", encode)
+
+    def on():  # after the test built its operands (the quantisers would otherwise take the fake GPU too)
+        monkeypatch.setattr(target, "gpu_index", lambda device: 0)
+        monkeypatch.setattr(target, "capability", lambda index: (9, 0))
+        monkeypatch.setattr(target, "current_stream", lambda index: 0x77)
+
+    fake.on = on
+    gemm._cuda_kernel.cache_clear()
+    kq._loaded.clear()
+    fake.specs = specs
+    yield fake
+    drv._reset_for_tests()
+    gemm._cuda_kernel.cache_clear()
+    kq._loaded.clear()
+
+
+def _grouped(kind, args):
+    return {"dense": None, "contiguous": args.get("m_indices"), "masked": args.get("masked_m")}[kind]
+
+
+@pytest.mark.parametrize("kind", list(BUILDERS))
+def test_plan_launches_what_the_uncached_path_launches(fake_gpu, kind):
+    args = _canonical(BUILDERS[kind]())
+    fake_gpu.on()
+    _call(kind, dict(args))
+    fast = fake_gpu.launches[-1]
+    gemm.launch(kind, args["a"], args["sa"], args["b"], args["sb"], args["out"], grouped_layout=_grouped(kind, args),
+                expected_m=args.get("expected_m"), backend="cuda")
+    slow = fake_gpu.launches[-1]
+    assert len(fake_gpu.launches) == 2
+    for field in ("params", "grid", "block", "smem", "stream", "attrs", "function"):
+        assert fast[field] == slow[field], field
+    assert fast["stream"] == 0x77 and len(fast["params"]) == 576
+
+
+@pytest.mark.parametrize("kind", list(BUILDERS))
+def test_plan_reencodes_only_new_pointers(fake_gpu, kind):
+    args = _canonical(BUILDERS[kind]())
+    fake_gpu.on()
+    _call(kind, dict(args))
+    encoded = len(fake_gpu.specs)
+    _call(kind, dict(args))  # same pointers: no encode at all
+    assert len(fake_gpu.specs) == encoded
+    out2 = torch.zeros_like(args["out"])
+    _call(kind, dict(args, out=out2))  # only D's map is new (the others hit the driver's cache)
+    assert len(fake_gpu.specs) == encoded + 1 and fake_gpu.specs[-1].global_address == out2.data_ptr()
+    gemm.launch(kind, args["a"], args["sa"], args["b"], args["sb"], out2, grouped_layout=_grouped(kind, args),
+                expected_m=args.get("expected_m"), backend="cuda")
+    assert fake_gpu.launches[-1]["params"] == fake_gpu.launches[-2]["params"]
+    assert len(prepared._dense_plans) + len(prepared._contiguous_plans) + len(prepared._masked_plans) == 1
+
+
+def test_plan_normalises_row_major_scales_on_every_call(fake_gpu):
+    args = BUILDERS["dense"]()  # row-major sA: not the kernels' layout
+    fake_gpu.on()
+    _call("dense", dict(args))
+    sa_map = next(s for s in fake_gpu.specs if s.box_dims[0] != 128 and s.dtype == 7)  # FLOAT32 map
+    assert sa_map.global_address != args["sa"].data_ptr()  # a canonical copy was passed
+    m = args["sa"].shape[0]
+    assert sa_map.global_strides[0] == utils.get_tma_aligned_size(m, 4) * 4
+
+
+def test_plan_catches_changes_on_the_gpu_path(fake_gpu):
+    args = _canonical(BUILDERS["dense"]())
+    fake_gpu.on()
+    _call("dense", dict(args))
+    launches = len(fake_gpu.launches)
+    with pytest.raises(ValueError, match=r"out.data_ptr\(\) must be 16-byte aligned"):
+        _call("dense", dict(args, out=_offset_view(args["out"], 8)))
+    with pytest.raises(ValueError, match="out must not overlap lhs"):
+        _call("dense", dict(args, out=args["a"].view(-1)[: args["out"].numel() * 2].view(torch.bfloat16)
+                            .view(args["out"].shape)))
+    with pytest.raises(TypeError, match="out"):
+        _call("dense", dict(args, out=args["out"].float()))
+    assert len(fake_gpu.launches) == launches
+
+
+@pytest.mark.parametrize("name,kind,offset", [("per_token", kq.QuantKind.PER_TOKEN, 0),
+                                              ("per_token", kq.QuantKind.PER_TOKEN, 2),
+                                              ("per_block", kq.QuantKind.PER_BLOCK, 0),
+                                              ("silu", kq.QuantKind.SILU_MUL_PER_TOKEN, 0)])
+def test_quant_plan_launches_what_the_uncached_path_launches(fake_gpu, name, kind, offset):
+    fake_gpu.param_sizes = [72]
+    base = torch.randn(96 * 512 + offset, dtype=torch.bfloat16)
+    x = base[offset:].view(96, 512)  # offset 2 elements: 4-byte aligned, so the scalar kernel
+    fake_gpu.on()
+    public = {"per_token": dfg.per_token_cast_to_fp8, "per_block": dfg.per_block_cast_to_fp8,
+              "silu": dfg.moe.silu_mul_quant}[name]
+    out, scales = public(x)
+    fast = fake_gpu.launches[-1]
+    captured = {}
+
+    def capture(config, params, grid, device):
+        captured.update(config=config, params=bytes(params), grid=grid)
+
+    if name == "per_block":
+        ref_out, ref_scales = kq._per_block(x, launch=capture)
+    else:
+        ref_out, ref_scales = kq._per_token(x, kind, "x", launch=capture)
+    got, want = _QUANT_FIELDS.unpack(fast["params"][:72]), _QUANT_FIELDS.unpack(captured["params"])
+    assert got[0] == want[0] == x.data_ptr() and got[3:] == want[3:]
+    assert got[1] == out.data_ptr() and got[2] == scales.data_ptr()
+    assert fast["grid"][0] == captured["grid"]
+    assert fast["function"] == int(kq._kernel(captured["config"], 0).kernel)
+    assert captured["config"].vectorized == (offset == 0)
+    for t, ref in ((out, ref_out), (scales, ref_scales)):
+        assert (t.shape, t.stride(), t.dtype) == (ref.shape, ref.stride(), ref.dtype)
