@@ -195,8 +195,8 @@ def gemm_fp8_fp8_bf16_nt(
         TypeError: a non-tensor argument or a wrong dtype. ValueError: a wrong rank, shape, stride, alignment
         or device.
     """
-    a, sa = unpack_pair(lhs, "lhs")
-    b, sb = unpack_pair(rhs, "rhs")
+    a, sa = lhs if type(lhs) is tuple and len(lhs) == 2 else unpack_pair(lhs, "lhs")
+    b, sb = rhs if type(rhs) is tuple and len(rhs) == 2 else unpack_pair(rhs, "rhs")
     if prepared.dense(a, sa, b, sb, out):  # eager: checks cached per tensor signature (deep_fp8_gemm.prepared)
         return
     a, sa, b, sb = _operands(lhs, rhs, out)
@@ -226,8 +226,8 @@ def m_grouped_gemm_fp8_fp8_bf16_nt_contiguous(
 
     Same alignment rules, errors and dispatch as :func:`gemm_fp8_fp8_bf16_nt`.
     """
-    a, sa = unpack_pair(lhs, "lhs")
-    b, sb = unpack_pair(rhs, "rhs")
+    a, sa = lhs if type(lhs) is tuple and len(lhs) == 2 else unpack_pair(lhs, "lhs")
+    b, sb = rhs if type(rhs) is tuple and len(rhs) == 2 else unpack_pair(rhs, "rhs")
     if prepared.contiguous(a, sa, b, sb, out, m_indices):
         return
     a, sa, b, sb = _operands(lhs, rhs, out, (m_indices, "m_indices"))
@@ -258,8 +258,8 @@ def m_grouped_gemm_fp8_fp8_bf16_nt_masked(
 
     Same alignment rules, errors and dispatch as :func:`gemm_fp8_fp8_bf16_nt`.
     """
-    a, sa = unpack_pair(lhs, "lhs")
-    b, sb = unpack_pair(rhs, "rhs")
+    a, sa = lhs if type(lhs) is tuple and len(lhs) == 2 else unpack_pair(lhs, "lhs")
+    b, sb = rhs if type(rhs) is tuple and len(rhs) == 2 else unpack_pair(rhs, "rhs")
     if prepared.masked(a, sa, b, sb, out, masked_m, expected_m):
         return
     a, sa, b, sb = _operands(lhs, rhs, out, (masked_m, "masked_m"))

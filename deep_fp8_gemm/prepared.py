@@ -93,8 +93,7 @@ class GemmPlan:
     that signature: ``plan(a, sa, b, sb, out, grouped_layout)`` (``grouped_layout`` None for dense)."""
 
     __slots__ = ("kind", "expected_m", "empty", "index", "rows", "cfg", "launcher", "heads", "sa_ready",
-                 "sb_ready", "gl_ready", "span_a", "span_sa", "span_b", "span_sb", "span_out", "span_gl",
-                 "_ops")
+                 "sb_ready", "gl_ready", "ready", "spans", "_ops")
 
     def __init__(self, kind: str, a, sa, b, sb, out, gl, expected_m: int | None):
         from . import ops
@@ -111,8 +110,8 @@ class GemmPlan:
         else:
             _, m_max, n, _ = check_masked(a, sa, b, sb, out, gl, expected_m)
             self.empty = not (m_max and n)
-        self.span_a, self.span_sa, self.span_b, self.span_sb = _span(a), _span(sa), _span(b), _span(sb)
-        self.span_out, self.span_gl = _span(out), (0 if gl is None else _span(gl))
+        # Byte spans of A, sA, B, sB, out, grouped layout from their data pointers (0: empty / absent).
+        self.spans = (_span(a), _span(sa), _span(b), _span(sb), _span(out), 0 if gl is None else _span(gl))
         self.rows = a.shape[-2]
         self.index = None if self.empty else target.gpu_index(a.device)
         self.cfg = self.launcher = None
@@ -121,6 +120,7 @@ class GemmPlan:
         self.sa_ready = sa.numel() == 0 or sa.stride() == canonical
         self.sb_ready = sb.is_contiguous()
         self.gl_ready = gl is None or gl.is_contiguous()
+        self.ready = self.sa_ready and self.sb_ready and self.gl_ready  # no conversion needed on any call
         if self.index is not None:
             self._prepare_gpu(a, sa, b, sb)
 
@@ -139,27 +139,29 @@ class GemmPlan:
     def __call__(self, a, sa, b, sb, out, gl=None) -> None:
         pa, psa, pb, psb, pd = a.data_ptr(), sa.data_ptr(), b.data_ptr(), sb.data_ptr(), out.data_ptr()
         pgl = 0 if gl is None else gl.data_ptr()
-        hi = pd + self.span_out
+        span_a, span_sa, span_b, span_sb, span_out, span_gl = self.spans
+        hi = pd + span_out
         # Conservative: any possible misalignment or overlap (empty tensors included) runs the full check,
         # which raises the usual message, or passes.
-        if ((pa | pb | pd) & 15 or (pd < pa + self.span_a and pa < hi) or (pd < psa + self.span_sa and psa < hi)
-                or (pd < pb + self.span_b and pb < hi) or (pd < psb + self.span_sb and psb < hi)
-                or (pgl and pd < pgl + self.span_gl and pgl < hi)):
+        if ((pa | pb | pd) & 15 or (pd < pa + span_a and pa < hi) or (pd < psa + span_sa and psa < hi)
+                or (pd < pb + span_b and pb < hi) or (pd < psb + span_sb and psb < hi)
+                or (pgl and pd < pgl + span_gl and pgl < hi)):
             self._check_pointers(a, sa, b, sb, out, gl)
         launcher = self.launcher
         if launcher is None:  # empty problem, or CPU: the reference (or the simulator), as before
             if not self.empty:
                 self._ops._dispatch(self.kind, a, sa, b, sb, out, grouped_layout=gl, expected_m=self.expected_m)
             return
-        if not self.sa_ready or psa & 15:
-            sa = self._ops._normalise_sa(sa)
-            psa = sa.data_ptr()
-        if not self.sb_ready:
-            sb = sb.contiguous()
-            psb = sb.data_ptr()
-        if not self.gl_ready:
-            gl = gl.contiguous()
-            pgl = gl.data_ptr()
+        if not self.ready or psa & 15:
+            if not self.sa_ready or psa & 15:
+                sa = self._ops._normalise_sa(sa)
+                psa = sa.data_ptr()
+            if not self.sb_ready:
+                sb = sb.contiguous()
+                psb = sb.data_ptr()
+            if not self.gl_ready:
+                gl = gl.contiguous()
+                pgl = gl.data_ptr()
         key = (pa, psa, pb, pd)
         head = self.heads.get(key)
         if head is None:
