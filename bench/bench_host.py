@@ -5,8 +5,8 @@ fused quantisers per_token, per_block, silu_mul_quant)::
 
     {"ops": [{"op": "dense", "call_us": ..., "launch_floor_us": ..., "ratio": ..., "device": "stub", ...}, ...]}
 
-* ``call_us``: median over ``--repeats`` batches of ``--calls`` back-to-back public calls (warm: kernel compiled
-  and loaded, tensor maps encoded) of the per-call host time.
+* ``call_us``: median over ``--repeats`` batches of back-to-back public calls (warm: kernel compiled and loaded,
+  tensor maps encoded) of the per-call host time; a batch is as many calls as last ~0.4 ms (at most ``--calls``).
 * ``launch_floor_us``: the same statistic for one bare ``cuLaunchKernelEx`` issued through cuda-bindings with a
   prebuilt ``CUlaunchConfig`` and the op's argument count passed the way a Python launcher passes kernel
   arguments (``((values...), (ctypes types...))``, marshalled by the binding): one argument per tensor the op
@@ -16,7 +16,8 @@ fused quantisers per_token, per_block, silu_mul_quant)::
 * ``alloc_us`` (quantisers): what allocating and freeing tensors like the op's two outputs costs by itself
   (``torch.empty_strided`` x 2): part of ``call_us`` that no launcher avoids.
 
-The op's and the floor's timed batches alternate, so both medians see the same load of a shared machine.
+The op's and the floor's timed batches alternate and last alike, so both medians see the same load of a shared
+machine.
 
 Rows with ``"device": "stub"`` run in a child process whose ``libcuda.so.1`` is the stub of
 ``tests/gpu_kernels/stub_libcuda.c`` (built here with ``cc``): the real cuda-bindings marshal every call, the
@@ -178,6 +179,19 @@ def floor_launcher(num_args: int, stream: int):
     return fn
 
 
+_BATCH_US = 400.0  # target length of one timed batch
+
+
+def _batch_calls(fn, args: tuple, max_calls: int) -> int:
+    """Calls per batch so that a batch lasts about ``_BATCH_US`` (at most ``max_calls``, at least 10): batches of
+    the op and of the floor then last alike and are equally likely to be preempted on a shared machine."""
+    t0 = time.perf_counter_ns()
+    for _ in range(10):
+        fn(*args)
+    per_call = max((time.perf_counter_ns() - t0) / 10 / 1e3, 1e-3)
+    return max(10, min(max_calls, int(_BATCH_US / per_call)))
+
+
 def measure(device: torch.device, *, calls: int, repeats: int, only: set[str] | None, label: str,
             before_warmup=None, sync=None) -> list[dict]:
     """One row per op. The op's batches and its floor's batches alternate, so that both medians see the same
@@ -201,10 +215,11 @@ def measure(device: torch.device, *, calls: int, repeats: int, only: set[str] | 
             floors[num_args] = floor_launcher(num_args, stream)
             floors[num_args]()
         floor = floors[num_args]
+        op_calls, floor_calls = _batch_calls(fn, args, calls), _batch_calls(floor, (), calls)
         op_samples, floor_samples = [], []
         for _ in range(repeats):
-            op_samples.append(per_call_us(fn, args, calls=calls, repeats=1, sync=sync))
-            floor_samples.append(per_call_us(floor, (), calls=calls, repeats=1, sync=sync))
+            op_samples.append(per_call_us(fn, args, calls=op_calls, repeats=1, sync=sync))
+            floor_samples.append(per_call_us(floor, (), calls=floor_calls, repeats=1, sync=sync))
         call_us, floor_us = statistics.median(op_samples), statistics.median(floor_samples)
         row = {"op": name, "call_us": round(call_us, 3), "launch_floor_us": round(floor_us, 3),
                "ratio": round(call_us / floor_us, 2), "args": num_args, "device": label}
@@ -323,8 +338,8 @@ def gpu_rows(calls: int, repeats: int, only: set[str] | None) -> list[dict]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", metavar="PATH", help="write the JSON result here ('-' = stdout)")
-    parser.add_argument("--calls", type=int, default=200, help="calls per timed batch (default 200)")
-    parser.add_argument("--repeats", type=int, default=31, help="timed batches; the median is reported (31)")
+    parser.add_argument("--calls", type=int, default=200, help="most calls per timed batch (default 200)")
+    parser.add_argument("--repeats", type=int, default=51, help="timed batches; the median is reported (51)")
     parser.add_argument("--quick", action="store_true", help="50 calls x 9 batches")
     parser.add_argument("--ops", help="comma-separated subset of ops")
     args = parser.parse_args(argv)
