@@ -45,6 +45,10 @@ _GEMM_PARAMS_BYTES = 576  # sizeof(dfg::GemmParams)
 _GEMM_TAIL = struct.Struct("<QQII40x")  # sb, grouped_layout, rows, reserved, padding up to 576 bytes (at 512)
 _QUANT_PARAMS = struct.Struct("<7Q4I")  # dfg::quant::QuantParams (72 bytes), field order of kernels.quant
 _param_slot = None  # driver.param_slot, bound when the first GPU plan is built (no CUDA import before)
+try:
+    from torch._C._dynamo.guards import TensorGuards as _TensorGuards
+except ImportError:  # pragma: no cover - every torch this package supports has it
+    _TensorGuards = None
 _is_compiling = torch.compiler.is_compiling
 _empty_strided = torch.empty_strided
 _FP8, _F32 = torch.float8_e4m3fn, torch.float32
@@ -191,9 +195,40 @@ class GemmPlan:
 
 
 _dense_plans: dict[tuple, GemmPlan] = {}
-_last: dict[str, tuple] = {"dense": ((), None), "contiguous": ((), None), "masked": ((), None)}  # key, plan
 _contiguous_plans: dict[tuple, GemmPlan] = {}
 _masked_plans: dict[tuple, GemmPlan] = {}
+# Fast index: id(B) -> [(guard, extra, plan)], newest first. A guard is torch's C++ tensor-metadata check
+# (see _guard); extra holds the non-tensor part of the signature. id(B) only narrows the search (a reused id
+# is harmless: the guard checks every tensor, B included).
+_dense_index: dict[int, list] = {}
+_contiguous_index: dict[int, list] = {}
+_masked_index: dict[int, list] = {}
+_MAX_GUARDS_PER_WEIGHT = 8  # signatures (typically row counts) remembered per weight
+
+
+def _guard(*tensors):
+    """A check that tensors have exactly these tensors' sizes, strides, dtype and device, in C++:
+    ``torch._C._dynamo.guards.TensorGuards`` (dynamo's own, static dims), ~4x cheaper than building and
+    comparing the Python signature tuple. It also compares dispatch keys and requires_grad, which can only
+    turn a hit into a miss (then the signature dict serves the call). None when this torch lacks it."""
+    if _TensorGuards is None:
+        return None
+    try:
+        return _TensorGuards(*tensors, dynamic_dims_sizes=None, dynamic_dims_strides=None)
+    except Exception:  # an API change in a future torch: the dict path alone stays correct
+        return None
+
+
+def _index(index: dict, weight_id: int, guard, extra, plan) -> None:
+    if guard is None:
+        return
+    entries = index.get(weight_id)
+    if entries is None:
+        if len(index) >= _MAX_PLANS:
+            index.clear()
+        entries = index[weight_id] = []
+    entries.insert(0, (guard, extra, plan))
+    del entries[_MAX_GUARDS_PER_WEIGHT:]
 
 
 def _remember(plans: dict, key: tuple, plan):
@@ -208,17 +243,20 @@ def dense(a, sa, b, sb, out) -> bool:
     if _is_compiling() or _dispatch_depth() or type(a) is not _Tensor or type(sa) is not _Tensor or \
             type(b) is not _Tensor or type(sb) is not _Tensor or type(out) is not _Tensor:
         return False
+    extra = utils._num_sms_override
+    entries = _dense_index.get(id(b))
+    if entries is not None:
+        for guard, guard_extra, plan in entries:
+            if guard_extra == extra and guard.check(a, sa, b, sb, out):
+                plan(a, sa, b, sb, out)
+                return True
     key = (a.shape, a.stride(), a.dtype, a.device, sa.shape, sa.stride(), sa.dtype, sa.device,
            b.shape, b.stride(), b.dtype, b.device, sb.shape, sb.stride(), sb.dtype, sb.device,
-           out.shape, out.stride(), out.dtype, out.device, utils._num_sms_override)
-    last = _last["dense"]
-    if key == last[0]:  # the same signature as the previous call: no hashing
-        plan = last[1]
-    else:
-        plan = _dense_plans.get(key)
+           out.shape, out.stride(), out.dtype, out.device, extra)
+    plan = _dense_plans.get(key)
     if plan is None:
         plan = _remember(_dense_plans, key, GemmPlan("dense", a, sa, b, sb, out, None, None))
-    _last["dense"] = (key, plan)
+    _index(_dense_index, id(b), _guard(a, sa, b, sb, out), extra, plan)
     plan(a, sa, b, sb, out)
     return True
 
@@ -227,18 +265,21 @@ def contiguous(a, sa, b, sb, out, m_indices) -> bool:
     """``m_grouped_gemm_fp8_fp8_bf16_nt_contiguous`` through its plan when :func:`eager` allows; else False."""
     if not eager(a, sa, b, sb, out, m_indices):
         return False
+    extra = utils._num_sms_override
+    entries = _contiguous_index.get(id(b))
+    if entries is not None:
+        for guard, guard_extra, plan in entries:
+            if guard_extra == extra and guard.check(a, sa, b, sb, out, m_indices):
+                plan(a, sa, b, sb, out, m_indices)
+                return True
     key = (a.shape, a.stride(), a.dtype, a.device, sa.shape, sa.stride(), sa.dtype, sa.device,
            b.shape, b.stride(), b.dtype, b.device, sb.shape, sb.stride(), sb.dtype, sb.device,
            out.shape, out.stride(), out.dtype, out.device,
-           m_indices.shape, m_indices.stride(), m_indices.dtype, m_indices.device, utils._num_sms_override)
-    last = _last["contiguous"]
-    if key == last[0]:  # the same signature as the previous call: no hashing
-        plan = last[1]
-    else:
-        plan = _contiguous_plans.get(key)
+           m_indices.shape, m_indices.stride(), m_indices.dtype, m_indices.device, extra)
+    plan = _contiguous_plans.get(key)
     if plan is None:
         plan = _remember(_contiguous_plans, key, GemmPlan("contiguous", a, sa, b, sb, out, m_indices, None))
-    _last["contiguous"] = (key, plan)
+    _index(_contiguous_index, id(b), _guard(a, sa, b, sb, out, m_indices), extra, plan)
     plan(a, sa, b, sb, out, m_indices)
     return True
 
@@ -248,28 +289,30 @@ def masked(a, sa, b, sb, out, masked_m, expected_m: int) -> bool:
     if not eager(a, sa, b, sb, out, masked_m):
         return False
     check_expected_m(expected_m)  # before the lookup: True == 1 as a key
+    extra = (expected_m, utils._num_sms_override)
+    entries = _masked_index.get(id(b))
+    if entries is not None:
+        for guard, guard_extra, plan in entries:
+            if guard_extra == extra and guard.check(a, sa, b, sb, out, masked_m):
+                plan(a, sa, b, sb, out, masked_m)
+                return True
     key = (a.shape, a.stride(), a.dtype, a.device, sa.shape, sa.stride(), sa.dtype, sa.device,
            b.shape, b.stride(), b.dtype, b.device, sb.shape, sb.stride(), sb.dtype, sb.device,
            out.shape, out.stride(), out.dtype, out.device,
-           masked_m.shape, masked_m.stride(), masked_m.dtype, masked_m.device, expected_m, utils._num_sms_override)
-    last = _last["masked"]
-    if key == last[0]:  # the same signature as the previous call: no hashing
-        plan = last[1]
-    else:
-        plan = _masked_plans.get(key)
+           masked_m.shape, masked_m.stride(), masked_m.dtype, masked_m.device, extra)
+    plan = _masked_plans.get(key)
     if plan is None:
         plan = _remember(_masked_plans, key, GemmPlan("masked", a, sa, b, sb, out, masked_m, expected_m))
-    _last["masked"] = (key, plan)
+    _index(_masked_index, id(b), _guard(a, sa, b, sb, out, masked_m), extra, plan)
     plan(a, sa, b, sb, out, masked_m)
     return True
 
 
 def clear() -> None:
     """Forget every plan (tests; a loaded kernel stays loaded)."""
-    for plans in (_dense_plans, _contiguous_plans, _masked_plans, _quant_plans):
+    for plans in (_dense_plans, _contiguous_plans, _masked_plans, _quant_plans, _dense_index, _contiguous_index,
+                  _masked_index, _quant_index):
         plans.clear()
-    for kind in _last:
-        _last[kind] = ((), None)
 
 
 # ---------------------------------------------------------------------------------------------- prepared calls
@@ -468,6 +511,7 @@ class QuantPlan:
 
 
 _quant_plans: dict[tuple, QuantPlan] = {}
+_quant_index: dict[tuple, list] = {}  # (kind, ue8m0) -> [(guard, None, plan)], as the GEMMs' index
 
 
 def quantise(kind: str, x: torch.Tensor, check, fallback, ue8m0: bool = False
@@ -477,8 +521,14 @@ def quantise(kind: str, x: torch.Tensor, check, fallback, ue8m0: bool = False
     fused kernels (called as ``fallback(x, ue8m0)``, or ``fallback(x)`` for "silu"); ``ue8m0`` a bool."""
     if _is_compiling() or _dispatch_depth() or type(x) is not _Tensor:
         return None
+    entries = _quant_index.get((kind, ue8m0))
+    if entries is not None:
+        for guard, _, plan in entries:
+            if guard.check(x):
+                return plan(x)
     key = (kind, ue8m0, x.shape, x.stride(), x.dtype, x.device)
     plan = _quant_plans.get(key)
     if plan is None:
         plan = _remember(_quant_plans, key, QuantPlan(kind, x, check, fallback, ue8m0))
+    _index(_quant_index, (kind, ue8m0), _guard(x), None, plan)
     return plan(x)

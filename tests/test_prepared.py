@@ -106,11 +106,75 @@ def test_set_num_sms_is_part_of_the_signature(monkeypatch):
     assert len(prepared._dense_plans) == 2
 
 
+def test_guard_index_serves_several_signatures_per_weight():
+    """One weight, two activation row counts, alternating: both plans stay indexed under id(B), both correct."""
+    args = BUILDERS["dense"]()
+    half = dict(args, a=args["a"][:64], sa=args["sa"][:64], out=torch.zeros(64, args["out"].shape[1],
+                                                                             dtype=torch.bfloat16))
+    full_ref, half_ref = args["out"].clone(), half["out"].clone()
+    _call("dense", dict(args, out=full_ref))
+    _call("dense", dict(half, out=half_ref))
+    for _ in range(2):
+        for base, ref in ((args, full_ref), (half, half_ref)):
+            out = torch.full_like(ref, 3.0)
+            _call("dense", dict(base, out=out))
+            assert torch.equal(out, ref)
+    assert len(prepared._dense_plans) == 2 and len(prepared._dense_index[id(args["b"])]) == 2
+
+
+def test_guard_entry_of_another_signature_is_never_used():
+    """id(B) only narrows the search: an entry whose guard does not match these tensors (as after a freed
+    weight's id is reused) is skipped and the call is checked and planned for what it is."""
+    args = BUILDERS["dense"]()
+    other = BUILDERS["contiguous"]()  # different B shape
+    wrong = prepared.GemmPlan("dense", args["a"], args["sa"], args["b"], args["sb"], args["out"], None, None)
+    guard = prepared._guard(other["a"], other["sa"], other["b"][0], other["sb"][0], other["out"])
+    prepared._dense_index[id(args["b"])] = [(guard, None, wrong)]
+    bad = dict(args, out=args["out"].float())
+    with pytest.raises(TypeError, match="out"):
+        _call("dense", bad)
+    out = torch.zeros_like(args["out"])
+    _call("dense", dict(args, out=out))
+    expected = torch.zeros_like(out)
+    dfg.reference.gemm_fp8_fp8_bf16_nt((args["a"], args["sa"]), (args["b"], args["sb"]), expected)
+    assert torch.equal(out, expected)
+
+
+def test_without_torch_guards_the_signature_dict_serves(monkeypatch):
+    monkeypatch.setattr(prepared, "_TensorGuards", None)
+    args = BUILDERS["masked"]()
+    _call("masked", dict(args))
+    _call("masked", dict(args))
+    assert len(prepared._masked_plans) == 1 and not prepared._masked_index
+    with pytest.raises(ValueError, match="out"):
+        _call("masked", dict(args, out=args["out"][..., :8]))
+
+
+def test_requires_grad_inputs_still_take_the_plans():
+    x = torch.randn(8, 256, requires_grad=True)
+    with torch.no_grad():
+        first = dfg.per_token_cast_to_fp8(x)
+        second = dfg.per_token_cast_to_fp8(x)
+    assert torch.equal(first[0].float(), second[0].float()) and torch.equal(first[1], second[1])
+
+
 def test_expected_m_bool_is_rejected_after_an_int_call():
     args = BUILDERS["masked"]()
     _call("masked", dict(args, expected_m=1))
     with pytest.raises(TypeError, match="expected_m"):
         _call("masked", dict(args, expected_m=True))  # True == 1 and hashes alike
+
+
+def test_quantiser_options_are_checked_and_keyed():
+    x = torch.randn(8, 256)
+    plain, pow2 = dfg.per_token_cast_to_fp8(x), dfg.per_token_cast_to_fp8(x, use_ue8m0=True)
+    assert torch.equal(pow2[1], dfg.quant.ceil_to_ue8m0(plain[1]))  # not the cached plain plan
+    with pytest.raises(TypeError, match="use_ue8m0"):
+        dfg.per_token_cast_to_fp8(x, use_ue8m0=1)
+    with pytest.raises(NotImplementedError, match="gran_k"):
+        dfg.per_token_cast_to_fp8(x, gran_k=32)
+    with pytest.raises(NotImplementedError, match="use_packed_ue8m0"):
+        dfg.per_token_cast_to_fp8(x, use_packed_ue8m0=True)
 
 
 def test_quantiser_signature_change_is_caught():
@@ -258,18 +322,20 @@ def test_plan_catches_changes_on_the_gpu_path(fake_gpu):
     assert len(fake_gpu.launches) == launches
 
 
-@pytest.mark.parametrize("name,kind,offset", [("per_token", kq.QuantKind.PER_TOKEN, 0),
-                                              ("per_token", kq.QuantKind.PER_TOKEN, 2),
-                                              ("per_block", kq.QuantKind.PER_BLOCK, 0),
-                                              ("silu", kq.QuantKind.SILU_MUL_PER_TOKEN, 0)])
-def test_quant_plan_launches_what_the_uncached_path_launches(fake_gpu, name, kind, offset):
+@pytest.mark.parametrize("name,kind,offset,ue8m0", [("per_token", kq.QuantKind.PER_TOKEN, 0, False),
+                                                     ("per_token", kq.QuantKind.PER_TOKEN, 2, False),
+                                                     ("per_token", kq.QuantKind.PER_TOKEN, 0, True),
+                                                     ("per_block", kq.QuantKind.PER_BLOCK, 0, False),
+                                                     ("per_block", kq.QuantKind.PER_BLOCK, 0, True),
+                                                     ("silu", kq.QuantKind.SILU_MUL_PER_TOKEN, 0, False)])
+def test_quant_plan_launches_what_the_uncached_path_launches(fake_gpu, name, kind, offset, ue8m0):
     fake_gpu.param_sizes = [72]
     base = torch.randn(96 * 512 + offset, dtype=torch.bfloat16)
     x = base[offset:].view(96, 512)  # offset 2 elements: 4-byte aligned, so the scalar kernel
     fake_gpu.on()
     public = {"per_token": dfg.per_token_cast_to_fp8, "per_block": dfg.per_block_cast_to_fp8,
               "silu": dfg.moe.silu_mul_quant}[name]
-    out, scales = public(x)
+    out, scales = public(x, use_ue8m0=ue8m0) if ue8m0 else public(x)
     fast = fake_gpu.launches[-1]
     captured = {}
 
@@ -277,14 +343,14 @@ def test_quant_plan_launches_what_the_uncached_path_launches(fake_gpu, name, kin
         captured.update(config=config, params=bytes(params), grid=grid)
 
     if name == "per_block":
-        ref_out, ref_scales = kq._per_block(x, launch=capture)
+        ref_out, ref_scales = kq._per_block(x, launch=capture, ue8m0=ue8m0)
     else:
-        ref_out, ref_scales = kq._per_token(x, kind, "x", launch=capture)
+        ref_out, ref_scales = kq._per_token(x, kind, "x", launch=capture, ue8m0=ue8m0)
     got, want = _QUANT_FIELDS.unpack(fast["params"][:72]), _QUANT_FIELDS.unpack(captured["params"])
     assert got[0] == want[0] == x.data_ptr() and got[3:] == want[3:]
     assert got[1] == out.data_ptr() and got[2] == scales.data_ptr()
     assert fast["grid"][0] == captured["grid"]
     assert fast["function"] == int(kq._kernel(captured["config"], 0).kernel)
-    assert captured["config"].vectorized == (offset == 0)
+    assert captured["config"].vectorized == (offset == 0) and captured["config"].ue8m0 == ue8m0
     for t, ref in ((out, ref_out), (scales, ref_scales)):
         assert (t.shape, t.stride(), t.dtype) == (ref.shape, ref.stride(), ref.dtype)
