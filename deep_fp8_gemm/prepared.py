@@ -3,14 +3,18 @@
 A decode GEMM runs for 3-25 µs on the GPU, so the Python in front of its launch must cost about one launch.
 Everything the ops check and compute before a launch, except the data pointers, is a function of the
 arguments' *signature*: per tensor ``(shape, stride(), dtype, device)``, plus ``expected_m`` and the
-:func:`~deep_fp8_gemm.set_num_sms` override. So an eager call builds that tuple and looks up a **plan**:
+:func:`~deep_fp8_gemm.set_num_sms` override. So an eager call looks up a **plan** for its signature: first
+among the plans last used with the same weight (``id(B)``; ``id(x)``-free for the quantisers), each guarded by
+torch's C++ tensor-metadata check (``TensorGuards``, dynamo's own: sizes, strides, dtype, device, plus
+dispatch keys and requires_grad, which can only cause a miss), else in a dict keyed by the Python signature
+tuple (~4x dearer to build and compare):
 
-* miss: the full checks of :mod:`.validation` run (same errors, same messages, same order as before), and the
+* new signature: the full checks of :mod:`.validation` run (same errors, same messages, same order as before), and the
   plan records their outcome: the problem is empty or not, the GPU ordinal (``runtime.target``), whether sA
   already has the M-major TMA-aligned layout and sB / the grouped layout are contiguous (else the same
   conversions as before run on every call), the byte span of every tensor (for the overlap check), and for a
   GPU: the kernel config, the loaded kernel and a :class:`~deep_fp8_gemm.runtime.driver.PreparedLaunch`.
-* hit: only what depends on the data pointers runs: 16-byte alignment of A, B and out, out overlapping no
+* known signature: only what depends on the data pointers runs: 16-byte alignment of A, B and out, out overlapping no
   input (integer compares against the cached spans; on a hit of either the full pointer check runs and raises
   its usual message), sA's alignment, the tensor maps, the parameter bytes, the launch.
 
@@ -23,27 +27,32 @@ cannot be patched on the host), so the four encoded maps are cached per plan und
 (weights always hit there). The allocator hands a decode loop the same addresses, so a steady state never
 encodes.
 
-:func:`prepare_gemm` exposes a plan as an object for callers that want to skip even the signature tuple:
+:func:`prepare_gemm` exposes a plan as an object for callers that want to skip even the signature lookup:
 it checks the example tensors once, and each call trusts that the tensors have the example's metadata
 (their pointers are still checked).
 """
 
 from __future__ import annotations
 
+import ctypes
 import struct
 
 import torch
 
 from . import utils
+from .kernels.gemm import _PARAMS_TAIL, PARAMS_BYTES
+from .kernels.quant import QuantParams
 from .runtime import target
 from .validation import check_expected_m
 
 _Tensor = torch.Tensor
 _MAX_PLANS = 1024  # per op; cleared when full (a model has a handful of signatures per op)
 _MAX_HEADS = 64  # encoded tensor-map sets per plan
-_GEMM_PARAMS_BYTES = 576  # sizeof(dfg::GemmParams)
-_GEMM_TAIL = struct.Struct("<QQII40x")  # sb, grouped_layout, rows, reserved, padding up to 576 bytes (at 512)
-_QUANT_PARAMS = struct.Struct("<7Q4I")  # dfg::quant::QuantParams (72 bytes), field order of kernels.quant
+_GEMM_PARAMS_BYTES = PARAMS_BYTES  # sizeof(dfg::GemmParams)
+# At offset 512, after the four tensor maps: sb, grouped_layout, rows, reserved, then zeros up to the end.
+_GEMM_TAIL = struct.Struct(f"{_PARAMS_TAIL.format}{PARAMS_BYTES - 512 - _PARAMS_TAIL.size}x")
+# dfg::quant::QuantParams, packed straight into the parameter slot (no ctypes.Structure built per call).
+_QUANT_PARAMS = struct.Struct("<" + "".join({8: "Q", 4: "I"}[ctypes.sizeof(t)] for _, t in QuantParams._fields_))
 _param_slot = None  # driver.param_slot, bound when the first GPU plan is built (no CUDA import before)
 try:
     from torch._C._dynamo.guards import TensorGuards as _TensorGuards
@@ -397,8 +406,8 @@ class QuantPlan:
     with the cached shapes / strides, packs ``QuantParams`` into the parameter slot and launches the fused
     kernel (vectorised when the input address is 16-byte aligned and the shape allows, as before)."""
 
-    __slots__ = ("kind", "ue8m0", "fallback", "index", "device", "copy", "out_shape", "out_strides", "scale_shape", "scale_strides",
-                 "consts", "grid", "vectorizable", "_launchers", "_config_args", "empty")
+    __slots__ = ("kind", "ue8m0", "fallback", "index", "device", "copy", "out_shape", "out_strides", "scale_shape",
+                 "scale_strides", "consts", "grid", "vectorizable", "_launchers", "_config_args", "empty")
 
     def __init__(self, kind: str, x: torch.Tensor, check, fallback, ue8m0: bool):
         from .kernels import quant as kq
@@ -428,7 +437,8 @@ class QuantPlan:
         in_cols = x.shape[-1]
         if self.kind == "silu":
             if in_cols % 2:
-                raise ValueError(f"{name} must have an even last dim (gate | up halves), got {name}.shape={tuple(x.shape)}")
+                raise ValueError(f"{name} must have an even last dim (gate | up halves), got "
+                                 f"{name}.shape={tuple(x.shape)}")
             cols, up_offset = in_cols // 2, in_cols // 2
             kind = kq.QuantKind.SILU_MUL_PER_TOKEN
         else:
