@@ -47,7 +47,8 @@ from pathlib import Path
 
 import torch
 
-_STUB_ENV = "DFG_HOST_BENCH_STUB"  # set in the child: directory holding the stub libcuda.so.1
+_STUB_ENV = "BENCH_HOST_STUB_DIR"  # internal, parent -> child (not a DFG_ setting): directory holding the stub libcuda.so.1
+_NUM_SMS_ENV = "BENCH_HOST_NUM_SMS"  # internal, parent -> child: the SM count the parent compiled for
 _REPO = Path(__file__).resolve().parent.parent
 _STUB_SOURCE = _REPO / "tests" / "gpu_kernels" / "stub_libcuda.c"
 GEMM_PARAMS_BYTES = 576
@@ -259,6 +260,9 @@ def _run_stub_child(stub_dir: str, calls: int, repeats: int, only: set[str] | No
         # copies that many bytes of the first argument.
         param_size.value = sizes[kind]
 
+    from deep_fp8_gemm import utils
+
+    utils._num_sms_override = int(os.environ[_NUM_SMS_ENV])
     binding.cuInit(0)
     target.gpu_index = lambda device: 0
     target.capability = lambda index: (9, 0)
@@ -313,6 +317,11 @@ def stub_rows(calls: int, repeats: int, only: set[str] | None) -> list[dict]:
                         str(_STUB_SOURCE)], check=True)
         env = dict(os.environ, LD_LIBRARY_PATH=tmp + os.pathsep + os.environ.get("LD_LIBRARY_PATH", ""))
         env[_STUB_ENV] = tmp
+        # The child must pick the configs compiled here without asking torch.cuda for the SM count (torch's
+        # CUDA runtime would load the stub libcuda.so.1 too).
+        from deep_fp8_gemm.utils import get_num_sms
+
+        env[_NUM_SMS_ENV] = str(get_num_sms())
         # The quantisers allocate their outputs on every call. On a GPU torch's caching allocator serves a
         # repeated size from its cache; glibc would instead mmap / trim (a system call) for every ~0.5 MB
         # buffer. Keep freed memory in the heap so the CPU stand-in is closer to the caching allocator.
