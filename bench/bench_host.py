@@ -5,6 +5,7 @@ fused quantisers per_token, per_block, silu_mul_quant)::
 
     {"ops": [{"op": "dense", "call_us": ..., "launch_floor_us": ..., "ratio": ..., "device": "stub", ...}, ...]}
 
+* ``dense_prepared``: the dense call through :func:`deep_fp8_gemm.prepare_gemm`'s object (no signature lookup).
 * ``call_us``: median over ``--repeats`` batches of back-to-back public calls (warm: kernel compiled and loaded,
   tensor maps encoded) of the per-call host time; a batch is as many calls as last ~0.4 ms (at most ``--calls``).
 * ``launch_floor_us``: the same statistic for one bare ``cuLaunchKernelEx`` issued through cuda-bindings with a
@@ -47,7 +48,7 @@ from pathlib import Path
 
 import torch
 
-_STUB_ENV = "BENCH_HOST_STUB_DIR"  # internal, parent -> child (not a DFG_ setting): directory holding the stub libcuda.so.1
+_STUB_ENV = "BENCH_HOST_STUB_DIR"  # internal, parent -> child (not a DFG_ setting): the stub's directory
 _NUM_SMS_ENV = "BENCH_HOST_NUM_SMS"  # internal, parent -> child: the SM count the parent compiled for
 _REPO = Path(__file__).resolve().parent.parent
 _STUB_SOURCE = _REPO / "tests" / "gpu_kernels" / "stub_libcuda.c"
@@ -90,6 +91,7 @@ def make_ops(device: torch.device) -> list[tuple[str, int, str, object, tuple]]:
     rhs = (_fp8((n, k), device, gpu), _scales(((n + 127) // 128, kb), device))
     out = torch.empty((m, n), dtype=torch.bfloat16, device=device)
     ops.append(("dense", 5, "gemm", dfg.gemm_fp8_fp8_bf16_nt, (lhs, rhs, out)))
+    ops.append(("dense_prepared", 5, "gemm", dfg.prepare_gemm("dense", lhs, rhs, out), (lhs, rhs, out)))
 
     g, mg, n, k = CONTIGUOUS["groups"], CONTIGUOUS["m_per_group"], CONTIGUOUS["n"], CONTIGUOUS["k"]
     kb, m_sum = (k + 127) // 128, g * mg
@@ -263,6 +265,7 @@ def _run_stub_child(stub_dir: str, calls: int, repeats: int, only: set[str] | No
     from deep_fp8_gemm import utils
 
     utils._num_sms_override = int(os.environ[_NUM_SMS_ENV])
+    param_size.value = GEMM_PARAMS_BYTES  # make_ops already loads the GEMM kernel (prepare_gemm)
     binding.cuInit(0)
     target.gpu_index = lambda device: 0
     target.capability = lambda index: (9, 0)
@@ -293,7 +296,8 @@ def precompile(only: set[str] | None) -> None:
         counts.add(num_args)
         if params_kind == "gemm":
             expected_m = args[4] if name == "masked" else None
-            cfg = gemm.problem_config(name, args[0][0], args[1][0], expected_m, get_num_sms())
+            kind = "dense" if name == "dense_prepared" else name
+            cfg = gemm.problem_config(kind, args[0][0], args[1][0], expected_m, get_num_sms())
             compile_kernel(cfg.kernel_name(), gemm.render_source(cfg))
         else:
             x = args[0]

@@ -21,7 +21,7 @@ def test_bench_host_json_rows():
     assert run.returncode == 0, run.stderr
     result = json.loads(run.stdout)
     rows = {row["op"]: row for row in result["ops"] if row["device"] == "stub"}
-    assert set(rows) == {"dense", "masked", "per_token"}
+    assert set(rows) == {"dense", "masked", "per_token"}  # --ops filters
     assert (rows["dense"]["args"], rows["masked"]["args"], rows["per_token"]["args"]) == (5, 7, 3)
     for row in rows.values():
         assert row["call_us"] > 0 and row["launch_floor_us"] > 0
