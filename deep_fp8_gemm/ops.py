@@ -4,7 +4,9 @@ Each op is a ``torch.library`` custom op (``torch.ops.deep_fp8_gemm.<name>``, sc
 ``out``; the public functions unpack the ``(tensor, scales)`` pairs and call it whenever torch is tracing or
 a dispatch mode is active, so compiled model code sees one node per GEMM and
 ``torch.compile(fullgraph=True)`` traces through them (the fake kernels check shapes, dtypes and strides at
-trace time). Plain eager calls run the same implementation without the dispatcher's ~5 µs.
+trace time). Plain eager calls skip the dispatcher's ~5 µs and go through :mod:`.prepared`: the same checks
+and dispatch, run once per tensor signature (a plan), so a repeated call only checks its data pointers and
+launches.
 
 Dispatch (inside the op, after :mod:`.validation`):
 
