@@ -178,8 +178,12 @@ def test_property_any_shape_matches_model(m, k, dtype, per_token, seed, log_scal
     check_against_model(x, per_token)
 
 
+GPU_SHAPES = [(1, 128), (300, 7168), (129, 200)]  # bf16 inputs; tests/test_gpu_cases.py checks them on the CPU
+GPU_CASE_TABLES = (GPU_SHAPES,)
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("shape", [(1, 128), (300, 7168), (129, 200)])
+@pytest.mark.parametrize("shape", GPU_SHAPES)
 def test_cuda_quantisers_match_cpu_bits(shape):
     """On sm_90 the ops dispatch to the fused kernels, which must give the CPU definition's bits."""
     x = torch.randn(shape, dtype=torch.bfloat16)
