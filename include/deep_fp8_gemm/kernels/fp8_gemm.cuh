@@ -181,7 +181,7 @@ struct Fp8GemmKernel {
                 tma_load_tile<BLOCK_M, BLOCK_K, kMulticastA>(smem + kSmemA + pipe.stage * kSmemABytes, &params.tma_a,
                                                              bar, k0, row0, a_batch, rank);
                 tma_load_tile<BLOCK_N, BLOCK_K, kMulticastB>(smem + kSmemB + pipe.stage * kSmemBBytes, &params.tma_b,
-                                                             bar, k0, n0, b_batch, rank);
+                                                             bar, k0, n0, b_batch, rank, tile.multicast);
                 hal::tma_load_3d(smem + kSmemSA + pipe.stage * kSmemSABytes, &params.tma_sa, bar, row0,
                                  static_cast<i32>(kb), a_batch);
                 pipe.advance();
