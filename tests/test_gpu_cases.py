@@ -10,7 +10,8 @@ A GPU test that is illegal fails only on the GPU, whose runs are short and rare;
   * quantisers (tests/test_quant_kernels.py, tests/test_quant.py, the smoke step): the host path of the
     fused kernels (kernels/quant.py) with a launcher that checks the kernel config and the launch instead
     of running it;
-  * the plain JIT kernels' launches (scale, cluster).
+  * the plain JIT kernels' launches (scale, cluster);
+  * the model-facing layers' GPU tests (MoE, FP8Linear, the validation test): their launches recorded on the CPU.
 ``test_gpu_parameters_come_from_case_tables`` keeps this complete: every ``parametrize`` of a GPU test
 must take its values from a table its module lists in ``GPU_CASE_TABLES``.
 """
@@ -123,6 +124,57 @@ def bench_gemm_cases() -> list[dict]:
     return cases
 
 
+def layer_launches() -> tuple[list[dict], list[tuple]]:
+    """The GEMMs and quantisers launched by the GPU tests of the model-facing layers (tests/test_moe.py,
+    tests/test_nn.py, tests/test_validation.py), recorded by running the same calls on CPU tensors (same shapes;
+    the CPU path computes with the reference) with the ops' device dispatch and the torch quantisers wrapped."""
+    import deep_fp8_gemm as dfg_pkg
+    from deep_fp8_gemm import moe, nn as dfg_nn, ops, quant
+    from tests import test_moe, test_nn, test_validation
+
+    gemms, quants = [], []
+    dispatch, per_token, per_block, silu = (ops._dispatch, quant.per_token_cast_to_fp8_torch,
+                                            quant.per_block_cast_to_fp8_torch, moe._silu_mul_quant_torch)
+
+    def record_gemm(kind, a, sa, b, sb, out, grouped_layout=None, expected_m=None):
+        gemms.append(dict(kind=kind, a_shape=tuple(a.shape), n=b.shape[-2], k=b.shape[-1],
+                          groups=b.shape[0] if b.dim() == 3 else None, expected_m=expected_m, test="layer"))
+        return dispatch(kind, a, sa, b, sb, out, grouped_layout, expected_m)
+
+    def recorder(name, fn):
+        def wrapped(x):
+            quants.append((name, tuple(x.shape), x.dtype))
+            return fn(x)
+        return wrapped
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ops, "_dispatch", record_gemm)
+        mp.setattr(quant, "per_token_cast_to_fp8_torch", recorder("per_token", per_token))
+        mp.setattr(quant, "per_block_cast_to_fp8_torch", recorder("per_block", per_block))
+        mp.setattr(moe, "_silu_mul_quant_torch", recorder("silu_mul", silu))
+        E, H, I = test_moe.E, test_moe.H, test_moe.I  # noqa: E741
+        layer = moe.FP8MoE.from_weights(torch.randn(E, 2 * I, H, dtype=torch.bfloat16),
+                                        torch.randn(E, H, I, dtype=torch.bfloat16))
+        w = test_moe._weights(layer)
+        del gemms[:], quants[:]  # weight quantisation happens on the CPU in the GPU tests too
+        # test_moe.test_gpu_matches_cpu, test_gpu_masked_cuda_graph
+        hidden, ids, weights = test_moe._inputs(256, seed=11, drop=0.1, empty_experts=(3,))
+        moe.fp8_moe_forward(hidden, ids, weights, *w)
+        moe.fp8_moe_forward(hidden, ids, weights, *w, max_m_sum=dfg_pkg.layout.max_m_sum_bound(ids.numel(), E))
+        moe.fp8_moe_forward_masked(torch.randn(E, 16, H, dtype=torch.bfloat16),
+                                   torch.tensor([16, 0, 3, 1, 16, 5, 0, 9], dtype=torch.int32), *w)
+        # test_nn.test_gpu_matches_cpu (the weight is quantised on the CPU there too)
+        fp8 = dfg_nn.FP8Linear.from_linear(test_nn._linear(7168, 2112, bias=True))
+        del quants[-1:]
+        fp8(torch.randn(64, 7168, dtype=torch.bfloat16))
+        # test_validation.test_cuda_sm90_matches_reference
+        before = len(quants)
+        args = test_validation._dense_args()  # operands quantised on the CPU there as well
+        del quants[before:]
+        test_validation._call("dense", args)
+    return gemms, quants
+
+
 FAMILIES = {
     "gemm": lambda: _problems(test_gpu_gemm.launch_cases() + test_gpu_smoke.launch_cases(), check_gemm_case,
                               _gemm_label),
@@ -132,6 +184,8 @@ FAMILIES = {
         test_quant_kernels.gpu_quant_inputs() + test_gpu_smoke.quant_calls()
         + [(fn, shape, torch.bfloat16) for shape in test_quant.GPU_SHAPES for fn in ("per_token", "per_block")],
         lambda c: check_quant_call(*c), lambda c: f"quantiser {c}"),
+    "layers": lambda: (lambda g, q: _problems(g, check_gemm_case, _gemm_label)
+                       + _problems(q, lambda c: check_quant_call(*c), lambda c: f"layer quantiser {c}"))(*layer_launches()),
     "launch": lambda: _problems(
         [((test_gpu_jit.SCALE_N + 127) // 128, 128, 1, test_gpu_jit.SCALE_SMEM_BYTES)]
         + [(test_gpu_jit.CLUSTER_GRID, 128, c, 0) for c in test_gpu_jit.CLUSTER_SIZES],
