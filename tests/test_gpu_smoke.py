@@ -21,6 +21,7 @@ from deep_fp8_gemm.kernels import gemm
 from deep_fp8_gemm.kernels import quant as kq
 from deep_fp8_gemm.quant import per_block_cast_to_fp8_torch, per_token_cast_to_fp8_torch
 from tests.test_gpu_gemm import contiguous_rows, nan_like, operands
+from tests.test_quant_kernels import _assert_same, _assert_silu_close
 
 pytestmark = pytest.mark.gpu
 
@@ -120,13 +121,8 @@ def test_smoke_masked(g, expected_m, n, k):
 @pytest.mark.parametrize("m,k", SMOKE_QUANT)
 def test_smoke_quantisers(m, k):
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    for fused, torch_path in ((kq.per_token_cast_to_fp8_cuda, per_token_cast_to_fp8_torch),
-                              (kq.per_block_cast_to_fp8_cuda, per_block_cast_to_fp8_torch)):
-        (q, s), (q_ref, s_ref) = fused(x), torch_path(x)
-        assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8)) and torch.equal(s, s_ref)
+    _assert_same(kq.per_token_cast_to_fp8_cuda(x), per_token_cast_to_fp8_torch(x))
+    _assert_same(kq.per_block_cast_to_fp8_cuda(x), per_block_cast_to_fp8_torch(x))
     gate_up = torch.randn(m, 2 * k, device="cuda", dtype=torch.bfloat16)
-    q, s = kq.silu_mul_quant_cuda(gate_up)
-    q_ref, s_ref = per_token_cast_to_fp8_torch(F.silu(gate_up[:, :k].float()) * gate_up[:, k:].float())
-    torch.cuda.synchronize()
-    assert torch.allclose(s, s_ref, rtol=1e-6, atol=0)  # expf may differ from torch's exp in the last bit
-    assert (q.float() - q_ref.float()).abs().le(q_ref.float().abs() * 0.125 + 1e-6).all()
+    y = F.silu(gate_up[:, :k].float()) * gate_up[:, k:].float()
+    _assert_silu_close(kq.silu_mul_quant_cuda(gate_up), per_token_cast_to_fp8_torch(y))
