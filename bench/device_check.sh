@@ -67,7 +67,7 @@ while [ $# -gt 0 ]; do
         --allow-no-gpu) ALLOW_NO_GPU=1 ;;
         --budget) shift; [ $# -gt 0 ] || usage; BUDGET="$1"
                   case "$BUDGET" in ''|*[!0-9]*) echo "error: --budget needs whole seconds, got '$BUDGET'" >&2; exit 2 ;; esac ;;
-        -h|--help) sed -n '2,47p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,45p' "$0"; exit 0 ;;
         -*) echo "error: unknown option $1" >&2; usage ;;
         *) [ -z "$OUTDIR" ] || { echo "error: more than one OUTDIR ($OUTDIR, $1)" >&2; usage; }; OUTDIR="$1" ;;
     esac
