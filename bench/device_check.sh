@@ -5,21 +5,27 @@
 #
 # --dry-run prints the plan and runs nothing; --full runs the benchmarks without --quick (needs a larger
 # --budget); --no-install uses PYTHONPATH instead of pip; --no-precompile leaves the JIT to the first
-# calls; --skip leaves out named steps (gpu-tests, bench-dense, bench-decode, bench-contiguous, bench-masked,
-# bench-quant, bench-moe), e.g. for a short rerun; --allow-no-gpu goes on without a CUDA device
+# calls; --skip leaves out named steps (smoke, gpu-tests, bench-dense, bench-decode, bench-contiguous,
+# bench-masked, bench-quant, bench-moe), e.g. for a short rerun; --allow-no-gpu goes on without a CUDA device
 # (only to exercise this script's plumbing on a CPU machine).
 #
-# Steps (each with its own time limit, all inside one deadline, default 470 s < 8 minutes):
+# Steps (each with its own time limit, all inside one deadline, default 530 s < 9 minutes; every step writes its
+# own log as it runs, and steps.tsv gets a line as each step ends, so a step that hangs loses nothing before it):
 #   1. preflight: required imports (torch with a CUDA device, numpy, cuda.bindings.nvrtc + libnvrtc, driver
 #      bindings, setuptools, pytest); optional ones (matplotlib, hypothesis, nvdisasm) only warn.
 #      A missing required package stops here with its name (exit 2): nothing is downloaded, ever.
 #   2. OUTDIR/env.txt: nvidia-smi, clocks, versions.
 #   3. pip install --no-index --no-deps --no-build-isolation -e .  (falls back to PYTHONPATH if it fails,
 #      and says so).
-#   4. python -m deep_fp8_gemm precompile (JIT cache fill) in the background, overlapping step 5.
-#   5. python -m pytest -v -m gpu tests (verbose: pytest names each test as it starts, so if a kernel hangs
+#   4. smoke (<= 60 s): DFG_WATCHDOG_SECONDS=5 python -m pytest -v -m gpu tests/test_gpu_smoke.py
+#      tests/test_gpu_jit.py::test_tma_round_trip --dfg-test-timeout 20: one TMA round trip per swizzle, one GEMM
+#      per kind (and per multicast variant) at a small shape, the quantisers, all in the watchdog build (an
+#      mbarrier wait longer than 5 s prints the kernel, block, thread, barrier and phase, then traps) and with a
+#      per-test timeout (stacks dumped, process ended): a hang is named in seconds, not at the end of the run.
+#   5. python -m deep_fp8_gemm precompile (JIT cache fill) in the background, overlapping step 6.
+#   6. python -m pytest -v -m gpu tests (verbose: pytest names each test as it starts, so if a kernel hangs
 #      until the step's timeout, the log ends with the test that hung)
-#   6. benchmarks in --quick mode: dense deepseek-v3, dense decode, grouped contiguous, grouped masked
+#   7. benchmarks in --quick mode: dense deepseek-v3, dense decode, grouped contiguous, grouped masked
 #      (each given a --time-budget so it stops starting new shapes in time, and writes results as it goes);
 #      then, best-effort, the fused quantisation kernels (bench-quant, <= 30 s) and the MoE layer
 #      (bench-moe, <= 60 s; incl. issue 16 rows ep_world1, ep_decode_world1: the expert-parallel layer on a
@@ -28,11 +34,12 @@
 #      min(30, time left - 80) (leaving bench-moe 60 s and the report 20 s), bench-moe min(60, time left - 20).
 #      A best-effort step left with less than half its planned limit is recorded "SKIPPED (deadline,
 #      best-effort)" and does not fail the check (everything else that is skipped for the deadline does).
-#   7. python -m bench.report -> OUTDIR/RESULTS.md; a short summary table printed last (and in summary.txt).
-# Exit status: 0 all passed; 1 GPU tests failed, a kernel result was wrong, or a step failed/timed out
+#   8. python -m bench.report -> OUTDIR/RESULTS.md; a short summary table printed last (and in summary.txt).
+# Exit status: 0 all passed; 1 smoke or GPU tests failed, a kernel result was wrong, or a step failed/timed out
 # (later steps still run); 2 usage error or a required package is missing.
 #
-# OUTDIR gets: env.txt, steps.tsv, summary.txt, RESULTS.md, logs/*.log, results/*.{json,md,png}, junit.xml.
+# OUTDIR gets: env.txt, steps.tsv, summary.txt, RESULTS.md, logs/*.log, results/*.{json,md,png}, junit.xml,
+# junit-smoke.xml.
 # The device tool returns at most 8 files from $OUT, so from there run it on a scratch directory and
 # archive it, e.g.:
 #   bash bench/device_check.sh /tmp/dc; rc=$?; tar czf $OUT/device_check.tgz -C /tmp dc; \
@@ -44,7 +51,7 @@ usage() {
     exit 2
 }
 
-OUTDIR="" DRY_RUN=0 QUICK="--quick" BUDGET=470 INSTALL=1 PRECOMPILE=1 ALLOW_NO_GPU=0 SKIP=","
+OUTDIR="" DRY_RUN=0 QUICK="--quick" BUDGET=530 INSTALL=1 PRECOMPILE=1 ALLOW_NO_GPU=0 SKIP=","
 while [ $# -gt 0 ]; do
     case "$1" in
         --dry-run) DRY_RUN=1 ;;
@@ -54,14 +61,14 @@ while [ $# -gt 0 ]; do
         --skip) shift; [ $# -gt 0 ] || usage
                 for name in ${1//,/ }; do
                     case "$name" in
-                        gpu-tests|bench-dense|bench-decode|bench-contiguous|bench-masked|bench-quant|bench-moe) SKIP="$SKIP$name," ;;
-                        *) echo "error: --skip takes gpu-tests, bench-dense, bench-decode, bench-contiguous, bench-masked, bench-quant, bench-moe; got '$name'" >&2; exit 2 ;;
+                        smoke|gpu-tests|bench-dense|bench-decode|bench-contiguous|bench-masked|bench-quant|bench-moe) SKIP="$SKIP$name," ;;
+                        *) echo "error: --skip takes smoke, gpu-tests, bench-dense, bench-decode, bench-contiguous, bench-masked, bench-quant, bench-moe; got '$name'" >&2; exit 2 ;;
                     esac
                 done ;;
         --allow-no-gpu) ALLOW_NO_GPU=1 ;;
         --budget) shift; [ $# -gt 0 ] || usage; BUDGET="$1"
                   case "$BUDGET" in ''|*[!0-9]*) echo "error: --budget needs whole seconds, got '$BUDGET'" >&2; exit 2 ;; esac ;;
-        -h|--help) sed -n '2,39p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,45p' "$0"; exit 0 ;;
         -*) echo "error: unknown option $1" >&2; usage ;;
         *) [ -z "$OUTDIR" ] || { echo "error: more than one OUTDIR ($OUTDIR, $1)" >&2; usage; }; OUTDIR="$1" ;;
     esac
@@ -78,9 +85,15 @@ export PYTHONUNBUFFERED=1
 # No network: pip's self version check (run by `pip list`) could otherwise wait on connection timeouts.
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 
+# The smoke step: small cases of every kernel family, watchdog build, per-test timeout (see step 4 above).
+SMOKE_WATCHDOG_SECONDS=5
+SMOKE_TEST_TIMEOUT=20
+SMOKE_TESTS="tests/test_gpu_smoke.py tests/test_gpu_jit.py::test_tma_round_trip"
+
 # name | planned time limit (s) | command  (the command is eval'ed with $OUTDIR, $PY, $QUICK set)
 PLAN=(
     "install|40|$PY -m pip install --no-index --no-deps --no-build-isolation -e ."
+    "smoke|60|DFG_WATCHDOG_SECONDS=$SMOKE_WATCHDOG_SECONDS $PY -m pytest -v -m gpu $SMOKE_TESTS -p no:cacheprovider --dfg-test-timeout $SMOKE_TEST_TIMEOUT --junitxml=OUTDIR/junit-smoke.xml"
     "precompile|150|$PY -m deep_fp8_gemm precompile   (background, overlaps gpu-tests)"
     "gpu-tests|150|$PY -m pytest -v -m gpu tests -p no:cacheprovider --durations=15 --junitxml=OUTDIR/junit.xml"
     "bench-dense|70|$PY -m bench.bench_dense --shapes deepseek-v3 $QUICK --out OUTDIR/results"
@@ -239,7 +252,19 @@ elif ! run_step install 40 420 "$PY" -m pip install --no-index --no-deps --no-bu
     FAILED=1
 fi
 
-# --- 4. precompile in the background, 5. GPU tests --------------------------------------------------------
+# --- 4. smoke: every kernel family, small, under the watchdog ------------------------------------------------
+# shellcheck disable=SC2086  # SMOKE_TESTS is a list of test ids
+run_step smoke 60 360 env DFG_WATCHDOG_SECONDS=$SMOKE_WATCHDOG_SECONDS "$PY" -m pytest -v -m gpu $SMOKE_TESTS \
+    -p no:cacheprovider --dfg-test-timeout $SMOKE_TEST_TIMEOUT --junitxml="$OUTDIR/junit-smoke.xml"
+SMOKE_RC=$?
+case $SMOKE_RC in
+    0) if case "$SKIP" in *",smoke,"*) true ;; *) false ;; esac; then SMOKE="skipped (--skip)"
+       elif grep -q ' passed' "$OUTDIR/logs/smoke.log"; then SMOKE="passed"; else SMOKE="nothing ran (all skipped?)"; [ "$ALLOW_NO_GPU" = 1 ] || FAILED=1; fi ;;
+    124|137) SMOKE="TIMEOUT (a hang: the log ends with the test that hung)"; FAILED=1 ;;
+    *) SMOKE="FAILED (a watchdog trap prints 'deep_fp8_gemm watchdog:' in the log)"; FAILED=1 ;;
+esac
+
+# --- 5. precompile in the background, 6. GPU tests --------------------------------------------------------
 PRE_LIMIT=$(limit_for 150 300)
 PRE_T0=$SECONDS PRE_PID=""
 if [ "$PRECOMPILE" = 1 ] && [ "$PRE_LIMIT" -ge 10 ]; then
@@ -265,7 +290,7 @@ else
     record precompile "skipped" 0 "-"
 fi
 
-# --- 6. benchmarks ----------------------------------------------------------------------------------------
+# --- 7. benchmarks ----------------------------------------------------------------------------------------
 bench() {  # name planned reserve module args...
     local name="$1" planned="$2" reserve="$3"; shift 3
     local limit; limit=$(limit_for "$planned" "$reserve")
@@ -283,7 +308,7 @@ bench bench-quant 30 80 bench.bench_quant
 bench bench-moe 60 20 bench.bench_moe
 BEST_EFFORT=0
 
-# --- 7. report and summary --------------------------------------------------------------------------------
+# --- 8. report and summary --------------------------------------------------------------------------------
 run_step report 20 0 "$PY" -m bench.report --results "$OUTDIR/results" --summary "$OUTDIR/RESULTS.md" --print || FAILED=1
 
 {
@@ -294,6 +319,9 @@ run_step report 20 0 "$PY" -m bench.report --results "$OUTDIR/results" --summary
     column -t -s $'\t' "$STEPS" 2>/dev/null || cat "$STEPS"
     echo
     PYTEST_LINE=$(grep -E '(passed|failed|error|skipped|no tests ran)' "$OUTDIR/logs/gpu-tests.log" 2>/dev/null | tail -1)
+    SMOKE_LINE=$(grep -E '(passed|failed|error|skipped|no tests ran)' "$OUTDIR/logs/smoke.log" 2>/dev/null | tail -1)
+    echo "Smoke (watchdog ${SMOKE_WATCHDOG_SECONDS} s): $SMOKE${SMOKE_LINE:+  ($SMOKE_LINE)}"
+    grep -h 'deep_fp8_gemm watchdog:' "$OUTDIR"/logs/*.log 2>/dev/null | head -5 | sed 's/^/  /'
     echo "GPU tests: $TESTS${PYTEST_LINE:+  ($PYTEST_LINE)}"
     echo
     if [ -f "$OUTDIR/logs/report.log" ]; then sed -n '2,$p' "$OUTDIR/logs/report.log" | grep -v '^wrote ' ; fi

@@ -211,6 +211,11 @@ def env_report() -> dict:
         report["include dir"] = f"missing ({exc})"
     report["cache dir"] = str(env.jit_cache_dir()) + (" (disabled)" if env.jit_disable_cache() else "")
     try:
+        ns = env.watchdog_ns()
+        report["watchdog"] = f"{ns / 1e9:g} s (DFG_WATCHDOG_SECONDS: watchdog build)" if ns else "off"
+    except ValueError as exc:
+        report["watchdog"] = f"invalid ({exc})"
+    try:
         from .runtime.sass import find_disassembler
 
         report["disassembler"] = str(find_disassembler()[1])

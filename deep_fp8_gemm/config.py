@@ -320,7 +320,11 @@ def get_config(
     if kind == "masked":
         num_clusters = max_clusters  # per-group row counts live on the GPU: launch the full persistent grid
     else:
-        cluster_tiles = _ceil_div(_ceil_div(m_eff, block_m), cluster_m) * (num_n_blocks // cluster_n)
+        m_blocks = _ceil_div(m_eff, block_m)
+        # B multicast pairs m-blocks; an odd last m-block row is the unicast tail, two n-blocks per cluster
+        # tile (scheduler.cuh), not a row of phantom tiles.
+        cluster_tiles = (m_blocks // 2 * num_n_blocks + m_blocks % 2 * _ceil_div(num_n_blocks, 2) if cluster_m == 2
+                         else m_blocks * (num_n_blocks // cluster_n))
         num_clusters = max(1, min(max_clusters, cluster_tiles))
     cfg = GemmConfig(
         kind, n, k, num_groups, block_m, block_n, num_stages, cluster_m, cluster_n, band_width, num_clusters * cluster_size

@@ -57,3 +57,20 @@ def sim_num_sms() -> int:
     if n <= 0:
         raise ValueError(f"DFG_SIM_NUM_SMS must be a positive integer, got {n}")
     return n
+
+
+def watchdog_ns() -> int:
+    """``DFG_WATCHDOG_SECONDS=N`` (N > 0, may be fractional): the watchdog build. Every JIT kernel is compiled
+    with ``-DDFG_WATCHDOG_NS=<N s in ns>`` (a separate binary and cache entry): an mbarrier wait that lasts
+    longer prints the kernel, block, thread, barrier (full/empty + stage) and parity, then traps. Unset, empty
+    or 0: the plain build (0 is returned)."""
+    value = os.environ.get("DFG_WATCHDOG_SECONDS", "").strip()
+    if not value:
+        return 0
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise ValueError(f"DFG_WATCHDOG_SECONDS must be a number of seconds, got {value!r}") from None
+    if not 0 <= seconds < 2**63 / 1e9 or seconds != seconds:
+        raise ValueError(f"DFG_WATCHDOG_SECONDS must be >= 0 seconds, got {value!r}")
+    return int(seconds * 1e9)

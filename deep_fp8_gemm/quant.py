@@ -78,13 +78,23 @@ def _quantise_groups(groups: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return (groups / scale).clamp_(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
 
 
+def _amax_to_scale(amax: torch.Tensor) -> torch.Tensor:
+    """``amax / 448`` as an IEEE float32 division on every device, like the fused kernels.
+
+    The divisor is a tensor of ``amax``'s device and shape: with the Python float ``448.0`` ATen's CUDA
+    kernel multiplies by ``1/448`` instead (a CPU-scalar divisor; BinaryDivTrueKernel.cu), which puts
+    about half of all scales 1 ulp off. tests/test_quant.py pins this operation.
+    """
+    return amax / torch.full_like(amax, FP8_E4M3_MAX)
+
+
 def per_token_cast_to_fp8_torch(x: torch.Tensor, use_ue8m0: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Plain-torch :func:`per_token_cast_to_fp8` (any device); the scales come back row-major ``[m, kb]``."""
     m, k = x.shape
     kb = ceil_div(k, GROUP)
     padded = F.pad(x.float(), (0, kb * GROUP - k))  # zero padding never raises an amax
     groups = padded.view(m, kb, GROUP)
-    scale = groups.abs().amax(dim=-1).clamp_min_(AMAX_FLOOR) / FP8_E4M3_MAX  # [m, kb]
+    scale = _amax_to_scale(groups.abs().amax(dim=-1).clamp_min_(AMAX_FLOOR))  # [m, kb]
     if use_ue8m0:
         scale = ceil_to_ue8m0(scale)
     x_fp8 = _quantise_groups(groups, scale.unsqueeze(-1)).view(m, kb * GROUP)[:, :k].contiguous()
@@ -97,7 +107,7 @@ def per_block_cast_to_fp8_torch(w: torch.Tensor, use_ue8m0: bool = False) -> tup
     nb, kb = ceil_div(n, GROUP), ceil_div(k, GROUP)
     padded = F.pad(w.float(), (0, kb * GROUP - k, 0, nb * GROUP - n))
     blocks = padded.view(nb, GROUP, kb, GROUP)
-    scale = blocks.abs().amax(dim=(1, 3)).clamp_min_(AMAX_FLOOR) / FP8_E4M3_MAX  # [nb, kb]
+    scale = _amax_to_scale(blocks.abs().amax(dim=(1, 3)).clamp_min_(AMAX_FLOOR))  # [nb, kb]
     if use_ue8m0:
         scale = ceil_to_ue8m0(scale)
     w_fp8 = _quantise_groups(blocks, scale.view(nb, 1, kb, 1)).view(nb * GROUP, kb * GROUP)[:n, :k].contiguous()
@@ -242,7 +252,7 @@ def per_channel_cast_to_fp8(
     if m % GROUP != 0:
         raise ValueError(f"x must have a multiple of {GROUP} rows for per-channel scales, got x.shape={tuple(x.shape)}")
     groups = x.float().reshape(m // GROUP, GROUP, n)
-    scale = groups.abs().amax(dim=1).clamp_min_(AMAX_FLOOR) / FP8_E4M3_MAX  # [m / 128, n]
+    scale = _amax_to_scale(groups.abs().amax(dim=1).clamp_min_(AMAX_FLOOR))  # [m / 128, n]
     if use_ue8m0:
         scale = ceil_to_ue8m0(scale)
     x_fp8 = _quantise_groups(groups, scale.unsqueeze(1)).reshape(m, n).contiguous()

@@ -1,9 +1,14 @@
 """Shared pytest setup: tests marked ``gpu`` are skipped, with the reason, without an sm_90 device.
 
 Use ``@pytest.mark.gpu`` (or ``from tests._gpu import requires_sm90``) on tests that need the device.
+``--dfg-test-timeout SECONDS``: a test running longer dumps every thread's stack and ends the process (a
+hung kernel cannot be interrupted from Python); bench/device_check.sh's smoke step uses it.
 """
 
 from __future__ import annotations
+
+import faulthandler
+import os
 
 import pytest
 
@@ -18,3 +23,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("gpu") is not None:
             item.add_marker(skip)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--dfg-test-timeout", type=float, default=0.0, metavar="SECONDS",
+                     help="dump the stacks and exit the process when one test runs longer (0: no limit)")
+
+
+_STDERR_FD: list[int] = []  # a copy of the real stderr: fd 2 is redirected while pytest captures a test's output
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("--dfg-test-timeout") > 0 and not _STDERR_FD:
+        _STDERR_FD.append(os.dup(2))  # capture is suspended during configure: this is the terminal / log
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem):
+    timeout = item.config.getoption("--dfg-test-timeout")
+    if timeout > 0:
+        faulthandler.dump_traceback_later(timeout, exit=True, file=_STDERR_FD[0] if _STDERR_FD else 2)
+    try:
+        yield
+    finally:
+        if timeout > 0:
+            faulthandler.cancel_dump_traceback_later()

@@ -5,8 +5,12 @@ writers (synthetic results), the pipeline on tiny CPU shapes, device_check.sh's 
 from __future__ import annotations
 
 import json
+import os
+import re
+import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -216,6 +220,38 @@ def test_device_check_dry_run(tmp_path):
     assert not out.exists()  # a dry run writes nothing
     full = _device_check(str(out), "--dry-run", "--full", "--no-install", "--budget", "900")
     assert full.returncode == 0 and "--quick" not in full.stdout and "skipped (--no-install)" in full.stdout
+
+
+def test_device_check_smoke_step_comes_first_under_the_watchdog(tmp_path):
+    """The smoke step runs before everything that can take long (precompile, the GPU suite, benchmarks), in the
+    watchdog build, with a per-test timeout, on tests that exist."""
+    result = _device_check(str(tmp_path / "dc"), "--dry-run")
+    assert result.returncode == 0, result.stderr
+    steps = [line.split()[0] for line in result.stdout.splitlines()[1:] if line.startswith("  ")]
+    assert steps.index("smoke") < min(steps.index(s) for s in steps if s in ("precompile", "gpu-tests")
+                                      or s.startswith("bench-"))
+    smoke = next(line for line in result.stdout.splitlines() if line.split()[:1] == ["smoke"])
+    limit = int(re.search(r"<=\s*(\d+)s", smoke).group(1))
+    assert limit <= 60
+    assert "DFG_WATCHDOG_SECONDS=" in smoke and "--dfg-test-timeout" in smoke and "-m gpu" in smoke
+    for test_id in re.findall(r"(tests/\S+\.py(?:::\w+)?)", smoke):
+        path, _, name = test_id.partition("::")
+        assert (REPO / path).exists() and (not name or f"def {name}(" in (REPO / path).read_text()), test_id
+    skipped = _device_check(str(tmp_path / "dc"), "--dry-run", "--skip", "smoke")
+    assert re.search(r"smoke\s+skipped \(--skip\)", skipped.stdout)
+
+
+def test_per_test_timeout_ends_a_hung_test(tmp_path):
+    """--dfg-test-timeout (tests/conftest.py): a test that does not return is named, its stack dumped, the run ended."""
+    (tmp_path / "test_hang.py").write_text("import time\n\ndef test_hangs():\n    time.sleep(60)\n")
+    shutil.copy(REPO / "tests" / "conftest.py", tmp_path / "conftest.py")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    start = time.monotonic()
+    run = subprocess.run([sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "--dfg-test-timeout", "2",
+                          str(tmp_path / "test_hang.py")], capture_output=True, text=True, env=env, timeout=120,
+                         cwd=tmp_path)
+    assert time.monotonic() - start < 50 and run.returncode != 0
+    assert "test_hang.py::test_hangs" in run.stdout and "Timeout" in run.stderr and "in test_hangs" in run.stderr
 
 
 @pytest.mark.parametrize("args, message", [

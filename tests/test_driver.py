@@ -38,6 +38,7 @@ class FakeDriver:
         self.ctx_stack: list[int] = []
         self.param_sizes = [384]  # cuKernelGetParamInfo sizes, one per parameter
         self.launches: list[dict] = []
+        self.tensor_map_out: list[int] = []  # output addresses of the tensor-map encodes
         self.attributes = {
             real_driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: 9,
             real_driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: 0,
@@ -113,10 +114,14 @@ class FakeDriver:
     def cuKernelSetAttribute(self, attrib, value, kernel, dev):
         return self._ret("cuKernelSetAttribute", attrib, value, int(kernel), int(dev))
 
-    def cuTensorMapEncodeTiled(self, *args):
-        tensor_map = real_driver.CUtensorMap()
-        tensor_map.opaque = [real_driver.cuuint64_t(0x0101010101010101 * (i + 1)) for i in range(16)]
-        return self._ret("cuTensorMapEncodeTiled", *args, values=(tensor_map,))
+    def c_encode_tiled(self, out, *args):
+        """Stands in for the ctypes ``cuTensorMapEncodeTiled`` (C signature; returns a CUresult int)."""
+        self.calls["cuTensorMapEncodeTiled"].append(args)
+        self.tensor_map_out.append(out)
+        if "cuTensorMapEncodeTiled" in self.fail:
+            return int(self.fail["cuTensorMapEncodeTiled"])
+        ctypes.memmove(out, struct.pack("<16Q", *(0x0101010101010101 * (i + 1) for i in range(16))), 128)
+        return 0
 
     def cuLaunchKernelEx(self, config, f, kernel_params, extra):
         # What the driver does: kernelParams is a void**; element 0 points at the parameter struct.
@@ -148,6 +153,7 @@ class FakeDriver:
 def fake(monkeypatch):
     fake = FakeDriver()
     monkeypatch.setattr(drv, "driver", fake)
+    monkeypatch.setattr(drv, "_c_encode_tiled", fake.c_encode_tiled)
     drv._reset_for_tests()
     yield fake
     drv._reset_for_tests()
@@ -235,24 +241,16 @@ def test_encode_tensor_map_passes_the_spec_exactly(fake, spec):
     (args,) = fake.calls["cuTensorMapEncodeTiled"]
     assert len(args) == 11
     dtype, rank, address, dims, strides, box, elem_strides, interleave, swizzle, l2, oob = args
+    (out,) = fake.tensor_map_out
+    assert out % 64 == 0, "the driver API requires a 64-byte-aligned tensorMap"
 
-    assert isinstance(dtype, real_driver.CUtensorMapDataType) and int(dtype) == int(spec.dtype)
-    assert dtype.name == f"CU_TENSOR_MAP_DATA_TYPE_{spec.dtype.name}"
-    assert rank == spec.rank and isinstance(rank, int)
-    assert address == spec.global_address and isinstance(address, int)
-    for values, expected, ctype in (
-        (dims, spec.global_dims, real_driver.cuuint64_t),
-        (strides, spec.global_strides, real_driver.cuuint64_t),
-        (box, spec.box_dims, real_driver.cuuint32_t),
-        (elem_strides, (1,) * spec.rank, real_driver.cuuint32_t),
-    ):
-        assert isinstance(values, list) and all(type(v) is ctype for v in values)
-        assert [int(v) for v in values] == list(expected)  # innermost first, as the spec
-    assert len(strides) == spec.rank - 1
-    assert interleave == real_driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE
-    assert isinstance(swizzle, real_driver.CUtensorMapSwizzle) and int(swizzle) == int(spec.swizzle)
-    assert isinstance(l2, real_driver.CUtensorMapL2promotion) and int(l2) == int(spec.l2_promotion)
-    assert isinstance(oob, real_driver.CUtensorMapFloatOOBfill) and int(oob) == int(spec.oob_fill)
+    assert dtype == int(spec.dtype) and rank == spec.rank and address == spec.global_address
+    assert list(dims) == list(spec.global_dims) and isinstance(dims, ctypes.Array)
+    assert list(strides)[: spec.rank - 1] == list(spec.global_strides)
+    assert list(box) == list(spec.box_dims) and list(elem_strides) == [1] * spec.rank
+    assert (dims._type_, strides._type_, box._type_) == (ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint32)
+    assert interleave == 0 and swizzle == int(spec.swizzle) and l2 == int(spec.l2_promotion)
+    assert oob == int(spec.oob_fill)
 
     # The 128 raw bytes of the CUtensorMap, in memory order.
     assert data == b"".join(struct.pack("<Q", 0x0101010101010101 * (i + 1)) for i in range(16))
@@ -514,6 +512,7 @@ def test_param_slot_is_aligned_and_grows():
 # is what gets checked. A child process: the binding loads libcuda once per process.
 _STUB_CHILD = r"""
 import ctypes, json, os, struct, sys
+from cuda.bindings import driver
 from deep_fp8_gemm.runtime import driver as drv
 from deep_fp8_gemm.runtime.tensor_map import TensorMapSpec, TmaDtype, TmaL2Promotion, TmaOobFill, TmaSwizzle
 
@@ -556,14 +555,21 @@ def tensor_map_args():
             g("g_tm_interleave", i32), g("g_tm_swizzle", i32), g("g_tm_l2", i32), g("g_tm_oob", i32)]
 out["tm_args"] = tensor_map_args()
 out["tm_calls"] = g("g_tm_calls", ctypes.c_int)
-out["ctypes_encoder"] = drv._use_ctypes_encoder
-# A driver that insists on a 64-byte-aligned tensorMap rejects the binding's (16-byte-aligned) output
-# object; the ctypes retry with an aligned buffer must then produce the same bytes.
+out["tm_out_align"] = g("g_tm_out", ctypes.c_uint64) % 64
+# The binding's own call, as a reference: same arguments and bytes (its output object is not 64-byte aligned).
+u64, u32 = driver.cuuint64_t, driver.cuuint32_t
+err, binding_map = driver.cuTensorMapEncodeTiled(
+    driver.CUtensorMapDataType(9), 3, spec.global_address, [u64(v) for v in spec.global_dims],
+    [u64(v) for v in spec.global_strides], [u32(v) for v in spec.box_dims], [u32(1)] * 3,
+    driver.CUtensorMapInterleave(0), driver.CUtensorMapSwizzle(3), driver.CUtensorMapL2promotion(3),
+    driver.CUtensorMapFloatOOBfill(1))
+out["binding_bytes_ok"] = int(err) == 0 and ctypes.string_at(binding_map.getPtr(), 128) == data
+out["binding_tm_args"] = tensor_map_args()
+# A driver that insists on a 64-byte-aligned tensorMap accepts our call at once.
 os.environ["STUB_CUDA_STRICT_ALIGN"] = "1"
 out["strict_bytes_ok"] = drv.encode_tensor_map(spec) == data
 out["strict_tm_calls"] = g("g_tm_calls", ctypes.c_int)
 out["strict_out_align"] = g("g_tm_out", ctypes.c_uint64) % 64
-out["strict_ctypes_encoder"] = drv._use_ctypes_encoder
 out["strict_tm_args"] = tensor_map_args()
 out["props"] = drv.device_properties(0)
 print(json.dumps(out))
@@ -594,10 +600,11 @@ def test_real_binding_marshals_our_calls(tmp_path):
     assert got["props"]["num_sms"] == 132 and got["props"]["name"] == "Stub H200"
     tm_args = [9, 3, 0x7F0000001000, [7168, 4096, 2], [14336, 14336 * 4096], [64, 32, 1], [1, 1, 1], 0, 3, 3, 1]
     assert got["tm_bytes_ok"] and got["tm_args"] == tm_args
-    assert got["tm_calls"] == 1 and got["ctypes_encoder"] is False
-    # strict driver: binding call rejected, ctypes call into an aligned buffer accepted, same arguments
+    assert got["tm_calls"] == 1 and got["tm_out_align"] == 0  # always the aligned buffer
+    assert got["binding_bytes_ok"] and got["binding_tm_args"] == tm_args  # the binding's call agrees
+    # strict driver (rejects an unaligned tensorMap): one call, accepted, same arguments and bytes
     assert got["strict_bytes_ok"] and got["strict_tm_args"] == tm_args
-    assert got["strict_tm_calls"] == 3 and got["strict_out_align"] == 0 and got["strict_ctypes_encoder"] is True
+    assert got["strict_tm_calls"] == 3 and got["strict_out_align"] == 0
 
 
 def test_rejected_cubin_names_driver_and_compiler_versions(fake):

@@ -144,12 +144,12 @@ def test_scale_kernel_output_matches_torch(compiled, device):
     assert kernel.param_size == ctypes.sizeof(ScaleParams), "cuKernelGetParamInfo disagrees with the mirror"
     assert _load(compiled, "dfg_test_scale", device) is kernel
 
-    n = 1000
+    n = SCALE_N
     a = torch.randn(n, device=device)
     out = torch.full((n,), float("nan"), device=device)
     params = ScaleParams(a=a.data_ptr(), out=out.data_ptr(), n=n)
     # 100 KB of dynamic shared memory (unused by the kernel) exercises the opt-in attribute (> 48 KiB).
-    drv.launch(kernel, params, grid=(n + 127) // 128, block=128, smem_bytes=100_000, stream=_stream(device))
+    drv.launch(kernel, params, grid=(n + 127) // 128, block=128, smem_bytes=SCALE_SMEM_BYTES, stream=_stream(device))
     expected = a * 2 + (torch.arange(n, device=device) // 128).float()
     torch.testing.assert_close(out, expected, rtol=0, atol=0)
 
@@ -187,32 +187,67 @@ def _unswizzle_offsets(rows: int, row_bytes: int, swizzle: TmaSwizzle) -> torch.
     return offset ^ (((offset >> 7) & mask) << 4)
 
 
+# (torch dtype, TMA dtype, swizzle, box rows). The box is one swizzle span wide (128 bytes without swizzle),
+# except (bf16, B32), which is the epilogue's D box exactly: 16 columns x the rows one math warpgroup stores
+# (kernels/gemm.py tensor_map_args: (16, wg_rows, 1), wg_rows 64 or 128; tests/test_gpu_cases.py checks it).
 TMA_CASES = [
-    (torch.uint8, TmaDtype.UINT8, TmaSwizzle.B128),
-    (torch.bfloat16, TmaDtype.BFLOAT16, TmaSwizzle.B128),
-    (torch.bfloat16, TmaDtype.BFLOAT16, TmaSwizzle.B64),
-    (torch.uint8, TmaDtype.UINT8, TmaSwizzle.NONE),
+    (torch.uint8, TmaDtype.UINT8, TmaSwizzle.B128, 64),
+    (torch.bfloat16, TmaDtype.BFLOAT16, TmaSwizzle.B128, 64),
+    (torch.bfloat16, TmaDtype.BFLOAT16, TmaSwizzle.B64, 64),
+    (torch.bfloat16, TmaDtype.BFLOAT16, TmaSwizzle.B32, 128),
+    (torch.bfloat16, TmaDtype.BFLOAT16, TmaSwizzle.B32, 64),
+    (torch.uint8, TmaDtype.UINT8, TmaSwizzle.NONE, 64),
+    (torch.float32, TmaDtype.FLOAT32, TmaSwizzle.NONE, 64),  # the sA maps' dtype
 ]
+# Launches of the other kernels: scale.cu (grid, block, dynamic smem), cluster_rank.cu (grid, cluster sizes).
+SCALE_N, SCALE_SMEM_BYTES = 1000, 100_000
+CLUSTER_GRID, CLUSTER_SIZES = 8, [1, 2]
+GPU_CASE_TABLES = (TMA_CASES, CLUSTER_SIZES)
+
+
+class TmaGeometry:
+    """The tensor, boxes and launch of one TMA round-trip case (shared with tests/test_gpu_cases.py).
+
+    A [3, 100, 200-byte] tensor inside rows padded to 208 bytes: dimensions 0 and 1 both end mid-box.
+    """
+
+    d0_bytes, pitch, d1, d2 = 200, 208, 100, 3
+
+    def __init__(self, torch_dtype, tma_dtype, swizzle, box_rows):
+        self.torch_dtype, self.tma_dtype, self.swizzle = torch_dtype, tma_dtype, swizzle
+        esize = torch.empty(0, dtype=torch_dtype).element_size()
+        self.row_bytes = swizzle.span_bytes or 128  # one swizzle row per box row
+        self.box = (self.row_bytes // esize, box_rows, 1)  # innermost first
+        self.dims = (self.d0_bytes // esize, self.d1, self.d2)
+        self.strides = (self.pitch, self.pitch * self.d1)
+        self.boxes = (-(-self.dims[0] // self.box[0]), -(-self.d1 // self.box[1]), self.d2)
+        self.num_blocks = self.boxes[0] * self.boxes[1] * self.boxes[2]
+
+    def spec(self, address: int) -> TensorMapSpec:
+        return TensorMapSpec(self.tma_dtype, address, self.dims, self.strides, self.box, self.swizzle)
+
+    @property
+    def box_bytes(self) -> int:
+        return self.spec(0).box_bytes
+
+    @property
+    def smem_bytes(self) -> int:
+        return -(-self.box_bytes // 1024) * 1024 + 1024  # box, then the mbarrier on its own 1 KiB
 
 
 @gpu_test
-@pytest.mark.parametrize("torch_dtype, tma_dtype, swizzle", TMA_CASES, ids=lambda v: getattr(v, "name", str(v)))
-def test_tma_round_trip(compiled, device, torch_dtype, tma_dtype, swizzle):
+@pytest.mark.parametrize("torch_dtype, tma_dtype, swizzle, box_rows", TMA_CASES,
+                         ids=lambda v: getattr(v, "name", str(v)))
+def test_tma_round_trip(compiled, device, torch_dtype, tma_dtype, swizzle, box_rows):
     kernel = _load(compiled, "dfg_test_tma_roundtrip", device)
-    esize = torch.empty(0, dtype=torch_dtype).element_size()
-    row_bytes = swizzle.span_bytes or 128  # one swizzle row per box row
-    box = (row_bytes // esize, 64, 1)  # innermost first
-    # A [3, 100, 200-byte] tensor inside rows padded to 208 bytes: dimension 0 and 1 both end mid-box.
-    d0_bytes, pitch, d1, d2 = 200, 208, 100, 3
-    dims = (d0_bytes // esize, d1, d2)
-    strides = (pitch, pitch * d1)
+    geo = TmaGeometry(torch_dtype, tma_dtype, swizzle, box_rows)
+    box, boxes, num_blocks, row_bytes = geo.box, geo.boxes, geo.num_blocks, geo.row_bytes
+    d0_bytes, pitch, d1, d2 = geo.d0_bytes, geo.pitch, geo.d1, geo.d2
     src = torch.randint(1, 256, (d2, d1, pitch), dtype=torch.uint8, device=device)  # no zero bytes
     dst = torch.full_like(src, 0xAB)
-    boxes = (-(-dims[0] // box[0]), -(-d1 // box[1]), d2)
-    num_blocks = boxes[0] * boxes[1] * boxes[2]
 
     def spec(tensor: torch.Tensor) -> TensorMapSpec:
-        return TensorMapSpec(tma_dtype, tensor.data_ptr(), dims, strides, box, swizzle)
+        return geo.spec(tensor.data_ptr())
 
     load_spec, store_spec = spec(src.view(torch_dtype)), spec(dst.view(torch_dtype))
     box_bytes = load_spec.box_bytes
@@ -226,8 +261,7 @@ def test_tma_round_trip(compiled, device, torch_dtype, tma_dtype, swizzle):
     )
     ctypes.memmove(params.load_map, load_map, 128)
     ctypes.memmove(params.store_map, drv.encode_tensor_map(store_spec), 128)
-    smem_bytes = -(-box_bytes // 1024) * 1024 + 1024  # box, then the mbarrier on its own 1 KiB
-    drv.launch(kernel, params, grid=num_blocks, block=128, smem_bytes=smem_bytes, stream=_stream(device))
+    drv.launch(kernel, params, grid=num_blocks, block=128, smem_bytes=geo.smem_bytes, stream=_stream(device))
     torch.cuda.synchronize(device)
 
     # 1. load -> store reproduces the tensor; the row padding (outside the tensor map) is never written.
@@ -250,24 +284,33 @@ def test_tma_round_trip(compiled, device, torch_dtype, tma_dtype, swizzle):
 
 
 @gpu_test
-def test_binding_and_ctypes_tensor_map_encodings_agree(device):
-    # The binding encodes into a CUtensorMap object that is not 64-byte aligned; the fallback path encodes
-    # into an aligned buffer through ctypes. Both must give the same bytes on this driver.
+def test_binding_and_aligned_tensor_map_encodings_agree(device):
+    # encode_tensor_map always encodes into a 64-byte-aligned buffer (the driver API's requirement); the
+    # binding's own call writes into a CUtensorMap object that is only 16-byte aligned. Same bytes expected.
+    from cuda.bindings import driver
+
     t = torch.empty((4, 256, 512), dtype=torch.bfloat16, device=device)
     spec = TensorMapSpec(TmaDtype.BFLOAT16, t.data_ptr(), (512, 256, 4), (1024, 1024 * 256), (64, 32, 1),
                          TmaSwizzle.B128)
-    via_default = drv.encode_tensor_map(spec)
-    assert drv._encode_with_ctypes(spec) == via_default, (
-        f"binding and ctypes encodings differ (ctypes fallback active: {drv._use_ctypes_encoder})"
+    u64, u32 = driver.cuuint64_t, driver.cuuint32_t
+    err, binding_map = driver.cuTensorMapEncodeTiled(
+        driver.CUtensorMapDataType(int(spec.dtype)), spec.rank, spec.global_address,
+        [u64(v) for v in spec.global_dims], [u64(v) for v in spec.global_strides], [u32(v) for v in spec.box_dims],
+        [u32(1)] * spec.rank, driver.CUtensorMapInterleave(0), driver.CUtensorMapSwizzle(int(spec.swizzle)),
+        driver.CUtensorMapL2promotion(int(spec.l2_promotion)), driver.CUtensorMapFloatOOBfill(int(spec.oob_fill)))
+    if int(err) != 0:
+        pytest.skip(f"this driver rejects the binding's unaligned output object ({err}); nothing to compare")
+    assert drv.encode_tensor_map(spec) == ctypes.string_at(binding_map.getPtr(), 128), (
+        "binding and aligned-buffer encodings differ"
     )
 
 
 # ---------------------------------------------------------------------------------------- (c) clusters
 @gpu_test
-@pytest.mark.parametrize("cluster", [1, 2])
+@pytest.mark.parametrize("cluster", CLUSTER_SIZES)
 def test_cluster_launch(compiled, device, cluster):
     kernel = _load(compiled, "dfg_test_cluster_rank", device)
-    grid = 8
+    grid = CLUSTER_GRID
     out = torch.full((2 * grid,), 0xFFFF, dtype=torch.int32, device=device)
     drv.launch(kernel, ClusterParams(out=out.data_ptr()), grid=grid, block=128, cluster=cluster, smem_bytes=0,
                stream=_stream(device))

@@ -76,10 +76,10 @@ def test_scheduler_visits_each_group_block_once(tmp_path_factory, block_m, clust
             for nb in range(shape_n // block_n):
                 if groups:
                     expected[(mb, nb)] = next(iter(groups))
-        got = collections.Counter((mb, nb) for _, _, mb, nb, _ in tiles)
+        got = collections.Counter((mb, nb) for _, _, mb, nb, _, _ in tiles)
         assert set(got) == set(expected), f"{ends}: scheduled blocks differ from the blocks holding group rows"
         assert all(c == 1 for c in got.values()), f"{ends}: a block was scheduled twice"
-        for _, _, mb, nb, g in tiles:
+        for _, _, mb, nb, g, _ in tiles:
             assert g == expected[(mb, nb)], f"{ends}: block {mb} mapped to group {g}, expected {expected[(mb, nb)]}"
 
 

@@ -8,6 +8,8 @@ import torch
 from tests._hypothesis import given, settings, st  # stand-ins (skips) without hypothesis
 
 import deep_fp8_gemm as dfg
+from deep_fp8_gemm import quant
+from torch.utils._python_dispatch import TorchDispatchMode
 
 E4M3_MAX = 448.0
 E4M3_MIN_NORMAL_EXP = -6  # smallest normal: 2**-6
@@ -113,6 +115,58 @@ def test_non_contiguous_input_and_empty_rows():
     assert q.shape == (0, 256) and s.shape == (0, 2)
 
 
+class _RecordDivisions(TorchDispatchMode):
+    """Records (dividend, divisor) of every aten division the wrapped code dispatches."""
+
+    def __init__(self):
+        super().__init__()
+        self.divisions: list[tuple[object, object]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket in (torch.ops.aten.div, torch.ops.aten.div_, torch.ops.aten.true_divide,
+                                   torch.ops.aten.reciprocal, torch.ops.aten.reciprocal_):
+            self.divisions.append((args[0], args[1] if len(args) > 1 else None))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize(
+    "fn, rows",
+    [(quant.per_token_cast_to_fp8_torch, 130), (quant.per_block_cast_to_fp8_torch, 130),
+     (quant.per_channel_cast_to_fp8, 256)],  # per-channel scales need whole 128-row groups
+    ids=["per_token", "per_block", "per_channel"],
+)
+def test_torch_path_divides_by_tensors_only(fn, rows):
+    """Pins the torch path's arithmetic to what the fused kernels do on CUDA (IEEE division).
+
+    A Python-scalar (or 0-dim / CPU-scalar) divisor is a true division on the CPU but ``x * (1/d)`` in
+    ATen's CUDA kernel (BinaryDivTrueKernel.cu), which moves about half of all scales by 1 ulp; the CPU
+    values cannot show it, so the operands are checked: every division divides a tensor by a tensor of
+    the same device and rank, and nothing takes a reciprocal.
+    """
+    x = torch.randn(rows, 300)
+    with _RecordDivisions() as rec:
+        fn(x)
+    assert len(rec.divisions) == 2, f"expected the scale and the value divisions, got {len(rec.divisions)}"
+    for dividend, divisor in rec.divisions:
+        assert isinstance(divisor, torch.Tensor), f"division by the Python scalar {divisor!r}"
+        assert divisor.device == dividend.device and divisor.dim() == dividend.dim() > 0, (
+            f"divisor {tuple(divisor.shape)} on {divisor.device} for dividend {tuple(dividend.shape)}: "
+            "a 0-dim or other-device divisor is a CPU scalar to ATen's CUDA division (reciprocal multiply)"
+        )
+
+
+def test_scales_are_true_division_not_reciprocal_multiply():
+    """The scales are float32(amax / 448) correctly rounded; x * float32(1/448), the CUDA CPU-scalar path,
+    differs in a large fraction of cases, so this comparison detects that arithmetic wherever it runs."""
+    x = torch.randn(4096, 128) * torch.rand(4096, 1) * 1000
+    _, s = quant.per_token_cast_to_fp8_torch(x)
+    amax = x.abs().amax(dim=-1, keepdim=True).clamp_min(1e-4)
+    true_div = (amax.double() / 448.0).float()  # float64 then float32: correctly rounded float32 division
+    reciprocal = amax * torch.tensor(1 / 448.0, dtype=torch.float32)
+    assert torch.equal(s, true_div)
+    assert (reciprocal != true_div).float().mean() > 0.1, "the reference no longer tells the two apart"
+
+
 @settings(deadline=None, max_examples=30)
 @given(
     m=st.integers(0, 300),
@@ -128,8 +182,12 @@ def test_property_any_shape_matches_model(m, k, dtype, per_token, seed, log_scal
     check_against_model(x, per_token)
 
 
+GPU_SHAPES = [(1, 128), (300, 7168), (129, 200)]  # bf16 inputs; tests/test_gpu_cases.py checks them on the CPU
+GPU_CASE_TABLES = (GPU_SHAPES,)
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("shape", [(1, 128), (300, 7168), (129, 200)])
+@pytest.mark.parametrize("shape", GPU_SHAPES)
 def test_cuda_quantisers_match_cpu_bits(shape):
     """On sm_90 the ops dispatch to the fused kernels, which must give the CPU definition's bits."""
     x = torch.randn(shape, dtype=torch.bfloat16)

@@ -323,10 +323,29 @@ def test_argument_errors():
 
 
 # ---------------------------------------------------------------------------------------------- GPU
+# Every input the GPU tests quantise, as (m, k, dtype); tests/test_gpu_cases.py runs the host path of each on
+# the CPU (checks, kernel config, grid) with a launcher that only validates the launch.
+GPU_BIT_EXACT_SHAPES = [(1, 7168), (128, 7168), (4096, 2048), (33, 200), (5, 48), (3, 7)]
+GPU_PUBLIC_SHAPE = (256, 7168)
+GPU_GRAPH_SHAPE = (64, 1024)  # silu_mul input [m, 2I]
+GPU_CASE_TABLES = (_DTYPES, GPU_BIT_EXACT_SHAPES)
+
+
+def gpu_quant_inputs() -> list[tuple[str, tuple[int, ...], torch.dtype]]:
+    """(function, input shape, dtype) of every fused-kernel call of the GPU tests below."""
+    calls = []
+    for dtype in _DTYPES:
+        for m, k in GPU_BIT_EXACT_SHAPES:
+            calls += [("per_token", (m, k), dtype), ("per_block", (m, k), dtype), ("silu_mul", (m, 2 * k), dtype)]
+    calls += [("per_token", GPU_PUBLIC_SHAPE, torch.bfloat16), ("per_block", GPU_PUBLIC_SHAPE, torch.bfloat16),
+              ("silu_mul", GPU_GRAPH_SHAPE, torch.bfloat16)]
+    return calls
+
+
 @requires_sm90
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", _DTYPES)
-@pytest.mark.parametrize("m,k", ((1, 7168), (128, 7168), (4096, 2048), (33, 200), (5, 48), (3, 7)))
+@pytest.mark.parametrize("m,k", GPU_BIT_EXACT_SHAPES)
 def test_gpu_kernels_bit_exact(dtype, m, k):
     x = _activations(m, k, dtype, seed=k).cuda()
     _assert_same(kq.per_token_cast_to_fp8_cuda(x), per_token_cast_to_fp8_torch(x))
@@ -341,7 +360,7 @@ def test_gpu_kernels_bit_exact(dtype, m, k):
 def test_gpu_public_quantisers_use_the_fused_kernels():
     import deep_fp8_gemm
 
-    x = torch.randn(256, 7168, dtype=torch.bfloat16, device="cuda")
+    x = torch.randn(*GPU_PUBLIC_SHAPE, dtype=torch.bfloat16, device="cuda")
     q, s = deep_fp8_gemm.per_token_cast_to_fp8(x)
     assert s.stride() == (1, 256)
     _assert_same((q, s), per_token_cast_to_fp8_torch(x))
@@ -351,7 +370,7 @@ def test_gpu_public_quantisers_use_the_fused_kernels():
 @requires_sm90
 @pytest.mark.gpu
 def test_gpu_cuda_graph_capture():
-    x = torch.randn(64, 1024, dtype=torch.bfloat16, device="cuda")
+    x = torch.randn(*GPU_GRAPH_SHAPE, dtype=torch.bfloat16, device="cuda")
     kq.silu_mul_quant_cuda(x)  # compile + load outside the capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

@@ -3,7 +3,8 @@
 The probe (tests/cpp/scheduler_probe.cpp) compiles include/deep_fp8_gemm/scheduler.cuh and scales.cuh
 with g++ — the exact code the GPU runs — and prints every (CTA, iteration) -> tile. The checks here
 are written from the contract, not from the C++: every valid output tile exactly once per launch, the
-two CTAs of a cluster always paired on the operand they multicast, padding-only blocks never
+two CTAs of a cluster always paired on the operand they multicast (or, in the tail of an odd m-block
+count with B multicast, on two n-blocks of the last m-block, unicast), padding-only blocks never
 scheduled, the right sB block for every 8-column group.
 """
 
@@ -41,7 +42,7 @@ def _run(exe: Path, rows: int, grid: int, layout: list[int]):
     tiles, scales = [], {}
     for line in out.splitlines():
         parts = line.split()
-        if parts[0] == "tile":
+        if parts[0] == "tile":  # (cta, iter, m_block, n_block, group, multicast)
             tiles.append(tuple(map(int, parts[1:])))
         else:
             scales[int(parts[1])] = list(map(int, parts[2:]))
@@ -57,22 +58,27 @@ def _ceil_div(a, b):
     return (a + b - 1) // b
 
 
-def _check_cluster_pairs(tiles, grid, cluster_m, cluster_n):
+def _check_cluster_pairs(tiles, grid, cluster_m, cluster_n, num_m_blocks=None):
     per_cta = collections.defaultdict(list)
-    for cta, it, mb, nb, g in tiles:
-        per_cta[cta].append((it, mb, nb, g))
+    for cta, it, mb, nb, g, mc in tiles:
+        per_cta[cta].append((it, mb, nb, g, mc))
     size = cluster_m * cluster_n
     if size == 1:
+        assert all(not mc for *_, mc in tiles), "a CTA without a cluster multicasts"
         return
     for c in range(grid // size):
         r0, r1 = per_cta[2 * c], per_cta[2 * c + 1]
+        # Equal counts: every math warp arrives on both CTAs' empty barriers, so both must walk the same stage uses.
         assert len(r0) == len(r1), f"cluster {c}: CTAs take different tile counts {len(r0)} vs {len(r1)}"
-        for (i0, m0, n0, g0), (i1, m1, n1, g1) in zip(r0, r1):
-            assert g0 == g1
+        for (i0, m0, n0, g0, mc0), (i1, m1, n1, g1, mc1) in zip(r0, r1):
+            assert g0 == g1 and mc0 == mc1
             if cluster_n == 2:  # A multicast: same m-block, n-blocks 2j and 2j+1
-                assert m0 == m1 and n0 % 2 == 0 and n1 == n0 + 1, (c, i0, m0, n0, m1, n1)
-            else:  # B multicast: same n-block, m-blocks 2i and 2i+1
+                assert mc0 and m0 == m1 and n0 % 2 == 0 and n1 == n0 + 1, (c, i0, m0, n0, m1, n1)
+            elif mc0:  # B multicast: same n-block, m-blocks 2i and 2i+1
                 assert n0 == n1 and m0 % 2 == 0 and m1 == m0 + 1, (c, i0, m0, n0, m1, n1)
+            else:  # the tail of an odd m-block count: last m-block, n-blocks 2j and 2j+1, no multicast
+                assert num_m_blocks % 2 == 1 and m0 == m1 == num_m_blocks - 1, (c, i0, m0, m1, num_m_blocks)
+                assert n0 % 2 == 0 and n1 == n0 + 1, (c, i0, n0, n1)
 
 
 def _check_scales(scales, shape_n, block_n):
@@ -99,21 +105,27 @@ def test_dense_every_tile_once(probe_dir, shape_n, block_m, block_n, cluster_m, 
     rng = random.Random(shape_n * 7 + block_n)
     num_n_blocks = _ceil_div(shape_n, block_n)
     size = cluster_m * cluster_n
-    for _ in range(6):
-        m = rng.choice([1, 7, 63, 64, 65, 129, 1000, rng.randint(1, 3000)])
+    # 1 and 3 * block_m - 5: one and three m-blocks (odd: the 2-CTA tail when B is multicast)
+    for m in [1, 3 * block_m - 5] + [rng.choice([1, 7, 63, 64, 65, 129, 1000, rng.randint(1, 3000)]) for _ in range(4)]:
         grid = size * rng.randint(1, 8)
         tiles, scales = _run(exe, m, grid, [0])
         num_m_blocks = _ceil_div(m, block_m)
-        counts = collections.Counter((mb, nb) for _, _, mb, nb, _ in tiles)
+        counts = collections.Counter((mb, nb) for _, _, mb, nb, _, _ in tiles)
         valid = {(mb, nb) for mb in range(num_m_blocks) for nb in range(num_n_blocks)}
         assert {t for t in counts if t in valid} == valid, "a valid tile was never scheduled"
         assert all(c == 1 for c in counts.values()), "a tile was scheduled twice"
         phantoms = set(counts) - valid
-        if cluster_m == 2 and num_m_blocks % 2:
-            assert phantoms == {(num_m_blocks, nb) for nb in range(num_n_blocks)}
+        if cluster_m == 2 and num_m_blocks % 2 and num_n_blocks % 2:
+            # the only phantom: the second CTA of the last tail tile (no partner n-block), never a whole row
+            assert phantoms == {(num_m_blocks - 1, num_n_blocks)}, sorted(phantoms)[:5]
         else:
             assert not phantoms, f"unexpected tiles {sorted(phantoms)[:5]}"
-        _check_cluster_pairs(tiles, grid, cluster_m, cluster_n)
+        tail = [t for t in tiles if t[2] == num_m_blocks - 1]
+        if cluster_m == 2 and num_m_blocks % 2:
+            assert tail and not any(mc for *_, mc in tail), "the tail of an odd m-block count is multicast"
+            expected_tiles = (num_m_blocks // 2 * num_n_blocks + (num_n_blocks + 1) // 2) * 2
+            assert len(tiles) == expected_tiles, f"{len(tiles)} CTA tiles, expected {expected_tiles}"
+        _check_cluster_pairs(tiles, grid, cluster_m, cluster_n, num_m_blocks)
         _check_scales(scales, shape_n, block_n)
 
 
@@ -147,10 +159,10 @@ def test_contiguous_skips_padding_blocks(probe_dir, block_m, cluster_n):
                 for nb in range(shape_n // block_n):
                     expected[(mb, nb)] = experts.pop() if len(experts) == 1 else None
                     experts = {e for e in rows if e >= 0}
-        got = collections.Counter((mb, nb) for _, _, mb, nb, _ in tiles)
+        got = collections.Counter((mb, nb) for _, _, mb, nb, _, _ in tiles)
         assert set(got) == set(expected), "scheduled blocks differ from the blocks holding valid rows"
         assert all(c == 1 for c in got.values())
-        for _, _, mb, nb, g in tiles:
+        for _, _, mb, nb, g, _ in tiles:
             assert g == expected[(mb, nb)], f"block {mb} mapped to expert {g}, expected {expected[(mb, nb)]}"
         _check_cluster_pairs(tiles, grid, 1, cluster_n)
 
@@ -168,6 +180,6 @@ def test_masked_groups(probe_dir, block_m, block_n, cluster_n):
         tiles, _ = _run(exe, m_max, grid, masked)
         expected = {(g, mb, nb) for g, mm in enumerate(masked)
                     for mb in range(_ceil_div(min(mm, m_max), block_m)) for nb in range(num_n_blocks)}
-        got = collections.Counter((g, mb, nb) for _, _, mb, nb, g in tiles)
+        got = collections.Counter((g, mb, nb) for _, _, mb, nb, g, _ in tiles)
         assert set(got) == expected and all(c == 1 for c in got.values()), masked
         _check_cluster_pairs(tiles, grid, 1, cluster_n)

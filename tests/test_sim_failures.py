@@ -32,7 +32,7 @@ TILE = torch.zeros((64, 128), dtype=torch.uint8)  # e4m3 zeros; alive for the wh
 # mode -> regular expression the report must match
 CASES = {
     0: r"deadlock: no thread can make progress\n"
-    r"  cta 0 threads 0-127 \(warps 0-3\): mbar_wait\(bar@smem\+0, parity 0\) - barrier in phase 0 \(parity 0\), "
+    r"  cta 0 threads 0-127 \(warps 0-3\): mbar_wait\(mbarrier\[0\] @smem\+0, parity 0\) - barrier in phase 0 \(parity 0\), "
     r"1 of 2 arrivals pending, tx-count 0",
     1: r"cta 0 thread 0 .*TMA write into a stage still read by wgmma: box \[0x400, 0x2400\) of cta 0 overlaps "
     r"operand A .* of a wgmma of warpgroup 0 \(group 0, not yet waited\)",

@@ -1,7 +1,7 @@
 """The real GEMM kernels, executed by the CPU simulator, against the reference (calc_diff < 1e-3).
 
 Every case forces a config so that each code path runs: BLOCK_M 64 / 128 / 256 (one or two math
-warpgroups, one or two m64 waves), multicast of A and of B (2-CTA clusters, including a phantom m-block),
+warpgroups, one or two m64 waves), multicast of A and of B (2-CTA clusters, including the unicast tail of an odd m-block count),
 BLOCK_N that straddles 128-column scale blocks, m not a multiple of BLOCK_M, n not a multiple of
 BLOCK_N, a K tail, the contiguous layout with padding rows and empty experts, the masked layout with
 masked_m of 0 / partial / full. Outputs are NaN-poisoned first so unwritten elements show.
@@ -58,7 +58,10 @@ DENSE_CASES = {
     "bn112_straddles_scale_blocks": (64, 336, 256, 64, 112, (1, 1), 3, 3),
     "bn144_straddles_n_tail": (65, 296, 128, 64, 144, (1, 1), 2, 2),
     "multicast_a": (128, 256, 256, 64, 64, (1, 2), 3, 4),
-    "multicast_b_phantom_block": (150, 160, 256, 64, 32, (2, 1), 3, 2),
+    # Odd m-block counts (3): the last m-block row is the tail, loaded without multicast, two n-blocks per
+    # cluster tile; with an odd n-block count (5) the last tail tile's second CTA has a phantom n-block.
+    "multicast_b_odd_m_blocks_odd_n_blocks": (150, 160, 256, 64, 32, (2, 1), 3, 2),
+    "multicast_b_odd_m_blocks_even_n_blocks": (130, 128, 384, 64, 32, (2, 1), 2, 4),
     "k_tail": (64, 128, 208, 64, 128, (1, 1), 2, 1),
 }
 

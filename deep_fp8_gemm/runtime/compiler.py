@@ -107,6 +107,13 @@ def nvrtc_options(arch: str = DEFAULT_ARCH, options: Sequence[str] = ()) -> list
     return [f"-I{include_dir()}" if o == _INCLUDE_TOKEN else o for o in base] + list(options)
 
 
+def watchdog_options() -> tuple[str, ...]:
+    """``("-DDFG_WATCHDOG_NS=<ns>ull",)`` when ``DFG_WATCHDOG_SECONDS`` is set (the watchdog build of
+    include/deep_fp8_gemm/hal/ptx.cuh), else ``()`` (the plain build: no watchdog code at all)."""
+    ns = env.watchdog_ns()
+    return (f"-DDFG_WATCHDOG_NS={ns}ull",) if ns else ()
+
+
 def _key_options(arch: str, options: Sequence[str]) -> list[str]:
     # The include path differs between installations but not the binary (the headers' content is in
     # the key), so the key sees a fixed token instead: entries stay valid across venvs.
@@ -178,8 +185,11 @@ def compile_kernel(
 
     Raises:
         CompileError: NVRTC failed; the message carries its log and the saved source path.
+
+    With ``DFG_WATCHDOG_SECONDS`` set, :func:`watchdog_options` are appended: a different binary, so a
+    different key in both caches.
     """
-    options = tuple(options)
+    options = tuple(options) + watchdog_options()
     memory_key = (name, source, arch, options, cache.headers_digest())
     hit = cache.memory_get(memory_key)
     if hit is not None:

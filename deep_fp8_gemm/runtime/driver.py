@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import collections
 import ctypes
-import functools
 import hashlib
 import threading
 from typing import Any
@@ -353,15 +352,7 @@ def load_kernel(cubin: bytes, name: str, device: int, *, key: str | None = None)
 
 
 # ---------------------------------------------------------------------------------------- tensor maps
-_CUDA_ERROR_INVALID_VALUE = 1
-_use_ctypes_encoder = False  # set once the driver rejected the binding's (unaligned) output object
 _c_encode_tiled = None  # ctypes function for cuTensorMapEncodeTiled, made on first use
-
-
-@functools.lru_cache(maxsize=None)
-def _enum(cls: type, value: int) -> Any:
-    """``cls(value)`` for a driver enum, memoised (constructing a binding enum costs ~0.35 us)."""
-    return cls(int(value))
 
 
 def encode_tensor_map(spec: TensorMapSpec) -> bytes:
@@ -370,51 +361,18 @@ def encode_tensor_map(spec: TensorMapSpec) -> bytes:
     Interleave is NONE and element strides are all 1. The bytes go, unchanged, into a 64-byte-aligned
     ``dfg::TensorMap`` of a kernel's parameter struct.
 
-    The binding's ``CUtensorMap`` output object is not 64-byte aligned (CPython allocates it 16-byte
-    aligned), although the driver API asks for a 64-byte-aligned ``tensorMap``. Drivers accept it in
-    practice; should one reject it (``CUDA_ERROR_INVALID_VALUE``), the call is repeated through ctypes
-    into an aligned buffer, and that path is kept for the rest of the process.
+    The driver API requires the output ``tensorMap`` to be 64-byte aligned. The binding's own
+    ``cuTensorMapEncodeTiled`` writes into a ``CUtensorMap`` object that CPython allocates 16-byte
+    aligned, so the call always goes through ctypes into a 128-byte-aligned per-thread buffer
+    (tests/test_gpu_jit.py checks on the GPU that the bytes equal the binding's).
 
     Raises:
         ValueError: ``spec.validate()`` rejects the spec.
         CudaDriverError: the driver rejects it.
     """
-    global _use_ctypes_encoder
+    global _c_encode_tiled
     spec.validate()
     ensure_initialized()
-    if _use_ctypes_encoder:
-        return _encode_with_ctypes(spec)
-    u64, u32 = driver.cuuint64_t, driver.cuuint32_t
-    result = driver.cuTensorMapEncodeTiled(
-        _enum(driver.CUtensorMapDataType, spec.dtype),
-        spec.rank,
-        spec.global_address,
-        list(map(u64, spec.global_dims)),
-        list(map(u64, spec.global_strides)),
-        list(map(u32, spec.box_dims)),
-        [u32(1)] * spec.rank,
-        driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-        _enum(driver.CUtensorMapSwizzle, spec.swizzle),
-        _enum(driver.CUtensorMapL2promotion, spec.l2_promotion),
-        _enum(driver.CUtensorMapFloatOOBfill, spec.oob_fill),
-    )
-    if result[0] != 0:  # the message is formatted only on failure: the spec's repr costs more than the call
-        if int(result[0]) == _CUDA_ERROR_INVALID_VALUE:
-            try:
-                data = _encode_with_ctypes(spec)
-            except Exception:  # rejected there too (or no ctypes route): report the binding's error
-                pass
-            else:
-                _use_ctypes_encoder = True
-                return data
-        _raise(result[0], f"cuTensorMapEncodeTiled({spec})")
-    # getPtr() is the address of the binding's CUtensorMap storage (its `opaque` uint64[16]).
-    return ctypes.string_at(result[1].getPtr(), TENSOR_MAP_BYTES)
-
-
-def _encode_with_ctypes(spec: TensorMapSpec) -> bytes:
-    """``cuTensorMapEncodeTiled`` called through ctypes into a 128-byte-aligned buffer (see above)."""
-    global _c_encode_tiled
     if _c_encode_tiled is None:
         # The library cuda.bindings loaded (dlopen by soname returns the same handle).
         fn = ctypes.CDLL("libcuda.so.1").cuTensorMapEncodeTiled
@@ -438,12 +396,12 @@ def _encode_with_ctypes(spec: TensorMapSpec) -> bytes:
         (ctypes.c_uint32 * rank)(*([1] * rank)),
         0, int(spec.swizzle), int(spec.l2_promotion), int(spec.oob_fill),
     )
-    if err != 0:
+    if err != 0:  # the message is formatted only on failure: the spec's repr costs more than the call
         try:
             err = driver.CUresult(err)
         except ValueError:  # a code this binding does not know: reported as CUresult(<int>)
             pass
-        _raise(err, f"cuTensorMapEncodeTiled({spec}) [ctypes]")
+        _raise(err, f"cuTensorMapEncodeTiled({spec})")
     return ctypes.string_at(out[1], TENSOR_MAP_BYTES)
 
 
@@ -687,7 +645,7 @@ class PreparedLaunch:
 
 def _reset_for_tests() -> None:
     """Forgets every cached handle (the driver objects themselves are not released)."""
-    global _initialized, _use_ctypes_encoder
+    global _initialized
     with _lock:
         _initialized = False
         _contexts.clear()
@@ -696,5 +654,4 @@ def _reset_for_tests() -> None:
         _kernels.clear()
         _configs.clear()
         tensor_map_cache.clear()
-        _use_ctypes_encoder = False
     _tls.__dict__.clear()

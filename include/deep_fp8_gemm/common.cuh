@@ -64,6 +64,18 @@ DFG_HOST_DEVICE constexpr T min_of(T a, T b) { return a < b ? a : b; }
 template <typename T>
 DFG_HOST_DEVICE constexpr T max_of(T a, T b) { return a > b ? a : b; }
 
+// Which mbarrier a wait is on, for the watchdog build's message (hal/ptx.cuh) and the simulator's deadlock
+// report (hal/sim/scheduler.hpp), which print it the same way: DFG_MBAR_WAIT_FORMAT with role, index, the
+// barrier's shared-memory offset and the parity waited for, e.g. "mbar_wait(full[3] @smem+0x1c040, parity 1)".
+// Kernels name their ring's barriers full_barrier(s) / empty_barrier(s); a bare hal::mbar_wait is "mbarrier[0]".
+struct BarrierName {
+    const char* role;  // "full", "empty", "mbarrier"
+    u32 index;         // stage
+};
+DFG_HOST_DEVICE constexpr BarrierName full_barrier(u32 stage) { return BarrierName{"full", stage}; }
+DFG_HOST_DEVICE constexpr BarrierName empty_barrier(u32 stage) { return BarrierName{"empty", stage}; }
+#define DFG_MBAR_WAIT_FORMAT "mbar_wait(%s[%u] @smem+%#x, parity %u)"
+
 // The GEMM kinds one kernel template serves (same values as deep_fp8_gemm.config.GemmKind).
 enum class GemmKind : int {
     Dense = 0,               // D[m, n] = A[m, k] . B[n, k]^T

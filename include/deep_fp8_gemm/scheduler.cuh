@@ -16,10 +16,15 @@
 // ... for C clusters), so both CTAs always agree on which stages they fill and release.
 //
 // Kinds
-//   Dense              rows = m. With kClusterM == 2 and an odd number of m-blocks the last pair has
-//                      a "phantom" m-block past m: its TMA loads are all out of bounds (zero fill),
-//                      its TMA store is clipped away, and its CTA still loads its half of the shared
-//                      B tile for the peer. No special case anywhere else.
+//   Dense              rows = m. With kClusterM == 2 and an odd number of m-blocks, the last m-block row
+//                      is the "tail": it has no partner row to share B with, so its tiles are not
+//                      multicast (TileInfo::multicast false, each CTA loads its whole B tile itself) and
+//                      the pair takes two n-blocks of it at a time (tail cluster tile j: n-blocks 2j and
+//                      2j + 1), numbered after all full cluster tiles. Only when the n-block count is odd
+//                      as well, the second CTA of the last tail tile gets n-block kNumNBlocks, past N
+//                      (B zero-filled, stores skipped): one phantom tile instead of a whole row of them.
+//                      The CTAs of a cluster still walk the same number of tiles, hence of stage uses,
+//                      which the cluster's empty barriers need (every math warp arrives on both CTAs).
 //   GroupedContiguous  rows = m_sum, grouped_layout = m_indices[m_sum]. Expert segments are padded to
 //                      128 rows (>= BLOCK_M), so a block belongs to one expert; its expert is read
 //                      from its first and last rows. A block whose first and last rows are both
@@ -43,9 +48,10 @@
 namespace dfg {
 
 struct TileInfo {
-    u32 m_block;   // block row within the group (masked) or within the whole A (dense/contiguous)
-    u32 n_block;   // block column
-    u32 group;     // expert / group index: selects B, sB and (masked) the A / D batch; 0 for dense
+    u32 m_block;     // block row within the group (masked) or within the whole A (dense/contiguous)
+    u32 n_block;     // block column
+    u32 group;       // expert / group index: selects B, sB and (masked) the A / D batch; 0 for dense
+    bool multicast;  // the cluster shares (multicasts) this tile's A or B; false in the 2-CTA tail (above)
 };
 
 template <GemmKind kKind, u32 SHAPE_N, u32 BLOCK_M, u32 BLOCK_N, u32 kNumGroups, u32 kClusterM, u32 kClusterN,
@@ -104,6 +110,16 @@ struct TileScheduler {
         const u32 cluster_col = first_col + in_band % cols_in_band;
         info.m_block = cluster_row * kClusterM + (kClusterM == 2 ? cluster_rank : 0u);
         info.n_block = cluster_col * kClusterN + (kClusterN == 2 ? cluster_rank : 0u);
+        info.multicast = kClusterSize > 1;
+    }
+
+    // kClusterM == 2 with an odd m-block count: full cluster-tile rows (pairs of m-blocks) and tail cluster
+    // tiles (two n-blocks of the last m-block each, see "Dense" above); otherwise no tail.
+    DFG_HOST_DEVICE u32 full_cluster_rows() const {
+        return kClusterM == 2 ? ceil_div(num_rows, BLOCK_M) / 2 : cluster_rows(num_rows);
+    }
+    DFG_HOST_DEVICE u32 tail_cluster_tiles() const {
+        return kClusterM == 2 && ceil_div(num_rows, BLOCK_M) % 2 ? ceil_div(kNumNBlocks, 2u) : 0u;
     }
 
     // Expert of a contiguous-layout block, or -1 when the block holds only padding rows.
@@ -152,12 +168,19 @@ struct TileScheduler {
                 return true;
             }
         } else {
-            const u32 rows = cluster_rows(num_rows);
-            const u32 num_tiles = rows * kNumClusterCols;
+            const u32 rows = full_cluster_rows();
+            const u32 full_tiles = rows * kNumClusterCols;
+            const u32 num_tiles = full_tiles + tail_cluster_tiles();
             while (next_cluster_tile < num_tiles) {
                 const u32 tile = next_cluster_tile;
                 next_cluster_tile += cluster_stride;
-                rasterize(tile, rows, info);
+                if (tile < full_tiles) {
+                    rasterize(tile, rows, info);
+                } else {  // the tail: no multicast, two n-blocks of the last m-block per cluster tile
+                    info.m_block = 2 * rows;
+                    info.n_block = 2 * (tile - full_tiles) + cluster_rank;
+                    info.multicast = false;
+                }
                 info.group = 0;
                 if constexpr (kKind == GemmKind::GroupedContiguous) {
                     const i32 expert = contiguous_block_expert(info.m_block);

@@ -1,6 +1,6 @@
 // Host build of the kernel's index math (scheduler + scale-column selection), driven by tests/test_scheduler.py.
 // Template constants come from -DP_<NAME> flags; stdin: rows grid num_layout layout...; stdout: one line per
-// (CTA, iteration): "tile <cta> <iter> <m_block> <n_block> <group>", then "scale <n_block> <block per 8-col group...>".
+// (CTA, iteration): "tile <cta> <iter> <m_block> <n_block> <group> <multicast>", then "scale <n_block> <block per 8-col group...>".
 #include <deep_fp8_gemm/scales.cuh>
 #include <deep_fp8_gemm/scheduler.cuh>
 
@@ -23,7 +23,8 @@ int main() {
         Scheduler scheduler(rows, layout.data(), cta, grid);
         TileInfo tile;
         for (unsigned iter = 0; scheduler.next(tile); ++iter)
-            std::printf("tile %u %u %u %u %u\n", cta, iter, tile.m_block, tile.n_block, tile.group);
+            std::printf("tile %u %u %u %u %u %d\n", cta, iter, tile.m_block, tile.n_block, tile.group,
+                        tile.multicast ? 1 : 0);
     }
     constexpr u32 kScaleBlocks = ceil_div(P_SHAPE_N, 128u);
     for (u32 nb = 0; nb < Scheduler::kNumNBlocks; ++nb) {

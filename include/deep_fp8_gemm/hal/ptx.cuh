@@ -24,6 +24,51 @@ struct alignas(64) TensorMap {
 };
 static_assert(sizeof(TensorMap) == 128, "CUtensorMap is 128 bytes");
 
+// ---------------------------------------------------------------- watchdog build (DFG_WATCHDOG_NS > 0)
+// Set by the JIT from DFG_WATCHDOG_SECONDS (deep_fp8_gemm/env.py): every mbarrier wait gives up after
+// DFG_WATCHDOG_NS nanoseconds of %globaltimer, prints who waited on what and traps, so a hang becomes
+// CUDA_ERROR_LAUNCH_FAILED with a message in the process's stdout instead of a silent stall. Without the
+// macro (or with 0) none of this is compiled and the kernels are the plain build (tests/test_watchdog.py).
+// printf goes through the device runtime's vprintf (NVRTC has no <cstdio>): format + packed argument buffer.
+#if defined(DFG_WATCHDOG_NS) && DFG_WATCHDOG_NS > 0
+#define DFG_WATCHDOG 1
+extern "C" __device__ int vprintf(const char* format, const char* args);
+// Defined by DFG_DEFINE_KERNEL (one kernel per translation unit): the entry symbol, for the message.
+extern "C" __device__ const char dfg_watchdog_kernel_name[];
+
+namespace watchdog {
+// %globaltimer in units of 2^20 ns (~1.05 ms), 32 bits (wraps after ~52 days): two registers fewer per wait
+// than the 64-bit count, which matters in the producer's 40 registers.
+DFG_DEVICE u32 now_ticks() {
+    u64 t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return static_cast<u32>(t >> 20);
+}
+constexpr u32 kLimitTicks = static_cast<u32>((static_cast<u64>(DFG_WATCHDOG_NS) + (1ull << 20) - 1) >> 20);
+
+// Inlined: an out-of-line call makes ptxas ignore setmaxnreg (C7507). The vprintf call itself still makes
+// ptxas serialise the wgmmas (C7510) and gives the kernel a small stack frame (the argument buffer): the
+// watchdog build is a debug build, slower than the plain one, which is unchanged.
+DFG_DEVICE void expired(BarrierName name, u32 smem_offset, u32 parity) {
+    struct {  // vprintf's argument buffer: each argument at its natural alignment, in order
+        const char* kernel;
+        u32 block, thread;
+        unsigned long long limit_ns;
+        const char* role;
+        u32 index, smem_offset, parity;
+    } args = {dfg_watchdog_kernel_name, blockIdx.x, threadIdx.x, static_cast<unsigned long long>(DFG_WATCHDOG_NS),
+              name.role, name.index, smem_offset, parity};
+    vprintf("deep_fp8_gemm watchdog: kernel %s block %u thread %u waited more than %llu ns in "
+            DFG_MBAR_WAIT_FORMAT "; trap\n",
+            reinterpret_cast<const char*>(&args));
+    asm volatile("trap;");
+}
+}  // namespace watchdog
+#define DFG_WATCHDOG_KERNEL_NAME(NAME) extern "C" __device__ const char dfg_watchdog_kernel_name[] = #NAME;
+#else
+#define DFG_WATCHDOG_KERNEL_NAME(NAME)
+#endif
+
 namespace hal {
 
 // ---------------------------------------------------------------- indices
@@ -110,10 +155,13 @@ DFG_DEVICE void mbar_arrive_expect_tx(u64* bar, u32 tx_bytes) {
                  : "memory");
 }
 
-// Blocks until the phase with parity `phase` has completed.
-DFG_DEVICE void mbar_wait(u64* bar, u32 phase) {
+// Blocks until the phase with parity `phase` has completed. `name` is only for the watchdog's message.
+DFG_DEVICE void mbar_wait(u64* bar, u32 phase, BarrierName name = BarrierName{"mbarrier", 0}) {
     const u32 addr = smem_addr(bar);
     u32 done = 0;
+#if defined(DFG_WATCHDOG)
+    u32 start = 0, started = 0;
+#endif
     do {
         asm volatile(
             "{\n\t.reg .pred p;\n\t"
@@ -122,6 +170,19 @@ DFG_DEVICE void mbar_wait(u64* bar, u32 phase) {
             : "=r"(done)
             : "r"(addr), "r"(phase)
             : "memory");
+#if defined(DFG_WATCHDOG)
+        if (!done) {  // try_wait has already suspended for a while: reading the timer costs nothing here
+            const u32 now = watchdog::now_ticks();
+            if (!started) {
+                start = now;
+                started = 1;
+            } else if (now - start > watchdog::kLimitTicks) {
+                watchdog::expired(name, addr, phase);
+            }
+        }
+#else
+        (void)name;
+#endif
     } while (!done);
 }
 
@@ -237,6 +298,7 @@ DFG_DEVICE void trap(const char* /*what*/) { asm volatile("trap;"); }
 
 // Kernel entry: one extern "C" symbol per translation unit, so the runtime finds it by name.
 #define DFG_DEFINE_KERNEL(NAME, NUM_THREADS, PARAMS_T, BODY)                                       \
+    DFG_WATCHDOG_KERNEL_NAME(NAME)                                                                  \
     extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1) NAME(const __grid_constant__ PARAMS_T params) { \
         BODY(params);                                                                               \
     }

@@ -110,7 +110,10 @@ inline void mbar_arrive_expect_tx(u64* bar, u32 tx_bytes) {
 }
 // mbarrier.try_wait.parity (PTX ISA "mbarrier.test_wait / mbarrier.try_wait"): returns once the phase with
 // parity `phase` has completed, i.e. while the current phase's parity differs from `phase`.
-inline void mbar_wait(u64* bar, u32 phase) { sd::mbar_wait(bar, phase); }
+// `name` labels the barrier in deadlock reports, as the watchdog build's message on the GPU.
+inline void mbar_wait(u64* bar, u32 phase, BarrierName name = BarrierName{"mbarrier", 0}) {
+    sd::mbar_wait(bar, phase, name);
+}
 
 // ---------------------------------------------------------------- TMA (PTX ISA "cp.async.bulk.tensor"), rank 3
 inline void tma_prefetch(const TensorMap* map) { sd::tensor_map(map, "tma_prefetch"); }

@@ -174,14 +174,14 @@ struct Fp8GemmKernel {
             const i32 a_batch = kKind == GemmKind::GroupedMasked ? static_cast<i32>(tile.group) : 0;
             const i32 b_batch = static_cast<i32>(tile.group);
             for (u32 kb = 0; kb < kNumKBlocks; ++kb) {
-                hal::mbar_wait(&empty[pipe.stage], pipe.phase ^ 1u);
+                hal::mbar_wait(&empty[pipe.stage], pipe.phase ^ 1u, empty_barrier(pipe.stage));
                 u64* bar = &full[pipe.stage];
                 hal::mbar_arrive_expect_tx(bar, kStageTxBytes);
                 const i32 k0 = static_cast<i32>(kb * BLOCK_K);
                 tma_load_tile<BLOCK_M, BLOCK_K, kMulticastA>(smem + kSmemA + pipe.stage * kSmemABytes, &params.tma_a,
                                                              bar, k0, row0, a_batch, rank);
                 tma_load_tile<BLOCK_N, BLOCK_K, kMulticastB>(smem + kSmemB + pipe.stage * kSmemBBytes, &params.tma_b,
-                                                             bar, k0, n0, b_batch, rank);
+                                                             bar, k0, n0, b_batch, rank, tile.multicast);
                 hal::tma_load_3d(smem + kSmemSA + pipe.stage * kSmemSABytes, &params.tma_sa, bar, row0,
                                  static_cast<i32>(kb), a_batch);
                 pipe.advance();
@@ -229,7 +229,7 @@ struct Fp8GemmKernel {
                     next_sb0 = hal::ld_global_nc(sb_row0 + kb + 1);
                     next_sb1 = hal::ld_global_nc(sb_row1 + kb + 1);
                 }
-                hal::mbar_wait(&full[pipe.stage], pipe.phase);
+                hal::mbar_wait(&full[pipe.stage], pipe.phase, full_barrier(pipe.stage));
                 const float* sa = reinterpret_cast<const float*>(smem + kSmemSA + pipe.stage * kSmemSABytes);
                 const u8* a_stage = smem + kSmemA + pipe.stage * kSmemABytes;
                 const u8* b_stage = smem + kSmemB + pipe.stage * kSmemBBytes;

@@ -25,10 +25,11 @@ inline std::string describe_wait(const Thread& t) {
     switch (w.kind) {
         case WaitKind::Mbarrier: {
             const Mbarrier& mb = l.ctas[w.cta].mbarriers.at(w.key);
-            return format("mbar_wait(bar@smem+%#x, parity %u) - barrier in phase %llu (parity %u), %u of %u arrivals "
-                          "pending, tx-count %lld",
-                          w.key, w.parity, static_cast<unsigned long long>(mb.phase), unsigned(mb.phase & 1),
-                          mb.pending, mb.expected, static_cast<long long>(mb.tx));
+            // Named as the watchdog build names it on the GPU (DFG_MBAR_WAIT_FORMAT, common.cuh).
+            return format(DFG_MBAR_WAIT_FORMAT " - barrier in phase %llu (parity %u), %u of %u arrivals pending, "
+                          "tx-count %lld",
+                          w.name.role, w.name.index, w.key, w.parity, static_cast<unsigned long long>(mb.phase),
+                          unsigned(mb.phase & 1), mb.pending, mb.expected, static_cast<long long>(mb.tx));
         }
         case WaitKind::NamedBarrier: {
             const ThreadBarrier& b = l.ctas[w.cta].named[w.key];

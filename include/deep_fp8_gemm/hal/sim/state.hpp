@@ -22,6 +22,7 @@ struct Wait {
     u32 key;     // mbarrier smem offset | named barrier id | warpgroup | warp
     u32 parity;  // mbarrier parity
     u64 target;  // generation seen at arrival | wgmma group count that must be committed
+    BarrierName name{"mbarrier", 0};  // mbarrier: the kernel's name for it (full/empty + stage)
 };
 
 // PTX ISA "Parallel Synchronization and Communication Instructions: mbarrier".

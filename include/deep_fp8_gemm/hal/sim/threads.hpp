@@ -44,11 +44,11 @@ inline void mbar_arrive_cluster(u64* bar, u32 cta_rank) {
     mbarrier_arrive(target, mbarrier_offset(bar, "mbar_arrive_cluster"), 0, "mbar_arrive_cluster");
 }
 
-inline void mbar_wait(u64* bar, u32 parity) {
+inline void mbar_wait(u64* bar, u32 parity, BarrierName name) {
     const u32 offset = mbarrier_offset(bar, "mbar_wait");
     const Mbarrier& mb = mbarrier_at(me().cta, offset, "mbar_wait");
     if ((mb.phase & 1) != (parity & 1)) return;
-    block(Wait{WaitKind::Mbarrier, me().cta, offset, parity & 1, 0}, "mbar_wait");
+    block(Wait{WaitKind::Mbarrier, me().cta, offset, parity & 1, 0, name}, "mbar_wait");
 }
 
 inline void tma_store(const TensorMap* map, const void* src, i32 c0, i32 c1, i32 c2) {
