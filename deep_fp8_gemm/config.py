@@ -149,8 +149,9 @@ def smem_bytes(block_m: int, block_n: int, num_stages: int) -> int:
     a_stage = block_m * BLOCK_K
     b_stage = block_n * BLOCK_K
     sa_stage = _round_up(block_m * 4, 128)
+    sb_stage = 16  # the K block's sB values of the tile's two scale blocks
     barriers = 2 * num_stages * 8
-    return d_tile + num_stages * (a_stage + b_stage + sa_stage) + barriers
+    return d_tile + num_stages * (a_stage + b_stage + sa_stage + sb_stage) + barriers
 
 
 def check_config(cfg: GemmConfig, smem_limit: int = SMEM_LIMIT) -> None:
