@@ -179,3 +179,28 @@ def test_real_kernel():
     assert prod["per_k_block"]["QGMMA"] == 0 and prod["utmaldg"] >= 3
     assert len(math["drain_to_wgmma"]) == cfg.waves_m * math["k_blocks_per_iteration"]
     assert kloop.check_ceilings("dense", cfg.block_m, r, kloop.load_ceilings()) == []
+    # The heuristic's issue model (config.math_issue_per_k_block) tracks the compiled loop.
+    from deep_fp8_gemm.config import math_issue_per_k_block
+
+    modelled = math_issue_per_k_block("dense", cfg.block_m, cfg.block_n)
+    assert abs(modelled - math["per_k_block"]["total"]) <= 0.1 * math["per_k_block"]["total"], (modelled, math)
+
+
+def test_issue_term_steers_the_heuristic(monkeypatch):
+    """With the issue model inflated (the pre-diet loops issued 2-3x more), the heuristic must avoid the
+    narrow tiles whose bookkeeping no longer hides under their tensor work."""
+    from deep_fp8_gemm import config
+
+    config.get_config.cache_clear()
+    try:
+        lean = config.get_config(4096, 7168, 16384, 1, "dense", 132)
+        monkeypatch.setattr(config, "_ISSUE_PER_K_BLOCK", 400)
+        config.get_config.cache_clear()
+        heavy = config.get_config(4096, 7168, 16384, 1, "dense", 132)
+        # The pick moves to a tile with more waves per K block (the fixed per-K-block cost is shared), and
+        # it moves because the model now says the lean pick is slower.
+        assert (heavy.block_m, heavy.block_n) != (lean.block_m, lean.block_n)
+        assert heavy.block_m > lean.block_m
+        assert config.estimate_seconds(lean, 4096) > config.estimate_seconds(heavy, 4096)
+    finally:
+        config.get_config.cache_clear()

@@ -162,7 +162,8 @@ struct Fp8GemmKernel {
         else
             hal::sync_threads();
 
-        if (thread >= kNumMathThreads) {
+        // Role split on the warp index, which is provably warp-uniform: the math path stays convergent.
+        if (warp >= kNumMathWarps) {
             hal::setmaxnreg_dec<kProducerRegisters>();
             if (thread == kNumMathThreads)
                 produce(params, smem, full, empty);
@@ -230,15 +231,15 @@ struct Fp8GemmKernel {
 
     // ---------------------------------------------------------------- math warpgroups
     static DFG_DEVICE void consume(const GemmParams& params, u8* smem, u64* full, u64* empty, u32 warp, u32 lane) {
-        const u32 wg = warp / 4;
+        const u32 wg = kNumMathWarpgroups == 1 ? 0u : warp / 4;  // a constant with one warpgroup
         const u32 warp_in_wg = warp % 4;
         const u32 wg_row0 = wg * kWgRows;
         const bool store_leader = warp_in_wg == 0 && lane == 0;
         // Rows of this thread's fragment inside the tile, per wave: r and r + 8 (WgmmaFragment::row).
         const u32 frag_row = wg_row0 + warp_in_wg * 16 + lane / 4;
-        // Descriptors of stage 0's tiles; every (stage, wave, k-slice) is an immediate offset from these.
-        const u64 a_desc0 = make_k_major_sw128_desc(hal::smem_addr(smem + kSmemA + wg_row0 * BLOCK_K));
-        const u64 b_desc0 = make_k_major_sw128_desc(hal::smem_addr(smem + kSmemB));
+        // Every descriptor is one of these two advanced by an immediate.
+        const u64 smem_desc = make_k_major_sw128_desc(hal::smem_addr(smem));
+        const u64 a_desc = desc_advance(smem_desc, kSmemA + wg_row0 * BLOCK_K);
 
         float acc[kWavesM][kAccValues];
         float scratch[kAccValues];
@@ -274,8 +275,8 @@ struct Fp8GemmKernel {
                     DFG_UNROLL
                     for (u32 ks = 0; ks < BLOCK_K / kWgmmaK; ++ks)
                         hal::WgmmaFp8<BLOCK_N>::mma(
-                            desc_advance(a_desc0, stage * kSmemABytes + w * 64 * BLOCK_K + ks * kWgmmaK),
-                            desc_advance(b_desc0, stage * kSmemBBytes + ks * kWgmmaK), scratch, ks > 0);
+                            desc_advance(a_desc, stage * kSmemABytes + w * 64 * BLOCK_K + ks * kWgmmaK),
+                            desc_advance(smem_desc, kSmemB + stage * kSmemBBytes + ks * kWgmmaK), scratch, ks > 0);
                     hal::wgmma_commit();
                     hal::wgmma_wait<0>();
                     DFG_UNROLL
