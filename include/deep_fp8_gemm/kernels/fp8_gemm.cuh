@@ -28,7 +28,7 @@
 //
 // Math per 128-wide K block and m64 wave: 4 x wgmma m64nBLOCK_Nk32 into a scratch accumulator (scale-d = 0
 // on the first), wait, release the stage (after the last wave), then promote on the CUDA cores:
-// acc += scratch * sA[row] * sB[col block] (scales.cuh). The tensor cores never sum more than 128
+// acc += scratch * sA[row] * sB[col block] (promotion.cuh). The tensor cores never sum more than 128
 // products, which keeps FP8 GEMMs accurate (their internal accumulator keeps ~14 bits of alignment; see
 // ANCHORS.md, "two-level accumulation").
 //
@@ -45,6 +45,7 @@
 #include "../hal.cuh"
 #include "../mma.cuh"
 #include "../pipeline.cuh"
+#include "../promotion.cuh"
 #include "../scales.cuh"
 #include "../scheduler.cuh"
 #include "../tma.cuh"
