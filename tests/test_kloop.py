@@ -152,6 +152,10 @@ def test_ceilings():
     assert kloop.check_ceilings("dense", 64, {"math": None, "producer": None}, ceilings)  # no loop found
     loose = {"dense": {"issue_per_tensor_cycle_m64": 1.0, "math_per_k_block": 100}}
     assert kloop.check_ceilings("dense", 64, r, loose) == []
+    # 23 instructions, 4 FFMA, one wave: 19 of bookkeeping.
+    assert kloop.bookkeeping_per_wave(r["math"]) == 19
+    assert kloop.check_ceilings("dense", 64, r, {"dense": {"overhead_per_k_block_per_wave": 19}}) == []
+    assert "non-FFMA" in kloop.check_ceilings("dense", 64, r, {"dense": {"overhead_per_k_block_per_wave": 18}})[0]
 
 
 def test_shipped_ceilings_cover_every_gemm_kind():
@@ -160,6 +164,13 @@ def test_shipped_ceilings_cover_every_gemm_kind():
     for kind, limits in ceilings.items():
         assert limits["math_per_k_block"] > 0 and limits["producer_per_k_block"] > 0
         assert any(key.startswith("issue_per_tensor_cycle_m") for key in limits), kind
+    # The loops before issue 13's diet (figures of the analyser on those kernels) must fail the gate.
+    for kind, block_m, issue, total, ffma in (("dense", 128, 0.966, 309, 80), ("dense", 64, 1.453, 186, 32),
+                                              ("dense", 64, 3.219, 103, 8), ("contiguous", 128, 0.981, 314, 80),
+                                              ("masked", 128, 1.082, 277, 64)):
+        old = {"math": {"per_k_block": {"total": total, "FFMA": ffma, "QGMMA": 4}}, "producer": None,
+               "issue_per_tensor_cycle": issue}
+        assert kloop.check_ceilings(kind, block_m, old, ceilings), (kind, block_m, issue)
 
 
 def test_real_kernel():

@@ -187,7 +187,7 @@ def analyse_function(instrs: list[Instruction], labels: dict[str, int], *, block
     Returns ``{"math": {...} | None, "producer": {...} | None, "issue_per_tensor_cycle": float | None}``;
     a loop report has ``body_instructions, k_blocks_per_iteration, per_k_block`` (class -> count),
     ``qgmma, utmaldg`` and, for the math loop, ``drain_to_wgmma`` (list per drain),
-    ``drain_to_wgmma_per_k_block``.
+    ``drain_to_wgmma_per_k_block`` and ``bookkeeping_per_k_block_per_wave`` (:func:`bookkeeping_per_wave`).
     """
     if block_m % (64 * num_math_warpgroups):
         raise ValueError(f"block_m={block_m} is not a multiple of 64 x num_math_warpgroups={num_math_warpgroups}")
@@ -207,6 +207,7 @@ def analyse_function(instrs: list[Instruction], labels: dict[str, int], *, block
         gaps = _drain_gaps(body)
         report["drain_to_wgmma"] = gaps
         report["drain_to_wgmma_per_k_block"] = round(sum(gaps) / k_blocks, 2)
+        report["bookkeeping_per_k_block_per_wave"] = bookkeeping_per_wave(report)
         result["math"] = report
         result["issue_per_tensor_cycle"] = round(
             report["body_instructions"] / k_blocks * num_math_warpgroups / (block_m * block_n / 32), 3)
@@ -246,11 +247,20 @@ def load_ceilings(path: Path | None = None) -> dict[str, dict[str, float]]:
     return {kind: limits for kind, limits in data.items() if not kind.startswith("_")}
 
 
+def bookkeeping_per_wave(math: dict) -> float:
+    """Math-loop instructions per K block other than FFMA, per m64 wave (QGMMA / 4 waves per K block)."""
+    per = math["per_k_block"]
+    waves = max(per.get("QGMMA", 4) / WGMMAS_PER_K_BLOCK_PER_WAVE, 1.0)
+    return round((per["total"] - per.get("FFMA", 0)) / waves, 2)
+
+
 def check_ceilings(kind: str, block_m: int, analysis: dict, ceilings: dict[str, dict[str, float]]) -> list[str]:
     """Problems (empty: fine) where a kernel's loop figures exceed its kind's ceilings.
 
     Ceiling keys: ``issue_per_tensor_cycle_m{64,128,256}`` (per BLOCK_M: small tiles have less tensor work to
-    hide bookkeeping under), ``math_per_k_block`` and ``producer_per_k_block`` (total instructions per K block).
+    hide bookkeeping under), ``math_per_k_block`` and ``producer_per_k_block`` (total instructions per K block),
+    ``overhead_per_k_block_per_wave`` (math instructions other than the promotion's FFMA, per K block and m64
+    wave: independent of BLOCK_N, so it catches bookkeeping growth in wide and narrow tiles alike).
     A kind without an entry is not gated; a GEMM kernel without a math loop is a problem.
     """
     limits = ceilings.get(kind)
@@ -264,6 +274,10 @@ def check_ceilings(kind: str, block_m: int, analysis: dict, ceilings: dict[str, 
     if issue_limit is not None and analysis["issue_per_tensor_cycle"] > issue_limit:
         problems.append(f"math loop issues {analysis['issue_per_tensor_cycle']} slots per tensor cycle "
                         f"> ceiling {issue_limit} ({kind}, BLOCK_M {block_m})")
+    overhead = bookkeeping_per_wave(math)
+    if "overhead_per_k_block_per_wave" in limits and overhead > limits["overhead_per_k_block_per_wave"]:
+        problems.append(f"math loop spends {overhead} non-FFMA instructions per K block per m64 wave > ceiling "
+                        f"{limits['overhead_per_k_block_per_wave']} ({kind})")
     if "math_per_k_block" in limits and math["per_k_block"]["total"] > limits["math_per_k_block"]:
         problems.append(f"math loop {math['per_k_block']['total']} instructions per K block > ceiling "
                         f"{limits['math_per_k_block']} ({kind})")
