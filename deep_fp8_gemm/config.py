@@ -41,14 +41,14 @@ _HBM_BYTES_PER_CLK_PER_SM = 4.8e12 / MODEL_CLOCK_HZ / 132  # H200 datasheet HBM 
 _MMA_EFFICIENCY = {64: 0.70, 128: 0.85, 256: 0.90}  # one warpgroup cannot hide its own promotion work
 # Instruction issue per K block (NOTES: fitted to the audit's static K-loop analysis, runtime/kloop.py, NVRTC
 # 13.5 sm_90a, within ~10% of the measured loops; see README "K-loop issue"). Per m64 wave of a math warp:
-# BLOCK_N / 2 FFMA (promotion) + 4 QGMMA + ~16 descriptor words + sA loads + 2 FMUL + fence and drain;
+# BLOCK_N / 2 FFMA (promotion) + 4 QGMMA + ~10 descriptor words + sA loads + 2 FMUL + fence and drain;
 # tiles whose BLOCK_N does not divide 128 straddle two sB blocks (2 more FMUL, FSEL and predicates per
 # segment); per K block: barrier wait and release, sB load, ring-pass guard; the grouped kinds' tile loop is
 # not entirely on the uniform datapath; the producer warp (one thread) shares one SM sub-partition.
-_ISSUE_PER_WAVE = 26
+_ISSUE_PER_WAVE = 20
 _ISSUE_STRADDLE = 12
 _ISSUE_PER_K_BLOCK = 10
-_ISSUE_GROUPED = 8
+_ISSUE_GROUPED = 4
 _ISSUE_PRODUCER = 70
 
 

@@ -238,9 +238,16 @@ struct Fp8GemmKernel {
         const bool store_leader = warp_in_wg == 0 && lane == 0;
         // Rows of this thread's fragment inside the tile, per wave: r and r + 8 (WgmmaFragment::row).
         const u32 frag_row = wg_row0 + warp_in_wg * 16 + lane / 4;
-        // Every descriptor is one of these two advanced by an immediate.
+        // Every descriptor is one of these two advanced by an immediate in its low word.
+        // NOTES: their high words (stride, swizzle) are constants, which ptxas re-materialises into the
+        // wgmma's descriptor registers before every wgmma (2 instructions each). ORing in a zero it cannot
+        // see through (the warp index is < 32: at most 1024 threads per block) keeps them in registers:
+        // -3 to -9 instructions per K block per warp.
+        const u32 opaque_zero_a = warp >> 5, opaque_zero_b = warp >> 6;
         const u64 smem_desc = make_k_major_sw128_desc(hal::smem_addr(smem));
-        const u64 a_desc = desc_advance(smem_desc, kSmemA + wg_row0 * BLOCK_K);
+        const u64 a_desc =
+            desc_advance(smem_desc, kSmemA + wg_row0 * BLOCK_K) | (static_cast<u64>(opaque_zero_a) << 32);
+        const u64 b_desc = desc_advance(smem_desc, kSmemB) | (static_cast<u64>(opaque_zero_b) << 32);
 
         float acc[kWavesM][kAccValues];
         float scratch[kAccValues];
@@ -277,7 +284,7 @@ struct Fp8GemmKernel {
                     for (u32 ks = 0; ks < BLOCK_K / kWgmmaK; ++ks)
                         hal::WgmmaFp8<BLOCK_N>::mma(
                             desc_advance(a_desc, stage * kSmemABytes + w * 64 * BLOCK_K + ks * kWgmmaK),
-                            desc_advance(smem_desc, kSmemB + stage * kSmemBBytes + ks * kWgmmaK), scratch, ks > 0);
+                            desc_advance(b_desc, stage * kSmemBBytes + ks * kWgmmaK), scratch, ks > 0);
                     hal::wgmma_commit();
                     hal::wgmma_wait<0>();
                     DFG_UNROLL
