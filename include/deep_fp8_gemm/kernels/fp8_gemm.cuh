@@ -242,8 +242,11 @@ struct Fp8GemmKernel {
         // NOTES: their high words (stride, swizzle) are constants, which ptxas re-materialises into the
         // wgmma's descriptor registers before every wgmma (2 instructions each). ORing in a zero it cannot
         // see through (the warp index is < 32: at most 1024 threads per block) keeps them in registers:
-        // -3 to -9 instructions per K block per warp.
-        const u32 opaque_zero_a = warp >> 5, opaque_zero_b = warp >> 6;
+        // -3 to -9 instructions per K block per warp. Not for one warpgroup with BLOCK_N > 128: the two
+        // extra live registers made the masked 64x160 kernel spill.
+        constexpr bool kOpaqueHighWords = !(kNumMathWarpgroups == 1 && BLOCK_N > 128);
+        const u32 opaque_zero_a = kOpaqueHighWords ? warp >> 5 : 0u;
+        const u32 opaque_zero_b = kOpaqueHighWords ? warp >> 6 : 0u;
         const u64 smem_desc = make_k_major_sw128_desc(hal::smem_addr(smem));
         const u64 a_desc =
             desc_advance(smem_desc, kSmemA + wg_row0 * BLOCK_K) | (static_cast<u64>(opaque_zero_a) << 32);
