@@ -59,6 +59,7 @@ setup(
     author="deep_fp8_gemm developers",
     python_requires=">=3.10",
     packages=find_packages(include=["deep_fp8_gemm", "deep_fp8_gemm.*"]),
+    package_data={"deep_fp8_gemm.runtime": ["kloop_ceilings.json"]},
     cmdclass={"build_py": BuildPyWithDeviceSources},
     install_requires=[
         "torch",

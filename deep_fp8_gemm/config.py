@@ -5,8 +5,8 @@ queries, no globals), so it is cached and tested on the CPU. The shared-memory m
 ``include/deep_fp8_gemm/kernels/fp8_gemm.cuh``; the kernel ``static_assert``s that both agree.
 
 Heuristic (NOTES: a throughput model, to be calibrated on an H200 — see bench/RESULTS.md):
-a tile costs ``max(MMA time, shared-memory bandwidth time (wgmma operand reads + TMA writes), L2 -> shared
-fill time)``; a config costs ``waves x tile cost`` bounded below by HBM traffic; the cheapest config wins. Small m therefore gets BLOCK_M = 64 and a BLOCK_N small
+a tile costs ``max(MMA time, shared-memory bandwidth time (wgmma operand reads + TMA writes), instruction
+issue time (:func:`issue_cycles_per_k_block`), L2 -> shared fill time)``; a config costs ``waves x tile cost`` bounded below by HBM traffic; the cheapest config wins. Small m therefore gets BLOCK_M = 64 and a BLOCK_N small
 enough to spread B over all SMs (B streaming is the whole cost), large m gets 128/256-row tiles, and
 unaligned BLOCK_N (112, 144, 160) are picked when they fill the SMs better.
 """
@@ -41,6 +41,17 @@ _SMEM_FILL_BYTES_PER_CLK = 96  # L2 -> shared memory through TMA
 _SMEM_BYTES_PER_CLK = 128  # shared-memory bandwidth: wgmma operand reads + TMA writes share it
 _HBM_BYTES_PER_CLK_PER_SM = 4.8e12 / MODEL_CLOCK_HZ / 132  # H200 datasheet HBM bandwidth, shared by 132 SMs
 _MMA_EFFICIENCY = {64: 0.70, 128: 0.85, 256: 0.90}  # one warpgroup cannot hide its own promotion work
+# Instruction issue per K block (NOTES: fitted to the audit's static K-loop analysis, runtime/kloop.py, NVRTC
+# 13.5 sm_90a, within ~10% of the measured loops; see README "K-loop issue"). Per m64 wave of a math warp:
+# BLOCK_N / 2 FFMA (promotion) + 4 QGMMA + ~10 descriptor words + sA loads + 2 FMUL + fence and drain;
+# tiles whose BLOCK_N does not divide 128 straddle two sB blocks (2 more FMUL, FSEL and predicates per
+# segment); per K block: barrier wait and release, sB load, ring-pass guard; the grouped kinds' tile loop is
+# not entirely on the uniform datapath; the producer warp (one thread) shares one SM sub-partition.
+_ISSUE_PER_WAVE = 20
+_ISSUE_STRADDLE = 12
+_ISSUE_PER_K_BLOCK = 10
+_ISSUE_GROUPED = 4
+_ISSUE_PRODUCER = 70
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,8 +162,9 @@ def smem_bytes(block_m: int, block_n: int, num_stages: int) -> int:
     a_stage = block_m * BLOCK_K
     b_stage = block_n * BLOCK_K
     sa_stage = _round_up(block_m * 4, 128)
+    sb_stage = 16  # the K block's sB values of the tile's two scale blocks
     barriers = 2 * num_stages * 8
-    return d_tile + num_stages * (a_stage + b_stage + sa_stage) + barriers
+    return d_tile + num_stages * (a_stage + b_stage + sa_stage + sb_stage) + barriers
 
 
 def check_config(cfg: GemmConfig, smem_limit: int = SMEM_LIMIT) -> None:
@@ -224,6 +236,23 @@ def _num_m_blocks(kind: str, m: int, block_m: int, num_groups: int) -> int:
     return _ceil_div(m, block_m)
 
 
+def math_issue_per_k_block(kind: str, block_m: int, block_n: int) -> float:
+    """Modelled math-loop instructions per K block per math warp (what ``audit``'s K-loop analysis reports as
+    ``kloop.math.per_k_block.total``)."""
+    waves = block_m // (64 if block_m == 64 else 128)
+    per_wave = block_n / 2 + _ISSUE_PER_WAVE + (_ISSUE_STRADDLE if 128 % block_n else 0)
+    return waves * per_wave + _ISSUE_PER_K_BLOCK + (_ISSUE_GROUPED if kind != "dense" else 0)
+
+
+def issue_cycles_per_k_block(kind: str, block_m: int, block_n: int) -> float:
+    """Issue cycles per K block on the busiest SM sub-partition: one warp of every math warpgroup plus the
+    producer warp live on it, and a sub-partition issues one instruction per clock. Compare with the tensor
+    cycles of a K block, ``block_m * block_n / 32``: their ratio (math part only) is the audit's
+    ``issue_per_tensor_cycle``."""
+    math_warpgroups = 1 if block_m == 64 else 2
+    return math_issue_per_k_block(kind, block_m, block_n) * math_warpgroups + _ISSUE_PRODUCER
+
+
 def _estimate_cycles(kind: str, m: int, n: int, k: int, num_groups: int, block_m: int, block_n: int, num_sms: int) -> float:
     """Modelled kernel time in SM clocks (for ranking configs only)."""
     num_tiles = _num_m_blocks(kind, m, block_m, num_groups) * _ceil_div(n, block_n)
@@ -235,7 +264,8 @@ def _estimate_cycles(kind: str, m: int, n: int, k: int, num_groups: int, block_m
     # bound by shared-memory bandwidth before the tensor cores: per K element, (BM/64) x (64 + BN)
     # operand bytes plus (BM + BN) bytes written by TMA.
     smem = ((block_m // 64) * (64 + block_n) + block_m + block_n) * k_padded / _SMEM_BYTES_PER_CLK
-    mma = max(mma, smem)
+    issue = _ceil_div(k, BLOCK_K) * issue_cycles_per_k_block(kind, block_m, block_n)
+    mma = max(mma, smem, issue)
     tile = max(mma, fill) + 600  # per-tile fixed cost: pipeline ramp, epilogue
     groups_touched = num_groups if kind != "dense" else 1
     rows = m * (num_groups if kind == "masked" else 1)

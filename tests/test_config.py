@@ -107,8 +107,8 @@ def test_check_config_rejects(case):
 
 def test_base_config_is_legal_and_smem_formula():
     check_config(BASE)
-    # D tile 128x128 bf16 + 4 x (A 128x128 + B 128x128 + sA 512) + 8 barriers.
-    assert smem_bytes(128, 128, 4) == 32768 + 4 * (16384 + 16384 + 512) + 64 == BASE.smem_bytes
+    # D tile 128x128 bf16 + 4 x (A 128x128 + B 128x128 + sA 512 + sB 16) + 8 barriers.
+    assert smem_bytes(128, 128, 4) == 32768 + 4 * (16384 + 16384 + 512 + 16) + 64 == BASE.smem_bytes
 
 
 @pytest.mark.parametrize("bad", [dict(m=-1), dict(n=12), dict(k=8), dict(kind="sparse"), dict(num_groups=0)])

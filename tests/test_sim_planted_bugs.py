@@ -64,9 +64,27 @@ PLANTED = {
     "stage_released_before_wgmma_wait": (
         "kernels/fp8_gemm.cuh",
         "                    hal::wgmma_commit();\n                    hal::wgmma_wait<0>();",
-        "                    hal::wgmma_commit();\n                    if (w + 1 == kWavesM) release_stage(empty, pipe.stage, lane);\n"
+        "                    hal::wgmma_commit();\n                    if (w + 1 == kWavesM) release_stage(empty, stage, lane);\n"
         "                    hal::wgmma_wait<0>();",
         dict(m=64, n=128, k=1024, block_m=64, block_n=64, cluster=(1, 1), stages=2),
+    ),
+    "sb_copied_for_the_wrong_k_block": (
+        "kernels/fp8_gemm.cuh",
+        "hal::cp_async_4(sb, sb_row0 + kb);",
+        "hal::cp_async_4(sb, sb_row0 + (kb + 1) % kNumKBlocks);",
+        dict(m=64, n=128, k=512, block_m=64, block_n=64, cluster=(1, 1)),
+    ),
+    "straddle_segment_inverted": (
+        "scales.cuh",
+        "offset >= 128u - k * kSegmentCols;",
+        "offset < 128u - k * kSegmentCols;",
+        dict(m=64, n=336, k=256, block_m=64, block_n=112, cluster=(1, 1)),
+    ),
+    "ring_phase_not_carried_across_tiles": (
+        "pipeline.cuh",
+        "phase ^= ((start + kCount) / kNumStages) & 1u;",
+        "phase ^= (kCount / kNumStages) & 1u;",
+        dict(m=128, n=256, k=384, block_m=64, block_n=64, cluster=(1, 1), stages=2),
     ),
 }
 

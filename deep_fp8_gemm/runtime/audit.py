@@ -3,7 +3,9 @@
 Needs no GPU. A kernel passes when it compiles, does not spill, uses no local memory (no stack, no
 ``STL``/``LDL``; the watchdog build may use the stack of its printf, see WATCHDOG_STACK_BYTES), contains its required instructions (for the GEMMs: ``QGMMA`` = FP8 wgmma, ``UTMALDG`` =
 TMA loads, ``USETMAXREG`` = warp-specialised register split) and ptxas raised none of the
-performance warnings in :data:`FATAL_WARNINGS`.
+performance warnings in :data:`FATAL_WARNINGS`. GEMM kernels also get a static K-loop analysis
+(:mod:`.kloop`, record field ``kloop``) and fail when it exceeds their kind's ceiling
+(``kloop_ceilings.json``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
+from . import kloop
 from .compiler import CompileError, compile_kernel, watchdog_options
 from .sass import disassemble, instruction_histogram
 
@@ -53,7 +56,7 @@ def _compile_record(target: AuditTarget) -> tuple[dict, bytes | None]:
         "kind": target.kind, "config": dict(target.config), "name": target.name,
         "compile_seconds": None, "cache_hit": None, "registers": None, "spill_bytes": None,
         "stack_bytes": None, "smem_bytes": target.config.get("smem_bytes"), "sass": {},
-        "warnings": [], "ok": False, "problems": [], "watchdog": bool(watchdog_options()),
+        "warnings": [], "kloop": None, "ok": False, "problems": [], "watchdog": bool(watchdog_options()),
     }
     try:
         kernel = compile_kernel(target.name, target.source, options=target.options)
@@ -91,6 +94,22 @@ def _check_register_split(record: dict, config: dict, registers: int) -> None:
         )
 
 
+def _check_kloop(record: dict, target: AuditTarget, sass: str, ceilings: dict) -> None:
+    """GEMM kernels (configs with ``block_m``, ``block_n``, ``num_math_warpgroups``): K-loop figures and
+    the kind's ceilings."""
+    cfg = target.config
+    if not {"block_m", "block_n", "num_math_warpgroups"} <= cfg.keys():
+        return
+    try:
+        analysis = kloop.analyse_sass(sass, block_m=cfg["block_m"], block_n=cfg["block_n"],
+                                      num_math_warpgroups=cfg["num_math_warpgroups"], function=target.name)
+    except ValueError as exc:
+        record["problems"].append(f"K-loop analysis: {exc}")
+        return
+    record["kloop"] = analysis
+    record["problems"] += kloop.check_ceilings(target.kind, cfg["block_m"], analysis, ceilings)
+
+
 def _check_sass(record: dict, target: AuditTarget, histogram: Counter) -> None:
     record["sass"] = {op: histogram.get(op, 0) for op in (*REPORTED_SASS, *target.required_sass)}
     if (histogram["STL"] or histogram["LDL"]) and not (record["watchdog"] and not record["spill_bytes"]):
@@ -104,10 +123,12 @@ def audit(targets: Iterable[AuditTarget], *, progress: bool = True) -> list[dict
     """Compiles (through the cache) and checks every target; one record per target, in order.
 
     Record fields: ``kind, config, name, compile_seconds, cache_hit, registers, spill_bytes,
-    stack_bytes, smem_bytes, sass`` (opcode -> count), ``warnings`` (ptxas codes), ``ok``, ``problems``.
+    stack_bytes, smem_bytes, sass`` (opcode -> count), ``warnings`` (ptxas codes), ``kloop`` (GEMMs:
+    :func:`.kloop.analyse_function`'s report, else None), ``ok``, ``problems``.
     ``progress`` draws a progress bar on stderr.
     """
     targets = list(targets)
+    ceilings = kloop.load_ceilings()
     start = time.perf_counter()
     # NOTES: nvdisasm spends ~0.5 s starting up whatever the cubin size, so disassembly runs in worker
     # threads (subprocesses; the GIL is released) while the next kernel compiles.
@@ -120,7 +141,9 @@ def audit(targets: Iterable[AuditTarget], *, progress: bool = True) -> list[dict
                 print_progress(i + 1, len(targets), time.perf_counter() - start, target.name)
         for record, target, future in pending:
             if future is not None:
-                _check_sass(record, target, instruction_histogram(future.result()))
+                sass = future.result()
+                _check_sass(record, target, instruction_histogram(sass))
+                _check_kloop(record, target, sass, ceilings)
             record["ok"] = not record["problems"]
     return [record for record, _, _ in pending]
 
@@ -142,7 +165,7 @@ def format_table(records: Sequence[dict]) -> str:
     """A fixed-width table of audit records, one line per kernel, problems indented below."""
     width = max([len(r["name"]) for r in records] + [4]) + 2
     header = f"{'kind':<11}{'name':<{width}}{'regs':>5}{'spill':>6}{'stack':>6}{'smem':>8}{'QGMMA':>6}{'TMA ld':>7}" \
-             f"{'TMA st':>7}{'setmaxnreg':>11}{'compile s':>10}{'cache':>7}  status"
+             f"{'TMA st':>7}{'setmaxnreg':>11}{'issue/tc':>9}{'compile s':>10}{'cache':>7}  status"
     lines = [header, "-" * len(header)]
     for r in records:
         s = r["sass"]

@@ -32,6 +32,14 @@ DFG_DEVICE u64 k_slice_desc(const void* tile, u32 k_slice) {
     return make_k_major_sw128_desc(hal::smem_addr(tile) + k_slice * kWgmmaK);
 }
 
+// The descriptor of the address `bytes` (a multiple of 16) past `desc`'s start address: only the low word
+// changes, by one add. The 14-bit start-address field cannot carry into the next field because a CTA's
+// shared window is below 2^18 bytes (228 KB); kernels static_assert their map against kMaxSmemWindow.
+constexpr u32 kMaxSmemWindow = 1u << 18;
+DFG_HOST_DEVICE constexpr u64 desc_advance(u64 desc, u32 bytes) {
+    return (desc & 0xFFFFFFFF00000000ull) | static_cast<u32>(static_cast<u32>(desc) + (bytes >> 4));
+}
+
 // Accumulator fragment of wgmma m64nNk32 (PTX ISA "Register Fragment D", CuTe CLayout_64xN):
 // value i of thread t (warp w = t / 32 in the warpgroup, lane l) sits at
 //   row = 16 w + l / 4 + 8 ((i / 2) % 2),   col = 8 (i / 4) + 2 (l % 4) + i % 2.

@@ -22,6 +22,47 @@ struct PipelineState {
             phase ^= 1u;
         }
     }
+
+    // Runs body(stage, phase, i) for the next kCount uses of the ring (i = 0 .. kCount - 1) and moves the
+    // cursor past them.
+    //
+    // NOTES: each pass over the ring is unrolled, so `stage` is a constant in every copy of the body and
+    // barrier, shared-memory and descriptor addresses fold into immediates (the per-use stage/phase
+    // arithmetic and address recomputation were ~20 instructions per K block). A tile's kCount uses start
+    // anywhere in the ring (kCount need not be a multiple of kNumStages; keeping the ring order across
+    // tiles keeps the producer kNumStages loads ahead at tile boundaries), so the first pass skips the
+    // stages before the start and the last one stops after kCount uses: one uniform compare per copy.
+    template <u32 kCount, bool kUnrollRing = true, typename Body>
+    DFG_HOST_DEVICE void for_each_use(Body&& body) {
+        static_assert(kCount >= 1, "at least one use");
+        if constexpr (!kUnrollRing) {
+            for (u32 i = 0; i < kCount; ++i) {
+                body(stage, phase, i);
+                advance();
+            }
+            return;
+        }
+        const u32 start = stage;
+        u32 first = start;          // first stage of this pass that runs
+        u32 end = start + kCount;   // one past the last use, counted from stage 0 of this pass
+        u32 index0 = 0u - start;    // use index of stage 0 of this pass (wraps on the first pass)
+        u32 ph = phase;
+        while (true) {
+            DFG_UNROLL
+            for (u32 s = 0; s < kNumStages; ++s) {
+                if (s >= first && s < end)
+                    body(s, ph, index0 + s);
+            }
+            if (end <= kNumStages)
+                break;
+            end -= kNumStages;
+            first = 0;
+            index0 += kNumStages;
+            ph ^= 1u;
+        }
+        stage = (start + kCount) % kNumStages;
+        phase ^= ((start + kCount) / kNumStages) & 1u;
+    }
 };
 
 }  // namespace dfg

@@ -1,9 +1,15 @@
-// Which 128-column sB block each 8-column group of a BLOCK_N-wide tile uses.
+// Which 128-column sB block each column of a BLOCK_N-wide tile uses, decided as much as possible at
+// compile time.
 //
-// The tile's columns [n0, n0 + BLOCK_N) (n0 a multiple of BLOCK_N, hence of 8) touch at most two
-// 128-column scale blocks (static_assert in fp8_gemm.cuh), and each 8-column group of the wgmma
-// fragment lies in exactly one of them. Columns past N (a partial last tile) clamp to the last block;
-// their products are zero (TMA zero-fills B) and their stores are clipped.
+// The tile's columns [n0, n0 + BLOCK_N) (n0 a multiple of BLOCK_N) touch at most two 128-column scale
+// blocks (static_assert in fp8_gemm.cuh). n0 % 128 is a multiple of g = gcd(BLOCK_N, 128), so the tile
+// splits into BLOCK_N / g *segments* of g columns that never straddle a scale-block boundary: segment k
+// (columns [k g, (k + 1) g)) uses the second block iff n0 % 128 >= 128 - k g. Segment 0 never does,
+// segments with k g >= 128 always do; only the ones between depend on n0, through one per-tile value.
+// So BLOCK_N dividing 128 (16, 32, 64, 128) has one segment and a single scale per tile: no selection
+// at all; BLOCK_N = 160 has 5 segments of 32 columns, 3 of them decided per tile.
+// Columns past N (a partial last tile) clamp to the last block; their products are zero (TMA zero-fills
+// B) and their stores are clipped.
 #pragma once
 #include "common.cuh"
 
@@ -11,23 +17,33 @@ namespace dfg {
 
 template <u32 BLOCK_N, u32 kNumScaleBlocksN>
 struct ScaleColumns {
-    static_assert(BLOCK_N % 8 == 0 && BLOCK_N / 8 <= 32, "one mask bit per 8-column group");
-    u32 block0;  // scale block of column n0
-    u32 block1;  // the next scale block (clamped)
-    u32 mask;    // bit j set: column group j (columns n0 + 8j ..) uses block1
+    static_assert(BLOCK_N % 8 == 0, "column groups of 8");
+    static constexpr u32 kSegmentCols = gcd(BLOCK_N, 128u);
+    static constexpr u32 kNumSegments = BLOCK_N / kSegmentCols;
+    static constexpr u32 kGroupsPerSegment = kSegmentCols / 8;
+    // Some tile of this width reads two scale blocks (otherwise block1 is never used).
+    static constexpr bool kMayStraddle = kNumSegments > 1;
+
+    u32 block0;   // scale block of column n0
+    u32 block1;   // the next scale block (clamped)
+    u32 offset;   // n0 % 128
 
     DFG_HOST_DEVICE static ScaleColumns of(u32 n0) {
         ScaleColumns s;
         s.block0 = min_of(n0 / 128u, kNumScaleBlocksN - 1);
         s.block1 = min_of(n0 / 128u + 1u, kNumScaleBlocksN - 1);
-        s.mask = 0;
-        DFG_UNROLL
-        for (u32 j = 0; j < BLOCK_N / 8; ++j)
-            s.mask |= ((n0 + 8 * j) / 128u != n0 / 128u ? 1u : 0u) << j;
+        s.offset = n0 % 128u;
         return s;
     }
 
-    DFG_HOST_DEVICE u32 block_of_group(u32 j) const { return (mask >> j) & 1u ? block1 : block0; }
+    // Whether segment k (a compile-time constant in the kernel's unrolled loops) uses block1.
+    DFG_HOST_DEVICE constexpr bool segment_second(u32 k) const {
+        return k == 0 ? false : k * kSegmentCols >= 128u ? true : offset >= 128u - k * kSegmentCols;
+    }
+
+    DFG_HOST_DEVICE u32 block_of_group(u32 j) const {
+        return segment_second(j / kGroupsPerSegment) ? block1 : block0;
+    }
 };
 
 }  // namespace dfg

@@ -78,6 +78,10 @@ DFG_DEVICE u32 grid_dim() { return gridDim.x; }
 // Warp index made warp-uniform so that role branches compile to uniform control flow.
 DFG_DEVICE u32 warp_idx() { return __shfl_sync(0xffffffffu, threadIdx.x / 32, 0); }
 DFG_DEVICE u32 lane_idx() { return threadIdx.x % 32; }
+// Lane 0's `value` in every lane; all 32 lanes must call it. The result is provably warp-uniform, so
+// branches and addresses derived from it stay on the uniform datapath (values read from global memory,
+// e.g. a grouped layout, are not, even when every lane reads the same address).
+DFG_DEVICE u32 warp_broadcast(u32 value) { return __shfl_sync(0xffffffffu, value, 0); }
 
 DFG_DEVICE u32 cluster_cta_rank() {
     u32 rank;
@@ -101,11 +105,10 @@ DFG_DEVICE u8* dynamic_smem() {
 }
 
 // 32-bit shared-window address of a generic pointer into shared memory.
-DFG_DEVICE u32 smem_addr(const void* ptr) {
-    u32 addr;
-    asm volatile("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(addr) : "l"(ptr));
-    return addr;
-}
+// NOTES: the compiler builtin (an address-space cast), not inline asm: the compiler then folds
+// `smem_addr(smem + constant)` into the shared symbol's address + constant, instead of re-forming the
+// generic pointer (S2UR SR_SWINHI / SR_CgaCtaId) and converting it back at every use in the K loops.
+DFG_DEVICE u32 smem_addr(const void* ptr) { return static_cast<u32>(__cvta_generic_to_shared(ptr)); }
 
 // ---------------------------------------------------------------- CTA / cluster synchronisation
 DFG_DEVICE void sync_threads() { __syncthreads(); }
@@ -184,6 +187,18 @@ DFG_DEVICE void mbar_wait(u64* bar, u32 phase, BarrierName name = BarrierName{"m
         (void)name;
 #endif
     } while (!done);
+}
+
+// ---------------------------------------------------------------- cp.async (non-bulk) with mbarrier completion
+// Asynchronous 4-byte copy global -> shared (PTX ISA "cp.async"); does not stall the issuing thread.
+DFG_DEVICE void cp_async_4(void* smem_dst, const void* gmem_src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(smem_addr(smem_dst)), "l"(gmem_src) : "memory");
+}
+
+// One arrive on `bar` once every cp.async this thread issued so far has landed (PTX ISA
+// "cp.async.mbarrier.arrive", .noinc: the arrive counts against the barrier's expected arrivals).
+DFG_DEVICE void cp_async_mbar_arrive(u64* bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_addr(bar)) : "memory");
 }
 
 // ---------------------------------------------------------------- TMA (cp.async.bulk.tensor), rank 3

@@ -73,6 +73,9 @@ inline u32 block_idx() { return sd::me().cta; }
 inline u32 grid_dim() { return sd::L().cfg.grid_x; }
 inline u32 warp_idx() { return sd::me().tid / 32; }
 inline u32 lane_idx() { return sd::me().tid % 32; }
+// __shfl_sync(full mask, value, 0). Simulated threads do not exchange registers: the kernel broadcasts only
+// values every lane computed identically (scheduler state), for which lane 0's value is the caller's own.
+inline u32 warp_broadcast(u32 value) { return value; }
 // %cluster_ctarank (PTX ISA "Special Registers"): 1-D clusters are runs of cluster_x consecutive CTAs.
 inline u32 cluster_cta_rank() { return sd::me().cta % sd::L().cfg.cluster_x; }
 // %cluster_nctarank: CTAs per cluster.
@@ -113,6 +116,16 @@ inline void mbar_arrive_expect_tx(u64* bar, u32 tx_bytes) {
 // `name` labels the barrier in deadlock reports, as the watchdog build's message on the GPU.
 inline void mbar_wait(u64* bar, u32 phase, BarrierName name = BarrierName{"mbarrier", 0}) {
     sd::mbar_wait(bar, phase, name);
+}
+
+// ---------------------------------------------------------------- cp.async (PTX ISA "cp.async")
+// The copy happens at once (the emulation copies synchronously), so the arrive that tracks it may too.
+inline void cp_async_4(void* smem_dst, const void* gmem_src) {
+    sd::smem_offset(smem_dst, "cp_async_4");
+    std::memcpy(smem_dst, gmem_src, 4);
+}
+inline void cp_async_mbar_arrive(u64* bar) {
+    sd::mbarrier_arrive(sd::me().cta, sd::mbarrier_offset(bar, "cp_async_mbar_arrive"), 0, "cp_async_mbar_arrive");
 }
 
 // ---------------------------------------------------------------- TMA (PTX ISA "cp.async.bulk.tensor"), rank 3

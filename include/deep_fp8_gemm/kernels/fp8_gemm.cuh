@@ -13,8 +13,9 @@
 //                                           checks that the launch allocation fits this split.
 //
 // Barriers (shared memory, one pair per stage):
-//   full[s]   producer -> math. Arrive count 1 (the producer's arrive.expect_tx) + transaction bytes
-//             kStageTxBytes (A tile + B tile + sA slice, whoever of the cluster issued the copies).
+//   full[s]   producer -> math. Arrive count 2: the producer's arrive.expect_tx, plus transaction bytes
+//             kStageTxBytes (A tile + B tile + sA slice, whoever of the cluster issued the copies), and
+//             the producer's cp.async arrive, once its copies of the stage's sB values have landed.
 //   empty[s]  math -> producers of the cluster. Arrive count kClusterSize * kNumMathWarps: after its
 //             wgmma.wait, lane r < kClusterSize of every math warp arrives on CTA r's empty[s],
 //             because a multicasting peer writes into this CTA's stage s too.
@@ -22,18 +23,29 @@
 //
 // Shared memory (dynamic, 1024-byte aligned; offsets kSmem* below, total kSmemBytes, equal to
 // deep_fp8_gemm.config.smem_bytes by static_assert):
-//   D tile (bf16, BLOCK_N/16 swizzled 16-column chunks) | A stages | B stages | sA stages | barriers
+//   D tile (bf16, BLOCK_N/16 swizzled 16-column chunks) | A stages | B stages | sA stages | sB stages
+//   (16 bytes each: the K block's sB value of the tile's first scale block and of the next one) | barriers
 //
 // Math per 128-wide K block and m64 wave: 4 x wgmma m64nBLOCK_Nk32 into a scratch accumulator (scale-d = 0
 // on the first), wait, release the stage (after the last wave), then promote on the CUDA cores:
-// acc += scratch * sA[row] * sB[col block], the sB values loaded one K block ahead. The tensor cores never sum more than 128 products, which keeps FP8 GEMMs accurate
-// (their internal accumulator keeps ~14 bits of alignment; see ANCHORS.md, "two-level accumulation").
+// acc += scratch * sA[row] * sB[col block] (promotion.cuh). The tensor cores never sum more than 128
+// products, which keeps FP8 GEMMs accurate (their internal accumulator keeps ~14 bits of alignment; see
+// ANCHORS.md, "two-level accumulation").
+//
+// NOTES (issue per K block, measured by the audit's K-loop analysis, deep_fp8_gemm/runtime/kloop.py):
+// both K loops walk the stage ring one unrolled pass at a time (PipelineState::for_each_use), so stage,
+// barrier and descriptor offsets are immediates; descriptors are built once per tile and patched in their
+// low word; sB sits in shared memory next to sA (copied by the producer with cp.async), so the math loop
+// has no global loads; which sB block a column uses is fixed at compile time except for at most
+// 128 / gcd(BLOCK_N, 128) - 1 segments (scales.cuh); the grouped kinds broadcast scheduler values from
+// lane 0 so that control flow and descriptors stay on the uniform datapath.
 #pragma once
 #include "../common.cuh"
 #include "../epilogue.cuh"
 #include "../hal.cuh"
 #include "../mma.cuh"
 #include "../pipeline.cuh"
+#include "../promotion.cuh"
 #include "../scales.cuh"
 #include "../scheduler.cuh"
 #include "../tma.cuh"
@@ -93,6 +105,7 @@ struct Fp8GemmKernel {
     static_assert(BLOCK_N <= 128 + gcd(BLOCK_N, 128u), "a block's columns must touch at most two sB blocks");
 
     using Scheduler = TileScheduler<kKind, SHAPE_N, BLOCK_M, BLOCK_N, kNumGroups, kClusterM, kClusterN, kBandWidth>;
+    using Scales = ScaleColumns<BLOCK_N, kNumScaleBlocksN>;
     using Store = Epilogue<BLOCK_M, BLOCK_N, kWavesM>;
     using Pipe = PipelineState<kNumStages>;
 
@@ -102,14 +115,17 @@ struct Fp8GemmKernel {
     static constexpr u32 kSmemABytes = BLOCK_M * BLOCK_K;  // one stage; 1024-byte multiple
     static constexpr u32 kSmemBBytes = BLOCK_N * BLOCK_K;
     static constexpr u32 kSmemSABytes = round_up(BLOCK_M * 4u, 128u);
+    static constexpr u32 kSmemSBBytes = 16;  // sB of scale blocks block0 and block1 (8 bytes used)
     static constexpr u32 kSmemA = kSmemD + kSmemDBytes;
     static constexpr u32 kSmemB = kSmemA + kNumStages * kSmemABytes;
     static constexpr u32 kSmemSA = kSmemB + kNumStages * kSmemBBytes;
-    static constexpr u32 kSmemBarriers = kSmemSA + kNumStages * kSmemSABytes;
+    static constexpr u32 kSmemSB = kSmemSA + kNumStages * kSmemSABytes;
+    static constexpr u32 kSmemBarriers = kSmemSB + kNumStages * kSmemSBBytes;
     static constexpr u32 kSmemBytes = kSmemBarriers + 2 * kNumStages * 8;
     static constexpr u32 kStageTxBytes = kSmemABytes + kSmemBBytes + BLOCK_M * 4;
     static_assert(kSmemABytes % 1024 == 0 && kSmemBBytes % 1024 == 0, "stages keep 1024-byte alignment");
     static_assert(kSmemBytes <= 232448, "227 KB of shared memory per block");
+    static_assert(kSmemBytes + 1024 <= kMaxSmemWindow, "desc_advance needs shared addresses below 2^18");
     static_assert(kSmemBytes == kExpectedSmemBytes,
                   "shared-memory size disagrees with deep_fp8_gemm/config.py: keep the two maps identical");
 
@@ -134,7 +150,7 @@ struct Fp8GemmKernel {
             hal::tma_prefetch(&params.tma_sa);
             hal::tma_prefetch(&params.tma_d);
             for (u32 s = 0; s < kNumStages; ++s) {
-                hal::mbar_init(&full[s], 1);
+                hal::mbar_init(&full[s], 2);
                 hal::mbar_init(&empty[s], kClusterSize * kNumMathWarps);
             }
             // Barrier initialisation visible to the async proxy (TMA complete_tx) and to the cluster.
@@ -147,7 +163,8 @@ struct Fp8GemmKernel {
         else
             hal::sync_threads();
 
-        if (thread >= kNumMathThreads) {
+        // Role split on the warp index, which is provably warp-uniform: the math path stays convergent.
+        if (warp >= kNumMathWarps) {
             hal::setmaxnreg_dec<kProducerRegisters>();
             if (thread == kNumMathThreads)
                 produce(params, smem, full, empty);
@@ -168,35 +185,72 @@ struct Fp8GemmKernel {
         Pipe pipe;
         TileInfo tile;
         while (scheduler.next(tile)) {
+            if (tile.group >= kNumGroups)
+                hal::trap("grouped layout names a group >= num_groups");
             const i32 row0 = static_cast<i32>(tile.m_block * BLOCK_M);
             const i32 n0 = static_cast<i32>(tile.n_block * BLOCK_N);
             // A / sA / D batch index: the group for the masked layout (3-D maps), else 0.
             const i32 a_batch = kKind == GemmKind::GroupedMasked ? static_cast<i32>(tile.group) : 0;
             const i32 b_batch = static_cast<i32>(tile.group);
-            for (u32 kb = 0; kb < kNumKBlocks; ++kb) {
-                hal::mbar_wait(&empty[pipe.stage], pipe.phase ^ 1u, empty_barrier(pipe.stage));
-                u64* bar = &full[pipe.stage];
+            const auto cols = Scales::of(static_cast<u32>(n0));
+            const float* sb_row0 = params.sb + (tile.group * kNumScaleBlocksN + cols.block0) * kNumKBlocks;
+            const float* sb_row1 = params.sb + (tile.group * kNumScaleBlocksN + cols.block1) * kNumKBlocks;
+            pipe.template for_each_use<kNumKBlocks, false>([&](u32 stage, u32 phase, u32 kb) {
+                hal::mbar_wait(&empty[stage], phase ^ 1u, empty_barrier(stage));
+                u64* bar = &full[stage];
+                u8* sb = smem + kSmemSB + stage * kSmemSBBytes;
+                hal::cp_async_4(sb, sb_row0 + kb);
+                if constexpr (Scales::kMayStraddle)
+                    hal::cp_async_4(sb + 4, sb_row1 + kb);
+                hal::cp_async_mbar_arrive(bar);
                 hal::mbar_arrive_expect_tx(bar, kStageTxBytes);
                 const i32 k0 = static_cast<i32>(kb * BLOCK_K);
-                tma_load_tile<BLOCK_M, BLOCK_K, kMulticastA>(smem + kSmemA + pipe.stage * kSmemABytes, &params.tma_a,
-                                                             bar, k0, row0, a_batch, rank);
-                tma_load_tile<BLOCK_N, BLOCK_K, kMulticastB>(smem + kSmemB + pipe.stage * kSmemBBytes, &params.tma_b,
-                                                             bar, k0, n0, b_batch, rank, tile.multicast);
-                hal::tma_load_3d(smem + kSmemSA + pipe.stage * kSmemSABytes, &params.tma_sa, bar, row0,
+                tma_load_tile<BLOCK_M, BLOCK_K, kMulticastA>(smem + kSmemA + stage * kSmemABytes, &params.tma_a, bar,
+                                                             k0, row0, a_batch, rank);
+                tma_load_tile<BLOCK_N, BLOCK_K, kMulticastB>(smem + kSmemB + stage * kSmemBBytes, &params.tma_b, bar,
+                                                             k0, n0, b_batch, rank, tile.multicast);
+                hal::tma_load_3d(smem + kSmemSA + stage * kSmemSABytes, &params.tma_sa, bar, row0,
                                  static_cast<i32>(kb), a_batch);
-                pipe.advance();
-            }
+            });
+        }
+    }
+
+    // Next tile of the math warps. Grouped kinds read the scheduler's decisions from global memory, which
+    // the compiler cannot prove warp-uniform; broadcasting them from lane 0 keeps the tile loop convergent
+    // and the K loop's descriptors and barrier addresses in uniform registers.
+    static DFG_DEVICE bool next_tile(Scheduler& scheduler, TileInfo& tile) {
+        const bool more = scheduler.next(tile);
+        if constexpr (kKind == GemmKind::Dense) {
+            return more;
+        } else {
+            tile.m_block = hal::warp_broadcast(tile.m_block);
+            tile.n_block = hal::warp_broadcast(tile.n_block);
+            tile.group = hal::warp_broadcast(tile.group);
+            return hal::warp_broadcast(more ? 1u : 0u) != 0;
         }
     }
 
     // ---------------------------------------------------------------- math warpgroups
     static DFG_DEVICE void consume(const GemmParams& params, u8* smem, u64* full, u64* empty, u32 warp, u32 lane) {
-        const u32 wg = warp / 4;
+        const u32 wg = kNumMathWarpgroups == 1 ? 0u : warp / 4;  // a constant with one warpgroup
         const u32 warp_in_wg = warp % 4;
         const u32 wg_row0 = wg * kWgRows;
         const bool store_leader = warp_in_wg == 0 && lane == 0;
         // Rows of this thread's fragment inside the tile, per wave: r and r + 8 (WgmmaFragment::row).
         const u32 frag_row = wg_row0 + warp_in_wg * 16 + lane / 4;
+        // Every descriptor is one of these two advanced by an immediate in its low word.
+        // NOTES: their high words (stride, swizzle) are constants, which ptxas re-materialises into the
+        // wgmma's descriptor registers before every wgmma (2 instructions each). ORing in a zero it cannot
+        // see through (the warp index is < 32: at most 1024 threads per block) keeps them in registers:
+        // -3 to -9 instructions per K block per warp. Not for one warpgroup with BLOCK_N > 128: the two
+        // extra live registers made the masked 64x160 kernel spill.
+        constexpr bool kOpaqueHighWords = !(kNumMathWarpgroups == 1 && BLOCK_N > 128);
+        const u32 opaque_zero_a = kOpaqueHighWords ? warp >> 5 : 0u;
+        const u32 opaque_zero_b = kOpaqueHighWords ? warp >> 6 : 0u;
+        const u64 smem_desc = make_k_major_sw128_desc(hal::smem_addr(smem));
+        const u64 a_desc =
+            desc_advance(smem_desc, kSmemA + wg_row0 * BLOCK_K) | (static_cast<u64>(opaque_zero_a) << 32);
+        const u64 b_desc = desc_advance(smem_desc, kSmemB) | (static_cast<u64>(opaque_zero_b) << 32);
 
         float acc[kWavesM][kAccValues];
         float scratch[kAccValues];
@@ -204,13 +258,9 @@ struct Fp8GemmKernel {
         Scheduler scheduler(params.rows, params.grouped_layout, hal::block_idx(), hal::grid_dim());
         Pipe pipe;
         TileInfo tile;
-        while (scheduler.next(tile)) {
-            if (tile.group >= kNumGroups)
-                hal::trap("grouped layout names a group >= num_groups");
+        while (next_tile(scheduler, tile)) {
             const u32 n0 = tile.n_block * BLOCK_N;
-            const auto scale_cols = ScaleColumns<BLOCK_N, kNumScaleBlocksN>::of(n0);
-            const float* sb_row0 = params.sb + (tile.group * kNumScaleBlocksN + scale_cols.block0) * kNumKBlocks;
-            const float* sb_row1 = params.sb + (tile.group * kNumScaleBlocksN + scale_cols.block1) * kNumKBlocks;
+            const auto cols = Scales::of(n0);
 
             DFG_UNROLL
             for (u32 w = 0; w < kWavesM; ++w)
@@ -218,45 +268,36 @@ struct Fp8GemmKernel {
                 for (u32 i = 0; i < kAccValues; ++i)
                     acc[w][i] = 0.0f;
 
-            // sB values are loaded one K block ahead: a global load per K block would otherwise sit on
-            // the critical path between the full-barrier wait and the promotion.
-            float next_sb0 = hal::ld_global_nc(sb_row0);
-            float next_sb1 = hal::ld_global_nc(sb_row1);
-            for (u32 kb = 0; kb < kNumKBlocks; ++kb) {
-                const float sb0 = next_sb0;
-                const float sb1 = next_sb1;
-                if (kb + 1 < kNumKBlocks) {
-                    next_sb0 = hal::ld_global_nc(sb_row0 + kb + 1);
-                    next_sb1 = hal::ld_global_nc(sb_row1 + kb + 1);
-                }
-                hal::mbar_wait(&full[pipe.stage], pipe.phase, full_barrier(pipe.stage));
-                const float* sa = reinterpret_cast<const float*>(smem + kSmemSA + pipe.stage * kSmemSABytes);
-                const u8* a_stage = smem + kSmemA + pipe.stage * kSmemABytes;
-                const u8* b_stage = smem + kSmemB + pipe.stage * kSmemBBytes;
+            pipe.template for_each_use<kNumKBlocks>([&](u32 stage, u32 phase, u32 /*kb*/) {
+                hal::mbar_wait(&full[stage], phase, full_barrier(stage));
+                // Scales are read before the stage can be released.
+                const float* sb = reinterpret_cast<const float*>(smem + kSmemSB + stage * kSmemSBBytes);
+                const float sb0 = sb[0];
+                const float sb1 = Scales::kMayStraddle ? sb[1] : sb0;
+                const float* sa = reinterpret_cast<const float*>(smem + kSmemSA + stage * kSmemSABytes);
                 DFG_UNROLL
                 for (u32 w = 0; w < kWavesM; ++w) {
-                    // Read the row scales before the stage can be released.
                     const float sa_lo = sa[frag_row + w * 64];
                     const float sa_hi = sa[frag_row + w * 64 + 8];
-                    const u8* a_tile = a_stage + (wg_row0 + w * 64) * BLOCK_K;
                     DFG_UNROLL
                     for (u32 i = 0; i < kAccValues; ++i)
                         hal::fence_operand(scratch[i]);
                     hal::wgmma_fence();
                     DFG_UNROLL
                     for (u32 ks = 0; ks < BLOCK_K / kWgmmaK; ++ks)
-                        hal::WgmmaFp8<BLOCK_N>::mma(k_slice_desc(a_tile, ks), k_slice_desc(b_stage, ks), scratch, ks > 0);
+                        hal::WgmmaFp8<BLOCK_N>::mma(
+                            desc_advance(a_desc, stage * kSmemABytes + w * 64 * BLOCK_K + ks * kWgmmaK),
+                            desc_advance(b_desc, stage * kSmemBBytes + ks * kWgmmaK), scratch, ks > 0);
                     hal::wgmma_commit();
                     hal::wgmma_wait<0>();
                     DFG_UNROLL
                     for (u32 i = 0; i < kAccValues; ++i)
                         hal::fence_operand(scratch[i]);
                     if (w + 1 == kWavesM)
-                        release_stage(empty, pipe.stage, lane);
-                    promote(acc[w], scratch, sa_lo, sa_hi, sb0, sb1, scale_cols.mask);
+                        release_stage(empty, stage, lane);
+                    promote(acc[w], scratch, sa_lo, sa_hi, sb0, sb1, cols);
                 }
-                pipe.advance();
-            }
+            });
 
             // Epilogue: the previous tile's TMA store must have finished reading the shared tile.
             if (store_leader)
@@ -283,23 +324,6 @@ struct Fp8GemmKernel {
         } else {
             if (lane < kClusterSize)
                 hal::mbar_arrive_cluster(&empty[stage], lane);
-        }
-    }
-
-    // acc += scratch * sA[row] * sB[column block], per the fragment layout of WgmmaFragment:
-    // values 4j + {0, 1} are row r, 4j + {2, 3} row r + 8, all in column group j.
-    static DFG_DEVICE void promote(float (&acc)[kAccValues], const float (&scratch)[kAccValues], float sa_lo,
-                                   float sa_hi, float sb0, float sb1, u32 second_block_mask) {
-        const float lo0 = sa_lo * sb0, lo1 = sa_lo * sb1, hi0 = sa_hi * sb0, hi1 = sa_hi * sb1;
-        DFG_UNROLL
-        for (u32 j = 0; j < kAccValues / 4; ++j) {
-            const bool second = (second_block_mask >> j) & 1u;
-            const float lo = second ? lo1 : lo0;
-            const float hi = second ? hi1 : hi0;
-            acc[4 * j + 0] += scratch[4 * j + 0] * lo;
-            acc[4 * j + 1] += scratch[4 * j + 1] * lo;
-            acc[4 * j + 2] += scratch[4 * j + 2] * hi;
-            acc[4 * j + 3] += scratch[4 * j + 3] * hi;
         }
     }
 };

@@ -1,0 +1,288 @@
+"""Static K-loop analysis of a GEMM kernel's SASS: how many instructions the warps issue per K block.
+
+No GPU needed: it reads the disassembly (``nvdisasm -c`` or ``cuobjdump -sass``) of the compiled kernel.
+
+Loops are found from branches: a *conditional* branch (``@P0 BRA``, ``@!UP1 BRA``) to an earlier address
+closes a loop whose static body is every instruction from the target to the branch. The *math loop* is
+the innermost such loop whose body holds ``QGMMA`` (FP8 wgmma); the *producer loop* the innermost one
+holding ``UTMALDG`` (TMA load). ``BRA.U.ANY`` back edges are not loops over K: the compiler wraps an
+instruction with uniform operands in them (e.g. ``ELECT`` around a TMA issued by one thread) and they
+are counted as part of the body they sit in. Spin-wait retries (``SYNCS.PHASECHK`` + ``BRA``) that the
+compiler moves out of line are not in the body, as they cost nothing when the barrier is already ready.
+
+Per loop, instructions are counted by class (:data:`CLASSES`) and divided by the K blocks one iteration
+covers (the loop may be unrolled over pipeline stages):
+
+* math loop: ``QGMMA in body / (4 x waves_m)`` K blocks per iteration (a 128-wide K block is 4 k32
+  wgmmas per m64 wave of a warpgroup);
+* producer loop: ``UTMALDG in body / TMA loads per K block`` (A, B and sA: 3).
+
+Figures reported (per warp, since every warp of a warpgroup runs the same instruction stream):
+
+* ``per_k_block``: class -> instructions per K block per warp;
+* ``drain_to_wgmma``: instructions after each wave's drain (``WARPGROUP.DEPBAR``) up to the next
+  ``QGMMA`` in loop order (wrapping around the back edge): work one warpgroup cannot overlap with its
+  own tensor-core work. ``drain_to_wgmma_per_k_block`` sums them over an iteration, divided by its K blocks;
+* ``issue_per_tensor_cycle`` = instructions per K block per warp x math warpgroups / (BLOCK_M x BLOCK_N
+  / 32): math issue demand on one SM sub-partition (one warp of each math warpgroup lives on it) per
+  cycle of tensor-core work (a K block of a BLOCK_M x BLOCK_N tile is BLOCK_M x BLOCK_N x 128 x 2 FLOP at
+  8192 FLOP per clock per SM). Near 1 the promotion and bookkeeping can no longer hide under the other
+  warpgroup's wgmma.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from collections import Counter
+from pathlib import Path
+
+# Instruction classes, in report order. ``uniform``: uniform-datapath ops (U-prefixed, TMA excluded);
+# ``lds_ldg``: shared/global/constant loads; ``branch``: control flow.
+CLASSES = ("QGMMA", "FFMA", "FMUL", "FSEL", "uniform", "R2UR", "SYNCS", "lds_ldg", "branch", "other", "total")
+_BRANCH_OPS = frozenset({"BRA", "BRX", "JMP", "JMX", "CALL", "RET", "EXIT", "BSSY", "BSYNC", "WARPSYNC", "BREAK",
+                         "ELECT", "YIELD", "NOP"})
+_LOAD_OPS = frozenset({"LDS", "LDG", "LDSM", "LDC", "ULDC", "LD", "LDGSTS"})
+# TMA loads per K block issued by the producer: A tile, B tile, sA slice.
+TMA_LOADS_PER_K_BLOCK = 3
+WGMMAS_PER_K_BLOCK_PER_WAVE = 4  # 128-wide K block / k32 per e4m3 wgmma
+
+_FUNC_HEADER = re.compile(r"^\s*\.section\s+\.text\.([A-Za-z_$][\w$.]*)", re.MULTILINE)
+_CUOBJDUMP_FUNC = re.compile(r"^\s*Function\s*:\s*(\S+)", re.MULTILINE)
+_LABEL = re.compile(r"^(\.L_x_\d+|\.L_\w+):")
+# One instruction: address, optional predicate, opcode (with modifiers), operands up to ';'.
+_INSTR = re.compile(r"^\s*/\*([0-9a-fA-F]{4,})\*/\s+(@!?U?P[0-9T]\s+)?([A-Z][A-Z0-9_.]*)([^;]*);")
+_TARGET = re.compile(r"`?\(?(\.L_x_\d+|\.L_\w+)\)?`?|(0x[0-9a-fA-F]+)")
+
+
+@dataclasses.dataclass(frozen=True)
+class Instruction:
+    addr: int
+    predicate: str | None  # "@P0", "@!UP1", ... or None
+    opcode: str            # with modifiers, e.g. "QGMMA.64x128x32.F32.E4M3.E4M3"
+    operands: str
+
+    @property
+    def base(self) -> str:
+        return self.opcode.split(".", 1)[0]
+
+
+@dataclasses.dataclass
+class Loop:
+    start: int  # index of the first body instruction
+    end: int    # index of the back-edge branch (inclusive)
+
+
+def parse_functions(sass: str) -> dict[str, tuple[list[Instruction], dict[str, int]]]:
+    """Function name -> (instructions in address order, label -> instruction index).
+
+    Accepts ``nvdisasm -c`` (``.section .text.NAME`` headers, ``.L_x_N`` labels) and ``cuobjdump -sass``
+    (``Function : NAME`` headers, absolute branch targets); text with no header is one function ``""``.
+    """
+    heads = [(m.start(), m.group(1)) for m in _FUNC_HEADER.finditer(sass)]
+    heads += [(m.start(), m.group(1)) for m in _CUOBJDUMP_FUNC.finditer(sass)]
+    heads.sort()
+    if not heads:
+        heads = [(0, "")]
+    functions = {}
+    for i, (pos, name) in enumerate(heads):
+        chunk = sass[pos: heads[i + 1][0] if i + 1 < len(heads) else len(sass)]
+        instrs: list[Instruction] = []
+        labels: dict[str, int] = {}
+        for line in chunk.splitlines():
+            label = _LABEL.match(line.strip())
+            if label:
+                labels[label.group(1)] = len(instrs)
+                continue
+            m = _INSTR.match(line)
+            if m:
+                pred = m.group(2).strip() if m.group(2) else None
+                instrs.append(Instruction(int(m.group(1), 16), pred, m.group(3), m.group(4).strip()))
+        functions[name] = (instrs, labels)
+    return functions
+
+
+def _branch_target(instr: Instruction, labels: dict[str, int], by_addr: dict[int, int]) -> int | None:
+    """Index of the instruction a branch jumps to, or None (not a direct branch / unknown target)."""
+    if instr.base != "BRA":
+        return None
+    m = _TARGET.search(instr.operands)
+    if not m:
+        return None
+    if m.group(1):
+        return labels.get(m.group(1))
+    return by_addr.get(int(m.group(2), 16))
+
+
+def find_loops(instrs: list[Instruction], labels: dict[str, int]) -> list[Loop]:
+    """Loops closed by conditional backward branches (``BRA.U.ANY`` waterfall loops excluded)."""
+    by_addr = {ins.addr: i for i, ins in enumerate(instrs)}
+    loops = []
+    for i, ins in enumerate(instrs):
+        if ins.predicate is None or ins.predicate in ("@PT", "@UPT") or ".U.ANY" in ins.opcode or ".DIV" in ins.opcode:
+            continue
+        target = _branch_target(ins, labels, by_addr)
+        if target is not None and target <= i:
+            loops.append(Loop(target, i))
+    return loops
+
+
+def _innermost_holding(loops: list[Loop], instrs: list[Instruction], opcode: str) -> list[Loop]:
+    holding = [lp for lp in loops if any(instrs[j].base == opcode for j in range(lp.start, lp.end + 1))]
+    return [lp for lp in holding
+            if not any(o is not lp and lp.start <= o.start and o.end <= lp.end and (o.start, o.end) != (lp.start, lp.end)
+                       for o in holding)]
+
+
+def classify(ins: Instruction) -> str:
+    """The class (one of :data:`CLASSES` but ``total``) an instruction is counted in."""
+    base = ins.base
+    if base in ("QGMMA", "FFMA", "FMUL", "FSEL", "R2UR", "SYNCS"):
+        return base
+    if base in _LOAD_OPS:
+        return "lds_ldg"
+    if base in _BRANCH_OPS:
+        return "branch"
+    if base.startswith("U") and not base.startswith("UTMA") and base not in ("USETMAXREG",):
+        return "uniform"
+    return "other"
+
+
+def class_counts(body: list[Instruction]) -> dict[str, int]:
+    counts = Counter(classify(ins) for ins in body)
+    out = {c: counts.get(c, 0) for c in CLASSES if c != "total"}
+    out["total"] = len(body)
+    return out
+
+
+def _drain_gaps(body: list[Instruction]) -> list[int]:
+    """Per ``WARPGROUP.DEPBAR`` in the body: instructions after it up to the next QGMMA (cyclically)."""
+    gaps = []
+    n = len(body)
+    for i, ins in enumerate(body):
+        if ins.opcode.startswith("WARPGROUP.DEPBAR"):
+            for step in range(1, n + 1):
+                if body[(i + step) % n].base == "QGMMA":
+                    gaps.append(step - 1)
+                    break
+    return gaps
+
+
+def _loop_report(body: list[Instruction], k_blocks: float) -> dict:
+    counts = class_counts(body)
+    return {
+        "body_instructions": len(body),
+        "k_blocks_per_iteration": k_blocks,
+        "per_k_block": {c: round(v / k_blocks, 2) for c, v in counts.items()},
+        "utmaldg": sum(ins.base == "UTMALDG" for ins in body),
+        "qgmma": counts["QGMMA"],
+    }
+
+
+def analyse_function(instrs: list[Instruction], labels: dict[str, int], *, block_m: int, block_n: int,
+                     num_math_warpgroups: int) -> dict:
+    """The math and producer loop reports of one function (see the module docstring).
+
+    Returns ``{"math": {...} | None, "producer": {...} | None, "issue_per_tensor_cycle": float | None}``;
+    a loop report has ``body_instructions, k_blocks_per_iteration, per_k_block`` (class -> count),
+    ``qgmma, utmaldg`` and, for the math loop, ``drain_to_wgmma`` (list per drain),
+    ``drain_to_wgmma_per_k_block`` and ``bookkeeping_per_k_block_per_wave`` (:func:`bookkeeping_per_wave`).
+    """
+    if block_m % (64 * num_math_warpgroups):
+        raise ValueError(f"block_m={block_m} is not a multiple of 64 x num_math_warpgroups={num_math_warpgroups}")
+    waves_m = block_m // num_math_warpgroups // 64
+    loops = find_loops(instrs, labels)
+    result: dict = {"math": None, "producer": None, "issue_per_tensor_cycle": None}
+
+    math_loops = _innermost_holding(loops, instrs, "QGMMA")
+    if math_loops:
+        # The main loop: most wgmmas (an unrolled copy), then the longest body.
+        lp = max(math_loops, key=lambda lp: (sum(instrs[j].base == "QGMMA" for j in range(lp.start, lp.end + 1)),
+                                             lp.end - lp.start))
+        body = instrs[lp.start: lp.end + 1]
+        qgmma = sum(ins.base == "QGMMA" for ins in body)
+        k_blocks = qgmma / (WGMMAS_PER_K_BLOCK_PER_WAVE * waves_m)
+        report = _loop_report(body, k_blocks)
+        gaps = _drain_gaps(body)
+        report["drain_to_wgmma"] = gaps
+        report["drain_to_wgmma_per_k_block"] = round(sum(gaps) / k_blocks, 2)
+        report["bookkeeping_per_k_block_per_wave"] = bookkeeping_per_wave(report)
+        result["math"] = report
+        result["issue_per_tensor_cycle"] = round(
+            report["body_instructions"] / k_blocks * num_math_warpgroups / (block_m * block_n / 32), 3)
+
+    producer_loops = _innermost_holding(loops, instrs, "UTMALDG")
+    if producer_loops:
+        lp = max(producer_loops, key=lambda lp: (sum(instrs[j].base == "UTMALDG" for j in range(lp.start, lp.end + 1)),
+                                                 lp.end - lp.start))
+        body = instrs[lp.start: lp.end + 1]
+        loads = sum(ins.base == "UTMALDG" for ins in body)
+        result["producer"] = _loop_report(body, max(loads / TMA_LOADS_PER_K_BLOCK, 1.0))
+    return result
+
+
+def analyse_sass(sass: str, *, block_m: int, block_n: int, num_math_warpgroups: int,
+                 function: str | None = None) -> dict:
+    """:func:`analyse_function` on one function of a disassembly (``function`` = its name; default: the
+    only function, or the first one holding ``QGMMA``)."""
+    functions = parse_functions(sass)
+    if function is not None:
+        if function not in functions:
+            raise ValueError(f"function {function!r} not in the disassembly (has {sorted(functions)})")
+        instrs, labels = functions[function]
+    else:
+        chosen = next((f for f in functions.values() if any(i.base == "QGMMA" for i in f[0])), None)
+        instrs, labels = chosen or next(iter(functions.values()))
+    return analyse_function(instrs, labels, block_m=block_m, block_n=block_n, num_math_warpgroups=num_math_warpgroups)
+
+
+# ---------------------------------------------------------------------------------------- CI ceilings
+CEILINGS_PATH = Path(__file__).with_name("kloop_ceilings.json")
+
+
+def load_ceilings(path: Path | None = None) -> dict[str, dict[str, float]]:
+    """Per-kind ceilings from :data:`CEILINGS_PATH` (``{"dense": {"issue_per_tensor_cycle": x, ...}}``)."""
+    data = json.loads((path or CEILINGS_PATH).read_text())
+    return {kind: limits for kind, limits in data.items() if not kind.startswith("_")}
+
+
+def bookkeeping_per_wave(math: dict) -> float:
+    """Math-loop instructions per K block other than FFMA, per m64 wave (QGMMA / 4 waves per K block)."""
+    per = math["per_k_block"]
+    waves = max(per.get("QGMMA", 4) / WGMMAS_PER_K_BLOCK_PER_WAVE, 1.0)
+    return round((per["total"] - per.get("FFMA", 0)) / waves, 2)
+
+
+def check_ceilings(kind: str, block_m: int, analysis: dict, ceilings: dict[str, dict[str, float]]) -> list[str]:
+    """Problems (empty: fine) where a kernel's loop figures exceed its kind's ceilings.
+
+    Ceiling keys: ``issue_per_tensor_cycle_m{64,128,256}`` (per BLOCK_M: small tiles have less tensor work to
+    hide bookkeeping under), ``math_per_k_block`` and ``producer_per_k_block`` (total instructions per K block),
+    ``overhead_per_k_block_per_wave`` (math instructions other than the promotion's FFMA, per K block and m64
+    wave: independent of BLOCK_N, so it catches bookkeeping growth in wide and narrow tiles alike).
+    A kind without an entry is not gated; a GEMM kernel without a math loop is a problem.
+    """
+    limits = ceilings.get(kind)
+    if not limits:
+        return []
+    problems = []
+    math, producer = analysis.get("math"), analysis.get("producer")
+    if math is None:
+        return ["K-loop analysis found no math loop (no conditional backward branch around QGMMA)"]
+    issue_limit = limits.get(f"issue_per_tensor_cycle_m{block_m}")
+    if issue_limit is not None and analysis["issue_per_tensor_cycle"] > issue_limit:
+        problems.append(f"math loop issues {analysis['issue_per_tensor_cycle']} slots per tensor cycle "
+                        f"> ceiling {issue_limit} ({kind}, BLOCK_M {block_m})")
+    overhead = bookkeeping_per_wave(math)
+    if "overhead_per_k_block_per_wave" in limits and overhead > limits["overhead_per_k_block_per_wave"]:
+        problems.append(f"math loop spends {overhead} non-FFMA instructions per K block per m64 wave > ceiling "
+                        f"{limits['overhead_per_k_block_per_wave']} ({kind})")
+    if "math_per_k_block" in limits and math["per_k_block"]["total"] > limits["math_per_k_block"]:
+        problems.append(f"math loop {math['per_k_block']['total']} instructions per K block > ceiling "
+                        f"{limits['math_per_k_block']} ({kind})")
+    if producer is not None and "producer_per_k_block" in limits and \
+            producer["per_k_block"]["total"] > limits["producer_per_k_block"]:
+        problems.append(f"producer loop {producer['per_k_block']['total']} instructions per K block > ceiling "
+                        f"{limits['producer_per_k_block']} ({kind})")
+    return problems
