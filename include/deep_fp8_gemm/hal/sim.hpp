@@ -38,6 +38,7 @@
 #include <sys/mman.h>
 #include <ucontext.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdarg>
@@ -56,6 +57,11 @@
 #include "sim/state.hpp"
 #include "sim/access.hpp"
 #include "sim/numerics.hpp"
+#include "sim/schedule.hpp"
+#include "sim/convergence.hpp"
+#include "sim/proxy.hpp"
+#include "sim/registers.hpp"
+#include "sim/cluster.hpp"
 #include "sim/barriers.hpp"
 #include "sim/tma.hpp"
 #include "sim/wgmma.hpp"
@@ -66,6 +72,12 @@ namespace dfg {
 // ================================================================ the hal interface (see hal/ptx.cuh)
 namespace hal {
 namespace sd = ::dfg::sim::detail;  // the emulation; kernels use only the hal names below
+
+// Every operation that can block or fail takes the caller's file and line as default arguments (the kernel
+// source stays identical to the device build's): reports name the call site in the kernel source. Entering
+// an operation is also where an adversarial schedule may preempt the thread.
+#define DFG_SIM_SITE const char *dfg_file = __builtin_FILE(), int dfg_line = __builtin_LINE()
+#define DFG_SIM_ENTER sd::enter(dfg_file, dfg_line)
 
 // ---------------------------------------------------------------- indices
 inline u32 thread_idx() { return sd::me().tid; }
@@ -86,68 +98,115 @@ inline u32 smem_addr(const void* ptr) { return sd::smem_offset(ptr, "smem_addr")
 
 // ---------------------------------------------------------------- CTA / cluster synchronisation
 // bar.sync 0 (PTX ISA "bar, barrier") without a count: every thread of the CTA that has not exited.
-inline void sync_threads() { sd::sync_threads(); }
+inline void sync_threads(DFG_SIM_SITE) {
+    DFG_SIM_ENTER;
+    sd::sync_threads();
+}
 // bar.sync id, n: n a positive multiple of 32; arrivals are counted per thread.
-inline void named_barrier_sync(u32 id, u32 num_threads) { sd::named_barrier_sync(id, num_threads); }
+inline void named_barrier_sync(u32 id, u32 num_threads, DFG_SIM_SITE) {
+    DFG_SIM_ENTER;
+    sd::named_barrier_sync(id, num_threads);
+}
 // barrier.cluster.arrive + wait (PTX ISA "barrier.cluster"): every thread of every CTA of the cluster.
-inline void cluster_sync() { sd::cluster_sync(); }
+inline void cluster_sync(DFG_SIM_SITE) {
+    DFG_SIM_ENTER;
+    sd::cluster_sync();
+}
 
-// The emulation is sequentially consistent and copies synchronously: fences order nothing further.
-inline void fence_barrier_init() {}
-inline void fence_view_async_shared() {}
+// fence.mbarrier_init.release.cluster: this thread's mbarrier.inits become visible to the cluster and the
+// async proxy once a barrier orders the fence (sim/proxy.hpp).
+inline void fence_barrier_init(DFG_SIM_SITE) {
+    DFG_SIM_ENTER;
+    sd::fence_mbarrier_inits();
+}
+// fence.proxy.async.shared::cta: this thread's generic-proxy shared-memory writes (stmatrix, mbarrier.init)
+// become visible to later async-proxy accesses ordered after the fence (sim/proxy.hpp).
+inline void fence_view_async_shared(DFG_SIM_SITE) {
+    DFG_SIM_ENTER;
+    sd::fence_proxy_async();
+    sd::fence_mbarrier_inits();
+}
 
 // ---------------------------------------------------------------- mbarrier (PTX ISA "mbarrier")
 // mbarrier.init: phase 0, pending = expected = arrive_count, tx-count 0.
-inline void mbar_init(u64* bar, u32 arrive_count) { sd::mbar_init(bar, arrive_count); }
-inline void mbar_arrive(u64* bar) {
+inline void mbar_init(u64* bar, u32 arrive_count, DFG_SIM_SITE) {
+    DFG_SIM_ENTER;
+    sd::mbar_init(bar, arrive_count);
+}
+inline void mbar_arrive(u64* bar, DFG_SIM_SITE) {
+    DFG_SIM_ENTER;
     sd::mbarrier_arrive(sd::me().cta, sd::mbarrier_offset(bar, "mbar_arrive"), 0, "mbar_arrive");
 }
 // mapa + mbarrier.arrive.shared::cluster: the barrier at the same offset in CTA `cta_rank` of the cluster.
-inline void mbar_arrive_cluster(u64* bar, u32 cta_rank) { sd::mbar_arrive_cluster(bar, cta_rank); }
-inline void mbar_arrive_expect_tx(u64* bar, u32 tx_bytes) {
+inline void mbar_arrive_cluster(u64* bar, u32 cta_rank, DFG_SIM_SITE) {
+    DFG_SIM_ENTER;
+    sd::mbar_arrive_cluster(bar, cta_rank);
+}
+inline void mbar_arrive_expect_tx(u64* bar, u32 tx_bytes, DFG_SIM_SITE) {
+    DFG_SIM_ENTER;
     sd::mbarrier_arrive(sd::me().cta, sd::mbarrier_offset(bar, "mbar_arrive_expect_tx"), tx_bytes,
                         "mbar_arrive_expect_tx");
 }
 // mbarrier.try_wait.parity (PTX ISA "mbarrier.test_wait / mbarrier.try_wait"): returns once the phase with
 // parity `phase` has completed, i.e. while the current phase's parity differs from `phase`.
-inline void mbar_wait(u64* bar, u32 phase) { sd::mbar_wait(bar, phase); }
+inline void mbar_wait(u64* bar, u32 phase, DFG_SIM_SITE) {
+    DFG_SIM_ENTER;
+    sd::mbar_wait(bar, phase);
+}
 
 // ---------------------------------------------------------------- TMA (PTX ISA "cp.async.bulk.tensor"), rank 3
 inline void tma_prefetch(const TensorMap* map) { sd::tensor_map(map, "tma_prefetch"); }
 
-inline void tma_load_3d(void* dst, const TensorMap* map, u64* bar, i32 c0, i32 c1, i32 c2) {
+inline void tma_load_3d(void* dst, const TensorMap* map, u64* bar, i32 c0, i32 c1, i32 c2, DFG_SIM_SITE) {
+    DFG_SIM_ENTER;
     sd::tma_load(dst, map, bar, 1u << cluster_cta_rank(), false, c0, c1, c2, "tma_load_3d");
 }
 
 inline void tma_load_3d_multicast(void* dst, const TensorMap* map, u64* bar, u16 cta_mask, i32 c0, i32 c1,
-                                  i32 c2) {
+                                  i32 c2, DFG_SIM_SITE) {
+    DFG_SIM_ENTER;
     sd::tma_load(dst, map, bar, cta_mask, true, c0, c1, c2, "tma_load_3d_multicast");
 }
 
 // Writes global memory at issue (in-bounds elements only) and keeps a copy of the smem source, which
 // tma_store_wait_read / _all compare against: overwriting the source before the wait is reported.
-inline void tma_store_3d(const TensorMap* map, const void* src, i32 c0, i32 c1, i32 c2) {
+inline void tma_store_3d(const TensorMap* map, const void* src, i32 c0, i32 c1, i32 c2, DFG_SIM_SITE) {
+    DFG_SIM_ENTER;
     sd::tma_store(map, src, c0, c1, c2);
 }
 // PTX ISA "cp.async.bulk.commit_group" / "cp.async.bulk.wait_group" [.read] N: bulk groups are per thread.
-inline void tma_store_commit() { sd::tma_store_commit(); }
+inline void tma_store_commit(DFG_SIM_SITE) {
+    DFG_SIM_ENTER;
+    sd::tma_store_commit();
+}
 template <int N>
-inline void tma_store_wait_read() {
+inline void tma_store_wait_read(DFG_SIM_SITE) {
+    DFG_SIM_ENTER;
     sd::tma_store_wait_read(N);
 }
-inline void tma_store_wait_all() { sd::tma_store_wait_read(0); }
+inline void tma_store_wait_all(DFG_SIM_SITE) {
+    DFG_SIM_ENTER;
+    sd::tma_store_wait_read(0);
+}
 
 // ---------------------------------------------------------------- wgmma (PTX ISA "wgmma", warpgroup-collective)
 // PTX ISA "wgmma.fence" is required before a wgmma that touches registers accessed since the last one;
 // the simulator requires it between each wgmma_wait and the next wgmma.
-inline void wgmma_fence() { sd::me().wgmma_fenced = true; }
+inline void wgmma_fence(DFG_SIM_SITE) {
+    DFG_SIM_ENTER;
+    sd::wgmma_fence();
+}
 // wgmma.commit_group: this thread's wgmmas since its last commit form its next group.
-inline void wgmma_commit() { sd::wgmma_commit(); }
+inline void wgmma_commit(DFG_SIM_SITE) {
+    DFG_SIM_ENTER;
+    sd::wgmma_commit();
+}
 // PTX ISA "wgmma.wait_group" N: at most N of this thread's committed groups stay pending. The groups that
 // must finish execute here, once all 128 threads have committed them, in commit order.
 template <int N>
-inline void wgmma_wait() {
+inline void wgmma_wait(DFG_SIM_SITE) {
     static_assert(N >= 0 && N <= 7, "wgmma.wait_group takes 0..7");
+    DFG_SIM_ENTER;
     sd::wgmma_wait(N);
 }
 inline void fence_operand(float&) {}
@@ -158,30 +217,38 @@ inline void fence_operand(float&) {}
 template <int N>
 struct WgmmaFp8 {
     static_assert(N % 8 == 0 && N >= 8 && N <= 256, "wgmma .m64nNk32 needs N in 8..256, a multiple of 8");
-    static void mma(u64 desc_a, u64 desc_b, float* d, bool scale_d) { sd::wgmma_issue(N, desc_a, desc_b, d, scale_d); }
+    static void mma(u64 desc_a, u64 desc_b, float* d, bool scale_d, DFG_SIM_SITE) {
+        DFG_SIM_ENTER;
+        sd::wgmma_issue(N, desc_a, desc_b, d, scale_d);
+    }
 };
 
 // ---------------------------------------------------------------- stmatrix / setmaxnreg
 // stmatrix.sync.aligned.x4.m8n8.shared.b16 (PTX ISA "stmatrix"): lane l gives the address of row l%8 of
 // matrix l/8 (16-byte aligned); register q of lane l holds row l/4, columns 2(l%4), 2(l%4)+1 of matrix q.
 // A warp rendezvous: the last of the 32 lanes to arrive performs the store.
-inline void stmatrix_x4(void* row_ptr, u32 r0, u32 r1, u32 r2, u32 r3) {
+inline void stmatrix_x4(void* row_ptr, u32 r0, u32 r1, u32 r2, u32 r3, DFG_SIM_SITE) {
+    DFG_SIM_ENTER;
     const u32 regs[4] = {r0, r1, r2, r3};
     sd::stmatrix_x4(row_ptr, regs);
 }
 
-// setmaxnreg (PTX ISA "setmaxnreg") changes nothing here; at the end of the launch every thread of a warpgroup
-// must have made the same sequence of calls (.sync.aligned over the warpgroup).
+// setmaxnreg (PTX ISA "setmaxnreg", .sync.aligned over the warpgroup): accounted against the CTA's register
+// pool of launch_registers per thread (sim/registers.hpp); an inc waits for registers other warpgroups freed.
 template <u32 kRegisters>
-inline void setmaxnreg_inc() {
+inline void setmaxnreg_inc(DFG_SIM_SITE) {
     static_assert(kRegisters % 8 == 0 && kRegisters >= 24 && kRegisters <= 256, "setmaxnreg range");
-    sd::me().setmaxnreg_log.push_back(i32(kRegisters));
+    DFG_SIM_ENTER;
+    sd::aligned("setmaxnreg.inc", true);
+    sd::setmaxnreg(kRegisters, true);
 }
 
 template <u32 kRegisters>
-inline void setmaxnreg_dec() {
+inline void setmaxnreg_dec(DFG_SIM_SITE) {
     static_assert(kRegisters % 8 == 0 && kRegisters >= 24 && kRegisters <= 256, "setmaxnreg range");
-    sd::me().setmaxnreg_log.push_back(-i32(kRegisters));
+    DFG_SIM_ENTER;
+    sd::aligned("setmaxnreg.dec", true);
+    sd::setmaxnreg(kRegisters, false);
 }
 
 // ---------------------------------------------------------------- conversions, loads, errors
@@ -193,7 +260,10 @@ inline float ld_global_nc(const float* ptr) { return *ptr; }
 inline i32 ld_global_nc(const i32* ptr) { return *ptr; }
 
 // Aborts the launch; the report carries `what`.
-inline void trap(const char* what) { sd::fail(std::string("trap: ") + (what ? what : "")); }
+inline void trap(const char* what, DFG_SIM_SITE) {
+    sd::at(dfg_file, dfg_line);
+    sd::fail(std::string("trap: ") + (what ? what : ""));
+}
 
 }  // namespace hal
 
