@@ -99,7 +99,21 @@ PLANTED = {
                  r"barriers or multicast into it: thread \d+ of cta \d+ made a remote operation into it at "
                  r"kernels/fp8_gemm\.cuh:\d+|.* targets cta \d+ of the cluster, which has already exited)", (0,),
     ),
+    # (5) schedules: a consumer releases the stage only on its own CTA, so the peer's producer may multicast
+    # into this CTA's stage while its wgmma still reads it. The round-robin schedule keeps the two CTAs in
+    # lockstep and runs clean (checked below); seeds that run one CTA or the producer ahead expose it.
+    "schedule_stage_released_on_own_cta_only": (
+        GEMM,
+        "hal::mbar_arrive_cluster(&empty[stage], lane);",
+        "hal::mbar_arrive_cluster(&empty[stage], hal::cluster_cta_rank());",
+        dict(m=128, n=256, k=512, block_m=64, block_n=64, cluster=(1, 2), stages=2, grid=2),
+        r"race: (tma_load_3d_multicast: TMA write into a stage still read by wgmma: .* issued by thread \d+ at "
+        r"\S+\.cuh:\d+|cta \d+: a wgmma of warpgroup \d+ \(issued by thread \d+ at \S+\.cuh:\d+\) reads smem .* before "
+        r"the TMA load writing it has landed)", (2, 4, 5),
+    ),
 }
+# Planted bugs that the default (seed 0) schedule does not expose: the point of the seeded schedules.
+SCHEDULE_ONLY = {"schedule_stage_released_on_own_cta_only"}
 
 SITE = re.compile(r"\w+\.cuh:\d+")
 THREAD = re.compile(r"thread \d+")
@@ -121,7 +135,7 @@ def mutated_headers(tmp_path: Path, monkeypatch, header: str, original: str, pla
 def run_case(args: dict, seed: int, monkeypatch) -> None:
     m, n, k = args["m"], args["n"], args["k"]
     cfg = make_config("dense", n, k, args["block_m"], args["block_n"], cluster=args["cluster"],
-                      stages=args.get("stages", 3), grid=2 * args["cluster"][1] * args["cluster"][0])
+                      stages=args.get("stages", 3), grid=args.get("grid", 2 * args["cluster"][1] * args["cluster"][0]))
     a, sa, b, sb = quantised_operands((m,), n, k, seed=3)
     d = torch.full((m, n), float("nan"), dtype=torch.bfloat16)
     monkeypatch.setenv("DFG_SIM_SEED", str(seed))
@@ -132,10 +146,12 @@ def run_case(args: dict, seed: int, monkeypatch) -> None:
 def test_planted_hardware_bug_is_reported(bug, tmp_path, monkeypatch):
     header, original, planted, args, pattern, seeds = PLANTED[bug]
     mutated_headers(tmp_path, monkeypatch, header, original, planted)
+    if bug in SCHEDULE_ONLY:
+        run_case(args, 0, monkeypatch)  # round-robin: no report (if this fails, pick a subtler bug)
     for seed in seeds:
         with pytest.raises(SimulationError) as info:
             run_case(args, seed, monkeypatch)
         report = str(info.value)
-        print(f"{bug} (seed {seed}): simulator reported:\n{report[:1500]}")
+        print(f"{bug} (DFG_SIM_SEED={seed}): simulator reported:\n{report[:1500]}")
         assert re.search(pattern, report), f"{bug}: unexpected report:\n{report[:3000]}"
         assert THREAD.search(report) and SITE.search(report), f"{bug}: report names no thread or call site"

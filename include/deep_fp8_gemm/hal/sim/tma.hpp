@@ -79,11 +79,12 @@ inline void check_no_wgmma_reader(u32 cta, u32 offset, u32 bytes, const char* wh
                 const bool a = op.lo_a < offset + bytes && offset < op.hi_a;
                 const bool b = op.lo_b < offset + bytes && offset < op.hi_b;
                 if (a || b)
-                    fail(format("%s: TMA write into a stage still read by wgmma: box [%#x, %#x) of cta %u overlaps "
-                                "operand %s [%#x, %#x) of a wgmma of warpgroup %u (group %llu, not yet waited)",
+                    fail(format("race: %s: TMA write into a stage still read by wgmma: box [%#x, %#x) of cta %u "
+                                "overlaps operand %s [%#x, %#x) of a wgmma of warpgroup %u (group %llu, not yet waited; "
+                                "issued by thread %u at %s)",
                                 what, offset, offset + bytes, cta, a ? "A" : "B", a ? op.lo_a : op.lo_b,
-                                a ? op.hi_a : op.hi_b, w,
-                                static_cast<unsigned long long>(wgs[w].executed + g)));
+                                a ? op.hi_a : op.hi_b, w, static_cast<unsigned long long>(wgs[w].executed + g),
+                                op.issue_tid, site_str(op.issue_site).c_str()));
             }
 }
 
@@ -139,9 +140,11 @@ inline std::string land_tma_loads(bool all = true) {
                     for (const WgmmaOp& op : group.ops)
                         if ((op.lo_a < load.offset + box.footprint && load.offset < op.hi_a) ||
                             (op.lo_b < load.offset + box.footprint && load.offset < op.hi_b))
-                            return format("cta %u: a wgmma of warpgroup %u reads smem [%#x, %#x) before the TMA load "
-                                          "writing it has landed (missing or wrong full-barrier wait?)",
-                                          cta, w, load.offset, load.offset + box.footprint);
+                            return format("race: cta %u: a wgmma of warpgroup %u (issued by thread %u at %s) reads smem "
+                                          "[%#x, %#x) before the TMA load writing it has landed (missing or wrong "
+                                          "full-barrier wait?)",
+                                          cta, w, op.issue_tid, site_str(op.issue_site).c_str(), load.offset,
+                                          load.offset + box.footprint);
             u8* smem = l.ctas[cta].smem;
             for (u32 row = 0; row < box.rows; ++row) {
                 const u8* g = box.row_global(row);
