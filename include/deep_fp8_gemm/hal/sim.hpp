@@ -7,9 +7,10 @@
 // Execution model
 //   * Every thread of every CTA of the grid is a cooperative fiber (ucontext) on one OS thread. All CTAs
 //     are co-resident, as on a GPU running a persistent grid of <= #SM CTAs, so the CTAs of a cluster
-//     are co-scheduled. The scheduler resumes fibers round-robin in (cta, thread) order; a fiber runs
-//     until it blocks in a hal operation (mbarrier wait, bar.sync, cluster barrier, wgmma wait, a warp
-//     rendezvous) or returns. The interleaving is deterministic.
+//     are co-scheduled. With seed 0 the scheduler resumes fibers round-robin in (cta, thread) order; a
+//     fiber runs until it blocks in a hal operation (mbarrier wait, bar.sync, cluster barrier, wgmma wait,
+//     a warp rendezvous, setmaxnreg) or returns. Any other seed (LaunchConfig::seed, DFG_SIM_SEED) gives a
+//     seeded adversarial schedule (sim/schedule.hpp). The interleaving is deterministic for a seed.
 //   * A blocked fiber is resumed only once its wait condition holds; when a whole scheduling pass resumes
 //     nothing, the launch is deadlocked and the report lists who waits on what (see deadlock_report).
 //   * TMA loads are checked at issue and land (copy + complete-tx) at the end of the scheduling pass, so a
@@ -20,8 +21,40 @@
 //     caught as an error.
 //   * Shared memory is filled with 0xFF (NaN as e4m3, bf16 and f32) so reads of unwritten data show up.
 //     Global memory is host memory: kernel parameters carry host pointers.
+//   * wgmma arithmetic follows a model of the Hopper FP8 tensor core (sim/numerics.hpp, mma_fp8_k32:
+//     13-bit truncating accumulator); kFlagExactMma (DFG_SIM_EXACT_MMA=1) accumulates in exact fp32.
+//   * Checked beyond a sequentially consistent machine, each report naming its kind, thread and call site
+//     (the hal functions take __builtin_FILE / __builtin_LINE default arguments):
+//       proxy        generic-proxy writes (stmatrix) read by the async proxy (TMA store, wgmma) without the
+//                    writer's fence.proxy.async and a barrier ordering it; mbarrier.init used by TMA
+//                    complete_tx or a remote arrive before it was fenced and (across CTAs) cluster-synced
+//                    (sim/proxy.hpp; happens-before by vector clocks over bar.sync / named / cluster barriers)
+//       registers    setmaxnreg against the CTA's pool of launch_registers (ptxas) per thread
+//                    (sim/registers.hpp): unsatisfiable inc = deadlock naming warpgroups and counts; a count
+//                    below a wgmma accumulator fragment's needs
+//       convergence  .aligned operations (bar.sync, barrier.cluster, wgmma.*, setmaxnreg, stmatrix) at the
+//                    same call site in the same round by the whole warp / warpgroup (sim/convergence.hpp)
+//       cluster lifetime  exit while a peer may still arrive / multicast into the CTA, remote operations
+//                    into an exited CTA, TMA loads in flight at exit (sim/cluster.hpp)
+//       race         wgmma operands changing between issue and the retiring wait; TMA into operands of an
+//                    unwaited wgmma or landing under a wgmma issued before it
 //
-// Errors (bounds, alignment, descriptors, barrier misuse, races the model can see, trap()) abort the whole
+// Not modelled (a kernel can still be wrong on the GPU in these ways and pass here):
+//   * Plain C++ loads and stores to shared memory are not tracked: generic writes are seen by the proxy
+//     check only through stmatrix (and mbarrier.init), and a read of a stage after its release is only
+//     caught when a schedule makes it return wrong numbers.
+//   * Happens-before through mbarrier arrive/wait is not tracked (only barriers order generic writes
+//     before async reads); memory scopes and orders (.release/.acquire, .cta/.cluster) and the weak
+//     ordering of global memory are not modelled: everything is sequentially consistent between hal calls.
+//   * Preemption happens only at hal operations, never between two plain loads or stores.
+//   * The register count of the code between setmaxnreg calls is not known: only wgmma accumulator
+//     fragments count as live; registers of exited warps are not returned to the pool.
+//   * The tensor-core model is ours (group of 16 products, 13 aligned bits, truncation), fitted to the
+//     published facts, not proven bit-exact; bf16 / fp16 wgmma and other shapes do not exist here.
+//   * Timing, bank conflicts, L2 promotion, TMA prefetch and the cost of anything are not modelled.
+//   * Only rank-3 tensor maps, 1-D clusters of up to 8 CTAs, and the hal operations below exist.
+//
+// Errors (bounds, alignment, descriptors, barrier misuse, the checks above, trap()) abort the whole
 // launch: the entry point returns nonzero and dfg_sim_last_error() gives the report.
 //
 // Sources: PTX ISA 8.x, sections cited by title per operation; layouts cross-checked against CuTe
