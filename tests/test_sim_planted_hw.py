@@ -109,7 +109,7 @@ PLANTED = {
         dict(m=128, n=256, k=512, block_m=64, block_n=64, cluster=(1, 2), stages=2, grid=2),
         r"race: (tma_load_3d_multicast: TMA write into a stage still read by wgmma: .* issued by thread \d+ at "
         r"\S+\.cuh:\d+|cta \d+: a wgmma of warpgroup \d+ \(issued by thread \d+ at \S+\.cuh:\d+\) reads smem .* before "
-        r"the TMA load writing it has landed)", (2, 4, 5),
+        r"the TMA load writing it has landed)", range(1, 9),
     ),
 }
 # Planted bugs that the default (seed 0) schedule does not expose: the point of the seeded schedules.
@@ -148,10 +148,18 @@ def test_planted_hardware_bug_is_reported(bug, tmp_path, monkeypatch):
     mutated_headers(tmp_path, monkeypatch, header, original, planted)
     if bug in SCHEDULE_ONLY:
         run_case(args, 0, monkeypatch)  # round-robin: no report (if this fails, pick a subtler bug)
+    reported = 0
     for seed in seeds:
-        with pytest.raises(SimulationError) as info:
+        try:
             run_case(args, seed, monkeypatch)
-        report = str(info.value)
+        except SimulationError as e:
+            report = str(e)
+        else:
+            assert bug in SCHEDULE_ONLY, f"{bug} went unreported with DFG_SIM_SEED={seed}"
+            continue  # this schedule did not expose the race
+        reported += 1
         print(f"{bug} (DFG_SIM_SEED={seed}): simulator reported:\n{report[:1500]}")
         assert re.search(pattern, report), f"{bug}: unexpected report:\n{report[:3000]}"
         assert THREAD.search(report) and SITE.search(report), f"{bug}: report names no thread or call site"
+    # Schedule-only bugs: most seeds expose them (all 8 did when this case was written; seed 9 did not).
+    assert reported >= (len(seeds) + 1) // 2, f"{bug}: only {reported} of {len(seeds)} seeds reported it"

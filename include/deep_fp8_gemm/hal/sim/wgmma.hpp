@@ -78,17 +78,34 @@ inline void execute(const WgmmaOp& op, const u8* smem) {
     const bool exact = L().cfg.flags & kFlagExactMma;
     for (u32 i = 0; i < 64 * 32; ++i) a[i] = g_e4m3.value[smem[op.addr_a[i]]];
     for (u32 i = 0; i < n * 32; ++i) b[i] = g_e4m3.value[smem[op.addr_b[i]]];
+    // The tensor-core model works on the e4m3 values as integers; rows with a NaN code take the float path.
+    std::vector<u32>& mag = L().scratch_mag;
+    std::vector<u32>& neg = L().scratch_neg;
+    std::vector<u8>& nan_row = L().scratch_nan;
+    if (!exact) {
+        mag.resize(size_t(64 + n) * 32);
+        neg.resize(size_t(64 + n) * 32);
+        nan_row.assign(64 + n, 0);
+        for (u32 i = 0; i < (64 + n) * 32; ++i) {
+            const u8 code = smem[i < 64 * 32 ? op.addr_a[i] : op.addr_b[i - 64 * 32]];
+            mag[i] = g_e4m3_fixed.mag[code];
+            neg[i] = g_e4m3_fixed.neg[code];
+            nan_row[i / 32] |= g_e4m3_fixed.nan[code];
+        }
+    }
     for (u32 t = 0; t < kWarpgroupThreads; ++t) {
         float* d = op.frag[t];
         for (u32 i = 0; i < n / 2; ++i) {
-            const float* ar = a + frag_row(t, i) * 32;
-            const float* br = b + frag_col(t, i) * 32;
-            if (exact) {
+            const u32 row = frag_row(t, i), col = frag_col(t, i);
+            if (exact || nan_row[row] || nan_row[64 + col]) {
+                const float* ar = a + row * 32;
+                const float* br = b + col * 32;
                 float dot = 0.f;
                 for (u32 k = 0; k < 32; ++k) dot += ar[k] * br[k];
                 d[i] = op.scale_d ? d[i] + dot : dot;
             } else {
-                d[i] = mma_fp8_k32(ar, br, op.scale_d ? d[i] : 0.f);
+                const size_t ra = size_t(row) * 32, rb = size_t(64 + col) * 32;
+                d[i] = mma_fp8_k32(&mag[ra], &neg[ra], &mag[rb], &neg[rb], op.scale_d ? d[i] : 0.f);
             }
         }
     }
