@@ -38,7 +38,8 @@ inline void aligned_step(AlignedLog& log, u32 lane, u32 unit_index, const char* 
     } else {
         // A lane that has exited can never execute this one.
         const u32 first = t.tid - lane;
-        for (u32 l = 0; l < log.count.size(); ++l) {
+        const bool any_exited = L().ctas[t.cta].live < L().cfg.block_x;
+        for (u32 l = 0; any_exited && l < log.count.size(); ++l) {
             const Thread& other = *L().threads[size_t(t.cta) * L().cfg.block_x + first + l];
             if (other.done && log.count[l] <= k)
                 fail(format("convergence: %s is this thread's %s .aligned operation, but thread %u of its %s %u "
@@ -48,7 +49,8 @@ inline void aligned_step(AlignedLog& log, u32 lane, u32 unit_index, const char* 
         }
         log.entries.push_back(AlignedEntry{op, t.site, t.tid});
     }
-    // Drop what every lane has passed.
+    // Drop what every lane has passed (only the slowest lanes can move the front).
+    if (k != log.base) return;
     u64 slowest = log.count[0];
     for (u64 c : log.count) slowest = c < slowest ? c : slowest;
     while (log.base < slowest && !log.entries.empty()) {

@@ -123,14 +123,16 @@ inline void wgmma_issue(u32 n, u64 desc_a, u64 desc_b, float* d, bool scale_d) {
         decode_operand(desc_a, 64, op.addr_a, op.lo_a, op.hi_a, "A");
         decode_operand(desc_b, n, op.addr_b, op.lo_b, op.hi_b, "B");
         // Operands are read by the async proxy from here to the wait that retires the group.
-        const u8* smem = my_cta().smem;
+        const Cta& cta = my_cta();
+        const u8* smem = cta.smem;
+        const u16* writer = cta.generic_writer.data();
         op.snapshot.resize(op.addr_a.size() + op.addr_b.size());
         for (size_t i = 0; i < op.addr_a.size(); ++i) {
-            check_async_read(op.addr_a[i], 1, "a wgmma operand A read (async proxy)");
+            if (writer[op.addr_a[i]]) check_async_read(op.addr_a[i], 1, "a wgmma operand A read (async proxy)");
             op.snapshot[i] = smem[op.addr_a[i]];
         }
         for (size_t i = 0; i < op.addr_b.size(); ++i) {
-            check_async_read(op.addr_b[i], 1, "a wgmma operand B read (async proxy)");
+            if (writer[op.addr_b[i]]) check_async_read(op.addr_b[i], 1, "a wgmma operand B read (async proxy)");
             op.snapshot[op.addr_a.size() + i] = smem[op.addr_b[i]];
         }
         op.issue_site = t.site;
