@@ -212,7 +212,6 @@ struct Launch {
     std::vector<float> scratch;  // decoded wgmma operands
     std::vector<u32> scratch_mag, scratch_neg;  // the same as magnitude / sign integers (tensor-core model)
     std::vector<u8> scratch_nan;     // operand rows holding a NaN code
-    u64 rng = 0;                 // adversarial schedule state (schedule.hpp); 0 = round-robin
     bool in_fiber = false;       // a fiber is running (the fault handler may abandon it)
     int fault_signal = 0;
     void* fault_address = nullptr;
