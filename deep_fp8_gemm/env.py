@@ -74,3 +74,22 @@ def watchdog_ns() -> int:
     if not 0 <= seconds < 2**63 / 1e9 or seconds != seconds:
         raise ValueError(f"DFG_WATCHDOG_SECONDS must be >= 0 seconds, got {value!r}")
     return int(seconds * 1e9)
+
+
+def sim_seed() -> int:
+    """``DFG_SIM_SEED``: the simulator's schedule (default 0, round-robin; any other value picks a seeded
+    adversarial schedule). Set it to the seed a failing simulator test printed to reproduce that run."""
+    value = os.environ.get("DFG_SIM_SEED", "0").strip() or "0"
+    try:
+        n = int(value, 0)
+    except ValueError:
+        raise ValueError(f"DFG_SIM_SEED must be a non-negative integer, got {value!r}") from None
+    if not 0 <= n < 2**64:
+        raise ValueError(f"DFG_SIM_SEED must be in [0, 2**64), got {n}")
+    return n
+
+
+def sim_exact_mma() -> bool:
+    """``DFG_SIM_EXACT_MMA=1``: simulated wgmma accumulates in exact fp32 instead of the model of the
+    Hopper FP8 tensor core (13 mantissa bits, truncation)."""
+    return _flag("DFG_SIM_EXACT_MMA")

@@ -35,20 +35,22 @@ CASES = {
     r"  cta 0 threads 0-127 \(warps 0-3\): mbar_wait\(mbarrier\[0\] @smem\+0, parity 0\) - barrier in phase 0 \(parity 0\), "
     r"1 of 2 arrivals pending, tx-count 0",
     1: r"cta 0 thread 0 .*TMA write into a stage still read by wgmma: box \[0x400, 0x2400\) of cta 0 overlaps "
-    r"operand A .* of a wgmma of warpgroup 0 \(group 0, not yet waited\)",
+    r"operand A .* of a wgmma of warpgroup 0 \(group 0, not yet waited",
     2: r"tma_load_3d: shared-memory access \[0x7000, 0x9000\) out of bounds \(dynamic smem is 0x8000 bytes\)",
-    3: r"cta 0 thread 7 \(warp 0 lane 7\): trap: planted trap 42",
+    3: r"cta 0 thread 7 \(warp 0 lane 7\) at \S*failures_\w+\.cpp:\d+: trap: planted trap 42",
     4: r"cta 0 thread 5 .*wgmma is warpgroup-collective but this thread's operands differ",
     5: r"cta 0 thread 1 .*mbar_arrive: arrival beyond the expected count 1 on the mbarrier at smem\+0",
     6: r"mbar_wait: mbarrier at smem\+0x8 of cta 0 is not initialised",
     7: r"shared-memory source \[0x400, 0x2400\) of a TMA store was overwritten before tma_store_wait_read",
     8: r"tma_load_3d: shared-memory address smem\+0x480 is not 1024-byte aligned",
     9: r"wgmma issued without wgmma_fence",
-    10: r"cta 0 threads 0-15 \(warp 0\): stmatrix_x4 - 16 of 32 lanes of warp 0 arrived\n"
-    r"  cta 0 threads 16-31 \(warp 0\): exited",
-    11: r"cta 0: a wgmma of warpgroup 0 reads smem \[0x400, 0x2400\) before the TMA load writing it has landed",
+    10: r"cta 0 thread 16 \(warp 0 lane 16\) at \(thread exit\): convergence: thread exits after 1 \.aligned "
+    r"operations, but thread 0 of its warp 0 executed stmatrix\.sync\.aligned at \S*failures_\w+\.cpp:\d+ as its 2nd",
+    11: r"race: cta 0: a wgmma of warpgroup 0 \(issued by thread \d+ at \S*failures_\w+\.cpp:\d+\) reads smem "
+    r"\[0x400, 0x2400\) before the TMA load writing it has landed",
     12: r"cta 0 thread 3 \(warp 0 lane 3\): segmentation fault at address 0x10",
-    13: r"cta 0: setmaxnreg calls differ between thread 0 and thread 32 of the same warpgroup",
+    13: r"cta 0 thread 32 \(warp 1 lane 0\) at \S*failures_\w+\.cpp:\d+: convergence: setmaxnreg\.inc is this "
+    r"thread's 1st \.aligned operation, but thread 0 of its warpgroup 0 exited after 0",
 }
 
 

@@ -23,6 +23,7 @@ import torch
 pycute = pytest.importorskip("pycute", reason="pycute (nvidia-cutlass) is not installed")
 Layout, Swizzle, logical_product = pycute.Layout, pycute.Swizzle, pycute.logical_product
 
+from deep_fp8_gemm.simulator import FLAG_EXACT_MMA
 from tests import sim_kernels
 
 # K-major atoms for 8-bit elements: (Swizzle bits B, atom row width in bytes); the *_Atom_Bits layouts
@@ -107,7 +108,9 @@ def run_desc_probe(kind: str, n: int, seed: int = 0) -> tuple[torch.Tensor, torc
     for j in range(TILE_K // 32):
         p.desc_a[j] = make_gmma_desc(kind, 64, 0, j)
         p.desc_b[j] = make_gmma_desc(kind, n, a_bytes, j)
-    sim_kernels.run("desc_probe", p, grid=1, block=128, cluster=1, smem_bytes=image.size)
+    # Exact fp32 accumulation: this checks descriptor and fragment layouts against CuTe, not the arithmetic
+    # (the tensor-core model has its own tests, tests/test_sim_tensor_core.py).
+    sim_kernels.run("desc_probe", p, grid=1, block=128, cluster=1, smem_bytes=image.size, flags=FLAG_EXACT_MMA)
 
     rows, cols = fragment_coords(n)
     d = torch.full((64, n), float("nan"))

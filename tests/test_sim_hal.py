@@ -17,7 +17,7 @@ import torch
 Swizzle = pytest.importorskip("pycute", reason="pycute (nvidia-cutlass) is not installed").Swizzle
 
 from deep_fp8_gemm.runtime.tensor_map import TmaSwizzle
-from deep_fp8_gemm.simulator import pack_tensor_map
+from deep_fp8_gemm.simulator import FLAG_EXACT_MMA, pack_tensor_map
 from deep_fp8_gemm.runtime.tensor_map import TensorMapSpec, TmaDtype
 from tests import sim_kernels
 from tests.sim_kernels import tensor_map_3d, tensor_map_field
@@ -218,7 +218,9 @@ def run_mini_gemm(m: int, n: int, k: int, block_n: int, seed: int = 0) -> tuple[
         out.data_ptr(), n_blocks, k_blocks, block_n,
     )
     smem = 1024 + 2 * 128 * 128 + 2 * block_n * 128
-    sim_kernels.run("mini_gemm", p, grid=grid, block=384, cluster=1, smem_bytes=smem)
+    # Exact fp32 accumulation: this checks layouts against torch; the tensor-core model (13-bit accumulator)
+    # has its own tests (tests/test_sim_tensor_core.py).
+    sim_kernels.run("mini_gemm", p, grid=grid, block=384, cluster=1, smem_bytes=smem, flags=FLAG_EXACT_MMA)
 
     rows, cols = (torch.from_numpy(x) for x in fragment_coords(block_n))
     d = torch.full((m_blocks * 128, n_blocks * block_n), float("nan"))

@@ -144,12 +144,15 @@ def run(cfg: GemmConfig, a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb:
 
 
 def _launch_sim(cfg, a, sa, b, sb, d, grouped_layout, rows) -> None:
-    from ..simulator import launch as sim_launch, pack_tensor_map
+    from ..simulator import launch as sim_launch, pack_tensor_map, ptxas_registers
 
     maps = [pack_tensor_map(s) for s in tensor_map_specs(cfg, a, sa, b, d)]
     params = pack_params(maps, sb, grouped_layout, rows)
+    # The launch register count of the sm_90a build of the same kernel: the simulator accounts setmaxnreg
+    # against that pool.
+    registers = ptxas_registers(cfg.kernel_name(), render_source(cfg))
     sim_launch(cfg.kernel_name(), render_source(cfg, simulator=True), params, grid=cfg.grid_size,
-               block=cfg.num_threads, cluster=cfg.cluster_size, smem_bytes=cfg.smem_bytes)
+               block=cfg.num_threads, cluster=cfg.cluster_size, smem_bytes=cfg.smem_bytes, registers=registers)
 
 
 @functools.lru_cache(maxsize=1024)

@@ -6,10 +6,11 @@ runs a whole grid and raises :class:`SimulationError` with the simulator's repor
 """
 
 from .build import SimBuildError, build_library
-from .runner import FLAG_ZERO_SMEM, LaunchConfig, SimulationError, launch
+from .runner import FLAG_EXACT_MMA, FLAG_ZERO_SMEM, LaunchConfig, SimulationError, launch, ptxas_registers
 from .tensor_map_pack import TENSOR_MAP_BYTES, pack_tensor_map
 
 __all__ = [
+    "FLAG_EXACT_MMA",
     "FLAG_ZERO_SMEM",
     "LaunchConfig",
     "SimBuildError",
@@ -18,4 +19,5 @@ __all__ = [
     "build_library",
     "launch",
     "pack_tensor_map",
+    "ptxas_registers",
 ]

@@ -12,10 +12,13 @@ import functools
 import threading
 from pathlib import Path
 
+from .. import env
 from .build import build_library
 
 # Fill shared memory with zeros instead of the 0xFF poison (dfg::sim::kFlagZeroSmem).
 FLAG_ZERO_SMEM = 1
+# wgmma accumulates in exact fp32 instead of the tensor-core model (dfg::sim::kFlagExactMma).
+FLAG_EXACT_MMA = 2
 _PARAMS_ALIGNMENT = 128  # TensorMaps inside the parameter struct are 64-byte aligned; CUDA gives 128
 # One launch at a time per process: a launch owns its library's state and the process's SIGSEGV / SIGBUS
 # handlers (which turn a fault inside a simulated thread into a SimulationError).
@@ -28,7 +31,7 @@ class SimulationError(RuntimeError):
 
 
 class LaunchConfig(ctypes.Structure):
-    """``dfg::sim::LaunchConfig`` (40 bytes)."""
+    """``dfg::sim::LaunchConfig`` (48 bytes)."""
 
     _fields_ = [
         ("grid_x", ctypes.c_uint32),
@@ -38,11 +41,13 @@ class LaunchConfig(ctypes.Structure):
         ("max_steps", ctypes.c_uint64),
         ("timeout_s", ctypes.c_double),
         ("flags", ctypes.c_uint32),
-        ("reserved", ctypes.c_uint32),
+        ("launch_registers", ctypes.c_uint32),
+        ("seed", ctypes.c_uint64),
     ]
 
 
-assert ctypes.sizeof(LaunchConfig) == 40 and LaunchConfig.timeout_s.offset == 24 and LaunchConfig.flags.offset == 32
+assert ctypes.sizeof(LaunchConfig) == 48 and LaunchConfig.timeout_s.offset == 24 and LaunchConfig.flags.offset == 32
+assert LaunchConfig.launch_registers.offset == 36 and LaunchConfig.seed.offset == 40
 
 
 @functools.lru_cache(maxsize=None)
@@ -51,6 +56,23 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.dfg_sim_last_error.restype = ctypes.c_char_p
     lib.dfg_sim_last_error.argtypes = []
     return lib
+
+
+def ptxas_registers(name: str, source: str) -> int:
+    """Registers per thread ptxas allocates for kernel ``name`` of ``source`` built for sm_90a (the device
+    build of the same translation unit, through the JIT's compile cache), or 0 when NVRTC is not installed
+    (the simulator then does not account the register pool).
+
+    Raises:
+        CompileError: the source does not compile for sm_90a.
+    """
+    from ..runtime import compiler
+
+    try:
+        compiler._nvrtc()
+    except RuntimeError:
+        return 0
+    return compiler.compile_kernel(name, source).resources.registers
 
 
 def launch(
@@ -65,6 +87,8 @@ def launch(
     timeout_s: float = 60,
     max_steps: int = 0,
     flags: int = 0,
+    registers: int = 0,
+    seed: int | None = None,
 ) -> None:
     """Builds (cached) and runs kernel ``name`` of the translation unit ``source`` on the CPU.
 
@@ -73,6 +97,10 @@ def launch(
     the caller keeps alive); it is copied into a 128-byte-aligned buffer. ``grid`` CTAs of ``block``
     threads, ``cluster`` consecutive CTAs per cluster, ``smem_bytes`` dynamic shared memory per CTA.
     ``timeout_s`` (wall clock) and ``max_steps`` (fiber resumptions, 0 = unlimited) bound the run.
+    ``registers``: registers per thread at launch, as ptxas reports for the sm_90a build of the same source
+    (0 = unknown: the pool is sized by ``__launch_bounds__``); the simulator accounts ``setmaxnreg`` against
+    that per-CTA pool. ``seed``: the schedule (0 = round-robin; others seeded adversarial schedules; None =
+    ``DFG_SIM_SEED``, default 0). ``DFG_SIM_EXACT_MMA=1`` adds :data:`FLAG_EXACT_MMA` (exact fp32 wgmma).
 
     Raises:
         SimBuildError: the translation unit did not compile.
@@ -88,7 +116,15 @@ def launch(
     aligned = (base + _PARAMS_ALIGNMENT - 1) // _PARAMS_ALIGNMENT * _PARAMS_ALIGNMENT
     ctypes.memmove(aligned, params, len(params))
 
-    cfg = LaunchConfig(grid, block, cluster, smem_bytes, max_steps, timeout_s, flags, 0)
+    if seed is None:
+        seed = env.sim_seed()
+    if not 0 <= seed < 2**64:
+        raise ValueError(f"seed must be in [0, 2**64), got {seed}")
+    if not 0 <= registers <= 255:
+        raise ValueError(f"registers must be in [0, 255], got {registers}")
+    if env.sim_exact_mma():
+        flags |= FLAG_EXACT_MMA
+    cfg = LaunchConfig(grid, block, cluster, smem_bytes, max_steps, timeout_s, flags, registers, seed)
     with _LAUNCH_LOCK:
         status = entry(aligned, ctypes.byref(cfg))
         report = lib.dfg_sim_last_error().decode(errors="replace") if status != 0 else ""

@@ -7,9 +7,10 @@
 // Execution model
 //   * Every thread of every CTA of the grid is a cooperative fiber (ucontext) on one OS thread. All CTAs
 //     are co-resident, as on a GPU running a persistent grid of <= #SM CTAs, so the CTAs of a cluster
-//     are co-scheduled. The scheduler resumes fibers round-robin in (cta, thread) order; a fiber runs
-//     until it blocks in a hal operation (mbarrier wait, bar.sync, cluster barrier, wgmma wait, a warp
-//     rendezvous) or returns. The interleaving is deterministic.
+//     are co-scheduled. With seed 0 the scheduler resumes fibers round-robin in (cta, thread) order; a
+//     fiber runs until it blocks in a hal operation (mbarrier wait, bar.sync, cluster barrier, wgmma wait,
+//     a warp rendezvous, setmaxnreg) or returns. Any other seed (LaunchConfig::seed, DFG_SIM_SEED) gives a
+//     seeded adversarial schedule (sim/schedule.hpp). The interleaving is deterministic for a seed.
 //   * A blocked fiber is resumed only once its wait condition holds; when a whole scheduling pass resumes
 //     nothing, the launch is deadlocked and the report lists who waits on what (see deadlock_report).
 //   * TMA loads are checked at issue and land (copy + complete-tx) at the end of the scheduling pass, so a
@@ -20,8 +21,40 @@
 //     caught as an error.
 //   * Shared memory is filled with 0xFF (NaN as e4m3, bf16 and f32) so reads of unwritten data show up.
 //     Global memory is host memory: kernel parameters carry host pointers.
+//   * wgmma arithmetic follows a model of the Hopper FP8 tensor core (sim/numerics.hpp, mma_fp8_k32:
+//     13-bit truncating accumulator); kFlagExactMma (DFG_SIM_EXACT_MMA=1) accumulates in exact fp32.
+//   * Checked beyond a sequentially consistent machine, each report naming its kind, thread and call site
+//     (the hal functions take __builtin_FILE / __builtin_LINE default arguments):
+//       proxy        generic-proxy writes (stmatrix) read by the async proxy (TMA store, wgmma) without the
+//                    writer's fence.proxy.async and a barrier ordering it; mbarrier.init used by TMA
+//                    complete_tx or a remote arrive before it was fenced and (across CTAs) cluster-synced
+//                    (sim/proxy.hpp; happens-before by vector clocks over bar.sync / named / cluster barriers)
+//       registers    setmaxnreg against the CTA's pool of launch_registers (ptxas) per thread
+//                    (sim/registers.hpp): unsatisfiable inc = deadlock naming warpgroups and counts; a count
+//                    below a wgmma accumulator fragment's needs
+//       convergence  .aligned operations (bar.sync, barrier.cluster, wgmma.*, setmaxnreg, stmatrix) at the
+//                    same call site in the same round by the whole warp / warpgroup (sim/convergence.hpp)
+//       cluster lifetime  exit while a peer may still arrive / multicast into the CTA, remote operations
+//                    into an exited CTA, TMA loads in flight at exit (sim/cluster.hpp)
+//       race         wgmma operands changing between issue and the retiring wait; TMA into operands of an
+//                    unwaited wgmma or landing under a wgmma issued before it
 //
-// Errors (bounds, alignment, descriptors, barrier misuse, races the model can see, trap()) abort the whole
+// Not modelled (a kernel can still be wrong on the GPU in these ways and pass here):
+//   * Plain C++ loads and stores to shared memory are not tracked: generic writes are seen by the proxy
+//     check only through stmatrix (and mbarrier.init), and a read of a stage after its release is only
+//     caught when a schedule makes it return wrong numbers.
+//   * Happens-before through mbarrier arrive/wait is not tracked (only barriers order generic writes
+//     before async reads); memory scopes and orders (.release/.acquire, .cta/.cluster) and the weak
+//     ordering of global memory are not modelled: everything is sequentially consistent between hal calls.
+//   * Preemption happens only at hal operations, never between two plain loads or stores.
+//   * The register count of the code between setmaxnreg calls is not known: only wgmma accumulator
+//     fragments count as live; registers of exited warps are not returned to the pool.
+//   * The tensor-core model is ours (group of 16 products, 13 aligned bits, truncation), fitted to the
+//     published facts, not proven bit-exact; bf16 / fp16 wgmma and other shapes do not exist here.
+//   * Timing, bank conflicts, L2 promotion, TMA prefetch and the cost of anything are not modelled.
+//   * Only rank-3 tensor maps, 1-D clusters of up to 8 CTAs, and the hal operations below exist.
+//
+// Errors (bounds, alignment, descriptors, barrier misuse, the checks above, trap()) abort the whole
 // launch: the entry point returns nonzero and dfg_sim_last_error() gives the report.
 //
 // Sources: PTX ISA 8.x, sections cited by title per operation; layouts cross-checked against CuTe
@@ -38,6 +71,7 @@
 #include <sys/mman.h>
 #include <ucontext.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdarg>
@@ -56,6 +90,11 @@
 #include "sim/state.hpp"
 #include "sim/access.hpp"
 #include "sim/numerics.hpp"
+#include "sim/schedule.hpp"
+#include "sim/convergence.hpp"
+#include "sim/proxy.hpp"
+#include "sim/registers.hpp"
+#include "sim/cluster.hpp"
 #include "sim/barriers.hpp"
 #include "sim/tma.hpp"
 #include "sim/wgmma.hpp"
@@ -67,6 +106,12 @@ namespace dfg {
 namespace hal {
 namespace sd = ::dfg::sim::detail;  // the emulation; kernels use only the hal names below
 
+// Every operation that can block or fail takes the caller's file and line as default arguments (the kernel
+// source stays identical to the device build's): reports name the call site in the kernel source. Entering
+// an operation is also where an adversarial schedule may preempt the thread.
+#define DFG_SIM_SITE const char *dfg_file = __builtin_FILE(), int dfg_line = __builtin_LINE()
+#define DFG_SIM_ENTER sd::enter(dfg_file, dfg_line)
+
 // ---------------------------------------------------------------- indices
 inline u32 thread_idx() { return sd::me().tid; }
 inline u32 block_idx() { return sd::me().cta; }
@@ -75,7 +120,12 @@ inline u32 warp_idx() { return sd::me().tid / 32; }
 inline u32 lane_idx() { return sd::me().tid % 32; }
 // __shfl_sync(full mask, value, 0). Simulated threads do not exchange registers: the kernel broadcasts only
 // values every lane computed identically (scheduler state), for which lane 0's value is the caller's own.
-inline u32 warp_broadcast(u32 value) { return value; }
+// A full-mask shfl.sync must be reached by all 32 lanes: checked like the .aligned operations.
+inline u32 warp_broadcast(u32 value, DFG_SIM_SITE) {
+    DFG_SIM_ENTER;
+    sd::aligned("shfl.sync");
+    return value;
+}
 // %cluster_ctarank (PTX ISA "Special Registers"): 1-D clusters are runs of cluster_x consecutive CTAs.
 inline u32 cluster_cta_rank() { return sd::me().cta % sd::L().cfg.cluster_x; }
 // %cluster_nctarank: CTAs per cluster.
@@ -89,81 +139,128 @@ inline u32 smem_addr(const void* ptr) { return sd::smem_offset(ptr, "smem_addr")
 
 // ---------------------------------------------------------------- CTA / cluster synchronisation
 // bar.sync 0 (PTX ISA "bar, barrier") without a count: every thread of the CTA that has not exited.
-inline void sync_threads() { sd::sync_threads(); }
+inline void sync_threads(DFG_SIM_SITE) {
+    DFG_SIM_ENTER;
+    sd::sync_threads();
+}
 // bar.sync id, n: n a positive multiple of 32; arrivals are counted per thread.
-inline void named_barrier_sync(u32 id, u32 num_threads) { sd::named_barrier_sync(id, num_threads); }
+inline void named_barrier_sync(u32 id, u32 num_threads, DFG_SIM_SITE) {
+    DFG_SIM_ENTER;
+    sd::named_barrier_sync(id, num_threads);
+}
 // barrier.cluster.arrive + wait (PTX ISA "barrier.cluster"): every thread of every CTA of the cluster.
-inline void cluster_sync() { sd::cluster_sync(); }
+inline void cluster_sync(DFG_SIM_SITE) {
+    DFG_SIM_ENTER;
+    sd::cluster_sync();
+}
 
-// The emulation is sequentially consistent and copies synchronously: fences order nothing further.
-inline void fence_barrier_init() {}
-inline void fence_view_async_shared() {}
+// fence.mbarrier_init.release.cluster: this thread's mbarrier.inits become visible to the cluster and the
+// async proxy once a barrier orders the fence (sim/proxy.hpp).
+inline void fence_barrier_init(DFG_SIM_SITE) {
+    DFG_SIM_ENTER;
+    sd::fence_mbarrier_inits();
+}
+// fence.proxy.async.shared::cta: this thread's generic-proxy shared-memory writes (stmatrix, mbarrier.init)
+// become visible to later async-proxy accesses ordered after the fence (sim/proxy.hpp).
+inline void fence_view_async_shared(DFG_SIM_SITE) {
+    DFG_SIM_ENTER;
+    sd::fence_proxy_async();
+    sd::fence_mbarrier_inits();
+}
 
 // ---------------------------------------------------------------- mbarrier (PTX ISA "mbarrier")
 // mbarrier.init: phase 0, pending = expected = arrive_count, tx-count 0.
-inline void mbar_init(u64* bar, u32 arrive_count) { sd::mbar_init(bar, arrive_count); }
-inline void mbar_arrive(u64* bar) {
+inline void mbar_init(u64* bar, u32 arrive_count, DFG_SIM_SITE) {
+    DFG_SIM_ENTER;
+    sd::mbar_init(bar, arrive_count);
+}
+inline void mbar_arrive(u64* bar, DFG_SIM_SITE) {
+    DFG_SIM_ENTER;
     sd::mbarrier_arrive(sd::me().cta, sd::mbarrier_offset(bar, "mbar_arrive"), 0, "mbar_arrive");
 }
 // mapa + mbarrier.arrive.shared::cluster: the barrier at the same offset in CTA `cta_rank` of the cluster.
-inline void mbar_arrive_cluster(u64* bar, u32 cta_rank) { sd::mbar_arrive_cluster(bar, cta_rank); }
-inline void mbar_arrive_expect_tx(u64* bar, u32 tx_bytes) {
+inline void mbar_arrive_cluster(u64* bar, u32 cta_rank, DFG_SIM_SITE) {
+    DFG_SIM_ENTER;
+    sd::mbar_arrive_cluster(bar, cta_rank);
+}
+inline void mbar_arrive_expect_tx(u64* bar, u32 tx_bytes, DFG_SIM_SITE) {
+    DFG_SIM_ENTER;
     sd::mbarrier_arrive(sd::me().cta, sd::mbarrier_offset(bar, "mbar_arrive_expect_tx"), tx_bytes,
                         "mbar_arrive_expect_tx");
 }
 // mbarrier.try_wait.parity (PTX ISA "mbarrier.test_wait / mbarrier.try_wait"): returns once the phase with
 // parity `phase` has completed, i.e. while the current phase's parity differs from `phase`.
 // `name` labels the barrier in deadlock reports, as the watchdog build's message on the GPU.
-inline void mbar_wait(u64* bar, u32 phase, BarrierName name = BarrierName{"mbarrier", 0}) {
+inline void mbar_wait(u64* bar, u32 phase, BarrierName name = BarrierName{"mbarrier", 0}, DFG_SIM_SITE) {
+    DFG_SIM_ENTER;
     sd::mbar_wait(bar, phase, name);
 }
 
 // ---------------------------------------------------------------- cp.async (PTX ISA "cp.async")
 // The copy happens at once (the emulation copies synchronously), so the arrive that tracks it may too.
-inline void cp_async_4(void* smem_dst, const void* gmem_src) {
+inline void cp_async_4(void* smem_dst, const void* gmem_src, DFG_SIM_SITE) {
+    DFG_SIM_ENTER;
     sd::smem_offset(smem_dst, "cp_async_4");
     std::memcpy(smem_dst, gmem_src, 4);
 }
-inline void cp_async_mbar_arrive(u64* bar) {
+inline void cp_async_mbar_arrive(u64* bar, DFG_SIM_SITE) {
+    DFG_SIM_ENTER;
     sd::mbarrier_arrive(sd::me().cta, sd::mbarrier_offset(bar, "cp_async_mbar_arrive"), 0, "cp_async_mbar_arrive");
 }
 
 // ---------------------------------------------------------------- TMA (PTX ISA "cp.async.bulk.tensor"), rank 3
 inline void tma_prefetch(const TensorMap* map) { sd::tensor_map(map, "tma_prefetch"); }
 
-inline void tma_load_3d(void* dst, const TensorMap* map, u64* bar, i32 c0, i32 c1, i32 c2) {
+inline void tma_load_3d(void* dst, const TensorMap* map, u64* bar, i32 c0, i32 c1, i32 c2, DFG_SIM_SITE) {
+    DFG_SIM_ENTER;
     sd::tma_load(dst, map, bar, 1u << cluster_cta_rank(), false, c0, c1, c2, "tma_load_3d");
 }
 
 inline void tma_load_3d_multicast(void* dst, const TensorMap* map, u64* bar, u16 cta_mask, i32 c0, i32 c1,
-                                  i32 c2) {
+                                  i32 c2, DFG_SIM_SITE) {
+    DFG_SIM_ENTER;
     sd::tma_load(dst, map, bar, cta_mask, true, c0, c1, c2, "tma_load_3d_multicast");
 }
 
 // Writes global memory at issue (in-bounds elements only) and keeps a copy of the smem source, which
 // tma_store_wait_read / _all compare against: overwriting the source before the wait is reported.
-inline void tma_store_3d(const TensorMap* map, const void* src, i32 c0, i32 c1, i32 c2) {
+inline void tma_store_3d(const TensorMap* map, const void* src, i32 c0, i32 c1, i32 c2, DFG_SIM_SITE) {
+    DFG_SIM_ENTER;
     sd::tma_store(map, src, c0, c1, c2);
 }
 // PTX ISA "cp.async.bulk.commit_group" / "cp.async.bulk.wait_group" [.read] N: bulk groups are per thread.
-inline void tma_store_commit() { sd::tma_store_commit(); }
+inline void tma_store_commit(DFG_SIM_SITE) {
+    DFG_SIM_ENTER;
+    sd::tma_store_commit();
+}
 template <int N>
-inline void tma_store_wait_read() {
+inline void tma_store_wait_read(DFG_SIM_SITE) {
+    DFG_SIM_ENTER;
     sd::tma_store_wait_read(N);
 }
-inline void tma_store_wait_all() { sd::tma_store_wait_read(0); }
+inline void tma_store_wait_all(DFG_SIM_SITE) {
+    DFG_SIM_ENTER;
+    sd::tma_store_wait_read(0);
+}
 
 // ---------------------------------------------------------------- wgmma (PTX ISA "wgmma", warpgroup-collective)
 // PTX ISA "wgmma.fence" is required before a wgmma that touches registers accessed since the last one;
 // the simulator requires it between each wgmma_wait and the next wgmma.
-inline void wgmma_fence() { sd::me().wgmma_fenced = true; }
+inline void wgmma_fence(DFG_SIM_SITE) {
+    DFG_SIM_ENTER;
+    sd::wgmma_fence();
+}
 // wgmma.commit_group: this thread's wgmmas since its last commit form its next group.
-inline void wgmma_commit() { sd::wgmma_commit(); }
+inline void wgmma_commit(DFG_SIM_SITE) {
+    DFG_SIM_ENTER;
+    sd::wgmma_commit();
+}
 // PTX ISA "wgmma.wait_group" N: at most N of this thread's committed groups stay pending. The groups that
 // must finish execute here, once all 128 threads have committed them, in commit order.
 template <int N>
-inline void wgmma_wait() {
+inline void wgmma_wait(DFG_SIM_SITE) {
     static_assert(N >= 0 && N <= 7, "wgmma.wait_group takes 0..7");
+    DFG_SIM_ENTER;
     sd::wgmma_wait(N);
 }
 inline void fence_operand(float&) {}
@@ -174,30 +271,38 @@ inline void fence_operand(float&) {}
 template <int N>
 struct WgmmaFp8 {
     static_assert(N % 8 == 0 && N >= 8 && N <= 256, "wgmma .m64nNk32 needs N in 8..256, a multiple of 8");
-    static void mma(u64 desc_a, u64 desc_b, float* d, bool scale_d) { sd::wgmma_issue(N, desc_a, desc_b, d, scale_d); }
+    static void mma(u64 desc_a, u64 desc_b, float* d, bool scale_d, DFG_SIM_SITE) {
+        DFG_SIM_ENTER;
+        sd::wgmma_issue(N, desc_a, desc_b, d, scale_d);
+    }
 };
 
 // ---------------------------------------------------------------- stmatrix / setmaxnreg
 // stmatrix.sync.aligned.x4.m8n8.shared.b16 (PTX ISA "stmatrix"): lane l gives the address of row l%8 of
 // matrix l/8 (16-byte aligned); register q of lane l holds row l/4, columns 2(l%4), 2(l%4)+1 of matrix q.
 // A warp rendezvous: the last of the 32 lanes to arrive performs the store.
-inline void stmatrix_x4(void* row_ptr, u32 r0, u32 r1, u32 r2, u32 r3) {
+inline void stmatrix_x4(void* row_ptr, u32 r0, u32 r1, u32 r2, u32 r3, DFG_SIM_SITE) {
+    DFG_SIM_ENTER;
     const u32 regs[4] = {r0, r1, r2, r3};
     sd::stmatrix_x4(row_ptr, regs);
 }
 
-// setmaxnreg (PTX ISA "setmaxnreg") changes nothing here; at the end of the launch every thread of a warpgroup
-// must have made the same sequence of calls (.sync.aligned over the warpgroup).
+// setmaxnreg (PTX ISA "setmaxnreg", .sync.aligned over the warpgroup): accounted against the CTA's register
+// pool of launch_registers per thread (sim/registers.hpp); an inc waits for registers other warpgroups freed.
 template <u32 kRegisters>
-inline void setmaxnreg_inc() {
+inline void setmaxnreg_inc(DFG_SIM_SITE) {
     static_assert(kRegisters % 8 == 0 && kRegisters >= 24 && kRegisters <= 256, "setmaxnreg range");
-    sd::me().setmaxnreg_log.push_back(i32(kRegisters));
+    DFG_SIM_ENTER;
+    sd::aligned("setmaxnreg.inc", true);
+    sd::setmaxnreg(kRegisters, true);
 }
 
 template <u32 kRegisters>
-inline void setmaxnreg_dec() {
+inline void setmaxnreg_dec(DFG_SIM_SITE) {
     static_assert(kRegisters % 8 == 0 && kRegisters >= 24 && kRegisters <= 256, "setmaxnreg range");
-    sd::me().setmaxnreg_log.push_back(-i32(kRegisters));
+    DFG_SIM_ENTER;
+    sd::aligned("setmaxnreg.dec", true);
+    sd::setmaxnreg(kRegisters, false);
 }
 
 // ---------------------------------------------------------------- conversions, loads, errors
@@ -209,7 +314,10 @@ inline float ld_global_nc(const float* ptr) { return *ptr; }
 inline i32 ld_global_nc(const i32* ptr) { return *ptr; }
 
 // Aborts the launch; the report carries `what`.
-inline void trap(const char* what) { sd::fail(std::string("trap: ") + (what ? what : "")); }
+inline void trap(const char* what, DFG_SIM_SITE) {
+    sd::at(dfg_file, dfg_line);
+    sd::fail(std::string("trap: ") + (what ? what : ""));
+}
 
 }  // namespace hal
 

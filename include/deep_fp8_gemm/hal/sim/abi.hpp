@@ -23,15 +23,21 @@ struct LaunchConfig {
     u64 max_steps;           // fiber resumptions before the launch is aborted; 0 = unlimited
     double timeout_s;        // wall-clock limit; 0 = none
     u32 flags;               // kFlag* bits
-    u32 reserved;            // must be 0
+    u32 launch_registers;    // registers per thread ptxas reports for the sm_90a build; 0 = unknown (the
+                             // register pool is then not accounted)
+    u64 seed;                // schedule: 0 = round-robin in (cta, thread) order; else seeded adversarial
 };
-static_assert(sizeof(LaunchConfig) == 40, "LaunchConfig layout is mirrored in Python");
+static_assert(sizeof(LaunchConfig) == 48, "LaunchConfig layout is mirrored in Python");
 static_assert(offsetof(LaunchConfig, max_steps) == 16 && offsetof(LaunchConfig, timeout_s) == 24 &&
-                  offsetof(LaunchConfig, flags) == 32,
+                  offsetof(LaunchConfig, flags) == 32 && offsetof(LaunchConfig, launch_registers) == 36 &&
+                  offsetof(LaunchConfig, seed) == 40,
               "LaunchConfig layout is mirrored in Python");
 
 // Fill shared memory with zeros instead of the 0xFF poison (to tell uninitialised reads from other bugs).
 constexpr u32 kFlagZeroSmem = 1u;
+// wgmma accumulates in exact fp32 instead of the model of the Hopper FP8 tensor-core inner product
+// (numerics.hpp, mma_fp8_dot).
+constexpr u32 kFlagExactMma = 2u;
 
 // The simulator's content of a TensorMap: the cuTensorMapEncodeTiled arguments of a TensorMapSpec
 // (deep_fp8_gemm/runtime/tensor_map.py), packed by deep_fp8_gemm/simulator/tensor_map_pack.py.

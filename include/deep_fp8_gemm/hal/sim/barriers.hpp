@@ -70,10 +70,12 @@ inline void thread_barrier_release(ThreadBarrier& b, u32 live) {
     b.arrived = 0;
     b.expected = 0;
     ++b.generation;
+    hb_release(b);
 }
 
+// `slot`: the arriving thread's CTA rank for the cluster barrier, 0 for a CTA's barriers (happens-before).
 inline void thread_barrier_sync(ThreadBarrier& b, u32 count, u32 live, WaitKind kind, u32 cta, u32 key,
-                                const char* op) {
+                                const char* op, u32 slot = 0) {
     if (b.expected == 0) {
         b.expected = count;
     } else if (b.expected != count) {
@@ -82,9 +84,13 @@ inline void thread_barrier_sync(ThreadBarrier& b, u32 count, u32 live, WaitKind 
                     show(b.expected).c_str(), show(count).c_str()));
     }
     const u64 generation = b.generation;
+    Thread& t = me();
+    hb_arrive(b, slot, t);
     ++b.arrived;
     thread_barrier_release(b, live);
     if (b.generation == generation) block(Wait{kind, cta, key, 0, generation}, op);
+    hb_acquire(b, slot, t);
+    if (kind == WaitKind::ClusterBarrier) t.cluster_gen = generation + 1;
 }
 
 }  // namespace dfg::sim::detail

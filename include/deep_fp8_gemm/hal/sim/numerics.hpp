@@ -47,4 +47,99 @@ inline u16 float_to_bf16(float x) {
     return static_cast<u16>((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
 }
 
+// ---------------------------------------------------------------- the FP8 tensor-core inner product
+// Our model of wgmma .f32.e4m3.e4m3 on H100 / H200, from the published facts (DeepSeek-V3 report; Khattak &
+// Mikaitis, "Accurate Models of NVIDIA Tensor Cores", arXiv 2512.07004; MMA-Sim, Xie et al. 2025): the
+// products of two e4m3 values are exact; the accumulator does not keep fp32 precision but ~13 mantissa bits.
+// Modelled: the k32 step is two fused additions, each of 16 exact products and the incoming accumulator;
+// every addend is aligned to the largest exponent among them and truncated (toward zero) to
+// kMmaAlignBits bits below that leading bit; the aligned addends are summed exactly and the sum is
+// truncated to kMmaAccBits mantissa bits (e8m13) before it is stored as an fp32 accumulator. NaN / Inf
+// follow IEEE addition. This is not claimed to be bit-exact to the hardware; it reproduces the effect that
+// matters for the kernels: addends much smaller than the running sum lose their low bits, so a long K
+// reduction inside the tensor core drifts, which is why the kernels promote to fp32 every 128 K.
+//
+// Fixed point: an e4m3 value is an integer number of 2^-9 (its subnormal quantum), at most 448 * 2^9 < 2^18,
+// so a product is an exact integer number of 2^-18 below 2^36 and a group of 16 sums exactly in 64 bits.
+constexpr int kMmaAlignBits = 13;
+constexpr int kMmaAccBits = 13;
+constexpr u32 kMmaGroup = 16;
+
+struct E4m3Fixed {
+    u32 mag[256];  // |value| / 2^-9 (0 for NaN codes)
+    u32 neg[256];  // 1 for negative codes
+    bool nan[256];
+    E4m3Fixed() {
+        for (int code = 0; code < 256; ++code) {
+            nan[code] = (code & 0x7F) == 0x7F;
+            const int exp = (code >> 3) & 15, man = code & 7;
+            mag[code] = nan[code] ? 0 : exp == 0 ? u32(man) : u32(8 + man) << (exp - 1);
+            neg[code] = code >> 7;
+        }
+    }
+};
+inline const E4m3Fixed g_e4m3_fixed;
+
+inline int leading_bit(u64 x) { return 63 - __builtin_clzll(x); }
+
+// One k32 step for one accumulator. a_mag / b_mag: |e4m3 value| in units of 2^-9; a_neg / b_neg: 1 where
+// negative; c: the accumulator. Magnitude and sign are kept apart so that the loops vectorise (SSE2 has
+// unsigned 32x32->64 multiplies and uniform 64-bit shifts).
+inline float mma_fp8_k32(const u32* a_mag, const u32* a_neg, const u32* b_mag, const u32* b_neg, float c) {
+    float acc = c;
+    for (u32 g = 0; g < 32; g += kMmaGroup) {
+        u64 mag[kMmaGroup], neg[kMmaGroup];
+        u64 any = 0;  // OR of the magnitudes: same leading bit as the largest
+        for (u32 k = 0; k < kMmaGroup; ++k) {
+            mag[k] = u64(a_mag[g + k]) * b_mag[g + k];  // exact, units of 2^-18, < 2^36
+            neg[k] = u64(0) - u64(a_neg[g + k] ^ b_neg[g + k]);  // all ones when negative
+            any |= mag[k];
+        }
+        if (!std::isfinite(acc)) continue;  // Inf / NaN absorb finite addends
+        int acc_exp = INT32_MIN;  // leading-bit exponent of the accumulator
+        i64 acc_sig = 0;          // |acc| = acc_sig * 2^(acc_exp - 23)
+        u32 bits;
+        std::memcpy(&bits, &acc, 4);
+        if (bits & 0x7F800000u) {  // normal (finite, checked above)
+            acc_exp = int((bits >> 23) & 0xFF) - 127;
+            acc_sig = i64((bits & 0x7FFFFFu) | 0x800000u);
+        } else if (bits & 0x7FFFFFu) {  // subnormal
+            int e;
+            const float f = std::frexp(acc, &e);
+            acc_exp = e - 1;
+            acc_sig = static_cast<i64>(std::fabs(std::ldexp(f, 24)));
+        }
+        if (any == 0 && acc_sig == 0) continue;
+        const int prod_exp = any ? leading_bit(any) - 18 : INT32_MIN;
+        const int emax = prod_exp > acc_exp ? prod_exp : acc_exp;
+        // Every addend in units of q = 2^(emax - kMmaAlignBits), truncated toward zero.
+        const int shift = emax - kMmaAlignBits + 18;  // product units 2^-18 -> units of q
+        const int right = shift < 0 ? 0 : shift > 63 ? 63 : shift, left = shift < 0 ? -shift : 0;
+        u64 sum = 0;  // two's complement
+        for (u32 k = 0; k < kMmaGroup; ++k) sum += (((mag[k] >> right) << left) ^ neg[k]) - neg[k];
+        if (acc_sig) {
+            const int s = emax - acc_exp + 23 - kMmaAlignBits;  // >= 10
+            const u64 t = s < 64 ? u64(acc_sig) >> s : 0;
+            sum += (bits >> 31) ? u64(0) - t : t;
+        }
+        const i64 total = static_cast<i64>(sum);
+        if (total == 0) {
+            acc = 0.f;
+            continue;
+        }
+        u64 m = u64(total < 0 ? -total : total);
+        const int lead = leading_bit(m);
+        if (lead > kMmaAccBits) m = m >> (lead - kMmaAccBits) << (lead - kMmaAccBits);  // e8m13, toward zero
+        const int biased = emax - kMmaAlignBits + lead + 127;
+        if (biased >= 1 && biased <= 254) {  // build the float: m has at most 14 significant bits
+            const u32 out = (total < 0 ? 0x80000000u : 0u) | (u32(biased) << 23) | (u32(m << (23 - lead)) & 0x7FFFFFu);
+            std::memcpy(&acc, &out, 4);
+        } else {
+            acc = std::ldexp(static_cast<float>(m), emax - kMmaAlignBits);
+            if (total < 0) acc = -acc;
+        }
+    }
+    return acc;
+}
+
 }  // namespace dfg::sim::detail

@@ -15,6 +15,9 @@ inline bool ready(const Wait& w) {
         case WaitKind::ClusterBarrier: return l.clusters[w.cta].barrier.generation != w.target;
         case WaitKind::WgmmaGroup: return l.ctas[w.cta].warpgroups[w.key].complete >= w.target;
         case WaitKind::StmatrixWarp: return l.ctas[w.cta].warps[w.key].generation != w.target;
+        case WaitKind::SetmaxnregWarpgroup: return l.ctas[w.cta].warpgroups[w.key].setmaxnreg_generation != w.target;
+        case WaitKind::RegisterPool: return l.ctas[w.cta].reg_free >= static_cast<i64>(w.target);
+        case WaitKind::Yield: return true;
     }
     return true;
 }
@@ -52,6 +55,18 @@ inline std::string describe_wait(const Thread& t) {
         }
         case WaitKind::StmatrixWarp:
             return format("stmatrix_x4 - %u of 32 lanes of warp %u arrived", l.ctas[w.cta].warps[w.key].arrived, w.key);
+        case WaitKind::SetmaxnregWarpgroup:
+            return format("%s - %u of 128 threads of warpgroup %u arrived", t.wait_op,
+                          l.ctas[w.cta].warpgroups[w.key].setmaxnreg_arrived, w.key);
+        case WaitKind::RegisterPool: {
+            const Warpgroup& wg = l.ctas[w.cta].warpgroups[w.key];
+            return format("registers: setmaxnreg.inc %u at %s can never be satisfied: warpgroup %u needs 128 x (%u - "
+                          "%u) = %llu registers; ",
+                          w.parity, site_str(t.site).c_str(), w.key, w.parity, wg.regs,
+                          static_cast<unsigned long long>(w.target)) +
+                   register_pool_state(w.cta);
+        }
+        case WaitKind::Yield: return "preempted";
     }
     return "";
 }
@@ -74,7 +89,9 @@ inline std::string deadlock_report() {
             std::string s;
             if (tid < block) {
                 const Thread& t = *l.threads[size_t(c) * block + tid];
-                s = t.done ? std::string("exited") : t.blocked ? describe_wait(t) : std::string("runnable");
+                s = t.done      ? std::string("exited")
+                    : t.blocked ? describe_wait(t) + " at " + site_str(t.site)
+                                : std::string("runnable");
             }
             if (tid == block || s != state) {
                 if (tid > 0) out += format("  cta %u %s: ", c, thread_range(first, tid - 1).c_str()) + state + "\n";
@@ -99,14 +116,6 @@ inline void final_checks() {
             }
         for (u32 tid = 0; tid < block; ++tid) {
             const Thread& t = *l.threads[size_t(c) * block + tid];
-            const Thread& leader = *l.threads[size_t(c) * block + tid / kWarpgroupThreads * kWarpgroupThreads];
-            if (t.setmaxnreg_log != leader.setmaxnreg_log) {
-                l.failed = true;
-                l.error = format("cta %u: setmaxnreg calls differ between thread %u and thread %u of the same "
-                                 "warpgroup (.sync.aligned: the whole warpgroup must execute them)",
-                                 c, leader.tid, tid);
-                return;
-            }
             if (!t.open_stores.empty() || !t.committed_stores.empty()) {
                 l.failed = true;
                 l.error = format("cta %u thread %u: exited with TMA stores not waited for (tma_store_wait_*)", c, tid);
@@ -120,8 +129,10 @@ inline void fiber_main() {
     Launch& l = L();
     l.entry(l.params);
     Thread& t = *l.current;
+    aligned_on_exit();
     t.done = true;
     Cta& cta = l.ctas[t.cta];
+    if (cta.live == 1) cta_exit_check();
     thread_barrier_release(cta.named[0], --cta.live);
     Launch::Cluster& cluster = l.clusters[t.cta / l.cfg.cluster_x];
     thread_barrier_release(cluster.barrier, --cluster.live);
@@ -135,7 +146,10 @@ inline std::string validate_config(const LaunchConfig& cfg, u32 max_threads) {
         return format("cluster_x=%u must be in 1..8 and divide grid_x=%u", cfg.cluster_x, cfg.grid_x);
     if (cfg.dynamic_smem_bytes > kMaxSmemBytes)
         return format("dynamic_smem_bytes=%u exceeds the sm_90 limit of %u", cfg.dynamic_smem_bytes, kMaxSmemBytes);
-    if (cfg.reserved != 0 || (cfg.flags & ~kFlagZeroSmem)) return "unknown LaunchConfig flags";
+    if (cfg.flags & ~(kFlagZeroSmem | kFlagExactMma)) return "unknown LaunchConfig flags";
+    if (cfg.launch_registers > 255 || cfg.launch_registers * u64(cfg.block_x) > 65536)
+        return format("launch_registers=%u x block_x=%u exceeds the 64K register file", cfg.launch_registers,
+                      cfg.block_x);
     return "";
 }
 
@@ -245,6 +259,8 @@ inline int run(const LaunchConfig& cfg, u32 max_threads, void (*entry)(const voi
     l.ctas.resize(cfg.grid_x);
     l.clusters.resize(cfg.grid_x / cfg.cluster_x);
     for (Launch::Cluster& c : l.clusters) c.live = cfg.cluster_x * cfg.block_x;
+    g_schedule = Schedule{};
+    g_schedule.init(cfg);
     g_launch = &l;
     for (Cta& c : l.ctas) {
         // Page-aligned (so 1024-byte aligned, as the device's dynamic smem), poisoned.
@@ -259,35 +275,86 @@ inline int run(const LaunchConfig& cfg, u32 max_threads, void (*entry)(const voi
         c.live = cfg.block_x;
         c.warps.resize((cfg.block_x + 31) / 32);
         c.warpgroups.resize((cfg.block_x + kWarpgroupThreads - 1) / kWarpgroupThreads);
+        const u32 regs = pool_registers(cfg);
+        for (Warpgroup& wg : c.warpgroups) wg.regs = regs;
+        c.reg_total = u64(regs) * cfg.block_x;
+        c.reg_free = 0;  // the launch hands the whole pool to the warps
+        aligned_init(c, cfg.block_x);
+        c.generic_writer.assign(cfg.dynamic_smem_bytes, 0);
+        c.generic_clock.assign(cfg.dynamic_smem_bytes, 0);
+        c.remote_gen.assign(cfg.cluster_x, -1);
+        c.remote_tid.assign(cfg.cluster_x, 0);
+        c.remote_site.assign(cfg.cluster_x, Site{});
     }
     for (u32 c = 0; c < cfg.grid_x && !l.failed; ++c)
         for (u32 tid = 0; tid < cfg.block_x && !l.failed; ++tid) add_fiber(l, c, tid);
+    for (auto& t : l.threads) {
+        t->vc.assign(cfg.block_x, 0);
+        t->vc[t->tid] = 1;
+    }
 
     const FaultGuard fault_guard;
     const auto start = std::chrono::steady_clock::now();
     u64 steps = 0;
+    Schedule& sched = g_schedule;
+    std::vector<u32> order(l.threads.size());
+    for (u32 i = 0; i < order.size(); ++i) order[i] = i;
+    u64 pass = 0;
+    bool others_moved = true;  // a non-victim thread was resumed in the previous pass
+    // Resumes thread i if it can run; true if it did.
+    const auto resume = [&](u32 i) {
+        Thread& t = *l.threads[i];
+        if (t.done) return false;
+        if (t.blocked) {
+            if (!ready(t.wait)) return false;
+            t.blocked = false;
+        }
+        l.current = &t;
+        l.in_fiber = true;
+        swapcontext(&l.scheduler, &t.ctx);
+        l.in_fiber = false;
+        if (l.fault_signal) report_fault(l);
+        ++steps;
+        return true;
+    };
     while (!l.failed) {
-        bool resumed = false, all_done = true;
-        for (auto& tp : l.threads) {
-            Thread& t = *tp;
+        bool resumed = false, all_done = true, moved = false, skipped = false;
+        ++pass;
+        if (sched.adversarial) {
+            for (u32 i = u32(order.size()); i > 1; --i) std::swap(order[i - 1], order[sched.next() % i]);
+            if (sched.victim_cta != ~0u && sched.victim_ahead) {  // the victim runs until it blocks, first
+                for (u32 round = 0; round < 64 && !l.failed; ++round) {
+                    bool any = false;
+                    for (u32 i : order)
+                        if (sched.victim(*l.threads[i]) && resume(i)) {
+                            any = resumed = true;
+                            if (l.failed) break;
+                        }
+                    if (!any) break;
+                }
+            }
+        }
+        const bool victim_may_run = !sched.adversarial || sched.victim_ahead || !others_moved || pass % 64 == 0;
+        for (u32 i : order) {
+            if (l.failed) break;
+            Thread& t = *l.threads[i];
             if (t.done) continue;
             all_done = false;
-            if (t.blocked) {
-                if (!ready(t.wait)) continue;
-                t.blocked = false;
+            const bool victim = sched.adversarial && sched.victim(t);
+            if (victim && !victim_may_run) {
+                skipped = true;
+                continue;
             }
-            l.current = &t;
-            l.in_fiber = true;
-            swapcontext(&l.scheduler, &t.ctx);
-            l.in_fiber = false;
-            if (l.fault_signal) report_fault(l);
+            if (victim && sched.victim_ahead) continue;  // ran above
+            if (!resume(i)) continue;
             resumed = true;
-            ++steps;
-            if (l.failed) break;
+            moved |= !victim;
         }
+        others_moved = moved;
         if (l.failed) break;
+        for (auto& tp : l.threads) all_done &= tp->done;
         const bool landed = !l.pending_loads.empty();
-        const std::string error = land_tma_loads();
+        const std::string error = land_tma_loads(!sched.adversarial || !resumed);
         if (!error.empty()) {
             l.failed = true;
             l.error = error;
@@ -297,7 +364,7 @@ inline int run(const LaunchConfig& cfg, u32 max_threads, void (*entry)(const voi
             final_checks();
             break;
         }
-        if (!resumed && !landed) {
+        if (!resumed && !landed && !skipped) {
             l.failed = true;
             l.error = deadlock_report();
             break;

@@ -13,7 +13,37 @@ constexpr i64 kMaxTxCount = (1 << 20) - 1;
 // when the barrier is next used.
 constexpr u64 kMbarrierTag = 0xDF8BA5A1DF8BA5A1ull;
 
-enum class WaitKind : u8 { Mbarrier, NamedBarrier, ClusterBarrier, WgmmaGroup, StmatrixWarp };
+enum class WaitKind : u8 {
+    Mbarrier,
+    NamedBarrier,
+    ClusterBarrier,
+    WgmmaGroup,
+    StmatrixWarp,
+    SetmaxnregWarpgroup,  // the other threads of a warpgroup while one performs its setmaxnreg
+    RegisterPool,         // setmaxnreg.inc waiting for registers in the CTA's pool
+    Yield,                // preempted by an adversarial schedule: always ready
+};
+
+// The call site of a hal operation in the kernel source (captured by default arguments of the hal
+// functions, so the kernel source is the same in both builds).
+struct Site {
+    const char* file = nullptr;
+    int line = 0;
+};
+
+// "fp8_gemm.cuh:240": the path below the last "deep_fp8_gemm/" of the include directory.
+inline std::string site_str(const Site& s) {
+    if (!s.file) return "?";
+    const char* f = s.file;
+    for (const char* p = s.file; (p = std::strstr(p, "deep_fp8_gemm/")) != nullptr; ++p) f = p + 14;
+    std::string path(f);
+    for (size_t up; (up = path.find("/../")) != std::string::npos;) {  // "kernels/../tma.cuh" -> "tma.cuh"
+        const size_t slash = up == 0 ? std::string::npos : path.rfind('/', up - 1);
+        const size_t from = slash == std::string::npos ? 0 : slash + 1;
+        path.erase(from, up + 4 - from);
+    }
+    return s.line ? path + ":" + std::to_string(s.line) : path;
+}
 
 // What a blocked fiber waits for; the scheduler evaluates it (ready()) without resuming the fiber.
 struct Wait {
@@ -31,6 +61,13 @@ struct Mbarrier {
     u32 pending;   // arrivals still missing in the current phase
     i64 tx;        // transaction bytes still missing in the current phase (may go negative transiently)
     u64 phase;     // number of completed phases; the current phase's parity is phase & 1
+    // Proxy / cluster visibility of the initialisation (proxy.hpp): mbarrier.init is a generic-proxy write
+    // that TMA complete_tx (async proxy) and remote arrivals may only see once the initialising thread has
+    // fenced it (fence.mbarrier_init.release.cluster / fence.proxy.async) and a barrier ordered the fence.
+    u32 init_tid = 0;
+    Site init_site{};
+    u32 fenced_clock = 0;        // init thread's clock at its fence (0: not fenced)
+    u64 fence_cluster_gen = 0;   // cluster-barrier generation at that fence
 };
 
 // bar.sync barriers (PTX ISA "bar, barrier") and the cluster barrier (PTX ISA "barrier.cluster").
@@ -41,6 +78,9 @@ struct ThreadBarrier {
     u32 expected = 0;  // thread count of the current round, kAllThreads, or 0 when idle
     u32 arrived = 0;
     u64 generation = 0;
+    // Happens-before (proxy.hpp): the arrivals' vector clocks of the current round and of the last
+    // completed one, per CTA of the barrier (one for a CTA's barriers, cluster_x for the cluster's).
+    std::vector<std::vector<u32>> join, released;
 };
 
 // stmatrix is warp-collective (.sync.aligned): the 32 lanes' addresses and registers meet here.
@@ -60,6 +100,9 @@ struct WgmmaOp {
     float* frag[kWarpgroupThreads] = {};
     std::vector<u32> addr_a, addr_b;  // decoded operand byte offsets, [row * 32 + k]
     u32 lo_a, hi_a, lo_b, hi_b;       // smem byte ranges [lo, hi) the operands read
+    std::vector<u8> snapshot;         // operand bytes at issue (A then B): the read window lasts to the wait
+    Site issue_site{};
+    u32 issue_tid = 0;
 };
 
 struct WgmmaGroup {
@@ -71,6 +114,25 @@ struct Warpgroup {
     std::deque<WgmmaGroup> groups;  // issued but not yet executed; groups.front() has index `executed`
     u64 executed = 0;               // groups executed so far
     u64 complete = 0;               // groups committed by all 128 threads
+    // Register allocation (registers.hpp): registers per thread now, and the setmaxnreg rendezvous.
+    u32 regs = 0;
+    Site regs_site{};  // the setmaxnreg that set `regs` (none: the launch allocation)
+    u32 setmaxnreg_arrived = 0;
+    u64 setmaxnreg_generation = 0;
+};
+
+// Convergence of .aligned operations (convergence.hpp): the sequence of .aligned operations of a warp (or
+// warpgroup), as far as its slowest lane; every lane must execute the same operation at the same call site
+// as its n-th .aligned operation.
+struct AlignedEntry {
+    const char* op;
+    Site site;
+    u32 tid;  // the first thread that executed it
+};
+struct AlignedLog {
+    std::deque<AlignedEntry> entries;  // entries[i] is operation number base + i
+    u64 base = 0;
+    std::vector<u64> count;  // per lane: .aligned operations executed
 };
 
 struct StoreRecord {
@@ -85,6 +147,14 @@ struct Thread {
     bool done = false, blocked = false;
     Wait wait{};
     const char* wait_op = "";
+    Site site{};  // call site of the hal operation in progress
+    // Happens-before among the threads of this CTA (proxy.hpp): vc[t] = the last event of thread t this
+    // thread is ordered after; vc[tid] is this thread's own clock. fence_clocks: own clock at each
+    // fence.proxy.async. cluster_gen: cluster-barrier generation this thread last left.
+    std::vector<u32> vc;
+    std::vector<u32> fence_clocks;
+    u64 cluster_gen = 0;
+    Site generic_write_site{};  // its last generic-proxy shared-memory store (stmatrix)
     // wgmma bookkeeping (PTX ISA "wgmma.fence", "wgmma.commit_group", "wgmma.wait_group")
     u64 wgmma_commits = 0;
     u32 wgmma_ops_in_open_group = 0;
@@ -92,7 +162,6 @@ struct Thread {
     // bulk async-groups of TMA stores (PTX ISA "cp.async.bulk.commit_group", "cp.async.bulk.wait_group")
     std::vector<StoreRecord> open_stores;
     std::deque<std::vector<StoreRecord>> committed_stores;
-    std::vector<i32> setmaxnreg_log;  // +regs for inc, -regs for dec
 };
 
 struct Cta {
@@ -100,8 +169,21 @@ struct Cta {
     std::unordered_map<u32, Mbarrier> mbarriers;  // keyed by smem offset
     ThreadBarrier named[16];
     u32 live = 0;  // threads not exited
+    bool exited = false;
     std::vector<WarpRendezvous> warps;
     std::vector<Warpgroup> warpgroups;
+    std::vector<AlignedLog> warp_aligned, warpgroup_aligned;
+    i64 reg_free = 0;   // registers in the CTA's pool not held by a warpgroup
+    u64 reg_total = 0;  // launch_registers * block_x
+    // Generic-proxy writes not yet read by the async proxy (proxy.hpp), per shared-memory byte: writer
+    // thread + 1 (0: none) and the writer's clock at the write.
+    std::vector<u16> generic_writer;
+    std::vector<u32> generic_clock;
+    // Cluster lifetime (cluster.hpp), per source rank of the cluster: the cluster-barrier generation of the
+    // last remote operation (multicast or remote arrive) into this CTA (-1: none), its thread and site.
+    std::vector<i64> remote_gen;
+    std::vector<u32> remote_tid;
+    std::vector<Site> remote_site;
 };
 
 // A TMA load between issue and landing (see land_tma_loads).
@@ -129,6 +211,8 @@ struct Launch {
     std::string error;
     std::vector<PendingLoad> pending_loads;
     std::vector<float> scratch;  // decoded wgmma operands
+    std::vector<u32> scratch_mag, scratch_neg;  // the same as magnitude / sign integers (tensor-core model)
+    std::vector<u8> scratch_nan;     // operand rows holding a NaN code
     bool in_fiber = false;       // a fiber is running (the fault handler may abandon it)
     int fault_signal = 0;
     void* fault_address = nullptr;
@@ -157,10 +241,14 @@ inline std::string format(const char* fmt, ...) {
     Launch& l = L();
     Thread& t = me();
     l.failed = true;
-    l.error = format("cta %u thread %u (warp %u lane %u): ", t.cta, t.tid, t.tid / 32, t.tid % 32) + what;
+    l.error = format("cta %u thread %u (warp %u lane %u) at %s: ", t.cta, t.tid, t.tid / 32, t.tid % 32,
+                     site_str(t.site).c_str()) + what;
     swapcontext(&t.ctx, &l.scheduler);
     __builtin_unreachable();
 }
+
+// Records the call site of the hal operation the current thread is executing.
+inline void at(const char* file, int line) { g_launch->current->site = Site{file, line}; }
 
 inline void block(const Wait& w, const char* op) {
     Thread& t = me();

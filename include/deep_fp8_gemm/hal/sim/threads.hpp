@@ -7,6 +7,7 @@ namespace dfg::sim::detail {
 // ---------------------------------------------------------------- thread-facing operations (hal wraps them)
 
 inline void sync_threads() {
+    aligned("bar.sync 0 (sync_threads)");
     Cta& c = my_cta();
     thread_barrier_sync(c.named[0], kAllThreads, c.live, WaitKind::NamedBarrier, me().cta, 0, "sync_threads");
 }
@@ -17,22 +18,27 @@ inline void named_barrier_sync(u32 id, u32 num_threads) {
     if (num_threads == 0 || num_threads % 32 || num_threads > L().cfg.block_x)
         fail(format("%s(%u): thread count %u must be a positive multiple of 32 <= %u", what, id, num_threads,
                     L().cfg.block_x));
+    aligned("bar.sync (named_barrier_sync)");
     Cta& c = my_cta();
     thread_barrier_sync(c.named[id], num_threads, c.live, WaitKind::NamedBarrier, me().cta, id, what);
 }
 
 inline void cluster_sync() {
+    aligned("barrier.cluster (cluster_sync)");
     const u32 index = me().cta / L().cfg.cluster_x;
     Launch::Cluster& cluster = L().clusters[index];
     thread_barrier_sync(cluster.barrier, kAllThreads, cluster.live, WaitKind::ClusterBarrier, index, 0,
-                        "cluster_sync");
+                        "cluster_sync", me().cta % L().cfg.cluster_x);
 }
 
 inline void mbar_init(u64* bar, u32 arrive_count) {
     const u32 offset = mbarrier_offset(bar, "mbar_init");
     if (arrive_count == 0 || arrive_count > u32(kMaxTxCount))
         fail(format("mbar_init: arrive count %u must be in [1, 2^20-1]", arrive_count));
-    my_cta().mbarriers[offset] = Mbarrier{arrive_count, arrive_count, 0, 0};
+    Mbarrier mb{arrive_count, arrive_count, 0, 0};
+    mb.init_tid = me().tid;
+    mb.init_site = me().site;
+    my_cta().mbarriers[offset] = mb;
     std::memcpy(bar, &kMbarrierTag, 8);
 }
 
@@ -41,7 +47,13 @@ inline void mbar_arrive_cluster(u64* bar, u32 cta_rank) {
     if (cta_rank >= cluster_x)
         fail(format("mbar_arrive_cluster: cta rank %u outside the cluster of %u CTAs", cta_rank, cluster_x));
     const u32 target = me().cta / cluster_x * cluster_x + cta_rank;
-    mbarrier_arrive(target, mbarrier_offset(bar, "mbar_arrive_cluster"), 0, "mbar_arrive_cluster");
+    const u32 offset = mbarrier_offset(bar, "mbar_arrive_cluster");
+    if (target != me().cta) {
+        remote_access(target, "mbar_arrive_cluster (remote arrive)");
+        check_mbarrier_visible(mbarrier_at(target, offset, "mbar_arrive_cluster"), target, offset,
+                               "a remote arrive (mbar_arrive_cluster)");
+    }
+    mbarrier_arrive(target, offset, 0, "mbar_arrive_cluster");
 }
 
 inline void mbar_wait(u64* bar, u32 parity, BarrierName name) {
@@ -56,6 +68,7 @@ inline void tma_store(const TensorMap* map, const void* src, i32 c0, i32 c1, i32
     const Box box(tensor_map(map, what), c0, c1, c2);
     const u32 offset = smem_offset(src, what);
     box.check_smem(offset, what);
+    check_async_read(offset, box.footprint, "a TMA store (async proxy)");
     const u8* smem = my_cta().smem;
     for (u32 row = 0; row < box.rows; ++row) {
         u8* g = const_cast<u8*>(box.row_global(row));
@@ -94,7 +107,9 @@ inline WgmmaGroup& wgmma_open_group(Warpgroup& wg, u64 g) {
 
 inline void wgmma_issue(u32 n, u64 desc_a, u64 desc_b, float* d, bool scale_d) {
     Thread& t = me();
+    aligned("wgmma.mma_async", true);
     Warpgroup& wg = my_warpgroup("wgmma");
+    check_wgmma_registers(t.tid / kWarpgroupThreads, n);
     if (!t.wgmma_fenced) fail("wgmma issued without wgmma_fence since the last wgmma_wait (PTX ISA wgmma.fence)");
     const u64 g = t.wgmma_commits;
     WgmmaGroup& group = wgmma_open_group(wg, g);
@@ -107,6 +122,21 @@ inline void wgmma_issue(u32 n, u64 desc_a, u64 desc_b, float* d, bool scale_d) {
         op.scale_d = scale_d;
         decode_operand(desc_a, 64, op.addr_a, op.lo_a, op.hi_a, "A");
         decode_operand(desc_b, n, op.addr_b, op.lo_b, op.hi_b, "B");
+        // Operands are read by the async proxy from here to the wait that retires the group.
+        const Cta& cta = my_cta();
+        const u8* smem = cta.smem;
+        const u16* writer = cta.generic_writer.data();
+        op.snapshot.resize(op.addr_a.size() + op.addr_b.size());
+        for (size_t i = 0; i < op.addr_a.size(); ++i) {
+            if (writer[op.addr_a[i]]) check_async_read(op.addr_a[i], 1, "a wgmma operand A read (async proxy)");
+            op.snapshot[i] = smem[op.addr_a[i]];
+        }
+        for (size_t i = 0; i < op.addr_b.size(); ++i) {
+            if (writer[op.addr_b[i]]) check_async_read(op.addr_b[i], 1, "a wgmma operand B read (async proxy)");
+            op.snapshot[op.addr_a.size() + i] = smem[op.addr_b[i]];
+        }
+        op.issue_site = t.site;
+        op.issue_tid = t.tid;
         group.ops.push_back(std::move(op));
     }
     WgmmaOp& op = group.ops[k];
@@ -121,7 +151,13 @@ inline void wgmma_issue(u32 n, u64 desc_a, u64 desc_b, float* d, bool scale_d) {
     ++op.issued;
 }
 
+inline void wgmma_fence() {
+    aligned("wgmma.fence", true);
+    me().wgmma_fenced = true;
+}
+
 inline void wgmma_commit() {
+    aligned("wgmma.commit_group", true);
     Thread& t = me();
     Warpgroup& wg = my_warpgroup("wgmma_commit");
     const u64 g = t.wgmma_commits;
@@ -140,6 +176,7 @@ inline void wgmma_commit() {
 }
 
 inline void wgmma_wait(u32 n) {
+    aligned("wgmma.wait_group", true);
     Thread& t = me();
     Warpgroup& wg = my_warpgroup("wgmma_wait");
     t.wgmma_fenced = false;
@@ -148,7 +185,10 @@ inline void wgmma_wait(u32 n) {
     if (wg.complete < target)
         block(Wait{WaitKind::WgmmaGroup, t.cta, t.tid / kWarpgroupThreads, 0, target}, "wgmma_wait");
     while (wg.executed < target) {
-        for (const WgmmaOp& op : wg.groups.front().ops) execute(op, my_cta().smem);
+        for (const WgmmaOp& op : wg.groups.front().ops) {
+            check_read_window(op, my_cta().smem);
+            execute(op, my_cta().smem);
+        }
         wg.groups.pop_front();
         ++wg.executed;
     }
@@ -156,6 +196,7 @@ inline void wgmma_wait(u32 n) {
 
 inline void stmatrix_x4(void* row_ptr, const u32 (&regs)[4]) {
     const char* what = "stmatrix_x4";
+    aligned("stmatrix.sync.aligned");
     const u32 offset = smem_offset(row_ptr, what);
     if (offset % 16) fail(format("%s: row address smem+%#x is not 16-byte aligned", what, offset));
     check_smem_range(offset, 16, what);
@@ -174,6 +215,9 @@ inline void stmatrix_x4(void* row_ptr, const u32 (&regs)[4]) {
         const u32 matrix = l / 8, row = l % 8;
         check_no_mbarrier_overlap(t.cta, w.row_offset[l], 16, what);
         for (u32 c = 0; c < 4; ++c) std::memcpy(smem + w.row_offset[l] + 4 * c, &w.regs[row * 4 + c][matrix], 4);
+        Thread& writer = thread_at(t.cta, t.tid / 32 * 32 + l);  // the lane that gave the row address
+        generic_write(t.cta, w.row_offset[l], 16, writer);
+        writer.generic_write_site = t.site;  // all lanes execute the same stmatrix (convergence)
     }
     w.arrived = 0;
     ++w.generation;

@@ -79,11 +79,12 @@ inline void check_no_wgmma_reader(u32 cta, u32 offset, u32 bytes, const char* wh
                 const bool a = op.lo_a < offset + bytes && offset < op.hi_a;
                 const bool b = op.lo_b < offset + bytes && offset < op.hi_b;
                 if (a || b)
-                    fail(format("%s: TMA write into a stage still read by wgmma: box [%#x, %#x) of cta %u overlaps "
-                                "operand %s [%#x, %#x) of a wgmma of warpgroup %u (group %llu, not yet waited)",
+                    fail(format("race: %s: TMA write into a stage still read by wgmma: box [%#x, %#x) of cta %u "
+                                "overlaps operand %s [%#x, %#x) of a wgmma of warpgroup %u (group %llu, not yet waited; "
+                                "issued by thread %u at %s)",
                                 what, offset, offset + bytes, cta, a ? "A" : "B", a ? op.lo_a : op.lo_b,
-                                a ? op.hi_a : op.hi_b, w,
-                                static_cast<unsigned long long>(wgs[w].executed + g)));
+                                a ? op.hi_a : op.hi_b, w, static_cast<unsigned long long>(wgs[w].executed + g),
+                                op.issue_tid, site_str(op.issue_site).c_str()));
             }
 }
 
@@ -106,7 +107,9 @@ inline void tma_load(void* dst, const TensorMap* map, u64* bar, u32 cta_mask, bo
     const u32 first = me().cta / cluster_x * cluster_x;
     for (u32 rank = 0; rank < cluster_x; ++rank) {
         if (!(cta_mask >> rank & 1)) continue;
-        mbarrier_at(first + rank, bar_offset, what);
+        remote_access(first + rank, multicast ? "a TMA multicast" : "a TMA load");
+        check_mbarrier_visible(mbarrier_at(first + rank, bar_offset, what), first + rank, bar_offset,
+                               "TMA complete_tx (async proxy)");
         check_no_wgmma_reader(first + rank, offset, box.footprint, what);
         check_no_mbarrier_overlap(first + rank, offset, box.footprint, what);
     }
@@ -115,23 +118,33 @@ inline void tma_load(void* dst, const TensorMap* map, u64* bar, u32 cta_mask, bo
 
 // Lands every issued TMA load: copy, then complete-tx. A wgmma not yet executed that reads the box was issued
 // before the data arrived (a missing or wrong full-barrier wait). Returns an error message or "".
-inline std::string land_tma_loads() {
+inline std::string land_tma_loads(bool all = true) {
     Launch& l = L();
+    std::vector<PendingLoad> later;  // adversarial schedules hold some loads back for another pass
     for (const PendingLoad& load : l.pending_loads) {
+        if (!all && g_schedule.chance(2)) {
+            later.push_back(load);
+            continue;
+        }
         const Box box(load.map, load.c[0], load.c[1], load.c[2]);
         const u32 fill = load.map.oob_fill == 0 ? 0u : load.map.dtype == 7 ? 0x7FFFFFFFu : 0x7FFFu;
         for (u32 rank = 0; rank < l.cfg.cluster_x; ++rank) {
             if (!(load.cta_mask >> rank & 1)) continue;
             const u32 cta = load.first_cta + rank;
+            if (l.ctas[cta].exited)
+                return format("cluster lifetime: a TMA load lands in cta %u (smem+%#x), which has already exited",
+                              cta, load.offset);
             const auto& wgs = l.ctas[cta].warpgroups;
             for (u32 w = 0; w < wgs.size(); ++w)
                 for (const WgmmaGroup& group : wgs[w].groups)
                     for (const WgmmaOp& op : group.ops)
                         if ((op.lo_a < load.offset + box.footprint && load.offset < op.hi_a) ||
                             (op.lo_b < load.offset + box.footprint && load.offset < op.hi_b))
-                            return format("cta %u: a wgmma of warpgroup %u reads smem [%#x, %#x) before the TMA load "
-                                          "writing it has landed (missing or wrong full-barrier wait?)",
-                                          cta, w, load.offset, load.offset + box.footprint);
+                            return format("race: cta %u: a wgmma of warpgroup %u (issued by thread %u at %s) reads smem "
+                                          "[%#x, %#x) before the TMA load writing it has landed (missing or wrong "
+                                          "full-barrier wait?)",
+                                          cta, w, op.issue_tid, site_str(op.issue_site).c_str(), load.offset,
+                                          load.offset + box.footprint);
             u8* smem = l.ctas[cta].smem;
             for (u32 row = 0; row < box.rows; ++row) {
                 const u8* g = box.row_global(row);
@@ -141,11 +154,12 @@ inline std::string land_tma_loads() {
                     else std::memcpy(s, &fill, box.eb);
                 }
             }
+            async_write(cta, load.offset, box.footprint);
             const std::string error = mbarrier_complete_tx(cta, load.bar_offset, box.bytes);
             if (!error.empty()) return error;
         }
     }
-    l.pending_loads.clear();
+    l.pending_loads.swap(later);
     return "";
 }
 

@@ -56,22 +56,57 @@ inline void decode_operand(u64 desc, u32 rows, std::vector<u32>& addr, u32& lo, 
 inline u32 frag_row(u32 t, u32 i) { return 16 * (t / 32) + (t % 32) / 4 + 8 * ((i / 2) % 2); }
 inline u32 frag_col(u32 t, u32 i) { return 8 * (i / 4) + 2 * (t % 4) + i % 2; }
 
+// PTX ISA "wgmma.mma_async": the operands in shared memory are read asynchronously any time between the issue
+// and the wgmma.wait_group that retires the group; they must not change in that window.
+inline void check_read_window(const WgmmaOp& op, const u8* smem) {
+    const size_t na = op.addr_a.size();
+    for (size_t i = 0; i < op.snapshot.size(); ++i) {
+        const u32 a = i < na ? op.addr_a[i] : op.addr_b[i - na];
+        if (smem[a] != op.snapshot[i])
+            fail(format("race: shared memory smem+%#x (operand %s) of a wgmma issued by thread %u at %s changed before "
+                        "the wgmma.wait_group that retires it (the operands are read anywhere in that window)",
+                        a, i < na ? "A" : "B", op.issue_tid, site_str(op.issue_site).c_str()));
+    }
+}
+
 inline void execute(const WgmmaOp& op, const u8* smem) {
     const u32 n = op.n;
     std::vector<float>& s = L().scratch;
     s.resize(size_t(64 + n) * 32);
     float* a = s.data();
     float* b = a + 64 * 32;
+    const bool exact = L().cfg.flags & kFlagExactMma;
     for (u32 i = 0; i < 64 * 32; ++i) a[i] = g_e4m3.value[smem[op.addr_a[i]]];
     for (u32 i = 0; i < n * 32; ++i) b[i] = g_e4m3.value[smem[op.addr_b[i]]];
+    // The tensor-core model works on the e4m3 values as integers; rows with a NaN code take the float path.
+    std::vector<u32>& mag = L().scratch_mag;
+    std::vector<u32>& neg = L().scratch_neg;
+    std::vector<u8>& nan_row = L().scratch_nan;
+    if (!exact) {
+        mag.resize(size_t(64 + n) * 32);
+        neg.resize(size_t(64 + n) * 32);
+        nan_row.assign(64 + n, 0);
+        for (u32 i = 0; i < (64 + n) * 32; ++i) {
+            const u8 code = smem[i < 64 * 32 ? op.addr_a[i] : op.addr_b[i - 64 * 32]];
+            mag[i] = g_e4m3_fixed.mag[code];
+            neg[i] = g_e4m3_fixed.neg[code];
+            nan_row[i / 32] |= g_e4m3_fixed.nan[code];
+        }
+    }
     for (u32 t = 0; t < kWarpgroupThreads; ++t) {
         float* d = op.frag[t];
         for (u32 i = 0; i < n / 2; ++i) {
-            const float* ar = a + frag_row(t, i) * 32;
-            const float* br = b + frag_col(t, i) * 32;
-            float dot = 0.f;
-            for (u32 k = 0; k < 32; ++k) dot += ar[k] * br[k];
-            d[i] = op.scale_d ? d[i] + dot : dot;
+            const u32 row = frag_row(t, i), col = frag_col(t, i);
+            if (exact || nan_row[row] || nan_row[64 + col]) {
+                const float* ar = a + row * 32;
+                const float* br = b + col * 32;
+                float dot = 0.f;
+                for (u32 k = 0; k < 32; ++k) dot += ar[k] * br[k];
+                d[i] = op.scale_d ? d[i] + dot : dot;
+            } else {
+                const size_t ra = size_t(row) * 32, rb = size_t(64 + col) * 32;
+                d[i] = mma_fp8_k32(&mag[ra], &neg[ra], &mag[rb], &neg[rb], op.scale_d ? d[i] : 0.f);
+            }
         }
     }
 }
