@@ -70,7 +70,6 @@ try:
 except ImportError:  # pragma: no cover - every torch this package supports has it
     _TensorGuards = None
 _is_compiling = torch.compiler.is_compiling
-_empty_strided = torch.empty_strided
 _FP8, _F32 = torch.float8_e4m3fn, torch.float32
 _dispatch_depth = torch._C._len_torch_dispatch_stack
 
