@@ -14,8 +14,9 @@ fused quantisers per_token, per_block, silu_mul_quant)::
   reads or writes plus one per Python scalar argument (dense 5, contiguous 6, masked 7, quantisers 3: input,
   output, scales).
 * ``ratio = call_us / launch_floor_us`` (the issue's bar: 2.5).
-* ``alloc_us`` (quantisers): what allocating and freeing tensors like the op's two outputs costs by itself
-  (``torch.empty_strided`` x 2): part of ``call_us`` that no launcher avoids.
+* ``alloc_us`` (quantisers): what allocating and freeing tensors like the op's two outputs costs by itself, made
+  the way the ops make them (``new_empty_strided`` of a 0-element prototype of the output's dtype and device,
+  x 2): part of ``call_us`` that no launcher returning new tensors avoids.
 
 The op's and the floor's timed batches alternate and last alike, so both medians see the same load of a shared
 machine.
@@ -235,12 +236,13 @@ def measure(device: torch.device, *, calls: int, repeats: int, only: set[str] | 
 
 
 def _allocator(outputs: tuple[torch.Tensor, ...]):
-    """A function allocating tensors like ``outputs`` (same shapes, strides, dtypes, device), discarding them."""
-    specs = [(tuple(t.shape), t.stride(), t.dtype, t.device) for t in outputs]
-    empty_strided = torch.empty_strided
+    """A function allocating tensors like ``outputs`` (same shapes, strides, dtypes, device) as the ops do
+    (``new_empty_strided`` of a 0-element prototype, see ``prepared.QuantPlan``), discarding them."""
+    (p0, s0, t0), (p1, s1, t1) = [(torch.empty(0, dtype=t.dtype, device=t.device), tuple(t.shape), t.stride())
+                                  for t in outputs]
 
     def fn():
-        return [empty_strided(shape, stride, dtype=dtype, device=device) for shape, stride, dtype, device in specs]
+        return p0.new_empty_strided(s0, t0), p1.new_empty_strided(s1, t1)
 
     return fn
 

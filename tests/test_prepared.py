@@ -354,3 +354,127 @@ def test_quant_plan_launches_what_the_uncached_path_launches(fake_gpu, name, kin
     assert captured["config"].vectorized == (offset == 0) and captured["config"].ue8m0 == ue8m0
     for t, ref in ((out, ref_out), (scales, ref_scales)):
         assert (t.shape, t.stride(), t.dtype) == (ref.shape, ref.stride(), ref.dtype)
+
+
+# ---------------------------------------------------------------------------------------------- quantisers' plans
+_QUANTISERS = {"per_token": (lambda x: dfg.per_token_cast_to_fp8(x), (8, 256)),
+               "per_block": (lambda x: dfg.per_block_cast_to_fp8(x), (136, 256)),
+               "silu": (lambda x: dfg.moe.silu_mul_quant(x), (8, 512))}
+_QUANT_CHANGES = {
+    "shape": lambda x: x[:, : x.shape[1] // 2 + 1],  # a new shape (silu: an odd last dim, rejected)
+    "rank": lambda x: x.reshape(2, x.shape[0] // 2, x.shape[1]),  # 3-D: silu takes it, the others reject it
+    "stride": lambda x: x.t().contiguous().t(),  # same values, column-major
+    "dtype": lambda x: x.double(),
+    "int_dtype": lambda x: x.to(torch.int32),
+    "device": lambda x: x.to("meta"),
+    "offset": lambda x: torch.cat([x.new_zeros(1), x.reshape(-1)])[1:].view(x.shape),  # 2-byte misaligned
+    "empty": lambda x: x[:0],
+}
+
+
+def _outcome(fn, x):
+    try:
+        out, scales = fn(x)
+    except Exception as e:  # noqa: BLE001 - the exception itself is the outcome compared
+        return type(e), str(e)
+    if out.device.type == "meta":
+        return out.shape, out.stride(), scales.shape, scales.stride()
+    return out.float(), scales.shape, scales.stride(), scales
+
+
+@pytest.mark.parametrize("name", list(_QUANTISERS))
+@pytest.mark.parametrize("change", list(_QUANT_CHANGES))
+def test_quantiser_change_after_a_cached_call_behaves_as_uncached(name, change):
+    """A changed input right after a cached call gives exactly what it gives with no plan cached: the same
+    exception and message, or the same outputs (values, shapes, strides)."""
+    fn, shape = _QUANTISERS[name]
+    x = torch.randn(shape, dtype=torch.bfloat16)
+    fn(x)
+    fn(x)  # the second call hits the plan
+    changed = _QUANT_CHANGES[change](x)
+    warm = _outcome(fn, changed)
+    prepared.clear()
+    cold = _outcome(fn, changed)
+    assert len(warm) == len(cold)
+    for w, c in zip(warm, cold):
+        assert torch.equal(w, c) if isinstance(w, torch.Tensor) else w == c
+
+
+def _quant_reference(name, x, kind):
+    captured = {}
+
+    def capture(config, params, grid, device):
+        captured.update(config=config, params=bytes(params), grid=grid)
+
+    if name == "per_block":
+        kq._per_block(x, launch=capture, ue8m0=False)
+    else:
+        kq._per_token(x, kind, "x", launch=capture, ue8m0=False)
+    return _QUANT_FIELDS.unpack(captured["params"])
+
+
+@pytest.mark.parametrize("name,kind", [("per_token", kq.QuantKind.PER_TOKEN), ("per_block", kq.QuantKind.PER_BLOCK),
+                                       ("silu", kq.QuantKind.SILU_MUL_PER_TOKEN)])
+def test_quant_plan_packs_each_calls_pointers_on_any_thread(fake_gpu, name, kind):
+    """The plan's own parameter block keeps the constants and takes new pointers per call; a call from another
+    thread packs everything into that thread's slot and leaves the plan's block intact."""
+    import threading
+
+    fake_gpu.param_sizes = [72]
+    fn = _QUANTISERS[name][0]
+    xs = [torch.randn(96, 512, dtype=torch.bfloat16) for _ in range(3)]
+    fake_gpu.on()
+    results = {}
+
+    def call(i):
+        results[i] = fn(xs[i])
+        results[i, "launch"] = fake_gpu.launches[-1]
+
+    call(0)
+    call(1)  # a plan hit with new pointers
+    other = threading.Thread(target=call, args=(2,))
+    other.start()
+    other.join()
+    call(0)  # the main thread again, after the other thread's call
+    results[3], results[3, "launch"] = results[0], fake_gpu.launches[-1]
+    addresses = set()
+    for i, x in ((1, xs[1]), (2, xs[2]), (3, xs[0])):
+        out, scales = results[i]
+        got = _QUANT_FIELDS.unpack(results[i, "launch"]["params"][:72])
+        want = _quant_reference(name, x, kind)
+        assert got[0] == x.data_ptr() and got[1] == out.data_ptr() and got[2] == scales.data_ptr()
+        assert got[3:] == want[3:]
+        addresses.add(results[i, "launch"]["params_address"])
+    assert len(addresses) == 2  # the plan's block (main thread) and the other thread's slot
+    assert len(prepared._quant_plans) == 1
+
+
+@pytest.mark.parametrize("name", list(_QUANTISERS))
+@pytest.mark.parametrize("m", [8, 5])  # 5: per-token scales with a padded M-major stride
+def test_quant_plan_outputs_own_their_storage(fake_gpu, name, m):
+    """Each output of each call is a tensor of its own: its own storage of exactly its size, offset 0, the
+    documented layout; resizing or writing one changes nothing else."""
+    fake_gpu.param_sizes = [72]
+    fn = _QUANTISERS[name][0]
+    x = torch.randn(m * (17 if name == "per_block" else 1), 512, dtype=torch.bfloat16)
+    fake_gpu.on()
+    (a, sa), (b, sb) = fn(x), fn(x)
+    assert len(fake_gpu.launches) == 2
+    tensors = (a, sa, b, sb)
+    storages = {t.untyped_storage().data_ptr() for t in tensors}
+    assert len(storages) == 4
+    for t in tensors:
+        assert t.storage_offset() == 0 and not t.requires_grad
+        hi = 1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
+        assert t.untyped_storage().nbytes() == hi * t.element_size()
+    assert a.is_contiguous() and a.dtype == torch.float8_e4m3fn and sa.dtype == torch.float32
+    if name == "per_block":
+        assert sa.is_contiguous()
+    else:
+        rows = x.shape[0]
+        assert sa.stride() == (1, utils.get_tma_aligned_size(rows, 4))
+    b.view(torch.uint8).fill_(0x38)
+    sb.fill_(5.0)
+    a.resize_(a.numel() * 4).view(torch.uint8).fill_(0x40)
+    sa.resize_(sa.numel() * 4).fill_(7.0)
+    assert torch.all(b.view(torch.uint8) == 0x38) and torch.all(sb == 5.0)

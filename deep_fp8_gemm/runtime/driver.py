@@ -598,6 +598,13 @@ def param_slot(size: int) -> _ParamSlot:
     return slot
 
 
+def param_block(size: int) -> _ParamSlot:
+    """A new 128-byte-aligned parameter block of ``size`` bytes owned by the caller (not this thread's shared
+    slot): a prepared call keeps its constant parameters packed in one and rewrites only what changes per
+    launch; only one thread at a time may write it and launch from it (the launch copies the bytes)."""
+    return _ParamSlot(size)
+
+
 class PreparedLaunch:
     """One kernel with a fixed launch shape and parameter size, checked once; per launch only the parameter
     bytes and the stream vary (the ``CUlaunchConfig`` is built once per stream).
