@@ -5,7 +5,7 @@
 * A ``[m, k]`` and B ``[n, k]`` are float8_e4m3fn, K-major (row-major, 16-byte row strides);
 * sA ``[m, ceil(k/128)]`` and sB ``[n, ceil(k/128)]`` are float32 1x128 per-row scales of A and B (any strides:
   both are converted to the M-major TMA-aligned layout of ``get_col_major_tma_aligned_tensor`` before launch);
-* ``d`` ``[m, n]`` float32, row-major with an even row stride; ``c`` ``[m, n]`` float32 of the same layout, or ``d``
+* ``d`` ``[m, n]`` float32, row-major with a 16-byte-multiple row stride (so column pairs are 8-byte aligned); ``c`` ``[m, n]`` float32 of the same layout, or ``d``
   itself (in-place accumulation into a main-grad buffer), or None (``D = A·Bᵀ``). A ``c`` distinct from ``d``
   must not overlap it; the kernel never reads ``d`` then.
 
@@ -64,15 +64,11 @@ def check_1d1d(a, sa, b, sb, d, c, *, layout: bool = True) -> tuple[int, int, in
         _aligned_ptr(a, "lhs[0] (A)")
         _aligned_ptr(b, "rhs[0] (B)")
         _aligned_ptr(d, "d")
-        if d.numel() and d.stride(0) % 2:
-            raise ValueError(f"d's row stride must be even (8-byte column pairs), got d.stride()={d.stride()}")
         inputs = ((a, "lhs[0] (A)"), (sa, "lhs[1] (sA)"), (b, "rhs[0] (B)"), (sb, "rhs[1] (sB)"))
         _no_overlap(d, inputs)
         if c is not None and c.data_ptr() != d.data_ptr():
             _row_major_tma(c, "c")
             _aligned_ptr(c, "c")
-            if c.numel() and c.stride(0) % 2:
-                raise ValueError(f"c's row stride must be even (8-byte column pairs), got c.stride()={c.stride()}")
             _no_overlap(d, ((c, "c (pass c=d to accumulate in place)"),))
         elif c is not None and c.stride() != d.stride():
             raise ValueError(f"c starts where d does but has other strides: c.stride()={c.stride()}, "
