@@ -105,3 +105,14 @@ def test_1d1d_smem_map_and_config_rules():
         check_config(GemmConfig("1d1d", 256, 256, 1, 128, 128, 3, 1, 2, 8, 2))
     with pytest.raises(ValueError, match="num_groups=1"):
         get_config(128, 256, 256, 2, "1d1d")
+
+
+def test_1d1d_params_pack_to_the_struct_size():
+    """dfg::GemmParams is 576 bytes for every kind; the 1D1D fields (d_f32, c_f32, ld_d, ld_c) sit at 536."""
+    import struct
+
+    d = torch.zeros(4, 8)
+    c = torch.zeros(4, 12)[:, :8]
+    raw = gemm.pack_params([bytes(128)] * 4, None, None, 4, d, c)
+    assert len(raw) == gemm.PARAMS_BYTES == len(gemm.pack_params([bytes(128)] * 4, d, None, 4))
+    assert struct.unpack_from("<QQII", raw, 536) == (d.data_ptr(), c.data_ptr(), 8, 12)

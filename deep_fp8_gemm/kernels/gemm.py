@@ -25,7 +25,8 @@ from .wgmma_gen import wgmma_fp8_wrapper
 
 TEMPLATE = "fp8_gemm.cu"
 PARAMS_BYTES = 576  # sizeof(dfg::GemmParams), static_assert'ed in fp8_gemm.cuh
-_PARAMS_TAIL = struct.Struct("<QQIIQQII")  # sb, grouped_layout, rows, reserved, d_f32, c_f32, ld_d, ld_c at 512
+_PARAMS_TAIL = struct.Struct("<QQII")  # sb, grouped_layout, rows, reserved at offset 512
+_PARAMS_FP32_OUT = struct.Struct("<QQII")  # 1D1D kind: d_f32, c_f32, ld_d, ld_c at offset 536
 
 # DeepSeek-V3 shapes (ANCHORS.md section 5): dense (N, K) and grouped (N, K).
 DEEPSEEK_V3_DENSE = ((2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048), (576, 7168))
@@ -105,10 +106,10 @@ def pack_params(maps: Iterable[bytes], sb: torch.Tensor | None, grouped_layout: 
     if len(head) != 512:
         raise ValueError(f"expected four 128-byte tensor maps, got {len(head)} bytes")
     tail = _PARAMS_TAIL.pack(0 if sb is None else sb.data_ptr(),
-                             0 if grouped_layout is None else grouped_layout.data_ptr(), rows, 0,
-                             0 if d_f32 is None else d_f32.data_ptr(), 0 if c_f32 is None else c_f32.data_ptr(),
-                             0 if d_f32 is None else d_f32.stride(0), 0 if c_f32 is None else c_f32.stride(0))
-    return head + tail + bytes(PARAMS_BYTES - 512 - _PARAMS_TAIL.size)
+                             0 if grouped_layout is None else grouped_layout.data_ptr(), rows, 0)
+    if d_f32 is not None:
+        tail += _PARAMS_FP32_OUT.pack(d_f32.data_ptr(), c_f32.data_ptr(), d_f32.stride(0), c_f32.stride(0))
+    return head + tail + bytes(PARAMS_BYTES - 512 - len(tail))
 
 
 # ---------------------------------------------------------------------------------------------- 1D1D family
