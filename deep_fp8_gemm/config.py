@@ -282,6 +282,9 @@ def _estimate_cycles(kind: str, m: int, n: int, k: int, num_groups: int, block_m
     groups_touched = num_groups if kind != "dense" else 1
     rows = m * (num_groups if kind == "masked" else 1)
     k_blocks = _ceil_div(k, BLOCK_K)
+    if kind in FP32_ACCUMULATE_KINDS:  # fp32 C read + fp32 D written; per-row sB
+        hbm_bytes = rows * k + n * k + rows * n * 8 + 4 * (rows + n) * k_blocks
+        return max(waves * tile, hbm_bytes / (_HBM_BYTES_PER_CLK_PER_SM * num_sms))
     hbm_bytes = (rows * k + groups_touched * n * k + rows * n * 2  # A, B, D
                  + 4 * (rows * k_blocks + groups_touched * _ceil_div(n, 128) * k_blocks))  # sA, sB
     return max(waves * tile, hbm_bytes / (_HBM_BYTES_PER_CLK_PER_SM * num_sms))
