@@ -116,3 +116,19 @@ def test_1d1d_params_pack_to_the_struct_size():
     raw = gemm.pack_params([bytes(128)] * 4, None, None, 4, d, c)
     assert len(raw) == gemm.PARAMS_BYTES == len(gemm.pack_params([bytes(128)] * 4, d, None, 4))
     assert struct.unpack_from("<QQII", raw, 536) == (d.data_ptr(), c.data_ptr(), 8, 12)
+
+
+def test_1d1d_c_and_d_with_different_row_strides():
+    """C read with its own row stride (ld_c) and D written with its own (ld_d): a swapped stride shows."""
+    m, n, k = 40, 48, 256
+    cfg = GemmConfig("1d1d", n, k, 1, 64, 16, 2, 1, 1, 16, 2)
+    a, sa, b, sb, c = _operands(m, n, k, seed=11)
+    c_wide = torch.full((m, n + 16), float("nan"))
+    c_wide[:, :n] = c
+    d_wide = torch.full((m, n + 8), float("nan"))
+    d = d_wide[:, :n]
+    gemm.run_1d1d(cfg, a, get_col_major_tma_aligned_tensor(sa), b, get_col_major_tma_aligned_tensor(sb), d,
+                  c_wide[:, :n], "sim")
+    expected = model64(a, sa, b, sb, c)
+    assert np.abs(d.double().numpy() - expected).max() <= 1e-4 * (np.abs(expected).max() + 1)
+    assert torch.isnan(d_wide[:, n:]).all()  # nothing written past column n
