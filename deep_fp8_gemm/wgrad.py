@@ -83,9 +83,35 @@ def _normalise_scales(s: torch.Tensor) -> torch.Tensor:
 
 
 def gemm_fp8_fp8_fp32_nt_1d1d(lhs, rhs, d: torch.Tensor, c: torch.Tensor | None = None) -> None:
-    """``d = c + (A·sA)·(B·sB)ᵀ`` in float32 (see the module docstring for shapes and layouts)."""
+    """``d = c + (A·sA)·(B·sB)ᵀ`` in float32 (see the module docstring for shapes and layouts).
+
+    Runs as the custom op ``torch.ops.deep_fp8_gemm.gemm_fp8_fp8_fp32_nt_1d1d`` when torch is tracing or a
+    dispatch mode is active (so ``torch.compile(fullgraph=True)`` traces it), directly otherwise. ``c=d`` becomes
+    the op's ``accumulate=True`` with no ``c`` (a mutated argument must not alias another input)."""
     a, sa = unpack_pair(lhs, "lhs")
     b, sb = unpack_pair(rhs, "rhs")
+    accumulate = c is d or (isinstance(c, torch.Tensor) and isinstance(d, torch.Tensor) and _eager(c, d)
+                            and c.numel() > 0 and c.data_ptr() == d.data_ptr() and c.shape == d.shape
+                            and c.stride() == d.stride())
+    if accumulate:
+        c = None
+    if _eager(*(t for t in (a, sa, b, sb, d, c) if isinstance(t, torch.Tensor))):
+        _run(a, sa, b, sb, d, d if accumulate else c)
+    else:
+        for t, name in ((a, "lhs[0] (A)"), (sa, "lhs[1] (sA)"), (b, "rhs[0] (B)"), (sb, "rhs[1] (sB)"), (d, "d")):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        _op(a, sa, b, sb, d, c, bool(accumulate))
+
+
+def _eager(*tensors: torch.Tensor) -> bool:
+    from .ops import _eager as ops_eager
+
+    return ops_eager(*tensors)
+
+
+def _run(a, sa, b, sb, d, c) -> None:
+    """Checks, then the CPU reference, the simulator or the sm_90 kernel (``c`` may be ``d`` or None)."""
     m, n, _ = check_1d1d(a, sa, b, sb, d, c)
     if m == 0 or n == 0:
         return
@@ -116,3 +142,23 @@ def launch_1d1d(a, sa, b, sb, d, c, backend: str) -> None:
         num_sms = get_num_sms()
     cfg = get_config(a.shape[0], b.shape[0], a.shape[1], 1, "1d1d", num_sms)
     run_1d1d(cfg, a, sa, b, sb, d, c, backend)
+
+
+# --- the custom op (schema below; registered for CPU and CUDA, with a fake kernel for tracing) -----------------
+def _op_impl(a, sa, b, sb, d, c, accumulate) -> None:
+    if accumulate and c is not None:
+        raise ValueError("accumulate=True takes c=None (d is C)")
+    _run(a, sa, b, sb, d, d if accumulate else c)
+
+
+def _op_fake(a, sa, b, sb, d, c, accumulate) -> None:
+    check_1d1d(a, sa, b, sb, d, c, layout=False)
+
+
+_lib = torch.library.Library("deep_fp8_gemm", "FRAGMENT")
+_lib.define("gemm_fp8_fp8_fp32_nt_1d1d(Tensor a, Tensor sa, Tensor b, Tensor sb, Tensor(a!) d, Tensor? c, "
+            "bool accumulate) -> ()")
+for _key in ("CPU", "CUDA"):
+    _lib.impl("gemm_fp8_fp8_fp32_nt_1d1d", _op_impl, _key)
+torch.library.register_fake("deep_fp8_gemm::gemm_fp8_fp8_fp32_nt_1d1d", _op_fake, lib=_lib)
+_op = torch.ops.deep_fp8_gemm.gemm_fp8_fp8_fp32_nt_1d1d.default

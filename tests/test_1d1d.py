@@ -120,3 +120,28 @@ def test_gpu_1d1d(in_place):
     got = d.cpu().double().numpy()
     assert np.isfinite(got).all()
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
+
+
+def test_1d1d_is_a_custom_op_that_torch_compile_traces():
+    """fullgraph compile of a main-grad update (c = d) and of d = c + A·Bᵀ with c separate, on the CPU path."""
+    a, sa, b, sb, c = operands(16, 24, 256, seed=8)
+
+    def accumulate(a, sa, b, sb, main_grad):
+        deep_gemm.fp8_gemm_nt((a, sa), (b, sb), main_grad, c=main_grad, recipe=(1, 1, 128))
+        return main_grad
+
+    def separate(a, sa, b, sb, c):
+        d = torch.empty_like(c)
+        wgrad.gemm_fp8_fp8_fp32_nt_1d1d((a, sa), (b, sb), d, c)
+        return d
+
+    expected = torch.from_numpy(model64(a, sa, b, sb, c)).float()
+    got = torch.compile(accumulate, fullgraph=True, backend="aot_eager")(a, sa, b, sb, c.clone())
+    assert torch.equal(got, expected)
+    got = torch.compile(separate, fullgraph=True, backend="aot_eager")(a, sa, b, sb, c)
+    assert torch.equal(got, expected)
+    op = torch.ops.deep_fp8_gemm.gemm_fp8_fp8_fp32_nt_1d1d.default
+    with pytest.raises(ValueError, match="accumulate=True takes c=None"):
+        op(a, sa, b, sb, c.clone(), c, True)
+    with pytest.raises(Exception, match=r"d must have shape \[m, n\]"):  # the fake kernel checks shapes at trace time
+        torch.compile(separate, fullgraph=True, backend="aot_eager")(a, sa, b, sb, torch.zeros(16, 16))
