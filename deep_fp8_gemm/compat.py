@@ -11,9 +11,9 @@ Argument semantics, as the reference applies them on SM90 (``csrc/apis/gemm.hpp`
   sB one per 128x128 block); power-of-two (UE8M0) fp32 scales are ordinary scales here.
 * ``recipe`` ``(gran_m_of_A, gran_n_of_B, gran_k)``, or the pair ``recipe_a=(gran_m, gran_k)``,
   ``recipe_b=(gran_n, gran_k)``; ``None`` = ``(1, 128, 128)``, the 1D2D kernel this library implements.
-  ``(1, 1, 128)`` (per-channel B scales: the 1D1D weight-gradient kernel, fp32 D accumulated into C) is not
-  built yet and raises ``NotImplementedError``; ``gran_k == 32`` (MXFP8) is SM100-only (``NotImplementedError``);
-  any other recipe is a ``ValueError``.
+  ``(1, 1, 128)`` (per-row B scales: the 1D1D weight-gradient kernel, fp32 ``D = C + A·Bᵀ``) is accepted by
+  :func:`fp8_gemm_nt` only (``NotImplementedError`` for the M-grouped GEMMs, which have no 1D1D kernel);
+  ``gran_k == 32`` (MXFP8) is SM100-only (``NotImplementedError``); any other recipe is a ``ValueError``.
 * ``compiled_dims``: which of m / n / k the reference bakes into the binary. Validated (a string of distinct
   letters from ``"mnk"``) and otherwise a hint: this library always compiles N and K and keeps M a run-time
   value, the reference's default ``"nk"``.
@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import torch
 
-from . import ops, psum
+from . import ops, psum, wgrad
 from .utils import get_col_major_tma_aligned_tensor, get_m_alignment_for_contiguous_layout
 
 _DEFAULT_RECIPE = (1, 128, 128)
@@ -51,21 +51,27 @@ def _int_tuple(value: object, length: int, name: str) -> tuple[int, ...]:
     return tuple(value)
 
 
-def _check_granularity(gran_mn_a: int, gran_mn_b: int, gran_k: int, what: str) -> None:
-    """Accept exactly the 1D2D recipe; name what the others are."""
+def _check_granularity(gran_mn_a: int, gran_mn_b: int, gran_k: int, what: str, allow_1d1d: bool) -> bool:
+    """Accept the 1D2D recipe (returns False) and, where ``allow_1d1d``, the 1D1D one (returns True); name what
+    the others are."""
     if gran_k == 32:
         raise NotImplementedError(f"{what}: gran_k 32 (MXFP8 scale groups) exists only on the reference's SM100 "
                                   "kernels; Hopper kernels use gran_k 128")
     if (gran_mn_a, gran_k) == (1, 128) and gran_mn_b == 1:
-        raise NotImplementedError(f"{what} selects {_ONE_D_ONE_D}, which deep_fp8_gemm does not implement yet; "
-                                  "use recipe (1, 128, 128) with 128x128 B scales")
+        if allow_1d1d:
+            return True
+        raise NotImplementedError(f"{what} selects {_ONE_D_ONE_D}, which exists only as fp8_gemm_nt (dense); "
+                                  "the M-grouped GEMMs use recipe (1, 128, 128) with 128x128 B scales")
     if (gran_mn_a, gran_mn_b, gran_k) != _DEFAULT_RECIPE:
         raise ValueError(f"{what} is not a recipe of the Hopper kernels: supported (1, 128, 128) (1x128 A scales, "
                          "128x128 B scales); (1, 1, 128) is the 1D1D kernel")
+    return False
 
 
-def check_recipe(recipe: object = None, recipe_a: object = None, recipe_b: object = None) -> None:
-    """Validate the reference's ``recipe`` / ``recipe_a`` + ``recipe_b`` arguments (see the module docstring)."""
+def check_recipe(recipe: object = None, recipe_a: object = None, recipe_b: object = None, *,
+                 allow_1d1d: bool = False) -> bool:
+    """Validate the reference's ``recipe`` / ``recipe_a`` + ``recipe_b`` arguments (see the module docstring);
+    True when they select the 1D1D kernel (only with ``allow_1d1d``)."""
     if recipe is not None and (recipe_a is not None or recipe_b is not None):
         raise ValueError(f"pass either recipe or the recipe_a / recipe_b pair, not both: {recipe=} {recipe_a=} "
                          f"{recipe_b=}")
@@ -73,13 +79,15 @@ def check_recipe(recipe: object = None, recipe_a: object = None, recipe_b: objec
         raise ValueError(f"recipe_a and recipe_b go together, got {recipe_a=} {recipe_b=}")
     if recipe is not None:
         gm, gn, gk = _int_tuple(recipe, 3, "recipe")
-        _check_granularity(gm, gn, gk, f"recipe={tuple(recipe)}")
+        return _check_granularity(gm, gn, gk, f"recipe={tuple(recipe)}", allow_1d1d)
     elif recipe_a is not None:
         gm, gka = _int_tuple(recipe_a, 2, "recipe_a")
         gn, gkb = _int_tuple(recipe_b, 2, "recipe_b")
         if gka != gkb:
             raise ValueError(f"recipe_a and recipe_b must share gran_k, got {recipe_a=} {recipe_b=}")
-        _check_granularity(gm, gn, gka, f"recipe_a={tuple(recipe_a)}, recipe_b={tuple(recipe_b)}")
+        return _check_granularity(gm, gn, gka, f"recipe_a={tuple(recipe_a)}, recipe_b={tuple(recipe_b)}",
+                                  allow_1d1d)
+    return False
 
 
 def check_compiled_dims(compiled_dims: object) -> None:
@@ -110,17 +118,19 @@ def _check_sm100_operands(a: object, b: object) -> None:
                                       "from per_token_cast_to_fp8(x, use_ue8m0=True) are fine)")
 
 
-def _common_checks(a, b, recipe, recipe_a, recipe_b, compiled_dims, disable_ue8m0_cast) -> None:
+def _common_checks(a, b, recipe, recipe_a, recipe_b, compiled_dims, disable_ue8m0_cast, allow_1d1d=False) -> bool:
     _check_sm100_operands(a, b)
-    check_recipe(recipe, recipe_a, recipe_b)
+    one_d_one_d = check_recipe(recipe, recipe_a, recipe_b, allow_1d1d=allow_1d1d)
     check_compiled_dims(compiled_dims)
     _check_bool(disable_ue8m0_cast, "disable_ue8m0_cast")
+    return one_d_one_d
 
 
 def _check_output(d: object) -> None:
     if isinstance(d, torch.Tensor) and d.dtype == torch.float32:
-        raise NotImplementedError(f"d.dtype=torch.float32: an fp32 D is written only by {_ONE_D_ONE_D}, not built "
-                                  "yet; the 1D2D kernel writes bfloat16")
+        raise NotImplementedError(f"d.dtype=torch.float32: an fp32 D is written only by {_ONE_D_ONE_D}, which "
+                                  "exists only as fp8_gemm_nt(..., recipe=(1, 1, 128)); the 1D2D kernels write "
+                                  "bfloat16")
 
 
 # ---------------------------------------------------------------------------------------------- GEMMs
@@ -136,17 +146,34 @@ def fp8_gemm_nt(
     disable_ue8m0_cast: bool = False,
     alpha: float | None = None,
 ) -> None:
-    """``d = bf16(dequant(A) · dequant(B)ᵀ)``: the reference's ``fp8_gemm_nt`` with SM90 semantics.
+    """``d = bf16(dequant(A) · dequant(B)ᵀ)`` (recipe (1, 128, 128), the default) or ``d = c + dequant(A) ·
+    dequant(B)ᵀ`` in fp32 (recipe (1, 1, 128)): the reference's ``fp8_gemm_nt`` with SM90 semantics.
 
-    ``a = (A [m, k] e4m3 K-major, sA [m, ceil(k/128)] fp32)``, ``b = (B [n, k] e4m3 K-major,
+    1D2D: ``a = (A [m, k] e4m3 K-major, sA [m, ceil(k/128)] fp32)``, ``b = (B [n, k] e4m3 K-major,
     sB [ceil(n/128), ceil(k/128)] fp32)``, ``d`` ``[m, n]`` bf16 written in place. ``c`` must be None
-    (``ValueError``: the SM90 1D2D kernel has no C); the other 2.x arguments as in the module docstring.
-    Everything else is :func:`deep_fp8_gemm.gemm_fp8_fp8_bf16_nt`.
+    (``ValueError``: the SM90 1D2D kernel has no C). Everything else is :func:`deep_fp8_gemm.gemm_fp8_fp8_bf16_nt`.
+    1D1D (``recipe=(1, 1, 128)`` or ``recipe_a=(1, 128), recipe_b=(1, 128)``): sB ``[n, ceil(k/128)]`` per-row,
+    ``d`` and ``c`` fp32 ``[m, n]``; ``c`` is required (``c=d`` accumulates in place into a main-grad buffer;
+    another tensor is read and d only written). Everything else is
+    :func:`deep_fp8_gemm.wgrad.gemm_fp8_fp8_fp32_nt_1d1d`.
+    The other 2.x arguments as in the module docstring.
     """
-    _common_checks(a, b, recipe, recipe_a, recipe_b, compiled_dims, disable_ue8m0_cast)
+    one_d_one_d = _common_checks(a, b, recipe, recipe_a, recipe_b, compiled_dims, disable_ue8m0_cast,
+                                 allow_1d1d=True)
     if alpha is not None:
         raise NotImplementedError(f"alpha={alpha!r}: the output scale exists only on the reference's SM100 kernels")
-    _check_output(d)
+    if one_d_one_d:
+        if c is None:
+            raise ValueError("c is required with recipe (1, 1, 128): the 1D1D kernel computes D = C + A·Bᵀ; pass "
+                             "c=d to accumulate into d in place (zero d first for a plain product)")
+        if isinstance(d, torch.Tensor) and d.dtype != torch.float32:
+            raise TypeError(f"d must be torch.float32 with recipe (1, 1, 128) (fp32 accumulation), got "
+                            f"d.dtype={d.dtype}")
+        wgrad.gemm_fp8_fp8_fp32_nt_1d1d(a, b, d, c)
+        return
+    if isinstance(d, torch.Tensor) and d.dtype == torch.float32:
+        raise TypeError("d.dtype=torch.float32 needs recipe=(1, 1, 128) (the 1D1D kernel, per-row B scales, "
+                        "D = C + A·Bᵀ); the default recipe (1, 128, 128) writes a bfloat16 d")
     if c is not None:
         raise ValueError("c (D = C + A·Bᵀ) is not supported with recipe (1, 128, 128) and a bfloat16 d: the SM90 "
                          "1D2D kernel has no C input (as in the reference); add C yourself, e.g. d += c")
@@ -260,12 +287,12 @@ def transform_sf_into_required_layout(
         psum_layout: accepted for signature compatibility (the reference uses it only to pack SM100 scales).
 
     Returns:
-        gran ``(1, 128)`` (per-token A scales): :func:`get_mn_major_tma_aligned_tensor` of ``sf`` (M-major,
+        gran ``(1, 128)`` (per-token A scales, or the 1D1D recipe's per-row B scales): :func:`get_mn_major_tma_aligned_tensor` of ``sf`` (M-major,
         TMA-aligned; no copy when it already is). gran ``(128, 128)`` (block B scales): ``sf`` contiguous (no
         copy when it already is). Power-of-two (UE8M0) fp32 values pass through unchanged.
 
     Raises:
-        NotImplementedError: int32 (packed UE8M0) scales, gran_k 32, the 1D1D recipe's per-channel B scales.
+        NotImplementedError: int32 (packed UE8M0) scales, gran_k 32.
         TypeError / ValueError: wrong types, shapes, or an is_sfa that does not fit the recipe's form.
     """
     if not isinstance(sf, torch.Tensor):
@@ -302,9 +329,7 @@ def transform_sf_into_required_layout(
     if tuple(sf.shape) != expected:
         raise ValueError(f"sf must have shape {expected} for {mn=} {k=} granularity ({gran_mn}, {gran_k}) "
                          f"{num_groups=}, got sf.shape={tuple(sf.shape)}")
-    if gran_mn == 1:
-        if is_sfa is False:
-            raise NotImplementedError(f"per-channel B scales (granularity (1, 128)) are read only by {_ONE_D_ONE_D}")
+    if gran_mn == 1:  # A's 1x128 scales, or B's per-row scales of the 1D1D recipe: the same layout
         return get_mn_major_tma_aligned_tensor(sf)
     return sf if sf.is_contiguous() else sf.contiguous()
 

@@ -17,8 +17,11 @@ import dataclasses
 import functools
 import math
 
-KINDS = ("dense", "contiguous", "masked", "psum")
-KIND_IDS = {"dense": 0, "contiguous": 1, "masked": 2, "psum": 3}  # dfg::GemmKind
+KINDS = ("dense", "contiguous", "masked", "psum", "1d1d")
+KIND_IDS = {"dense": 0, "contiguous": 1, "masked": 2, "psum": 3, "1d1d": 4}  # dfg::GemmKind
+#: Kinds of the 1D1D family (policy_1d1d.cuh): per-row sB (TMA-loaded per stage), fp32 D = C + A.B^T stored from
+#: the fragments (no shared-memory D tile), no clusters.
+FP32_ACCUMULATE_KINDS = ("1d1d",)
 #: Kinds whose rows are expert segments padded to CONTIGUOUS_ALIGNMENT ("psum": the prefix-sum ends layout).
 CONTIGUOUS_KINDS = ("contiguous", "psum")
 
@@ -113,7 +116,7 @@ class GemmConfig:
 
     @property
     def smem_bytes(self) -> int:
-        return smem_bytes(self.block_m, self.block_n, self.num_stages)
+        return smem_bytes(self.block_m, self.block_n, self.num_stages, self.kind)
 
     @property
     def multicast(self) -> str:
@@ -156,13 +159,15 @@ class GemmConfig:
         return d
 
 
-def smem_bytes(block_m: int, block_n: int, num_stages: int) -> int:
+def smem_bytes(block_m: int, block_n: int, num_stages: int, kind: str = "dense") -> int:
     """Dynamic shared memory of the kernel (same map as Fp8GemmKernel in fp8_gemm.cuh)."""
-    d_tile = _round_up(block_m * block_n * 2, 1024)  # bf16 D tile, 16-column swizzled chunks
+    fp32_out = kind in FP32_ACCUMULATE_KINDS
+    d_tile = 0 if fp32_out else _round_up(block_m * block_n * 2, 1024)  # bf16 D tile, 16-column swizzled chunks
     a_stage = block_m * BLOCK_K
     b_stage = block_n * BLOCK_K
     sa_stage = _round_up(block_m * 4, 128)
-    sb_stage = 16  # the K block's sB values of the tile's two scale blocks
+    # 1D2D: the K block's sB values of the tile's two scale blocks; 1D1D: the K block's BLOCK_N row scales of B.
+    sb_stage = _round_up(block_n * 4, 128) if fp32_out else 16
     barriers = 2 * num_stages * 8
     return d_tile + num_stages * (a_stage + b_stage + sa_stage + sb_stage) + barriers
 
@@ -183,6 +188,8 @@ def check_config(cfg: GemmConfig, smem_limit: int = SMEM_LIMIT) -> None:
     # Registers: scratch + kWavesM accumulators of BLOCK_N/2 floats each, plus ~56 for addresses, scales,
     # scheduler state (measured: 2 waves x BLOCK_N 128 = 192 + 40 spilled in the masked kernel).
     math_regs_needed = (cfg.waves_m + 1) * cfg.block_n // 2 + MATH_REGISTER_OVERHEAD
+    if cfg.kind in FP32_ACCUMULATE_KINDS:
+        math_regs_needed += cfg.block_n // 4  # the K block's per-column B scales of the thread's columns
     if math_regs_needed > cfg.math_registers:
         problems.append(
             f"accumulators need ~{math_regs_needed} registers per math thread, budget {cfg.math_registers} "
@@ -194,7 +201,10 @@ def check_config(cfg: GemmConfig, smem_limit: int = SMEM_LIMIT) -> None:
         problems.append(f"shared memory {cfg.smem_bytes} B exceeds the limit {smem_limit} B")
     if not 2 <= cfg.num_stages <= MAX_STAGES:
         problems.append(f"num_stages must be in [2, {MAX_STAGES}], got {cfg.num_stages}")
-    if cfg.kind == "dense" and cfg.num_groups != 1:
+    if cfg.kind in FP32_ACCUMULATE_KINDS and cfg.cluster_size != 1:
+        problems.append(f"the 1D1D kernel does not multicast (its sB slice is per CTA): cluster 1x1, got "
+                        f"{cfg.cluster_m}x{cfg.cluster_n}")
+    if cfg.kind in ("dense", *FP32_ACCUMULATE_KINDS) and cfg.num_groups != 1:
         problems.append(f"dense GEMM has one group, got num_groups={cfg.num_groups}")
     if cfg.num_groups < 1:
         problems.append(f"num_groups must be >= 1, got {cfg.num_groups}")
@@ -223,9 +233,9 @@ def _round_up(a: int, b: int) -> int:
     return _ceil_div(a, b) * b
 
 
-def _max_stages(block_m: int, block_n: int, smem_limit: int) -> int:
+def _max_stages(block_m: int, block_n: int, smem_limit: int, kind: str = "dense") -> int:
     stages = MAX_STAGES
-    while stages >= 2 and smem_bytes(block_m, block_n, stages) > smem_limit:
+    while stages >= 2 and smem_bytes(block_m, block_n, stages, kind) > smem_limit:
         stages -= 1
     return stages
 
@@ -240,6 +250,8 @@ def math_issue_per_k_block(kind: str, block_m: int, block_n: int) -> float:
     """Modelled math-loop instructions per K block per math warp (what ``audit``'s K-loop analysis reports as
     ``kloop.math.per_k_block.total``)."""
     waves = block_m // (64 if block_m == 64 else 128)
+    if kind in FP32_ACCUMULATE_KINDS:  # per-column B scales: FMUL + FFMA per value, BLOCK_N / 8 sB load pairs
+        return waves * (block_n + _ISSUE_PER_WAVE - 2) + block_n / 8 + _ISSUE_PER_K_BLOCK
     per_wave = block_n / 2 + _ISSUE_PER_WAVE + (_ISSUE_STRADDLE if 128 % block_n else 0)
     return waves * per_wave + _ISSUE_PER_K_BLOCK + (_ISSUE_GROUPED if kind != "dense" else 0)
 
@@ -270,6 +282,9 @@ def _estimate_cycles(kind: str, m: int, n: int, k: int, num_groups: int, block_m
     groups_touched = num_groups if kind != "dense" else 1
     rows = m * (num_groups if kind == "masked" else 1)
     k_blocks = _ceil_div(k, BLOCK_K)
+    if kind in FP32_ACCUMULATE_KINDS:  # fp32 C read + fp32 D written; per-row sB
+        hbm_bytes = rows * k + n * k + rows * n * 8 + 4 * (rows + n) * k_blocks
+        return max(waves * tile, hbm_bytes / (_HBM_BYTES_PER_CLK_PER_SM * num_sms))
     hbm_bytes = (rows * k + groups_touched * n * k + rows * n * 2  # A, B, D
                  + 4 * (rows * k_blocks + groups_touched * _ceil_div(n, 128) * k_blocks))  # sA, sB
     return max(waves * tile, hbm_bytes / (_HBM_BYTES_PER_CLK_PER_SM * num_sms))
@@ -293,8 +308,8 @@ def _validate_problem(m: int, n: int, k: int, num_groups: int, kind: str, num_sm
         raise ValueError(f"need m >= 0 and n, k, num_groups, num_sms > 0: {m=} {n=} {k=} {num_groups=} {num_sms=}")
     if n % 8 or k % 16:
         raise ValueError(f"TMA needs 16-byte row strides: n % 8 == 0 and k % 16 == 0, got {n=} {k=}")
-    if kind == "dense" and num_groups != 1:
-        raise ValueError(f"dense GEMM takes num_groups=1, got {num_groups=}")
+    if kind in ("dense", *FP32_ACCUMULATE_KINDS) and num_groups != 1:
+        raise ValueError(f"{kind} GEMM takes num_groups=1, got {num_groups=}")
 
 
 @functools.lru_cache(maxsize=4096)
@@ -320,7 +335,7 @@ def get_config(
         if block_m > 64 and m_eff <= 64:
             continue  # a 64-row tile already covers all rows
         for block_n in BLOCK_N_CHOICES:
-            num_stages = _max_stages(block_m, block_n, smem_limit)
+            num_stages = _max_stages(block_m, block_n, smem_limit, kind)
             candidate = GemmConfig(kind, n, k, num_groups, block_m, block_n, num_stages, 1, 1, 1, 1)
             try:
                 check_config(candidate, smem_limit)
@@ -338,7 +353,8 @@ def get_config(
     num_n_blocks = _ceil_div(n, block_n)
     num_m_blocks = _num_m_blocks(kind, m_eff, block_m, num_groups)
     cluster_m, cluster_n = 1, 1
-    worth_multicast = m >= MULTICAST_MIN_M and num_sms >= 2 and num_m_blocks * num_n_blocks >= num_sms
+    worth_multicast = (m >= MULTICAST_MIN_M and num_sms >= 2 and num_m_blocks * num_n_blocks >= num_sms
+                       and kind not in FP32_ACCUMULATE_KINDS)
     if worth_multicast:
         if num_n_blocks % 2 == 0:
             cluster_n = 2

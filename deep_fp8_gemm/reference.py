@@ -170,3 +170,24 @@ def m_grouped_gemm_fp8_fp8_bf16_nt_masked(
     b, sb = unpack_pair(rhs, "rhs")
     check_masked(a, sa, b, sb, out, masked_m, expected_m, layout=False, pointers=False)
     _masked(a, sa, b, sb, out, masked_m)
+
+
+def gemm_fp8_fp8_fp32_nt_1d1d(lhs, rhs, d: torch.Tensor, c: torch.Tensor | None) -> None:
+    """Reference of the 1D1D kernel (:func:`deep_fp8_gemm.wgrad.gemm_fp8_fp8_fp32_nt_1d1d`): ``d = c + A·Bᵀ``
+    in float32 for A ``[m, k]`` / B ``[n, k]`` e4m3 with 1x128 scales sA ``[m, ceil(k/128)]`` / sB
+    ``[n, ceil(k/128)]`` (both dequantised per row), ``d`` / ``c`` ``[m, n]`` float32; ``c`` may be ``d``
+    (accumulate in place) or None (``d = A·Bᵀ``). Operands dequantised and multiplied in float64, summed in
+    float64, added to ``c`` in float64, rounded once to float32 (the kernel's fp32 accumulation differs from it
+    by fp32 rounding only)."""
+    from .wgrad import check_1d1d
+
+    a, sa = unpack_pair(lhs, "lhs")
+    b, sb = unpack_pair(rhs, "rhs")
+    check_1d1d(a, sa, b, sb, d, c, layout=False)
+    k = a.size(-1)
+    a64 = a.double() * sa.double().repeat_interleave(128, dim=-1)[:, :k]
+    b64 = b.double() * sb.double().repeat_interleave(128, dim=-1)[:, :k]
+    prod = a64 @ b64.T
+    if c is not None:
+        prod += c.double()
+    d.copy_(prod)

@@ -186,6 +186,7 @@ def test_summary_without_and_with_results(tmp_path):
     ("bench.bench_dense", ["--shapes", "smoke", "--no-host-overhead"]),
     ("bench.bench_grouped", ["--kind", "masked", "--smoke"]),
     ("bench.bench_grouped", ["--kind", "contiguous", "--smoke"]),
+    ("bench.bench_wgrad", ["--smoke"]),
 ])
 def test_cpu_smoke_pipeline(tmp_path, entry, argv):
     pytest.importorskip("deep_fp8_gemm")

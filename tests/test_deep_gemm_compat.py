@@ -289,8 +289,9 @@ def _gemm_args():
 
 @pytest.mark.parametrize("kwargs,error,match", [
     (dict(c=torch.zeros(8, N, dtype=torch.bfloat16)), ValueError, "c .* not supported"),
-    (dict(recipe=(1, 1, 128)), NotImplementedError, "1D1D weight-gradient kernel"),
-    (dict(recipe_a=(1, 128), recipe_b=(1, 128)), NotImplementedError, "1D1D weight-gradient kernel"),
+    (dict(recipe=(1, 1, 128)), ValueError, "c is required with recipe"),
+    (dict(recipe_a=(1, 128), recipe_b=(1, 128)), ValueError, "c is required with recipe"),
+    (dict(recipe=(1, 1, 128), c=torch.zeros(8, N, dtype=torch.bfloat16)), TypeError, "d must be torch.float32"),
     (dict(recipe=(1, 128, 32)), NotImplementedError, "gran_k 32"),
     (dict(recipe=(128, 128, 128)), ValueError, "not a recipe of the Hopper kernels"),
     (dict(recipe=(1, 128, 128), recipe_a=(1, 128), recipe_b=(128, 128)), ValueError, "not both"),
@@ -313,14 +314,15 @@ def test_sm100_only_inputs_raise_not_implemented():
         deep_gemm.fp8_gemm_nt((a, sa.view(torch.int32)), (b, sb), d)
     with pytest.raises(NotImplementedError, match="FP4 operands"):
         deep_gemm.fp8_gemm_nt((a.view(torch.uint8), sa), (b, sb), d)
-    with pytest.raises(NotImplementedError, match="fp32 D"):
+    with pytest.raises(TypeError, match=r"needs recipe=\(1, 1, 128\)"):
         deep_gemm.fp8_gemm_nt((a, sa), (b, sb), torch.empty(8, N))
     with pytest.raises(NotImplementedError, match="packed UE8M0"):
         deep_gemm.transform_sf_into_required_layout(sb.view(torch.int32), N, K, (1, 128, 128), is_sfa=False)
     with pytest.raises(NotImplementedError, match="gran_k 32"):
         deep_gemm.transform_sf_into_required_layout(sa, 8, K, (1, 32))
-    with pytest.raises(NotImplementedError, match="1D1D"):
-        deep_gemm.transform_sf_into_required_layout(torch.ones(N, 2), N, K, (1, 1, 128), is_sfa=False)
+    # B's per-row scales of the 1D1D recipe take A's layout (M-major, TMA-aligned)
+    per_row = deep_gemm.transform_sf_into_required_layout(torch.ones(N, 2), N, K, (1, 1, 128), is_sfa=False)
+    assert per_row.stride(0) == 1
 
 
 def test_layout_and_psum_errors():

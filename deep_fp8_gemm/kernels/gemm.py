@@ -26,6 +26,7 @@ from .wgmma_gen import wgmma_fp8_wrapper
 TEMPLATE = "fp8_gemm.cu"
 PARAMS_BYTES = 576  # sizeof(dfg::GemmParams), static_assert'ed in fp8_gemm.cuh
 _PARAMS_TAIL = struct.Struct("<QQII")  # sb, grouped_layout, rows, reserved at offset 512
+_PARAMS_FP32_OUT = struct.Struct("<QQII")  # 1D1D kind: d_f32, c_f32, ld_d, ld_c at offset 536
 
 # DeepSeek-V3 shapes (ANCHORS.md section 5): dense (N, K) and grouped (N, K).
 DEEPSEEK_V3_DENSE = ((2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048), (576, 7168))
@@ -34,6 +35,10 @@ DEFAULT_DENSE_MS = (1, 16, 64, 128, 256, 1024, 4096, 8192)
 CONTIGUOUS_EXPERTS = ((4, 8192), (8, 4096), (32, 256))  # (experts, rows per expert)
 MASKED_GROUPS = (4, 8, 32)
 MASKED_EXPECTED_MS = (1, 32, 256, 1024)
+# 1D1D (weight gradients of the dense layers above): dW [N, K] = dY^T . X, i.e. m = N (out features), n = K (in
+# features), k = tokens; audited for the in-feature counts x 4096 tokens and the out-feature counts as m.
+DEEPSEEK_V3_WGRAD = ((7168, 4096), (1536, 4096), (512, 4096), (16384, 4096), (2048, 4096))
+WGRAD_MS = (576, 2112, 4096, 7168, 24576)
 
 
 # ---------------------------------------------------------------------------------------------- source
@@ -93,13 +98,63 @@ def tensor_map_specs(cfg: GemmConfig, a: torch.Tensor, sa: torch.Tensor, b: torc
     return [TensorMapSpec(*args) for args in tensor_map_args(cfg, a, sa, b, d)]
 
 
-def pack_params(maps: Iterable[bytes], sb: torch.Tensor, grouped_layout: torch.Tensor | None, rows: int) -> bytes:
-    """Raw bytes of ``dfg::GemmParams``: four 128-byte tensor maps, then sb, grouped_layout, rows."""
+def pack_params(maps: Iterable[bytes], sb: torch.Tensor | None, grouped_layout: torch.Tensor | None, rows: int,
+                d_f32: torch.Tensor | None = None, c_f32: torch.Tensor | None = None) -> bytes:
+    """Raw bytes of ``dfg::GemmParams``: four 128-byte tensor maps, then sb, grouped_layout, rows and (1D1D
+    kind) the fp32 D and C pointers and row strides."""
     head = b"".join(maps)
     if len(head) != 512:
         raise ValueError(f"expected four 128-byte tensor maps, got {len(head)} bytes")
-    tail = _PARAMS_TAIL.pack(sb.data_ptr(), 0 if grouped_layout is None else grouped_layout.data_ptr(), rows, 0)
-    return head + tail + bytes(PARAMS_BYTES - 512 - _PARAMS_TAIL.size)
+    tail = _PARAMS_TAIL.pack(0 if sb is None else sb.data_ptr(),
+                             0 if grouped_layout is None else grouped_layout.data_ptr(), rows, 0)
+    if d_f32 is not None:
+        tail += _PARAMS_FP32_OUT.pack(d_f32.data_ptr(), c_f32.data_ptr(), d_f32.stride(0), c_f32.stride(0))
+    return head + tail + bytes(PARAMS_BYTES - 512 - len(tail))
+
+
+# ---------------------------------------------------------------------------------------------- 1D1D family
+def tensor_map_args_1d1d(cfg: GemmConfig, a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor
+                         ) -> tuple[MapArgs, MapArgs, MapArgs, MapArgs]:
+    """The 1D1D kernel's maps: A, B, sA as for the 1D2D kinds (2-D operands), and in the fourth slot sB: per-row
+    scales of B, M-major ``[n, kb]`` with ``stride(-2) == 1`` and a TMA-aligned column stride, box BLOCK_N x 1
+    (its D is fp32 and written without a tensor map)."""
+    (rows, k), n, kb = a.shape, b.shape[0], sa.shape[-1]
+    return (
+        (TmaDtype.UINT8, a.data_ptr(), (k, rows, 1), (a.stride(0), rows * a.stride(0)), (BLOCK_K, cfg.block_m, 1),
+         TmaSwizzle.B128),
+        (TmaDtype.UINT8, b.data_ptr(), (k, n, 1), (b.stride(0), n * b.stride(0)), (BLOCK_K, cfg.block_n, 1),
+         TmaSwizzle.B128),
+        (TmaDtype.FLOAT32, sa.data_ptr(), (rows, kb, 1), (sa.stride(-1) * 4, sa.stride(-1) * 4 * kb),
+         (cfg.block_m, 1, 1), TmaSwizzle.NONE),
+        (TmaDtype.FLOAT32, sb.data_ptr(), (n, kb, 1), (sb.stride(-1) * 4, sb.stride(-1) * 4 * kb),
+         (cfg.block_n, 1, 1), TmaSwizzle.NONE),
+    )
+
+
+def run_1d1d(cfg: GemmConfig, a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor, d: torch.Tensor,
+             c: torch.Tensor, backend: str) -> None:
+    """``d = c + (a, sa) . (b, sb)^T`` in fp32 with the 1D1D kernel of ``cfg`` (``cfg.kind == "1d1d"``). Inputs
+    validated by ``deep_fp8_gemm.ops.gemm_1d1d`` (``c`` may be ``d``; both row-major with even row strides)."""
+    if cfg.kind != "1d1d":
+        raise ValueError(f"run_1d1d needs a 1d1d config, got kind={cfg.kind!r}")
+    rows = a.shape[0]
+    args = tensor_map_args_1d1d(cfg, a, sa, b, sb)
+    if backend == "sim":
+        from ..simulator import launch as sim_launch, pack_tensor_map
+
+        params = pack_params([pack_tensor_map(TensorMapSpec(*x)) for x in args], None, None, rows, d, c)
+        sim_launch(cfg.kernel_name(), render_source(cfg, simulator=True), params, grid=cfg.grid_size,
+                   block=cfg.num_threads, cluster=cfg.cluster_size, smem_bytes=cfg.smem_bytes)
+    elif backend == "cuda":
+        from ..runtime import driver, target
+
+        device = target.gpu_index(a.device)
+        kernel = _cuda_kernel(cfg, device)
+        params = pack_params([driver.tensor_map_cache.lookup(x, x) for x in args], None, None, rows, d, c)
+        driver.launch(kernel, params, grid=cfg.grid_size, block=cfg.num_threads, cluster=cfg.cluster_size,
+                      smem_bytes=cfg.smem_bytes, stream=target.current_stream(device))
+    else:
+        raise ValueError(f"backend must be 'cuda' or 'sim', got {backend!r}")
 
 
 # ---------------------------------------------------------------------------------------------- launch
@@ -189,14 +244,15 @@ def audit_targets(kind: str, shapes: Sequence[tuple[int, int]] | None = None, ms
     """
     from ..runtime.audit import AuditTarget
 
-    if kind not in ("dense", "contiguous", "masked", "psum"):
-        raise ValueError(f"kind must be dense, contiguous, masked or psum, got {kind!r}")
-    shapes = tuple(shapes) if shapes else (DEEPSEEK_V3_DENSE if kind == "dense" else DEEPSEEK_V3_GROUPED)
+    if kind not in ("dense", "contiguous", "masked", "psum", "1d1d"):
+        raise ValueError(f"kind must be dense, contiguous, masked, psum or 1d1d, got {kind!r}")
+    default_shapes = {"dense": DEEPSEEK_V3_DENSE, "1d1d": DEEPSEEK_V3_WGRAD}.get(kind, DEEPSEEK_V3_GROUPED)
+    shapes = tuple(shapes) if shapes else default_shapes
     configs: list[GemmConfig] = []
     for n, k in shapes:
-        if kind == "dense":
-            for m in ms or DEFAULT_DENSE_MS:
-                configs.append(get_config(m, n, k, 1, "dense", num_sms))
+        if kind in ("dense", "1d1d"):
+            for m in ms or (DEFAULT_DENSE_MS if kind == "dense" else WGRAD_MS):
+                configs.append(get_config(m, n, k, 1, kind, num_sms))
         elif kind in ("contiguous", "psum"):
             pairs = [(num_groups, m) for m in ms] if (ms and num_groups) else \
                 [(g, m) for g, m in CONTIGUOUS_EXPERTS] if not ms else [(g, m) for g, _ in CONTIGUOUS_EXPERTS for m in ms]

@@ -82,6 +82,7 @@ enum class GemmKind : int {
     GroupedContiguous = 1,   // rows of A grouped by expert; m_indices[row] = expert or -1 (padding)
     GroupedMasked = 2,       // A[G, m_max, k]; only rows < masked_m[g] of group g are defined
     GroupedContiguousPsum = 3,  // rows of A grouped by expert; ends[G]: group g = [round_up(ends[g-1], 128), ends[g])
+    Dense1D1D = 4,           // D[m, n] fp32 = C + A[m, k] . B[n, k]^T, both with 1x128 scales (policy_1d1d.cuh)
 };
 
 }  // namespace dfg

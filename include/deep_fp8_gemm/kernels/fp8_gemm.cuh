@@ -45,6 +45,7 @@
 #include "../hal.cuh"
 #include "../mma.cuh"
 #include "../pipeline.cuh"
+#include "../policy_1d1d.cuh"
 #include "../promotion.cuh"
 #include "../scales.cuh"
 #include "../scheduler.cuh"
@@ -57,16 +58,22 @@ struct GemmParams {
     TensorMap tma_a;            // A  [G][rows][K] e4m3: dims (K, rows, G), box (128, A rows per load, 1), SW128
     TensorMap tma_b;            // B  [G][N][K]    e4m3: dims (K, N, G),    box (128, B rows per load, 1), SW128
     TensorMap tma_sa;           // sA fp32 M-major:      dims (rows, ceil(K/128), G), box (BLOCK_M, 1, 1)
-    TensorMap tma_d;            // D  [G][rows][N] bf16: dims (N, rows, G),   box (16, kWgRows, 1), SW32
+    TensorMap tma_d;            // D  [G][rows][N] bf16: dims (N, rows, G),   box (16, kWgRows, 1), SW32;
+                                // 1D1D kind: sB fp32 M-major dims (N, ceil(K/128), 1), box (BLOCK_N, 1, 1)
     const float* sb;            // sB [G][ceil(N/128)][ceil(K/128)] fp32, row-major
     const i32* grouped_layout;  // contiguous: m_indices[rows]; psum: ends[G]; masked: masked_m[G]; dense: unused
     u32 rows;                   // dense: m; contiguous: m_sum; masked: m_max
     u32 reserved;
+    float* d_f32;               // 1D1D kind: D [rows][N] fp32, row stride ld_d floats (else unused)
+    const float* c_f32;         // 1D1D kind: C [rows][N] fp32, row stride ld_c floats; may equal d_f32
+    u32 ld_d;
+    u32 ld_c;
 };
 static_assert(DFG_OFFSETOF(GemmParams, tma_a) == 0 && DFG_OFFSETOF(GemmParams, tma_b) == 128 &&
                   DFG_OFFSETOF(GemmParams, tma_sa) == 256 && DFG_OFFSETOF(GemmParams, tma_d) == 384 &&
                   DFG_OFFSETOF(GemmParams, sb) == 512 && DFG_OFFSETOF(GemmParams, grouped_layout) == 520 &&
-                  DFG_OFFSETOF(GemmParams, rows) == 528 && sizeof(GemmParams) == 576,
+                  DFG_OFFSETOF(GemmParams, rows) == 528 && DFG_OFFSETOF(GemmParams, d_f32) == 536 &&
+                  DFG_OFFSETOF(GemmParams, ld_c) == 556 && sizeof(GemmParams) == 576,
               "GemmParams layout is mirrored in deep_fp8_gemm/kernels/gemm.py");
 
 template <GemmKind kKind, u32 SHAPE_N, u32 SHAPE_K, u32 BLOCK_M, u32 BLOCK_N, u32 kNumStages, u32 kNumGroups,
@@ -87,13 +94,18 @@ struct Fp8GemmKernel {
     static constexpr u32 kNumThreads = kNumMathThreads + 128;
     static constexpr u32 kProducerRegisters = 40;
     static constexpr u32 kMathRegisters = kNumMathWarpgroups == 1 ? 240 : 232;
+    // Family policies (policy_1d1d.cuh): how B is scaled, what the output is.
+    static constexpr bool kRowScaledB = FamilyOf<kKind>::kRowScaledB;
+    static constexpr bool kFp32Accumulate = FamilyOf<kKind>::kFp32Accumulate;
 
     static_assert(SHAPE_N % 8 == 0 && SHAPE_K % 16 == 0, "TMA needs 16-byte row strides: N % 8 == 0, K % 16 == 0");
     static_assert(BLOCK_M == 64 || BLOCK_M == 128 || BLOCK_M == 256, "BLOCK_M in {64, 128, 256}");
     static_assert(kNumMathWarpgroups == 1 || kNumMathWarpgroups == 2, "one or two math warpgroups");
     static_assert(kWgRows % 64 == 0 && kWavesM >= 1 && kWavesM <= 2, "each warpgroup owns 64 or 128 rows");
     static_assert(BLOCK_N % 16 == 0 && BLOCK_N >= 16 && BLOCK_N <= 256, "BLOCK_N: multiple of 16 in [16, 256]");
-    static_assert(kKind != GemmKind::Dense || kNumGroups == 1, "dense GEMM has one group");
+    static_assert((kKind != GemmKind::Dense && kKind != GemmKind::Dense1D1D) || kNumGroups == 1,
+                  "dense GEMM has one group");
+    static_assert(!kRowScaledB || kClusterSize == 1, "1D1D: no multicast (the sB slice is not multicast)");
     static_assert((kKind != GemmKind::GroupedContiguous && kKind != GemmKind::GroupedContiguousPsum) || BLOCK_M <= 128,
                   "contiguous layout pads experts to 128 rows: a block must not straddle two experts");
     static_assert(kNumStages >= 2, "at least two stages to overlap loads with math");
@@ -111,18 +123,19 @@ struct Fp8GemmKernel {
 
     // ---------------------------------------------------------------- shared-memory map
     static constexpr u32 kSmemD = 0;
-    static constexpr u32 kSmemDBytes = round_up(Store::kSmemBytes, 1024u);
+    static constexpr u32 kSmemDBytes = kFp32Accumulate ? 0u : round_up(Store::kSmemBytes, 1024u);
     static constexpr u32 kSmemABytes = BLOCK_M * BLOCK_K;  // one stage; 1024-byte multiple
     static constexpr u32 kSmemBBytes = BLOCK_N * BLOCK_K;
     static constexpr u32 kSmemSABytes = round_up(BLOCK_M * 4u, 128u);
-    static constexpr u32 kSmemSBBytes = 16;  // sB of scale blocks block0 and block1 (8 bytes used)
+    // 1D2D: sB of scale blocks block0 and block1 (8 bytes used); 1D1D: the K block's BLOCK_N row scales of B.
+    static constexpr u32 kSmemSBBytes = kRowScaledB ? RowScalesB<BLOCK_N>::kSmemBytes : 16u;
     static constexpr u32 kSmemA = kSmemD + kSmemDBytes;
     static constexpr u32 kSmemB = kSmemA + kNumStages * kSmemABytes;
     static constexpr u32 kSmemSA = kSmemB + kNumStages * kSmemBBytes;
     static constexpr u32 kSmemSB = kSmemSA + kNumStages * kSmemSABytes;
     static constexpr u32 kSmemBarriers = kSmemSB + kNumStages * kSmemSBBytes;
     static constexpr u32 kSmemBytes = kSmemBarriers + 2 * kNumStages * 8;
-    static constexpr u32 kStageTxBytes = kSmemABytes + kSmemBBytes + BLOCK_M * 4;
+    static constexpr u32 kStageTxBytes = kSmemABytes + kSmemBBytes + BLOCK_M * 4 + (kRowScaledB ? BLOCK_N * 4 : 0u);
     static_assert(kSmemABytes % 1024 == 0 && kSmemBBytes % 1024 == 0, "stages keep 1024-byte alignment");
     static_assert(kSmemBytes <= 232448, "227 KB of shared memory per block");
     static_assert(kSmemBytes + 1024 <= kMaxSmemWindow, "desc_advance needs shared addresses below 2^18");
@@ -150,7 +163,7 @@ struct Fp8GemmKernel {
             hal::tma_prefetch(&params.tma_sa);
             hal::tma_prefetch(&params.tma_d);
             for (u32 s = 0; s < kNumStages; ++s) {
-                hal::mbar_init(&full[s], 2);
+                hal::mbar_init(&full[s], kRowScaledB ? 1 : 2);  // 1D1D: no cp.async arrive
                 hal::mbar_init(&empty[s], kClusterSize * kNumMathWarps);
             }
             // Barrier initialisation visible to the async proxy (TMA complete_tx) and to the cluster.
@@ -199,10 +212,14 @@ struct Fp8GemmKernel {
                 hal::mbar_wait(&empty[stage], phase ^ 1u, empty_barrier(stage));
                 u64* bar = &full[stage];
                 u8* sb = smem + kSmemSB + stage * kSmemSBBytes;
-                hal::cp_async_4(sb, sb_row0 + kb);
-                if constexpr (Scales::kMayStraddle)
-                    hal::cp_async_4(sb + 4, sb_row1 + kb);
-                hal::cp_async_mbar_arrive(bar);
+                if constexpr (kRowScaledB) {
+                    hal::tma_load_3d(sb, &params.tma_d, bar, n0, static_cast<i32>(kb), 0);
+                } else {
+                    hal::cp_async_4(sb, sb_row0 + kb);
+                    if constexpr (Scales::kMayStraddle)
+                        hal::cp_async_4(sb + 4, sb_row1 + kb);
+                    hal::cp_async_mbar_arrive(bar);
+                }
                 hal::mbar_arrive_expect_tx(bar, kStageTxBytes);
                 const i32 k0 = static_cast<i32>(kb * BLOCK_K);
                 tma_load_tile<BLOCK_M, BLOCK_K, kMulticastA>(smem + kSmemA + stage * kSmemABytes, &params.tma_a, bar,
@@ -220,7 +237,7 @@ struct Fp8GemmKernel {
     // and the K loop's descriptors and barrier addresses in uniform registers.
     static DFG_DEVICE bool next_tile(Scheduler& scheduler, TileInfo& tile) {
         const bool more = scheduler.next(tile);
-        if constexpr (kKind == GemmKind::Dense) {
+        if constexpr (kKind == GemmKind::Dense || kKind == GemmKind::Dense1D1D) {
             return more;
         } else {
             tile.m_block = hal::warp_broadcast(tile.m_block);
@@ -272,8 +289,8 @@ struct Fp8GemmKernel {
                 hal::mbar_wait(&full[stage], phase, full_barrier(stage));
                 // Scales are read before the stage can be released.
                 const float* sb = reinterpret_cast<const float*>(smem + kSmemSB + stage * kSmemSBBytes);
-                const float sb0 = sb[0];
-                const float sb1 = Scales::kMayStraddle ? sb[1] : sb0;
+                const float sb0 = kRowScaledB ? 0.0f : sb[0];
+                const float sb1 = Scales::kMayStraddle && !kRowScaledB ? sb[1] : sb0;
                 const float* sa = reinterpret_cast<const float*>(smem + kSmemSA + stage * kSmemSABytes);
                 DFG_UNROLL
                 for (u32 w = 0; w < kWavesM; ++w) {
@@ -293,12 +310,23 @@ struct Fp8GemmKernel {
                     DFG_UNROLL
                     for (u32 i = 0; i < kAccValues; ++i)
                         hal::fence_operand(scratch[i]);
-                    if (w + 1 == kWavesM)
-                        release_stage(empty, stage, lane);
-                    promote(acc[w], scratch, sa_lo, sa_hi, sb0, sb1, cols);
+                    if constexpr (kRowScaledB) {  // reads sB from the stage: release after it
+                        promote_row_scaled<BLOCK_N>(acc[w], scratch, sa_lo, sa_hi, sb, lane);
+                        if (w + 1 == kWavesM)
+                            release_stage(empty, stage, lane);
+                    } else {
+                        if (w + 1 == kWavesM)
+                            release_stage(empty, stage, lane);
+                        promote(acc[w], scratch, sa_lo, sa_hi, sb0, sb1, cols);
+                    }
                 }
             });
 
+            if constexpr (kFp32Accumulate) {
+                store_fp32_accumulate<SHAPE_N, BLOCK_N>(params.d_f32, params.c_f32, params.ld_d, params.ld_c,
+                                                        params.rows, tile.m_block * BLOCK_M, n0, frag_row, lane, acc);
+                continue;
+            }
             // Epilogue: the previous tile's TMA store must have finished reading the shared tile.
             if (store_leader)
                 hal::tma_store_wait_read<0>();

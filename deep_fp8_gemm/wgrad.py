@@ -1,0 +1,164 @@
+"""The 1D1D GEMM with fp32 accumulation (weight gradients; DeepSeek-V3's "1x128 x 1x128" recipe).
+
+``gemm_fp8_fp8_fp32_nt_1d1d((a, sa), (b, sb), d, c)``: ``D = C + A·Bᵀ`` in float32, where
+
+* A ``[m, k]`` and B ``[n, k]`` are float8_e4m3fn, K-major (row-major, 16-byte row strides);
+* sA ``[m, ceil(k/128)]`` and sB ``[n, ceil(k/128)]`` are float32 1x128 per-row scales of A and B (any strides:
+  both are converted to the M-major TMA-aligned layout of ``get_col_major_tma_aligned_tensor`` before launch);
+* ``d`` ``[m, n]`` float32, row-major with a 16-byte-multiple row stride (so column pairs are 8-byte aligned); ``c`` ``[m, n]`` float32 of the same layout, or ``d``
+  itself (in-place accumulation into a main-grad buffer), or None (``D = A·Bᵀ``). A ``c`` distinct from ``d``
+  must not overlap it; the kernel never reads ``d`` then.
+
+Dispatch as :mod:`deep_fp8_gemm.ops`: CPU tensors run :func:`deep_fp8_gemm.reference.gemm_fp8_fp8_fp32_nt_1d1d`
+(or, with ``DFG_SIMULATE=1``, the kernel in the CPU simulator); CUDA tensors need sm_90 and run the JIT kernel
+(kind ``"1d1d"`` of ``kernels/fp8_gemm.cuh`` with the policies of ``policy_1d1d.cuh``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import env, reference
+from .runtime import target
+from .validation import (_aligned_ptr, _divisibility, _no_overlap, _row_major_tma, _same_device, _shape, _tensor,
+                         unpack_pair)
+from .utils import ceil_div
+
+FP8 = torch.float8_e4m3fn
+
+
+def check_1d1d(a, sa, b, sb, d, c, *, layout: bool = True) -> tuple[int, int, int]:
+    """Types, shapes and devices (and, with ``layout``, the kernel's stride / alignment rules) of the 1D1D GEMM;
+    returns ``(m, n, k)``. Errors name the argument and its value."""
+    _tensor(a, "lhs[0] (A)", FP8, 2)
+    _tensor(b, "rhs[0] (B)", FP8, 2)
+    m, k = a.shape
+    n = b.shape[0]
+    if k <= 0:
+        raise ValueError(f"k must be positive, got lhs[0] (A).shape={tuple(a.shape)}")
+    _shape(b, "rhs[0] (B)", (n, k), "[n, k]")
+    kb = ceil_div(k, 128)
+    _tensor(sa, "lhs[1] (sA)", torch.float32, 2)
+    _shape(sa, "lhs[1] (sA)", (m, kb), "[m, ceil(k/128)]")
+    _tensor(sb, "rhs[1] (sB)", torch.float32, 2)
+    _shape(sb, "rhs[1] (sB)", (n, kb), "[n, ceil(k/128)] (1x128 per-row scales of B, recipe (1, 1, 128))")
+    if not isinstance(d, torch.Tensor):
+        raise TypeError(f"d must be a torch.Tensor, got {type(d).__name__}")
+    if d.dtype != torch.float32:
+        raise TypeError(f"d must be torch.float32 (the 1D1D kernel accumulates in fp32), got d.dtype={d.dtype}")
+    _shape(d, "d", (m, n), "[m, n]")
+    if c is not None:
+        if not isinstance(c, torch.Tensor):
+            raise TypeError(f"c must be a torch.Tensor or None, got {type(c).__name__}")
+        if c.dtype != torch.float32:
+            raise TypeError(f"c must be torch.float32, got c.dtype={c.dtype}")
+        if c.shape != d.shape:
+            raise ValueError(f"c must have d's shape [m, n]={tuple(d.shape)}, got c.shape={tuple(c.shape)}")
+    _same_device(a.device, ((sa, "lhs[1] (sA)"), (b, "rhs[0] (B)"), (sb, "rhs[1] (sB)"), (d, "d"))
+                 + (() if c is None else ((c, "c"),)))
+    if layout:
+        _divisibility(n, k)
+        _row_major_tma(a, "lhs[0] (A)")
+        _row_major_tma(b, "rhs[0] (B)")
+        _row_major_tma(d, "d")
+        _aligned_ptr(a, "lhs[0] (A)")
+        _aligned_ptr(b, "rhs[0] (B)")
+        _aligned_ptr(d, "d")
+        inputs = ((a, "lhs[0] (A)"), (sa, "lhs[1] (sA)"), (b, "rhs[0] (B)"), (sb, "rhs[1] (sB)"))
+        _no_overlap(d, inputs)
+        if c is not None and c.data_ptr() != d.data_ptr():
+            _row_major_tma(c, "c")
+            _aligned_ptr(c, "c")
+            _no_overlap(d, ((c, "c (pass c=d to accumulate in place)"),))
+        elif c is not None and c.stride() != d.stride():
+            raise ValueError(f"c starts where d does but has other strides: c.stride()={c.stride()}, "
+                             f"d.stride()={d.stride()}; pass c=d to accumulate in place")
+    return m, n, k
+
+
+def _normalise_scales(s: torch.Tensor) -> torch.Tensor:
+    from .ops import _normalise_sa
+
+    return _normalise_sa(s)
+
+
+def gemm_fp8_fp8_fp32_nt_1d1d(lhs, rhs, d: torch.Tensor, c: torch.Tensor | None = None) -> None:
+    """``d = c + (A·sA)·(B·sB)ᵀ`` in float32 (see the module docstring for shapes and layouts).
+
+    Runs as the custom op ``torch.ops.deep_fp8_gemm.gemm_fp8_fp8_fp32_nt_1d1d`` when torch is tracing or a
+    dispatch mode is active (so ``torch.compile(fullgraph=True)`` traces it), directly otherwise. ``c=d`` becomes
+    the op's ``accumulate=True`` with no ``c`` (a mutated argument must not alias another input)."""
+    a, sa = unpack_pair(lhs, "lhs")
+    b, sb = unpack_pair(rhs, "rhs")
+    accumulate = c is d or (isinstance(c, torch.Tensor) and isinstance(d, torch.Tensor) and _eager(c, d)
+                            and c.numel() > 0 and c.data_ptr() == d.data_ptr() and c.shape == d.shape
+                            and c.stride() == d.stride())
+    if accumulate:
+        c = None
+    if _eager(*(t for t in (a, sa, b, sb, d, c) if isinstance(t, torch.Tensor))):
+        _run(a, sa, b, sb, d, d if accumulate else c)
+    else:
+        for t, name in ((a, "lhs[0] (A)"), (sa, "lhs[1] (sA)"), (b, "rhs[0] (B)"), (sb, "rhs[1] (sB)"), (d, "d")):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        _op(a, sa, b, sb, d, c, bool(accumulate))
+
+
+def _eager(*tensors: torch.Tensor) -> bool:
+    from .ops import _eager as ops_eager
+
+    return ops_eager(*tensors)
+
+
+def _run(a, sa, b, sb, d, c) -> None:
+    """Checks, then the CPU reference, the simulator or the sm_90 kernel (``c`` may be ``d`` or None)."""
+    m, n, _ = check_1d1d(a, sa, b, sb, d, c)
+    if m == 0 or n == 0:
+        return
+    index = target.gpu_index(a.device)
+    if index is not None:
+        from .ops import _require_sm90
+
+        _require_sm90(a.device, index)
+    elif not env.simulate():
+        reference.gemm_fp8_fp8_fp32_nt_1d1d((a, sa), (b, sb), d, c)
+        return
+    if c is None:
+        c = d
+        d.zero_()  # D = 0 + A·Bᵀ: the kernel always reads C
+    launch_1d1d(a, _normalise_scales(sa), b, _normalise_scales(sb), d, c, "sim" if index is None else "cuda")
+
+
+def launch_1d1d(a, sa, b, sb, d, c, backend: str) -> None:
+    """Pick the config for ``(m, n, k)`` and run the kernel (validated, M-major TMA-aligned scales)."""
+    from .config import get_config
+    from .kernels.gemm import run_1d1d
+
+    if backend == "sim":
+        num_sms = env.sim_num_sms()
+    else:
+        from .utils import get_num_sms
+
+        num_sms = get_num_sms()
+    cfg = get_config(a.shape[0], b.shape[0], a.shape[1], 1, "1d1d", num_sms)
+    run_1d1d(cfg, a, sa, b, sb, d, c, backend)
+
+
+# --- the custom op (schema below; registered for CPU and CUDA, with a fake kernel for tracing) -----------------
+def _op_impl(a, sa, b, sb, d, c, accumulate) -> None:
+    if accumulate and c is not None:
+        raise ValueError("accumulate=True takes c=None (d is C)")
+    _run(a, sa, b, sb, d, d if accumulate else c)
+
+
+def _op_fake(a, sa, b, sb, d, c, accumulate) -> None:
+    check_1d1d(a, sa, b, sb, d, c, layout=False)
+
+
+_lib = torch.library.Library("deep_fp8_gemm", "FRAGMENT")
+_lib.define("gemm_fp8_fp8_fp32_nt_1d1d(Tensor a, Tensor sa, Tensor b, Tensor sb, Tensor(a!) d, Tensor? c, "
+            "bool accumulate) -> ()")
+for _key in ("CPU", "CUDA"):
+    _lib.impl("gemm_fp8_fp8_fp32_nt_1d1d", _op_impl, _key)
+torch.library.register_fake("deep_fp8_gemm::gemm_fp8_fp8_fp32_nt_1d1d", _op_fake, lib=_lib)
+_op = torch.ops.deep_fp8_gemm.gemm_fp8_fp8_fp32_nt_1d1d.default

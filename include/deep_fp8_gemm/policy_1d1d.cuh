@@ -1,0 +1,81 @@
+// Policies of the 1D1D kernel family (weight gradients, DeepSeek-V3's "1x128 x 1x128 with fp32 accumulation"):
+// the GEMM skeleton (kernels/fp8_gemm.cuh) instantiated with
+//   B-scale policy "per row":  B [n, k] has 1x128 scales sB [n, ceil(k/128)] like A, so the promotion multiplies
+//                              by a per-column scale. sB is M-major and TMA-aligned like sA (column stride a
+//                              multiple of 4 floats); the producer TMA-loads the K block's BLOCK_N values into
+//                              the stage next to sA (box BLOCK_N x 1; columns past N are zero-filled).
+//   output policy "fp32 accumulate": D[m, n] fp32 = C[m, n] + A . B^T, C read and D written straight from the
+//                              accumulator fragments with 8-byte global accesses (C may alias D: every element is
+//                              read and written by the same thread, in that order). No shared-memory D tile.
+// Which family a GemmKind belongs to is FamilyOf<kKind>; the bf16-output kinds keep the 128x128-block sB
+// (scales.cuh, promotion.cuh) and the TMA-store epilogue (epilogue.cuh).
+#pragma once
+#include "common.cuh"
+#include "hal.cuh"
+
+namespace dfg {
+
+template <GemmKind kKind>
+struct FamilyOf {
+    static constexpr bool kRowScaledB = kKind == GemmKind::Dense1D1D;   // per-row sB, TMA-loaded per stage
+    static constexpr bool kFp32Accumulate = kKind == GemmKind::Dense1D1D;  // D = C + A . B^T in fp32
+};
+
+// Per-row (1x128) scales of B: the stage holds the K block's BLOCK_N values (TMA destination, 128-aligned).
+template <u32 BLOCK_N>
+struct RowScalesB {
+    static constexpr u32 kSmemBytes = round_up(BLOCK_N * 4u, 128u);  // one stage
+};
+
+// Two-level accumulation with per-column B scales for one m64 wave: acc += (scratch * sB[col]) * sA[row].
+// The fragment's column group j holds this thread's columns 8j + 2 (lane % 4) + {0, 1} (WgmmaFragment::col),
+// whose scales are read from the stage's sB slice here, pair by pair, rather than held in BLOCK_N / 4
+// registers across the wave's wgmma (that made the one-warpgroup 64x128 kernel spill). So the stage must
+// not be released before the last wave's promotion (fp8_gemm.cuh releases it after, for this family).
+// One FMUL and one FFMA per value (the 1D2D promotion needs one FFMA: its B scale is one per 128 columns).
+template <u32 BLOCK_N, u32 kValues>
+DFG_DEVICE void promote_row_scaled(float (&acc)[kValues], const float (&scratch)[kValues], float sa_lo, float sa_hi,
+                                   const float* sb_stage, u32 lane) {
+    static_assert(kValues == BLOCK_N / 2, "fragment of m64nBLOCK_N");
+    const float* sb = sb_stage + 2 * (lane % 4);
+    DFG_UNROLL
+    for (u32 j = 0; j < BLOCK_N / 8; ++j) {
+        const float s0 = sb[8 * j], s1 = sb[8 * j + 1];
+        acc[4 * j + 0] += (scratch[4 * j + 0] * s0) * sa_lo;
+        acc[4 * j + 1] += (scratch[4 * j + 1] * s1) * sa_lo;
+        acc[4 * j + 2] += (scratch[4 * j + 2] * s0) * sa_hi;
+        acc[4 * j + 3] += (scratch[4 * j + 3] * s1) * sa_hi;
+    }
+}
+
+// fp32-accumulate epilogue of one warpgroup: D[row, col] = C[row, col] + acc for the thread's fragment
+// values, rows >= num_rows and columns >= SHAPE_N skipped. ld_d / ld_c: row strides in floats (even, so the
+// column pairs are 8-byte aligned; N % 8 == 0 makes a pair either wholly inside or wholly past N).
+template <u32 SHAPE_N, u32 BLOCK_N, u32 kWavesM, u32 kValues>
+DFG_DEVICE void store_fp32_accumulate(float* d, const float* c, u32 ld_d, u32 ld_c, u32 num_rows, u32 row0, u32 n0,
+                                      u32 frag_row, u32 lane, const float (&acc)[kWavesM][kValues]) {
+    static_assert(kValues == BLOCK_N / 2, "fragment of m64nBLOCK_N");
+    static_assert(SHAPE_N % 2 == 0, "column pairs");
+    DFG_UNROLL
+    for (u32 w = 0; w < kWavesM; ++w) {
+        DFG_UNROLL
+        for (u32 h = 0; h < 2; ++h) {
+            const u32 row = row0 + frag_row + w * 64 + h * 8;
+            if (row >= num_rows)
+                continue;
+            DFG_UNROLL
+            for (u32 j = 0; j < BLOCK_N / 8; ++j) {
+                const u32 col = n0 + 8 * j + 2 * (lane % 4);
+                if (col >= SHAPE_N)
+                    continue;
+                const u64 dof = static_cast<u64>(row) * ld_d + col;
+                const u64 cof = static_cast<u64>(row) * ld_c + col;
+                const float c0 = c[cof], c1 = c[cof + 1];
+                d[dof] = c0 + acc[w][4 * j + 2 * h + 0];
+                d[dof + 1] = c1 + acc[w][4 * j + 2 * h + 1];
+            }
+        }
+    }
+}
+
+}  // namespace dfg
