@@ -77,8 +77,12 @@ def test_installed_package_imports_cheaply_from_its_own_copy(installed, tmp_path
     assert Path(include_dir).resolve() == package / "_include"
     assert Path(template_dir).resolve() == package / "_jit"
     assert version == "0.1.0"
-    heavy = [m for m in loaded.split() if m.startswith(("cuda", "deep_fp8_gemm.runtime", "deep_fp8_gemm.kernels",
-                                                         "deep_fp8_gemm.simulator"))]
+    # The prepared fast path (prepared.py) reads the kernels' parameter layouts at import: kernels.gemm /
+    # kernels.quant / runtime.tensor_map / runtime.target are pure-Python descriptions (struct formats, enums).
+    # The CUDA bindings, the JIT (NVRTC compiler, cache, renderer, driver, audit) and the simulator stay unloaded.
+    jit = tuple(f"deep_fp8_gemm.runtime.{m}" for m in ("compiler", "cache", "render", "driver", "audit", "sass",
+                                                        "resources", "kloop", "paths"))
+    heavy = [m for m in loaded.split() if m.startswith(("cuda", "deep_fp8_gemm.simulator") + jit)]
     assert heavy == [], f"import deep_fp8_gemm loaded {heavy}"
 
 
