@@ -43,6 +43,9 @@ def path(request, monkeypatch):
         monkeypatch.setattr(gemm_module, "run_1d1d", lambda cfg, *args: (launched.append(cfg.kind), real(cfg, *args))[1])
         monkeypatch.setenv("DFG_SIMULATE", "1")
         monkeypatch.setenv("DFG_SIM_NUM_SMS", "3")
+        # fp32-exact wgmma accumulation: these compare with float64 at fp32 tolerances (the tensor-core model
+        # is covered by tests/test_sim_1d1d.py::test_1d1d_under_the_tensor_core_model).
+        monkeypatch.setenv("DFG_SIM_EXACT_MMA", "1")
     yield request.param
     if request.param == "simulator":
         assert launched == ["1d1d"] * len(launched) and launched, "DFG_SIMULATE=1 but the 1D1D kernel did not run"

@@ -23,6 +23,15 @@ from tests._operands import quantised_activations
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="the simulator builds kernels with g++")
 
 
+@pytest.fixture(autouse=True)
+def exact_accumulation(request, monkeypatch):
+    """Exact fp32 wgmma accumulation (DFG_SIM_EXACT_MMA=1) for the tight float64 comparisons below: they check
+    the family's indexing and fp32 D = C + A·Bᵀ semantics to fp32 rounding. The tensor-core model (13-bit
+    truncating accumulator inside a k32 step) is exercised by test_1d1d_under_the_tensor_core_model."""
+    if "tensor_core_model" not in request.node.name:
+        monkeypatch.setenv("DFG_SIM_EXACT_MMA", "1")
+
+
 def model64(a, sa, b, sb, c):
     """float64 C + dequant(A) · dequant(B)ᵀ with 1x128 scales on both (numpy)."""
     k = a.shape[-1]
@@ -132,3 +141,20 @@ def test_1d1d_c_and_d_with_different_row_strides():
     expected = model64(a, sa, b, sb, c)
     assert np.abs(d.double().numpy() - expected).max() <= 1e-4 * (np.abs(expected).max() + 1)
     assert torch.isnan(d_wide[:, n:]).all()  # nothing written past column n
+
+
+def test_1d1d_under_the_tensor_core_model():
+    """With the simulator's model of the FP8 tensor core (the default), promotion every 128 K keeps the
+    product within the accumulator's ~2^-13 relative precision per K block of the float64 model."""
+    from deep_fp8_gemm.utils import calc_diff
+
+    m, n, k = 131, 40, 384
+    cfg = GemmConfig("1d1d", n, k, 1, 128, 32, 3, 1, 1, 16, 2)
+    a, sa, b, sb, c = _operands(m, n, k, seed=11)
+    d = torch.full((m, n), float("nan"))
+    gemm.run_1d1d(cfg, a, get_col_major_tma_aligned_tensor(sa), b, get_col_major_tma_aligned_tensor(sb), d, c, "sim")
+    product = torch.from_numpy(model64(a, sa, b, sb, torch.zeros(m, n)))
+    got = d.double() - c.double()
+    assert torch.isfinite(got).all()
+    assert calc_diff(got, product) < 1e-6
+    assert (got - product).abs().max() <= 2.0**-10 * product.abs().max()
