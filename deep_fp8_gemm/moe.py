@@ -169,6 +169,25 @@ def _same_device(named: tuple[tuple[torch.Tensor, str], ...]) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- contiguous path
+def _check_routed_inputs(hidden, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale) -> tuple[int, int, int, int]:
+    """Checks shared by every routed MoE forward (single-process and expert-parallel): dtypes, ranks, shapes
+    and one device. Returns ``(num_experts of w13, H, I, T)``; expert-id ranges are the caller's."""
+    num_experts, hidden_size, inter = _check_weights(w13, w13_scale, w2, w2_scale)
+    _tensor(hidden, "hidden", (torch.bfloat16,), 2)
+    _tensor(topk_ids, "topk_ids", _INDEX_DTYPES, 2)
+    _tensor(topk_weights, "topk_weights", (torch.float32, torch.bfloat16, torch.float16), 2)
+    num_tokens = hidden.shape[0]
+    if hidden.shape[1] != hidden_size:
+        raise ValueError(f"hidden must be [T, H] with H={hidden_size} (from w13), "
+                         f"got hidden.shape={tuple(hidden.shape)}")
+    if topk_ids.shape[0] != num_tokens or topk_weights.shape != topk_ids.shape:
+        raise ValueError(f"topk_ids and topk_weights must both be [T={num_tokens}, top_k], got "
+                         f"topk_ids.shape={tuple(topk_ids.shape)} topk_weights.shape={tuple(topk_weights.shape)}")
+    _same_device(((hidden, "hidden"), (topk_ids, "topk_ids"), (topk_weights, "topk_weights"), (w13, "w13"),
+                  (w13_scale, "w13_scale"), (w2, "w2"), (w2_scale, "w2_scale")))
+    return num_experts, hidden_size, inter, num_tokens
+
+
 def fp8_moe_forward(
     hidden: torch.Tensor,
     topk_ids: torch.Tensor,
@@ -205,19 +224,8 @@ def fp8_moe_forward(
         TypeError / ValueError: wrong dtypes, ranks, shapes or devices (the message names the argument),
             H or I not multiples of 16, expert ids out of range (CPU; a device assert on GPU).
     """
-    num_experts, hidden_size, inter = _check_weights(w13, w13_scale, w2, w2_scale)
-    _tensor(hidden, "hidden", (torch.bfloat16,), 2)
-    _tensor(topk_ids, "topk_ids", _INDEX_DTYPES, 2)
-    _tensor(topk_weights, "topk_weights", (torch.float32, torch.bfloat16, torch.float16), 2)
-    num_tokens = hidden.shape[0]
-    if hidden.shape[1] != hidden_size:
-        raise ValueError(f"hidden must be [T, H] with H={hidden_size} (from w13), "
-                         f"got hidden.shape={tuple(hidden.shape)}")
-    if topk_ids.shape[0] != num_tokens or topk_weights.shape != topk_ids.shape:
-        raise ValueError(f"topk_ids and topk_weights must both be [T={num_tokens}, top_k], got "
-                         f"topk_ids.shape={tuple(topk_ids.shape)} topk_weights.shape={tuple(topk_weights.shape)}")
-    _same_device(((hidden, "hidden"), (topk_ids, "topk_ids"), (topk_weights, "topk_weights"), (w13, "w13"),
-                  (w13_scale, "w13_scale"), (w2, "w2"), (w2_scale, "w2_scale")))
+    num_experts, hidden_size, inter, num_tokens = _check_routed_inputs(hidden, topk_ids, topk_weights, w13,
+                                                                       w13_scale, w2, w2_scale)
     top_k = topk_ids.shape[1]
     out_shape = (num_tokens, hidden_size)
     if num_tokens == 0 or top_k == 0:

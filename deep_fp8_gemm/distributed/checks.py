@@ -12,7 +12,7 @@ import dataclasses
 
 import torch
 
-from ..moe import _INDEX_DTYPES, _check_weights, _same_device, _tensor
+from ..moe import _check_routed_inputs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,19 +34,8 @@ class EPShape:
 def check_ep_inputs(hidden, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, world: int) -> EPShape:
     """Validates the arguments of :func:`ep_moe_forward` (same rules as ``moe.fp8_moe_forward`` with the
     weights of ``E_local`` experts and global expert ids in ``[-1, world * E_local)``)."""
-    num_local, hidden_size, inter = _check_weights(w13, w13_scale, w2, w2_scale)
-    _tensor(hidden, "hidden", (torch.bfloat16,), 2)
-    _tensor(topk_ids, "topk_ids", _INDEX_DTYPES, 2)
-    _tensor(topk_weights, "topk_weights", (torch.float32, torch.bfloat16, torch.float16), 2)
-    num_tokens = hidden.shape[0]
-    if hidden.shape[1] != hidden_size:
-        raise ValueError(f"hidden must be [T, H] with H={hidden_size} (from w13), "
-                         f"got hidden.shape={tuple(hidden.shape)}")
-    if topk_ids.shape[0] != num_tokens or topk_weights.shape != topk_ids.shape:
-        raise ValueError(f"topk_ids and topk_weights must both be [T={num_tokens}, top_k], got "
-                         f"topk_ids.shape={tuple(topk_ids.shape)} topk_weights.shape={tuple(topk_weights.shape)}")
-    _same_device(((hidden, "hidden"), (topk_ids, "topk_ids"), (topk_weights, "topk_weights"), (w13, "w13"),
-                  (w13_scale, "w13_scale"), (w2, "w2"), (w2_scale, "w2_scale")))
+    num_local, hidden_size, inter, num_tokens = _check_routed_inputs(hidden, topk_ids, topk_weights, w13,
+                                                                     w13_scale, w2, w2_scale)
     shape = EPShape(num_tokens, topk_ids.shape[1], hidden_size, inter, num_local, world)
     _check_expert_range(topk_ids, shape.num_experts)
     return shape
