@@ -120,9 +120,10 @@ def test_simulator_deadlock_names_barriers_like_the_watchdog(tmp_path, monkeypat
     shutil.copytree(paths.include_dir(), mutated)
     kernel = mutated / "deep_fp8_gemm" / "kernels" / "fp8_gemm.cuh"
     text = kernel.read_text()
-    original = "hal::mbar_init(&full[s], 2);"  # the producer's arrive.expect_tx + its cp.async arrive (sB)
+    # The producer's arrive.expect_tx + its cp.async arrive of sB (the 1D1D kind TMA-loads sB: one arrive).
+    original = "hal::mbar_init(&full[s], kRowScaledB ? 1 : 2);"
     assert text.count(original) == 1
-    kernel.write_text(text.replace(original, "hal::mbar_init(&full[s], 3);"))
+    kernel.write_text(text.replace(original, "hal::mbar_init(&full[s], kRowScaledB ? 1 : 3);"))
     monkeypatch.setattr(paths, "include_dir", lambda: mutated)
     monkeypatch.setenv("DFG_JIT_CACHE_DIR", str(tmp_path / "cache"))
     cfg = GemmConfig("dense", 128, 512, 1, 64, 64, 2, 1, 1, 16, 1)
