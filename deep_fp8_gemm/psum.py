@@ -29,16 +29,8 @@ import torch
 
 from . import reference
 from .ops import _dispatch, _eager, _operands
-from .validation import (
-    _check_layout,
-    _check_operand_a_2d,
-    _check_operand_b,
-    _check_pointers,
-    _same_device,
-    _shape,
-    _tensor,
-    check_expected_m,
-)
+from .validation import (_check_layout, _check_pointers, _same_device, _tensor, check_expected_m,
+                         check_m_grouped_operands)
 
 _NAME = "m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum"
 
@@ -49,15 +41,7 @@ def check_contiguous_psum(a, sa, b, sb, out, grouped_layout, *, layout: bool = T
     ``[G, ceil(n/128), ceil(k/128)]``, out ``[m_sum, n]`` bf16, grouped_layout ``[G]`` int32. Returns
     ``(m_sum, n, k, G)``; the values of grouped_layout are not read. ``m_sum`` need not be a multiple of 128
     (the rows after the last group's end are padding)."""
-    m_sum, k, kb = _check_operand_a_2d(a, sa, "m_sum")
-    if not isinstance(b, torch.Tensor):
-        raise TypeError(f"rhs[0] (B) must be a torch.Tensor, got {type(b).__name__}")
-    if b.dim() != 3 or b.size(0) < 1:
-        raise ValueError(f"rhs[0] (B) must be 3-D [G, n, k] with G >= 1, got rhs[0] (B).shape={tuple(b.shape)}")
-    num_groups = b.size(0)
-    n = _check_operand_b(b, sb, k, kb, num_groups)
-    _tensor(out, "out", torch.bfloat16, 2)
-    _shape(out, "out", (m_sum, n), "[m_sum, n]")
+    m_sum, n, k, num_groups = check_m_grouped_operands(a, sa, b, sb, out)
     _tensor(grouped_layout, "grouped_layout", torch.int32, 1)
     if grouped_layout.shape[0] != num_groups:
         raise ValueError(

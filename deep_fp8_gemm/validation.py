@@ -168,12 +168,10 @@ def check_dense(a, sa, b, sb, out, *, layout: bool = True, pointers: bool = True
     return m, n, k
 
 
-def check_contiguous(
-    a, sa, b, sb, out, m_indices, *, layout: bool = True, pointers: bool = True
-) -> tuple[int, int, int, int]:
-    """Checks of ``m_grouped_gemm_fp8_fp8_bf16_nt_contiguous``: A ``[m_sum, k]``, sA ``[m_sum, ceil(k/128)]``,
-    B ``[G, n, k]``, sB ``[G, ceil(n/128), ceil(k/128)]``, out ``[m_sum, n]`` bf16, m_indices ``[m_sum]`` int32.
-    Returns ``(m_sum, n, k, G)``. The values of m_indices are not read."""
+def check_m_grouped_operands(a, sa, b, sb, out) -> tuple[int, int, int, int]:
+    """The operand checks every M-grouped contiguous layout shares: A ``[m_sum, k]`` e4m3, sA
+    ``[m_sum, ceil(k/128)]`` fp32, B ``[G, n, k]``, sB ``[G, ceil(n/128), ceil(k/128)]``, out ``[m_sum, n]``
+    bf16. Returns ``(m_sum, n, k, G)``."""
     m_sum, k, kb = _check_operand_a_2d(a, sa, "m_sum")
     if not isinstance(b, torch.Tensor):
         raise TypeError(f"rhs[0] (B) must be a torch.Tensor, got {type(b).__name__}")
@@ -183,6 +181,16 @@ def check_contiguous(
     n = _check_operand_b(b, sb, k, kb, num_groups)
     _tensor(out, "out", torch.bfloat16, 2)
     _shape(out, "out", (m_sum, n), "[m_sum, n]")
+    return m_sum, n, k, num_groups
+
+
+def check_contiguous(
+    a, sa, b, sb, out, m_indices, *, layout: bool = True, pointers: bool = True
+) -> tuple[int, int, int, int]:
+    """Checks of ``m_grouped_gemm_fp8_fp8_bf16_nt_contiguous``: A ``[m_sum, k]``, sA ``[m_sum, ceil(k/128)]``,
+    B ``[G, n, k]``, sB ``[G, ceil(n/128), ceil(k/128)]``, out ``[m_sum, n]`` bf16, m_indices ``[m_sum]`` int32.
+    Returns ``(m_sum, n, k, G)``. The values of m_indices are not read."""
+    m_sum, n, k, num_groups = check_m_grouped_operands(a, sa, b, sb, out)
     _tensor(m_indices, "m_indices", _INDEX_DTYPE, 1)
     _shape(m_indices, "m_indices", (m_sum,), "[m_sum]")
     _same_device(
