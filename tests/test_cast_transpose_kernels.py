@@ -62,13 +62,13 @@ def expected_k_grouped(x: torch.Tensor, ks: list[int], ue8m0: bool):
     return flat, get_col_major_tma_aligned_tensor(sf)
 
 
-def _sim_launch(config, params, grid, device):
+def _sim_launch(config, params, grid, device, seed: int | None = None):
     from deep_fp8_gemm.simulator.runner import launch
 
     assert device.type == "cpu"
     name, source = kq.render_source(config)
     launch(name, source, bytes(params), grid=grid, block=config.num_threads, cluster=1,
-           smem_bytes=config.smem_bytes)
+           smem_bytes=config.smem_bytes, seed=seed)
 
 
 # (m, k, dtype, ue8m0, row stride padding): each row is one simulator build (~5 s) of one kernel variant.
@@ -105,6 +105,22 @@ def test_sim_k_grouped_matches_torch(ks, n, dtype, ue8m0):
     out = kq._k_grouped(x, ks, _sim_launch, ue8m0=ue8m0)
     assert not _mismatches(out, expected_k_grouped(x, ks, ue8m0))
     assert out[1].stride() == (1, (n + 3) // 4 * 4)
+
+
+@needs_gxx
+@pytest.mark.parametrize("seed", [1, 2])
+def test_sim_under_adversarial_schedules(seed):
+    """Seeded adversarial fiber schedules (sim/schedule.hpp): the three CTA barriers must order every shared
+    memory hand-over whatever order the threads run in. Same variants as the first cases above (cached builds)."""
+    def launch(config, params, grid, device):
+        _sim_launch(config, params, grid, device, seed=seed)
+
+    m, k, dtype, _, _ = SIM_CAST_TRANSPOSE_CASES[0]
+    x = _input(m, k, dtype, seed=seed)
+    assert not _mismatches(kq._cast_transpose(x, launch), expected_cast_transpose(x, False))
+    ks, n, dtype, ue8m0 = SIM_K_GROUPED_CASES[0]
+    xg = _input(sum(ks), n, dtype, seed=seed)
+    assert not _mismatches(kq._k_grouped(xg, ks, launch, ue8m0=ue8m0), expected_k_grouped(xg, ks, ue8m0))
 
 
 def test_host_rejects_what_the_kernels_cannot_address():
@@ -146,6 +162,11 @@ PLANTED = {
     "unswizzled_xt_tile_read": (
         "reinterpret_cast<const Vec16B*>(xt_tile + swizzle_xt_word(c, w));",
         "reinterpret_cast<const Vec16B*>(xt_tile + c * kWordsPerTileRow + w);",
+        "cast_transpose",
+    ),
+    "missing_barrier_before_the_xt_tile": (
+        "    hal::sync_threads();  // 2: column scales; the column partials are dead\n",
+        "",
         "cast_transpose",
     ),
     "group_search_off_by_one": (
