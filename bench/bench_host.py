@@ -15,8 +15,9 @@ fused quantisers per_token, per_block, silu_mul_quant)::
   output, scales).
 * ``ratio = call_us / launch_floor_us`` (the issue's bar: 2.5).
 * ``alloc_us`` (quantisers): what allocating and freeing tensors like the op's two outputs costs by itself, made
-  the way the ops make them (``new_empty_strided`` of a 0-element prototype of the output's dtype and device,
-  x 2): part of ``call_us`` that no launcher returning new tensors avoids.
+  the way the ops make them (torch's ``_empty_strided_{cpu,cuda}(sizes, strides, dtype)``, see
+  ``prepared.QuantPlan``; ``new_empty_strided`` of a 0-element prototype where torch lacks it), x 2: part of
+  ``call_us`` that no launcher returning new tensors avoids.
 
 The op's and the floor's timed batches alternate and last alike, so both medians see the same load of a shared
 machine.
@@ -24,8 +25,9 @@ machine.
 Rows with ``"device": "stub"`` run in a child process whose ``libcuda.so.1`` is the stub of
 ``tests/gpu_kernels/stub_libcuda.c`` (built here with ``cc``): the real cuda-bindings marshal every call, the
 stub records and returns. CPU tensors are sent down the GPU launch path through the one seam the ops have for
-it, :mod:`deep_fp8_gemm.runtime.target` (this tool maps the CPU device to ordinal 0, capability 9.0 and the
-default stream 0), so the host code measured is exactly what a GPU call runs, except the driver's own work and
+it, :mod:`deep_fp8_gemm.runtime.target` (this tool maps the CPU device to ordinal 0, capability 9.0, current
+device 0 and the default stream 0), so the host code measured is exactly what a GPU call runs, except the driver's
+own work and
 torch's CUDA caching allocator (the quantisers allocate their outputs with torch's CPU allocator here). The
 kernels are really compiled (NVRTC) and "loaded" (the stub keeps the cubin's first bytes).
 Rows with ``"device": "cuda"`` are added when an sm_90 GPU is present: the same calls on CUDA tensors and the
@@ -237,12 +239,20 @@ def measure(device: torch.device, *, calls: int, repeats: int, only: set[str] | 
 
 def _allocator(outputs: tuple[torch.Tensor, ...]):
     """A function allocating tensors like ``outputs`` (same shapes, strides, dtypes, device) as the ops do
-    (``new_empty_strided`` of a 0-element prototype, see ``prepared.QuantPlan``), discarding them."""
+    (see ``prepared.QuantPlan``), discarding them."""
+    from deep_fp8_gemm import prepared
+
     (p0, s0, t0), (p1, s1, t1) = [(torch.empty(0, dtype=t.dtype, device=t.device), tuple(t.shape), t.stride())
                                   for t in outputs]
+    empty = {"cpu": prepared._empty_cpu, "cuda": prepared._empty_cuda}.get(outputs[0].device.type)
+    if empty is not None:
+        d0, d1 = p0.dtype, p1.dtype
 
-    def fn():
-        return p0.new_empty_strided(s0, t0), p1.new_empty_strided(s1, t1)
+        def fn():
+            return empty(s0, t0, d0), empty(s1, t1, d1)
+    else:
+        def fn():
+            return p0.new_empty_strided(s0, t0), p1.new_empty_strided(s1, t1)
 
     return fn
 
@@ -272,6 +282,7 @@ def _run_stub_child(stub_dir: str, calls: int, repeats: int, only: set[str] | No
     target.gpu_index = lambda device: 0
     target.capability = lambda index: (9, 0)
     target.current_stream = lambda index: 0
+    target.current_device = lambda: 0
     first = launches.value
     rows = measure(torch.device("cpu"), calls=calls, repeats=repeats, only=only, label="stub",
                    before_warmup=before_warmup)

@@ -69,6 +69,14 @@ try:
     from torch._C._dynamo.guards import TensorGuards as _TensorGuards
 except ImportError:  # pragma: no cover - every torch this package supports has it
     _TensorGuards = None
+# torch's low-overhead allocators (what inductor's generated code calls): ``(sizes, strides, dtype)`` ->
+# ``at::detail::empty_strided_{cpu,cuda}`` without the Python argument parser or the dispatcher, ~0.65 µs per
+# tensor less than ``new_empty_strided`` here. The CUDA one allocates on the *current* device (checked per
+# call). Private API: where it is missing a plan allocates with new_empty_strided as before.
+try:
+    from torch._C._dynamo.guards import _empty_strided_cpu as _empty_cpu, _empty_strided_cuda as _empty_cuda
+except ImportError:  # pragma: no cover - present since torch 2.2
+    _empty_cpu = _empty_cuda = None
 _is_compiling = torch.compiler.is_compiling
 _FP8, _F32 = torch.float8_e4m3fn, torch.float32
 _dispatch_depth = torch._C._len_torch_dispatch_stack
@@ -449,12 +457,15 @@ class QuantPlan:
         # The plan's own parameter block, written only by the thread that built the plan: the constants are
         # packed once here, a call writes the three pointers in front of them.
         self.thread = _get_ident()
+        self.call = self._launch
         if not self.empty:
             from .runtime import driver
 
             self.block = driver.param_block(_QUANT_PARAMS.size)
             _QUANT_PARAMS.pack_into(self.block.view, 0, 0, 0, 0, *self.consts)
-        self.call = self._launch
+            empty = {"cpu": _empty_cpu, "cuda": _empty_cuda}.get(self.device.type)
+            if not self.copy and empty is not None:
+                self.call = self._fast_call(driver, empty)
 
     def _prepare_per_token(self, kq, x, dtype) -> None:
         name = "x"
@@ -528,8 +539,56 @@ class QuantPlan:
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.call(x)
 
+    def _fast_call(self, driver, empty):
+        """``self.call`` of a non-empty plan whose input needs no copy: one Python frame that does what
+        :meth:`_launch` then :meth:`PreparedLaunch.launch <deep_fp8_gemm.runtime.driver.PreparedLaunch.launch>`
+        do in the common case (the current device is the input's, aligned input if vectorised, this plan's
+        thread, a stream already seen, on the null stream the kernel's context current); anything else goes
+        through :meth:`_launch` / :meth:`_finish` / ``launch``, so every rule stays in one place. Locals instead
+        of attribute loads, the driver's functions bound once (the binding is the module's ``driver`` at plan
+        time). ``empty``: torch's ``(sizes, strides, dtype)`` allocator for the plan's device type; its tensors
+        are what ``new_empty_strided`` makes (own storage of exactly the size, offset 0, no grad), except that
+        torch's deterministic mode does not NaN-fill them (the kernel writes every element)."""
+        out_shape, out_strides, scale_shape, scale_strides = (self.out_shape, self.out_strides, self.scale_shape,
+                                                              self.scale_strides)
+        vectorizable = self.vectorizable
+        launcher = self._launchers.get(vectorizable) or self._launcher(vectorizable)
+        configs, kernel, index, thread, finish = launcher._configs, launcher.kernel, self.index, self.thread, self._finish
+        function, context = kernel.function, kernel.context
+        block = self.block
+        view, address = block.view, block.pointers_address
+        pack = _QUANT_POINTERS.pack_into
+        get_current, launch_ex = driver.driver.cuCtxGetCurrent, driver.driver.cuLaunchKernelEx
+        get_ident = _get_ident
+
+        slow = self._launch
+
+        def call(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            if target.current_device() != index:  # the allocator's device: not the input's
+                return slow(x)
+            out = empty(out_shape, out_strides, _FP8)
+            scales = empty(scale_shape, scale_strides, _F32)
+            px = x.data_ptr()
+            stream = target.current_stream(index)
+            config = configs.get(stream)
+            if config is None or (vectorizable and px & 15) or get_ident() != thread:
+                return finish(x, out, scales, px)
+            pack(view, 0, px, out.data_ptr(), scales.data_ptr())
+            if stream == 0:  # null stream: this kernel's context must be current (else launch() pushes it)
+                err, current = get_current()
+                if err or current != context:  # CUcontext == compares the handles
+                    launcher.launch(block, stream)
+                    return out, scales
+            err = launch_ex(config, function, address, 0)[0]
+            if err:
+                launcher.raise_error(err, stream)
+            return out, scales
+
+        return call
+
     def _launch(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The sm_90 path (``self.call`` there): allocate the outputs, pack the pointers, launch."""
+        """The sm_90 path (``self.call`` there unless :meth:`_fast_call` serves): allocate the outputs, pack
+        the pointers, launch."""
         if self.copy:
             x = x.contiguous()
         # Two new tensors, each with its own storage (module docstring, "Quantiser outputs"); new_empty_strided
@@ -538,7 +597,11 @@ class QuantPlan:
         scales = self.scale_proto.new_empty_strided(self.scale_shape, self.scale_strides)
         if self.empty:
             return out, scales
-        px = x.data_ptr()
+        return self._finish(x, out, scales, x.data_ptr())
+
+    def _finish(self, x: torch.Tensor, out: torch.Tensor, scales: torch.Tensor, px: int
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Pack the parameters of ``x`` -> ``(out, scales)`` and launch (``px`` = ``x.data_ptr()``)."""
         vectorized = self.vectorizable and not px & 15
         launcher = self._launchers.get(vectorized) or self._launcher(vectorized)
         if _get_ident() == self.thread:  # the constants are already in the plan's own block

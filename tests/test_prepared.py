@@ -250,6 +250,7 @@ def fake_gpu(monkeypatch):
         monkeypatch.setattr(target, "gpu_index", lambda device: 0)
         monkeypatch.setattr(target, "capability", lambda index: (9, 0))
         monkeypatch.setattr(target, "current_stream", lambda index: 0x77)
+        monkeypatch.setattr(target, "current_device", lambda: 0)
 
     fake.on = on
     gemm._cuda_kernel.cache_clear()
@@ -478,3 +479,61 @@ def test_quant_plan_outputs_own_their_storage(fake_gpu, name, m):
     a.resize_(a.numel() * 4).view(torch.uint8).fill_(0x40)
     sa.resize_(sa.numel() * 4).fill_(7.0)
     assert torch.all(b.view(torch.uint8) == 0x38) and torch.all(sb == 5.0)
+
+
+def test_quant_fast_path_checks_context_device_stream_alignment_and_errors(fake_gpu, monkeypatch):
+    """The one-frame fast path of a quantiser plan (QuantPlan._fast_call) takes the common case only: a changed
+    current context (null stream), current device, stream or input alignment, and a failing launch, each
+    take the general path's rule, call after call on the same plan."""
+    from tests.test_driver import INVALID_VALUE
+
+    allocations = []
+    fast_empty = prepared._empty_cpu
+
+    def counting(*args):
+        allocations.append(args)
+        return fast_empty(*args)
+
+    monkeypatch.setattr(prepared, "_empty_cpu", counting)  # read when the plan is built
+    fake_gpu.param_sizes = [72]
+    base = torch.randn(96 * 512 + 2, dtype=torch.bfloat16)
+    x, x_odd = base[:-2].view(96, 512), base[2:].view(96, 512)  # same signature; x_odd 4-byte aligned only
+    fake_gpu.on()
+    monkeypatch.setattr(target, "current_stream", lambda index: 0)
+    primary = 0x1000  # FakeDriver's primary context of device 0
+
+    def quant(t):
+        out, scales = dfg.per_token_cast_to_fp8(t)
+        got = _QUANT_FIELDS.unpack(fake_gpu.launches[-1]["params"][:72])
+        assert got[:3] == (t.data_ptr(), out.data_ptr(), scales.data_ptr())
+        assert got[3:] == _quant_reference("per_token", t, kq.QuantKind.PER_TOKEN)[3:]
+        assert (out.shape, out.stride(), scales.shape, scales.stride()) == ((96, 512), (512, 1), (96, 4), (1, 96))
+        return fake_gpu.launches[-1]
+
+    quant(x)
+    quant(x)  # the fast path from here on
+    vectorized = fake_gpu.launches[-1]["function"]
+    assert fake_gpu.launches[-1]["context"] == primary and len(allocations) == 4  # 2 calls x 2 outputs
+
+    fake_gpu.current_ctx = 0x2000  # another context current: pushed for the launch, then restored
+    assert quant(x)["context"] == primary and fake_gpu.current_ctx == 0x2000
+    fake_gpu.current_ctx = 0  # none current: the primary context is made current
+    assert quant(x)["context"] == primary and fake_gpu.current_ctx == primary
+
+    monkeypatch.setattr(target, "current_device", lambda: 1)  # the fast allocator would use device 1
+    before = len(allocations)
+    quant(x)
+    assert len(allocations) == before  # allocated on the plan's device by the general path
+    monkeypatch.setattr(target, "current_device", lambda: 0)
+
+    monkeypatch.setattr(target, "current_stream", lambda index: 0x55)  # a stream not seen yet, then again
+    assert quant(x)["stream"] == 0x55 and quant(x)["stream"] == 0x55
+    monkeypatch.setattr(target, "current_stream", lambda index: 0)
+
+    scalar = quant(x_odd)["function"]  # misaligned input of the vectorised plan: the scalar kernel
+    assert scalar != vectorized and quant(x)["function"] == vectorized
+    assert len(prepared._quant_plans) == 1
+
+    fake_gpu.fail["cuLaunchKernelEx"] = INVALID_VALUE
+    with pytest.raises(drv.CudaDriverError, match=r"cuLaunchKernelEx\("):
+        dfg.per_token_cast_to_fp8(x)
