@@ -338,7 +338,7 @@ def masked(a, sa, b, sb, out, masked_m, expected_m: int) -> bool:
 def clear() -> None:
     """Forget every plan (tests; a loaded kernel stays loaded)."""
     for plans in (_dense_plans, _contiguous_plans, _masked_plans, _quant_plans, _dense_index, _contiguous_index,
-                  _masked_index, _quant_index[False], _quant_index[True]):
+                  _masked_index, *_quant_hot):
         plans.clear()
 
 
@@ -615,31 +615,38 @@ class QuantPlan:
 
 
 _quant_plans: dict[tuple, QuantPlan] = {}
-# Hot index per (ue8m0, kind): [(guard.check, plan.call)], newest first, at most _MAX_GUARDS_PER_WEIGHT. Bound
-# methods, so that a hit costs one C++ check and one call (no tuple key, no instance __call__ lookup).
-_quant_index: dict[bool, dict[str, list]] = {False: {}, True: {}}
+# Every quantiser's hot lists (see quantiser), for clear().
+_quant_hot: list[list] = []
 
 
-def quantise(kind: str, x: torch.Tensor, check, fallback, ue8m0: bool = False
-             ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """Quantiser ``kind`` through its plan when :func:`eager` allows (else None, nothing done): ``check(x)`` is
-    the public op's check (run on a new signature), ``fallback`` its implementation for devices without the
-    fused kernels (called as ``fallback(x, ue8m0)``, or ``fallback(x)`` for "silu"); ``ue8m0`` a bool."""
-    if _is_compiling() or _dispatch_depth() or type(x) is not _Tensor:
-        return None
-    entries = _quant_index[ue8m0].get(kind)
-    if entries is not None:
-        for hit, call in entries:
+def quantiser(kind: str, check, fallback):
+    """The eager entry of quantiser ``kind`` ("per_token" | "per_block" | "silu"): ``entry(x, ue8m0)`` runs it
+    through its plan when :func:`eager` allows and returns ``(out, scales)``, else None (nothing done).
+    ``check(x)`` is the public op's check (run on a new signature), ``fallback`` its implementation for devices
+    without the fused kernels (called as ``fallback(x, ue8m0)``, or ``fallback(x)`` for "silu"); ``ue8m0`` a
+    bool (the caller checks its type).
+
+    Hot path: per ``ue8m0`` a list of ``(guard.check, plan.call)``, newest first, at most
+    ``_MAX_GUARDS_PER_WEIGHT`` — one C++ metadata check and one call per hit, the kind and the lists bound in
+    the closure (no key built, no dict looked up)."""
+    hot = ([], [])  # indexed by ue8m0 (False -> 0, True -> 1)
+    _quant_hot.extend(hot)
+
+    def entry(x: torch.Tensor, ue8m0: bool = False) -> tuple[torch.Tensor, torch.Tensor] | None:
+        if _is_compiling() or _dispatch_depth() or type(x) is not _Tensor:
+            return None
+        for hit, call in hot[ue8m0]:
             if hit(x):
                 return call(x)
-    key = (kind, ue8m0, x.shape, x.stride(), x.dtype, x.device)
-    plan = _quant_plans.get(key)
-    if plan is None:
-        plan = _remember(_quant_plans, key, QuantPlan(kind, x, check, fallback, ue8m0))
-    guard = _guard(x)
-    if guard is not None:
-        if entries is None:
-            entries = _quant_index[ue8m0][kind] = []
-        entries.insert(0, (guard.check, plan.call))
-        del entries[_MAX_GUARDS_PER_WEIGHT:]
-    return plan.call(x)
+        key = (kind, ue8m0, x.shape, x.stride(), x.dtype, x.device)
+        plan = _quant_plans.get(key)
+        if plan is None:
+            plan = _remember(_quant_plans, key, QuantPlan(kind, x, check, fallback, ue8m0))
+        guard = _guard(x)
+        if guard is not None:
+            entries = hot[ue8m0]
+            entries.insert(0, (guard.check, plan.call))
+            del entries[_MAX_GUARDS_PER_WEIGHT:]
+        return plan.call(x)
+
+    return entry
