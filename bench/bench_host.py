@@ -1,7 +1,7 @@
 """Host time per call of every eager op, against the floor of any Python launcher.
 
-``python -m bench.bench_host [--json PATH|-] [--quick]`` prints, per op (dense, contiguous, masked GEMM; the
-fused quantisers per_token, per_block, silu_mul_quant)::
+``python -m bench.bench_host [--json PATH|-] [--quick]`` prints, per op (dense, contiguous, masked, psum GEMM;
+the fused quantisers per_token, per_block, silu_mul_quant)::
 
     {"ops": [{"op": "dense", "call_us": ..., "launch_floor_us": ..., "ratio": ..., "device": "stub", ...}, ...]}
 
@@ -11,8 +11,8 @@ fused quantisers per_token, per_block, silu_mul_quant)::
 * ``launch_floor_us``: the same statistic for one bare ``cuLaunchKernelEx`` issued through cuda-bindings with a
   prebuilt ``CUlaunchConfig`` and the op's argument count passed the way a Python launcher passes kernel
   arguments (``((values...), (ctypes types...))``, marshalled by the binding): one argument per tensor the op
-  reads or writes plus one per Python scalar argument (dense 5, contiguous 6, masked 7, quantisers 3: input,
-  output, scales).
+  reads or writes plus one per Python scalar argument (dense 5, contiguous 6, masked 7, psum 6 — called without
+  its optional ``expected_m`` —, quantisers 3: input, output, scales).
 * ``ratio = call_us / launch_floor_us`` (the issue's bar: 2.5).
 * ``alloc_us`` (quantisers): what allocating and freeing tensors like the op's two outputs costs by itself, made
   the way the ops make them (torch's ``_empty_strided_{cpu,cuda}(sizes, strides, dtype)``, see
@@ -62,6 +62,7 @@ QUANT_PARAMS_BYTES = 72
 DENSE = dict(m=64, n=2112, k=7168)
 CONTIGUOUS = dict(groups=4, m_per_group=128, n=4096, k=7168)
 MASKED = dict(groups=8, m_max=64, n=7168, k=2048, expected_m=32)
+PSUM = dict(ends=(100, 228, 356, 484), m_sum=512, n=4096, k=7168)  # 4 groups of 100 rows, 128-aligned starts
 PER_TOKEN = dict(m=64, k=7168)
 PER_BLOCK = dict(n=576, k=7168)
 SILU = dict(m=64, two_i=4096)
@@ -116,6 +117,16 @@ def make_ops(device: torch.device) -> list[tuple[str, int, str, object, tuple]]:
     masked_m = torch.full((g,), MASKED["expected_m"], dtype=torch.int32, device=device)
     ops.append(("masked", 7, "gemm", dfg.m_grouped_gemm_fp8_fp8_bf16_nt_masked,
                 (lhs, rhs, out, masked_m, MASKED["expected_m"])))
+
+    ends, m_sum, n, k = PSUM["ends"], PSUM["m_sum"], PSUM["n"], PSUM["k"]
+    kb, g = (k + 127) // 128, len(ends)
+    sa = empty_m_major((m_sum, kb), device)
+    sa.fill_(1.0)
+    lhs = (_fp8((m_sum, k), device, gpu), sa)
+    rhs = (_fp8((g, n, k), device, gpu), _scales((g, (n + 127) // 128, kb), device))
+    out = torch.empty((m_sum, n), dtype=torch.bfloat16, device=device)
+    layout = torch.tensor(ends, dtype=torch.int32, device=device)
+    ops.append(("psum", 6, "gemm", dfg.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum, (lhs, rhs, out, layout)))
 
     x = torch.zeros((PER_TOKEN["m"], PER_TOKEN["k"]), dtype=torch.bfloat16, device=device)
     ops.append(("per_token", 3, "quant", dfg.per_token_cast_to_fp8, (x,)))
@@ -199,9 +210,10 @@ def _batch_calls(fn, args: tuple, max_calls: int) -> int:
 
 
 def measure(device: torch.device, *, calls: int, repeats: int, only: set[str] | None, label: str,
-            before_warmup=None, sync=None) -> list[dict]:
+            before_warmup=None, sync=None, launched=None) -> list[dict]:
     """One row per op. The op's batches and its floor's batches alternate, so that both medians see the same
-    machine load (the 2-core development machine is shared)."""
+    machine load (the 2-core development machine is shared). ``launched()`` (the stub): the driver's launch
+    count so far; every timed call of the op and of the floor must have reached the driver."""
     from deep_fp8_gemm.runtime import target
 
     rows = []
@@ -223,9 +235,13 @@ def measure(device: torch.device, *, calls: int, repeats: int, only: set[str] | 
         floor = floors[num_args]
         op_calls, floor_calls = _batch_calls(fn, args, calls), _batch_calls(floor, (), calls)
         op_samples, floor_samples = [], []
+        before = launched() if launched is not None else 0
         for _ in range(repeats):
             op_samples.append(per_call_us(fn, args, calls=op_calls, repeats=1, sync=sync))
             floor_samples.append(per_call_us(floor, (), calls=floor_calls, repeats=1, sync=sync))
+        if launched is not None and launched() - before != repeats * (op_calls + floor_calls):
+            raise RuntimeError(f"{name}: the stub driver saw {launched() - before} launches, expected "
+                               f"{repeats} x ({op_calls} + {floor_calls}): the calls did not reach it")
         call_us, floor_us = statistics.median(op_samples), statistics.median(floor_samples)
         row = {"op": name, "call_us": round(call_us, 3), "launch_floor_us": round(floor_us, 3),
                "ratio": round(call_us / floor_us, 2), "args": num_args, "device": label}
@@ -283,12 +299,8 @@ def _run_stub_child(stub_dir: str, calls: int, repeats: int, only: set[str] | No
     target.capability = lambda index: (9, 0)
     target.current_stream = lambda index: 0
     target.current_device = lambda: 0
-    first = launches.value
-    rows = measure(torch.device("cpu"), calls=calls, repeats=repeats, only=only, label="stub",
-                   before_warmup=before_warmup)
-    if launches.value - first < calls * repeats:
-        raise RuntimeError(f"the stub driver saw {launches.value - first} launches: the calls did not reach it")
-    return rows
+    return measure(torch.device("cpu"), calls=calls, repeats=repeats, only=only, label="stub",
+                   before_warmup=before_warmup, launched=lambda: launches.value)
 
 
 def precompile(only: set[str] | None) -> None:

@@ -124,7 +124,7 @@ class GemmPlan:
     that signature: ``plan(a, sa, b, sb, out, grouped_layout)`` (``grouped_layout`` None for dense)."""
 
     __slots__ = ("kind", "expected_m", "empty", "index", "rows", "cfg", "launcher", "heads", "sa_ready",
-                 "sb_ready", "gl_ready", "ready", "spans", "_ops")
+                 "sb_ready", "gl_ready", "ready", "spans", "_ops", "psum_values")
 
     def __init__(self, kind: str, a, sa, b, sb, out, gl, expected_m: int | None):
         from . import ops
@@ -138,12 +138,22 @@ class GemmPlan:
         elif kind == "contiguous":
             m_sum, n, _, _ = check_contiguous(a, sa, b, sb, out, gl)
             self.empty = not (m_sum and n)
+        elif kind == "psum":
+            from .psum import check_contiguous_psum
+
+            m_sum, n, _, _ = check_contiguous_psum(a, sa, b, sb, out, gl)
+            if expected_m is not None:
+                check_expected_m(expected_m)
+            self.empty = not (m_sum and n)
         else:
             _, m_max, n, _ = check_masked(a, sa, b, sb, out, gl, expected_m)
             self.empty = not (m_max and n)
         # Byte spans of A, sA, B, sB, out, grouped layout from their data pointers (0: empty / absent).
         self.spans = (_span(a), _span(sa), _span(b), _span(sb), _span(out), 0 if gl is None else _span(gl))
         self.rows = a.shape[-2]
+        # psum on a CPU: the group ends are read and checked on every call (as the op does; free there). Never
+        # on a GPU (graph-safe; the empty problem included), hence gpu_index and not the emptiness below.
+        self.psum_values = kind == "psum" and a.device.type == "cpu" and target.gpu_index(a.device) is None
         self.index = None if self.empty else target.gpu_index(a.device)
         self.cfg = self.launcher = None
         self.heads: dict[tuple[int, int, int, int], bytes] = {}
@@ -180,6 +190,10 @@ class GemmPlan:
             self._check_pointers(a, sa, b, sb, out, gl)
         launcher = self.launcher
         if launcher is None:  # empty problem, or CPU: the reference (or the simulator), as before
+            if self.psum_values:
+                from .reference import check_psum_values
+
+                check_psum_values(gl.tolist(), self.rows)
             if not self.empty:
                 self._ops._dispatch(self.kind, a, sa, b, sb, out, grouped_layout=gl, expected_m=self.expected_m)
             return
@@ -206,7 +220,7 @@ class GemmPlan:
     def _check_pointers(self, a, sa, b, sb, out, gl) -> None:
         from .validation import _check_pointers
 
-        extra = () if gl is None else ((gl, "m_indices" if self.kind == "contiguous" else "masked_m"),)
+        extra = () if gl is None else ((gl, _LAYOUT_NAMES[self.kind]),)
         _check_pointers(a, sa, b, sb, out, extra)
 
     def _encode(self, a, sa, b, out, key) -> bytes:
@@ -221,15 +235,18 @@ class GemmPlan:
         return head
 
 
+_LAYOUT_NAMES = {"contiguous": "m_indices", "masked": "masked_m", "psum": "grouped_layout"}  # in the ops' messages
 _dense_plans: dict[tuple, GemmPlan] = {}
 _contiguous_plans: dict[tuple, GemmPlan] = {}
 _masked_plans: dict[tuple, GemmPlan] = {}
+_psum_plans: dict[tuple, GemmPlan] = {}
 # Fast index: id(B) -> [(guard, extra, plan)], newest first. A guard is torch's C++ tensor-metadata check
 # (see _guard); extra holds the non-tensor part of the signature. id(B) only narrows the search (a reused id
 # is harmless: the guard checks every tensor, B included).
 _dense_index: dict[int, list] = {}
 _contiguous_index: dict[int, list] = {}
 _masked_index: dict[int, list] = {}
+_psum_index: dict[int, list] = {}
 _MAX_GUARDS_PER_WEIGHT = 8  # signatures (typically row counts) remembered per weight
 
 
@@ -335,10 +352,37 @@ def masked(a, sa, b, sb, out, masked_m, expected_m: int) -> bool:
     return True
 
 
+def psum(a, sa, b, sb, out, grouped_layout, expected_m) -> bool:
+    """``m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum`` through its plan when :func:`eager` allows and
+    ``expected_m`` is None or a valid int; else False (nothing done: the op's own path runs, and raises
+    what it raises, in its order)."""
+    if not eager(a, sa, b, sb, out, grouped_layout):
+        return False
+    if expected_m is not None and (type(expected_m) is not int or expected_m <= 0):
+        return False
+    extra = (expected_m, utils._num_sms_override)
+    entries = _psum_index.get(id(b))
+    if entries is not None:
+        for guard, guard_extra, plan in entries:
+            if guard_extra == extra and guard.check(a, sa, b, sb, out, grouped_layout):
+                plan(a, sa, b, sb, out, grouped_layout)
+                return True
+    key = (a.shape, a.stride(), a.dtype, a.device, sa.shape, sa.stride(), sa.dtype, sa.device,
+           b.shape, b.stride(), b.dtype, b.device, sb.shape, sb.stride(), sb.dtype, sb.device,
+           out.shape, out.stride(), out.dtype, out.device,
+           grouped_layout.shape, grouped_layout.stride(), grouped_layout.dtype, grouped_layout.device, extra)
+    plan = _psum_plans.get(key)
+    if plan is None:
+        plan = _remember(_psum_plans, key, GemmPlan("psum", a, sa, b, sb, out, grouped_layout, expected_m))
+    _index(_psum_index, id(b), _guard(a, sa, b, sb, out, grouped_layout), extra, plan)
+    plan(a, sa, b, sb, out, grouped_layout)
+    return True
+
+
 def clear() -> None:
     """Forget every plan (tests; a loaded kernel stays loaded)."""
-    for plans in (_dense_plans, _contiguous_plans, _masked_plans, _quant_plans, _dense_index, _contiguous_index,
-                  _masked_index, *_quant_hot):
+    for plans in (_dense_plans, _contiguous_plans, _masked_plans, _psum_plans, _quant_plans, _dense_index,
+                  _contiguous_index, _masked_index, _psum_index, *_quant_hot):
         plans.clear()
 
 
@@ -349,7 +393,8 @@ class PreparedGemm:
     Made by :func:`prepare_gemm`. Call it exactly like the op it was prepared for, with tensors that have the
     example's shapes, strides, dtypes and device (**not checked** per call: that is what it saves; use
     :meth:`matches` while developing): ``p(lhs, rhs, out)`` (dense), ``p(lhs, rhs, out, m_indices)``
-    (contiguous), ``p(lhs, rhs, out, masked_m)`` (masked; the ``expected_m`` given to :func:`prepare_gemm`).
+    (contiguous), ``p(lhs, rhs, out, masked_m)`` (masked; the ``expected_m`` given to :func:`prepare_gemm`),
+    ``p(lhs, rhs, out, grouped_layout)`` (psum; likewise).
     Data pointers may change from call to call and are still checked (16-byte alignment, no overlap of out
     with an input), with the ops' messages. CUDA-graph capturable like the ops (after one call).
     """
@@ -386,7 +431,9 @@ def prepare_gemm(kind: str, lhs, rhs, out, grouped_layout: torch.Tensor | None =
         kind: ``"dense"`` (:func:`~deep_fp8_gemm.gemm_fp8_fp8_bf16_nt`), ``"contiguous"``
             (:func:`~deep_fp8_gemm.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous`, ``grouped_layout`` = m_indices) or
             ``"masked"`` (:func:`~deep_fp8_gemm.m_grouped_gemm_fp8_fp8_bf16_nt_masked`, ``grouped_layout`` =
-            masked_m, ``expected_m`` required).
+            masked_m, ``expected_m`` required) or ``"psum"``
+            (:func:`~deep_fp8_gemm.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum`, ``grouped_layout`` = the
+            group ends, ``expected_m`` optional; on a CPU the ends are checked on every call, as by the op).
         lhs, rhs, out, grouped_layout: example arguments, exactly as the op takes them (shapes, dtypes, layouts
             and errors as documented there); nothing is computed.
 
@@ -400,17 +447,16 @@ def prepare_gemm(kind: str, lhs, rhs, out, grouped_layout: torch.Tensor | None =
     from . import ops
     from .validation import check_expected_m
 
-    if kind not in ("dense", "contiguous", "masked"):
-        raise ValueError(f"kind must be 'dense', 'contiguous' or 'masked', got {kind!r}")
+    if kind not in ("dense", "contiguous", "masked", "psum"):
+        raise ValueError(f"kind must be 'dense', 'contiguous', 'masked' or 'psum', got {kind!r}")
     if (grouped_layout is None) != (kind == "dense"):
-        what = "m_indices" if kind == "contiguous" else "masked_m"
         raise ValueError(f"prepare_gemm('dense', ...) takes no grouped_layout" if kind == "dense" else
-                         f"prepare_gemm({kind!r}, ...) needs grouped_layout ({what})")
-    if kind == "masked":
+                         f"prepare_gemm({kind!r}, ...) needs grouped_layout ({_LAYOUT_NAMES[kind]})")
+    if kind == "masked" or (kind == "psum" and expected_m is not None):
         check_expected_m(expected_m)
-    elif expected_m is not None:
-        raise ValueError(f"expected_m is only for kind='masked', got {expected_m=} for {kind=}")
-    extra = () if grouped_layout is None else ((grouped_layout, "m_indices" if kind == "contiguous" else "masked_m"),)
+    elif kind != "psum" and expected_m is not None:
+        raise ValueError(f"expected_m is only for kind='masked' or 'psum', got {expected_m=} for {kind=}")
+    extra = () if grouped_layout is None else ((grouped_layout, _LAYOUT_NAMES[kind]),)
     a, sa, b, sb = ops._operands(lhs, rhs, out, *extra)
     plan = GemmPlan(kind, a, sa, b, sb, out, grouped_layout, expected_m)
     return PreparedGemm(kind, plan, _gemm_key(kind, (a, sa), (b, sb), out, grouped_layout, expected_m), expected_m)
