@@ -1,6 +1,6 @@
 """Host time per call of every eager op, against the floor of any Python launcher.
 
-``python -m bench.bench_host [--json PATH|-] [--quick]`` prints, per op (dense, contiguous, masked, psum GEMM;
+``python -m bench.bench_host [--json PATH|-] [--quick] [--ops a,b] [--device all|stub|cuda]`` prints, per op (dense, contiguous, masked, psum GEMM;
 the fused quantisers per_token, per_block, silu_mul_quant)::
 
     {"ops": [{"op": "dense", "call_us": ..., "launch_floor_us": ..., "ratio": ..., "device": "stub", ...}, ...]}
@@ -32,7 +32,8 @@ torch's CUDA caching allocator (the quantisers allocate their outputs with torch
 kernels are really compiled (NVRTC) and "loaded" (the stub keeps the cubin's first bytes).
 Rows with ``"device": "cuda"`` are added when an sm_90 GPU is present: the same calls on CUDA tensors and the
 real driver (host time of the enqueue loop, synchronised between batches), the floor an empty kernel with the
-same parameter count.
+same parameter count. ``--device cuda`` measures only those (``bench/device_check.sh``'s bench-host step: no C
+compiler needed, and no process with the stub ``libcuda.so.1`` on a GPU machine).
 """
 
 from __future__ import annotations
@@ -163,7 +164,7 @@ def floor_cubin(num_args: int) -> tuple[str, bytes]:
     return name, compile_kernel(name, _FLOOR_SOURCE.format(name=name, params=params)).cubin
 
 
-def floor_launcher(num_args: int, stream: int):
+def floor_launcher(num_args: int, stream: int, index: int = 0):
     """``(fn, args)``: a bare ``cuLaunchKernelEx`` of an empty kernel taking ``num_args`` pointers, with a
     prebuilt one-CTA config, its arguments given as ``((pointers...), (c_void_p,) * num_args)``."""
     from cuda.bindings import driver
@@ -172,8 +173,7 @@ def floor_launcher(num_args: int, stream: int):
 
     name, cubin = floor_cubin(num_args)
     drv.ensure_initialized()
-    drv.primary_context(0)
-    drv._make_current_if_none(drv.primary_context(0))
+    drv._make_current_if_none(drv.primary_context(index))
     library = drv.check(driver.cuLibraryLoadData(cubin, None, None, 0, None, None, 0), "cuLibraryLoadData")
     kernel = drv.check(driver.cuLibraryGetKernel(library, name.encode()), "cuLibraryGetKernel")
     function = driver.CUfunction(int(kernel))
@@ -230,7 +230,7 @@ def measure(device: torch.device, *, calls: int, repeats: int, only: set[str] | 
         if num_args not in floors:
             if before_warmup is not None:
                 before_warmup("floor")
-            floors[num_args] = floor_launcher(num_args, stream)
+            floors[num_args] = floor_launcher(num_args, stream, index)
             floors[num_args]()
         floor = floors[num_args]
         op_calls, floor_calls = _batch_calls(fn, args, calls), _batch_calls(floor, (), calls)
@@ -380,6 +380,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=51, help="timed batches; the median is reported (51)")
     parser.add_argument("--quick", action="store_true", help="50 calls x 9 batches")
     parser.add_argument("--ops", help="comma-separated subset of ops")
+    parser.add_argument("--device", choices=("all", "stub", "cuda"), default="all",
+                        help="rows to measure: the stub driver's, the GPU's (exit status 3 when there is no sm_90 "
+                             "GPU), or both (default; GPU rows only where one is present)")
     args = parser.parse_args(argv)
     calls, repeats = (50, 9) if args.quick else (args.calls, args.repeats)
     only = set(args.ops.split(",")) if args.ops else None
@@ -388,13 +391,20 @@ def main(argv: list[str] | None = None) -> int:
     if stub_dir:  # the child
         rows = _run_stub_child(stub_dir, calls, repeats, only)
     else:
-        rows = stub_rows(calls, repeats, only) + gpu_rows(calls, repeats, only)
+        rows = stub_rows(calls, repeats, only) if args.device in ("all", "stub") else []
+        if args.device in ("all", "cuda"):
+            cuda = gpu_rows(calls, repeats, only)
+            if not cuda and args.device == "cuda":
+                print("bench_host: --device cuda needs an sm_90 GPU visible to torch; none is", file=sys.stderr)
+                return 3
+            rows += cuda
     result = {"ops": rows, "calls": calls, "repeats": repeats}
     if args.json:
         text = json.dumps(result, indent=None if args.json == "-" else 2)
         if args.json == "-":
             print(text)
         else:
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
             Path(args.json).write_text(text + "\n")
     if not stub_dir and args.json != "-":
         print(f"{'op':<16}{'device':<8}{'call_us':>10}{'floor_us':>10}{'ratio':>8}{'alloc_us':>10}")
