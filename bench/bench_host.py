@@ -1,7 +1,7 @@
 """Host time per call of every eager op, against the floor of any Python launcher.
 
-``python -m bench.bench_host [--json PATH|-] [--quick] [--ops a,b] [--device all|stub|cuda]`` prints, per op (dense, contiguous, masked, psum GEMM;
-the fused quantisers per_token, per_block, silu_mul_quant)::
+``python -m bench.bench_host [--json PATH|-] [--quick] [--ops a,b] [--device all|stub|cuda]`` prints, per op
+(dense, contiguous, masked, psum GEMM; the fused quantisers per_token, per_block, silu_mul_quant)::
 
     {"ops": [{"op": "dense", "call_us": ..., "launch_floor_us": ..., "ratio": ..., "device": "stub", ...}, ...]}
 

@@ -16,7 +16,8 @@ tuple (~4x dearer to build and compare):
   GPU: the kernel config, the loaded kernel and a :class:`~deep_fp8_gemm.runtime.driver.PreparedLaunch`.
 * known signature: only what depends on the data pointers runs: 16-byte alignment of A, B and out, out overlapping no
   input (integer compares against the cached spans; on a hit of either the full pointer check runs and raises
-  its usual message), sA's alignment, the tensor maps, the parameter bytes, the launch.
+  its usual message), sA's alignment, the tensor maps, the parameter bytes, the launch. The psum layout's group
+  ends are values, not metadata: on a CPU they are checked on every call (as by the op), on a GPU never read.
 
 A changed shape, stride, dtype or device is a different signature, so it misses and is checked in full; a
 changed pointer is checked on every call.
@@ -28,12 +29,16 @@ cannot be patched on the host), so the four encoded maps are cached per plan und
 encodes.
 
 Quantiser outputs: every call returns two new tensors, each with its own storage of exactly its size (offset 0,
-the documented shapes and strides), made with ``new_empty_strided`` of a 0-element prototype of the output's
-dtype and device kept by the plan (no ``dtype=`` / ``device=`` to parse). Carving both from one buffer was
-measured and costs more (two view ops, ~1.8 µs each here, against ~1.3 µs per allocation), and would let a
+the documented shapes and strides). The common call (:meth:`QuantPlan._fast_call`, one Python frame) makes them
+with torch's ``_empty_strided_{cpu,cuda}(sizes, strides, dtype)`` (inductor's allocator: no argument parser, no
+dispatcher; ~0.65 µs a tensor instead of ~1.3 µs), on the current device, which it checks is the input's; the
+general path uses ``new_empty_strided`` of a 0-element prototype of the output's dtype and device kept by the
+plan. Carving both from one buffer was measured and costs more (two view ops, ~1.8 µs each here), and would let a
 ``resize_`` of one tensor grow over the other. The plan's constant kernel parameters are packed once into its
 own parameter block; a call from the thread that built the plan writes only the three pointers there, any
-other thread packs all of them into its own slot.
+other thread packs all of them into its own slot. On the null stream the kernel's context must be current: the
+driver is asked on every call (``cuCtxGetCurrent``; the ``CUcontext`` objects compare by handle) — no cache can
+see another library's ``cuCtxSetCurrent`` / push, so nothing is cached.
 
 :func:`prepare_gemm` exposes a plan as an object for callers that want to skip even the signature lookup:
 it checks the example tensors once, and each call trusts that the tensors have the example's metadata
@@ -599,7 +604,8 @@ class QuantPlan:
                                                               self.scale_strides)
         vectorizable = self.vectorizable
         launcher = self._launchers.get(vectorizable) or self._launcher(vectorizable)
-        configs, kernel, index, thread, finish = launcher._configs, launcher.kernel, self.index, self.thread, self._finish
+        configs, kernel, index, thread = launcher._configs, launcher.kernel, self.index, self.thread
+        finish = self._finish
         function, context = kernel.function, kernel.context
         block = self.block
         view, address = block.view, block.pointers_address
