@@ -312,7 +312,9 @@ def dense(a, sa, b, sb, out) -> bool:
 
 def contiguous(a, sa, b, sb, out, m_indices) -> bool:
     """``m_grouped_gemm_fp8_fp8_bf16_nt_contiguous`` through its plan when :func:`eager` allows; else False."""
-    if not eager(a, sa, b, sb, out, m_indices):
+    if _is_compiling() or _dispatch_depth() or type(a) is not _Tensor or type(sa) is not _Tensor or \
+            type(b) is not _Tensor or type(sb) is not _Tensor or type(out) is not _Tensor or \
+            type(m_indices) is not _Tensor:  # eager(), inlined (as in dense)
         return False
     extra = utils._num_sms_override
     entries = _contiguous_index.get(id(b))
@@ -335,9 +337,12 @@ def contiguous(a, sa, b, sb, out, m_indices) -> bool:
 
 def masked(a, sa, b, sb, out, masked_m, expected_m: int) -> bool:
     """``m_grouped_gemm_fp8_fp8_bf16_nt_masked`` through its plan when :func:`eager` allows; else False."""
-    if not eager(a, sa, b, sb, out, masked_m):
+    if _is_compiling() or _dispatch_depth() or type(a) is not _Tensor or type(sa) is not _Tensor or \
+            type(b) is not _Tensor or type(sb) is not _Tensor or type(out) is not _Tensor or \
+            type(masked_m) is not _Tensor:  # eager(), inlined (as in dense)
         return False
-    check_expected_m(expected_m)  # before the lookup: True == 1 as a key
+    if type(expected_m) is not int or expected_m <= 0:  # before the lookup: True == 1 as a key
+        check_expected_m(expected_m)
     extra = (expected_m, utils._num_sms_override)
     entries = _masked_index.get(id(b))
     if entries is not None:
@@ -361,7 +366,9 @@ def psum(a, sa, b, sb, out, grouped_layout, expected_m) -> bool:
     """``m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum`` through its plan when :func:`eager` allows and
     ``expected_m`` is None or a valid int; else False (nothing done: the op's own path runs, and raises
     what it raises, in its order)."""
-    if not eager(a, sa, b, sb, out, grouped_layout):
+    if _is_compiling() or _dispatch_depth() or type(a) is not _Tensor or type(sa) is not _Tensor or \
+            type(b) is not _Tensor or type(sb) is not _Tensor or type(out) is not _Tensor or \
+            type(grouped_layout) is not _Tensor:  # eager(), inlined (as in dense)
         return False
     if expected_m is not None and (type(expected_m) is not int or expected_m <= 0):
         return False
