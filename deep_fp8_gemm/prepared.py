@@ -80,7 +80,7 @@ except ImportError:  # pragma: no cover - every torch this package supports has 
 # call). Private API: where it is missing a plan allocates with new_empty_strided as before.
 try:
     from torch._C._dynamo.guards import _empty_strided_cpu as _empty_cpu, _empty_strided_cuda as _empty_cuda
-except ImportError:  # pragma: no cover - present since torch 2.2
+except ImportError:  # pragma: no cover - present in the supported torch (2.13)
     _empty_cpu = _empty_cuda = None
 _is_compiling = torch.compiler.is_compiling
 _FP8, _F32 = torch.float8_e4m3fn, torch.float32
