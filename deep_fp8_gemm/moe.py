@@ -104,6 +104,9 @@ for _key in ("CPU", "CUDA"):
 torch.library.register_fake("deep_fp8_gemm::silu_mul_quant", _silu_mul_quant_fake, lib=_lib)
 
 
+_silu_eager = prepared.quantiser("silu", _check_silu_input, _silu_mul_quant_impl)
+
+
 def silu_mul_quant(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``SiLU(gate) * up`` quantised per token: the middle of a SwiGLU expert.
 
@@ -117,7 +120,7 @@ def silu_mul_quant(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         ``sA`` of the next GEMM. Values: ``per_token_cast_to_fp8(F.silu(gate.float()) * up.float())``, in fp32.
         On sm_90 one fused kernel (``y`` is never written to memory); elsewhere plain torch.
     """
-    result = prepared.quantise("silu", x, _check_silu_input, _silu_mul_quant_impl)  # eager: checks cached
+    result = _silu_eager(x)  # eager: checks cached (deep_fp8_gemm.prepared)
     if result is not None:
         return result
     if not isinstance(x, torch.Tensor):
