@@ -11,7 +11,12 @@ The reference design's 2.x names (``fp8_gemm_nt``, ``m_grouped_fp8_gemm_nt_conti
 code written against it (see the README, "Using it as ``deep_gemm``").
 """
 
-from . import compat, layout, moe, nn, psum, reference
+from . import cast_transpose, compat, layout, moe, nn, psum, reference
+from .cast_transpose import (
+    per_token_cast_to_fp8_and_transpose,
+    transpose_cast_to_fp8_k_grouped,
+    transpose_per_block_fp8,
+)
 from .compat import (
     fp8_fp4_gemm_nt,
     fp8_gemm_nt,
@@ -49,6 +54,7 @@ __version__ = "0.1.0"
 __all__ = [
     "__version__",
     "calc_diff",
+    "cast_transpose",
     "ceil_div",
     "compat",
     "fp8_fp4_gemm_nt",
@@ -76,10 +82,13 @@ __all__ = [
     "per_block_cast_to_fp8",
     "per_channel_cast_to_fp8",
     "per_token_cast_to_fp8",
+    "per_token_cast_to_fp8_and_transpose",
     "psum",
     "prepare_gemm",
     "PreparedGemm",
     "reference",
     "set_num_sms",
     "transform_sf_into_required_layout",
+    "transpose_cast_to_fp8_k_grouped",
+    "transpose_per_block_fp8",
 ]
