@@ -163,7 +163,9 @@ class _FP8LinearFunction(torch.autograd.Function):
                 out = (out.float() + bias.float()).to(torch.bfloat16)
         elif bias is not None:
             out = out + bias.to(torch.bfloat16)  # keeps the result connected to bias (empty anyway)
-        ctx.save_for_backward(xt_fp8, xt_sf, w_fp8, w_sf, main_grad)
+        ctx.save_for_backward(xt_fp8, xt_sf, w_fp8, w_sf)
+        # main_grad is written by the backward: kept as an attribute, not saved (saved tensors must not change)
+        ctx.main_grad = main_grad
         ctx.weight = weight if main_grad is not None else None  # for Megatron's grad_added_to_main_grad flag
         ctx.weight_shape = (n, x2.shape[1])
         ctx.weight_dtype = None if weight is None else weight.dtype
@@ -173,7 +175,8 @@ class _FP8LinearFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
-        xt_fp8, xt_sf, w_fp8, w_sf, main_grad = ctx.saved_tensors
+        xt_fp8, xt_sf, w_fp8, w_sf = ctx.saved_tensors
+        main_grad = ctx.main_grad
         num_tokens = grad_out.shape[0]
         n, k = ctx.weight_shape
         need_dx, need_db = ctx.needs_input_grad[0], ctx.needs_input_grad[2]
@@ -330,10 +333,10 @@ class _FP8MoEFunction(torch.autograd.Function):
         ctx.shapes = (num_experts, two_i, hidden_size, num_tokens, top_k)
         ctx.dtypes = (None if w13 is None else w13.dtype, None if w2 is None else w2.dtype, topk_weights.dtype)
         ctx.params = (w13, w2) if w13_main_grad is not None or w2_main_grad is not None else (None, None)
+        ctx.main_grads = (w13_main_grad, w2_main_grad)  # written by the backward: not saved tensors
         ctx.empty = True
         out = hidden.new_zeros((num_tokens, hidden_size))
         if num_tokens == 0 or top_k == 0:
-            ctx.save_for_backward(w13_main_grad, w2_main_grad)
             return out
         alignment = GROUP
         if max_m_sum is None and torch.compiler.is_compiling():
@@ -341,7 +344,6 @@ class _FP8MoEFunction(torch.autograd.Function):
         routed = route_topk(topk_ids, num_experts, alignment, max_m_sum=max_m_sum)
         m_sum = routed.layout.m_sum
         if m_sum == 0:  # every slot dropped (known on the host in the synchronising mode only)
-            ctx.save_for_backward(w13_main_grad, w2_main_grad)
             return out
         # Steps of moe.fp8_moe_forward (same ops, same order: the output is bit for bit the same), keeping the
         # GEMM outputs the backward needs.
@@ -358,7 +360,7 @@ class _FP8MoEFunction(torch.autograd.Function):
         m_grouped_gemm_fp8_fp8_bf16_nt_contiguous((h_fp8, h_sf), (w2_fp8, w2_sf), down[:m_sum], m_indices)
         out = _moe._combine(down, routed.scatter_index, topk_weights)
         ctx.empty = False
-        ctx.save_for_backward(w13_main_grad, w2_main_grad, hidden, topk_weights, routed.gather_index,
+        ctx.save_for_backward(hidden, topk_weights, routed.gather_index,
                               routed.scatter_index, m_indices, routed.layout.padded_sizes, gate_up, down,
                               w13_fp8, w13_sf, w2_fp8, w2_sf)
         return out
@@ -369,7 +371,7 @@ class _FP8MoEFunction(torch.autograd.Function):
         inter = two_i // 2
         w13_dtype, w2_dtype, tw_dtype = ctx.dtypes
         need_hidden, need_tw, need_w13, need_w2 = ctx.needs_input_grad[:4]
-        w13_main_grad, w2_main_grad = ctx.saved_tensors[:2]
+        w13_main_grad, w2_main_grad = ctx.main_grads
         device = grad_out.device
         grad_w13 = grad_w2 = None
         if ctx.empty:  # no routed rows: all gradients zero, main_grad untouched
@@ -383,7 +385,7 @@ class _FP8MoEFunction(torch.autograd.Function):
             return (grad_hidden, grad_tw, *_moe_weight_grads(ctx, need_w13, need_w2, grad_w13, grad_w2),
                     *([None] * 8))
         (hidden, topk_weights, gather, scatter, m_indices, padded_sizes, gate_up, down,
-         w13_fp8, w13_sf, w2_fp8, w2_sf) = ctx.saved_tensors[2:]
+         w13_fp8, w13_sf, w2_fp8, w2_sf) = ctx.saved_tensors
         m_sum = gate_up.shape[0]
         dout = grad_out.to(torch.bfloat16).float()  # the layer's output is bf16: its gradient too
         valid = m_indices >= 0
@@ -446,7 +448,7 @@ def _wgrad_into(dy, x, padded_sizes, main_grad, shape, device) -> torch.Tensor |
 
 
 def _moe_weight_grads(ctx, need_w13, need_w2, grad_w13, grad_w2) -> tuple:
-    w13_main_grad, w2_main_grad = ctx.saved_tensors[:2]
+    w13_main_grad, w2_main_grad = ctx.main_grads
     w13_dtype, w2_dtype, _ = ctx.dtypes
     w13, w2 = ctx.params
     return (_weight_grad_result(w13, w13_dtype, w13_main_grad, grad_w13) if need_w13 else None,
