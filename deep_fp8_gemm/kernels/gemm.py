@@ -40,6 +40,11 @@ MASKED_EXPECTED_MS = (1, 32, 256, 1024)
 # features), k = tokens; audited for the in-feature counts x 4096 tokens and the out-feature counts as m.
 DEEPSEEK_V3_WGRAD = ((7168, 4096), (1536, 4096), (512, 4096), (16384, 4096), (2048, 4096))
 WGRAD_MS = (576, 2112, 4096, 7168, 24576)
+# k-grouped (MoE expert weight gradients): dW13 [2 x 2048, 7168] and dW2 [7168, 2048] of each local expert, i.e.
+# (n, nominal k) shapes with n = 7168 / 2048 and ms = 4096 / 7168 (out features), for 8 and 32 local experts.
+DEEPSEEK_V3_K_GROUPED = ((7168, 4096), (2048, 4096))
+K_GROUPED_MS = (4096, 7168)
+K_GROUPED_GROUPS = (8, 32)
 
 
 # ---------------------------------------------------------------------------------------------- source
@@ -325,15 +330,20 @@ def audit_targets(kind: str, shapes: Sequence[tuple[int, int]] | None = None, ms
     """
     from ..runtime.audit import AuditTarget
 
-    if kind not in ("dense", "contiguous", "masked", "psum", "1d1d"):
-        raise ValueError(f"kind must be dense, contiguous, masked, psum or 1d1d, got {kind!r}")
-    default_shapes = {"dense": DEEPSEEK_V3_DENSE, "1d1d": DEEPSEEK_V3_WGRAD}.get(kind, DEEPSEEK_V3_GROUPED)
+    if kind not in ("dense", "contiguous", "masked", "psum", "1d1d", "k_grouped"):
+        raise ValueError(f"kind must be dense, contiguous, masked, psum, 1d1d or k_grouped, got {kind!r}")
+    default_shapes = {"dense": DEEPSEEK_V3_DENSE, "1d1d": DEEPSEEK_V3_WGRAD,
+                      "k_grouped": DEEPSEEK_V3_K_GROUPED}.get(kind, DEEPSEEK_V3_GROUPED)
     shapes = tuple(shapes) if shapes else default_shapes
     configs: list[GemmConfig] = []
     for n, k in shapes:
         if kind in ("dense", "1d1d"):
             for m in ms or (DEFAULT_DENSE_MS if kind == "dense" else WGRAD_MS):
                 configs.append(get_config(m, n, k, 1, kind, num_sms))
+        elif kind == "k_grouped":  # k: the nominal per-group K of the cost model (the binary has none)
+            for g in ([num_groups] if num_groups else K_GROUPED_GROUPS):
+                for m in ms or K_GROUPED_MS:
+                    configs.append(get_config(m, n, k, g, kind, num_sms))
         elif kind in ("contiguous", "psum"):
             pairs = [(num_groups, m) for m in ms] if (ms and num_groups) else \
                 [(g, m) for g, m in CONTIGUOUS_EXPERTS] if not ms else [(g, m) for g, _ in CONTIGUOUS_EXPERTS for m in ms]
