@@ -194,6 +194,19 @@ def k_grouped_map_args(cfg: GemmConfig, a: torch.Tensor, b: torch.Tensor, m: int
     return out
 
 
+def k_grouped_scale_map_args(cfg: GemmConfig, sa: torch.Tensor, sb: torch.Tensor, m: int, n: int
+                             ) -> tuple[MapArgs, MapArgs]:
+    """sA ``[m, sum(ks)/128]`` (the tma_sa slot) and sB ``[n, sum(ks)/128]`` (the tma_d slot, as in the 1D1D kind),
+    both M-major TMA-aligned, boxes BLOCK_M x 1 / BLOCK_N x 1: one map each for every group."""
+    kb = sa.shape[-1]
+    return (
+        (TmaDtype.FLOAT32, sa.data_ptr(), (m, kb, 1), (sa.stride(-1) * 4, sa.stride(-1) * 4 * kb), (cfg.block_m, 1, 1),
+         TmaSwizzle.NONE),
+        (TmaDtype.FLOAT32, sb.data_ptr(), (n, kb, 1), (sb.stride(-1) * 4, sb.stride(-1) * 4 * kb), (cfg.block_n, 1, 1),
+         TmaSwizzle.NONE),
+    )
+
+
 def run_k_grouped(cfg: GemmConfig, a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor,
                   d: torch.Tensor, c: torch.Tensor, ks: Sequence[int], ks_tensor: torch.Tensor, backend: str) -> None:
     """``d[g] = c[g] + A_g . B_g^T`` for every group with the k-grouped kernel of ``cfg`` (``cfg.kind ==
@@ -205,13 +218,7 @@ def run_k_grouped(cfg: GemmConfig, a: torch.Tensor, sa: torch.Tensor, b: torch.T
         raise ValueError(f"run_k_grouped needs a k_grouped config of {len(ks)} groups, got kind={cfg.kind!r} "
                          f"num_groups={cfg.num_groups}")
     m, n = d.shape[1], d.shape[2]
-    kb = sa.shape[-1]
-    scale_maps = [
-        (TmaDtype.FLOAT32, sa.data_ptr(), (m, kb, 1), (sa.stride(-1) * 4, sa.stride(-1) * 4 * kb), (cfg.block_m, 1, 1),
-         TmaSwizzle.NONE),
-        (TmaDtype.FLOAT32, sb.data_ptr(), (n, kb, 1), (sb.stride(-1) * 4, sb.stride(-1) * 4 * kb), (cfg.block_n, 1, 1),
-         TmaSwizzle.NONE),
-    ]
+    scale_maps = k_grouped_scale_map_args(cfg, sa, sb, m, n)
     group_args = k_grouped_map_args(cfg, a, b, m, n, ks)
     unused = bytes(_TENSOR_MAP_BYTES)  # the tma_a / tma_b slots: per-group maps replace them
     if backend == "sim":
