@@ -6,7 +6,7 @@
 # --dry-run prints the plan and runs nothing; --full runs the benchmarks without --quick (needs a larger
 # --budget); --no-install uses PYTHONPATH instead of pip; --no-precompile leaves the JIT to the first
 # calls; --skip leaves out named steps (smoke, gpu-tests, bench-dense, bench-decode, bench-contiguous,
-# bench-masked, bench-quant, bench-moe), e.g. for a short rerun; --allow-no-gpu goes on without a CUDA device
+# bench-masked, bench-quant, bench-moe, bench-wgrad, bench-kgrouped), e.g. for a short rerun; --allow-no-gpu goes on without a CUDA device
 # (only to exercise this script's plumbing on a CPU machine).
 #
 # Steps (each with its own time limit, all inside one deadline, default 530 s < 9 minutes; every step writes its
@@ -33,7 +33,9 @@
 #      reserves unchanged (so they never get less time than without the new steps); bench-quant gets
 #      min(30, time left - 80) (leaving bench-moe 60 s and the report 20 s), bench-moe min(60, time left - 20).
 #      Last, best-effort, bench-wgrad (<= 30 s, issue 15): the 1D1D weight-gradient kernel vs the 1D2D kernel at
-#      the same shape and a bf16 matmul; it runs only on what bench-moe left beyond the report's 20 s.
+#      the same shape and a bf16 matmul; it runs only on what bench-moe left beyond the report's 20 s. Then,
+#      best-effort likewise, bench-kgrouped (<= 30 s, issue 15): the k-grouped MoE weight gradient (one launch)
+#      vs a per-expert loop of the 1D1D kernel and of bf16 matmuls (bench.bench_wgrad --family k_grouped).
 #      A best-effort step left with less than half its planned limit is recorded "SKIPPED (deadline,
 #      best-effort)" and does not fail the check (everything else that is skipped for the deadline does).
 #   8. python -m bench.report -> OUTDIR/RESULTS.md; a short summary table printed last (and in summary.txt).
@@ -63,8 +65,8 @@ while [ $# -gt 0 ]; do
         --skip) shift; [ $# -gt 0 ] || usage
                 for name in ${1//,/ }; do
                     case "$name" in
-                        smoke|gpu-tests|bench-dense|bench-decode|bench-contiguous|bench-masked|bench-quant|bench-moe|bench-wgrad) SKIP="$SKIP$name," ;;
-                        *) echo "error: --skip takes smoke, gpu-tests, bench-dense, bench-decode, bench-contiguous, bench-masked, bench-quant, bench-moe, bench-wgrad; got '$name'" >&2; exit 2 ;;
+                        smoke|gpu-tests|bench-dense|bench-decode|bench-contiguous|bench-masked|bench-quant|bench-moe|bench-wgrad|bench-kgrouped) SKIP="$SKIP$name," ;;
+                        *) echo "error: --skip takes smoke, gpu-tests, bench-dense, bench-decode, bench-contiguous, bench-masked, bench-quant, bench-moe, bench-wgrad, bench-kgrouped; got '$name'" >&2; exit 2 ;;
                     esac
                 done ;;
         --allow-no-gpu) ALLOW_NO_GPU=1 ;;
@@ -105,6 +107,7 @@ PLAN=(
     "bench-quant|30|$PY -m bench.bench_quant $QUICK --out OUTDIR/results"
     "bench-moe|60|$PY -m bench.bench_moe $QUICK --out OUTDIR/results"
     "bench-wgrad|30|$PY -m bench.bench_wgrad $QUICK --out OUTDIR/results"
+    "bench-kgrouped|30|$PY -m bench.bench_wgrad --family k_grouped $QUICK --out OUTDIR/results"
     "report|20|$PY -m bench.report --results OUTDIR/results --summary OUTDIR/RESULTS.md --print"
 )
 
@@ -119,7 +122,7 @@ if [ "$DRY_RUN" = 1 ]; then
         fi
         case "$SKIP" in *",$name,"*) printf '  %-16s skipped (--skip)\n' "$name"; continue ;; esac
         case "$name" in bench-*) cmd="$cmd --time-budget LIMIT-25" ;; esac
-        case "$name" in bench-quant|bench-moe|bench-wgrad) cmd="$cmd   (best-effort: what is left of the deadline)" ;; esac
+        case "$name" in bench-quant|bench-moe|bench-wgrad|bench-kgrouped) cmd="$cmd   (best-effort: what is left of the deadline)" ;; esac
         printf '  %-16s <=%4ss  %s\n' "$name" "$limit" "${cmd//OUTDIR/$OUTDIR}"
     done
     echo "  summary          $OUTDIR/summary.txt (printed last)"
@@ -310,6 +313,7 @@ BEST_EFFORT=1
 bench bench-quant 30 80 bench.bench_quant
 bench bench-moe 60 20 bench.bench_moe
 bench bench-wgrad 30 20 bench.bench_wgrad
+bench bench-kgrouped 30 20 bench.bench_wgrad --family k_grouped
 BEST_EFFORT=0
 
 # --- 8. report and summary --------------------------------------------------------------------------------
