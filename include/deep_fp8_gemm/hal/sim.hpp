@@ -38,6 +38,8 @@
 //                    into an exited CTA, TMA loads in flight at exit (sim/cluster.hpp)
 //       race         wgmma operands changing between issue and the retiring wait; TMA into operands of an
 //                    unwaited wgmma or landing under a wgmma issued before it
+//       tensormap    a TMA load through a tensor map outside the kernel parameters (one a host copy put in
+//                    global memory) without the issuing thread's fence.proxy.tensormap::generic.acquire on it
 //
 // Not modelled (a kernel can still be wrong on the GPU in these ways and pass here):
 //   * Plain C++ loads and stores to shared memory are not tracked: generic writes are seen by the proxy
