@@ -6,7 +6,7 @@
 # --dry-run prints the plan and runs nothing; --full runs the benchmarks without --quick (needs a larger
 # --budget); --no-install uses PYTHONPATH instead of pip; --no-precompile leaves the JIT to the first
 # calls; --skip leaves out named steps (smoke, gpu-tests, bench-dense, bench-decode, bench-contiguous,
-# bench-masked, bench-quant, bench-moe), e.g. for a short rerun; --allow-no-gpu goes on without a CUDA device
+# bench-masked, bench-quant, bench-moe, bench-wgrad, bench-kgrouped, bench-train), e.g. for a short rerun; --allow-no-gpu goes on without a CUDA device
 # (only to exercise this script's plumbing on a CPU machine).
 #
 # Steps (each with its own time limit, all inside one deadline, default 530 s < 9 minutes; every step writes its
@@ -33,7 +33,9 @@
 #      reserves unchanged (so they never get less time than without the new steps); bench-quant gets
 #      min(30, time left - 80) (leaving bench-moe 60 s and the report 20 s), bench-moe min(60, time left - 20).
 #      Last, best-effort, bench-wgrad (<= 30 s, issue 15): the 1D1D weight-gradient kernel vs the 1D2D kernel at
-#      the same shape and a bf16 matmul; it runs only on what bench-moe left beyond the report's 20 s.
+#      the same shape and a bf16 matmul; it runs only on what bench-moe left beyond the report's 20 s. Then,
+#      best-effort likewise, bench-kgrouped (<= 30 s, issue 15): the k-grouped MoE weight gradient (one launch)
+#      vs a per-expert loop of the 1D1D kernel and of bf16 matmuls (bench.bench_wgrad --family k_grouped).
 #      Then, best-effort, bench-train (<= 40 s, issue 15): a training step (forward + backward, FP8 weight
 #      gradients into fp32 main_grad) of a 32-expert MoE layer vs the bf16 layer under autograd, on what is left.
 #      A best-effort step left with less than half its planned limit is recorded "SKIPPED (deadline,
@@ -65,8 +67,8 @@ while [ $# -gt 0 ]; do
         --skip) shift; [ $# -gt 0 ] || usage
                 for name in ${1//,/ }; do
                     case "$name" in
-                        smoke|gpu-tests|bench-dense|bench-decode|bench-contiguous|bench-masked|bench-quant|bench-moe|bench-wgrad|bench-train) SKIP="$SKIP$name," ;;
-                        *) echo "error: --skip takes smoke, gpu-tests, bench-dense, bench-decode, bench-contiguous, bench-masked, bench-quant, bench-moe, bench-wgrad, bench-train; got '$name'" >&2; exit 2 ;;
+                        smoke|gpu-tests|bench-dense|bench-decode|bench-contiguous|bench-masked|bench-quant|bench-moe|bench-wgrad|bench-kgrouped|bench-train) SKIP="$SKIP$name," ;;
+                        *) echo "error: --skip takes smoke, gpu-tests, bench-dense, bench-decode, bench-contiguous, bench-masked, bench-quant, bench-moe, bench-wgrad, bench-kgrouped, bench-train; got '$name'" >&2; exit 2 ;;
                     esac
                 done ;;
         --allow-no-gpu) ALLOW_NO_GPU=1 ;;
@@ -107,6 +109,7 @@ PLAN=(
     "bench-quant|30|$PY -m bench.bench_quant $QUICK --out OUTDIR/results"
     "bench-moe|60|$PY -m bench.bench_moe $QUICK --out OUTDIR/results"
     "bench-wgrad|30|$PY -m bench.bench_wgrad $QUICK --out OUTDIR/results"
+    "bench-kgrouped|30|$PY -m bench.bench_wgrad --family k_grouped $QUICK --out OUTDIR/results"
     "bench-train|40|$PY -m bench.bench_train $QUICK --out OUTDIR/results"
     "report|20|$PY -m bench.report --results OUTDIR/results --summary OUTDIR/RESULTS.md --print"
 )
@@ -122,7 +125,7 @@ if [ "$DRY_RUN" = 1 ]; then
         fi
         case "$SKIP" in *",$name,"*) printf '  %-16s skipped (--skip)\n' "$name"; continue ;; esac
         case "$name" in bench-*) cmd="$cmd --time-budget LIMIT-25" ;; esac
-        case "$name" in bench-quant|bench-moe|bench-wgrad|bench-train) cmd="$cmd   (best-effort: what is left of the deadline)" ;; esac
+        case "$name" in bench-quant|bench-moe|bench-wgrad|bench-kgrouped|bench-train) cmd="$cmd   (best-effort: what is left of the deadline)" ;; esac
         printf '  %-16s <=%4ss  %s\n' "$name" "$limit" "${cmd//OUTDIR/$OUTDIR}"
     done
     echo "  summary          $OUTDIR/summary.txt (printed last)"
@@ -313,6 +316,7 @@ BEST_EFFORT=1
 bench bench-quant 30 80 bench.bench_quant
 bench bench-moe 60 20 bench.bench_moe
 bench bench-wgrad 30 20 bench.bench_wgrad
+bench bench-kgrouped 30 20 bench.bench_wgrad --family k_grouped
 bench bench-train 40 20 bench.bench_train
 BEST_EFFORT=0
 

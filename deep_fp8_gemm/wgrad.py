@@ -303,8 +303,26 @@ def _run_k_grouped(a, sa, b, sb, d, ks, ks_tensor, c) -> None:
 
 
 def launch_k_grouped(a, sa, b, sb, d, ks, ks_tensor, c, backend: str) -> None:
-    """Run the k-grouped kernel on validated tensors (``c`` may be ``d`` or None)."""
-    raise NotImplementedError("the k-grouped kernel is not built yet: CPU tensors (the float64 reference) only")
+    """Run the k-grouped kernel (kind ``"k_grouped"``) on validated tensors (``c`` may be ``d`` or None): one
+    launch for all groups. ``c=None`` zeroes d first (the kernel always reads C); with every K_g = 0 there is
+    nothing to multiply and D = C (or 0) is written here instead."""
+    if c is None:
+        d.zero_()
+        c = d
+    if sum(ks) == 0:
+        if c.data_ptr() != d.data_ptr():
+            d.copy_(c)
+        return
+    from .kernels.gemm import k_grouped_config, run_k_grouped
+
+    if backend == "sim":
+        num_sms = env.sim_num_sms()
+    else:
+        from .utils import get_num_sms
+
+        num_sms = get_num_sms()
+    cfg = k_grouped_config(d.shape[1], d.shape[2], len(ks), num_sms)
+    run_k_grouped(cfg, a, _normalise_scales(sa), b, _normalise_scales(sb), d, c, ks, ks_tensor, backend)
 
 
 def _k_grouped_op_impl(a, sa, b, sb, d, ks, ks_tensor, c, accumulate) -> None:

@@ -5,12 +5,15 @@ and in another tensor (d NaN-poisoned), c=None, errors naming the argument, and 
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pytest
 import torch
 
 import deep_fp8_gemm as deep_gemm
 from deep_fp8_gemm import reference, wgrad
+from tests._gpu import requires_sm90
 from tests._operands import quantised_activations
 
 
@@ -50,9 +53,25 @@ def model64(a, sa, b, sb, c, ks, m, n):
 KS = [256, 0, 384, 128]  # one empty group, different lengths
 
 
-@pytest.fixture(params=["cpu"])
-def path(request):
-    yield request.param
+@pytest.fixture(params=["cpu", "simulator"])
+def path(request, monkeypatch):
+    """The CPU reference, or (DFG_SIMULATE=1) the k-grouped kernel in the simulator: the fixture checks that it
+    really ran (unless every group is empty: then D = C is written on the host, no launch)."""
+    launched = []
+    if request.param == "simulator":
+        if shutil.which("g++") is None:
+            pytest.skip("the simulator builds kernels with g++")
+        from deep_fp8_gemm.kernels import gemm as gemm_module
+
+        real = gemm_module.run_k_grouped
+        monkeypatch.setattr(gemm_module, "run_k_grouped",
+                            lambda cfg, *args: (launched.append(cfg.kind), real(cfg, *args))[1])
+        monkeypatch.setenv("DFG_SIMULATE", "1")
+        monkeypatch.setenv("DFG_SIM_NUM_SMS", "3")
+        monkeypatch.setenv("DFG_SIM_EXACT_MMA", "1")  # fp32-exact wgmma: compared at fp32 tolerances
+    yield request.param, launched
+    if request.param == "simulator":
+        assert launched == ["k_grouped"] * len(launched), launched
 
 
 @pytest.mark.parametrize("in_place", [True, False], ids=["c_is_d", "c_separate"])
@@ -73,6 +92,7 @@ def test_k_grouped_matches_float64(path, in_place):
     assert np.isfinite(got).all()
     assert torch.equal(d[1], c[1])  # K_1 = 0: D_1 = C_1 exactly
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-4 * np.abs(expected).max())
+    assert len(path[1]) == (path[0] == "simulator")
 
 
 def test_k_grouped_without_c_is_the_plain_product(path):
@@ -82,6 +102,7 @@ def test_k_grouped_without_c_is_the_plain_product(path):
     wgrad.k_grouped_gemm_fp8_fp8_fp32_nt((a, sa), (b, sb), d, ks)  # ks_tensor built when None
     assert torch.equal(d[1], torch.zeros(m, n))
     np.testing.assert_allclose(d.double().numpy(), model64(a, sa, b, sb, None, ks, m, n), rtol=1e-5, atol=1e-4)
+    assert len(path[1]) == (path[0] == "simulator")
 
 
 def test_k_grouped_all_groups_empty(path):
@@ -90,6 +111,7 @@ def test_k_grouped_all_groups_empty(path):
     d = torch.full((2, m, n), float("nan"))
     wgrad.k_grouped_gemm_fp8_fp8_fp32_nt((a, sa), (b, sb), d, ks, torch.zeros(2, dtype=torch.int32), c)
     assert torch.equal(d, c)
+    assert path[1] == []  # nothing to multiply: D = C on the host
 
 
 def test_reference_is_float64_exact_to_fp32_rounding():
@@ -186,3 +208,35 @@ def test_k_grouped_is_a_custom_op_that_torch_compile_traces():
     op = torch.ops.deep_fp8_gemm.k_grouped_gemm_fp8_fp8_fp32_nt.default
     with pytest.raises(ValueError, match="accumulate=True takes c=None"):
         op(a, sa, b, sb, c.clone(), ks, kst, c, True)
+
+
+# ---------------------------------------------------------------------------------------------- GPU
+#: (m, n, ks) of the GPU test: DeepSeek-V3 expert shapes (dW13 [4096, 7168], dW2 [7168, 2048]) with uneven routing
+#: (empty experts included), and odd m with n not a multiple of the tile. Checked on the CPU by
+#: tests/test_gpu_cases.py (family "k_grouped").
+K_GROUPED_GPU_CASES = [
+    (4096, 7168, [512, 0, 1024, 128, 2048, 0, 384, 896]),
+    (7168, 2048, [1280, 256, 0, 640]),
+    (1000, 200, [0, 384, 128]),
+]
+GPU_CASE_TABLES = (K_GROUPED_GPU_CASES,)
+
+
+@pytest.mark.gpu
+@requires_sm90
+@pytest.mark.parametrize("case", K_GROUPED_GPU_CASES)
+def test_gpu_k_grouped(case):
+    """One launch for all groups on the sm_90 kernel, C separate (d NaN-poisoned) then in place, vs float64."""
+    m, n, ks = case
+    a, sa, b, sb, c = k_grouped_operands(m, n, ks, seed=17)
+    expected = model64(a, sa, b, sb, c, ks, m, n)
+    a, sa, b, sb, c = (t.cuda() for t in (a, sa, b, sb, c))
+    kst = torch.tensor(ks, dtype=torch.int32, device="cuda")
+    d = torch.full(c.shape, float("nan"), device="cuda")
+    deep_gemm.k_grouped_fp8_gemm_nt_contiguous((a, sa), (b, sb), d, ks, kst, c)
+    got = d.cpu().double().numpy()
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
+    deep_gemm.k_grouped_fp8_gemm_nt_contiguous((a, sa), (b, sb), d, ks, kst, d)  # d = 2C + 2AB^T - C
+    np.testing.assert_allclose(d.cpu().double().numpy(), 2 * expected - c.cpu().double().numpy(), rtol=1e-4,
+                               atol=2e-4 * np.abs(expected).max())
