@@ -8,10 +8,14 @@ e4m3 + 128x128 scales) and SiLU·mul + quantise (``[m, 2I]`` -> ``[m, I]``), at 
 (``bench.shapes.quant_shapes``). Baseline ``torch_quant``: ``deep_fp8_gemm.quant.per_token_cast_to_fp8_torch``
 followed by the M-major copy the GEMMs need (what the library did without the fused kernel),
 ``per_block_cast_to_fp8_torch``, and ``F.silu(gate) * up`` + the per-token torch quantiser
-(``deep_fp8_gemm.moe._silu_mul_quant_torch``).
+(``deep_fp8_gemm.moe._silu_mul_quant_torch``). Cast-transpose (bf16 ``[m, k]`` -> e4m3 + 1x128 scales of ``x``
+and of ``xᵀ``, issue 15): its baseline is two separate quantisations, ``per_token_cast_to_fp8(x)`` and
+``per_token_cast_to_fp8(x.t().contiguous())`` (on sm_90 the fused per-token kernel twice and a transpose copy:
+what a training step does without the fused cast-transpose), reported in the ``torch_quant`` column.
 
 Check before timing: the fused kernels' e4m3 bytes and scales must equal the torch path's bit for bit
-(per-token, per-block; any differing element or scale group is NaN-poisoned, so the check fails), the
+(per-token, per-block, both halves of cast-transpose; any differing element or scale group is NaN-poisoned, so
+the check fails), the
 per-token scales must come back in the M-major TMA-aligned layout; SiLU·mul + quant must match the torch
 path within calc_diff 1e-4 of the dequantised values (the note gives the fraction of differing e4m3 bytes).
 Bytes = input read + e4m3 output + scales written once each (``QuantShape.bytes``); the report gives GB/s and
@@ -35,7 +39,7 @@ from .shapes import QuantShape, quant_shapes
 SILU_THRESHOLD = 1e-4
 
 SMOKE = [QuantShape("per_token", 4, 256), QuantShape("per_token", 130, 200), QuantShape("per_block", 136, 256),
-         QuantShape("silu_mul", 5, 128)]
+         QuantShape("silu_mul", 5, 128), QuantShape("cast_transpose", 130, 200)]
 
 
 def _torch_fns():
@@ -47,7 +51,18 @@ def _torch_fns():
         x_fp8, scales = per_token_cast_to_fp8_torch(x)
         return x_fp8, get_col_major_tma_aligned_tensor(scales)
 
-    return {"per_token": per_token, "per_block": per_block_cast_to_fp8_torch, "silu_mul": _silu_mul_quant_torch}
+    def cast_transpose(x):
+        return (*per_token(x), *per_token(x.t().contiguous()))
+
+    return {"per_token": per_token, "per_block": per_block_cast_to_fp8_torch, "silu_mul": _silu_mul_quant_torch,
+            "cast_transpose": cast_transpose}
+
+
+def _two_quantisations(x):
+    """The cast-transpose baseline: the library's per-token quantiser on x and on a transposed copy."""
+    import deep_fp8_gemm as dfg
+
+    return (*dfg.per_token_cast_to_fp8(x), *dfg.per_token_cast_to_fp8(x.t().contiguous()))
 
 
 def _fused_fns(device: torch.device):
@@ -57,16 +72,18 @@ def _fused_fns(device: torch.device):
             raise Unsupported("the fused quantisation kernels need an sm_90 device")
         from deep_fp8_gemm.kernels.quant import (
             per_block_cast_to_fp8_cuda,
+            per_token_cast_to_fp8_and_transpose_cuda,
             per_token_cast_to_fp8_cuda,
             silu_mul_quant_cuda,
         )
 
         return {"per_token": per_token_cast_to_fp8_cuda, "per_block": per_block_cast_to_fp8_cuda,
-                "silu_mul": silu_mul_quant_cuda}
+                "silu_mul": silu_mul_quant_cuda, "cast_transpose": per_token_cast_to_fp8_and_transpose_cuda}
     import deep_fp8_gemm as dfg
     from deep_fp8_gemm.moe import silu_mul_quant
 
-    return {"per_token": dfg.per_token_cast_to_fp8, "per_block": dfg.per_block_cast_to_fp8, "silu_mul": silu_mul_quant}
+    return {"per_token": dfg.per_token_cast_to_fp8, "per_block": dfg.per_block_cast_to_fp8, "silu_mul": silu_mul_quant,
+            "cast_transpose": dfg.per_token_cast_to_fp8_and_transpose}
 
 
 def _expand_scales(scales: torch.Tensor, kind: str, rows: int, cols: int) -> torch.Tensor:
@@ -110,6 +127,21 @@ def checked_valid(ref: tuple[torch.Tensor, torch.Tensor], kind: str, exact: bool
     return valid
 
 
+def _pairs_valid(ref: tuple[torch.Tensor, ...], exact: bool = True):
+    """:func:`checked_valid` of each (e4m3, per-token scales) pair of a cast-transpose output, flattened and
+    concatenated (x's pair, then xᵀ's)."""
+    checks = [checked_valid(ref[i:i + 2], "per_token", exact) for i in (0, 2)]
+
+    def valid(out):
+        return torch.cat([check(out[i:i + 2]).reshape(-1) for check, i in zip(checks, (0, 2))])
+
+    return valid
+
+
+def _pairs_dequant(out: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    return torch.cat([dequant(out[i:i + 2], "per_token").reshape(-1) for i in (0, 2)])
+
+
 def make_input(shape: QuantShape, device: torch.device) -> torch.Tensor:
     """bf16 ``[m, in_cols]``: randn with per-row magnitudes spread over 2^-8..2^8 (so the scales vary), seeded by
     the shape only."""
@@ -123,13 +155,18 @@ def build(shape: QuantShape, device: torch.device, n_copies: int):
     x = make_input(shape, device)
     torch_fn = _torch_fns()[shape.kind]
     ref = torch_fn(x)
-    reference = dequant(ref, shape.kind)
     sets = baselines.copies((x,), n_copies)
     exact = shape.kind != "silu_mul"
-    valid = checked_valid(ref, shape.kind, exact)
+    if shape.kind == "cast_transpose":
+        reference, valid = _pairs_dequant(ref), _pairs_valid(ref)
+        torch_fn = _two_quantisations  # the baseline (checked against the torch path's bits like ours)
+    else:
+        reference, valid = dequant(ref, shape.kind), checked_valid(ref, shape.kind, exact)
     threshold = None if exact else SILU_THRESHOLD
     torch_note = {"per_token": "per_token_cast_to_fp8_torch + M-major copy", "per_block": "per_block_cast_to_fp8_torch",
-                  "silu_mul": "F.silu(gate)*up in fp32 + per-token torch quant"}[shape.kind]
+                  "silu_mul": "F.silu(gate)*up in fp32 + per-token torch quant",
+                  "cast_transpose": "two separate quantisations: per_token_cast_to_fp8(x) and of x.t().contiguous()"
+                  }[shape.kind]
 
     def ours() -> Impl:
         fn = _fused_fns(device)[shape.kind]

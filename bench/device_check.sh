@@ -27,7 +27,8 @@
 #      until the step's timeout, the log ends with the test that hung)
 #   7. benchmarks in --quick mode: dense deepseek-v3, dense decode, grouped contiguous, grouped masked
 #      (each given a --time-budget so it stops starting new shapes in time, and writes results as it goes);
-#      then, best-effort, the fused quantisation kernels (bench-quant, <= 30 s) and the MoE layer
+#      then, best-effort, the fused quantisation kernels (bench-quant, <= 30 s; incl. the issue-15 cast-transpose
+#      row against two separate quantisations, within the same time budget) and the MoE layer
 #      (bench-moe, <= 60 s; incl. issue 16 rows ep_world1, ep_decode_world1: the expert-parallel layer on a
 #      one-rank NCCL world). Deadline rule for those two: the steps before them keep their planned limits and
 #      reserves unchanged (so they never get less time than without the new steps); bench-quant gets

@@ -195,8 +195,9 @@ def quant_table(rows: Sequence[dict]) -> str:
     lines += ["", f"MB moved = input read + e4m3 output + scales written, once each. GB/s and % of the H200's "
               f"{HBM_TBS} TB/s (datasheet; target >= {100 * QUANT_TARGET:.0f}%) use the profiler's kernel time where "
               "it was measured (calls under the profiling threshold), else the event time. × torch = torch µs / "
-              "ours µs (event times). Check: per-token and per-block must equal the torch path bit for bit (0.0), "
-              "SiLU·mul within 1e-4."]
+              "ours µs (event times). Check: per-token, per-block and cast-transpose must equal the torch path bit for "
+              "bit (0.0), SiLU·mul within 1e-4. Cast-transpose rows: the torch column is two separate quantisations "
+              "(per_token_cast_to_fp8 of x and of x.t().contiguous(); on sm_90 the fused per-token kernel twice)."]
     return "\n".join(lines)
 
 

@@ -138,7 +138,8 @@ class QuantShape:
 
     - ``per_token``: ``[m, k]`` -> e4m3 ``[m, k]`` + 1x128 scales ``[m, ceil(k/128)]`` (M-major);
     - ``per_block``: ``[m, k]`` (a weight ``[n, k]``, ``m`` = n) -> e4m3 + 128x128 scales;
-    - ``silu_mul``: ``[m, 2k]`` (gate | up, ``k`` = I) -> ``SiLU(gate)·up`` as e4m3 ``[m, k]`` + 1x128 scales.
+    - ``silu_mul``: ``[m, 2k]`` (gate | up, ``k`` = I) -> ``SiLU(gate)·up`` as e4m3 ``[m, k]`` + 1x128 scales;
+    - ``cast_transpose``: ``[m, k]`` -> e4m3 of ``x`` and of ``xᵀ`` + the 1x128 scales of both (issue 15).
 
     Bytes = input read once (bf16) + e4m3 output + fp32 scales written once (the TMA alignment padding of the
     M-major scales is not counted); FLOPs = 0 (memory-bound by construction)."""
@@ -147,7 +148,7 @@ class QuantShape:
     m: int
     k: int
     family: ClassVar[str] = "quant"
-    KINDS: ClassVar[tuple[str, ...]] = ("per_token", "per_block", "silu_mul")
+    KINDS: ClassVar[tuple[str, ...]] = ("per_token", "per_block", "silu_mul", "cast_transpose")
 
     def __post_init__(self):
         if self.kind not in self.KINDS:
@@ -172,10 +173,12 @@ class QuantShape:
 
     def scale_count(self) -> int:
         rows = _cdiv(self.m, BLOCK) if self.kind == "per_block" else self.m
-        return rows * _cdiv(self.k, BLOCK)
+        transposed = self.k * _cdiv(self.m, BLOCK) if self.kind == "cast_transpose" else 0
+        return rows * _cdiv(self.k, BLOCK) + transposed
 
     def bytes(self) -> int:
-        return self.m * self.in_cols * 2 + self.m * self.k + self.scale_count() * 4
+        outputs = 2 if self.kind == "cast_transpose" else 1  # e4m3 of x and of xᵀ
+        return self.m * self.in_cols * 2 + outputs * self.m * self.k + self.scale_count() * 4
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -312,8 +315,9 @@ MOE_TOKENS_QUICK = (16, 1024)
 
 def quant_shapes(quick: bool = False) -> list[QuantShape]:
     """per_token: m in {128, 4096, 16384} x k in {2048, 7168}; per_block: the DeepSeek-V3 weights
-    (DEEPSEEK_V3_NK); silu_mul: m in {128, 4096, 16384}, I = 2048. ``quick``: the smallest and largest
-    activations at k = 7168 / I = 2048 and two weights (a small and the largest)."""
+    (DEEPSEEK_V3_NK); silu_mul: m in {128, 4096, 16384}, I = 2048; cast_transpose: m in {128, 4096, 16384}, k = 7168
+    (``quick``: m = 4096). ``quick``: the smallest and largest activations at k = 7168 / I = 2048 and two
+    weights (a small and the largest)."""
     if quick:
         token_m, token_k, weights = (128, 16384), (7168,), ((2112, 7168), (7168, 16384))
     else:
@@ -321,6 +325,8 @@ def quant_shapes(quick: bool = False) -> list[QuantShape]:
     shapes = [QuantShape("per_token", m, k) for k in token_k for m in token_m]
     shapes += [QuantShape("per_block", n, k) for n, k in weights]
     shapes += [QuantShape("silu_mul", m, MOE_INTER) for m in token_m]
+    transposed = ((4096, 7168),) if quick else tuple((m, 7168) for m in token_m)
+    shapes += [QuantShape("cast_transpose", m, k) for m, k in transposed]
     return shapes
 
 

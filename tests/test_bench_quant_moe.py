@@ -24,11 +24,13 @@ REPO = Path(__file__).resolve().parents[1]
 
 def test_quant_shapes_and_bytes():
     full, quick = shapes.quant_shapes(), shapes.quant_shapes(quick=True)
-    assert len(full) == 6 + len(shapes.DEEPSEEK_V3_NK) + 3 and set(quick) < set(full)
+    assert len(full) == 6 + len(shapes.DEEPSEEK_V3_NK) + 3 + 3 and set(quick) < set(full)
     assert {s.kind for s in quick} == set(QuantShape.KINDS)
     assert QuantShape("per_token", 128, 7168).bytes() == 128 * 7168 * 2 + 128 * 7168 + 128 * 56 * 4
     assert QuantShape("per_block", 2112, 7168).bytes() == 2112 * 7168 * 3 + 17 * 56 * 4
     assert QuantShape("silu_mul", 4096, 2048).bytes() == 4096 * 4096 * 2 + 4096 * 2048 + 4096 * 16 * 4
+    # cast-transpose: x read once, two e4m3 outputs, the scales of x [m, 56] and of xᵀ [7168, ceil(m/128)]
+    assert QuantShape("cast_transpose", 130, 7168).bytes() == 130 * 7168 * 4 + (130 * 56 + 7168 * 2) * 4
     for s in full:
         assert s.flops() == 0 and shapes.shape_from_dict(shapes.shape_to_dict(s)) == s
     with pytest.raises(ValueError, match="unknown quantisation kind"):
@@ -104,14 +106,21 @@ def test_quant_check_catches_a_wrong_kernel(tmp_path, monkeypatch):
         x_fp8, scales = good["per_token"](x)
         return x_fp8, scales.contiguous()
 
+    def flip_one_transposed(x):  # cast-transpose: one byte of xᵀ off
+        x_fp8, x_sf, xt_fp8, xt_sf = good["cast_transpose"](x)
+        xt_fp8 = xt_fp8.clone()
+        xt_fp8.view(torch.uint8)[-1, -1] ^= 1
+        return x_fp8, x_sf, xt_fp8, xt_sf
+
     monkeypatch.setattr(bench_quant, "_fused_fns", lambda device: {**good, "per_block": flip_one,
-                                                                   "per_token": row_major})
+                                                                   "per_token": row_major,
+                                                                   "cast_transpose": flip_one_transposed})
     monkeypatch.setattr(bench_quant, "SMOKE", [QuantShape("per_block", 8, 256), QuantShape("per_token", 6, 256),
-                                               QuantShape("silu_mul", 4, 128)])
+                                               QuantShape("silu_mul", 4, 128), QuantShape("cast_transpose", 6, 256)])
     rc, doc = _run(bench_quant, ["--smoke"], tmp_path)
     assert rc == 1
     statuses = [r["impls"][report.OURS]["status"] for r in doc["rows"]]
-    assert statuses == ["wrong", "wrong", "ok"]
+    assert statuses == ["wrong", "wrong", "ok", "wrong"]
     assert all(r["impls"]["torch_quant"]["status"] == "ok" for r in doc["rows"])
     assert "wrong result" in (tmp_path / "quant-smoke.md").read_text()
 

@@ -30,9 +30,18 @@ from deep_fp8_gemm.kernels import quant as kq
 from deep_fp8_gemm.runtime import driver as drv
 from deep_fp8_gemm.runtime.tensor_map import TensorMapSpec, TmaDtype, TmaSwizzle
 from deep_fp8_gemm.utils import get_col_major_tma_aligned_tensor
-from tests import test_gpu_gemm, test_gpu_jit, test_gpu_smoke, test_k_grouped, test_quant, test_quant_kernels
+from tests import (
+    test_cast_transpose_kernels,
+    test_gpu_gemm,
+    test_gpu_jit,
+    test_gpu_smoke,
+    test_k_grouped,
+    test_quant,
+    test_quant_kernels,
+)
 
-GPU_MODULES = (test_gpu_gemm, test_gpu_jit, test_gpu_smoke, test_quant, test_quant_kernels, test_k_grouped)
+GPU_MODULES = (test_gpu_gemm, test_gpu_jit, test_gpu_smoke, test_quant, test_quant_kernels, test_k_grouped,
+               test_cast_transpose_kernels)
 NUM_SMS = 132  # H100 / H200
 FP8 = torch.float8_e4m3fn
 
@@ -105,6 +114,15 @@ def check_quant_call(fn: str, shape: tuple[int, ...], dtype: torch.dtype) -> Non
     else:
         kind = kq.QuantKind.PER_TOKEN if fn == "per_token" else kq.QuantKind.SILU_MUL_PER_TOKEN
         kq._per_token(x, kind, "x", launch=_check_quant_launch)
+
+
+def check_transpose_call(fn: str, shape: tuple, dtype: torch.dtype) -> None:
+    """The cast-transpose kernels' host path on a CPU tensor (shape: (m, k), or (ks, n) for k_grouped)."""
+    if fn == "cast_transpose":
+        kq._cast_transpose(torch.empty(shape, dtype=dtype), launch=_check_quant_launch)
+    else:
+        ks, n = shape
+        kq._k_grouped(torch.empty(sum(ks), n, dtype=dtype), list(ks), launch=_check_quant_launch)
 
 
 def check_tma_case(case: tuple) -> None:
@@ -207,6 +225,8 @@ FAMILIES = {
         test_quant_kernels.gpu_quant_inputs() + test_gpu_smoke.quant_calls()
         + [(fn, shape, torch.bfloat16) for shape in test_quant.GPU_SHAPES for fn in ("per_token", "per_block")],
         lambda c: check_quant_call(*c), lambda c: f"quantiser {c}"),
+    "cast_transpose": lambda: _problems(test_cast_transpose_kernels.gpu_transpose_calls(),
+                                       lambda c: check_transpose_call(*c), lambda c: f"cast-transpose {c}"),
     "layers": lambda: (lambda g, q: _problems(g, check_gemm_case, _gemm_label)
                        + _problems(q, lambda c: check_quant_call(*c), lambda c: f"layer quantiser {c}"))(*layer_launches()),
     "launch": lambda: _problems(

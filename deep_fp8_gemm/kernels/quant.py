@@ -1,12 +1,16 @@
 """Host side of the fused quantisation kernels (``include/deep_fp8_gemm/kernels/quant.cuh``, ``jit/quant.cu``).
 
-Three memory-bound kernels, each rendered per (kind, input dtype, vectorised) and compiled once by the JIT:
+Memory-bound kernels, each rendered per (kind, input dtype, vectorised) and compiled once by the JIT:
 
 * :func:`per_token_cast_to_fp8_cuda` — ``[m, k]`` (or ``[G, m, k]``) -> e4m3 + 1x128 scales written straight
   into the TMA-aligned M-major layout the GEMMs read (no transpose kernel afterwards);
 * :func:`per_block_cast_to_fp8_cuda` — ``[n, k]`` (or ``[G, n, k]``) -> e4m3 + 128x128 block scales;
 * :func:`silu_mul_quant_cuda` — the MoE middle: ``[m, 2I]`` (gate | up) -> ``SiLU(gate) * up`` quantised per
-  token to ``[m, I]`` e4m3 + M-major scales, in one pass.
+  token to ``[m, I]`` e4m3 + M-major scales, in one pass;
+* :func:`per_token_cast_to_fp8_and_transpose_cuda` — ``[m, k]`` -> the 1x128 e4m3 of ``x`` and of ``xᵀ`` with their
+  scales from one read of ``x`` (a shared-memory tiled transpose);
+* :func:`transpose_cast_to_fp8_k_grouped_cuda` — ``[sum(ks), n]`` -> the k-grouped weight-gradient operand: the
+  1x128 e4m3 of each row group transposed, blocks back to back, scales ``[n, sum(ks)/128]``.
 
 Numerics are those of :mod:`deep_fp8_gemm.quant` bit for bit (fp32: ``scale = max(amax, 1e-4) / 448``,
 ``x / scale`` saturated to ±448 and rounded to nearest even; with ``use_ue8m0=True`` the scale is first rounded
@@ -44,6 +48,15 @@ class QuantKind(enum.IntEnum):
     PER_TOKEN = 0
     PER_BLOCK = 1
     SILU_MUL_PER_TOKEN = 2
+    CAST_TRANSPOSE = 3
+    K_GROUPED_TRANSPOSE = 4
+
+
+#: Kinds of the shared-memory tiled transpose (``TransposeParams``, 256 threads, one CTA per 128 x 128 tile).
+TRANSPOSE_KINDS = (QuantKind.CAST_TRANSPOSE, QuantKind.K_GROUPED_TRANSPOSE)
+#: ``dfg::quant::transpose_smem_bytes()``: row partials [4][256] + column partials / xᵀ tile [32][128] + 128
+#: column scales, 4 bytes each.
+TRANSPOSE_SMEM_BYTES = (4 * NUM_THREADS + 32 * GROUP + GROUP) * 4
 
 
 class InputType(enum.IntEnum):
@@ -74,7 +87,9 @@ class QuantKernelConfig:
 
     @property
     def smem_bytes(self) -> int:
-        """Dynamic shared memory of a launch (``dfg::quant::quant_smem_bytes``)."""
+        """Dynamic shared memory of a launch (``dfg::quant::quant_smem_bytes``, or ``transpose_smem_bytes``)."""
+        if self.kind in TRANSPOSE_KINDS:
+            return TRANSPOSE_SMEM_BYTES
         return (self.num_threads + self.num_threads // 8) * 4
 
     def constants(self, kernel_name: str) -> dict[str, object]:
@@ -112,6 +127,29 @@ class QuantParams(ctypes.Structure):
 
 
 assert ctypes.sizeof(QuantParams) == 72  # import-time layout check of our own struct, not a user check
+
+
+class TransposeParams(ctypes.Structure):
+    """Byte image of ``dfg::quant::TransposeParams`` (80 bytes; the C++ side static_asserts the size)."""
+
+    _fields_ = [
+        ("input", ctypes.c_uint64),
+        ("output", ctypes.c_uint64),
+        ("scales", ctypes.c_uint64),
+        ("output_t", ctypes.c_uint64),
+        ("scales_t", ctypes.c_uint64),
+        ("group_prefix", ctypes.c_uint64),
+        ("input_row_stride", ctypes.c_uint64),
+        ("num_rows", ctypes.c_uint32),
+        ("num_cols", ctypes.c_uint32),
+        ("scale_stride", ctypes.c_uint32),
+        ("scale_t_stride", ctypes.c_uint32),
+        ("num_groups", ctypes.c_uint32),
+        ("reserved", ctypes.c_uint32),
+    ]
+
+
+assert ctypes.sizeof(TransposeParams) == 80
 
 
 # ---------------------------------------------------------------------------------------------- JIT
@@ -164,7 +202,7 @@ def audit_targets() -> list:
                for kind in QuantKind for input_type in InputType for vectorized in (True, False)]
     # UE8M0 changes only the scale computation: one vectorised bf16 variant per quantiser that offers it.
     configs += [QuantKernelConfig(kind, InputType.BF16, True, ue8m0=True)
-                for kind in (QuantKind.PER_TOKEN, QuantKind.PER_BLOCK)]
+                for kind in (QuantKind.PER_TOKEN, QuantKind.PER_BLOCK, *TRANSPOSE_KINDS)]
     targets = []
     for config in configs:
         name, source = render_source(config)
@@ -339,3 +377,116 @@ def _per_block(w: torch.Tensor, launch=None, ue8m0: bool = False) -> tuple[torch
     )
     (launch or _launch)(config, params, blocks, w.device)
     return out, scales
+
+
+# ---------------------------------------------------------------------------------------------- cast-transpose
+def _check_transpose_size(rows: int, cols: int, what: str) -> None:
+    """The transpose kernels index rows and columns of x (and tiles) with 32-bit integers."""
+    if rows >= 2**31 or cols >= 2**31:
+        raise ValueError(f"{what}: too large for one launch ({rows=}, {cols=}; limit 2^31 - 1 each)")
+
+
+def per_token_cast_to_fp8_and_transpose_cuda(x: torch.Tensor, use_ue8m0: bool = False
+                                             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Fused cast-transpose on an sm_90 GPU: the 1x128 quantisation of ``x`` and of ``xᵀ`` from one read of ``x``.
+
+    Args:
+        x: ``[m, k]`` bfloat16 / float16 / float32 CUDA tensor, ``m, k >= 1``; any row stride (copied when the
+            last dim is not contiguous). The 16-byte vector variant needs ``m % 16 == 0``, ``k % 16 == 0`` and
+            16-byte aligned rows; the scalar variant serves every other shape.
+
+    Returns:
+        ``(x_fp8, x_sf, xt_fp8, xt_sf)``: ``x_fp8`` ``[m, k]`` and ``xt_fp8`` ``[k, m]`` float8_e4m3fn, contiguous;
+        ``x_sf`` ``[m, ceil(k/128)]`` and ``xt_sf`` ``[k, ceil(m/128)]`` float32 in the TMA-aligned M-major layout
+        (strides ``(1, aligned_m)`` / ``(1, aligned_k)``). Identical bits to
+        :func:`deep_fp8_gemm.quant.per_token_cast_to_fp8_torch` of ``x`` and of ``x.t()``.
+    """
+    return _cast_transpose(_check_tensor(x, "x", (2,)), ue8m0=bool(use_ue8m0))
+
+
+def _cast_transpose(x: torch.Tensor, launch=None, ue8m0: bool = False) -> tuple[torch.Tensor, ...]:
+    x = _rows_view(x)
+    m, k = x.shape
+    if m <= 0 or k <= 0:
+        raise ValueError(f"x must have at least one row and one column, got x.shape={tuple(x.shape)}")
+    _check_transpose_size(m, k, "x")
+    mb, kb = (m + GROUP - 1) // GROUP, (k + GROUP - 1) // GROUP
+    aligned_m, aligned_k = _aligned_m(m), _aligned_m(k)
+    x_fp8 = torch.empty((m, k), dtype=torch.float8_e4m3fn, device=x.device)
+    xt_fp8 = torch.empty((k, m), dtype=torch.float8_e4m3fn, device=x.device)
+    x_sf = torch.empty_strided((m, kb), (1, aligned_m), dtype=torch.float32, device=x.device)
+    xt_sf = torch.empty_strided((k, mb), (1, aligned_k), dtype=torch.float32, device=x.device)
+    vectorized = _vectorizable(x, k) and m % 16 == 0  # xᵀ rows (m bytes) are stored 16 bytes at a time
+    config = QuantKernelConfig(QuantKind.CAST_TRANSPOSE, _INPUT_TYPES[x.dtype], vectorized, ue8m0=ue8m0)
+    params = TransposeParams(
+        input=x.data_ptr(), output=x_fp8.data_ptr(), scales=x_sf.data_ptr(), output_t=xt_fp8.data_ptr(),
+        scales_t=xt_sf.data_ptr(), group_prefix=0, input_row_stride=_row_stride(x), num_rows=m, num_cols=k,
+        scale_stride=aligned_m, scale_t_stride=aligned_k, num_groups=0, reserved=0,
+    )
+    (launch or _launch)(config, params, mb * kb, x.device)
+    return x_fp8, x_sf, xt_fp8, xt_sf
+
+
+def transpose_cast_to_fp8_k_grouped_cuda(x: torch.Tensor, ks: list[int], use_ue8m0: bool = False
+                                         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k-grouped weight-gradient operand on an sm_90 GPU, one launch for all groups.
+
+    Args:
+        x: ``[sum(ks), n]`` bfloat16 / float16 / float32 CUDA tensor, any row stride (copied when the last dim
+            is not contiguous); group ``g`` is rows ``sum(ks[:g]) ..`` + ``ks[g]``.
+        ks: Python ints, each a multiple of 128 and ``>= 0``. Their prefix sums go to the device as an int32
+            tensor, cached per ``(ks, device)`` (so a CUDA-graph capture needs a call with the same ``ks``
+            before it).
+
+    Returns:
+        ``(flat_fp8, sf)``: float8_e4m3fn 1-D ``[sum(ks) * n]`` (group ``g``'s ``[n, ks[g]]`` block at
+        ``n * sum(ks[:g])``), float32 ``[n, sum(ks) / 128]`` M-major TMA-aligned (strides ``(1, aligned_n)``).
+        Identical bits to :func:`deep_fp8_gemm.quant.per_token_cast_to_fp8_torch` of each ``x_g.t()``.
+    """
+    x = _check_tensor(x, "x", (2,))
+    if any(k < 0 or k % GROUP for k in ks) or sum(ks) != x.shape[0] or not ks:
+        raise ValueError(f"ks must be non-negative multiples of {GROUP} summing to x.shape[0], got {ks=} and "
+                         f"x.shape={tuple(x.shape)}")
+    return _k_grouped(x, [int(k) for k in ks], ue8m0=bool(use_ue8m0))
+
+
+_prefix_cache: dict[tuple[tuple[int, ...], torch.device], torch.Tensor] = {}
+_PREFIX_CACHE_SIZE = 64
+
+
+def _group_prefix(ks: list[int], device: torch.device) -> torch.Tensor:
+    """int32 ``[G + 1]`` prefix sums of ``ks`` on ``device`` (the kernel's row block -> group map), cached."""
+    key = (tuple(ks), device)
+    prefix = _prefix_cache.get(key)
+    if prefix is None:
+        starts = [0]
+        for k in ks:
+            starts.append(starts[-1] + k)
+        prefix = torch.tensor(starts, dtype=torch.int32, device=device)
+        if len(_prefix_cache) >= _PREFIX_CACHE_SIZE:
+            del _prefix_cache[next(iter(_prefix_cache))]
+        _prefix_cache[key] = prefix
+    return prefix
+
+
+def _k_grouped(x: torch.Tensor, ks: list[int], launch=None, ue8m0: bool = False
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    x = _rows_view(x)
+    total, n = x.shape
+    aligned_n = _aligned_m(n)
+    flat = torch.empty((total * n,), dtype=torch.float8_e4m3fn, device=x.device)
+    sf = torch.empty_strided((n, total // GROUP), (1, aligned_n), dtype=torch.float32, device=x.device)
+    if total == 0 or n == 0:
+        return flat, sf
+    _check_transpose_size(total, n, "x")
+    prefix = _group_prefix(ks, x.device)
+    # Stores of xᵀ are always 16-byte chunks (ks[g] % 128 == 0); the vector variant also needs 16-byte rows of x.
+    config = QuantKernelConfig(QuantKind.K_GROUPED_TRANSPOSE, _INPUT_TYPES[x.dtype], _vectorizable(x, n),
+                               ue8m0=ue8m0)
+    params = TransposeParams(
+        input=x.data_ptr(), output=0, scales=0, output_t=flat.data_ptr(), scales_t=sf.data_ptr(),
+        group_prefix=prefix.data_ptr(), input_row_stride=_row_stride(x), num_rows=total, num_cols=n,
+        scale_stride=0, scale_t_stride=aligned_n, num_groups=len(ks), reserved=0,
+    )
+    (launch or _launch)(config, params, (total // GROUP) * ((n + GROUP - 1) // GROUP), x.device)
+    return flat, sf

@@ -1,6 +1,6 @@
 // deep_fp8_gemm fused quantisation kernels: bf16 / fp16 / fp32 -> e4m3 with fp32 scales, memory-bound.
 //
-// Three kinds, one parameter struct (QuantParams, mirrored by ctypes in deep_fp8_gemm/kernels/quant.py):
+// Five kinds. Three share one parameter struct (QuantParams, mirrored by ctypes in deep_fp8_gemm/kernels/quant.py):
 //   PerToken        x [rows, k]  -> e4m3 [rows, k] + one scale per (row, 128 columns), written straight into
 //                   the TMA-aligned M-major layout the GEMMs read (no transpose afterwards):
 //                   scales[(row / rows_per_batch) * scale_batch_stride + group * scale_row_stride
@@ -9,6 +9,8 @@
 //   PerBlock        w [batch, n, k] -> e4m3 + one scale per 128x128 block:
 //                   scales[batch * scale_batch_stride + block_n * scale_row_stride + block_k].
 //   SiluMulPerToken x [rows, 2I] (gate | up) -> y = SiLU(gate) * up in fp32, quantised like PerToken to [rows, I].
+// and the cast-transpose kinds CastTranspose / KGroupedTranspose (TransposeParams) quantise x and / or xᵀ from one
+// read of x through a shared-memory tile: see their section below.
 //
 // Numerics (identical to deep_fp8_gemm.quant): per group amax = max |x| clamped below at 1e-4,
 // scale = amax / 448, value = x / scale in fp32 (IEEE division, as torch), e4m3 by round-to-nearest-even
@@ -47,6 +49,8 @@ enum class QuantKind : int {
     PerToken = 0,
     PerBlock = 1,
     SiluMulPerToken = 2,
+    CastTranspose = 3,      // see "Cast-transpose kinds" below
+    KGroupedTranspose = 4,
 };
 
 enum class InputType : int {
@@ -292,10 +296,240 @@ DFG_DEVICE void per_block_body(const QuantParams& p) {
         p.scales[u64(batch) * p.scale_batch_stride + u64(block_n) * p.scale_row_stride + block_k] = scale;
 }
 
+// ------------------------------------------------------------------------------------------------------------
+// Cast-transpose kinds: one read of x [rows, cols], the 1x128 quantisation of xᵀ (groups of 128 consecutive
+// rows of x, one scale per (column, 128-row block)) and, for CastTranspose, that of x itself.
+//   CastTranspose      x [m, k] -> output   x_fp8 [m, k] row-major, scales x_sf M-major: scales[g * scale_stride + r]
+//                                  output_t xt_fp8 [k, m] row-major, scales_t xt_sf M-major:
+//                                           scales_t[j * scale_t_stride + c]   (j = 128-row block of x)
+//   KGroupedTranspose  x [sum(ks), n] (rows grouped, every ks[g] a multiple of 128) -> only the xᵀ side:
+//                      row block j of x lies in group g (group_prefix[g] <= 128 j < group_prefix[g + 1], found by
+//                      binary search over the G + 1 prefix sums), and element (r, c) goes to
+//                      output_t[n * group_prefix[g] + c * ks[g] + (r - group_prefix[g])] (group g's [n, K_g] block);
+//                      scales_t as above ([n, sum(ks) / 128], column j = row block j).
+// Numerics are those of the per-token kind on x and on xᵀ (same amax_to_scale, same division), bit for bit.
+//
+// Work split: one CTA of 256 threads per 128 x 128 tile of x (tile = block_idx: row block major). Thread t owns
+// the 4 consecutive rows 4 * (t / 8) .. + 3 ("slot" t / 8) and the 16 columns 16 * (t % 8) .. + 15 of the tile:
+// four 16-element loads, each 8 consecutive threads reading one row's 128 contiguous elements (coalesced). Four
+// rows of one column quantise into one e4m3 word of xᵀ, so the transposed tile is built from 32-bit stores.
+// Barriers (all bar.sync of the whole CTA):
+//   1. row partials (|x| bit maxima of each thread's 16 columns, per row) and column partials (per slot, per
+//      column) written -> read: the x row scales by every thread, the 128 column maxima by threads 0..127;
+//   2. column scales written -> read by every thread; the column partials are dead, the region becomes xᵀ;
+//   3. quantised xᵀ words written -> read as 16-byte rows of xᵀ, each 8 consecutive threads storing 128
+//      contiguous bytes of one xᵀ row (coalesced).
+// Shared memory (transpose_smem_bytes): row partials u32 [4][256] (4 KB) | column partials u32 [32 slots][128],
+// reused as the e4m3 tile of xᵀ u32 [128 columns][32 words] (16 KB) | column scales f32 [128] (512 B).
+// Bank conflicts: the column partials and scales are stored with their 16-byte chunks XOR-swizzled
+// (swizzle_col_word) and the xᵀ tile's words with swizzle_xt_word, so that every store and load of a warp (or,
+// for 16-byte accesses, of each quarter warp) touches 32 distinct banks.
+// NOTES: on a GPU this reads x once and writes 2 bytes per element (x_fp8 and xt_fp8) where two separate
+// quantisations read x twice and write a transposed bf16 copy in between.
+
+// Byte layout mirrored by deep_fp8_gemm.kernels.quant.TransposeParams (80 bytes).
+struct TransposeParams {
+    const void* input;        // x: bf16, fp16 or fp32, rows with stride input_row_stride, last dim contiguous
+    u8* output;               // CastTranspose: x_fp8 [rows, cols] row-major; KGroupedTranspose: unused
+    float* scales;            // CastTranspose: x_sf, see above; KGroupedTranspose: unused
+    u8* output_t;             // xᵀ e4m3, see above
+    float* scales_t;          // xᵀ scales, see above
+    const i32* group_prefix;  // KGroupedTranspose: G + 1 prefix sums of ks (rows; [0] = 0, [G] = rows)
+    u64 input_row_stride;     // elements
+    u32 num_rows;             // rows of x (KGroupedTranspose: sum(ks), a multiple of 128)
+    u32 num_cols;             // columns of x
+    u32 scale_stride;         // x_sf: stride between scale columns (aligned rows)
+    u32 scale_t_stride;       // xᵀ scales: stride between scale columns (aligned cols)
+    u32 num_groups;           // KGroupedTranspose: G
+    u32 reserved;
+};
+static_assert(sizeof(TransposeParams) == 80, "TransposeParams layout is mirrored on the host");
+
+DFG_HOST_DEVICE constexpr bool is_transpose_kind(QuantKind kind) {
+    return kind == QuantKind::CastTranspose || kind == QuantKind::KGroupedTranspose;
+}
+
+template <bool kTranspose>
+struct ParamsSelect {
+    using type = QuantParams;
+};
+template <>
+struct ParamsSelect<true> {
+    using type = TransposeParams;
+};
+
+constexpr u32 kTile = 128;                                 // tile edge = scale group
+constexpr u32 kRowsPerThread = 4;                          // consecutive rows of x: one e4m3 word of xᵀ
+constexpr u32 kRowSlots = kTile / kRowsPerThread;          // 32
+constexpr u32 kTransposeThreads = kRowSlots * kThreadsPerGroup;  // 256
+constexpr u32 kWordsPerTileRow = kTile / 4;                // u32 words in a 128-byte row of the xᵀ tile
+
+DFG_HOST_DEVICE constexpr u32 transpose_smem_bytes() {
+    return (kRowsPerThread * kTransposeThreads + kRowSlots * kTile + kTile) * 4;
+}
+
+// Word of column c (0..127) in a 128-word row: the 16-byte chunk c / 4 XORed with bits 3..4 of itself. A
+// quarter warp storing chunks 4 (t % 8) + q (q fixed) then hits 8 distinct bank quads, and 32 threads reading
+// consecutive columns stay inside one permuted group of 8 chunks (32 distinct banks).
+DFG_HOST_DEVICE constexpr u32 swizzle_col_chunk(u32 chunk) { return chunk ^ ((chunk >> 3) & 3u); }
+DFG_HOST_DEVICE constexpr u32 swizzle_col_word(u32 c) { return swizzle_col_chunk(c / 4) * 4 + c % 4; }
+
+// Word of (xᵀ row c, word w = rows 4w..4w+3 of x) in the xᵀ tile: w XORed with 4 * (c / 16 % 8). A warp's
+// stores (w = 4 * warp + lane / 8, c / 16 = lane % 8) cover all 32 banks; 16-byte chunks stay intact (the low
+// two bits of w are unchanged), so a quarter warp reads one whole 128-byte row.
+DFG_HOST_DEVICE constexpr u32 swizzle_xt_word(u32 c, u32 w) { return c * kWordsPerTileRow + (w ^ (((c >> 4) & 7u) << 2)); }
+
+// Group of the 128-row block starting at row: the g with prefix[g] <= row < prefix[g + 1] (empty groups have
+// prefix[g] == prefix[g + 1] and are never chosen). Invariant of the search: prefix[lo] <= row < prefix[hi].
+DFG_DEVICE u32 find_group(const i32* prefix, u32 num_groups, u32 row) {
+    u32 lo = 0, hi = num_groups;
+    while (hi - lo > 1) {
+        const u32 mid = (lo + hi) / 2;
+        if (u32(prefix[mid]) <= row) {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    return lo;
+}
+
+// Stores the `valid` leading bytes of a 16-byte chunk.
+template <bool kVectorized>
+DFG_DEVICE void store16(u8* dst, u32 valid, const Vec16B& chunk) {
+    if (kVectorized) {
+        if (valid != 0) *reinterpret_cast<Vec16B*>(dst) = chunk;
+    } else {
+        DFG_UNROLL
+        for (u32 i = 0; i < kElemsPerThread; ++i)
+            if (i < valid) dst[i] = static_cast<u8>(chunk.w[i / 4] >> (8 * (i % 4)));
+    }
+}
+
+// CastTranspose and KGroupedTranspose: see the section comment. kVectorized: 16-byte loads of x and stores of
+// x_fp8 / xᵀ (the host requires cols % 16 == 0, 16-byte aligned rows and, for CastTranspose, rows % 16 == 0).
 template <QuantKind kKind, InputType kType, bool kVectorized, u32 kNumThreads, bool kUe8m0 = false>
-DFG_DEVICE void quant_body(const QuantParams& p) {
+DFG_DEVICE void cast_transpose_body(const TransposeParams& p) {
+    static_assert(is_transpose_kind(kKind), "cast-transpose kinds");
+    static_assert(kNumThreads == kTransposeThreads, "one thread per (4 rows, 16 columns) of a 128 x 128 tile");
+    constexpr bool kWithRows = kKind == QuantKind::CastTranspose;
+
+    const u32 tid = hal::thread_idx();
+    const u32 tiles_c = ceil_div(p.num_cols, kTile);
+    const u32 tile_r = hal::block_idx() / tiles_c;
+    const u32 tile_c = hal::block_idx() % tiles_c;
+    const u32 row0 = tile_r * kTile;
+    const u32 col0 = tile_c * kTile;
+    const u32 slot = tid / kThreadsPerGroup;
+    const u32 first_col = (tid % kThreadsPerGroup) * kElemsPerThread;  // in the tile
+    const u32 col = col0 + first_col;
+    const u32 col_valid = col < p.num_cols ? min_of(kElemsPerThread, p.num_cols - col) : 0;
+
+    // KGroupedTranspose: where this row block's group starts and its row count (uniform over the CTA).
+    u32 group_start = 0, group_rows = p.num_rows;
+    if constexpr (!kWithRows) {
+        const u32 g = find_group(p.group_prefix, p.num_groups, row0);
+        group_start = u32(p.group_prefix[g]);
+        group_rows = u32(p.group_prefix[g + 1]) - group_start;
+    }
+
+    float v[kRowsPerThread][kElemsPerThread];
+    DFG_UNROLL
+    for (u32 j = 0; j < kRowsPerThread; ++j) {
+        const u32 r = row0 + slot * kRowsPerThread + j;
+        load16<kType, kVectorized>(p.input, u64(r) * p.input_row_stride + col, r < p.num_rows ? col_valid : 0, v[j]);
+    }
+
+    u32* row_partial = reinterpret_cast<u32*>(hal::dynamic_smem());   // [kRowsPerThread][kNumThreads]
+    u32* col_partial = row_partial + kRowsPerThread * kNumThreads;     // [kRowSlots][kTile], then the xᵀ tile
+    float* col_scale = reinterpret_cast<float*>(col_partial + kRowSlots * kTile);  // [kTile], swizzled
+    if constexpr (kWithRows) {
+        DFG_UNROLL
+        for (u32 j = 0; j < kRowsPerThread; ++j) row_partial[j * kNumThreads + tid] = abs_max_bits(v[j]);
+    }
+    DFG_UNROLL
+    for (u32 q = 0; q < kElemsPerThread / 4; ++q) {
+        Vec16B chunk;
+        DFG_UNROLL
+        for (u32 i = 0; i < 4; ++i) {
+            u32 amax = 0;
+            DFG_UNROLL
+            for (u32 j = 0; j < kRowsPerThread; ++j) amax = max_of(amax, float_to_bits(v[j][4 * q + i]) & 0x7FFFFFFFu);
+            chunk.w[i] = amax;
+        }
+        const u32 dst_chunk = swizzle_col_chunk(first_col / 4 + q);
+        *reinterpret_cast<Vec16B*>(col_partial + slot * kTile + dst_chunk * 4) = chunk;
+    }
+    hal::sync_threads();  // 1: partials
+
+    if (tid < kTile) {  // column tid of the tile: the scale of its 128-row group (one row of xᵀ)
+        u32 amax = 0;
+        DFG_UNROLL
+        for (u32 s = 0; s < kRowSlots; ++s) amax = max_of(amax, col_partial[s * kTile + swizzle_col_word(tid)]);
+        const float scale = amax_to_scale<kUe8m0>(amax);
+        col_scale[swizzle_col_word(tid)] = scale;
+        if (col0 + tid < p.num_cols) p.scales_t[u64(tile_r) * p.scale_t_stride + col0 + tid] = scale;
+    }
+    if constexpr (kWithRows) {  // the rows of x: 8 threads per row and 128-column group, as PerToken
+        DFG_UNROLL
+        for (u32 j = 0; j < kRowsPerThread; ++j) {
+            const Vec16B* group = reinterpret_cast<const Vec16B*>(row_partial + j * kNumThreads + slot * kThreadsPerGroup);
+            const float scale = amax_to_scale<kUe8m0>(max_of(max_of_vec(group[0]), max_of_vec(group[1])));
+            const u32 r = row0 + slot * kRowsPerThread + j;
+            const u32 valid = r < p.num_rows ? col_valid : 0;
+            quantize_store16<kVectorized>(p.output + u64(r) * p.num_cols + col, valid, v[j], scale);
+            if (tid % kThreadsPerGroup == 0 && r < p.num_rows) p.scales[u64(tile_c) * p.scale_stride + r] = scale;
+        }
+    }
+    hal::sync_threads();  // 2: column scales; the column partials are dead
+
+    float scale_t[kElemsPerThread];  // of this thread's 16 columns (xᵀ rows); divided by, as torch does
+    DFG_UNROLL
+    for (u32 q = 0; q < kElemsPerThread / 4; ++q) {
+        const Vec16B chunk =
+            *reinterpret_cast<const Vec16B*>(col_scale + swizzle_col_chunk(first_col / 4 + q) * 4);
+        DFG_UNROLL
+        for (u32 i = 0; i < 4; ++i) scale_t[4 * q + i] = bits_to_float(chunk.w[i]);
+    }
+    u32* xt_tile = col_partial;
+    DFG_UNROLL
+    for (u32 i = 0; i < kElemsPerThread; ++i) {
+        const u32 lo = hal::pack_e4m3x2(v[0][i] / scale_t[i], v[1][i] / scale_t[i]);
+        const u32 hi = hal::pack_e4m3x2(v[2][i] / scale_t[i], v[3][i] / scale_t[i]);
+        xt_tile[swizzle_xt_word(first_col + i, slot)] = lo | (hi << 16);
+    }
+    hal::sync_threads();  // 3: the e4m3 tile of xᵀ
+
+    constexpr u32 kXtRowsPerPass = kNumThreads / kThreadsPerGroup;  // 8 threads x 16 bytes per xᵀ row
+    DFG_UNROLL
+    for (u32 pass = 0; pass < kTile / kXtRowsPerPass; ++pass) {
+        const u32 c = pass * kXtRowsPerPass + tid / kThreadsPerGroup;  // xᵀ row in the tile (column of x)
+        const u32 w = (tid % kThreadsPerGroup) * 4;                    // first word: rows 4w.. of x
+        const Vec16B chunk = *reinterpret_cast<const Vec16B*>(xt_tile + swizzle_xt_word(c, w));
+        const u32 r = row0 + 4 * w;  // first row of x (column of xᵀ) of the chunk
+        const bool in_cols = col0 + c < p.num_cols;
+        const u32 valid = in_cols && r < p.num_rows ? min_of(kElemsPerThread, p.num_rows - r) : 0;
+        u8* dst = kWithRows ? p.output_t + u64(col0 + c) * p.num_rows + r
+                            : p.output_t + u64(p.num_cols) * group_start + u64(col0 + c) * group_rows + (r - group_start);
+        // KGroupedTranspose: ks[g] % 128 == 0 keeps every chunk 16-byte aligned, whatever the input.
+        if constexpr (kWithRows) {
+            store16<kVectorized>(dst, valid, chunk);
+        } else {
+            store16<true>(dst, valid, chunk);
+        }
+    }
+}
+
+// The parameter struct of a kind: QuantParams, or TransposeParams for the cast-transpose kinds.
+template <QuantKind kKind>
+using ParamsOf = typename ParamsSelect<is_transpose_kind(kKind)>::type;
+
+template <QuantKind kKind, InputType kType, bool kVectorized, u32 kNumThreads, bool kUe8m0 = false>
+DFG_DEVICE void quant_body(const ParamsOf<kKind>& p) {
     if constexpr (kKind == QuantKind::PerBlock) {
         per_block_body<kType, kVectorized, kNumThreads, kUe8m0>(p);
+    } else if constexpr (is_transpose_kind(kKind)) {
+        cast_transpose_body<kKind, kType, kVectorized, kNumThreads, kUe8m0>(p);
     } else {
         per_token_body<kKind, kType, kVectorized, kNumThreads, kUe8m0>(p);
     }
