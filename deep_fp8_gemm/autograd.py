@@ -27,9 +27,9 @@ stays untouched) — Megatron's ``LinearWithGradAccumulationAndAsyncCommunicatio
 parameter that also has the attribute ``grad_added_to_main_grad`` gets that attribute set to ``True`` and a
 dummy gradient instead of ``None`` (here all zeros of the parameter's dtype; Megatron returns an uninitialised
 tensor unless ``zero_out_wgrad``), so that DDP hooks on the gradient accumulator still fire. Without
-``main_grad`` the gradient is computed in float32 and returned in the parameter's dtype. The ``main_grad``
-path is for eager mode (it mutates a parameter attribute during backward); under ``torch.compile`` use
-parameters without ``main_grad``.
+``main_grad`` the gradient is computed in float32 and returned in the parameter's dtype. ``main_grad`` also
+works under ``torch.compile`` (tested with ``backend="aot_eager"``, including a swapped buffer); the
+``grad_added_to_main_grad`` flag is a Python side effect of the backward and is only reliable in eager mode.
 
 Everything runs on CPU tensors (the exact reference GEMMs: float64 products rounded once) and on sm_90 CUDA
 tensors (the JIT kernels), and traces with ``torch.compile(fullgraph=True)``: every GEMM and quantiser is a
