@@ -163,6 +163,8 @@ class _FP8LinearFunction(torch.autograd.Function):
                 out = (out.float() + bias.float()).to(torch.bfloat16)
         elif bias is not None:
             out = out + bias.to(torch.bfloat16)  # keeps the result connected to bias (empty anyway)
+        if not ctx.needs_input_grad[0]:  # W's blocks serve the input gradient only
+            w_fp8 = w_sf = None
         ctx.save_for_backward(xt_fp8, xt_sf, w_fp8, w_sf)
         # main_grad is written by the backward: kept as an attribute, not saved (saved tensors must not change)
         ctx.main_grad = main_grad
