@@ -253,7 +253,7 @@ def _train_two_layer(fp8: bool, steps: int = 200, tokens: int = 64, width: int =
 
 
 def test_training_curve_two_layer_model_fp8_vs_bf16():
-    """200 Adam steps: the FP8 model ends within a few percent of the bf16 one (measured: 0.158 vs 0.157, mean
+    """200 Adam steps: the FP8 model ends within a few percent of the bf16 one (measured: 0.1544 vs 0.1534, mean
     of the last 10 steps; a broken gradient leaves it far above)."""
     bf16, fp8 = _train_two_layer(False), _train_two_layer(True)
     final_bf16, final_fp8 = sum(bf16[-10:]) / 10, sum(fp8[-10:]) / 10
