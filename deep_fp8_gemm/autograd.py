@@ -4,16 +4,16 @@
 high-precision master parameters (bfloat16 or float32) and run every GEMM of the forward and the backward in
 FP8. For one linear layer, ``x [M, K]``, ``W [N, K]``, ``dy [M, N]``:
 
-=============  ===============  =============================================  ==========================================
-GEMM           operands         quantisation                                   kernel
-=============  ===============  =============================================  ==========================================
-forward        ``y = x·Wᵀ``     x 1x128 per token (along K); W 128x128 blocks  ``gemm_fp8_fp8_bf16_nt`` (bf16 out)
-input grad     ``dx = dy·W``    dy 1x128 per token (along N); Wᵀ 128x128       ``gemm_fp8_fp8_bf16_nt`` (bf16 out)
-                                blocks = the forward's W blocks transposed
-                                (``transpose_per_block_fp8``: exact)
-weight grad    ``dW = dyᵀ·x``   dyᵀ and xᵀ 1x128 along the token axis          1D1D ``gemm_fp8_fp8_fp32_nt_1d1d``
-                                (``per_token_cast_to_fp8_and_transpose``)      (fp32 accumulation, ``D = C + A·Bᵀ``)
-=============  ===============  =============================================  ==========================================
+============  ===============  =============================================  ====================================
+GEMM          operands         quantisation                                   kernel
+============  ===============  =============================================  ====================================
+forward       ``y = x·Wᵀ``     x 1x128 per token (along K); W 128x128 blocks  ``gemm_fp8_fp8_bf16_nt`` (bf16 out)
+input grad    ``dx = dy·W``    dy 1x128 per token (along N); Wᵀ 128x128       ``gemm_fp8_fp8_bf16_nt`` (bf16 out)
+                               blocks = the forward's W blocks transposed
+                               (``transpose_per_block_fp8``: exact)
+weight grad   ``dW = dyᵀ·x``   dyᵀ and xᵀ 1x128 along the token axis          1D1D ``gemm_fp8_fp8_fp32_nt_1d1d``
+                               (``per_token_cast_to_fp8_and_transpose``)      (fp32 accumulation, D = C + A·Bᵀ)
+============  ===============  =============================================  ====================================
 
 The MoE layer does the same per expert: forward and input gradients on the M-grouped contiguous GEMM, weight
 gradients on the k-grouped 1D1D GEMM (``k_grouped_fp8_gemm_nt_contiguous``: one launch for all experts, the
