@@ -12,6 +12,10 @@
 Dispatch as :mod:`deep_fp8_gemm.ops`: CPU tensors run :func:`deep_fp8_gemm.reference.gemm_fp8_fp8_fp32_nt_1d1d`
 (or, with ``DFG_SIMULATE=1``, the kernel in the CPU simulator); CUDA tensors need sm_90 and run the JIT kernel
 (kind ``"1d1d"`` of ``kernels/fp8_gemm.cuh`` with the policies of ``policy_1d1d.cuh``).
+
+``k_grouped_gemm_fp8_fp8_fp32_nt((a, sa), (b, sb), d, ks, ks_tensor, c)`` (below): the k-grouped variant for MoE
+weight gradients, ``d[g] = c[g] + A_g·B_gᵀ`` for groups of run-time K_g in one launch (kind ``"k_grouped"``,
+``policy_k_grouped.cuh``); same dispatch.
 """
 
 from __future__ import annotations

@@ -113,7 +113,11 @@ PLANTED = {
                             "const u64 group_rows = kKGrouped ? static_cast<u64>(tile.group) * (params.rows - 1) : 0u;"),
     # TMA through a host-written map in global memory without the acquire fence
     "tensormap_fence_missing": ("kernels/fp8_gemm.cuh", "                hal::tensormap_fence_acquire(map_b);\n", ""),
+    # lane 0 releases the stage while other lanes of its warp still read sB from it (adversarial schedule 2)
+    "stage_released_before_all_lanes_read_sb": ("kernels/fp8_gemm.cuh", "                            hal::warp_sync();\n",
+                                                ""),
 }
+PLANTED_SEEDS = {"stage_released_before_all_lanes_read_sb": 2}  # default: the round-robin schedule
 
 
 def _run_planted(d, c):
@@ -143,6 +147,7 @@ def test_planted_kernel_bug_is_caught(bug, tmp_path, monkeypatch):
     target.write_text(text.replace(original, planted))
     monkeypatch.setattr(paths, "include_dir", lambda: mutated)
     monkeypatch.setenv("DFG_JIT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("DFG_SIM_SEED", str(PLANTED_SEEDS.get(bug, 0)))
     m, n, ks = PLANTED_CFG[:3]
     report = _run_planted(torch.empty(len(ks), m, n), torch.empty(len(ks), m, n))
     assert report is not None, f"{bug} went unnoticed"
@@ -171,3 +176,16 @@ def test_planted_host_bug_wrong_group_offset_is_caught(monkeypatch):
     monkeypatch.setattr(gemm, "k_grouped_map_args", shifted)
     m, n, ks = PLANTED_CFG[:3]
     assert _run_planted(torch.empty(len(ks), m, n), torch.empty(len(ks), m, n)) is not None
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_k_grouped_under_adversarial_schedules(seed, monkeypatch):
+    """Seeded adversarial schedules (shuffled fibers, preemption at hal calls, delayed TMA landing, the producer
+    far ahead or behind) on groups of 2 / 3 / 0 / 1 K blocks with a 2-stage ring, C in place."""
+    monkeypatch.setenv("DFG_SIM_SEED", str(seed))
+    m, n, ks, block_m, block_n, stages, grid = PLANTED_CFG
+    cfg = GemmConfig("k_grouped", n, 128, len(ks), block_m, block_n, stages, 1, 1, 16, grid)
+    a, sa, b, sb, c = k_grouped_operands(m, n, ks, seed=30 + seed)
+    d = c.clone()
+    run(cfg, a, sa, b, sb, d, d, ks)
+    check(d, model64(a, sa, b, sb, c, ks, m, n), ks)

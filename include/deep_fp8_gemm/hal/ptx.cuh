@@ -206,6 +206,10 @@ DFG_DEVICE void tma_prefetch(const TensorMap* map) {
     asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<u64>(map)) : "memory");
 }
 
+// bar.warp.sync 0xffffffff (__syncwarp): the warp's lanes meet, and each lane's memory accesses before it are
+// ordered before every lane's accesses after it (PTX ISA "bar.warp.sync").
+DFG_DEVICE void warp_sync() { asm volatile("bar.warp.sync -1;" ::: "memory"); }
+
 // Makes a tensor map that a host copy wrote to global memory usable by this thread's TMA instructions (PTX ISA
 // "membar / fence": fence.proxy.tensormap::generic, acquire; .sys because the writer is a host-initiated copy;
 // CUDA programming guide, TMA, "a tensor map passed through global memory"). Kernel parameters need none.

@@ -128,6 +128,11 @@ inline u32 warp_broadcast(u32 value, DFG_SIM_SITE) {
     sd::aligned("shfl.sync");
     return value;
 }
+// bar.warp.sync with the full mask: the warp's lanes meet; accesses before it are ordered before those after it.
+inline void warp_sync(DFG_SIM_SITE) {
+    DFG_SIM_ENTER;
+    sd::warp_sync();
+}
 // %cluster_ctarank (PTX ISA "Special Registers"): 1-D clusters are runs of cluster_x consecutive CTAs.
 inline u32 cluster_cta_rank() { return sd::me().cta % sd::L().cfg.cluster_x; }
 // %cluster_nctarank: CTAs per cluster.

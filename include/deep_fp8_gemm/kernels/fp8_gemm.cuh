@@ -359,8 +359,11 @@ struct Fp8GemmKernel {
                         hal::fence_operand(scratch[i]);
                     if constexpr (kRowScaledB) {  // reads sB from the stage: release after it
                         promote_row_scaled<BLOCK_N>(acc[w], scratch, sa_lo, sa_hi, sb, lane);
-                        if (w + 1 == kWavesM)
+                        if (w + 1 == kWavesM) {
+                            // Only lane 0 arrives: every lane's sB reads must be ordered before its release.
+                            hal::warp_sync();
                             release_stage(empty, stage, lane);
+                        }
                     } else {
                         if (w + 1 == kWavesM)
                             release_stage(empty, stage, lane);

@@ -54,7 +54,7 @@ inline std::string describe_wait(const Thread& t) {
                           static_cast<unsigned long long>(g), w.key, committed);
         }
         case WaitKind::StmatrixWarp:
-            return format("stmatrix_x4 - %u of 32 lanes of warp %u arrived", l.ctas[w.cta].warps[w.key].arrived, w.key);
+            return format("%s - %u of 32 lanes of warp %u arrived", t.wait_op, l.ctas[w.cta].warps[w.key].arrived, w.key);
         case WaitKind::SetmaxnregWarpgroup:
             return format("%s - %u of 128 threads of warpgroup %u arrived", t.wait_op,
                           l.ctas[w.cta].warpgroups[w.key].setmaxnreg_arrived, w.key);
