@@ -126,8 +126,8 @@ def _k_grouped_torch(x: torch.Tensor, ks: list[int], use_ue8m0: bool) -> tuple[t
     # Every K_g is a multiple of 128, so the 1x128 groups of x_gᵀ are exactly those of xᵀ: one quantisation
     # of xᵀ [n, sum(ks)] gives every group's values and the scales in their final column order.
     xt_fp8, sf = per_token_cast_to_fp8_torch(x.t().contiguous(), use_ue8m0)
-    blocks = [xt_fp8[:, start:start + k].reshape(-1) for start, k in zip(_starts(ks), ks) if k > 0]
-    return torch.cat(blocks), sf
+    blocks = [xt_fp8[:, start:start + k].reshape(-1).view(torch.uint8) for start, k in zip(_starts(ks), ks) if k > 0]
+    return torch.cat(blocks).view(torch.float8_e4m3fn), sf  # bytes: cat needs no float8 kernel on any device
 
 
 def _starts(ks: list[int]) -> list[int]:

@@ -93,6 +93,20 @@ def test_k_grouped_equals_per_group_per_token(ks, n, use_ue8m0):
     assert sf.shape == (n, sum(ks) // 128) and sf.stride()[0] == 1
 
 
+def test_k_grouped_dequantises_to_each_group_transposed():
+    """Independent of per_token_cast_to_fp8: block g of flat times its scale columns is x_gᵀ within e4m3 noise."""
+    ks, n = [256, 0, 128], 72
+    x = _input(sum(ks), n, dtype=torch.float32, seed=9)
+    flat, sf = dfg.transpose_cast_to_fp8_k_grouped(x, ks)
+    start = 0
+    for k in ks:
+        block = flat[n * start: n * (start + k)].view(n, k).float()
+        scales = sf[:, start // 128: (start + k) // 128].repeat_interleave(128, dim=1)
+        if k:
+            assert dfg.calc_diff(block * scales, x[start:start + k].t()) < 1e-3
+        start += k
+
+
 def test_k_grouped_accepts_tuple_and_non_contiguous():
     base = _input(256, 96, dtype=torch.float32, seed=11)
     x = base.t().contiguous().t()  # column-major view

@@ -324,8 +324,9 @@ DFG_DEVICE void per_block_body(const QuantParams& p) {
 // Bank conflicts: the column partials and scales are stored with their 16-byte chunks XOR-swizzled
 // (swizzle_col_word) and the xᵀ tile's words with swizzle_xt_word, so that every store and load of a warp (or,
 // for 16-byte accesses, of each quarter warp) touches 32 distinct banks.
-// NOTES: on a GPU this reads x once and writes 2 bytes per element (x_fp8 and xt_fp8) where two separate
-// quantisations read x twice and write a transposed bf16 copy in between.
+// NOTES: bf16 traffic per element: 2 bytes read + 2 written (x_fp8, xt_fp8); two separate per-token quantisations
+// of x and of a transposed copy move 2 + 2 + 2 + 2 (read x twice, write and read the copy) + 2. Bandwidth not yet
+// measured on a GPU (bench-quant's cast_transpose row).
 
 // Byte layout mirrored by deep_fp8_gemm.kernels.quant.TransposeParams (80 bytes).
 struct TransposeParams {
