@@ -339,6 +339,14 @@ def test_moe_weight_grad_op_equals_per_expert_1d1d():
     torch.testing.assert_close(d, 2 * before)
 
 
+def test_moe_weight_grad_op_passes_opcheck():
+    g = torch.Generator().manual_seed(9)
+    dy = torch.randn(384, 64, generator=g).to(torch.bfloat16)
+    x = torch.randn(384, 32, generator=g).to(torch.bfloat16)
+    args = (dy, x, torch.tensor([128, 0, 256]), torch.zeros(3, 64, 32), False)
+    torch.library.opcheck(torch.ops.deep_fp8_gemm.fp8_moe_weight_grad.default, args)  # schema, fake, AOT
+
+
 def test_moe_main_grad_and_frozen_weights():
     hidden, ids, tw, w13, w2, dout = _moe_case(seed=1)
     fp8_moe(hidden, ids, tw, w13, w2).backward(dout)
