@@ -15,6 +15,8 @@ Three kinds of checks:
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -317,8 +319,23 @@ def test_moe_gradients_within_fp8_noise_of_float64():
     assert w13.grad[: E - 1].abs().amax(dim=(1, 2)).min() > 0
 
 
-def test_moe_weight_grad_op_equals_per_expert_1d1d():
-    # the k-grouped weight gradient of the backward against one 1D1D reference product per expert
+@pytest.mark.parametrize("path", ["cpu", "simulator"])
+def test_moe_weight_grad_op_equals_per_expert_1d1d(path, monkeypatch):
+    """The k-grouped weight gradient of the backward (cast-transpose operands -> k-grouped GEMM) against one
+    float64 product of per-token-quantised transposes per expert; ``simulator``: the k-grouped kernel itself
+    (DFG_SIMULATE=1, exact fp32 MMA model), checked to have launched."""
+    launched = []
+    if path == "simulator":
+        if shutil.which("g++") is None:
+            pytest.skip("the simulator builds kernels with g++")
+        from deep_fp8_gemm.kernels import gemm as gemm_module
+
+        real = gemm_module.run_k_grouped
+        monkeypatch.setattr(gemm_module, "run_k_grouped",
+                            lambda cfg, *args: (launched.append(cfg.kind), real(cfg, *args))[1])
+        monkeypatch.setenv("DFG_SIMULATE", "1")
+        monkeypatch.setenv("DFG_SIM_NUM_SMS", "3")
+        monkeypatch.setenv("DFG_SIM_EXACT_MMA", "1")
     g = torch.Generator().manual_seed(5)
     padded = torch.tensor([128, 0, 256])
     dy = torch.randn(384 + 128, 64, generator=g).to(torch.bfloat16)  # 128 tail rows: ignored
@@ -337,6 +354,7 @@ def test_moe_weight_grad_op_equals_per_expert_1d1d():
     before = d.clone()
     torch.ops.deep_fp8_gemm.fp8_moe_weight_grad(dy, x, padded, d, True)
     torch.testing.assert_close(d, 2 * before)
+    assert launched == ([] if path == "cpu" else ["k_grouped"] * 2)
 
 
 def test_moe_weight_grad_op_passes_opcheck():
