@@ -179,7 +179,7 @@ struct Fp8GemmKernel {
         // Role split on the warp index, which is provably warp-uniform: the math path stays convergent.
         if (warp >= kNumMathWarps) {
             hal::setmaxnreg_dec<kProducerRegisters>();
-            if (thread == kNumMathThreads)
+            if (warp == kNumMathWarps && hal::elect_one_sync())
                 produce(params, smem, full, empty);
         } else {
             hal::setmaxnreg_inc<kMathRegisters>();
