@@ -1,11 +1,12 @@
 """JIT latency: cold compile (fresh process, no disk cache), warm disk-cache hit, in-memory hit.
 
-    python bench/bench_jit.py [--runs 5] [--json PATH] [--precompile]
+    python bench/bench_jit.py [--runs 5] [--json PATH] [--precompile] [--breakdown]
 
 Kernels: the JIT test probe (tests/jit_kernels/wgmma_probe.cu) and, when deep_fp8_gemm.kernels.gemm
 provides ``audit_targets``, one real dense, grouped-contiguous and grouped-masked GEMM (DeepSeek-V3
 shapes). ``--precompile`` also times ``python -m deep_fp8_gemm precompile --kind dense`` (all
-DeepSeek-V3 dense configs) into an empty cache. Targets (2-core CI machine, median): dense cold compile
+DeepSeek-V3 dense configs) into an empty cache. ``--breakdown`` also splits one compile of each kernel into
+the compiler's phases (NVRTC's own trace). Targets (2-core CI machine, median): dense cold compile
 <= 0.5 s, grouped <= 0.8 s, disk hit <= 2 ms, memory hit <= 5 us, dense precompile < 60 s.
 No GPU needed; nothing here is a test.
 """
@@ -54,7 +55,10 @@ def make_target(case: str):
         return AuditTarget("probe", {}, "dfg_bench_probe", probe_source("dfg_bench_probe"))
     from deep_fp8_gemm.kernels.gemm import audit_targets
 
-    _, kind, shapes, ms = next(c for c in GEMM_CASES if c[0] == case)
+    found = next((c for c in GEMM_CASES if c[0] == case), None)
+    if found is None:
+        raise ValueError(f"case must be 'probe' or one of {[c[0] for c in GEMM_CASES]}, got {case!r}")
+    _, kind, shapes, ms = found
     return audit_targets(kind, shapes, ms, 132)[0]
 
 
@@ -103,6 +107,36 @@ def warm_hits(case: str, cache_dir: Path, disk_runs: int = 50, memory_runs: int 
             "cubin_bytes": len(kernel.cubin), "registers": kernel.resources.registers}
 
 
+# Top-level phases of NVRTC's trace (--fdevice-time-trace), in pipeline order.
+TRACE_PHASES = {"front_end_s": "CUDA C++ Front-End", "nvvm_opt_s": "NVVM Optimizer", "nvvm_codegen_s": "NVVM CodeGen",
+                "ptxas_s": "Total PTXAS Time"}
+
+
+def compile_breakdown(case: str) -> dict:
+    """Seconds of each compiler phase (:data:`TRACE_PHASES`) in one compile of ``case``, in this process.
+
+    NOTES: read from NVRTC's own Chrome-format trace (``--fdevice-time-trace``, NVRTC >= 12.8; it writes
+    ``<path>.json``). Measured so (issue 13), the front end is 5-13 % of a GEMM compile and NVVM and ptxas
+    about 45 % each, both growing with the unrolled stage ring: lighter headers cannot buy much.
+    """
+    from deep_fp8_gemm.runtime import compiler
+
+    target = make_target(case)
+    with tempfile.TemporaryDirectory(prefix="dfg_trace_") as tmp:
+        options = list(target.options) + [f"--fdevice-time-trace={Path(tmp) / 'trace'}"]
+        out = compiler._nvrtc_compile(target.name, target.source, compiler.nvrtc_options(options=options), False)
+        if not out.cubin:
+            raise RuntimeError(f"{case}: NVRTC failed ({out.status}):\n{out.log}")
+        traces = sorted(Path(tmp).glob("*.json"))
+        if not traces:
+            raise RuntimeError(f"{case}: NVRTC wrote no trace (needs NVRTC >= 12.8)")
+        data = json.loads(traces[0].read_text())
+    events = data["traceEvents"] if isinstance(data, dict) else data
+    phases = {key: sum(e.get("dur", 0) for e in events if e.get("ph") == "X" and e.get("name") == name) / 1e6
+              for key, name in TRACE_PHASES.items()}
+    return {**phases, "traced_total_s": out.seconds}
+
+
 def precompile_dense(cache_dir: Path) -> float:
     env = dict(os.environ, DFG_JIT_CACHE_DIR=str(cache_dir), PYTHONPATH=str(REPO))
     env.pop("DFG_JIT_DISABLE_CACHE", None)
@@ -117,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=5, help="fresh processes per cold-compile median")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     parser.add_argument("--precompile", action="store_true", help="time precompile of all DeepSeek-V3 dense configs")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="split one compile of each kernel into front end / NVVM / ptxas (NVRTC trace)")
     args = parser.parse_args(argv)
 
     cases = ["probe"] + ([c[0] for c in GEMM_CASES] if gemm_available() else [])
@@ -138,6 +174,12 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         print(f"| {r['kernel']} | {r['call_s']:.3f} | {r['nvrtc_s']:.3f} | {r['disk_hit_ms']:.3f} | "
               f"{r['memory_hit_us']:.2f} | {r['cubin_bytes'] / 1024:.1f} | {r['registers']} |")
+    if args.breakdown:
+        extra["breakdown"] = {case: compile_breakdown(case) for case in cases}
+        print("\n| kernel | front end (s) | NVVM optimiser (s) | NVVM codegen (s) | ptxas (s) |")
+        print("|---|---|---|---|---|")
+        for case, b in extra["breakdown"].items():
+            print(f"| {case} | " + " | ".join(f"{b[k]:.3f}" for k in TRACE_PHASES) + " |")
     if "precompile_dense_s" in extra:
         print(f"\nprecompile --kind dense (all DeepSeek-V3 dense configs, empty cache): {extra['precompile_dense_s']:.1f} s")
     if args.json:

@@ -68,6 +68,12 @@ PLANTED = {
         "                    hal::wgmma_wait<0>();",
         dict(m=64, n=128, k=1024, block_m=64, block_n=64, cluster=(1, 1), stages=2),
     ),
+    "producer_run_by_every_lane": (
+        "kernels/fp8_gemm.cuh",
+        "if (warp == kNumMathWarps && hal::elect_one_sync())",
+        "if (warp == kNumMathWarps)",
+        dict(m=64, n=128, k=512, block_m=64, block_n=64, cluster=(1, 1)),
+    ),
     "sb_copied_for_the_wrong_k_block": (
         "kernels/fp8_gemm.cuh",
         "hal::cp_async_4(sb, sb_row0 + kb);",

@@ -89,6 +89,15 @@ PLANTED = {
                r"operation bar\.sync \(named_barrier_sync\) at a different call site than thread \d+ "
                r"\(kernels/fp8_gemm\.cuh:\d+\)", (0,),
     ),
+    # (3) convergence: elect.sync reached by one lane only (the producer picked by thread index, as before the
+    # elected producer): the other 31 lanes of its warp exit without it.
+    "convergence_elect_by_one_lane": (
+        GEMM,
+        "if (warp == kNumMathWarps && hal::elect_one_sync())",
+        "if (thread == kNumMathThreads && hal::elect_one_sync())",
+        SMALL, r"convergence: (thread exits after \d+ \.aligned operations, but thread \d+ of its warp \d+ executed "
+               r"elect\.sync|elect\.sync is this thread's \d+\w\w \.aligned operation, but thread \d+ of its warp)", (0,),
+    ),
     # (4) cluster lifetime: no cluster barrier before exit, while the peer still arrives on this CTA's
     # empty barriers.
     "cluster_lifetime_no_final_cluster_sync": (

@@ -83,6 +83,22 @@ DFG_DEVICE u32 lane_idx() { return threadIdx.x % 32; }
 // e.g. a grouped layout, are not, even when every lane reads the same address).
 DFG_DEVICE u32 warp_broadcast(u32 value) { return __shfl_sync(0xffffffffu, value, 0); }
 
+// elect.sync with the full mask (PTX ISA "elect.sync"): true in exactly one lane of the warp, which all 32
+// lanes must reach together. NOTES: ptxas knows that only the elected lane runs what it guards, so a TMA,
+// barrier arrive or cp.async issued there needs no ELECT / BRA.U.ANY waterfall over the active lanes (a
+// thread picked by `thread == t` gets one around every such instruction: ~6 instructions each).
+DFG_DEVICE bool elect_one_sync() {
+    u32 elected = 0;
+    asm volatile(
+        "{\n"
+        ".reg .pred P;\n"
+        "elect.sync _|P, 0xffffffff;\n"
+        "selp.u32 %0, 1, 0, P;\n"
+        "}\n"
+        : "=r"(elected));
+    return elected != 0;
+}
+
 DFG_DEVICE u32 cluster_cta_rank() {
     u32 rank;
     asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));

@@ -133,6 +133,14 @@ inline void warp_sync(DFG_SIM_SITE) {
     DFG_SIM_ENTER;
     sd::warp_sync();
 }
+// elect.sync with the full mask (PTX ISA "elect.sync"): true in exactly one lane of the warp, here lane 0
+// (kernels must not depend on which lane the hardware picks). All 32 lanes must reach it together: checked
+// like the .aligned operations.
+inline bool elect_one_sync(DFG_SIM_SITE) {
+    DFG_SIM_ENTER;
+    sd::aligned("elect.sync");
+    return lane_idx() == 0;
+}
 // %cluster_ctarank (PTX ISA "Special Registers"): 1-D clusters are runs of cluster_x consecutive CTAs.
 inline u32 cluster_cta_rank() { return sd::me().cta % sd::L().cfg.cluster_x; }
 // %cluster_nctarank: CTAs per cluster.

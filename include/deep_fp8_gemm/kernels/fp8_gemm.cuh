@@ -8,7 +8,8 @@
 //                                           [w * kWgRows, (w + 1) * kWgRows), kWavesM m64 slices.
 //                                           setmaxnreg.inc to kMathRegisters (232 with two math
 //                                           warpgroups, 240 with one).
-//   last 128 threads                        producer warpgroup; one thread issues every TMA load.
+//   last 128 threads                        producer warpgroup; one lane of its first warp, picked by
+//                                           elect.sync, issues every TMA load.
 //                                           setmaxnreg.dec to kProducerRegisters (40). The audit
 //                                           checks that the launch allocation fits this split.
 //
@@ -187,7 +188,9 @@ struct Fp8GemmKernel {
         // Role split on the warp index, which is provably warp-uniform: the math path stays convergent.
         if (warp >= kNumMathWarps) {
             hal::setmaxnreg_dec<kProducerRegisters>();
-            if (thread == kNumMathThreads)
+            // One lane runs the producer, picked by elect.sync rather than by thread index: ptxas then knows
+            // a single thread issues each TMA / cp.async and emits no ELECT waterfall around them.
+            if (warp == kNumMathWarps && hal::elect_one_sync())
                 produce(params, smem, full, empty);
         } else {
             hal::setmaxnreg_inc<kMathRegisters>();
