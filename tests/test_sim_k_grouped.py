@@ -113,11 +113,14 @@ PLANTED = {
                             "const u64 group_rows = kKGrouped ? static_cast<u64>(tile.group) * (params.rows - 1) : 0u;"),
     # TMA through a host-written map in global memory without the acquire fence
     "tensormap_fence_missing": ("kernels/fp8_gemm.cuh", "                hal::tensormap_fence_acquire(map_b);\n", ""),
-    # lane 0 releases the stage while other lanes of its warp still read sB from it (adversarial schedule 2)
+    # lane 0 releases the stage while other lanes of its warp still read sB from it (adversarial schedules)
     "stage_released_before_all_lanes_read_sb": ("kernels/fp8_gemm.cuh", "                            hal::warp_sync();\n",
                                                 ""),
 }
-PLANTED_SEEDS = {"stage_released_before_all_lanes_read_sb": 2}  # default: the round-robin schedule
+# Schedules each bug is run under until one reports it (default: the round-robin schedule only). A race shows
+# under some interleavings and not others, and which ones depends on the whole kernel's code, so the race is
+# given several adversarial seeds (seed 4 caught it with the elected-lane producer; seed 2 before it).
+PLANTED_SEEDS = {"stage_released_before_all_lanes_read_sb": (2, 4, 9, 13)}
 
 
 def _run_planted(d, c):
@@ -147,10 +150,14 @@ def test_planted_kernel_bug_is_caught(bug, tmp_path, monkeypatch):
     target.write_text(text.replace(original, planted))
     monkeypatch.setattr(paths, "include_dir", lambda: mutated)
     monkeypatch.setenv("DFG_JIT_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv("DFG_SIM_SEED", str(PLANTED_SEEDS.get(bug, 0)))
     m, n, ks = PLANTED_CFG[:3]
-    report = _run_planted(torch.empty(len(ks), m, n), torch.empty(len(ks), m, n))
-    assert report is not None, f"{bug} went unnoticed"
+    report = None
+    for seed in PLANTED_SEEDS.get(bug, (0,)):
+        monkeypatch.setenv("DFG_SIM_SEED", str(seed))
+        report = _run_planted(torch.empty(len(ks), m, n), torch.empty(len(ks), m, n))
+        if report is not None:
+            break
+    assert report is not None, f"{bug} went unnoticed under seeds {PLANTED_SEEDS.get(bug, (0,))}"
     print(f"{bug}: {report[:600]}")
     if bug == "tensormap_fence_missing":
         assert "fence.proxy.tensormap::generic.acquire" in report
