@@ -240,6 +240,8 @@ def _split_k_problems(cfg: GemmConfig) -> list[str]:
     if cfg.kind != "dense" or cfg.cluster_size != 1:
         return [f"split_k > 1 needs the dense kind and a 1x1 cluster, got kind={cfg.kind!r} "
                 f"cluster {cfg.cluster_m}x{cfg.cluster_n}"]
+    if cfg.waves_m != 1:  # audit: the reduce of two m64 waves (256x112) spilled; one wave per warpgroup does not
+        return [f"split_k > 1 needs one m64 wave per math warpgroup (block_m 64 or 128), got block_m={cfg.block_m}"]
     return []
 
 
@@ -363,7 +365,7 @@ def _split_k_choices(kind: str, m: int, n: int, k: int, block_m: int, block_n: i
     (few rows, narrow N, long K: decode) the divisors of the K block count up to MAX_SPLIT_K that keep the work
     items within one wave (more would only add partial traffic)."""
     tiles = _ceil_div(m, block_m) * _ceil_div(n, block_n)
-    if kind != "dense" or m >= MULTICAST_MIN_M or tiles * 2 > num_sms:
+    if kind != "dense" or m >= MULTICAST_MIN_M or tiles * 2 > num_sms or block_m > 128:
         return (1,)
     k_blocks = _ceil_div(k, BLOCK_K)
     return (1, *(s for s in range(2, MAX_SPLIT_K + 1) if k_blocks % s == 0 and tiles * s <= num_sms))

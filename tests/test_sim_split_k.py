@@ -32,7 +32,7 @@ CASES = {
     "split4_two_warpgroups_m_and_n_tail": (130, 200, 512, 128, 64, 4, 5, 2),
     "split7_more_items_than_ctas": (65, 64, 896, 64, 32, 7, 4, 3),
     "split2_one_cta_runs_every_split": (64, 32, 256, 64, 16, 2, 1, 2),
-    "split2_bm256_two_waves": (200, 32, 256, 256, 32, 2, 3, 2),
+    "split3_single_row": (1, 48, 384, 64, 16, 3, 4, 2),
 }
 
 
@@ -123,8 +123,8 @@ PLANTED = {
     "counter_not_reset": ("*counter = 0;", "(void)counter;", 2),
     # The reduce sums one split twice and skips another.
     "reduce_reads_the_wrong_split": (
-        "p = reinterpret_cast<const Float4*>(base + s * kSplitStride)[t + j * 128];",
-        "p = reinterpret_cast<const Float4*>(base + (s ^ 1u) % kSplitK * kSplitStride)[t + j * 128];",
+        "src = reinterpret_cast<const Float4*>(base + s * kSplitStride) + t;",
+        "src = reinterpret_cast<const Float4*>(base + (s ^ 1u) % kSplitK * kSplitStride) + t;",
         1,
     ),
 }

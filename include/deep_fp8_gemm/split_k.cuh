@@ -15,10 +15,10 @@
 //   3. bar.red.or broadcasts "old == kSplitK - 1" to the warpgroup. All but the last arriving split are
 //      done with the tile. The last one resets the counter to 0 (every split has incremented it and no one
 //      touches it again in this launch, so the next launch, stream-ordered after this one, sees 0: CUDA graph
-//      replays stay correct) and sums the kSplitK partials in the fixed order 0, 1, ..., kSplitK - 1, its own
-//      from registers at its own position (equal bit for bit to what it stored): the result does not
-//      depend on which split arrives last, so it is bitwise reproducible. The sum replaces acc and the
-//      usual bf16 epilogue stores the tile.
+//      replays stay correct) and sums the kSplitK partials from the workspace in the fixed order 0, 1, ...,
+//      kSplitK - 1 (its own read back too: program order makes it visible to the thread that stored it):
+//      the result does not depend on which split arrives last, so it is bitwise reproducible. The sum
+//      replaces acc and the usual bf16 epilogue stores the tile.
 //
 // No CTA ever waits for another (no spinning), so the scheme cannot deadlock whatever the residency.
 //
@@ -29,6 +29,12 @@
 #include "common.cuh"
 #include "hal.cuh"
 #include "mma.cuh"
+
+#if defined(DFG_SIMULATOR)
+#define DFG_SPLIT_K_NO_UNROLL
+#else
+#define DFG_SPLIT_K_NO_UNROLL _Pragma("unroll 1")
+#endif
 
 namespace dfg {
 
@@ -77,27 +83,26 @@ struct SplitK {
         }
         if (!hal::named_barrier_sync_or(1 + wg, 128, last != 0))
             return false;
+        // acc = partial 0, then += partial 1, 2, ...: one split's vectors in flight at a time (unrolling the
+        // split loop let the compiler hoist every split's loads and spill).
+        const Float4* src = reinterpret_cast<const Float4*>(base) + t;
         DFG_UNROLL
         for (u32 j = 0; j < kVectors; ++j) {
-            const u32 w = (4 * j) / kValues, i0 = (4 * j) % kValues;
-            float sum[4];
-            DFG_UNROLL
-            for (u32 s = 0; s < kSplitK; ++s) {
-                Float4 p;
-                if (s == tile.split) {
-                    DFG_UNROLL
-                    for (u32 e = 0; e < 4; ++e)
-                        p.v[e] = acc[w][i0 + e];
-                } else {
-                    p = reinterpret_cast<const Float4*>(base + s * kSplitStride)[t + j * 128];
-                }
-                DFG_UNROLL
-                for (u32 e = 0; e < 4; ++e)
-                    sum[e] = s == 0 ? p.v[e] : sum[e] + p.v[e];
-            }
+            const Float4 p = src[j * 128];
             DFG_UNROLL
             for (u32 e = 0; e < 4; ++e)
-                acc[w][i0 + e] = sum[e];
+                acc[(4 * j) / kValues][(4 * j) % kValues + e] = p.v[e];
+        }
+        DFG_SPLIT_K_NO_UNROLL
+        for (u32 s = 1; s < kSplitK; ++s) {
+            src = reinterpret_cast<const Float4*>(base + s * kSplitStride) + t;
+            DFG_UNROLL
+            for (u32 j = 0; j < kVectors; ++j) {
+                const Float4 p = src[j * 128];
+                DFG_UNROLL
+                for (u32 e = 0; e < 4; ++e)
+                    acc[(4 * j) / kValues][(4 * j) % kValues + e] += p.v[e];
+            }
         }
         return true;
     }
