@@ -358,6 +358,7 @@ def _validate_problem(m: int, n: int, k: int, num_groups: int, kind: str, num_sm
 
 
 MAX_SPLIT_K = 16
+SPLIT_K_MARGIN = 0.10  # a split config must model at least ~10% faster than the best unsplit one
 
 
 def _split_k_choices(kind: str, m: int, n: int, k: int, block_m: int, block_n: int, num_sms: int) -> tuple[int, ...]:
@@ -402,6 +403,8 @@ def get_config(
                 continue
             for split_k in _split_k_choices(kind, m_eff, n, k, block_m, block_n, num_sms):
                 cost = _estimate_cycles(kind, m_eff, n, k, num_groups, block_m, block_n, num_sms, split_k)
+                if split_k > 1:  # uncalibrated model: split only on a clear win (not for n = 4096, m = 1: -1%)
+                    cost *= 1 + SPLIT_K_MARGIN
                 # Ties: no split, then larger tiles (fewer, better-amortised), then larger BLOCK_M.
                 key = (round(cost), split_k, -block_m * block_n, -block_m)
                 if best is None or key < best[0]:

@@ -62,3 +62,13 @@ def test_workspace_sizes():
     cfg = _dense(200, 512, 128, 64, 4)  # 2 warpgroups; m = 130 -> 2 m-blocks, 4 n-blocks
     assert split_k_workspace(cfg, 130) == (2 * 4 * 2, 2 * 4 * 4 * 128 * 64)
     assert split_k_workspace(dataclasses.replace(cfg, split_k=1), 130) == (0, 0)
+
+
+def test_a_marginal_model_win_does_not_split():
+    """n = 4096, k = 7168, m = 1: split 2 models ~1% faster than the best unsplit tile, under SPLIT_K_MARGIN."""
+    from deep_fp8_gemm.config import SPLIT_K_MARGIN
+
+    cfg = get_config(1, 4096, 7168)
+    assert cfg.split_k == 1
+    split = min(_estimate_cycles("dense", 1, 4096, 7168, 1, 64, bn, 132, 2) for bn in range(16, 161, 16))
+    assert split < estimate_seconds(cfg, 1) * 1.83e9 < split * (1 + SPLIT_K_MARGIN)
