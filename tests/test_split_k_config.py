@@ -72,3 +72,14 @@ def test_a_marginal_model_win_does_not_split():
     assert cfg.split_k == 1
     split = min(_estimate_cycles("dense", 1, 4096, 7168, 1, 64, bn, 132, 2) for bn in range(16, 161, 16))
     assert split < estimate_seconds(cfg, 1) * 1.83e9 < split * (1 + SPLIT_K_MARGIN)
+
+
+def test_audit_covers_the_split_k_kernels_the_heuristic_picks():
+    """`python -m deep_fp8_gemm audit` (kind dense, default shapes and M) compiles the split-K kernels too, so their
+    spills and K-loop ceilings are checked."""
+    from deep_fp8_gemm.kernels import gemm
+
+    targets = gemm.audit_targets("dense")
+    split = [t for t in targets if t.config["split_k"] > 1]
+    assert split and any(t.name.startswith("dfg_fp8_gemm_dense_n576_k7168") for t in split)
+    assert all("SPLIT_K" not in t.source and f", {t.config['split_k']}>;" in t.source for t in targets)
