@@ -1,7 +1,7 @@
 """Host time per call of every eager op, against the floor of any Python launcher.
 
-``python -m bench.bench_host [--json PATH|-] [--quick]`` prints, per op (dense, contiguous, masked GEMM; the
-fused quantisers per_token, per_block, silu_mul_quant)::
+``python -m bench.bench_host [--json PATH|-] [--quick] [--ops a,b] [--device all|stub|cuda]`` prints, per op
+(dense, contiguous, masked, psum GEMM; the fused quantisers per_token, per_block, silu_mul_quant)::
 
     {"ops": [{"op": "dense", "call_us": ..., "launch_floor_us": ..., "ratio": ..., "device": "stub", ...}, ...]}
 
@@ -11,12 +11,13 @@ fused quantisers per_token, per_block, silu_mul_quant)::
 * ``launch_floor_us``: the same statistic for one bare ``cuLaunchKernelEx`` issued through cuda-bindings with a
   prebuilt ``CUlaunchConfig`` and the op's argument count passed the way a Python launcher passes kernel
   arguments (``((values...), (ctypes types...))``, marshalled by the binding): one argument per tensor the op
-  reads or writes plus one per Python scalar argument (dense 5, contiguous 6, masked 7, quantisers 3: input,
-  output, scales).
+  reads or writes plus one per Python scalar argument (dense 5, contiguous 6, masked 7, psum 6 — called without
+  its optional ``expected_m`` —, quantisers 3: input, output, scales).
 * ``ratio = call_us / launch_floor_us`` (the issue's bar: 2.5).
 * ``alloc_us`` (quantisers): what allocating and freeing tensors like the op's two outputs costs by itself, made
-  the way the ops make them (``new_empty_strided`` of a 0-element prototype of the output's dtype and device,
-  x 2): part of ``call_us`` that no launcher returning new tensors avoids.
+  the way the ops make them (torch's ``_empty_strided_{cpu,cuda}(sizes, strides, dtype)``, see
+  ``prepared.QuantPlan``; ``new_empty_strided`` of a 0-element prototype where torch lacks it), x 2: part of
+  ``call_us`` that no launcher returning new tensors avoids.
 
 The op's and the floor's timed batches alternate and last alike, so both medians see the same load of a shared
 machine.
@@ -24,13 +25,15 @@ machine.
 Rows with ``"device": "stub"`` run in a child process whose ``libcuda.so.1`` is the stub of
 ``tests/gpu_kernels/stub_libcuda.c`` (built here with ``cc``): the real cuda-bindings marshal every call, the
 stub records and returns. CPU tensors are sent down the GPU launch path through the one seam the ops have for
-it, :mod:`deep_fp8_gemm.runtime.target` (this tool maps the CPU device to ordinal 0, capability 9.0 and the
-default stream 0), so the host code measured is exactly what a GPU call runs, except the driver's own work and
+it, :mod:`deep_fp8_gemm.runtime.target` (this tool maps the CPU device to ordinal 0, capability 9.0, current
+device 0 and the default stream 0), so the host code measured is exactly what a GPU call runs, except the driver's
+own work and
 torch's CUDA caching allocator (the quantisers allocate their outputs with torch's CPU allocator here). The
 kernels are really compiled (NVRTC) and "loaded" (the stub keeps the cubin's first bytes).
 Rows with ``"device": "cuda"`` are added when an sm_90 GPU is present: the same calls on CUDA tensors and the
 real driver (host time of the enqueue loop, synchronised between batches), the floor an empty kernel with the
-same parameter count.
+same parameter count. ``--device cuda`` measures only those (``bench/device_check.sh``'s bench-host step: no C
+compiler needed, and no process with the stub ``libcuda.so.1`` on a GPU machine).
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ QUANT_PARAMS_BYTES = 72
 DENSE = dict(m=64, n=2112, k=7168)
 CONTIGUOUS = dict(groups=4, m_per_group=128, n=4096, k=7168)
 MASKED = dict(groups=8, m_max=64, n=7168, k=2048, expected_m=32)
+PSUM = dict(ends=(100, 228, 356, 484), m_sum=512, n=4096, k=7168)  # 4 groups of 100 rows, 128-aligned starts
 PER_TOKEN = dict(m=64, k=7168)
 PER_BLOCK = dict(n=576, k=7168)
 SILU = dict(m=64, two_i=4096)
@@ -115,6 +119,16 @@ def make_ops(device: torch.device) -> list[tuple[str, int, str, object, tuple]]:
     ops.append(("masked", 7, "gemm", dfg.m_grouped_gemm_fp8_fp8_bf16_nt_masked,
                 (lhs, rhs, out, masked_m, MASKED["expected_m"])))
 
+    ends, m_sum, n, k = PSUM["ends"], PSUM["m_sum"], PSUM["n"], PSUM["k"]
+    kb, g = (k + 127) // 128, len(ends)
+    sa = empty_m_major((m_sum, kb), device)
+    sa.fill_(1.0)
+    lhs = (_fp8((m_sum, k), device, gpu), sa)
+    rhs = (_fp8((g, n, k), device, gpu), _scales((g, (n + 127) // 128, kb), device))
+    out = torch.empty((m_sum, n), dtype=torch.bfloat16, device=device)
+    layout = torch.tensor(ends, dtype=torch.int32, device=device)
+    ops.append(("psum", 6, "gemm", dfg.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum, (lhs, rhs, out, layout)))
+
     x = torch.zeros((PER_TOKEN["m"], PER_TOKEN["k"]), dtype=torch.bfloat16, device=device)
     ops.append(("per_token", 3, "quant", dfg.per_token_cast_to_fp8, (x,)))
     w = torch.zeros((PER_BLOCK["n"], PER_BLOCK["k"]), dtype=torch.bfloat16, device=device)
@@ -150,7 +164,7 @@ def floor_cubin(num_args: int) -> tuple[str, bytes]:
     return name, compile_kernel(name, _FLOOR_SOURCE.format(name=name, params=params)).cubin
 
 
-def floor_launcher(num_args: int, stream: int):
+def floor_launcher(num_args: int, stream: int, index: int = 0):
     """``(fn, args)``: a bare ``cuLaunchKernelEx`` of an empty kernel taking ``num_args`` pointers, with a
     prebuilt one-CTA config, its arguments given as ``((pointers...), (c_void_p,) * num_args)``."""
     from cuda.bindings import driver
@@ -159,8 +173,7 @@ def floor_launcher(num_args: int, stream: int):
 
     name, cubin = floor_cubin(num_args)
     drv.ensure_initialized()
-    drv.primary_context(0)
-    drv._make_current_if_none(drv.primary_context(0))
+    drv._make_current_if_none(drv.primary_context(index))
     library = drv.check(driver.cuLibraryLoadData(cubin, None, None, 0, None, None, 0), "cuLibraryLoadData")
     kernel = drv.check(driver.cuLibraryGetKernel(library, name.encode()), "cuLibraryGetKernel")
     function = driver.CUfunction(int(kernel))
@@ -197,9 +210,10 @@ def _batch_calls(fn, args: tuple, max_calls: int) -> int:
 
 
 def measure(device: torch.device, *, calls: int, repeats: int, only: set[str] | None, label: str,
-            before_warmup=None, sync=None) -> list[dict]:
+            before_warmup=None, sync=None, launched=None) -> list[dict]:
     """One row per op. The op's batches and its floor's batches alternate, so that both medians see the same
-    machine load (the 2-core development machine is shared)."""
+    machine load (the 2-core development machine is shared). ``launched()`` (the stub): the driver's launch
+    count so far; every timed call of the op and of the floor must have reached the driver."""
     from deep_fp8_gemm.runtime import target
 
     rows = []
@@ -216,14 +230,18 @@ def measure(device: torch.device, *, calls: int, repeats: int, only: set[str] | 
         if num_args not in floors:
             if before_warmup is not None:
                 before_warmup("floor")
-            floors[num_args] = floor_launcher(num_args, stream)
+            floors[num_args] = floor_launcher(num_args, stream, index)
             floors[num_args]()
         floor = floors[num_args]
         op_calls, floor_calls = _batch_calls(fn, args, calls), _batch_calls(floor, (), calls)
         op_samples, floor_samples = [], []
+        before = launched() if launched is not None else 0
         for _ in range(repeats):
             op_samples.append(per_call_us(fn, args, calls=op_calls, repeats=1, sync=sync))
             floor_samples.append(per_call_us(floor, (), calls=floor_calls, repeats=1, sync=sync))
+        if launched is not None and launched() - before != repeats * (op_calls + floor_calls):
+            raise RuntimeError(f"{name}: the stub driver saw {launched() - before} launches, expected "
+                               f"{repeats} x ({op_calls} + {floor_calls}): the calls did not reach it")
         call_us, floor_us = statistics.median(op_samples), statistics.median(floor_samples)
         row = {"op": name, "call_us": round(call_us, 3), "launch_floor_us": round(floor_us, 3),
                "ratio": round(call_us / floor_us, 2), "args": num_args, "device": label}
@@ -237,12 +255,20 @@ def measure(device: torch.device, *, calls: int, repeats: int, only: set[str] | 
 
 def _allocator(outputs: tuple[torch.Tensor, ...]):
     """A function allocating tensors like ``outputs`` (same shapes, strides, dtypes, device) as the ops do
-    (``new_empty_strided`` of a 0-element prototype, see ``prepared.QuantPlan``), discarding them."""
+    (see ``prepared.QuantPlan``), discarding them."""
+    from deep_fp8_gemm import prepared
+
     (p0, s0, t0), (p1, s1, t1) = [(torch.empty(0, dtype=t.dtype, device=t.device), tuple(t.shape), t.stride())
                                   for t in outputs]
+    empty = {"cpu": prepared._empty_cpu, "cuda": prepared._empty_cuda}.get(outputs[0].device.type)
+    if empty is not None:
+        d0, d1 = p0.dtype, p1.dtype
 
-    def fn():
-        return p0.new_empty_strided(s0, t0), p1.new_empty_strided(s1, t1)
+        def fn():
+            return empty(s0, t0, d0), empty(s1, t1, d1)
+    else:
+        def fn():
+            return p0.new_empty_strided(s0, t0), p1.new_empty_strided(s1, t1)
 
     return fn
 
@@ -272,12 +298,9 @@ def _run_stub_child(stub_dir: str, calls: int, repeats: int, only: set[str] | No
     target.gpu_index = lambda device: 0
     target.capability = lambda index: (9, 0)
     target.current_stream = lambda index: 0
-    first = launches.value
-    rows = measure(torch.device("cpu"), calls=calls, repeats=repeats, only=only, label="stub",
-                   before_warmup=before_warmup)
-    if launches.value - first < calls * repeats:
-        raise RuntimeError(f"the stub driver saw {launches.value - first} launches: the calls did not reach it")
-    return rows
+    target.current_device = lambda: 0
+    return measure(torch.device("cpu"), calls=calls, repeats=repeats, only=only, label="stub",
+                   before_warmup=before_warmup, launched=lambda: launches.value)
 
 
 def precompile(only: set[str] | None) -> None:
@@ -357,6 +380,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=51, help="timed batches; the median is reported (51)")
     parser.add_argument("--quick", action="store_true", help="50 calls x 9 batches")
     parser.add_argument("--ops", help="comma-separated subset of ops")
+    parser.add_argument("--device", choices=("all", "stub", "cuda"), default="all",
+                        help="rows to measure: the stub driver's, the GPU's (exit status 3 when there is no sm_90 "
+                             "GPU), or both (default; GPU rows only where one is present)")
     args = parser.parse_args(argv)
     calls, repeats = (50, 9) if args.quick else (args.calls, args.repeats)
     only = set(args.ops.split(",")) if args.ops else None
@@ -365,13 +391,20 @@ def main(argv: list[str] | None = None) -> int:
     if stub_dir:  # the child
         rows = _run_stub_child(stub_dir, calls, repeats, only)
     else:
-        rows = stub_rows(calls, repeats, only) + gpu_rows(calls, repeats, only)
+        rows = stub_rows(calls, repeats, only) if args.device in ("all", "stub") else []
+        if args.device in ("all", "cuda"):
+            cuda = gpu_rows(calls, repeats, only)
+            if not cuda and args.device == "cuda":
+                print("bench_host: --device cuda needs an sm_90 GPU visible to torch; none is", file=sys.stderr)
+                return 3
+            rows += cuda
     result = {"ops": rows, "calls": calls, "repeats": repeats}
     if args.json:
         text = json.dumps(result, indent=None if args.json == "-" else 2)
         if args.json == "-":
             print(text)
         else:
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
             Path(args.json).write_text(text + "\n")
     if not stub_dir and args.json != "-":
         print(f"{'op':<16}{'device':<8}{'call_us':>10}{'floor_us':>10}{'ratio':>8}{'alloc_us':>10}")

@@ -6,7 +6,7 @@
 # --dry-run prints the plan and runs nothing; --full runs the benchmarks without --quick (needs a larger
 # --budget); --no-install uses PYTHONPATH instead of pip; --no-precompile leaves the JIT to the first
 # calls; --skip leaves out named steps (smoke, gpu-tests, bench-dense, bench-decode, bench-contiguous,
-# bench-masked, bench-quant, bench-moe), e.g. for a short rerun; --allow-no-gpu goes on without a CUDA device
+# bench-masked, bench-quant, bench-moe, bench-wgrad, bench-host, bench-kgrouped, bench-train), e.g. for a short rerun; --allow-no-gpu goes on without a CUDA device
 # (only to exercise this script's plumbing on a CPU machine).
 #
 # Steps (each with its own time limit, all inside one deadline, default 530 s < 9 minutes; every step writes its
@@ -35,13 +35,22 @@
 #      min(30, time left - 80) (leaving bench-moe 60 s and the report 20 s), bench-moe min(60, time left - 20).
 #      Last, best-effort, bench-wgrad (<= 30 s, issue 15): the 1D1D weight-gradient kernel vs the 1D2D kernel at
 #      the same shape and a bf16 matmul; it runs only on what bench-moe left beyond the report's 20 s.
+#      Then, best-effort too, bench-host (<= 40 s, issue 17): python -m bench.bench_host --device cuda, the host
+#      time per eager call of every op against a bare cuLaunchKernelEx on this GPU (GPU rows only: the stub-driver
+#      rows are the CPU machine's) -> OUTDIR/results/host/bench_host.json (a subfolder: results/*.json are
+#      bench.report's families), its table in logs/bench-host.log and in the summary.
+#      Then, best-effort likewise, bench-kgrouped (<= 30 s, issue 15): the k-grouped MoE weight gradient (one launch)
+#      vs a per-expert loop of the 1D1D kernel and of bf16 matmuls (bench.bench_wgrad --family k_grouped).
+#      Then, best-effort, bench-train (<= 40 s, issue 15): a training step (forward + backward, FP8 weight
+#      gradients into fp32 main_grad) of a 32-expert MoE layer vs the bf16 layer under autograd, on what is left.
 #      A best-effort step left with less than half its planned limit is recorded "SKIPPED (deadline,
 #      best-effort)" and does not fail the check (everything else that is skipped for the deadline does).
 #   8. python -m bench.report -> OUTDIR/RESULTS.md; a short summary table printed last (and in summary.txt).
 # Exit status: 0 all passed; 1 smoke or GPU tests failed, a kernel result was wrong, or a step failed/timed out
 # (later steps still run); 2 usage error or a required package is missing.
 #
-# OUTDIR gets: env.txt, steps.tsv, summary.txt, RESULTS.md, logs/*.log, results/*.{json,md,png}, junit.xml,
+# OUTDIR gets: env.txt, steps.tsv, summary.txt, RESULTS.md, logs/*.log, results/*.{json,md,png},
+# results/host/bench_host.json, junit.xml,
 # junit-smoke.xml.
 # The device tool returns at most 8 files from $OUT, so from there run it on a scratch directory and
 # archive it, e.g.:
@@ -64,14 +73,14 @@ while [ $# -gt 0 ]; do
         --skip) shift; [ $# -gt 0 ] || usage
                 for name in ${1//,/ }; do
                     case "$name" in
-                        smoke|gpu-tests|bench-dense|bench-decode|bench-contiguous|bench-masked|bench-quant|bench-moe|bench-wgrad) SKIP="$SKIP$name," ;;
-                        *) echo "error: --skip takes smoke, gpu-tests, bench-dense, bench-decode, bench-contiguous, bench-masked, bench-quant, bench-moe, bench-wgrad; got '$name'" >&2; exit 2 ;;
+                        smoke|gpu-tests|bench-dense|bench-decode|bench-contiguous|bench-masked|bench-quant|bench-moe|bench-wgrad|bench-host|bench-kgrouped|bench-train) SKIP="$SKIP$name," ;;
+                        *) echo "error: --skip takes smoke, gpu-tests, bench-dense, bench-decode, bench-contiguous, bench-masked, bench-quant, bench-moe, bench-wgrad, bench-host, bench-kgrouped, bench-train; got '$name'" >&2; exit 2 ;;
                     esac
                 done ;;
         --allow-no-gpu) ALLOW_NO_GPU=1 ;;
         --budget) shift; [ $# -gt 0 ] || usage; BUDGET="$1"
                   case "$BUDGET" in ''|*[!0-9]*) echo "error: --budget needs whole seconds, got '$BUDGET'" >&2; exit 2 ;; esac ;;
-        -h|--help) sed -n '2,45p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,58p' "$0"; exit 0 ;;
         -*) echo "error: unknown option $1" >&2; usage ;;
         *) [ -z "$OUTDIR" ] || { echo "error: more than one OUTDIR ($OUTDIR, $1)" >&2; usage; }; OUTDIR="$1" ;;
     esac
@@ -106,6 +115,9 @@ PLAN=(
     "bench-quant|30|$PY -m bench.bench_quant $QUICK --out OUTDIR/results"
     "bench-moe|60|$PY -m bench.bench_moe $QUICK --out OUTDIR/results"
     "bench-wgrad|30|$PY -m bench.bench_wgrad $QUICK --out OUTDIR/results"
+    "bench-host|40|$PY -m bench.bench_host $QUICK --device cuda --json OUTDIR/results/host/bench_host.json"
+    "bench-kgrouped|30|$PY -m bench.bench_wgrad --family k_grouped $QUICK --out OUTDIR/results"
+    "bench-train|40|$PY -m bench.bench_train $QUICK --out OUTDIR/results"
     "report|20|$PY -m bench.report --results OUTDIR/results --summary OUTDIR/RESULTS.md --print"
 )
 
@@ -119,8 +131,8 @@ if [ "$DRY_RUN" = 1 ]; then
             printf '  %-16s skipped (--no-%s)\n' "$name" "$name"; continue
         fi
         case "$SKIP" in *",$name,"*) printf '  %-16s skipped (--skip)\n' "$name"; continue ;; esac
-        case "$name" in bench-*) cmd="$cmd --time-budget LIMIT-25" ;; esac
-        case "$name" in bench-quant|bench-moe|bench-wgrad) cmd="$cmd   (best-effort: what is left of the deadline)" ;; esac
+        case "$name" in bench-host) ;; bench-*) cmd="$cmd --time-budget LIMIT-25" ;; esac
+        case "$name" in bench-quant|bench-moe|bench-wgrad|bench-host|bench-kgrouped|bench-train) cmd="$cmd   (best-effort: what is left of the deadline)" ;; esac
         printf '  %-16s <=%4ss  %s\n' "$name" "$limit" "${cmd//OUTDIR/$OUTDIR}"
     done
     echo "  summary          $OUTDIR/summary.txt (printed last)"
@@ -311,6 +323,11 @@ BEST_EFFORT=1
 bench bench-quant 30 80 bench.bench_quant
 bench bench-moe 60 20 bench.bench_moe
 bench bench-wgrad 30 20 bench.bench_wgrad
+# shellcheck disable=SC2086  # $QUICK is empty or one flag
+run_step bench-host 40 20 "$PY" -m bench.bench_host $QUICK --device cuda --json "$OUTDIR/results/host/bench_host.json" \
+    || FAILED=1
+bench bench-kgrouped 30 20 bench.bench_wgrad --family k_grouped
+bench bench-train 40 20 bench.bench_train
 BEST_EFFORT=0
 
 # --- 8. report and summary --------------------------------------------------------------------------------
@@ -329,6 +346,16 @@ run_step report 20 0 "$PY" -m bench.report --results "$OUTDIR/results" --summary
     grep -h 'deep_fp8_gemm watchdog:' "$OUTDIR"/logs/*.log 2>/dev/null | head -5 | sed 's/^/  /'
     echo "GPU tests: $TESTS${PYTEST_LINE:+  ($PYTEST_LINE)}"
     echo
+    if [ -f "$OUTDIR/results/host/bench_host.json" ]; then
+        echo "Host time per eager call (bench_host, GPU rows; bar: ratio <= 2.5):"
+        "$PY" - "$OUTDIR/results/host/bench_host.json" <<'EOF' 2>&1
+import json, sys
+for row in json.load(open(sys.argv[1]))["ops"]:
+    print(f"  {row['op']:<16} {row['device']:<6} {row['call_us']:>8.2f} us  floor {row['launch_floor_us']:>6.2f} us  "
+          f"ratio {row['ratio']:>5.2f}")
+EOF
+        echo
+    fi
     if [ -f "$OUTDIR/logs/report.log" ]; then sed -n '2,$p' "$OUTDIR/logs/report.log" | grep -v '^wrote ' ; fi
     echo
     echo "deep_fp8_gemm results that were not ok:"

@@ -24,7 +24,8 @@ from pathlib import Path
 from .shapes import H800_LABEL, H800_PUBLISHED, H800_PUBLISHED_DENSE
 
 OURS = "deep_fp8_gemm"
-BASELINES = ("cublas_block", "bf16_matmul", "scaled_grouped_mm_rowwise", "torch_quant", "bf16_layer", "fp8_1d2d")
+BASELINES = ("cublas_block", "bf16_matmul", "scaled_grouped_mm_rowwise", "torch_quant", "bf16_layer", "fp8_1d2d",
+             "fp8_1d1d_loop")
 LABELS = {
     OURS: "deep_fp8_gemm",
     "cublas_block": "cuBLAS block-scaled",
@@ -33,15 +34,17 @@ LABELS = {
     "torch_quant": "plain-torch quantisation",
     "bf16_layer": "bf16 PyTorch MoE layer",
     "fp8_1d2d": "deep_fp8_gemm 1D2D kernel, same shape",
+    "fp8_1d1d_loop": "deep_fp8_gemm 1D1D kernel, one launch per group",
     "ep_world1": "expert-parallel layer (ep_moe_forward), one-rank world",
     "ep_decode_world1": "expert-parallel decode (ep_moe_forward_decode), one-rank world",
     H800_LABEL: "reference design, H800 published",
 }
 COLORS = {OURS: "C0", "cublas_block": "C1", "bf16_matmul": "C2", "scaled_grouped_mm_rowwise": "C4", "torch_quant": "C5",
-          "bf16_layer": "C2", "fp8_1d2d": "C6", H800_LABEL: "C3"}
+          "bf16_layer": "C2", "fp8_1d2d": "C6", "fp8_1d1d_loop": "C7", H800_LABEL: "C3"}
 SHORT = {OURS: "ours", "cublas_block": "cuBLAS", "bf16_matmul": "bf16", "scaled_grouped_mm_rowwise": "rowwise",
          "torch_quant": "torch", "bf16_layer": "bf16 layer", "ep_world1": "EP 1 rank",
-         "ep_decode_world1": "EP decode 1 rank", "fp8_1d2d": "1D2D", H800_LABEL: "H800 pub."}
+         "ep_decode_world1": "EP decode 1 rank", "fp8_1d2d": "1D2D", "fp8_1d1d_loop": "1D1D loop",
+         H800_LABEL: "H800 pub."}
 # Family-specific names (quant and moe tables): the MoE "cublas_block" is a per-expert loop of the call.
 MOE_LABELS = {"cublas_block": "per-expert loop of block-scaled torch._scaled_mm"}
 #: Issue 7's target for the memory-bound quantisation kernels: this fraction of HBM_TBS.

@@ -224,7 +224,33 @@ class MoEShape:
         return round(self.expected_active_experts() * self.expert_bytes()) + 2 * self.tokens * self.hidden * 2
 
 
-Shape = DenseShape | ContiguousShape | MaskedShape | QuantShape | MoEShape
+@dataclasses.dataclass(frozen=True, order=True)
+class KGroupedShape:
+    """``k_grouped_fp8_gemm_nt_contiguous`` (MoE weight gradients): ``len(ks)`` groups, D_g ``[m, n]`` fp32 =
+    C_g + A_g ``[m, K_g]`` · B_g ``[n, K_g]``ᵀ, K_g = ``ks[g]`` (tokens routed to expert g, multiples of 128).
+    Bytes: A and B (e4m3) with their 1x128 scales, C read and D written in fp32."""
+
+    m: int
+    n: int
+    ks: tuple[int, ...]
+    family: ClassVar[str] = "k_grouped"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "ks", tuple(self.ks))  # from JSON: a list
+
+    @property
+    def label(self) -> str:
+        return f"G={len(self.ks)} m={self.m} n={self.n} K={sum(self.ks)} ({min(self.ks)}..{max(self.ks)}/group)"
+
+    def flops(self) -> int:
+        return 2 * self.m * self.n * sum(self.ks)
+
+    def bytes(self) -> int:
+        k = sum(self.ks)
+        return (self.m + self.n) * k + (self.m + self.n) * (k // BLOCK) * 4 + len(self.ks) * self.m * self.n * 8
+
+
+Shape = DenseShape | ContiguousShape | MaskedShape | QuantShape | MoEShape | KGroupedShape
 
 # --- DeepSeek-V3 (ANCHORS.md section 5) -----------------------------------------------------------------
 DEEPSEEK_V3_NK: tuple[tuple[int, int], ...] = (
@@ -364,7 +390,7 @@ def shape_from_dict(d: dict) -> Shape:
     """Inverse of ``{"family": shape.family, **dataclasses.asdict(shape)}`` (used by the report)."""
     fields = {k: v for k, v in d.items() if k != "family"}
     cls = {"dense": DenseShape, "contiguous": ContiguousShape, "masked": MaskedShape, "quant": QuantShape,
-           "moe": MoEShape}[d["family"]]
+           "moe": MoEShape, "k_grouped": KGroupedShape}[d["family"]]
     return cls(**fields)
 
 

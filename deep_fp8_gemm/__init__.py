@@ -3,7 +3,8 @@
 Importing the package registers the ``torch.ops.deep_fp8_gemm`` custom ops (GEMMs, quantisers, the MoE
 ``silu_mul_quant``); it imports neither the CUDA bindings nor the JIT (they load on the first GPU or
 simulator call). Model-facing modules: ``deep_fp8_gemm.nn`` (FP8Linear), ``deep_fp8_gemm.moe``
-(fp8_moe_forward, FP8MoE), ``deep_fp8_gemm.layout`` (MoE contiguous layout and routing).
+(fp8_moe_forward, FP8MoE), ``deep_fp8_gemm.layout`` (MoE contiguous layout and routing),
+``deep_fp8_gemm.autograd`` (training: fp8_linear, fp8_moe).
 
 The reference design's 2.x names (``fp8_gemm_nt``, ``m_grouped_fp8_gemm_nt_contiguous`` with the psum layout,
 ``m_grouped_fp8_gemm_nt_masked``, ``transform_sf_into_required_layout``, ...) live in
@@ -11,7 +12,7 @@ The reference design's 2.x names (``fp8_gemm_nt``, ``m_grouped_fp8_gemm_nt_conti
 code written against it (see the README, "Using it as ``deep_gemm``").
 """
 
-from . import cast_transpose, compat, layout, moe, nn, psum, reference
+from . import autograd, cast_transpose, compat, layout, moe, nn, psum, reference
 from .cast_transpose import (
     per_token_cast_to_fp8_and_transpose,
     transpose_cast_to_fp8_k_grouped,
@@ -24,6 +25,7 @@ from .compat import (
     get_k_alignment_for_contiguous_layout,
     get_mk_alignment_for_contiguous_layout,
     get_mn_major_tma_aligned_tensor,
+    k_grouped_fp8_gemm_nt_contiguous,
     m_grouped_fp8_fp4_gemm_nt_contiguous,
     m_grouped_fp8_fp4_gemm_nt_masked,
     m_grouped_fp8_gemm_nt_contiguous,
@@ -52,6 +54,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "__version__",
+    "autograd",
     "calc_diff",
     "cast_transpose",
     "ceil_div",
@@ -67,6 +70,7 @@ __all__ = [
     "get_mn_major_tma_aligned_tensor",
     "get_num_sms",
     "get_tma_aligned_size",
+    "k_grouped_fp8_gemm_nt_contiguous",
     "layout",
     "m_grouped_fp8_fp4_gemm_nt_contiguous",
     "m_grouped_fp8_fp4_gemm_nt_masked",

@@ -18,7 +18,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-GEMM_KINDS = ("dense", "contiguous", "masked", "psum", "1d1d")
+GEMM_KINDS = ("dense", "contiguous", "masked", "psum", "1d1d", "k_grouped")
 ALL_KINDS = (*GEMM_KINDS, "quant")
 
 

@@ -12,7 +12,8 @@ Argument semantics, as the reference applies them on SM90 (``csrc/apis/gemm.hpp`
 * ``recipe`` ``(gran_m_of_A, gran_n_of_B, gran_k)``, or the pair ``recipe_a=(gran_m, gran_k)``,
   ``recipe_b=(gran_n, gran_k)``; ``None`` = ``(1, 128, 128)``, the 1D2D kernel this library implements.
   ``(1, 1, 128)`` (per-row B scales: the 1D1D weight-gradient kernel, fp32 ``D = C + A·Bᵀ``) is accepted by
-  :func:`fp8_gemm_nt` only (``NotImplementedError`` for the M-grouped GEMMs, which have no 1D1D kernel);
+  :func:`fp8_gemm_nt` and is the only recipe of :func:`k_grouped_fp8_gemm_nt_contiguous` (``NotImplementedError``
+  for the M-grouped GEMMs, which have no 1D1D kernel);
   ``gran_k == 32`` (MXFP8) is SM100-only (``NotImplementedError``); any other recipe is a ``ValueError``.
 * ``compiled_dims``: which of m / n / k the reference bakes into the binary. Validated (a string of distinct
   letters from ``"mnk"``) and otherwise a hint: this library always compiles N and K and keeps M a run-time
@@ -240,6 +241,37 @@ def m_grouped_fp8_gemm_nt_masked(
     ops.m_grouped_gemm_fp8_fp8_bf16_nt_masked(a, b, d, masked_m, expected_m)
 
 
+def k_grouped_fp8_gemm_nt_contiguous(
+    a: tuple[torch.Tensor, torch.Tensor],
+    b: tuple[torch.Tensor, torch.Tensor],
+    d: torch.Tensor,
+    ks: list[int],
+    ks_tensor: torch.Tensor,
+    c: torch.Tensor | None = None,
+    recipe: tuple[int, int, int] = (1, 1, 128),
+    compiled_dims: str = "mn",
+) -> None:
+    """The k-grouped weight-gradient GEMM (MoE experts' dW in one launch): for each group g,
+    ``d[g] = c[g] + dequant(A_g) · dequant(B_g)ᵀ`` in fp32, the reference's SM90 convention.
+
+    ``a = (flat e4m3 [m·sum(ks)], sA fp32 [m, sum(ks)/128])``: A_g ``[m, ks[g]]`` K-major stored back to back;
+    ``b = (flat e4m3 [n·sum(ks)], sB fp32 [n, sum(ks)/128])`` likewise; ``d`` fp32 ``[G, m, n]``; ``ks`` the
+    Python ints K_g (multiples of 128, 0 allowed: ``d[g] = c[g]``), ``ks_tensor`` the same values as int32 ``[G]``
+    on d's device; ``c`` None, ``d`` (accumulate in place) or another fp32 ``[G, m, n]``. ``recipe`` must be
+    ``(1, 1, 128)`` (1x128 scales on both operands); ``compiled_dims`` is validated, a hint only. Everything else
+    is :func:`deep_fp8_gemm.wgrad.k_grouped_gemm_fp8_fp8_fp32_nt`."""
+    _check_sm100_operands(a, b)
+    if recipe is None:
+        recipe = (1, 1, 128)
+    if not check_recipe(recipe, allow_1d1d=True):
+        raise ValueError(f"recipe={tuple(recipe)}: the k-grouped GEMM exists only with recipe (1, 1, 128) "
+                         "(1x128 scales on A and B, fp32 D = C + A·Bᵀ)")
+    check_compiled_dims(compiled_dims)
+    if ks_tensor is None:
+        raise TypeError("ks_tensor must be an int32 [G] tensor on d's device holding the values of ks, got None")
+    wgrad.k_grouped_gemm_fp8_fp8_fp32_nt(a, b, d, ks, ks_tensor, c)
+
+
 #: vLLM resolves the masked GEMM under this name (``vllm/utils/deep_gemm.py``).
 fp8_m_grouped_gemm_nt_masked = m_grouped_fp8_gemm_nt_masked
 #: The reference's newest spellings of the same entry points (they also take FP4 on SM100).
@@ -343,6 +375,7 @@ __all__ = [
     "get_k_alignment_for_contiguous_layout",
     "get_mk_alignment_for_contiguous_layout",
     "get_mn_major_tma_aligned_tensor",
+    "k_grouped_fp8_gemm_nt_contiguous",
     "m_grouped_fp8_fp4_gemm_nt_contiguous",
     "m_grouped_fp8_fp4_gemm_nt_masked",
     "m_grouped_fp8_gemm_nt_contiguous",

@@ -17,11 +17,14 @@ import dataclasses
 import functools
 import math
 
-KINDS = ("dense", "contiguous", "masked", "psum", "1d1d")
-KIND_IDS = {"dense": 0, "contiguous": 1, "masked": 2, "psum": 3, "1d1d": 4}  # dfg::GemmKind
+KINDS = ("dense", "contiguous", "masked", "psum", "1d1d", "k_grouped")
+KIND_IDS = {"dense": 0, "contiguous": 1, "masked": 2, "psum": 3, "1d1d": 4, "k_grouped": 5}  # dfg::GemmKind
 #: Kinds of the 1D1D family (policy_1d1d.cuh): per-row sB (TMA-loaded per stage), fp32 D = C + A.B^T stored from
 #: the fragments (no shared-memory D tile), no clusters.
-FP32_ACCUMULATE_KINDS = ("1d1d",)
+FP32_ACCUMULATE_KINDS = ("1d1d", "k_grouped")
+#: The k-grouped kind (policy_k_grouped.cuh): G groups of run-time K_g, so its binary is compiled for shape_k = BLOCK_K
+#: whatever the ks; get_config's k is then only the per-group K the cost model assumes.
+K_GROUPED = "k_grouped"
 #: Kinds whose rows are expert segments padded to CONTIGUOUS_ALIGNMENT ("psum": the prefix-sum ends layout).
 CONTIGUOUS_KINDS = ("contiguous", "psum")
 
@@ -207,7 +210,10 @@ def check_config(cfg: GemmConfig, smem_limit: int = SMEM_LIMIT) -> None:
     if cfg.kind in FP32_ACCUMULATE_KINDS and cfg.cluster_size != 1:
         problems.append(f"the 1D1D kernel does not multicast (its sB slice is per CTA): cluster 1x1, got "
                         f"{cfg.cluster_m}x{cfg.cluster_n}")
-    if cfg.kind in ("dense", *FP32_ACCUMULATE_KINDS) and cfg.num_groups != 1:
+    if cfg.kind == K_GROUPED and cfg.shape_k != BLOCK_K:
+        problems.append(f"the k-grouped kernel reads K per group at run time: shape_k must be {BLOCK_K}, got "
+                        f"{cfg.shape_k}")
+    if cfg.kind in ("dense", "1d1d") and cfg.num_groups != 1:
         problems.append(f"dense GEMM has one group, got num_groups={cfg.num_groups}")
     if cfg.num_groups < 1:
         problems.append(f"num_groups must be >= 1, got {cfg.num_groups}")
@@ -270,7 +276,7 @@ def _max_stages(block_m: int, block_n: int, smem_limit: int, kind: str = "dense"
 
 
 def _num_m_blocks(kind: str, m: int, block_m: int, num_groups: int) -> int:
-    if kind == "masked":  # m is the expected rows per group
+    if kind in ("masked", K_GROUPED):  # m is the (expected) rows per group
         return num_groups * _ceil_div(m, block_m)
     return _ceil_div(m, block_m)
 
@@ -315,8 +321,9 @@ def _estimate_cycles(kind: str, m: int, n: int, k: int, num_groups: int, block_m
     groups_touched = num_groups if kind != "dense" else 1
     rows = m * (num_groups if kind == "masked" else 1)
     k_blocks = _ceil_div(k, BLOCK_K)
-    if kind in FP32_ACCUMULATE_KINDS:  # fp32 C read + fp32 D written; per-row sB
-        hbm_bytes = rows * k + n * k + rows * n * 8 + 4 * (rows + n) * k_blocks
+    if kind in FP32_ACCUMULATE_KINDS:  # fp32 C read + fp32 D written; per-row sB (k-grouped: per group, k per group)
+        groups = num_groups if kind == K_GROUPED else 1
+        hbm_bytes = groups * (rows * k + n * k + rows * n * 8 + 4 * (rows + n) * k_blocks)
         return max(waves * tile, hbm_bytes / (_HBM_BYTES_PER_CLK_PER_SM * num_sms))
     hbm_bytes = (rows * k + groups_touched * n * k + rows * n * 2  # A, B, D
                  + 4 * (rows * k_blocks + groups_touched * _ceil_div(n, 128) * k_blocks))  # sA, sB
@@ -353,7 +360,7 @@ def _validate_problem(m: int, n: int, k: int, num_groups: int, kind: str, num_sm
         raise ValueError(f"need m >= 0 and n, k, num_groups, num_sms > 0: {m=} {n=} {k=} {num_groups=} {num_sms=}")
     if n % 8 or k % 16:
         raise ValueError(f"TMA needs 16-byte row strides: n % 8 == 0 and k % 16 == 0, got {n=} {k=}")
-    if kind in ("dense", *FP32_ACCUMULATE_KINDS) and num_groups != 1:
+    if kind in ("dense", "1d1d") and num_groups != 1:
         raise ValueError(f"{kind} GEMM takes num_groups=1, got {num_groups=}")
 
 
@@ -383,11 +390,14 @@ def get_config(
     smem_limit: int = SMEM_LIMIT,
 ) -> GemmConfig:
     """The config for a problem. ``m``: rows (dense), m_sum (contiguous) or expected rows per group (masked).
+    ``kind="k_grouped"``: ``m`` / ``n`` of every group, ``k`` the per-group K the cost model assumes (the config's
+    ``shape_k`` is BLOCK_K: one binary for every ks).
 
     Pure and cached: the same arguments always give the same config.
     """
     _validate_problem(m, n, k, num_groups, kind, num_sms)
     m_eff = max(m, 1)
+    shape_k = BLOCK_K if kind == K_GROUPED else k
     best = None
     for block_m in BLOCK_M_CHOICES:
         if kind in CONTIGUOUS_KINDS and block_m > CONTIGUOUS_ALIGNMENT:
@@ -396,7 +406,7 @@ def get_config(
             continue  # a 64-row tile already covers all rows
         for block_n in BLOCK_N_CHOICES:
             num_stages = _max_stages(block_m, block_n, smem_limit, kind)
-            candidate = GemmConfig(kind, n, k, num_groups, block_m, block_n, num_stages, 1, 1, 1, 1)
+            candidate = GemmConfig(kind, n, shape_k, num_groups, block_m, block_n, num_stages, 1, 1, 1, 1)
             try:
                 check_config(candidate, smem_limit)
             except ValueError:
@@ -434,9 +444,11 @@ def get_config(
         # tile (scheduler.cuh), not a row of phantom tiles.
         cluster_tiles = (m_blocks // 2 * num_n_blocks + m_blocks % 2 * _ceil_div(num_n_blocks, 2) if cluster_m == 2
                          else m_blocks * (num_n_blocks // cluster_n))
+        if kind == K_GROUPED:
+            cluster_tiles *= num_groups
         num_clusters = max(1, min(max_clusters, cluster_tiles * split_k))
     cfg = GemmConfig(
-        kind, n, k, num_groups, block_m, block_n, num_stages, cluster_m, cluster_n, band_width, num_clusters * cluster_size,
+        kind, n, shape_k, num_groups, block_m, block_n, num_stages, cluster_m, cluster_n, band_width, num_clusters * cluster_size,
         split_k,
     )
     check_config(cfg, smem_limit)

@@ -27,7 +27,9 @@ Pipeline of :func:`fp8_moe_forward` (prefill / training shapes):
 
 Everything runs on CPU tensors (the exact reference GEMMs) and on sm_90 CUDA tensors (JIT kernels), and
 traces with ``torch.compile(fullgraph=True)`` (routing is plain torch with static shapes when compiling; the
-GEMMs and quantisers are ``torch.ops.deep_fp8_gemm`` custom ops). These are forward-only (no autograd).
+GEMMs and quantisers are ``torch.ops.deep_fp8_gemm`` custom ops). These are forward-only (no autograd); the
+differentiable version is :func:`deep_fp8_gemm.autograd.fp8_moe`, which :class:`FP8MoE` runs in training
+(``master_dtype``) or when its input requires grad.
 """
 
 from __future__ import annotations
@@ -104,6 +106,9 @@ for _key in ("CPU", "CUDA"):
 torch.library.register_fake("deep_fp8_gemm::silu_mul_quant", _silu_mul_quant_fake, lib=_lib)
 
 
+_silu_eager = prepared.quantiser("silu", _check_silu_input, _silu_mul_quant_impl)
+
+
 def silu_mul_quant(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``SiLU(gate) * up`` quantised per token: the middle of a SwiGLU expert.
 
@@ -117,7 +122,7 @@ def silu_mul_quant(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         ``sA`` of the next GEMM. Values: ``per_token_cast_to_fp8(F.silu(gate.float()) * up.float())``, in fp32.
         On sm_90 one fused kernel (``y`` is never written to memory); elsewhere plain torch.
     """
-    result = prepared.quantise("silu", x, _check_silu_input, _silu_mul_quant_impl)  # eager: checks cached
+    result = _silu_eager(x)  # eager: checks cached (deep_fp8_gemm.prepared)
     if result is not None:
         return result
     if not isinstance(x, torch.Tensor):
@@ -368,6 +373,11 @@ def _experts_masked(a, a_scales, counts, w13, w13_scale, w2, w2_scale, expected_
 
 
 # ---------------------------------------------------------------------------------------------- module
+def _check_master_dtype(master_dtype: object) -> None:
+    if master_dtype is not None and master_dtype not in (torch.float32, torch.bfloat16):
+        raise TypeError(f"master_dtype must be None, torch.float32 or torch.bfloat16, got {master_dtype!r}")
+
+
 def _quantise_experts(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``[E, n, k]`` -> (e4m3 ``[E, n, k]``, ``[E, ceil(n/128), ceil(k/128)]``), 128x128 blocks per expert."""
     pairs = [per_block_cast_to_fp8(w[e]) for e in range(w.shape[0])]  # once per model load
@@ -384,12 +394,21 @@ class FP8MoE(nn.Module):
 
     The constructor initialises the experts like ``nn.Linear`` (uniform in ``±1/sqrt(fan_in)``) and quantises
     them; use :meth:`from_weights` to load trained weights. The router is not part of this module: pass
-    ``topk_ids`` / ``topk_weights`` to :meth:`forward`. Inference only (no autograd through FP8).
+    ``topk_ids`` / ``topk_weights`` to :meth:`forward`.
+
+    Training: ``master_dtype=torch.float32`` (or ``torch.bfloat16``) keeps master parameters ``w13`` ``[E, 2I,
+    H]`` and ``w2`` ``[E, H, I]`` of that dtype instead of the e4m3 buffers, and the forward is
+    :func:`deep_fp8_gemm.autograd.fp8_moe` (FP8 forward and backward, fp32 weight gradients, ``main_grad``
+    honoured). An inference module whose ``hidden`` or ``topk_weights`` requires grad runs
+    :func:`deep_fp8_gemm.autograd.fp8_moe_frozen` (same output; gradients to those two only).
     """
 
+    master_dtype: torch.dtype | None = None  # None: the inference module (e4m3 buffers)
+
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, *,
-                 device: torch.device | str | None = None):
+                 device: torch.device | str | None = None, master_dtype: torch.dtype | None = None):
         super().__init__()
+        _check_master_dtype(master_dtype)
         for value, name in ((num_experts, "num_experts"), (hidden_size, "hidden_size"),
                             (intermediate_size, "intermediate_size")):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -398,13 +417,19 @@ class FP8MoE(nn.Module):
             raise ValueError(f"hidden_size and intermediate_size must be multiples of 16, got "
                              f"{hidden_size=} {intermediate_size=}")
         self.num_experts, self.hidden_size, self.intermediate_size = num_experts, hidden_size, intermediate_size
-        w13 = torch.empty((num_experts, 2 * intermediate_size, hidden_size), dtype=torch.bfloat16, device=device)
-        w2 = torch.empty((num_experts, hidden_size, intermediate_size), dtype=torch.bfloat16, device=device)
+        dtype = torch.bfloat16 if master_dtype is None else master_dtype
+        w13 = torch.empty((num_experts, 2 * intermediate_size, hidden_size), dtype=dtype, device=device)
+        w2 = torch.empty((num_experts, hidden_size, intermediate_size), dtype=dtype, device=device)
         w13.uniform_(-1 / math.sqrt(hidden_size), 1 / math.sqrt(hidden_size))
         w2.uniform_(-1 / math.sqrt(intermediate_size), 1 / math.sqrt(intermediate_size))
-        self._set_weights(w13, w2)
+        self._set_weights(w13, w2, master_dtype)
 
-    def _set_weights(self, w13: torch.Tensor, w2: torch.Tensor) -> None:
+    def _set_weights(self, w13: torch.Tensor, w2: torch.Tensor, master_dtype: torch.dtype | None = None) -> None:
+        self.master_dtype = master_dtype
+        if master_dtype is not None:
+            self.w13 = nn.Parameter(w13.detach().to(master_dtype).clone())
+            self.w2 = nn.Parameter(w2.detach().to(master_dtype).clone())
+            return
         w13_fp8, w13_scale = _quantise_experts(w13)
         w2_fp8, w2_scale = _quantise_experts(w2)
         self.register_buffer("w13", w13_fp8)
@@ -413,8 +438,10 @@ class FP8MoE(nn.Module):
         self.register_buffer("w2_scale", w2_scale)
 
     @classmethod
-    def from_weights(cls, w13: torch.Tensor, w2: torch.Tensor) -> FP8MoE:
-        """Quantises trained expert weights once (128x128 blocks per expert).
+    def from_weights(cls, w13: torch.Tensor, w2: torch.Tensor, *,
+                     master_dtype: torch.dtype | None = None) -> FP8MoE:
+        """Quantises trained expert weights once (128x128 blocks per expert); with ``master_dtype`` keeps copies
+        of them in that dtype as master parameters instead (a training module).
 
         Args:
             w13: ``[E, 2I, H]`` bfloat16 / float16 / float32: ``torch.cat([W1, W3], dim=1)`` of the gate and up
@@ -428,19 +455,28 @@ class FP8MoE(nn.Module):
         if two_i == 0 or two_i % 2 or tuple(w2.shape) != (num_experts, hidden, two_i // 2):
             raise ValueError(f"w13 must be [E, 2I, H] and w2 [E, H, I], got w13.shape={tuple(w13.shape)} "
                              f"w2.shape={tuple(w2.shape)}")
+        _check_master_dtype(master_dtype)
         module = cls.__new__(cls)
         nn.Module.__init__(module)
         module.num_experts, module.hidden_size, module.intermediate_size = num_experts, hidden, two_i // 2
         if hidden % 16 or (two_i // 2) % 16:
             raise ValueError(f"H and I must be multiples of 16, got H={hidden} I={two_i // 2}")
-        module._set_weights(w13, w2)
+        module._set_weights(w13, w2, master_dtype)
         return module
 
     def forward(self, hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
         """``hidden [T, H]`` bf16, ``topk_ids [T, top_k]`` int (-1 = dropped), ``topk_weights [T, top_k]``
-        fp32 -> ``[T, H]`` bf16 (see :func:`fp8_moe_forward`)."""
+        fp32 -> ``[T, H]`` bf16 (see :func:`fp8_moe_forward`; training: :func:`deep_fp8_gemm.autograd.fp8_moe`)."""
+        if self.master_dtype is not None or (torch.is_grad_enabled() and any(
+                isinstance(t, torch.Tensor) and t.requires_grad for t in (hidden, topk_weights))):
+            from .autograd import fp8_moe, fp8_moe_frozen  # autograd imports this module
+
+            if self.master_dtype is not None:
+                return fp8_moe(hidden, topk_ids, topk_weights, self.w13, self.w2)
+            return fp8_moe_frozen(hidden, topk_ids, topk_weights, self.w13, self.w13_scale, self.w2, self.w2_scale)
         return fp8_moe_forward(hidden, topk_ids, topk_weights, self.w13, self.w13_scale, self.w2, self.w2_scale)
 
     def extra_repr(self) -> str:
+        master = "" if self.master_dtype is None else f", master_dtype={self.master_dtype}"
         return (f"num_experts={self.num_experts}, hidden_size={self.hidden_size}, "
-                f"intermediate_size={self.intermediate_size}")
+                f"intermediate_size={self.intermediate_size}{master}")

@@ -16,7 +16,8 @@ tuple (~4x dearer to build and compare):
   GPU: the kernel config, the loaded kernel and a :class:`~deep_fp8_gemm.runtime.driver.PreparedLaunch`.
 * known signature: only what depends on the data pointers runs: 16-byte alignment of A, B and out, out overlapping no
   input (integer compares against the cached spans; on a hit of either the full pointer check runs and raises
-  its usual message), sA's alignment, the tensor maps, the parameter bytes, the launch.
+  its usual message), sA's alignment, the tensor maps, the parameter bytes, the launch. The psum layout's group
+  ends are values, not metadata: on a CPU they are checked on every call (as by the op), on a GPU never read.
 
 A changed shape, stride, dtype or device is a different signature, so it misses and is checked in full; a
 changed pointer is checked on every call.
@@ -28,12 +29,16 @@ cannot be patched on the host), so the four encoded maps are cached per plan und
 encodes.
 
 Quantiser outputs: every call returns two new tensors, each with its own storage of exactly its size (offset 0,
-the documented shapes and strides), made with ``new_empty_strided`` of a 0-element prototype of the output's
-dtype and device kept by the plan (no ``dtype=`` / ``device=`` to parse). Carving both from one buffer was
-measured and costs more (two view ops, ~1.8 µs each here, against ~1.3 µs per allocation), and would let a
+the documented shapes and strides). The common call (:meth:`QuantPlan._fast_call`, one Python frame) makes them
+with torch's ``_empty_strided_{cpu,cuda}(sizes, strides, dtype)`` (inductor's allocator: no argument parser, no
+dispatcher; ~0.65 µs a tensor instead of ~1.3 µs), on the current device, which it checks is the input's; the
+general path uses ``new_empty_strided`` of a 0-element prototype of the output's dtype and device kept by the
+plan. Carving both from one buffer was measured and costs more (two view ops, ~1.8 µs each here), and would let a
 ``resize_`` of one tensor grow over the other. The plan's constant kernel parameters are packed once into its
 own parameter block; a call from the thread that built the plan writes only the three pointers there, any
-other thread packs all of them into its own slot.
+other thread packs all of them into its own slot. On the null stream the kernel's context must be current: the
+driver is asked on every call (``cuCtxGetCurrent``; the ``CUcontext`` objects compare by handle) — no cache can
+see another library's ``cuCtxSetCurrent`` / push, so nothing is cached.
 
 :func:`prepare_gemm` exposes a plan as an object for callers that want to skip even the signature lookup:
 it checks the example tensors once, and each call trusts that the tensors have the example's metadata
@@ -71,6 +76,14 @@ try:
     from torch._C._dynamo.guards import TensorGuards as _TensorGuards
 except ImportError:  # pragma: no cover - every torch this package supports has it
     _TensorGuards = None
+# torch's low-overhead allocators (what inductor's generated code calls): ``(sizes, strides, dtype)`` ->
+# ``at::detail::empty_strided_{cpu,cuda}`` without the Python argument parser or the dispatcher, ~0.65 µs per
+# tensor less than ``new_empty_strided`` here. The CUDA one allocates on the *current* device (checked per
+# call). Private API: where it is missing a plan allocates with new_empty_strided as before.
+try:
+    from torch._C._dynamo.guards import _empty_strided_cpu as _empty_cpu, _empty_strided_cuda as _empty_cuda
+except ImportError:  # pragma: no cover - present in the supported torch (2.13)
+    _empty_cpu = _empty_cuda = None
 _is_compiling = torch.compiler.is_compiling
 _FP8, _F32 = torch.float8_e4m3fn, torch.float32
 _dispatch_depth = torch._C._len_torch_dispatch_stack
@@ -118,7 +131,7 @@ class GemmPlan:
     that signature: ``plan(a, sa, b, sb, out, grouped_layout)`` (``grouped_layout`` None for dense)."""
 
     __slots__ = ("kind", "expected_m", "empty", "index", "rows", "cfg", "launcher", "heads", "sa_ready",
-                 "sb_ready", "gl_ready", "ready", "spans", "_ops", "workspace", "device")
+                 "sb_ready", "gl_ready", "ready", "spans", "_ops", "psum_values", "workspace", "device")
 
     def __init__(self, kind: str, a, sa, b, sb, out, gl, expected_m: int | None):
         from . import ops
@@ -132,12 +145,22 @@ class GemmPlan:
         elif kind == "contiguous":
             m_sum, n, _, _ = check_contiguous(a, sa, b, sb, out, gl)
             self.empty = not (m_sum and n)
+        elif kind == "psum":
+            from .psum import check_contiguous_psum
+
+            m_sum, n, _, _ = check_contiguous_psum(a, sa, b, sb, out, gl)
+            if expected_m is not None:
+                check_expected_m(expected_m)
+            self.empty = not (m_sum and n)
         else:
             _, m_max, n, _ = check_masked(a, sa, b, sb, out, gl, expected_m)
             self.empty = not (m_max and n)
         # Byte spans of A, sA, B, sB, out, grouped layout from their data pointers (0: empty / absent).
         self.spans = (_span(a), _span(sa), _span(b), _span(sb), _span(out), 0 if gl is None else _span(gl))
         self.rows = a.shape[-2]
+        # psum on a CPU: the group ends are read and checked on every call (as the op does; free there). Never
+        # on a GPU (graph-safe; the empty problem included), hence gpu_index and not the emptiness below.
+        self.psum_values = kind == "psum" and a.device.type == "cpu" and target.gpu_index(a.device) is None
         self.index = None if self.empty else target.gpu_index(a.device)
         self.cfg = self.launcher = None
         self.workspace = None  # split-K: {stream: (counters, partials, buffers kept alive)}; else None
@@ -178,6 +201,10 @@ class GemmPlan:
             self._check_pointers(a, sa, b, sb, out, gl)
         launcher = self.launcher
         if launcher is None:  # empty problem, or CPU: the reference (or the simulator), as before
+            if self.psum_values:
+                from .reference import check_psum_values
+
+                check_psum_values(gl.tolist(), self.rows)
             if not self.empty:
                 self._ops._dispatch(self.kind, a, sa, b, sb, out, grouped_layout=gl, expected_m=self.expected_m)
             return
@@ -222,7 +249,7 @@ class GemmPlan:
     def _check_pointers(self, a, sa, b, sb, out, gl) -> None:
         from .validation import _check_pointers
 
-        extra = () if gl is None else ((gl, "m_indices" if self.kind == "contiguous" else "masked_m"),)
+        extra = () if gl is None else ((gl, _LAYOUT_NAMES[self.kind]),)
         _check_pointers(a, sa, b, sb, out, extra)
 
     def _encode(self, a, sa, b, out, key) -> bytes:
@@ -237,15 +264,18 @@ class GemmPlan:
         return head
 
 
+_LAYOUT_NAMES = {"contiguous": "m_indices", "masked": "masked_m", "psum": "grouped_layout"}  # in the ops' messages
 _dense_plans: dict[tuple, GemmPlan] = {}
 _contiguous_plans: dict[tuple, GemmPlan] = {}
 _masked_plans: dict[tuple, GemmPlan] = {}
+_psum_plans: dict[tuple, GemmPlan] = {}
 # Fast index: id(B) -> [(guard, extra, plan)], newest first. A guard is torch's C++ tensor-metadata check
 # (see _guard); extra holds the non-tensor part of the signature. id(B) only narrows the search (a reused id
 # is harmless: the guard checks every tensor, B included).
 _dense_index: dict[int, list] = {}
 _contiguous_index: dict[int, list] = {}
 _masked_index: dict[int, list] = {}
+_psum_index: dict[int, list] = {}
 _MAX_GUARDS_PER_WEIGHT = 8  # signatures (typically row counts) remembered per weight
 
 
@@ -306,7 +336,9 @@ def dense(a, sa, b, sb, out) -> bool:
 
 def contiguous(a, sa, b, sb, out, m_indices) -> bool:
     """``m_grouped_gemm_fp8_fp8_bf16_nt_contiguous`` through its plan when :func:`eager` allows; else False."""
-    if not eager(a, sa, b, sb, out, m_indices):
+    if _is_compiling() or _dispatch_depth() or type(a) is not _Tensor or type(sa) is not _Tensor or \
+            type(b) is not _Tensor or type(sb) is not _Tensor or type(out) is not _Tensor or \
+            type(m_indices) is not _Tensor:  # eager(), inlined (as in dense)
         return False
     extra = utils._num_sms_override
     entries = _contiguous_index.get(id(b))
@@ -329,9 +361,12 @@ def contiguous(a, sa, b, sb, out, m_indices) -> bool:
 
 def masked(a, sa, b, sb, out, masked_m, expected_m: int) -> bool:
     """``m_grouped_gemm_fp8_fp8_bf16_nt_masked`` through its plan when :func:`eager` allows; else False."""
-    if not eager(a, sa, b, sb, out, masked_m):
+    if _is_compiling() or _dispatch_depth() or type(a) is not _Tensor or type(sa) is not _Tensor or \
+            type(b) is not _Tensor or type(sb) is not _Tensor or type(out) is not _Tensor or \
+            type(masked_m) is not _Tensor:  # eager(), inlined (as in dense)
         return False
-    check_expected_m(expected_m)  # before the lookup: True == 1 as a key
+    if type(expected_m) is not int or expected_m <= 0:  # before the lookup: True == 1 as a key
+        check_expected_m(expected_m)
     extra = (expected_m, utils._num_sms_override)
     entries = _masked_index.get(id(b))
     if entries is not None:
@@ -351,10 +386,39 @@ def masked(a, sa, b, sb, out, masked_m, expected_m: int) -> bool:
     return True
 
 
+def psum(a, sa, b, sb, out, grouped_layout, expected_m) -> bool:
+    """``m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum`` through its plan when :func:`eager` allows and
+    ``expected_m`` is None or a valid int; else False (nothing done: the op's own path runs, and raises
+    what it raises, in its order)."""
+    if _is_compiling() or _dispatch_depth() or type(a) is not _Tensor or type(sa) is not _Tensor or \
+            type(b) is not _Tensor or type(sb) is not _Tensor or type(out) is not _Tensor or \
+            type(grouped_layout) is not _Tensor:  # eager(), inlined (as in dense)
+        return False
+    if expected_m is not None and (type(expected_m) is not int or expected_m <= 0):
+        return False
+    extra = (expected_m, utils._num_sms_override)
+    entries = _psum_index.get(id(b))
+    if entries is not None:
+        for guard, guard_extra, plan in entries:
+            if guard_extra == extra and guard.check(a, sa, b, sb, out, grouped_layout):
+                plan(a, sa, b, sb, out, grouped_layout)
+                return True
+    key = (a.shape, a.stride(), a.dtype, a.device, sa.shape, sa.stride(), sa.dtype, sa.device,
+           b.shape, b.stride(), b.dtype, b.device, sb.shape, sb.stride(), sb.dtype, sb.device,
+           out.shape, out.stride(), out.dtype, out.device,
+           grouped_layout.shape, grouped_layout.stride(), grouped_layout.dtype, grouped_layout.device, extra)
+    plan = _psum_plans.get(key)
+    if plan is None:
+        plan = _remember(_psum_plans, key, GemmPlan("psum", a, sa, b, sb, out, grouped_layout, expected_m))
+    _index(_psum_index, id(b), _guard(a, sa, b, sb, out, grouped_layout), extra, plan)
+    plan(a, sa, b, sb, out, grouped_layout)
+    return True
+
+
 def clear() -> None:
     """Forget every plan (tests; a loaded kernel stays loaded)."""
-    for plans in (_dense_plans, _contiguous_plans, _masked_plans, _quant_plans, _dense_index, _contiguous_index,
-                  _masked_index, _quant_index[False], _quant_index[True]):
+    for plans in (_dense_plans, _contiguous_plans, _masked_plans, _psum_plans, _quant_plans, _dense_index,
+                  _contiguous_index, _masked_index, _psum_index, *_quant_hot):
         plans.clear()
 
 
@@ -365,7 +429,8 @@ class PreparedGemm:
     Made by :func:`prepare_gemm`. Call it exactly like the op it was prepared for, with tensors that have the
     example's shapes, strides, dtypes and device (**not checked** per call: that is what it saves; use
     :meth:`matches` while developing): ``p(lhs, rhs, out)`` (dense), ``p(lhs, rhs, out, m_indices)``
-    (contiguous), ``p(lhs, rhs, out, masked_m)`` (masked; the ``expected_m`` given to :func:`prepare_gemm`).
+    (contiguous), ``p(lhs, rhs, out, masked_m)`` (masked; the ``expected_m`` given to :func:`prepare_gemm`),
+    ``p(lhs, rhs, out, grouped_layout)`` (psum; likewise).
     Data pointers may change from call to call and are still checked (16-byte alignment, no overlap of out
     with an input), with the ops' messages. CUDA-graph capturable like the ops (after one call).
     """
@@ -402,7 +467,9 @@ def prepare_gemm(kind: str, lhs, rhs, out, grouped_layout: torch.Tensor | None =
         kind: ``"dense"`` (:func:`~deep_fp8_gemm.gemm_fp8_fp8_bf16_nt`), ``"contiguous"``
             (:func:`~deep_fp8_gemm.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous`, ``grouped_layout`` = m_indices) or
             ``"masked"`` (:func:`~deep_fp8_gemm.m_grouped_gemm_fp8_fp8_bf16_nt_masked`, ``grouped_layout`` =
-            masked_m, ``expected_m`` required).
+            masked_m, ``expected_m`` required) or ``"psum"``
+            (:func:`~deep_fp8_gemm.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum`, ``grouped_layout`` = the
+            group ends, ``expected_m`` optional; on a CPU the ends are checked on every call, as by the op).
         lhs, rhs, out, grouped_layout: example arguments, exactly as the op takes them (shapes, dtypes, layouts
             and errors as documented there); nothing is computed.
 
@@ -416,17 +483,16 @@ def prepare_gemm(kind: str, lhs, rhs, out, grouped_layout: torch.Tensor | None =
     from . import ops
     from .validation import check_expected_m
 
-    if kind not in ("dense", "contiguous", "masked"):
-        raise ValueError(f"kind must be 'dense', 'contiguous' or 'masked', got {kind!r}")
+    if kind not in ("dense", "contiguous", "masked", "psum"):
+        raise ValueError(f"kind must be 'dense', 'contiguous', 'masked' or 'psum', got {kind!r}")
     if (grouped_layout is None) != (kind == "dense"):
-        what = "m_indices" if kind == "contiguous" else "masked_m"
         raise ValueError(f"prepare_gemm('dense', ...) takes no grouped_layout" if kind == "dense" else
-                         f"prepare_gemm({kind!r}, ...) needs grouped_layout ({what})")
-    if kind == "masked":
+                         f"prepare_gemm({kind!r}, ...) needs grouped_layout ({_LAYOUT_NAMES[kind]})")
+    if kind == "masked" or (kind == "psum" and expected_m is not None):
         check_expected_m(expected_m)
-    elif expected_m is not None:
-        raise ValueError(f"expected_m is only for kind='masked', got {expected_m=} for {kind=}")
-    extra = () if grouped_layout is None else ((grouped_layout, "m_indices" if kind == "contiguous" else "masked_m"),)
+    elif kind != "psum" and expected_m is not None:
+        raise ValueError(f"expected_m is only for kind='masked' or 'psum', got {expected_m=} for {kind=}")
+    extra = () if grouped_layout is None else ((grouped_layout, _LAYOUT_NAMES[kind]),)
     a, sa, b, sb = ops._operands(lhs, rhs, out, *extra)
     plan = GemmPlan(kind, a, sa, b, sb, out, grouped_layout, expected_m)
     return PreparedGemm(kind, plan, _gemm_key(kind, (a, sa), (b, sb), out, grouped_layout, expected_m), expected_m)
@@ -473,12 +539,15 @@ class QuantPlan:
         # The plan's own parameter block, written only by the thread that built the plan: the constants are
         # packed once here, a call writes the three pointers in front of them.
         self.thread = _get_ident()
+        self.call = self._launch
         if not self.empty:
             from .runtime import driver
 
             self.block = driver.param_block(_QUANT_PARAMS.size)
             _QUANT_PARAMS.pack_into(self.block.view, 0, 0, 0, 0, *self.consts)
-        self.call = self._launch
+            empty = {"cpu": _empty_cpu, "cuda": _empty_cuda}.get(self.device.type)
+            if not self.copy and empty is not None:
+                self.call = self._fast_call(driver, empty)
 
     def _prepare_per_token(self, kq, x, dtype) -> None:
         name = "x"
@@ -552,8 +621,57 @@ class QuantPlan:
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.call(x)
 
+    def _fast_call(self, driver, empty):
+        """``self.call`` of a non-empty plan whose input needs no copy: one Python frame that does what
+        :meth:`_launch` then :meth:`PreparedLaunch.launch <deep_fp8_gemm.runtime.driver.PreparedLaunch.launch>`
+        do in the common case (the current device is the input's, aligned input if vectorised, this plan's
+        thread, a stream already seen, on the null stream the kernel's context current); anything else goes
+        through :meth:`_launch` / :meth:`_finish` / ``launch``, so every rule stays in one place. Locals instead
+        of attribute loads, the driver's functions bound once (the binding is the module's ``driver`` at plan
+        time). ``empty``: torch's ``(sizes, strides, dtype)`` allocator for the plan's device type; its tensors
+        are what ``new_empty_strided`` makes (own storage of exactly the size, offset 0, no grad), except that
+        torch's deterministic mode does not NaN-fill them (the kernel writes every element)."""
+        out_shape, out_strides, scale_shape, scale_strides = (self.out_shape, self.out_strides, self.scale_shape,
+                                                              self.scale_strides)
+        vectorizable = self.vectorizable
+        launcher = self._launchers.get(vectorizable) or self._launcher(vectorizable)
+        configs, kernel, index, thread = launcher._configs, launcher.kernel, self.index, self.thread
+        finish = self._finish
+        function, context = kernel.function, kernel.context
+        block = self.block
+        view, address = block.view, block.pointers_address
+        pack = _QUANT_POINTERS.pack_into
+        get_current, launch_ex = driver.driver.cuCtxGetCurrent, driver.driver.cuLaunchKernelEx
+        get_ident = _get_ident
+
+        slow = self._launch
+
+        def call(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            if target.current_device() != index:  # the allocator's device: not the input's
+                return slow(x)
+            out = empty(out_shape, out_strides, _FP8)
+            scales = empty(scale_shape, scale_strides, _F32)
+            px = x.data_ptr()
+            stream = target.current_stream(index)
+            config = configs.get(stream)
+            if config is None or (vectorizable and px & 15) or get_ident() != thread:
+                return finish(x, out, scales, px)
+            pack(view, 0, px, out.data_ptr(), scales.data_ptr())
+            if stream == 0:  # null stream: this kernel's context must be current (else launch() pushes it)
+                err, current = get_current()
+                if err or current != context:  # CUcontext == compares the handles
+                    launcher.launch(block, stream)
+                    return out, scales
+            err = launch_ex(config, function, address, 0)[0]
+            if err:
+                launcher.raise_error(err, stream)
+            return out, scales
+
+        return call
+
     def _launch(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The sm_90 path (``self.call`` there): allocate the outputs, pack the pointers, launch."""
+        """The sm_90 path (``self.call`` there unless :meth:`_fast_call` serves): allocate the outputs, pack
+        the pointers, launch."""
         if self.copy:
             x = x.contiguous()
         # Two new tensors, each with its own storage (module docstring, "Quantiser outputs"); new_empty_strided
@@ -562,7 +680,11 @@ class QuantPlan:
         scales = self.scale_proto.new_empty_strided(self.scale_shape, self.scale_strides)
         if self.empty:
             return out, scales
-        px = x.data_ptr()
+        return self._finish(x, out, scales, x.data_ptr())
+
+    def _finish(self, x: torch.Tensor, out: torch.Tensor, scales: torch.Tensor, px: int
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Pack the parameters of ``x`` -> ``(out, scales)`` and launch (``px`` = ``x.data_ptr()``)."""
         vectorized = self.vectorizable and not px & 15
         launcher = self._launchers.get(vectorized) or self._launcher(vectorized)
         if _get_ident() == self.thread:  # the constants are already in the plan's own block
@@ -576,31 +698,38 @@ class QuantPlan:
 
 
 _quant_plans: dict[tuple, QuantPlan] = {}
-# Hot index per (ue8m0, kind): [(guard.check, plan.call)], newest first, at most _MAX_GUARDS_PER_WEIGHT. Bound
-# methods, so that a hit costs one C++ check and one call (no tuple key, no instance __call__ lookup).
-_quant_index: dict[bool, dict[str, list]] = {False: {}, True: {}}
+# Every quantiser's hot lists (see quantiser), for clear().
+_quant_hot: list[list] = []
 
 
-def quantise(kind: str, x: torch.Tensor, check, fallback, ue8m0: bool = False
-             ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """Quantiser ``kind`` through its plan when :func:`eager` allows (else None, nothing done): ``check(x)`` is
-    the public op's check (run on a new signature), ``fallback`` its implementation for devices without the
-    fused kernels (called as ``fallback(x, ue8m0)``, or ``fallback(x)`` for "silu"); ``ue8m0`` a bool."""
-    if _is_compiling() or _dispatch_depth() or type(x) is not _Tensor:
-        return None
-    entries = _quant_index[ue8m0].get(kind)
-    if entries is not None:
-        for hit, call in entries:
+def quantiser(kind: str, check, fallback):
+    """The eager entry of quantiser ``kind`` ("per_token" | "per_block" | "silu"): ``entry(x, ue8m0)`` runs it
+    through its plan when :func:`eager` allows and returns ``(out, scales)``, else None (nothing done).
+    ``check(x)`` is the public op's check (run on a new signature), ``fallback`` its implementation for devices
+    without the fused kernels (called as ``fallback(x, ue8m0)``, or ``fallback(x)`` for "silu"); ``ue8m0`` a
+    bool (the caller checks its type).
+
+    Hot path: per ``ue8m0`` a list of ``(guard.check, plan.call)``, newest first, at most
+    ``_MAX_GUARDS_PER_WEIGHT`` — one C++ metadata check and one call per hit, the kind and the lists bound in
+    the closure (no key built, no dict looked up)."""
+    hot = ([], [])  # indexed by ue8m0 (False -> 0, True -> 1)
+    _quant_hot.extend(hot)
+
+    def entry(x: torch.Tensor, ue8m0: bool = False) -> tuple[torch.Tensor, torch.Tensor] | None:
+        if _is_compiling() or _dispatch_depth() or type(x) is not _Tensor:
+            return None
+        for hit, call in hot[ue8m0]:
             if hit(x):
                 return call(x)
-    key = (kind, ue8m0, x.shape, x.stride(), x.dtype, x.device)
-    plan = _quant_plans.get(key)
-    if plan is None:
-        plan = _remember(_quant_plans, key, QuantPlan(kind, x, check, fallback, ue8m0))
-    guard = _guard(x)
-    if guard is not None:
-        if entries is None:
-            entries = _quant_index[ue8m0][kind] = []
-        entries.insert(0, (guard.check, plan.call))
-        del entries[_MAX_GUARDS_PER_WEIGHT:]
-    return plan.call(x)
+        key = (kind, ue8m0, x.shape, x.stride(), x.dtype, x.device)
+        plan = _quant_plans.get(key)
+        if plan is None:
+            plan = _remember(_quant_plans, key, QuantPlan(kind, x, check, fallback, ue8m0))
+        guard = _guard(x)
+        if guard is not None:
+            entries = hot[ue8m0]
+            entries.insert(0, (guard.check, plan.call))
+            del entries[_MAX_GUARDS_PER_WEIGHT:]
+        return plan.call(x)
+
+    return entry

@@ -27,10 +27,10 @@ from __future__ import annotations
 
 import torch
 
-from . import reference
+from . import prepared, reference
 from .ops import _dispatch, _eager, _operands
 from .validation import (_check_layout, _check_pointers, _same_device, _tensor, check_expected_m,
-                         check_m_grouped_operands)
+                         check_m_grouped_operands, unpack_pair)
 
 _NAME = "m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum"
 
@@ -109,6 +109,10 @@ def m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum(
     Same alignment rules (``n % 8 == 0``, ``k % 16 == 0``), errors and dispatch as
     :func:`deep_fp8_gemm.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous`; ``m_sum`` may be any value.
     """
+    a, sa = lhs if type(lhs) is tuple and len(lhs) == 2 else unpack_pair(lhs, "lhs")
+    b, sb = rhs if type(rhs) is tuple and len(rhs) == 2 else unpack_pair(rhs, "rhs")
+    if prepared.psum(a, sa, b, sb, out, grouped_layout, expected_m):  # eager: checks cached per signature
+        return
     a, sa, b, sb = _operands(lhs, rhs, out, (grouped_layout, "grouped_layout"))
     impl = _impl if _eager(a, sa, b, sb, out, grouped_layout) else _op
     impl(a, sa, b, sb, out, grouped_layout, expected_m)

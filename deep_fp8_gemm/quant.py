@@ -141,6 +141,10 @@ def _per_block_impl(w: torch.Tensor, use_ue8m0: bool = False) -> tuple[torch.Ten
     return w_fp8, scales.contiguous()
 
 
+_per_token_eager = prepared.quantiser("per_token", _check_x, _per_token_impl)
+_per_block_eager = prepared.quantiser("per_block", _check_w, _per_block_impl)
+
+
 def _per_token_fake(x: torch.Tensor, use_ue8m0: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     _check_input(x, "x")
     m, k = x.shape
@@ -180,7 +184,7 @@ def per_token_cast_to_fp8(
     scales`` per group. Non-finite inputs give unspecified results.
     """
     if type(use_ue8m0) is bool and type(gran_k) is int and gran_k == GROUP and use_packed_ue8m0 is False:
-        result = prepared.quantise("per_token", x, _check_x, _per_token_impl, use_ue8m0)  # eager: cached checks
+        result = _per_token_eager(x, use_ue8m0)  # eager: cached checks (deep_fp8_gemm.prepared)
         if result is not None:
             return result
     _check_input(x, "x")
@@ -206,7 +210,7 @@ def per_block_cast_to_fp8(
     (partial edge blocks treated as zero-padded).
     """
     if type(use_ue8m0) is bool and type(gran_k) is int and gran_k == GROUP:
-        result = prepared.quantise("per_block", w, _check_w, _per_block_impl, use_ue8m0)  # eager: cached checks
+        result = _per_block_eager(w, use_ue8m0)  # eager: cached checks (deep_fp8_gemm.prepared)
         if result is not None:
             return result
     _check_input(w, "w")

@@ -191,3 +191,28 @@ def gemm_fp8_fp8_fp32_nt_1d1d(lhs, rhs, d: torch.Tensor, c: torch.Tensor | None)
     if c is not None:
         prod += c.double()
     d.copy_(prod)
+
+
+def k_grouped_gemm_fp8_fp8_fp32_nt(lhs, rhs, d: torch.Tensor, ks, ks_tensor: torch.Tensor | None = None,
+                                   c: torch.Tensor | None = None) -> None:
+    """Reference of the k-grouped weight-gradient GEMM (:func:`deep_fp8_gemm.wgrad.k_grouped_gemm_fp8_fp8_fp32_nt`):
+    for each group g, ``d[g] = c[g] + A_g·B_gᵀ`` with A_g ``[m, K_g]`` at element ``m·sum(ks[:g])`` of the flat
+    e4m3 ``a`` (row stride K_g), B_g ``[n, K_g]`` likewise in ``b``, their 1x128 scales the columns
+    ``sum(ks[:g])/128 ..`` of sA ``[m, sum(ks)/128]`` / sB ``[n, sum(ks)/128]``; ``K_g = 0`` gives ``d[g] = c[g]``
+    (0 when ``c`` is None); ``c`` may be ``d``. Dequantised, multiplied, summed and added to C in float64, rounded
+    once to float32."""
+    from .wgrad import check_k_grouped
+
+    a, sa = unpack_pair(lhs, "lhs")
+    b, sb = unpack_pair(rhs, "rhs")
+    ks, m, n = check_k_grouped(a, sa, b, sb, d, ks, ks_tensor, c, layout=False)
+    k_off = 0
+    for g, k in enumerate(ks):
+        acc = torch.zeros(m, n, dtype=torch.float64, device=d.device) if c is None else c[g].double()
+        if k:
+            blocks = slice(k_off // 128, (k_off + k) // 128)
+            a64 = a[m * k_off: m * (k_off + k)].view(m, k).double() * sa[:, blocks].double().repeat_interleave(128, 1)
+            b64 = b[n * k_off: n * (k_off + k)].view(n, k).double() * sb[:, blocks].double().repeat_interleave(128, 1)
+            acc = acc + a64 @ b64.T
+        d[g].copy_(acc)
+        k_off += k

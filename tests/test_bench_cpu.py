@@ -187,6 +187,7 @@ def test_summary_without_and_with_results(tmp_path):
     ("bench.bench_grouped", ["--kind", "masked", "--smoke"]),
     ("bench.bench_grouped", ["--kind", "contiguous", "--smoke"]),
     ("bench.bench_wgrad", ["--smoke"]),
+    ("bench.bench_wgrad", ["--family", "k_grouped", "--smoke"]),
 ])
 def test_cpu_smoke_pipeline(tmp_path, entry, argv):
     pytest.importorskip("deep_fp8_gemm")
@@ -215,8 +216,10 @@ def test_device_check_dry_run(tmp_path):
     result = _device_check(str(out), "--dry-run")
     assert result.returncode == 0, result.stderr
     for step in ("preflight", "install", "precompile", "gpu-tests", "bench-dense", "bench-decode",
-                 "bench-contiguous", "bench-masked", "report", "summary"):
+                 "bench-contiguous", "bench-masked", "bench-host", "report", "summary"):
         assert step in result.stdout
+    host = next(line for line in result.stdout.splitlines() if line.split()[:1] == ["bench-host"])
+    assert "--device cuda" in host and f"{out}/results/host/bench_host.json" in host and "--time-budget" not in host
     assert "--no-index" in result.stdout and "-m gpu" in result.stdout and "--quick" in result.stdout
     assert not out.exists()  # a dry run writes nothing
     full = _device_check(str(out), "--dry-run", "--full", "--no-install", "--budget", "900")

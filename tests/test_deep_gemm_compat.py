@@ -92,7 +92,7 @@ OTHER_NAMES = [
     "get_mn_major_tma_aligned_tensor", "get_col_major_tma_aligned_tensor", "get_tma_aligned_size",
     "set_num_sms", "get_num_sms", "per_token_cast_to_fp8", "per_block_cast_to_fp8", "per_channel_cast_to_fp8",
     "calc_diff", "ceil_div", "fp8_fp4_gemm_nt", "m_grouped_fp8_fp4_gemm_nt_contiguous",
-    "m_grouped_fp8_fp4_gemm_nt_masked",
+    "m_grouped_fp8_fp4_gemm_nt_masked", "k_grouped_fp8_gemm_nt_contiguous",
 ]
 
 
@@ -103,7 +103,7 @@ def test_every_name_resolves():
         assert callable(getattr(deep_gemm, name)), name
     assert deep_gemm.fp8_m_grouped_gemm_nt_masked is deep_gemm.m_grouped_fp8_gemm_nt_masked
     # Layouts the Hopper kernels do not have are absent, so hasattr-based feature probes pick another path.
-    for absent in ("fp8_gemm_nn", "fp8_gemm_tn", "fp8_gemm_tt", "k_grouped_fp8_gemm_nt_contiguous"):
+    for absent in ("fp8_gemm_nn", "fp8_gemm_tn", "fp8_gemm_tt", "k_grouped_fp8_gemm_tn_contiguous"):
         assert not hasattr(deep_gemm, absent), absent
 
 

@@ -28,18 +28,19 @@ from deep_fp8_gemm.config import SMEM_LIMIT, GemmConfig, check_config
 from deep_fp8_gemm.kernels import gemm
 from deep_fp8_gemm.kernels import quant as kq
 from deep_fp8_gemm.runtime import driver as drv
-from deep_fp8_gemm.runtime.tensor_map import TmaDtype, TmaSwizzle
+from deep_fp8_gemm.runtime.tensor_map import TensorMapSpec, TmaDtype, TmaSwizzle
 from deep_fp8_gemm.utils import get_col_major_tma_aligned_tensor
 from tests import (
     test_cast_transpose_kernels,
     test_gpu_gemm,
     test_gpu_jit,
     test_gpu_smoke,
+    test_k_grouped,
     test_quant,
     test_quant_kernels,
 )
 
-GPU_MODULES = (test_gpu_gemm, test_gpu_jit, test_gpu_smoke, test_quant, test_quant_kernels,
+GPU_MODULES = (test_gpu_gemm, test_gpu_jit, test_gpu_smoke, test_quant, test_quant_kernels, test_k_grouped,
                test_cast_transpose_kernels)
 NUM_SMS = 132  # H100 / H200
 FP8 = torch.float8_e4m3fn
@@ -77,6 +78,27 @@ def check_gemm_case(case: dict) -> GemmConfig:
         spec.validate()
     _launch(cfg.grid_size, cfg.num_threads, cfg.cluster_size, cfg.smem_bytes)
     return cfg
+
+
+def check_k_grouped_case(case: tuple) -> None:
+    """A k-grouped GEMM (m, n, ks): the public op's checks, the config, every per-group and scale map, the launch."""
+    from deep_fp8_gemm import wgrad
+
+    m, n, ks = case
+    k_sum = sum(ks)
+    a, b = torch.empty(m * k_sum, dtype=FP8), torch.empty(n * k_sum, dtype=FP8)
+    sa, sb = torch.empty(m, k_sum // 128), torch.empty(n, k_sum // 128)
+    d, c = torch.empty(len(ks), m, n), torch.empty(len(ks), m, n)
+    wgrad.check_k_grouped(a, sa, b, sb, d, ks, torch.tensor(ks, dtype=torch.int32), c)
+    cfg = gemm.k_grouped_config(m, n, len(ks), NUM_SMS)
+    check_config(cfg)
+    group_maps = gemm.k_grouped_map_args(cfg, a, b, m, n, ks)
+    assert len(group_maps) == 2 * len(ks)
+    for args in [*group_maps, *gemm.k_grouped_scale_map_args(cfg, get_col_major_tma_aligned_tensor(sa),
+                                                              get_col_major_tma_aligned_tensor(sb), m, n)]:
+        if args is not None:
+            TensorMapSpec(*args).validate()
+    _launch(cfg.grid_size, cfg.num_threads, cfg.cluster_size, cfg.smem_bytes)
 
 
 def _check_quant_launch(config: kq.QuantKernelConfig, params, grid: int, device) -> None:
@@ -196,6 +218,8 @@ FAMILIES = {
     "gemm": lambda: _problems(test_gpu_gemm.launch_cases() + test_gpu_smoke.launch_cases(), check_gemm_case,
                               _gemm_label),
     "bench": lambda: _problems(bench_gemm_cases(), check_gemm_case, _gemm_label),
+    "k_grouped": lambda: _problems(test_k_grouped.K_GROUPED_GPU_CASES, check_k_grouped_case,
+                                   lambda c: f"k-grouped (m, n, ks) = {c}"),
     "tma": lambda: _problems(test_gpu_jit.TMA_CASES, check_tma_case, lambda c: f"TMA case {c}"),
     "quant": lambda: _problems(
         test_quant_kernels.gpu_quant_inputs() + test_gpu_smoke.quant_calls()

@@ -160,7 +160,7 @@ def test_ceilings():
 
 def test_shipped_ceilings_cover_every_gemm_kind():
     ceilings = kloop.load_ceilings()
-    assert set(ceilings) == {"dense", "contiguous", "masked", "1d1d"}
+    assert set(ceilings) == {"dense", "contiguous", "masked", "1d1d", "k_grouped"}
     for kind, limits in ceilings.items():
         assert limits["math_per_k_block"] > 0 and limits["producer_per_k_block"] > 0
         assert any(key.startswith("issue_per_tensor_cycle_m") for key in limits), kind
@@ -236,4 +236,27 @@ def test_real_1d1d_kernel():
     assert prod["per_k_block"]["QGMMA"] == 0 and prod["utmaldg"] >= 4  # A, B, sA and sB by TMA
     assert kloop.check_ceilings("1d1d", cfg.block_m, r, kloop.load_ceilings()) == []
     modelled = math_issue_per_k_block("1d1d", cfg.block_m, cfg.block_n)
+    assert abs(modelled - math["per_k_block"]["total"]) <= 0.1 * math["per_k_block"]["total"], (modelled, math)
+
+
+def test_real_k_grouped_kernel():
+    """The k-grouped kind (run-time K per group): the math loop of the 1D1D family found in the run-time ring walk
+    (4 QGMMA, BLOCK_N / 2 FFMA and FMUL per K block and wave), four TMA loads per K block in the producer, within
+    the kind's ceilings, and the heuristic's issue model within 10% of the compiled loop."""
+    from deep_fp8_gemm.config import math_issue_per_k_block
+    from deep_fp8_gemm.kernels.gemm import k_grouped_config, render_source
+    from deep_fp8_gemm.runtime.compiler import compile_kernel
+    from deep_fp8_gemm.runtime.sass import disassemble
+
+    cfg = k_grouped_config(4096, 7168, 8, 132)
+    kernel = compile_kernel(cfg.kernel_name(), render_source(cfg))
+    r = kloop.analyse_sass(disassemble(kernel.cubin), block_m=cfg.block_m, block_n=cfg.block_n,
+                           num_math_warpgroups=cfg.num_math_warpgroups, function=cfg.kernel_name())
+    math, prod = r["math"], r["producer"]
+    assert math["per_k_block"]["QGMMA"] == 4 * cfg.waves_m
+    assert math["per_k_block"]["FFMA"] == cfg.block_n // 2 * cfg.waves_m
+    assert math["per_k_block"]["FMUL"] == cfg.block_n // 2 * cfg.waves_m
+    assert prod["per_k_block"]["QGMMA"] == 0 and prod["utmaldg"] >= 4  # A_g, B_g, sA and sB by TMA
+    assert kloop.check_ceilings("k_grouped", cfg.block_m, r, kloop.load_ceilings()) == []
+    modelled = math_issue_per_k_block("k_grouped", cfg.block_m, cfg.block_n)
     assert abs(modelled - math["per_k_block"]["total"]) <= 0.1 * math["per_k_block"]["total"], (modelled, math)

@@ -21,9 +21,56 @@ from deep_fp8_gemm.kernels import quant as kq
 from deep_fp8_gemm.runtime import driver as drv
 from deep_fp8_gemm.runtime import target
 from tests.test_driver import FakeDriver
-from tests.test_validation import BUILDERS, CASES, _call, _offset_view
+from tests.test_validation import BUILDERS as _VALIDATION_BUILDERS
+from tests.test_validation import CASES as _VALIDATION_CASES
+from tests.test_validation import COMMON, _offset_view
+from tests.test_validation import _call as _validation_call
 
 _QUANT_FIELDS = struct.Struct("<7Q4I")
+_PSUM_VALID_ROWS = 100
+
+
+def _psum_args() -> dict:
+    """tests/test_validation.py's contiguous operands (m_sum = 128, G = 2) with group ends [0, 100]: group 0
+    empty, group 1 rows [0, 100), rows 100.. padding (unspecified output)."""
+    args = _VALIDATION_BUILDERS["contiguous"]()
+    del args["m_indices"]
+    return dict(args, grouped_layout=torch.tensor([0, _PSUM_VALID_ROWS], dtype=torch.int32), expected_m=None)
+
+
+def _call(kind: str, args: dict) -> None:
+    if kind != "psum":
+        return _validation_call(kind, args)
+    lhs = args.pop("lhs", (args["a"], args["sa"]))
+    rhs = args.pop("rhs", (args["b"], args["sb"]))
+    dfg.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum(lhs, rhs, args["out"], args["grouped_layout"],
+                                                      args["expected_m"])
+
+
+def _valid(kind: str, args: dict, out: torch.Tensor) -> list[torch.Tensor]:
+    """The specified part of a GEMM's output (masked / psum leave some rows unspecified)."""
+    if kind == "masked":
+        return [out[g, :rows] for g, rows in enumerate(args["masked_m"].tolist())]
+    return [out[:_PSUM_VALID_ROWS] if kind == "psum" else out]
+
+
+# The ops of tests/test_validation.py plus the psum layout (its bad-input cases: the common ones and its own,
+# the group-end values included: on a CPU they are checked on every call, cached plan or not).
+BUILDERS = dict(_VALIDATION_BUILDERS, psum=_psum_args)
+_PSUM_CASES = [
+    ("B-2d", lambda a: dict(a, b=a["b"][0]), ValueError, "rhs[0]"),
+    ("layout-int64", lambda a: dict(a, grouped_layout=a["grouped_layout"].long()), TypeError, "grouped_layout"),
+    ("layout-length", lambda a: dict(a, grouped_layout=a["grouped_layout"][:1]), ValueError, "grouped_layout"),
+    ("layout-missing", lambda a: dict(a, grouped_layout=None), TypeError, "grouped_layout"),
+    ("layout-decreasing", lambda a: dict(a, grouped_layout=torch.tensor([100, 50], dtype=torch.int32)), ValueError,
+     "grouped_layout"),
+    ("layout-past-rows", lambda a: dict(a, grouped_layout=torch.tensor([0, 129], dtype=torch.int32)), ValueError,
+     "grouped_layout"),
+    ("expected_m-zero", lambda a: dict(a, expected_m=0), ValueError, "expected_m"),
+    ("expected_m-bool", lambda a: dict(a, expected_m=True), TypeError, "expected_m"),
+    ("expected_m-float", lambda a: dict(a, expected_m=1.5), TypeError, "expected_m"),
+]
+CASES = _VALIDATION_CASES + [("psum", *case) for case in COMMON + _PSUM_CASES]
 
 
 @pytest.fixture(autouse=True)
@@ -63,7 +110,7 @@ def test_each_kind_of_change_is_caught_on_the_fast_path(kind, change):
     args = BUILDERS[kind]()
     _call(kind, dict(args))
     plans = {"dense": prepared._dense_plans, "contiguous": prepared._contiguous_plans,
-             "masked": prepared._masked_plans}[kind]
+             "masked": prepared._masked_plans, "psum": prepared._psum_plans}[kind]
     assert len(plans) == 1
     out = args["out"]
     changed = {
@@ -91,11 +138,8 @@ def test_cached_calls_compute_the_reference(kind):
     for _ in range(2):  # cached plan, fresh output buffer and fresh inputs of the same signature
         out = torch.full_like(args["out"], 7.0)
         _call(kind, dict(args, out=out, a=args["a"].clone(), sa=args["sa"].clone()))
-        if kind == "masked":  # rows past masked_m are unspecified
-            for g, rows in enumerate(args["masked_m"].tolist()):
-                assert torch.equal(out[g, :rows], expected[g, :rows])
-        else:
-            assert torch.equal(out, expected)
+        for got, want in zip(_valid(kind, args, out), _valid(kind, args, expected)):
+            assert torch.equal(got, want)
 
 
 def test_set_num_sms_is_part_of_the_signature(monkeypatch):
@@ -158,11 +202,38 @@ def test_requires_grad_inputs_still_take_the_plans():
     assert torch.equal(first[0].float(), second[0].float()) and torch.equal(first[1], second[1])
 
 
-def test_expected_m_bool_is_rejected_after_an_int_call():
-    args = BUILDERS["masked"]()
-    _call("masked", dict(args, expected_m=1))
+@pytest.mark.parametrize("kind", ["masked", "psum"])
+def test_expected_m_bool_is_rejected_after_an_int_call(kind):
+    args = BUILDERS[kind]()
+    _call(kind, dict(args, expected_m=1))
     with pytest.raises(TypeError, match="expected_m"):
-        _call("masked", dict(args, expected_m=True))  # True == 1 and hashes alike
+        _call(kind, dict(args, expected_m=True))  # True == 1 and hashes alike
+
+
+@pytest.mark.parametrize("ends", [[100, 50], [0, 129], [-1, 100]])
+def test_psum_plan_checks_the_group_ends_before_running_on_a_cpu(monkeypatch, ends):
+    """A cached CPU plan checks the ends itself on every call, before the reference or the simulator (which
+    must not see bad ones) runs: same message as the uncached op."""
+    from deep_fp8_gemm import ops
+
+    args = BUILDERS["psum"]()
+    _call("psum", dict(args))
+    bad = dict(args, grouped_layout=torch.tensor(ends, dtype=torch.int32))
+    monkeypatch.setattr(ops, "_dispatch", lambda *a, **k: pytest.fail("bad group ends reached the kernel"))
+    with pytest.raises(ValueError, match="grouped_layout") as warm:
+        _call("psum", dict(bad))
+    assert len(prepared._psum_plans) == 1
+    prepared.clear()
+    with pytest.raises(ValueError) as cold:
+        _call("psum", dict(bad))
+    assert str(warm.value) == str(cold.value)
+
+
+def test_psum_expected_m_is_part_of_the_signature():
+    args = BUILDERS["psum"]()
+    for expected_m in (None, 64, None, 64):
+        _call("psum", dict(args, expected_m=expected_m))
+    assert len(prepared._psum_plans) == 2
 
 
 def test_quantiser_options_are_checked_and_keyed():
@@ -193,7 +264,7 @@ def test_quantiser_signature_change_is_caught():
 @pytest.mark.parametrize("kind", list(BUILDERS))
 def test_prepare_gemm_runs_new_tensors_of_the_signature(kind):
     args = BUILDERS[kind]()
-    grouped = {"dense": None, "contiguous": args.get("m_indices"), "masked": args.get("masked_m")}[kind]
+    grouped = _grouped(kind, args)
     expected_m = args.get("expected_m")
     call = dfg.prepare_gemm(kind, (args["a"], args["sa"]), (args["b"], args["sb"]), args["out"], grouped,
                             expected_m=expected_m)
@@ -203,11 +274,8 @@ def test_prepare_gemm_runs_new_tensors_of_the_signature(kind):
     assert call.matches((args["a"], args["sa"]), (args["b"], args["sb"]), out, grouped)
     assert not call.matches((args["a"], args["sa"]), (args["b"], args["sb"]), out.float(), grouped)
     call((args["a"].clone(), args["sa"]), (args["b"], args["sb"]), out, grouped)
-    if kind == "masked":
-        for g, rows in enumerate(args["masked_m"].tolist()):
-            assert torch.equal(out[g, :rows], expected[g, :rows])
-    else:
-        assert torch.equal(out, expected)
+    for got, want in zip(_valid(kind, args, out), _valid(kind, args, expected)):
+        assert torch.equal(got, want)
     with pytest.raises(ValueError, match="overlap"):  # pointers are still checked
         call((args["a"], args["sa"]), (args["b"], args["sb"]),
              args["a"].view(-1)[: out.numel() * 2].view(out.dtype).view(out.shape), grouped)
@@ -250,6 +318,7 @@ def fake_gpu(monkeypatch):
         monkeypatch.setattr(target, "gpu_index", lambda device: 0)
         monkeypatch.setattr(target, "capability", lambda index: (9, 0))
         monkeypatch.setattr(target, "current_stream", lambda index: 0x77)
+        monkeypatch.setattr(target, "current_device", lambda: 0)
 
     fake.on = on
     gemm._cuda_kernel.cache_clear()
@@ -262,7 +331,8 @@ def fake_gpu(monkeypatch):
 
 
 def _grouped(kind, args):
-    return {"dense": None, "contiguous": args.get("m_indices"), "masked": args.get("masked_m")}[kind]
+    return {"dense": None, "contiguous": args.get("m_indices"), "masked": args.get("masked_m"),
+            "psum": args.get("grouped_layout")}[kind]
 
 
 @pytest.mark.parametrize("kind", list(BUILDERS))
@@ -294,7 +364,19 @@ def test_plan_reencodes_only_new_pointers(fake_gpu, kind):
     gemm.launch(kind, args["a"], args["sa"], args["b"], args["sb"], out2, grouped_layout=_grouped(kind, args),
                 expected_m=args.get("expected_m"), backend="cuda")
     assert fake_gpu.launches[-1]["params"] == fake_gpu.launches[-2]["params"]
-    assert len(prepared._dense_plans) + len(prepared._contiguous_plans) + len(prepared._masked_plans) == 1
+    assert (len(prepared._dense_plans) + len(prepared._contiguous_plans) + len(prepared._masked_plans)
+            + len(prepared._psum_plans)) == 1
+
+
+def test_psum_plan_never_reads_the_group_ends_on_a_gpu(fake_gpu, monkeypatch):
+    """On a GPU the ends stay on the device (graph-safe): a cached plan launches with any values, as the
+    uncached op does; on a CPU the same values raise (test_a_changed_argument_is_caught_after_a_cached_call)."""
+    args = _canonical(BUILDERS["psum"]())
+    fake_gpu.on()
+    _call("psum", dict(args))
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda self: pytest.fail("the group ends were read"))
+    _call("psum", dict(args, grouped_layout=torch.tensor([100, 50], dtype=torch.int32)))
+    assert len(fake_gpu.launches) == 2 and len(prepared._psum_plans) == 1
 
 
 def test_plan_normalises_row_major_scales_on_every_call(fake_gpu):
@@ -478,6 +560,64 @@ def test_quant_plan_outputs_own_their_storage(fake_gpu, name, m):
     a.resize_(a.numel() * 4).view(torch.uint8).fill_(0x40)
     sa.resize_(sa.numel() * 4).fill_(7.0)
     assert torch.all(b.view(torch.uint8) == 0x38) and torch.all(sb == 5.0)
+
+
+def test_quant_fast_path_checks_context_device_stream_alignment_and_errors(fake_gpu, monkeypatch):
+    """The one-frame fast path of a quantiser plan (QuantPlan._fast_call) takes the common case only: a changed
+    current context (null stream), current device, stream or input alignment, and a failing launch, each
+    take the general path's rule, call after call on the same plan."""
+    from tests.test_driver import INVALID_VALUE
+
+    allocations = []
+    fast_empty = prepared._empty_cpu
+
+    def counting(*args):
+        allocations.append(args)
+        return fast_empty(*args)
+
+    monkeypatch.setattr(prepared, "_empty_cpu", counting)  # read when the plan is built
+    fake_gpu.param_sizes = [72]
+    base = torch.randn(96 * 512 + 2, dtype=torch.bfloat16)
+    x, x_odd = base[:-2].view(96, 512), base[2:].view(96, 512)  # same signature; x_odd 4-byte aligned only
+    fake_gpu.on()
+    monkeypatch.setattr(target, "current_stream", lambda index: 0)
+    primary = 0x1000  # FakeDriver's primary context of device 0
+
+    def quant(t):
+        out, scales = dfg.per_token_cast_to_fp8(t)
+        got = _QUANT_FIELDS.unpack(fake_gpu.launches[-1]["params"][:72])
+        assert got[:3] == (t.data_ptr(), out.data_ptr(), scales.data_ptr())
+        assert got[3:] == _quant_reference("per_token", t, kq.QuantKind.PER_TOKEN)[3:]
+        assert (out.shape, out.stride(), scales.shape, scales.stride()) == ((96, 512), (512, 1), (96, 4), (1, 96))
+        return fake_gpu.launches[-1]
+
+    quant(x)
+    quant(x)  # the fast path from here on
+    vectorized = fake_gpu.launches[-1]["function"]
+    assert fake_gpu.launches[-1]["context"] == primary and len(allocations) == 4  # 2 calls x 2 outputs
+
+    fake_gpu.current_ctx = 0x2000  # another context current: pushed for the launch, then restored
+    assert quant(x)["context"] == primary and fake_gpu.current_ctx == 0x2000
+    fake_gpu.current_ctx = 0  # none current: the primary context is made current
+    assert quant(x)["context"] == primary and fake_gpu.current_ctx == primary
+
+    monkeypatch.setattr(target, "current_device", lambda: 1)  # the fast allocator would use device 1
+    before = len(allocations)
+    quant(x)
+    assert len(allocations) == before  # allocated on the plan's device by the general path
+    monkeypatch.setattr(target, "current_device", lambda: 0)
+
+    monkeypatch.setattr(target, "current_stream", lambda index: 0x55)  # a stream not seen yet, then again
+    assert quant(x)["stream"] == 0x55 and quant(x)["stream"] == 0x55
+    monkeypatch.setattr(target, "current_stream", lambda index: 0)
+
+    scalar = quant(x_odd)["function"]  # misaligned input of the vectorised plan: the scalar kernel
+    assert scalar != vectorized and quant(x)["function"] == vectorized
+    assert len(prepared._quant_plans) == 1
+
+    fake_gpu.fail["cuLaunchKernelEx"] = INVALID_VALUE
+    with pytest.raises(drv.CudaDriverError, match=r"cuLaunchKernelEx\("):
+        dfg.per_token_cast_to_fp8(x)
 
 
 def test_split_k_plan_packs_the_workspace_of_its_stream(fake_gpu, monkeypatch):

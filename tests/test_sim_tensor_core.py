@@ -31,8 +31,8 @@ M, N, K = 64, 128, 512
 # blocks (scale-d stays on), and is promoted (then restarted) only every fourth block. Exact with the
 # constant scales used here; wrong by the tensor core's arithmetic only.
 PROMOTE_EVERY_512 = [
-    ("pipe.template for_each_use<kKBlocksPerSplit>([&](u32 stage, u32 phase, u32 /*kb*/) {",
-     "pipe.template for_each_use<kKBlocksPerSplit>([&](u32 stage, u32 phase, u32 kb) {"),
+    ("const auto k_block = [&](u32 stage, u32 phase, u32 /*kb*/) {",
+     "const auto k_block = [&](u32 stage, u32 phase, u32 kb) {"),
     ("desc_advance(b_desc, stage * kSmemBBytes + ks * kWgmmaK), scratch, ks > 0);",
      "desc_advance(b_desc, stage * kSmemBBytes + ks * kWgmmaK), scratch, ks > 0 || kb % 4 != 0);"),
     ("promote(acc[w], scratch, sa_lo, sa_hi, sb0, sb1, cols);",

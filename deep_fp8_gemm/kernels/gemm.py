@@ -27,7 +27,8 @@ TEMPLATE = "fp8_gemm.cu"
 PARAMS_BYTES = 576  # sizeof(dfg::GemmParams), static_assert'ed in fp8_gemm.cuh
 _PARAMS_TAIL = struct.Struct("<QQII")  # sb, grouped_layout, rows, reserved at offset 512
 _PARAMS_FP32_OUT = struct.Struct("<QQII")  # 1D1D kind: d_f32, c_f32, ld_d, ld_c at offset 536
-PARAMS_SPLIT_K_OFFSET = 560
+PARAMS_SPLIT_K_OFFSET = 560  # the kind-exclusive tail: k-grouped group_maps, or (dense split-K) the workspace
+_PARAMS_GROUP_MAPS = struct.Struct("<Q")  # k-grouped kind: group_maps at offset 560
 _PARAMS_SPLIT_K = struct.Struct("<QQ")  # split-K workspace: counters, partials at offset 560 (split_k.cuh)
 
 # DeepSeek-V3 shapes (ANCHORS.md section 5): dense (N, K) and grouped (N, K).
@@ -41,6 +42,11 @@ MASKED_EXPECTED_MS = (1, 32, 256, 1024)
 # features), k = tokens; audited for the in-feature counts x 4096 tokens and the out-feature counts as m.
 DEEPSEEK_V3_WGRAD = ((7168, 4096), (1536, 4096), (512, 4096), (16384, 4096), (2048, 4096))
 WGRAD_MS = (576, 2112, 4096, 7168, 24576)
+# k-grouped (MoE expert weight gradients): dW13 [2 x 2048, 7168] and dW2 [7168, 2048] of each local expert, i.e.
+# (n, nominal k) shapes with n = 7168 / 2048 and ms = 4096 / 7168 (out features), for 8 and 32 local experts.
+DEEPSEEK_V3_K_GROUPED = ((7168, 4096), (2048, 4096))
+K_GROUPED_MS = (4096, 7168)
+K_GROUPED_GROUPS = (8, 32)
 
 
 # ---------------------------------------------------------------------------------------------- source
@@ -101,19 +107,24 @@ def tensor_map_specs(cfg: GemmConfig, a: torch.Tensor, sa: torch.Tensor, b: torc
 
 
 def pack_params(maps: Iterable[bytes], sb: torch.Tensor | None, grouped_layout: torch.Tensor | None, rows: int,
-                d_f32: torch.Tensor | None = None, c_f32: torch.Tensor | None = None,
+                d_f32: torch.Tensor | None = None, c_f32: torch.Tensor | None = None, group_maps: int = 0,
                 split_k_workspace: tuple[int, int] = (0, 0)) -> bytes:
-    """Raw bytes of ``dfg::GemmParams``: four 128-byte tensor maps, then sb, grouped_layout, rows, (1D1D
-    kind) the fp32 D and C pointers and row strides, and (split-K) the workspace's counter and partial
-    addresses (``deep_fp8_gemm.split_k.pointers``)."""
+    """Raw bytes of ``dfg::GemmParams``: four 128-byte tensor maps, then sb, grouped_layout, rows and (1D1D
+    kinds) the fp32 D and C pointers and row strides, and at offset 560 either (k-grouped kind) the address of the
+    per-group maps or (dense split-K) the workspace's counter and partial addresses
+    (``deep_fp8_gemm.split_k.pointers``): a union in the struct, the two never go together."""
     head = b"".join(maps)
     if len(head) != 512:
         raise ValueError(f"expected four 128-byte tensor maps, got {len(head)} bytes")
     tail = _PARAMS_TAIL.pack(0 if sb is None else sb.data_ptr(),
                              0 if grouped_layout is None else grouped_layout.data_ptr(), rows, 0)
     if d_f32 is not None:
-        tail += _PARAMS_FP32_OUT.pack(d_f32.data_ptr(), c_f32.data_ptr(), d_f32.stride(0), c_f32.stride(0))
-    tail += bytes(PARAMS_SPLIT_K_OFFSET - 512 - len(tail)) + _PARAMS_SPLIT_K.pack(*split_k_workspace)
+        tail += _PARAMS_FP32_OUT.pack(d_f32.data_ptr(), c_f32.data_ptr(), d_f32.stride(-2), c_f32.stride(-2))
+    if group_maps and any(split_k_workspace):
+        raise ValueError("group_maps (k-grouped kind) and split_k_workspace (dense) share offset 560: pass one")
+    if group_maps or any(split_k_workspace):
+        tail += bytes(PARAMS_SPLIT_K_OFFSET - 512 - len(tail))
+        tail += _PARAMS_GROUP_MAPS.pack(group_maps) if group_maps else _PARAMS_SPLIT_K.pack(*split_k_workspace)
     return head + tail + bytes(PARAMS_BYTES - 512 - len(tail))
 
 
@@ -156,6 +167,91 @@ def run_1d1d(cfg: GemmConfig, a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor
         device = target.gpu_index(a.device)
         kernel = _cuda_kernel(cfg, device)
         params = pack_params([driver.tensor_map_cache.lookup(x, x) for x in args], None, None, rows, d, c)
+        driver.launch(kernel, params, grid=cfg.grid_size, block=cfg.num_threads, cluster=cfg.cluster_size,
+                      smem_bytes=cfg.smem_bytes, stream=target.current_stream(device))
+    else:
+        raise ValueError(f"backend must be 'cuda' or 'sim', got {backend!r}")
+
+
+# ---------------------------------------------------------------------------------------------- k-grouped kind
+#: Per-group K the k-grouped config is chosen for: the config (and so the binary) depends on m, n and G only, not on
+#: the ks of a call (routing changes them every step; a new binary per step would compile mid-training).
+K_GROUPED_NOMINAL_K = 4096
+_TENSOR_MAP_BYTES = 128
+
+
+def k_grouped_config(m: int, n: int, num_groups: int, num_sms: int) -> GemmConfig:
+    return get_config(m, n, K_GROUPED_NOMINAL_K, num_groups, "k_grouped", num_sms)
+
+
+def k_grouped_map_args(cfg: GemmConfig, a: torch.Tensor, b: torch.Tensor, m: int, n: int, ks: Sequence[int]
+                       ) -> list[MapArgs | None]:
+    """The 2G per-group maps (A_g at 2g, B_g at 2g + 1; None for an empty group): A_g ``[m, K_g]`` at byte
+    ``m * sum(ks[:g])`` of the flat ``a``, row stride K_g bytes, box 128 x BLOCK_M, SW128; B_g likewise."""
+    out: list[MapArgs | None] = []
+    k_off = 0
+    for k in ks:
+        if k == 0:
+            out += [None, None]
+            continue
+        out.append((TmaDtype.UINT8, a.data_ptr() + m * k_off, (k, m, 1), (k, m * k), (BLOCK_K, cfg.block_m, 1),
+                    TmaSwizzle.B128))
+        out.append((TmaDtype.UINT8, b.data_ptr() + n * k_off, (k, n, 1), (k, n * k), (BLOCK_K, cfg.block_n, 1),
+                    TmaSwizzle.B128))
+        k_off += k
+    return out
+
+
+def k_grouped_scale_map_args(cfg: GemmConfig, sa: torch.Tensor, sb: torch.Tensor, m: int, n: int
+                             ) -> tuple[MapArgs, MapArgs]:
+    """sA ``[m, sum(ks)/128]`` (the tma_sa slot) and sB ``[n, sum(ks)/128]`` (the tma_d slot, as in the 1D1D kind),
+    both M-major TMA-aligned, boxes BLOCK_M x 1 / BLOCK_N x 1: one map each for every group."""
+    kb = sa.shape[-1]
+    return (
+        (TmaDtype.FLOAT32, sa.data_ptr(), (m, kb, 1), (sa.stride(-1) * 4, sa.stride(-1) * 4 * kb), (cfg.block_m, 1, 1),
+         TmaSwizzle.NONE),
+        (TmaDtype.FLOAT32, sb.data_ptr(), (n, kb, 1), (sb.stride(-1) * 4, sb.stride(-1) * 4 * kb), (cfg.block_n, 1, 1),
+         TmaSwizzle.NONE),
+    )
+
+
+def run_k_grouped(cfg: GemmConfig, a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor,
+                  d: torch.Tensor, c: torch.Tensor, ks: Sequence[int], ks_tensor: torch.Tensor, backend: str) -> None:
+    """``d[g] = c[g] + A_g . B_g^T`` for every group with the k-grouped kernel of ``cfg`` (``cfg.kind ==
+    "k_grouped"``, ``cfg.num_groups == len(ks)``). Inputs validated by ``deep_fp8_gemm.wgrad`` (flat e4m3 ``a`` /
+    ``b``, sA / sB ``[m|n, sum(ks)/128]`` M-major TMA-aligned, ``d`` / ``c`` contiguous ``[G, m, n]`` fp32, ``c``
+    may be ``d``; ``sum(ks) > 0``). The per-group maps go to a 64-byte-aligned array in the operands' memory
+    (a CPU buffer for the simulator, a device copy for the GPU) that the kernel fences before use."""
+    if cfg.kind != "k_grouped" or cfg.num_groups != len(ks):
+        raise ValueError(f"run_k_grouped needs a k_grouped config of {len(ks)} groups, got kind={cfg.kind!r} "
+                         f"num_groups={cfg.num_groups}")
+    m, n = d.shape[1], d.shape[2]
+    scale_maps = k_grouped_scale_map_args(cfg, sa, sb, m, n)
+    group_args = k_grouped_map_args(cfg, a, b, m, n, ks)
+    unused = bytes(_TENSOR_MAP_BYTES)  # the tma_a / tma_b slots: per-group maps replace them
+    if backend == "sim":
+        from ..simulator import launch as sim_launch, pack_tensor_map
+
+        blob = b"".join(unused if x is None else pack_tensor_map(TensorMapSpec(*x)) for x in group_args)
+        storage = torch.zeros(len(blob) + 64, dtype=torch.uint8)
+        start = -storage.data_ptr() % 64
+        group_maps = storage[start:start + len(blob)]
+        group_maps.copy_(torch.frombuffer(bytearray(blob), dtype=torch.uint8))
+        maps = [unused, unused] + [pack_tensor_map(TensorMapSpec(*x)) for x in scale_maps]
+        params = pack_params(maps, None, ks_tensor, m, d, c, group_maps.data_ptr())
+        sim_launch(cfg.kernel_name(), render_source(cfg, simulator=True), params, grid=cfg.grid_size,
+                   block=cfg.num_threads, cluster=cfg.cluster_size, smem_bytes=cfg.smem_bytes)
+    elif backend == "cuda":
+        from ..runtime import driver, target
+
+        device = target.gpu_index(d.device)
+        kernel = _cuda_kernel(cfg, device)
+        blob = b"".join(unused if x is None else driver.tensor_map_cache.lookup(x, x) for x in group_args)
+        # A stream-ordered copy into a fresh caching-allocator block (>= 512-byte aligned); the block is reused only
+        # by later work on this stream, after the kernel.
+        group_maps = torch.frombuffer(bytearray(blob), dtype=torch.uint8).to(d.device)
+        maps = [unused, unused] + [driver.tensor_map_cache.lookup(x, x) for x in scale_maps]
+        params = pack_params(maps, None, ks_tensor, m, d, c, group_maps.data_ptr())
         driver.launch(kernel, params, grid=cfg.grid_size, block=cfg.num_threads, cluster=cfg.cluster_size,
                       smem_bytes=cfg.smem_bytes, stream=target.current_stream(device))
     else:
@@ -257,15 +353,20 @@ def audit_targets(kind: str, shapes: Sequence[tuple[int, int]] | None = None, ms
     """
     from ..runtime.audit import AuditTarget
 
-    if kind not in ("dense", "contiguous", "masked", "psum", "1d1d"):
-        raise ValueError(f"kind must be dense, contiguous, masked, psum or 1d1d, got {kind!r}")
-    default_shapes = {"dense": DEEPSEEK_V3_DENSE, "1d1d": DEEPSEEK_V3_WGRAD}.get(kind, DEEPSEEK_V3_GROUPED)
+    if kind not in ("dense", "contiguous", "masked", "psum", "1d1d", "k_grouped"):
+        raise ValueError(f"kind must be dense, contiguous, masked, psum, 1d1d or k_grouped, got {kind!r}")
+    default_shapes = {"dense": DEEPSEEK_V3_DENSE, "1d1d": DEEPSEEK_V3_WGRAD,
+                      "k_grouped": DEEPSEEK_V3_K_GROUPED}.get(kind, DEEPSEEK_V3_GROUPED)
     shapes = tuple(shapes) if shapes else default_shapes
     configs: list[GemmConfig] = []
     for n, k in shapes:
         if kind in ("dense", "1d1d"):
             for m in ms or (DEFAULT_DENSE_MS if kind == "dense" else WGRAD_MS):
                 configs.append(get_config(m, n, k, 1, kind, num_sms))
+        elif kind == "k_grouped":  # k: the nominal per-group K of the cost model (the binary has none)
+            for g in ([num_groups] if num_groups else K_GROUPED_GROUPS):
+                for m in ms or K_GROUPED_MS:
+                    configs.append(get_config(m, n, k, g, kind, num_sms))
         elif kind in ("contiguous", "psum"):
             pairs = [(num_groups, m) for m in ms] if (ms and num_groups) else \
                 [(g, m) for g, m in CONTIGUOUS_EXPERTS] if not ms else [(g, m) for g, _ in CONTIGUOUS_EXPERTS for m in ms]

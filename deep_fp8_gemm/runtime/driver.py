@@ -646,8 +646,13 @@ class PreparedLaunch:
                 return
         err = driver.cuLaunchKernelEx(config, kernel.function, slot.pointers_address, 0)[0]
         if err != 0:
-            _raise(err, f"cuLaunchKernelEx({kernel.name!r}, grid={self.grid}, block={self.block}, "
-                        f"cluster={self.cluster}, smem_bytes={self.smem_bytes}, stream={stream:#x})")
+            self.raise_error(err, stream)
+
+    def raise_error(self, err: int, stream: int) -> None:
+        """Raise CudaDriverError for ``cuLaunchKernelEx`` having returned ``err`` (for callers that inline
+        :meth:`launch`'s fast path)."""
+        _raise(err, f"cuLaunchKernelEx({self.kernel.name!r}, grid={self.grid}, block={self.block}, "
+                    f"cluster={self.cluster}, smem_bytes={self.smem_bytes}, stream={stream:#x})")
 
 
 def _reset_for_tests() -> None:

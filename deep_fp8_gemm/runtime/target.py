@@ -1,9 +1,9 @@
-"""Where an op's kernel runs: a tensor's GPU ordinal, that GPU's capability, its current stream.
+"""Where an op's kernel runs: a tensor's GPU ordinal, that GPU's capability, the current device and stream.
 
-The ops, the GEMM launcher and the quantisers ask these three functions (through this module's attributes,
+The ops, the GEMM launcher and the quantisers ask these functions (through this module's attributes,
 never a ``from`` import) instead of reading ``torch.cuda`` themselves. That is the one seam through which
 ``bench/bench_host.py`` sends CPU tensors down the GPU launch path against a stub ``libcuda.so.1`` (it swaps
-the three functions for the duration of the measurement), so the host cost it measures is that of the code
+these functions for the duration of the measurement), so the host cost it measures is that of the code
 a GPU call runs. Nothing else replaces them.
 """
 
@@ -28,10 +28,20 @@ def capability(index: int) -> tuple[int, int]:
     return _cuda_capability_of_index(index)
 
 
+def current_device() -> int:
+    """torch's current CUDA device ordinal (``torch._C._cuda_getDevice`` when torch has it, bound below). A
+    quantiser plan allocates its outputs on the current device and checks it is the input's first."""
+    return torch.cuda.current_device()
+
+
 def current_stream(index: int) -> int:
     """The raw ``CUstream`` handle of torch's current stream on device ``index`` (0: the legacy default
-    stream). ``torch._C._cuda_getCurrentRawStream`` when torch has it (no Stream object is built), else the
-    public ``torch.cuda.current_stream(index).cuda_stream``."""
-    if _raw_stream is not None:
-        return _raw_stream(index)
+    stream). ``torch._C._cuda_getCurrentRawStream`` itself when torch has it (bound below: no Stream object,
+    no Python frame per call), else the public ``torch.cuda.current_stream(index).cuda_stream``."""
     return torch.cuda.current_stream(index).cuda_stream
+
+
+if _raw_stream is not None:
+    current_stream = _raw_stream  # noqa: F811 - same contract, one C call (every eager GPU op asks for it)
+if getattr(torch._C, "_cuda_getDevice", None) is not None:
+    current_device = torch._C._cuda_getDevice  # noqa: F811 - same contract, one C call

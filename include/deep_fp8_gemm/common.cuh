@@ -83,6 +83,7 @@ enum class GemmKind : int {
     GroupedMasked = 2,       // A[G, m_max, k]; only rows < masked_m[g] of group g are defined
     GroupedContiguousPsum = 3,  // rows of A grouped by expert; ends[G]: group g = [round_up(ends[g-1], 128), ends[g])
     Dense1D1D = 4,           // D[m, n] fp32 = C + A[m, k] . B[n, k]^T, both with 1x128 scales (policy_1d1d.cuh)
+    KGrouped1D1D = 5,        // D[g] fp32 = C[g] + A_g[m, K_g] . B_g[n, K_g]^T per group, 1D1D (policy_k_grouped.cuh)
 };
 
 }  // namespace dfg

@@ -17,8 +17,10 @@ namespace dfg {
 
 template <GemmKind kKind>
 struct FamilyOf {
-    static constexpr bool kRowScaledB = kKind == GemmKind::Dense1D1D;   // per-row sB, TMA-loaded per stage
-    static constexpr bool kFp32Accumulate = kKind == GemmKind::Dense1D1D;  // D = C + A . B^T in fp32
+    // per-row sB, TMA-loaded per stage
+    static constexpr bool kRowScaledB = kKind == GemmKind::Dense1D1D || kKind == GemmKind::KGrouped1D1D;
+    static constexpr bool kFp32Accumulate = kRowScaledB;  // D = C + A . B^T in fp32
+    static constexpr bool kKGrouped = kKind == GemmKind::KGrouped1D1D;  // policy_k_grouped.cuh
 };
 
 // Per-row (1x128) scales of B: the stage holds the K block's BLOCK_N values (TMA destination, 128-aligned).

@@ -53,6 +53,8 @@ struct TileInfo {
     u32 group;       // expert / group index: selects B, sB and (masked) the A / D batch; 0 for dense
     bool multicast;  // the cluster shares (multicasts) this tile's A or B; false in the 2-CTA tail (above)
     u32 split = 0;   // split-K: which kKBlocksPerSplit-block slice of K (0 without split-K)
+    u32 num_k_blocks;  // k-grouped kind only (policy_k_grouped.cuh): K blocks of the group, K_g / 128
+    u32 k_block0;      // k-grouped kind only: the group's first K block of the concatenated K axis
 };
 
 template <GemmKind kKind, u32 SHAPE_N, u32 BLOCK_M, u32 BLOCK_N, u32 kNumGroups, u32 kClusterM, u32 kClusterN,

@@ -232,6 +232,17 @@ DFG_DEVICE void tma_prefetch(const TensorMap* map) {
     asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<u64>(map)) : "memory");
 }
 
+// bar.warp.sync 0xffffffff (__syncwarp): the warp's lanes meet, and each lane's memory accesses before it are
+// ordered before every lane's accesses after it (PTX ISA "bar.warp.sync").
+DFG_DEVICE void warp_sync() { asm volatile("bar.warp.sync -1;" ::: "memory"); }
+
+// Makes a tensor map that a host copy wrote to global memory usable by this thread's TMA instructions (PTX ISA
+// "membar / fence": fence.proxy.tensormap::generic, acquire; .sys because the writer is a host-initiated copy;
+// CUDA programming guide, TMA, "a tensor map passed through global memory"). Kernel parameters need none.
+DFG_DEVICE void tensormap_fence_acquire(const TensorMap* map) {
+    asm volatile("fence.proxy.tensormap::generic.acquire.sys [%0], 128;" ::"l"(reinterpret_cast<u64>(map)) : "memory");
+}
+
 // Box at coordinates (c0 innermost, c1, c2) -> dst; completes `bytes-of-box` transactions on `bar`.
 DFG_DEVICE void tma_load_3d(void* dst, const TensorMap* map, u64* bar, i32 c0, i32 c1, i32 c2) {
     asm volatile(

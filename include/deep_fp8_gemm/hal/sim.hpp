@@ -38,6 +38,8 @@
 //                    into an exited CTA, TMA loads in flight at exit (sim/cluster.hpp)
 //       race         wgmma operands changing between issue and the retiring wait; TMA into operands of an
 //                    unwaited wgmma or landing under a wgmma issued before it
+//       tensormap    a TMA load through a tensor map outside the kernel parameters (one a host copy put in
+//                    global memory) without the issuing thread's fence.proxy.tensormap::generic.acquire on it
 //
 // Not modelled (a kernel can still be wrong on the GPU in these ways and pass here):
 //   * Plain C++ loads and stores to shared memory are not tracked: generic writes are seen by the proxy
@@ -127,6 +129,11 @@ inline u32 warp_broadcast(u32 value, DFG_SIM_SITE) {
     DFG_SIM_ENTER;
     sd::aligned("shfl.sync");
     return value;
+}
+// bar.warp.sync with the full mask: the warp's lanes meet; accesses before it are ordered before those after it.
+inline void warp_sync(DFG_SIM_SITE) {
+    DFG_SIM_ENTER;
+    sd::warp_sync();
 }
 // %cluster_ctarank (PTX ISA "Special Registers"): 1-D clusters are runs of cluster_x consecutive CTAs.
 inline u32 cluster_cta_rank() { return sd::me().cta % sd::L().cfg.cluster_x; }
@@ -228,6 +235,12 @@ inline void cp_async_mbar_arrive(u64* bar, DFG_SIM_SITE) {
 
 // ---------------------------------------------------------------- TMA (PTX ISA "cp.async.bulk.tensor"), rank 3
 inline void tma_prefetch(const TensorMap* map) { sd::tensor_map(map, "tma_prefetch"); }
+// fence.proxy.tensormap::generic.acquire.sys [map], 128: this thread may use a tensor map that a host copy put in
+// global memory (checked by every TMA load through a map outside the kernel parameters, sim/tma.hpp).
+inline void tensormap_fence_acquire(const TensorMap* map, DFG_SIM_SITE) {
+    DFG_SIM_ENTER;
+    sd::tensormap_acquire(map);
+}
 
 inline void tma_load_3d(void* dst, const TensorMap* map, u64* bar, i32 c0, i32 c1, i32 c2, DFG_SIM_SITE) {
     DFG_SIM_ENTER;
@@ -352,5 +365,6 @@ DFG_SIM_EXPORT const char* dfg_sim_last_error() { return dfg::sim::detail::g_las
 #define DFG_DEFINE_KERNEL(NAME, NUM_THREADS, PARAMS_T, BODY)                                               \
     DFG_SIM_EXPORT int NAME##_sim(const PARAMS_T* params, const dfg::sim::LaunchConfig* cfg) {            \
         return dfg::sim::detail::run(*cfg, (NUM_THREADS),                                                  \
-                                     [](const void* p) { BODY(*static_cast<const PARAMS_T*>(p)); }, params); \
+                                     [](const void* p) { BODY(*static_cast<const PARAMS_T*>(p)); }, params, \
+                                     sizeof(PARAMS_T));                                                    \
     }

@@ -46,6 +46,7 @@
 #include "../mma.cuh"
 #include "../pipeline.cuh"
 #include "../policy_1d1d.cuh"
+#include "../policy_k_grouped.cuh"
 #include "../promotion.cuh"
 #include "../scales.cuh"
 #include "../scheduler.cuh"
@@ -69,14 +70,17 @@ struct GemmParams {
     const float* c_f32;         // 1D1D kind: C [rows][N] fp32, row stride ld_c floats; may equal d_f32
     u32 ld_d;
     u32 ld_c;
-    u32* split_counters;        // SPLIT_K > 1: per (tile, math warpgroup) arrival counters, zero between launches
-    float* split_partials;      // SPLIT_K > 1: fp32 partial tiles [tiles][SPLIT_K][warpgroups][fragment order]
+    union {
+        const TensorMap* group_maps;  // k-grouped kind: A_g at [2g], B_g at [2g + 1] in global memory (policy_k_grouped.cuh)
+        u32* split_counters;          // dense, SPLIT_K > 1: per (tile, math warpgroup) arrival counters, zero between launches
+    };
+    float* split_partials;      // dense, SPLIT_K > 1: fp32 partial tiles [tiles][SPLIT_K][warpgroups][fragment order]
 };
 static_assert(DFG_OFFSETOF(GemmParams, tma_a) == 0 && DFG_OFFSETOF(GemmParams, tma_b) == 128 &&
                   DFG_OFFSETOF(GemmParams, tma_sa) == 256 && DFG_OFFSETOF(GemmParams, tma_d) == 384 &&
                   DFG_OFFSETOF(GemmParams, sb) == 512 && DFG_OFFSETOF(GemmParams, grouped_layout) == 520 &&
                   DFG_OFFSETOF(GemmParams, rows) == 528 && DFG_OFFSETOF(GemmParams, d_f32) == 536 &&
-                  DFG_OFFSETOF(GemmParams, ld_c) == 556 &&
+                  DFG_OFFSETOF(GemmParams, ld_c) == 556 && DFG_OFFSETOF(GemmParams, group_maps) == 560 &&
                   DFG_OFFSETOF(GemmParams, split_counters) == 560 && DFG_OFFSETOF(GemmParams, split_partials) == 568 &&
                   sizeof(GemmParams) == 576,
               "GemmParams layout is mirrored in deep_fp8_gemm/kernels/gemm.py");
@@ -103,6 +107,7 @@ struct Fp8GemmKernel {
     // Family policies (policy_1d1d.cuh): how B is scaled, what the output is.
     static constexpr bool kRowScaledB = FamilyOf<kKind>::kRowScaledB;
     static constexpr bool kFp32Accumulate = FamilyOf<kKind>::kFp32Accumulate;
+    static constexpr bool kKGrouped = FamilyOf<kKind>::kKGrouped;  // run-time K per group (policy_k_grouped.cuh)
 
     static_assert(SHAPE_N % 8 == 0 && SHAPE_K % 16 == 0, "TMA needs 16-byte row strides: N % 8 == 0, K % 16 == 0");
     static_assert(BLOCK_M == 64 || BLOCK_M == 128 || BLOCK_M == 256, "BLOCK_M in {64, 128, 256}");
@@ -122,8 +127,9 @@ struct Fp8GemmKernel {
     // BLOCK_N <= 128 + gcd(BLOCK_N, 128) (144 and 160 qualify, 176 does not). The promotion relies on it.
     static_assert(BLOCK_N <= 128 + gcd(BLOCK_N, 128u), "a block's columns must touch at most two sB blocks");
 
-    using Scheduler =
-        TileScheduler<kKind, SHAPE_N, BLOCK_M, BLOCK_N, kNumGroups, kClusterM, kClusterN, kBandWidth, kSplitK>;
+    using Scheduler = typename Select<kKGrouped, KGroupedScheduler<SHAPE_N, BLOCK_M, BLOCK_N, kNumGroups, kBandWidth>,
+                                      TileScheduler<kKind, SHAPE_N, BLOCK_M, BLOCK_N, kNumGroups, kClusterM, kClusterN,
+                                                    kBandWidth, kSplitK>>::type;
     using Split = SplitK<kSplitK, kNumKBlocks, kKind, kClusterM * kClusterN, kNumMathWarpgroups, BLOCK_M, BLOCK_N>;
     using Scales = ScaleColumns<BLOCK_N, kNumScaleBlocksN>;
     using Store = Epilogue<BLOCK_M, BLOCK_N, kWavesM>;
@@ -166,8 +172,10 @@ struct Fp8GemmKernel {
             // A cluster kernel launched without its cluster would multicast / arrive into a missing peer.
             if (hal::cluster_num_ctas() != kClusterSize)
                 hal::trap("launched with a cluster size other than the kernel's");
-            hal::tma_prefetch(&params.tma_a);
-            hal::tma_prefetch(&params.tma_b);
+            if constexpr (!kKGrouped) {  // k-grouped: per-group maps in global memory (produce_k_grouped)
+                hal::tma_prefetch(&params.tma_a);
+                hal::tma_prefetch(&params.tma_b);
+            }
             hal::tma_prefetch(&params.tma_sa);
             hal::tma_prefetch(&params.tma_d);
             for (u32 s = 0; s < kNumStages; ++s) {
@@ -201,6 +209,10 @@ struct Fp8GemmKernel {
 
     // ---------------------------------------------------------------- producer (one thread)
     static DFG_DEVICE void produce(const GemmParams& params, u8* smem, u64* full, u64* empty) {
+        if constexpr (kKGrouped) {
+            produce_k_grouped(params, smem, full, empty);
+            return;
+        }
         const u32 rank = kClusterSize > 1 ? hal::cluster_cta_rank() : 0u;
         Scheduler scheduler(params.rows, params.grouped_layout, hal::block_idx(), hal::grid_dim());
         Pipe pipe;
@@ -241,6 +253,39 @@ struct Fp8GemmKernel {
         }
     }
 
+    // The k-grouped kind's producer: per-group A_g / B_g maps (fenced once per group, see policy_k_grouped.cuh),
+    // sA / sB columns k_block0 + kb, and the tile's run-time K-block count (0: nothing to load).
+    static DFG_DEVICE void produce_k_grouped(const GemmParams& params, u8* smem, u64* full, u64* empty) {
+        Scheduler scheduler(params.rows, params.grouped_layout, hal::block_idx(), hal::grid_dim());
+        Pipe pipe;
+        TileInfo tile;
+        u32 fenced_groups = 0;  // groups [0, fenced_groups) are behind this CTA: their maps were fenced or unused
+        while (scheduler.next(tile)) {
+            const TensorMap* map_a = params.group_maps + 2 * tile.group;
+            const TensorMap* map_b = map_a + 1;
+            if (tile.group >= fenced_groups && tile.num_k_blocks > 0) {
+                hal::tensormap_fence_acquire(map_a);
+                hal::tensormap_fence_acquire(map_b);
+                fenced_groups = tile.group + 1;
+            }
+            const i32 row0 = static_cast<i32>(tile.m_block * BLOCK_M);
+            const i32 n0 = static_cast<i32>(tile.n_block * BLOCK_N);
+            for (u32 kb = 0; kb < tile.num_k_blocks; ++kb) {
+                const u32 stage = pipe.stage;
+                hal::mbar_wait(&empty[stage], pipe.phase ^ 1u, empty_barrier(stage));
+                u64* bar = &full[stage];
+                const i32 k0 = static_cast<i32>(kb * BLOCK_K);
+                const i32 col = static_cast<i32>(tile.k_block0 + kb);
+                hal::tma_load_3d(smem + kSmemSB + stage * kSmemSBBytes, &params.tma_d, bar, n0, col, 0);
+                hal::mbar_arrive_expect_tx(bar, kStageTxBytes);
+                hal::tma_load_3d(smem + kSmemA + stage * kSmemABytes, map_a, bar, k0, row0, 0);
+                hal::tma_load_3d(smem + kSmemB + stage * kSmemBBytes, map_b, bar, k0, n0, 0);
+                hal::tma_load_3d(smem + kSmemSA + stage * kSmemSABytes, &params.tma_sa, bar, row0, col, 0);
+                pipe.advance();
+            }
+        }
+    }
+
     // Next tile of the math warps. Grouped kinds read the scheduler's decisions from global memory, which
     // the compiler cannot prove warp-uniform; broadcasting them from lane 0 keeps the tile loop convergent
     // and the K loop's descriptors and barrier addresses in uniform registers.
@@ -252,6 +297,8 @@ struct Fp8GemmKernel {
             tile.m_block = hal::warp_broadcast(tile.m_block);
             tile.n_block = hal::warp_broadcast(tile.n_block);
             tile.group = hal::warp_broadcast(tile.group);
+            if constexpr (kKGrouped)
+                tile.num_k_blocks = hal::warp_broadcast(tile.num_k_blocks);
             return hal::warp_broadcast(more ? 1u : 0u) != 0;
         }
     }
@@ -294,7 +341,7 @@ struct Fp8GemmKernel {
                 for (u32 i = 0; i < kAccValues; ++i)
                     acc[w][i] = 0.0f;
 
-            pipe.template for_each_use<kKBlocksPerSplit>([&](u32 stage, u32 phase, u32 /*kb*/) {
+            const auto k_block = [&](u32 stage, u32 phase, u32 /*kb*/) {
                 hal::mbar_wait(&full[stage], phase, full_barrier(stage));
                 // Scales are read before the stage can be released.
                 const float* sb = reinterpret_cast<const float*>(smem + kSmemSB + stage * kSmemSBBytes);
@@ -321,18 +368,27 @@ struct Fp8GemmKernel {
                         hal::fence_operand(scratch[i]);
                     if constexpr (kRowScaledB) {  // reads sB from the stage: release after it
                         promote_row_scaled<BLOCK_N>(acc[w], scratch, sa_lo, sa_hi, sb, lane);
-                        if (w + 1 == kWavesM)
+                        if (w + 1 == kWavesM) {
+                            // Only lane 0 arrives: every lane's sB reads must be ordered before its release.
+                            hal::warp_sync();
                             release_stage(empty, stage, lane);
+                        }
                     } else {
                         if (w + 1 == kWavesM)
                             release_stage(empty, stage, lane);
                         promote(acc[w], scratch, sa_lo, sa_hi, sb0, sb1, cols);
                     }
                 }
-            });
+            };
+            if constexpr (kKGrouped)  // the group's K blocks (0: D_g = C_g + 0)
+                for_each_use_dynamic(pipe, tile.num_k_blocks, k_block);
+            else
+                pipe.template for_each_use<kKBlocksPerSplit>(k_block);
 
             if constexpr (kFp32Accumulate) {
-                store_fp32_accumulate<SHAPE_N, BLOCK_N>(params.d_f32, params.c_f32, params.ld_d, params.ld_c,
+                const u64 group_rows = kKGrouped ? static_cast<u64>(tile.group) * params.rows : 0u;  // D / C [G][rows][N]
+                store_fp32_accumulate<SHAPE_N, BLOCK_N>(params.d_f32 + group_rows * params.ld_d,
+                                                        params.c_f32 + group_rows * params.ld_c, params.ld_d, params.ld_c,
                                                         params.rows, tile.m_block * BLOCK_M, n0, frag_row, lane, acc);
                 continue;
             }

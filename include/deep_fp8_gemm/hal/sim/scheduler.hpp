@@ -54,7 +54,7 @@ inline std::string describe_wait(const Thread& t) {
                           static_cast<unsigned long long>(g), w.key, committed);
         }
         case WaitKind::StmatrixWarp:
-            return format("stmatrix_x4 - %u of 32 lanes of warp %u arrived", l.ctas[w.cta].warps[w.key].arrived, w.key);
+            return format("%s - %u of 32 lanes of warp %u arrived", t.wait_op, l.ctas[w.cta].warps[w.key].arrived, w.key);
         case WaitKind::SetmaxnregWarpgroup:
             return format("%s - %u of 128 threads of warpgroup %u arrived", t.wait_op,
                           l.ctas[w.cta].warpgroups[w.key].setmaxnreg_arrived, w.key);
@@ -240,7 +240,8 @@ inline void report_fault(Launch& l) {
 }
 
 // Runs one launch to completion; returns 0 or 1 (error in g_last_error).
-inline int run(const LaunchConfig& cfg, u32 max_threads, void (*entry)(const void*), const void* params) {
+inline int run(const LaunchConfig& cfg, u32 max_threads, void (*entry)(const void*), const void* params,
+               size_t params_bytes = 0) {
     g_last_error.clear();
     if (g_launch) {
         g_last_error = "a simulated launch is already running (launches are not reentrant)";
@@ -255,6 +256,7 @@ inline int run(const LaunchConfig& cfg, u32 max_threads, void (*entry)(const voi
     l.cfg = cfg;
     l.entry = entry;
     l.params = params;
+    l.params_bytes = params_bytes;
     l.smem_alloc = (size_t(cfg.dynamic_smem_bytes) + 4095) / 4096 * 4096 + 4096;
     l.ctas.resize(cfg.grid_x);
     l.clusters.resize(cfg.grid_x / cfg.cluster_x);

@@ -152,6 +152,7 @@ struct Thread {
     Wait wait{};
     const char* wait_op = "";
     Site site{};  // call site of the hal operation in progress
+    std::vector<const void*> tensormaps_acquired;  // fence.proxy.tensormap::generic.acquire'd maps (tma.hpp)
     // Happens-before among the threads of this CTA (proxy.hpp): vc[t] = the last event of thread t this
     // thread is ordered after; vc[tid] is this thread's own clock. fence_clocks: own clock at each
     // fence.proxy.async. cluster_gen: cluster-barrier generation this thread last left.
@@ -201,6 +202,7 @@ struct Launch {
     LaunchConfig cfg{};
     void (*entry)(const void*) = nullptr;
     const void* params = nullptr;
+    size_t params_bytes = 0;  // sizeof the parameter struct: tensor maps outside it are in global memory (tma.hpp)
     size_t smem_alloc = 0;
     std::vector<Cta> ctas;
     struct Cluster {

@@ -229,6 +229,21 @@ inline void wgmma_wait(u32 n) {
     }
 }
 
+// bar.warp.sync 0xffffffff (PTX ISA "bar.warp.sync"): the 32 lanes meet (a warp rendezvous, like stmatrix's), so
+// each lane's memory accesses before it are ordered before every lane's after it.
+inline void warp_sync() {
+    aligned("bar.warp.sync");
+    Thread& t = me();
+    WarpRendezvous& w = my_cta().warps[t.tid / 32];
+    const u64 generation = w.generation;
+    if (++w.arrived < 32) {
+        block(Wait{WaitKind::StmatrixWarp, t.cta, t.tid / 32, 0, generation}, "bar.warp.sync");
+        return;
+    }
+    w.arrived = 0;
+    ++w.generation;
+}
+
 inline void stmatrix_x4(void* row_ptr, const u32 (&regs)[4]) {
     const char* what = "stmatrix_x4";
     aligned("stmatrix.sync.aligned");

@@ -67,6 +67,29 @@ struct Box {
     }
 };
 
+// A tensor map outside the kernel's parameter struct lives in global memory, where a host copy put it; the
+// tensormap proxy may use it only after the using thread's fence.proxy.tensormap::generic.acquire on its address
+// (CUDA programming guide, TMA: a tensor map passed through global memory needs that fence in the kernel).
+inline void tensormap_acquire(const TensorMap* map) {
+    tensor_map(map, "tensormap_fence_acquire");
+    if (reinterpret_cast<uintptr_t>(map) % 64)
+        fail(format("tensormap_fence_acquire: tensor map at %p is not 64-byte aligned", static_cast<const void*>(map)));
+    me().tensormaps_acquired.push_back(map);
+}
+
+inline void check_tensormap_acquired(const TensorMap* map, const char* what) {
+    const u8* p = static_cast<const u8*>(L().params);
+    const u8* m = reinterpret_cast<const u8*>(map);
+    if (L().params_bytes == 0 || (m >= p && m < p + L().params_bytes))
+        return;  // a kernel parameter (.param space, __grid_constant__)
+    for (const void* acquired : me().tensormaps_acquired)
+        if (acquired == map)
+            return;
+    fail(format("%s: TMA through the tensor map at %p in global memory without this thread's "
+                "fence.proxy.tensormap::generic.acquire on it (hal::tensormap_fence_acquire)",
+                what, static_cast<const void*>(map)));
+}
+
 // ================================================================ emulation of the collective operations
 // ---------------------------------------------------------------- TMA load (+ multicast)
 // A wgmma issued but not yet waited may still read its operands (PTX ISA "wgmma.wait_group"):
@@ -96,6 +119,7 @@ inline void check_no_wgmma_reader(u32 cta, u32 offset, u32 bytes, const char* wh
 inline void tma_load(void* dst, const TensorMap* map, u64* bar, u32 cta_mask, bool multicast, i32 c0, i32 c1,
                      i32 c2, const char* what) {
     const Box box(tensor_map(map, what), c0, c1, c2);
+    check_tensormap_acquired(map, what);
     const u32 offset = smem_offset(dst, what);
     const u32 bar_offset = mbarrier_offset(bar, what);
     box.check_smem(offset, what);
