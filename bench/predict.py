@@ -27,6 +27,8 @@ def _row(shape, cfg, m_model: int, published: str) -> str:
     floor = max(shape.flops() / (H200_FP8_TFLOPS * 1e12), shape.bytes() / H200_HBM_BYTES_PER_S)
     tflops = shape.flops() / seconds / 1e12
     tiles = f"{cfg.block_m}x{cfg.block_n} s{cfg.num_stages} mc={cfg.multicast} grid={cfg.grid_size}"
+    if cfg.split_k > 1:  # split-K: the tile's K blocks over split_k CTAs, reduced by the last (split_k.cuh)
+        tiles += f" split_k={cfg.split_k}"
     return (f"| {shape.family} | {shape.label} | {tiles} | {seconds * 1e6:.1f} | {tflops:.0f} | "
             f"{shape.bytes() / seconds / 1e9:.0f} | {floor * 1e6:.1f} | {published} |")
 

@@ -79,6 +79,7 @@ class GemmConfig:
     cluster_n: int
     band_width: int  # cluster-tile columns per rasterisation band
     grid_size: int  # CTAs launched (persistent: at most the SM count); not part of the binary
+    split_k: int = 1  # dense only: K cut into split_k slices, reduced by the tile's last CTA (split_k.cuh)
 
     def __hash__(self) -> int:
         # Configs key the per-call kernel caches: hash the fields once, not on every launch.
@@ -140,6 +141,7 @@ class GemmConfig:
             "NUM_MATH_WARPGROUPS": self.num_math_warpgroups,
             "BAND_WIDTH": self.band_width,
             "SMEM_BYTES": self.smem_bytes,
+            "SPLIT_K": self.split_k,
         }
 
     def kernel_name(self) -> str:
@@ -147,6 +149,7 @@ class GemmConfig:
         return (
             f"dfg_fp8_gemm_{self.kind}_n{self.shape_n}_k{self.shape_k}_g{self.num_groups}"
             f"_m{self.block_m}n{self.block_n}_s{self.num_stages}_c{self.cluster_m}x{self.cluster_n}_w{self.band_width}"
+            + (f"_sk{self.split_k}" if self.split_k > 1 else "")
         )
 
     def as_dict(self) -> dict:
@@ -227,8 +230,34 @@ def check_config(cfg: GemmConfig, smem_limit: int = SMEM_LIMIT) -> None:
         problems.append(f"grid_size={cfg.grid_size} must be a positive multiple of the cluster size {cfg.cluster_size}")
     if cfg.band_width < 1:
         problems.append(f"band_width must be >= 1, got {cfg.band_width}")
+    problems += _split_k_problems(cfg)
     if problems:
         raise ValueError("illegal GEMM config: " + "; ".join(problems))
+
+
+def _split_k_problems(cfg: GemmConfig) -> list[str]:
+    """Split-K rules (split_k.cuh): a divisor of the K block count (every split runs the same unrolled K
+    loop), dense kind, no clusters."""
+    if cfg.split_k == 1:
+        return []
+    k_blocks = _ceil_div(cfg.shape_k, BLOCK_K) if cfg.shape_k > 0 else 0
+    if not isinstance(cfg.split_k, int) or cfg.split_k < 1 or not k_blocks or k_blocks % cfg.split_k:
+        return [f"split_k={cfg.split_k} must be a positive divisor of the K block count {k_blocks}"]
+    if cfg.kind != "dense" or cfg.cluster_size != 1:
+        return [f"split_k > 1 needs the dense kind and a 1x1 cluster, got kind={cfg.kind!r} "
+                f"cluster {cfg.cluster_m}x{cfg.cluster_n}"]
+    if cfg.waves_m != 1:  # audit: the reduce of two m64 waves (256x112) spilled; one wave per warpgroup does not
+        return [f"split_k > 1 needs one m64 wave per math warpgroup (block_m 64 or 128), got block_m={cfg.block_m}"]
+    return []
+
+
+def split_k_workspace(cfg: GemmConfig, m: int) -> tuple[int, int]:
+    """``(counter_words, partial_floats)`` a split-K launch of ``cfg`` for ``m`` rows needs (split_k.cuh): one
+    u32 counter per (tile, math warpgroup) and split_k fp32 partial tiles per tile; (0, 0) without split-K."""
+    if cfg.split_k == 1:
+        return 0, 0
+    tiles = _ceil_div(max(m, 1), cfg.block_m) * _ceil_div(cfg.shape_n, cfg.block_n)
+    return tiles * cfg.num_math_warpgroups, tiles * cfg.split_k * cfg.block_m * cfg.block_n
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -271,20 +300,24 @@ def issue_cycles_per_k_block(kind: str, block_m: int, block_n: int) -> float:
     return math_issue_per_k_block(kind, block_m, block_n) * math_warpgroups + _ISSUE_PRODUCER
 
 
-def _estimate_cycles(kind: str, m: int, n: int, k: int, num_groups: int, block_m: int, block_n: int, num_sms: int) -> float:
-    """Modelled kernel time in SM clocks (for ranking configs only)."""
+def _estimate_cycles(kind: str, m: int, n: int, k: int, num_groups: int, block_m: int, block_n: int, num_sms: int,
+                     split_k: int = 1) -> float:
+    """Modelled kernel time in SM clocks (for ranking configs only). ``split_k`` > 1: tiles x split_k work items
+    of k / split_k each, plus the fp32 partials and the last CTA's reduce (:func:`_split_k_cycles`)."""
     num_tiles = _num_m_blocks(kind, m, block_m, num_groups) * _ceil_div(n, block_n)
-    waves = _ceil_div(num_tiles, num_sms)
-    k_padded = _round_up(k, BLOCK_K)
+    waves = _ceil_div(num_tiles * split_k, num_sms)
+    k_padded = _round_up(k, BLOCK_K) // split_k
     mma = 2 * block_m * block_n * k_padded / (_MMA_FLOP_PER_CLK * _MMA_EFFICIENCY[block_m])
     fill = (block_m + block_n) * k_padded / _SMEM_FILL_BYTES_PER_CLK
     # Every m64 wgmma reads its A slice and the whole B tile from shared memory, so narrow tiles are
     # bound by shared-memory bandwidth before the tensor cores: per K element, (BM/64) x (64 + BN)
     # operand bytes plus (BM + BN) bytes written by TMA.
     smem = ((block_m // 64) * (64 + block_n) + block_m + block_n) * k_padded / _SMEM_BYTES_PER_CLK
-    issue = _ceil_div(k, BLOCK_K) * issue_cycles_per_k_block(kind, block_m, block_n)
+    issue = _ceil_div(k, BLOCK_K) // split_k * issue_cycles_per_k_block(kind, block_m, block_n)
     mma = max(mma, smem, issue)
     tile = max(mma, fill) + 600  # per-tile fixed cost: pipeline ramp, epilogue
+    if split_k > 1:
+        tile += _split_k_cycles(block_m, block_n, split_k)
     groups_touched = num_groups if kind != "dense" else 1
     rows = m * (num_groups if kind == "masked" else 1)
     k_blocks = _ceil_div(k, BLOCK_K)
@@ -297,11 +330,23 @@ def _estimate_cycles(kind: str, m: int, n: int, k: int, num_groups: int, block_m
     return max(waves * tile, hbm_bytes / (_HBM_BYTES_PER_CLK_PER_SM * num_sms))
 
 
+# Split-K (NOTES: modelled, not measured): fp32 partials go to L2 and back at the L2 -> SM fill rate; the counter
+# atomic is an L2 round trip plus two warpgroup barriers; the last CTA reads split_k - 1 partial tiles.
+_SPLIT_K_ATOMIC_CYCLES = 1200
+
+
+def _split_k_cycles(block_m: int, block_n: int, split_k: int) -> float:
+    """Extra clocks of a split-K work item on the critical path: store its partial, the counter round trip,
+    and (for the tile's last split, which ends the tile) reading the other splits' partials."""
+    partial = block_m * block_n * 4 / _SMEM_FILL_BYTES_PER_CLK
+    return partial * split_k + _SPLIT_K_ATOMIC_CYCLES
+
+
 def estimate_seconds(cfg: GemmConfig, m: int, num_sms: int = 132) -> float:
     """The heuristic's modelled time of ``cfg`` for ``m`` (dense rows, contiguous m_sum, masked rows per
     group). A prediction to compare with measurements (bench/predict.py), not a measurement."""
     cycles = _estimate_cycles(cfg.kind, max(m, 1), cfg.shape_n, cfg.shape_k, cfg.num_groups, cfg.block_m,
-                              cfg.block_n, num_sms)
+                              cfg.block_n, num_sms, cfg.split_k)
     return cycles / MODEL_CLOCK_HZ
 
 
@@ -317,6 +362,21 @@ def _validate_problem(m: int, n: int, k: int, num_groups: int, kind: str, num_sm
         raise ValueError(f"TMA needs 16-byte row strides: n % 8 == 0 and k % 16 == 0, got {n=} {k=}")
     if kind in ("dense", "1d1d") and num_groups != 1:
         raise ValueError(f"{kind} GEMM takes num_groups=1, got {num_groups=}")
+
+
+MAX_SPLIT_K = 16
+SPLIT_K_MARGIN = 0.10  # a split config must model at least ~10% faster than the best unsplit one
+
+
+def _split_k_choices(kind: str, m: int, n: int, k: int, block_m: int, block_n: int, num_sms: int) -> tuple[int, ...]:
+    """Split counts the heuristic weighs for a tile shape: 1, and for a dense problem with fewer tiles than SMs
+    (few rows, narrow N, long K: decode) the divisors of the K block count up to MAX_SPLIT_K that keep the work
+    items within one wave (more would only add partial traffic)."""
+    tiles = _ceil_div(m, block_m) * _ceil_div(n, block_n)
+    if kind != "dense" or m >= MULTICAST_MIN_M or tiles * 2 > num_sms or block_m > 128:
+        return (1,)
+    k_blocks = _ceil_div(k, BLOCK_K)
+    return (1, *(s for s in range(2, MAX_SPLIT_K + 1) if k_blocks % s == 0 and tiles * s <= num_sms))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -351,14 +411,17 @@ def get_config(
                 check_config(candidate, smem_limit)
             except ValueError:
                 continue
-            cost = _estimate_cycles(kind, m_eff, n, k, num_groups, block_m, block_n, num_sms)
-            # Ties: prefer larger tiles (fewer, better-amortised), then larger BLOCK_M.
-            key = (round(cost), -block_m * block_n, -block_m)
-            if best is None or key < best[0]:
-                best = (key, block_m, block_n, num_stages)
+            for split_k in _split_k_choices(kind, m_eff, n, k, block_m, block_n, num_sms):
+                cost = _estimate_cycles(kind, m_eff, n, k, num_groups, block_m, block_n, num_sms, split_k)
+                if split_k > 1:  # uncalibrated model: split only on a clear win (not for n = 4096, m = 1: -1%)
+                    cost *= 1 + SPLIT_K_MARGIN
+                # Ties: no split, then larger tiles (fewer, better-amortised), then larger BLOCK_M.
+                key = (round(cost), split_k, -block_m * block_n, -block_m)
+                if best is None or key < best[0]:
+                    best = (key, block_m, block_n, num_stages, split_k)
     if best is None:
         raise ValueError(f"no legal config for {kind=} {m=} {n=} {k=} {num_groups=} {smem_limit=}")
-    _, block_m, block_n, num_stages = best
+    _, block_m, block_n, num_stages, split_k = best
 
     num_n_blocks = _ceil_div(n, block_n)
     num_m_blocks = _num_m_blocks(kind, m_eff, block_m, num_groups)
@@ -383,9 +446,10 @@ def get_config(
                          else m_blocks * (num_n_blocks // cluster_n))
         if kind == K_GROUPED:
             cluster_tiles *= num_groups
-        num_clusters = max(1, min(max_clusters, cluster_tiles))
+        num_clusters = max(1, min(max_clusters, cluster_tiles * split_k))
     cfg = GemmConfig(
-        kind, n, shape_k, num_groups, block_m, block_n, num_stages, cluster_m, cluster_n, band_width, num_clusters * cluster_size
+        kind, n, shape_k, num_groups, block_m, block_n, num_stages, cluster_m, cluster_n, band_width, num_clusters * cluster_size,
+        split_k,
     )
     check_config(cfg, smem_limit)
     return cfg

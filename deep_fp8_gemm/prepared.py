@@ -54,7 +54,7 @@ from threading import get_ident as _get_ident
 import torch
 
 from . import utils
-from .kernels.gemm import _PARAMS_TAIL, PARAMS_BYTES
+from .kernels.gemm import _PARAMS_TAIL, PARAMS_BYTES, PARAMS_SPLIT_K_OFFSET
 from .kernels.quant import QuantParams
 from .runtime import target
 from .validation import check_expected_m
@@ -63,8 +63,10 @@ _Tensor = torch.Tensor
 _MAX_PLANS = 1024  # per op; cleared when full (a model has a handful of signatures per op)
 _MAX_HEADS = 64  # encoded tensor-map sets per plan
 _GEMM_PARAMS_BYTES = PARAMS_BYTES  # sizeof(dfg::GemmParams)
-# At offset 512, after the four tensor maps: sb, grouped_layout, rows, reserved, then zeros up to the end.
-_GEMM_TAIL = struct.Struct(f"{_PARAMS_TAIL.format}{PARAMS_BYTES - 512 - _PARAMS_TAIL.size}x")
+# At offset 512, after the four tensor maps: sb, grouped_layout, rows, reserved, zeros (the 1D1D fields), then at
+# PARAMS_SPLIT_K_OFFSET the split-K workspace's counters and partials (0, 0 without split-K).
+_GEMM_TAIL = struct.Struct(f"{_PARAMS_TAIL.format}{PARAMS_SPLIT_K_OFFSET - 512 - _PARAMS_TAIL.size}xQQ"
+                           f"{PARAMS_BYTES - PARAMS_SPLIT_K_OFFSET - 16}x")
 # dfg::quant::QuantParams, packed straight into the parameter slot (no ctypes.Structure built per call).
 _QUANT_PARAMS = struct.Struct("<" + "".join({8: "Q", 4: "I"}[ctypes.sizeof(t)] for _, t in QuantParams._fields_))
 # The three pointers at the front of QuantParams (input, output, scales), as packed by _QUANT_PARAMS.
@@ -129,7 +131,7 @@ class GemmPlan:
     that signature: ``plan(a, sa, b, sb, out, grouped_layout)`` (``grouped_layout`` None for dense)."""
 
     __slots__ = ("kind", "expected_m", "empty", "index", "rows", "cfg", "launcher", "heads", "sa_ready",
-                 "sb_ready", "gl_ready", "ready", "spans", "_ops", "psum_values")
+                 "sb_ready", "gl_ready", "ready", "spans", "_ops", "psum_values", "workspace", "device")
 
     def __init__(self, kind: str, a, sa, b, sb, out, gl, expected_m: int | None):
         from . import ops
@@ -161,6 +163,8 @@ class GemmPlan:
         self.psum_values = kind == "psum" and a.device.type == "cpu" and target.gpu_index(a.device) is None
         self.index = None if self.empty else target.gpu_index(a.device)
         self.cfg = self.launcher = None
+        self.workspace = None  # split-K: {stream: (counters, partials, buffers kept alive)}; else None
+        self.device = a.device
         self.heads: dict[tuple[int, int, int, int], bytes] = {}
         canonical = utils._m_major_strides(tuple(sa.shape))
         self.sa_ready = sa.numel() == 0 or sa.stride() == canonical
@@ -181,6 +185,8 @@ class GemmPlan:
         self.launcher = driver.PreparedLaunch(kernel, _GEMM_PARAMS_BYTES, grid=cfg.grid_size, block=cfg.num_threads,
                                               cluster=cfg.cluster_size, smem_bytes=cfg.smem_bytes)
         self.cfg = cfg
+        if cfg.split_k > 1:
+            self.workspace = {}
 
     def __call__(self, a, sa, b, sb, out, gl=None) -> None:
         pa, psa, pb, psb, pd = a.data_ptr(), sa.data_ptr(), b.data_ptr(), sb.data_ptr(), out.data_ptr()
@@ -219,8 +225,26 @@ class GemmPlan:
         slot = _param_slot(_GEMM_PARAMS_BYTES)
         view = slot.view
         view[:512] = head
-        _GEMM_TAIL.pack_into(view, 512, psb, pgl, self.rows, 0)
-        launcher.launch(slot, target.current_stream(self.index))
+        stream = target.current_stream(self.index)
+        if self.workspace is None:
+            _GEMM_TAIL.pack_into(view, 512, psb, pgl, self.rows, 0, 0, 0)
+        else:
+            ws = self.workspace.get(stream)
+            if ws is None:
+                ws = self._split_k_workspace(stream)
+            _GEMM_TAIL.pack_into(view, 512, psb, pgl, self.rows, 0, ws[0], ws[1])
+        launcher.launch(slot, stream)
+
+    def _split_k_workspace(self, stream: int) -> tuple:
+        """This plan's split-K buffers on ``stream``, held by the plan (so its pointers stay valid even after the
+        shared cache grows and replaces them; the counters stay zero between launches either way)."""
+        from . import split_k
+
+        counters, partials = split_k.buffers(self.cfg, self.rows, self.device, stream)
+        if len(self.workspace) >= _MAX_HEADS:
+            self.workspace.clear()
+        ws = self.workspace[stream] = (counters.data_ptr(), partials.data_ptr(), counters, partials)
+        return ws
 
     def _check_pointers(self, a, sa, b, sb, out, gl) -> None:
         from .validation import _check_pointers

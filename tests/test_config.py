@@ -47,9 +47,9 @@ def test_dense_configs_are_legal_and_deterministic(m, n, k, num_sms):
     _assert_sensible(cfg, m, num_sms)
     get_config.cache_clear()
     assert get_config(m, n, k, 1, "dense", num_sms) == cfg, "the heuristic must be a pure function"
-    if m > 0:  # the grid never exceeds the work
+    if m > 0:  # the grid never exceeds the work (split-K: tiles x splits work items)
         tiles = _ceil_div(_ceil_div(m, cfg.block_m), cfg.cluster_m) * (_ceil_div(n, cfg.block_n) // cfg.cluster_n)
-        assert cfg.grid_size <= max(tiles, 1) * cfg.cluster_size
+        assert cfg.grid_size <= max(tiles, 1) * cfg.cluster_size * cfg.split_k
 
 
 @settings(max_examples=80, deadline=None)

@@ -618,3 +618,34 @@ def test_quant_fast_path_checks_context_device_stream_alignment_and_errors(fake_
     fake_gpu.fail["cuLaunchKernelEx"] = INVALID_VALUE
     with pytest.raises(drv.CudaDriverError, match=r"cuLaunchKernelEx\("):
         dfg.per_token_cast_to_fp8(x)
+
+
+def test_split_k_plan_packs_the_workspace_of_its_stream(fake_gpu, monkeypatch):
+    """A few-tile dense shape (split-K, deep_fp8_gemm/split_k.py): the plan launches the same params as the
+    uncached path, the workspace's counter and partial addresses at offset 560, one workspace per stream."""
+    from deep_fp8_gemm import split_k
+
+    monkeypatch.setattr(utils, "_num_sms_override", 132)
+    split_k.clear()
+    m, n, k = 16, 576, 7168
+    a, sa = dfg.per_token_cast_to_fp8(torch.randn(m, k))
+    b, sb = dfg.per_block_cast_to_fp8(torch.randn(n, k))
+    sa = utils.get_col_major_tma_aligned_tensor(sa)
+    out = torch.zeros(m, n, dtype=torch.bfloat16)
+    cfg = dfg.config.get_config(m, n, k, 1, "dense", 132)
+    assert cfg.split_k > 1
+    fake_gpu.on()
+    dfg.gemm_fp8_fp8_bf16_nt((a, sa), (b, sb), out)
+    fast = fake_gpu.launches[-1]
+    gemm.launch("dense", a, sa, b, sb, out, backend="cuda")
+    slow = fake_gpu.launches[-1]
+    assert fast["params"] == slow["params"] and fast["grid"] == slow["grid"] == (cfg.grid_size, 1, 1)
+    counters, partials = split_k.buffers(cfg, m, a.device, 0x77)
+    assert fast["params"][560:576] == struct.pack("<QQ", counters.data_ptr(), partials.data_ptr())
+    assert counters.numel() >= m // 64 + 1 and not counters.any()
+    monkeypatch.setattr(target, "current_stream", lambda index: 0x88)
+    dfg.gemm_fp8_fp8_bf16_nt((a, sa), (b, sb), out)
+    other = split_k.buffers(cfg, m, a.device, 0x88)
+    assert fake_gpu.launches[-1]["params"][560:576] == struct.pack("<QQ", other[0].data_ptr(), other[1].data_ptr())
+    assert other[0].data_ptr() != counters.data_ptr()
+    split_k.clear()

@@ -183,3 +183,24 @@ def test_masked_groups(probe_dir, block_m, block_n, cluster_n):
         got = collections.Counter((g, mb, nb) for _, _, mb, nb, g, _ in tiles)
         assert set(got) == expected and all(c == 1 for c in got.values()), masked
         _check_cluster_pairs(tiles, grid, 1, cluster_n)
+
+
+@pytest.mark.parametrize("shape_n,block_m,block_n,split_k", [(576, 64, 32, 7), (2112, 128, 144, 4), (96, 64, 16, 2)])
+def test_split_k_every_tile_split_once(probe_dir, shape_n, block_m, block_n, split_k):
+    """Split-K work items: each (tile, split) exactly once, the splits of a tile on consecutive work items, so with
+    a grid of at least split_k CTAs they run at the same time (split_k.cuh)."""
+    exe = _build(probe_dir, KIND=0, SHAPE_N=shape_n, BLOCK_M=block_m, BLOCK_N=block_n, NUM_GROUPS=1, CLUSTER_M=1,
+                 CLUSTER_N=1, BAND_WIDTH=16, SPLIT_K=split_k)
+    num_n_blocks = _ceil_div(shape_n, block_n)
+    for m, grid in ((1, 1), (1, split_k), (65, 3), (3 * block_m - 5, 132)):
+        stdin = f"{m} {grid} 1 0"
+        out = subprocess.run([str(exe)], input=stdin, check=True, capture_output=True, text=True).stdout
+        items = [tuple(map(int, line.split()[1:])) for line in out.splitlines() if line.startswith("split")]
+        counts = collections.Counter((mb, nb, s) for _, _, mb, nb, s in items)
+        expected = {(mb, nb, s) for mb in range(_ceil_div(m, block_m)) for nb in range(num_n_blocks)
+                    for s in range(split_k)}
+        assert set(counts) == expected and all(c == 1 for c in counts.values())
+        by_cta_iter = {(cta, it): (mb, nb, s) for cta, it, mb, nb, s in items}
+        for cta, it, mb, nb, s in items:  # work item w = it * grid + cta is split w % split_k of tile w // split_k
+            w = it * grid + cta
+            assert s == w % split_k and by_cta_iter[(cta, it)] == (mb, nb, s)

@@ -27,7 +27,9 @@ TEMPLATE = "fp8_gemm.cu"
 PARAMS_BYTES = 576  # sizeof(dfg::GemmParams), static_assert'ed in fp8_gemm.cuh
 _PARAMS_TAIL = struct.Struct("<QQII")  # sb, grouped_layout, rows, reserved at offset 512
 _PARAMS_FP32_OUT = struct.Struct("<QQII")  # 1D1D kind: d_f32, c_f32, ld_d, ld_c at offset 536
+PARAMS_SPLIT_K_OFFSET = 560  # the kind-exclusive tail: k-grouped group_maps, or (dense split-K) the workspace
 _PARAMS_GROUP_MAPS = struct.Struct("<Q")  # k-grouped kind: group_maps at offset 560
+_PARAMS_SPLIT_K = struct.Struct("<QQ")  # split-K workspace: counters, partials at offset 560 (split_k.cuh)
 
 # DeepSeek-V3 shapes (ANCHORS.md section 5): dense (N, K) and grouped (N, K).
 DEEPSEEK_V3_DENSE = ((2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048), (576, 7168))
@@ -105,9 +107,12 @@ def tensor_map_specs(cfg: GemmConfig, a: torch.Tensor, sa: torch.Tensor, b: torc
 
 
 def pack_params(maps: Iterable[bytes], sb: torch.Tensor | None, grouped_layout: torch.Tensor | None, rows: int,
-                d_f32: torch.Tensor | None = None, c_f32: torch.Tensor | None = None, group_maps: int = 0) -> bytes:
+                d_f32: torch.Tensor | None = None, c_f32: torch.Tensor | None = None, group_maps: int = 0,
+                split_k_workspace: tuple[int, int] = (0, 0)) -> bytes:
     """Raw bytes of ``dfg::GemmParams``: four 128-byte tensor maps, then sb, grouped_layout, rows and (1D1D
-    kinds) the fp32 D and C pointers and row strides, and (k-grouped kind) the address of the per-group maps."""
+    kinds) the fp32 D and C pointers and row strides, and at offset 560 either (k-grouped kind) the address of the
+    per-group maps or (dense split-K) the workspace's counter and partial addresses
+    (``deep_fp8_gemm.split_k.pointers``): a union in the struct, the two never go together."""
     head = b"".join(maps)
     if len(head) != 512:
         raise ValueError(f"expected four 128-byte tensor maps, got {len(head)} bytes")
@@ -115,8 +120,11 @@ def pack_params(maps: Iterable[bytes], sb: torch.Tensor | None, grouped_layout: 
                              0 if grouped_layout is None else grouped_layout.data_ptr(), rows, 0)
     if d_f32 is not None:
         tail += _PARAMS_FP32_OUT.pack(d_f32.data_ptr(), c_f32.data_ptr(), d_f32.stride(-2), c_f32.stride(-2))
-    if group_maps:
-        tail += _PARAMS_GROUP_MAPS.pack(group_maps)
+    if group_maps and any(split_k_workspace):
+        raise ValueError("group_maps (k-grouped kind) and split_k_workspace (dense) share offset 560: pass one")
+    if group_maps or any(split_k_workspace):
+        tail += bytes(PARAMS_SPLIT_K_OFFSET - 512 - len(tail))
+        tail += _PARAMS_GROUP_MAPS.pack(group_maps) if group_maps else _PARAMS_SPLIT_K.pack(*split_k_workspace)
     return head + tail + bytes(PARAMS_BYTES - 512 - len(tail))
 
 
@@ -294,8 +302,10 @@ def run(cfg: GemmConfig, a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb:
 def _launch_sim(cfg, a, sa, b, sb, d, grouped_layout, rows) -> None:
     from ..simulator import launch as sim_launch, pack_tensor_map, ptxas_registers
 
+    from .. import split_k
+
     maps = [pack_tensor_map(s) for s in tensor_map_specs(cfg, a, sa, b, d)]
-    params = pack_params(maps, sb, grouped_layout, rows)
+    params = pack_params(maps, sb, grouped_layout, rows, split_k_workspace=split_k.pointers(cfg, rows, a.device))
     # The launch register count of the sm_90a build of the same kernel: the simulator accounts setmaxnreg
     # against that pool.
     registers = ptxas_registers(cfg.kernel_name(), render_source(cfg))
@@ -322,9 +332,15 @@ def _launch_cuda(cfg, a, sa, b, sb, d, grouped_layout, rows) -> None:
     # Keyed by the argument tuples: weights always hit, activations whenever the caching allocator hands
     # back the same address; no spec objects are built on a hit.
     maps = [driver.tensor_map_cache.lookup(args, args) for args in tensor_map_args(cfg, a, sa, b, d)]
-    params = pack_params(maps, sb, grouped_layout, rows)
+    stream = target.current_stream(device)
+    workspace = (0, 0)
+    if cfg.split_k > 1:
+        from .. import split_k
+
+        workspace = split_k.pointers(cfg, rows, a.device, stream)
+    params = pack_params(maps, sb, grouped_layout, rows, split_k_workspace=workspace)
     driver.launch(kernel, params, grid=cfg.grid_size, block=cfg.num_threads, cluster=cfg.cluster_size,
-                  smem_bytes=cfg.smem_bytes, stream=target.current_stream(device))
+                  smem_bytes=cfg.smem_bytes, stream=stream)
 
 
 # ---------------------------------------------------------------------------------------------- audit

@@ -52,12 +52,13 @@ struct TileInfo {
     u32 n_block;     // block column
     u32 group;       // expert / group index: selects B, sB and (masked) the A / D batch; 0 for dense
     bool multicast;  // the cluster shares (multicasts) this tile's A or B; false in the 2-CTA tail (above)
+    u32 split = 0;   // split-K: which kKBlocksPerSplit-block slice of K (0 without split-K)
     u32 num_k_blocks;  // k-grouped kind only (policy_k_grouped.cuh): K blocks of the group, K_g / 128
     u32 k_block0;      // k-grouped kind only: the group's first K block of the concatenated K axis
 };
 
 template <GemmKind kKind, u32 SHAPE_N, u32 BLOCK_M, u32 BLOCK_N, u32 kNumGroups, u32 kClusterM, u32 kClusterN,
-          u32 kBandWidth>
+          u32 kBandWidth, u32 kSplitK = 1>
 struct TileScheduler {
     static constexpr u32 kClusterSize = kClusterM * kClusterN;
     static constexpr u32 kNumNBlocks = ceil_div(SHAPE_N, BLOCK_N);
@@ -66,6 +67,9 @@ struct TileScheduler {
     static_assert(kKind == GemmKind::Dense || kClusterM == 1,
                   "grouped kinds multicast only on A, so a cluster never straddles two experts");
     static_assert(kBandWidth >= 1, "band width");
+    // Split-K (dense, no clusters): work item w is split w % kSplitK of tile w / kSplitK, so the splits of a
+    // tile run on consecutive CTAs, at the same time (split_k.cuh).
+    static_assert(kSplitK == 1 || (kKind == GemmKind::Dense && kClusterSize == 1), "split-K: dense, 1-CTA clusters");
     static constexpr u32 kNumClusterCols = kNumNBlocks / kClusterN;
 
     const i32* grouped_layout;
@@ -172,9 +176,10 @@ struct TileScheduler {
         } else {
             const u32 rows = full_cluster_rows();
             const u32 full_tiles = rows * kNumClusterCols;
-            const u32 num_tiles = full_tiles + tail_cluster_tiles();
+            const u32 num_tiles = (full_tiles + tail_cluster_tiles()) * kSplitK;
             while (next_cluster_tile < num_tiles) {
-                const u32 tile = next_cluster_tile;
+                const u32 tile = next_cluster_tile / kSplitK;
+                info.split = next_cluster_tile % kSplitK;
                 next_cluster_tile += cluster_stride;
                 if (tile < full_tiles) {
                     rasterize(tile, rows, info);

@@ -9,6 +9,10 @@
 
 using namespace dfg;
 
+#ifndef P_SPLIT_K
+#define P_SPLIT_K 1u
+#endif
+
 int main() {
     unsigned rows = 0, grid = 0, num_layout = 0;
     if (std::scanf("%u %u %u", &rows, &grid, &num_layout) != 3)
@@ -18,13 +22,16 @@ int main() {
         if (std::scanf("%d", &layout[i]) != 1)
             return 2;
     using Scheduler = TileScheduler<static_cast<GemmKind>(P_KIND), P_SHAPE_N, P_BLOCK_M, P_BLOCK_N, P_NUM_GROUPS,
-                                    P_CLUSTER_M, P_CLUSTER_N, P_BAND_WIDTH>;
+                                    P_CLUSTER_M, P_CLUSTER_N, P_BAND_WIDTH, P_SPLIT_K>;
     for (unsigned cta = 0; cta < grid; ++cta) {
         Scheduler scheduler(rows, layout.data(), cta, grid);
         TileInfo tile;
         for (unsigned iter = 0; scheduler.next(tile); ++iter)
-            std::printf("tile %u %u %u %u %u %d\n", cta, iter, tile.m_block, tile.n_block, tile.group,
-                        tile.multicast ? 1 : 0);
+            if (P_SPLIT_K > 1)  // split-K: "split <cta> <iter> <m_block> <n_block> <split>" instead
+                std::printf("split %u %u %u %u %u\n", cta, iter, tile.m_block, tile.n_block, tile.split);
+            else
+                std::printf("tile %u %u %u %u %u %d\n", cta, iter, tile.m_block, tile.n_block, tile.group,
+                            tile.multicast ? 1 : 0);
     }
     constexpr u32 kScaleBlocks = ceil_div(P_SHAPE_N, 128u);
     for (u32 nb = 0; nb < Scheduler::kNumNBlocks; ++nb) {

@@ -134,6 +134,21 @@ DFG_DEVICE void named_barrier_sync(u32 id, u32 num_threads) {
     asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(num_threads) : "memory");
 }
 
+// bar.red.or.pred on barrier `id` for `num_threads` threads: as named_barrier_sync, and returns in every
+// participating thread whether any of them passed pred = true (PTX ISA "bar, barrier": barrier.red).
+DFG_DEVICE bool named_barrier_sync_or(u32 id, u32 num_threads, bool pred) {
+    u32 any;
+    asm volatile(
+        "{\n\t.reg .pred p, q;\n\t"
+        "setp.ne.u32 p, %1, 0;\n\t"
+        "bar.red.or.pred q, %2, %3, p;\n\t"
+        "selp.u32 %0, 1, 0, q;\n\t}"
+        : "=r"(any)
+        : "r"(pred ? 1u : 0u), "r"(id), "r"(num_threads)
+        : "memory");
+    return any != 0;
+}
+
 // Every thread of every CTA of the cluster arrives and waits (barrier.cluster, PTX ISA 9.7.13.1).
 DFG_DEVICE void cluster_sync() {
     asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
@@ -203,6 +218,17 @@ DFG_DEVICE void mbar_wait(u64* bar, u32 phase, BarrierName name = BarrierName{"m
         (void)name;
 #endif
     } while (!done);
+}
+
+// ---------------------------------------------------------------- global atomics (PTX ISA "atom", "Memory Consistency Model")
+// *ptr += value; returns the old value. .acq_rel at .gpu scope: this thread's earlier writes, and those ordered
+// before it by a barrier (release is cumulative), are visible to any thread of the GPU that acquires a later
+// value of *ptr; writes released by the earlier updates of *ptr are visible to this thread afterwards, and to
+// the threads a barrier orders after it. Split-K's tile counters (split_k.cuh).
+DFG_DEVICE u32 atomic_add_acq_rel_gpu(u32* ptr, u32 value) {
+    u32 old;
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(ptr), "r"(value) : "memory");
+    return old;
 }
 
 // ---------------------------------------------------------------- cp.async (non-bulk) with mbarrier completion

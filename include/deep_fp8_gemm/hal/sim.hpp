@@ -46,8 +46,10 @@
 //     check only through stmatrix (and mbarrier.init), and a read of a stage after its release is only
 //     caught when a schedule makes it return wrong numbers.
 //   * Happens-before through mbarrier arrive/wait is not tracked (only barriers order generic writes
-//     before async reads); memory scopes and orders (.release/.acquire, .cta/.cluster) and the weak
-//     ordering of global memory are not modelled: everything is sequentially consistent between hal calls.
+//     before async reads); memory scopes and orders (.release/.acquire, .cta/.cluster/.gpu) and the weak
+//     ordering of global memory are not modelled: everything is sequentially consistent between hal calls,
+//     global atomics (atomic_add_acq_rel_gpu) included, so a missing release/acquire on a global flag is
+//     not caught; a reader that does not wait for the flag at all is (with poisoned data).
 //   * Preemption happens only at hal operations, never between two plain loads or stores.
 //   * The register count of the code between setmaxnreg calls is not known: only wgmma accumulator
 //     fragments count as live; registers of exited warps are not returned to the pool.
@@ -163,6 +165,12 @@ inline void named_barrier_sync(u32 id, u32 num_threads, DFG_SIM_SITE) {
     DFG_SIM_ENTER;
     sd::named_barrier_sync(id, num_threads);
 }
+// bar.red.or.pred id, n, pred (PTX ISA "bar, barrier"): as named_barrier_sync, and every participant gets the OR
+// of the round's predicates. Mixing bar.sync and bar.red in one round of a barrier is reported.
+inline bool named_barrier_sync_or(u32 id, u32 num_threads, bool pred, DFG_SIM_SITE) {
+    DFG_SIM_ENTER;
+    return sd::named_barrier_sync_or(id, num_threads, pred);
+}
 // barrier.cluster.arrive + wait (PTX ISA "barrier.cluster"): every thread of every CTA of the cluster.
 inline void cluster_sync(DFG_SIM_SITE) {
     DFG_SIM_ENTER;
@@ -209,6 +217,16 @@ inline void mbar_arrive_expect_tx(u64* bar, u32 tx_bytes, DFG_SIM_SITE) {
 inline void mbar_wait(u64* bar, u32 phase, BarrierName name = BarrierName{"mbarrier", 0}, DFG_SIM_SITE) {
     DFG_SIM_ENTER;
     sd::mbar_wait(bar, phase, name);
+}
+
+// ---------------------------------------------------------------- global atomics (PTX ISA "atom")
+// atom.acq_rel.gpu.global.add.u32: the pointer must be 4-byte aligned global (host) memory, not shared memory.
+// Modelled as a sequentially consistent read-modify-write (at least as strong as .acq_rel.gpu; see "Not
+// modelled"); entering it is a preemption point of adversarial schedules, so other CTAs can run between a
+// thread's plain stores and its atomic.
+inline u32 atomic_add_acq_rel_gpu(u32* ptr, u32 value, DFG_SIM_SITE) {
+    DFG_SIM_ENTER;
+    return sd::atomic_add_global(ptr, value, "atomic_add_acq_rel_gpu");
 }
 
 // ---------------------------------------------------------------- cp.async (PTX ISA "cp.async")

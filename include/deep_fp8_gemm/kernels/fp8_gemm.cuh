@@ -51,6 +51,7 @@
 #include "../promotion.cuh"
 #include "../scales.cuh"
 #include "../scheduler.cuh"
+#include "../split_k.cuh"
 #include "../tma.cuh"
 
 namespace dfg {
@@ -70,22 +71,28 @@ struct GemmParams {
     const float* c_f32;         // 1D1D kind: C [rows][N] fp32, row stride ld_c floats; may equal d_f32
     u32 ld_d;
     u32 ld_c;
-    const TensorMap* group_maps;  // k-grouped kind: A_g at [2g], B_g at [2g + 1] in global memory (policy_k_grouped.cuh)
+    union {
+        const TensorMap* group_maps;  // k-grouped kind: A_g at [2g], B_g at [2g + 1] in global memory (policy_k_grouped.cuh)
+        u32* split_counters;          // dense, SPLIT_K > 1: per (tile, math warpgroup) arrival counters, zero between launches
+    };
+    float* split_partials;      // dense, SPLIT_K > 1: fp32 partial tiles [tiles][SPLIT_K][warpgroups][fragment order]
 };
 static_assert(DFG_OFFSETOF(GemmParams, tma_a) == 0 && DFG_OFFSETOF(GemmParams, tma_b) == 128 &&
                   DFG_OFFSETOF(GemmParams, tma_sa) == 256 && DFG_OFFSETOF(GemmParams, tma_d) == 384 &&
                   DFG_OFFSETOF(GemmParams, sb) == 512 && DFG_OFFSETOF(GemmParams, grouped_layout) == 520 &&
                   DFG_OFFSETOF(GemmParams, rows) == 528 && DFG_OFFSETOF(GemmParams, d_f32) == 536 &&
                   DFG_OFFSETOF(GemmParams, ld_c) == 556 && DFG_OFFSETOF(GemmParams, group_maps) == 560 &&
+                  DFG_OFFSETOF(GemmParams, split_counters) == 560 && DFG_OFFSETOF(GemmParams, split_partials) == 568 &&
                   sizeof(GemmParams) == 576,
               "GemmParams layout is mirrored in deep_fp8_gemm/kernels/gemm.py");
 
 template <GemmKind kKind, u32 SHAPE_N, u32 SHAPE_K, u32 BLOCK_M, u32 BLOCK_N, u32 kNumStages, u32 kNumGroups,
-          u32 kClusterM, u32 kClusterN, u32 kNumMathWarpgroups, u32 kBandWidth, u32 kExpectedSmemBytes>
+          u32 kClusterM, u32 kClusterN, u32 kNumMathWarpgroups, u32 kBandWidth, u32 kExpectedSmemBytes, u32 kSplitK = 1>
 struct Fp8GemmKernel {
     // ---------------------------------------------------------------- shape of the work
     static constexpr u32 BLOCK_K = 128;
     static constexpr u32 kNumKBlocks = ceil_div(SHAPE_K, BLOCK_K);
+    static constexpr u32 kKBlocksPerSplit = kNumKBlocks / kSplitK;  // K blocks of one split (split_k.cuh)
     static constexpr u32 kNumScaleBlocksN = ceil_div(SHAPE_N, 128u);
     static constexpr u32 kClusterSize = kClusterM * kClusterN;
     static constexpr bool kMulticastA = kClusterN == 2;
@@ -123,7 +130,8 @@ struct Fp8GemmKernel {
 
     using Scheduler = typename Select<kKGrouped, KGroupedScheduler<SHAPE_N, BLOCK_M, BLOCK_N, kNumGroups, kBandWidth>,
                                       TileScheduler<kKind, SHAPE_N, BLOCK_M, BLOCK_N, kNumGroups, kClusterM, kClusterN,
-                                                    kBandWidth>>::type;
+                                                    kBandWidth, kSplitK>>::type;
+    using Split = SplitK<kSplitK, kNumKBlocks, kKind, kClusterM * kClusterN, kNumMathWarpgroups, BLOCK_M, BLOCK_N>;
     using Scales = ScaleColumns<BLOCK_N, kNumScaleBlocksN>;
     using Store = Epilogue<BLOCK_M, BLOCK_N, kWavesM>;
     using Pipe = PipelineState<kNumStages>;
@@ -223,7 +231,8 @@ struct Fp8GemmKernel {
             const auto cols = Scales::of(static_cast<u32>(n0));
             const float* sb_row0 = params.sb + (tile.group * kNumScaleBlocksN + cols.block0) * kNumKBlocks;
             const float* sb_row1 = params.sb + (tile.group * kNumScaleBlocksN + cols.block1) * kNumKBlocks;
-            pipe.template for_each_use<kNumKBlocks, false>([&](u32 stage, u32 phase, u32 kb) {
+            pipe.template for_each_use<kKBlocksPerSplit, false>([&](u32 stage, u32 phase, u32 kb) {
+                kb += tile.split * kKBlocksPerSplit;  // this split's K blocks (0 without split-K)
                 hal::mbar_wait(&empty[stage], phase ^ 1u, empty_barrier(stage));
                 u64* bar = &full[stage];
                 u8* sb = smem + kSmemSB + stage * kSmemSBBytes;
@@ -377,7 +386,7 @@ struct Fp8GemmKernel {
             if constexpr (kKGrouped)  // the group's K blocks (0: D_g = C_g + 0)
                 for_each_use_dynamic(pipe, tile.num_k_blocks, k_block);
             else
-                pipe.template for_each_use<kNumKBlocks>(k_block);
+                pipe.template for_each_use<kKBlocksPerSplit>(k_block);
 
             if constexpr (kFp32Accumulate) {
                 const u64 group_rows = kKGrouped ? static_cast<u64>(tile.group) * params.rows : 0u;  // D / C [G][rows][N]
@@ -385,6 +394,13 @@ struct Fp8GemmKernel {
                                                         params.c_f32 + group_rows * params.ld_c, params.ld_d, params.ld_c,
                                                         params.rows, tile.m_block * BLOCK_M, n0, frag_row, lane, acc);
                 continue;
+            }
+            // Split-K: this split's partial goes to the workspace; only the last split of the tile goes on,
+            // with the sum of all splits in acc (split_k.cuh).
+            if constexpr (kSplitK > 1) {
+                if (!Split::reduce(params.split_counters, params.split_partials, tile, Scheduler::kNumNBlocks, wg,
+                                   warp_in_wg * 32 + lane, acc))
+                    continue;
             }
             // Epilogue: the previous tile's TMA store must have finished reading the shared tile.
             if (store_leader)

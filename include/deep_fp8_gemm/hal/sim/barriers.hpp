@@ -69,6 +69,9 @@ inline void thread_barrier_release(ThreadBarrier& b, u32 live) {
     if (b.arrived == 0 || b.arrived < (b.expected == kAllThreads ? live : b.expected)) return;
     b.arrived = 0;
     b.expected = 0;
+    b.red_result = b.red_or;
+    b.red_or = false;
+    b.red_kind = 0;
     ++b.generation;
     hb_release(b);
 }

@@ -81,6 +81,10 @@ struct ThreadBarrier {
     // Happens-before (proxy.hpp): the arrivals' vector clocks of the current round and of the last
     // completed one, per CTA of the barrier (one for a CTA's barriers, cluster_x for the cluster's).
     std::vector<std::vector<u32>> join, released;
+    // bar.red.or (named_barrier_sync_or): the round's kind (0 idle, 1 bar.sync, 2 bar.red.or), the OR of the
+    // current round's predicates, and the result of the last completed round.
+    u32 red_kind = 0;
+    bool red_or = false, red_result = false;
 };
 
 // stmatrix is warp-collective (.sync.aligned): the 32 lanes' addresses and registers meet here.

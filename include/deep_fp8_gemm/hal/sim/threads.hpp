@@ -12,15 +12,50 @@ inline void sync_threads() {
     thread_barrier_sync(c.named[0], kAllThreads, c.live, WaitKind::NamedBarrier, me().cta, 0, "sync_threads");
 }
 
-inline void named_barrier_sync(u32 id, u32 num_threads) {
-    const char* what = "named_barrier_sync";
+// The round of named barrier `id` is a bar.sync (kind 1) or a bar.red.or (kind 2) round: not both.
+inline ThreadBarrier& named_barrier_round(u32 id, u32 num_threads, u32 kind, const char* what) {
     if (id >= 16) fail(format("%s: barrier id %u is not in 0..15", what, id));
     if (num_threads == 0 || num_threads % 32 || num_threads > L().cfg.block_x)
         fail(format("%s(%u): thread count %u must be a positive multiple of 32 <= %u", what, id, num_threads,
                     L().cfg.block_x));
+    ThreadBarrier& b = my_cta().named[id];
+    if (b.red_kind != 0 && b.red_kind != kind)
+        fail(format("%s(%u): bar.sync and bar.red used in the same round of the barrier", what, id));
+    b.red_kind = kind;
+    return b;
+}
+
+inline void named_barrier_sync(u32 id, u32 num_threads) {
+    const char* what = "named_barrier_sync";
+    ThreadBarrier& b = named_barrier_round(id, num_threads, 1, what);
     aligned("bar.sync (named_barrier_sync)");
     Cta& c = my_cta();
-    thread_barrier_sync(c.named[id], num_threads, c.live, WaitKind::NamedBarrier, me().cta, id, what);
+    thread_barrier_sync(b, num_threads, c.live, WaitKind::NamedBarrier, me().cta, id, what);
+}
+
+// The result is read when this thread resumes: the next round cannot complete before this thread arrives in it.
+inline bool named_barrier_sync_or(u32 id, u32 num_threads, bool pred) {
+    const char* what = "named_barrier_sync_or";
+    ThreadBarrier& b = named_barrier_round(id, num_threads, 2, what);
+    aligned("bar.red.or (named_barrier_sync_or)");
+    b.red_or = b.red_or || pred;
+    Cta& c = my_cta();
+    thread_barrier_sync(b, num_threads, c.live, WaitKind::NamedBarrier, me().cta, id, what);
+    return b.red_result;
+}
+
+// atom.global.add.u32 on host memory standing for global memory.
+inline u32 atomic_add_global(u32* ptr, u32 value, const char* what) {
+    const Launch& l = L();
+    const u8* p = reinterpret_cast<const u8*>(ptr);
+    for (u32 c = 0; c < l.ctas.size(); ++c)
+        if (p >= l.ctas[c].smem && p < l.ctas[c].smem + l.cfg.dynamic_smem_bytes)
+            fail(format("%s: %p points into the shared memory of cta %u, not global memory", what, ptr, c));
+    if (ptr == nullptr || reinterpret_cast<uintptr_t>(ptr) % 4)
+        fail(format("%s: address %p is null or not 4-byte aligned", what, ptr));
+    const u32 old = *ptr;
+    *ptr = old + value;
+    return old;
 }
 
 inline void cluster_sync() {
