@@ -311,6 +311,19 @@ def _remember(plans: dict, key: tuple, plan):
     return plan
 
 
+def _plan_and_call(kind: str, plans: dict, index: dict, extra, expected_m, *tensors) -> None:
+    """The miss path shared by the GEMM entries: the plan of these tensors' signature (sizes, strides, dtype
+    and device of each, plus ``extra``), built on first use; indexed under the weight B's id for the guard
+    check; then called. ``tensors`` is ``(a, sa, b, sb, out)`` plus the grouped kinds' layout tensor."""
+    key = tuple(x for t in tensors for x in (t.shape, t.stride(), t.dtype, t.device)) + (extra,)
+    plan = plans.get(key)
+    if plan is None:
+        layout = tensors[5] if len(tensors) > 5 else None
+        plan = _remember(plans, key, GemmPlan(kind, *tensors[:5], layout, expected_m))
+    _index(index, id(tensors[2]), _guard(*tensors), extra, plan)
+    plan(*tensors)
+
+
 def dense(a, sa, b, sb, out) -> bool:
     """``gemm_fp8_fp8_bf16_nt`` through its plan when :func:`eager` allows; False (nothing done) otherwise."""
     if _is_compiling() or _dispatch_depth() or type(a) is not _Tensor or type(sa) is not _Tensor or \
@@ -323,14 +336,7 @@ def dense(a, sa, b, sb, out) -> bool:
             if guard_extra == extra and guard.check(a, sa, b, sb, out):
                 plan(a, sa, b, sb, out)
                 return True
-    key = (a.shape, a.stride(), a.dtype, a.device, sa.shape, sa.stride(), sa.dtype, sa.device,
-           b.shape, b.stride(), b.dtype, b.device, sb.shape, sb.stride(), sb.dtype, sb.device,
-           out.shape, out.stride(), out.dtype, out.device, extra)
-    plan = _dense_plans.get(key)
-    if plan is None:
-        plan = _remember(_dense_plans, key, GemmPlan("dense", a, sa, b, sb, out, None, None))
-    _index(_dense_index, id(b), _guard(a, sa, b, sb, out), extra, plan)
-    plan(a, sa, b, sb, out)
+    _plan_and_call("dense", _dense_plans, _dense_index, extra, None, a, sa, b, sb, out)
     return True
 
 
@@ -347,15 +353,7 @@ def contiguous(a, sa, b, sb, out, m_indices) -> bool:
             if guard_extra == extra and guard.check(a, sa, b, sb, out, m_indices):
                 plan(a, sa, b, sb, out, m_indices)
                 return True
-    key = (a.shape, a.stride(), a.dtype, a.device, sa.shape, sa.stride(), sa.dtype, sa.device,
-           b.shape, b.stride(), b.dtype, b.device, sb.shape, sb.stride(), sb.dtype, sb.device,
-           out.shape, out.stride(), out.dtype, out.device,
-           m_indices.shape, m_indices.stride(), m_indices.dtype, m_indices.device, extra)
-    plan = _contiguous_plans.get(key)
-    if plan is None:
-        plan = _remember(_contiguous_plans, key, GemmPlan("contiguous", a, sa, b, sb, out, m_indices, None))
-    _index(_contiguous_index, id(b), _guard(a, sa, b, sb, out, m_indices), extra, plan)
-    plan(a, sa, b, sb, out, m_indices)
+    _plan_and_call("contiguous", _contiguous_plans, _contiguous_index, extra, None, a, sa, b, sb, out, m_indices)
     return True
 
 
@@ -374,15 +372,7 @@ def masked(a, sa, b, sb, out, masked_m, expected_m: int) -> bool:
             if guard_extra == extra and guard.check(a, sa, b, sb, out, masked_m):
                 plan(a, sa, b, sb, out, masked_m)
                 return True
-    key = (a.shape, a.stride(), a.dtype, a.device, sa.shape, sa.stride(), sa.dtype, sa.device,
-           b.shape, b.stride(), b.dtype, b.device, sb.shape, sb.stride(), sb.dtype, sb.device,
-           out.shape, out.stride(), out.dtype, out.device,
-           masked_m.shape, masked_m.stride(), masked_m.dtype, masked_m.device, extra)
-    plan = _masked_plans.get(key)
-    if plan is None:
-        plan = _remember(_masked_plans, key, GemmPlan("masked", a, sa, b, sb, out, masked_m, expected_m))
-    _index(_masked_index, id(b), _guard(a, sa, b, sb, out, masked_m), extra, plan)
-    plan(a, sa, b, sb, out, masked_m)
+    _plan_and_call("masked", _masked_plans, _masked_index, extra, expected_m, a, sa, b, sb, out, masked_m)
     return True
 
 
@@ -403,15 +393,7 @@ def psum(a, sa, b, sb, out, grouped_layout, expected_m) -> bool:
             if guard_extra == extra and guard.check(a, sa, b, sb, out, grouped_layout):
                 plan(a, sa, b, sb, out, grouped_layout)
                 return True
-    key = (a.shape, a.stride(), a.dtype, a.device, sa.shape, sa.stride(), sa.dtype, sa.device,
-           b.shape, b.stride(), b.dtype, b.device, sb.shape, sb.stride(), sb.dtype, sb.device,
-           out.shape, out.stride(), out.dtype, out.device,
-           grouped_layout.shape, grouped_layout.stride(), grouped_layout.dtype, grouped_layout.device, extra)
-    plan = _psum_plans.get(key)
-    if plan is None:
-        plan = _remember(_psum_plans, key, GemmPlan("psum", a, sa, b, sb, out, grouped_layout, expected_m))
-    _index(_psum_index, id(b), _guard(a, sa, b, sb, out, grouped_layout), extra, plan)
-    plan(a, sa, b, sb, out, grouped_layout)
+    _plan_and_call("psum", _psum_plans, _psum_index, extra, expected_m, a, sa, b, sb, out, grouped_layout)
     return True
 
 

@@ -31,6 +31,43 @@ from .utils import ceil_div
 FP8 = torch.float8_e4m3fn
 
 
+def _check_fp32_d(d, accumulates: str) -> None:
+    """``d`` is an fp32 tensor (``accumulates``: which kernel accumulates in fp32, for the message)."""
+    if not isinstance(d, torch.Tensor):
+        raise TypeError(f"d must be a torch.Tensor, got {type(d).__name__}")
+    if d.dtype != torch.float32:
+        raise TypeError(f"d must be torch.float32 ({accumulates} accumulates in fp32), got d.dtype={d.dtype}")
+
+
+def _check_fp32_c(c, d, shape_doc: str) -> None:
+    """``c`` is None or an fp32 tensor of d's shape (``shape_doc``: d's documented shape, e.g. ``[m, n]``)."""
+    if c is None:
+        return
+    if not isinstance(c, torch.Tensor):
+        raise TypeError(f"c must be a torch.Tensor or None, got {type(c).__name__}")
+    if c.dtype != torch.float32:
+        raise TypeError(f"c must be torch.float32, got c.dtype={c.dtype}")
+    if c.shape != d.shape:
+        raise ValueError(f"c must have d's shape {shape_doc}={tuple(d.shape)}, got c.shape={tuple(c.shape)}")
+
+
+def _check_c_layout(c, d, check_separate) -> None:
+    """``c`` is None, ``d`` itself (in place), or a separate tensor that passes ``check_separate(c)``, is
+    TMA-aligned and does not overlap ``d``."""
+    if c is not None and c.data_ptr() != d.data_ptr():
+        check_separate(c)
+        _aligned_ptr(c, "c")
+        _no_overlap(d, ((c, "c (pass c=d to accumulate in place)"),))
+    elif c is not None and c.stride() != d.stride():
+        raise ValueError(f"c starts where d does but has other strides: c.stride()={c.stride()}, "
+                         f"d.stride()={d.stride()}; pass c=d to accumulate in place")
+
+
+def _check_contiguous_c(c) -> None:
+    if not c.is_contiguous():
+        raise ValueError(f"c must be contiguous [G, m, n], got c.stride()={c.stride()}")
+
+
 def check_1d1d(a, sa, b, sb, d, c, *, layout: bool = True) -> tuple[int, int, int]:
     """Types, shapes and devices (and, with ``layout``, the kernel's stride / alignment rules) of the 1D1D GEMM;
     returns ``(m, n, k)``. Errors name the argument and its value."""
@@ -46,18 +83,9 @@ def check_1d1d(a, sa, b, sb, d, c, *, layout: bool = True) -> tuple[int, int, in
     _shape(sa, "lhs[1] (sA)", (m, kb), "[m, ceil(k/128)]")
     _tensor(sb, "rhs[1] (sB)", torch.float32, 2)
     _shape(sb, "rhs[1] (sB)", (n, kb), "[n, ceil(k/128)] (1x128 per-row scales of B, recipe (1, 1, 128))")
-    if not isinstance(d, torch.Tensor):
-        raise TypeError(f"d must be a torch.Tensor, got {type(d).__name__}")
-    if d.dtype != torch.float32:
-        raise TypeError(f"d must be torch.float32 (the 1D1D kernel accumulates in fp32), got d.dtype={d.dtype}")
+    _check_fp32_d(d, "the 1D1D kernel")
     _shape(d, "d", (m, n), "[m, n]")
-    if c is not None:
-        if not isinstance(c, torch.Tensor):
-            raise TypeError(f"c must be a torch.Tensor or None, got {type(c).__name__}")
-        if c.dtype != torch.float32:
-            raise TypeError(f"c must be torch.float32, got c.dtype={c.dtype}")
-        if c.shape != d.shape:
-            raise ValueError(f"c must have d's shape [m, n]={tuple(d.shape)}, got c.shape={tuple(c.shape)}")
+    _check_fp32_c(c, d, "[m, n]")
     _same_device(a.device, ((sa, "lhs[1] (sA)"), (b, "rhs[0] (B)"), (sb, "rhs[1] (sB)"), (d, "d"))
                  + (() if c is None else ((c, "c"),)))
     if layout:
@@ -70,13 +98,7 @@ def check_1d1d(a, sa, b, sb, d, c, *, layout: bool = True) -> tuple[int, int, in
         _aligned_ptr(d, "d")
         inputs = ((a, "lhs[0] (A)"), (sa, "lhs[1] (sA)"), (b, "rhs[0] (B)"), (sb, "rhs[1] (sB)"))
         _no_overlap(d, inputs)
-        if c is not None and c.data_ptr() != d.data_ptr():
-            _row_major_tma(c, "c")
-            _aligned_ptr(c, "c")
-            _no_overlap(d, ((c, "c (pass c=d to accumulate in place)"),))
-        elif c is not None and c.stride() != d.stride():
-            raise ValueError(f"c starts where d does but has other strides: c.stride()={c.stride()}, "
-                             f"d.stride()={d.stride()}; pass c=d to accumulate in place")
+        _check_c_layout(c, d, lambda t: _row_major_tma(t, "c"))
     return m, n, k
 
 
@@ -201,10 +223,7 @@ def check_k_grouped(a, sa, b, sb, d, ks, ks_tensor, c, *, layout: bool = True,
     num_groups, k_sum = len(ks), sum(ks)
     _tensor(a, "lhs[0] (A)", FP8, 1)
     _tensor(b, "rhs[0] (B)", FP8, 1)
-    if not isinstance(d, torch.Tensor):
-        raise TypeError(f"d must be a torch.Tensor, got {type(d).__name__}")
-    if d.dtype != torch.float32:
-        raise TypeError(f"d must be torch.float32 (the k-grouped GEMM accumulates in fp32), got d.dtype={d.dtype}")
+    _check_fp32_d(d, "the k-grouped GEMM")
     if d.dim() != 3 or d.size(0) != num_groups:
         raise ValueError(f"d must be [G, m, n] with G=len(ks)={num_groups}, got d.shape={tuple(d.shape)}")
     m, n = d.shape[1:]
@@ -219,13 +238,7 @@ def check_k_grouped(a, sa, b, sb, d, ks, ks_tensor, c, *, layout: bool = True,
     _shape(sa, "lhs[1] (sA)", (m, kb), "[m, sum(ks)/128]")
     _tensor(sb, "rhs[1] (sB)", torch.float32, 2)
     _shape(sb, "rhs[1] (sB)", (n, kb), "[n, sum(ks)/128] (1x128 per-row scales of B, recipe (1, 1, 128))")
-    if c is not None:
-        if not isinstance(c, torch.Tensor):
-            raise TypeError(f"c must be a torch.Tensor or None, got {type(c).__name__}")
-        if c.dtype != torch.float32:
-            raise TypeError(f"c must be torch.float32, got c.dtype={c.dtype}")
-        if c.shape != d.shape:
-            raise ValueError(f"c must have d's shape [G, m, n]={tuple(d.shape)}, got c.shape={tuple(c.shape)}")
+    _check_fp32_c(c, d, "[G, m, n]")
     named = ((sa, "lhs[1] (sA)"), (b, "rhs[0] (B)"), (sb, "rhs[1] (sB)"), (d, "d"))
     if ks_tensor is not None:
         _tensor(ks_tensor, "ks_tensor", torch.int32, 1)
@@ -250,14 +263,7 @@ def check_k_grouped(a, sa, b, sb, d, ks, ks_tensor, c, *, layout: bool = True,
         _aligned_ptr(d, "d")
         _no_overlap(d, ((a, "lhs[0] (A)"), (sa, "lhs[1] (sA)"), (b, "rhs[0] (B)"), (sb, "rhs[1] (sB)"))
                     + (() if ks_tensor is None else ((ks_tensor, "ks_tensor"),)))
-        if c is not None and c.data_ptr() != d.data_ptr():
-            if not c.is_contiguous():
-                raise ValueError(f"c must be contiguous [G, m, n], got c.stride()={c.stride()}")
-            _aligned_ptr(c, "c")
-            _no_overlap(d, ((c, "c (pass c=d to accumulate in place)"),))
-        elif c is not None and c.stride() != d.stride():
-            raise ValueError(f"c starts where d does but has other strides: c.stride()={c.stride()}, "
-                             f"d.stride()={d.stride()}; pass c=d to accumulate in place")
+        _check_c_layout(c, d, _check_contiguous_c)
     return ks, m, n
 
 
