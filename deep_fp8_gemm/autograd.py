@@ -304,17 +304,6 @@ torch.library.register_fake("deep_fp8_gemm::fp8_moe_weight_grad", _moe_weight_gr
 _moe_weight_grad = torch.ops.deep_fp8_gemm.fp8_moe_weight_grad.default
 
 
-def _quantise_experts(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``[E, n, k]`` master weights -> (e4m3 ``[E, n, k]``, ``[E, ceil(n/128), ceil(k/128)]``), 128x128 blocks per
-    expert. With ``n % 128 == 0`` no block straddles two experts, so one quantiser call on ``[E·n, k]`` does it
-    (the same bits as a call per expert, :func:`deep_fp8_gemm.moe._quantise_experts`)."""
-    num_experts, n, k = w.shape
-    if n % GROUP:
-        return _moe._quantise_experts(w)
-    w_fp8, w_sf = per_block_cast_to_fp8(w.reshape(num_experts * n, k))
-    return w_fp8.view(num_experts, n, k), w_sf.view(num_experts, n // GROUP, -1)
-
-
 def _masked_rows(valid: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     """``rows`` with the rows where ``valid`` is False set to zero (``where``, so NaN garbage is dropped too)."""
     return torch.where(valid.unsqueeze(1), rows, torch.zeros((), dtype=rows.dtype, device=rows.device))
@@ -328,8 +317,8 @@ class _FP8MoEFunction(torch.autograd.Function):
     def forward(ctx, hidden, topk_weights, w13, w2, w13_main_grad, w2_main_grad, topk_ids,
                 w13_fp8, w13_sf, w2_fp8, w2_sf, max_m_sum):
         if w13 is not None:
-            w13_fp8, w13_sf = _quantise_experts(w13)
-            w2_fp8, w2_sf = _quantise_experts(w2)
+            w13_fp8, w13_sf = _moe._quantise_experts(w13)
+            w2_fp8, w2_sf = _moe._quantise_experts(w2)
         num_experts, two_i, hidden_size = w13_fp8.shape
         num_tokens, top_k = topk_ids.shape
         ctx.shapes = (num_experts, two_i, hidden_size, num_tokens, top_k)

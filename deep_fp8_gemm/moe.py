@@ -379,8 +379,15 @@ def _check_master_dtype(master_dtype: object) -> None:
 
 
 def _quantise_experts(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``[E, n, k]`` -> (e4m3 ``[E, n, k]``, ``[E, ceil(n/128), ceil(k/128)]``), 128x128 blocks per expert."""
-    pairs = [per_block_cast_to_fp8(w[e]) for e in range(w.shape[0])]  # once per model load
+    """``[E, n, k]`` -> (e4m3 ``[E, n, k]``, ``[E, ceil(n/128), ceil(k/128)]``), 128x128 blocks per expert.
+
+    With ``n % 128 == 0`` no block straddles two experts, so one quantiser call on ``[E·n, k]`` gives the same
+    bits as a call per expert (the training path quantises its master weights on every forward)."""
+    num_experts, n, k = w.shape
+    if n % 128 == 0:
+        w_fp8, w_sf = per_block_cast_to_fp8(w.reshape(num_experts * n, k))
+        return w_fp8.view(num_experts, n, k), w_sf.view(num_experts, n // 128, -1)
+    pairs = [per_block_cast_to_fp8(w[e]) for e in range(num_experts)]
     return torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
 
 
