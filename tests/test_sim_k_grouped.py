@@ -105,8 +105,8 @@ PLANTED = {
     # the scales' group offset (sA / sB column of the group's first K block) stuck at group 0
     "scale_column_group_offset": ("policy_k_grouped.cuh", "info.k_block0 = cur_k_block0;", "info.k_block0 = 0;"),
     # the ring's phase does not carry the tile's start position (groups of odd K-block counts)
-    "ring_phase_not_carried": ("policy_k_grouped.cuh", "pipe.phase ^= ((start + count) / kNumStages) & 1u;",
-                               "pipe.phase ^= (count / kNumStages) & 1u;"),
+    "ring_phase_not_carried": ("pipeline.cuh", "phase ^= ((start + count) / kNumStages) & 1u;",
+                               "phase ^= (count / kNumStages) & 1u;"),
     # D / C of group g at the wrong offset
     "output_group_offset": ("kernels/fp8_gemm.cuh",
                             "const u64 group_rows = kKGrouped ? static_cast<u64>(tile.group) * params.rows : 0u;",

@@ -88,8 +88,8 @@ PLANTED = {
     ),
     "ring_phase_not_carried_across_tiles": (
         "pipeline.cuh",
-        "phase ^= ((start + kCount) / kNumStages) & 1u;",
-        "phase ^= (kCount / kNumStages) & 1u;",
+        "phase ^= ((start + count) / kNumStages) & 1u;",
+        "phase ^= (count / kNumStages) & 1u;",
         dict(m=128, n=256, k=384, block_m=64, block_n=64, cluster=(1, 1), stages=2),
     ),
 }

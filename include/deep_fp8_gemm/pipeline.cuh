@@ -42,9 +42,16 @@ struct PipelineState {
             }
             return;
         }
+        for_each_use_n(kCount, static_cast<Body&&>(body));
+    }
+
+    // for_each_use with a run-time count (0 allowed: the cursor does not move), in the same unrolled ring
+    // passes; with a compile-time count (for_each_use) the pass bounds fold to constants.
+    template <typename Body>
+    DFG_HOST_DEVICE void for_each_use_n(u32 count, Body&& body) {
         const u32 start = stage;
         u32 first = start;          // first stage of this pass that runs
-        u32 end = start + kCount;   // one past the last use, counted from stage 0 of this pass
+        u32 end = start + count;    // one past the last use, counted from stage 0 of this pass
         u32 index0 = 0u - start;    // use index of stage 0 of this pass (wraps on the first pass)
         u32 ph = phase;
         while (true) {
@@ -60,8 +67,8 @@ struct PipelineState {
             index0 += kNumStages;
             ph ^= 1u;
         }
-        stage = (start + kCount) % kNumStages;
-        phase ^= ((start + kCount) / kNumStages) & 1u;
+        stage = (start + count) % kNumStages;
+        phase ^= ((start + count) / kNumStages) & 1u;
     }
 };
 

@@ -25,7 +25,7 @@
 // group with K_g = 0 has no loads and no MMAs; its epilogue still writes D_g = C_g + 0 (every element of D is
 // written by the kernel). Producer and math warps walk the same tiles, hence the same run-time trip counts,
 // so the stage ring (pipeline.cuh) stays in step across tiles and groups of different lengths: a tile's
-// K blocks start where the previous tile's ended in the ring (for_each_use_dynamic below).
+// K blocks start where the previous tile's ended in the ring (PipelineState::for_each_use_n).
 #pragma once
 #include "common.cuh"
 #include "hal.cuh"
@@ -43,33 +43,6 @@ template <typename T, typename F>
 struct Select<false, T, F> {
     using type = F;
 };
-
-// PipelineState::for_each_use with a run-time count (0 allowed: the cursor does not move): the same unrolled
-// ring passes, so stage offsets stay immediates; the first pass skips the stages before the cursor and the
-// last one stops after `count` uses.
-template <u32 kNumStages, typename Body>
-DFG_HOST_DEVICE void for_each_use_dynamic(PipelineState<kNumStages>& pipe, u32 count, Body&& body) {
-    const u32 start = pipe.stage;
-    u32 first = start;
-    u32 end = start + count;
-    u32 index0 = 0u - start;
-    u32 ph = pipe.phase;
-    while (true) {
-        DFG_UNROLL
-        for (u32 s = 0; s < kNumStages; ++s) {
-            if (s >= first && s < end)
-                body(s, ph, index0 + s);
-        }
-        if (end <= kNumStages)
-            break;
-        end -= kNumStages;
-        first = 0;
-        index0 += kNumStages;
-        ph ^= 1u;
-    }
-    pipe.stage = (start + count) % kNumStages;
-    pipe.phase ^= ((start + count) / kNumStages) & 1u;
-}
 
 // Persistent scheduler of the k-grouped kind (same interface as TileScheduler; no clusters). `ks` is the
 // device array of the kNumGroups K_g values (ks_tensor). Fills TileInfo::num_k_blocks (K_g / 128) and

@@ -384,7 +384,7 @@ struct Fp8GemmKernel {
                 }
             };
             if constexpr (kKGrouped)  // the group's K blocks (0: D_g = C_g + 0)
-                for_each_use_dynamic(pipe, tile.num_k_blocks, k_block);
+                pipe.for_each_use_n(tile.num_k_blocks, k_block);
             else
                 pipe.template for_each_use<kKBlocksPerSplit>(k_block);
 
