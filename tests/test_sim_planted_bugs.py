@@ -86,10 +86,10 @@ PLANTED = {
         "offset < 128u - k * kSegmentCols;",
         dict(m=64, n=336, k=256, block_m=64, block_n=112, cluster=(1, 1)),
     ),
-    "ring_phase_not_carried_across_tiles": (
-        "pipeline.cuh",
-        "phase ^= ((start + count) / kNumStages) & 1u;",
-        "phase ^= (count / kNumStages) & 1u;",
+    "ring_phase_not_carried_across_tiles": (  # the math warps restart the ring at stage 0, phase 0 per tile
+        "kernels/fp8_gemm.cuh",
+        "        Pipe pipe;\n        TileInfo tile;\n        while (next_tile(scheduler, tile)) {\n",
+        "        TileInfo tile;\n        while (next_tile(scheduler, tile)) {\n            Pipe pipe;\n",
         dict(m=128, n=256, k=384, block_m=64, block_n=64, cluster=(1, 1), stages=2),
     ),
 }

@@ -13,12 +13,14 @@
 #define DFG_HOST_DEVICE inline
 #define DFG_FORCEINLINE inline
 #define DFG_UNROLL
+#define DFG_NO_UNROLL
 #define DFG_GRID_CONSTANT
 #else
 #define DFG_DEVICE __device__ __forceinline__
 #define DFG_HOST_DEVICE __host__ __device__ __forceinline__
 #define DFG_FORCEINLINE __forceinline__
 #define DFG_UNROLL _Pragma("unroll")
+#define DFG_NO_UNROLL _Pragma("unroll 1")
 #define DFG_GRID_CONSTANT __grid_constant__
 #endif
 

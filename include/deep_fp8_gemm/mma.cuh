@@ -40,6 +40,9 @@ DFG_HOST_DEVICE constexpr u64 desc_advance(u64 desc, u32 bytes) {
     return (desc & 0xFFFFFFFF00000000ull) | static_cast<u32>(static_cast<u32>(desc) + (bytes >> 4));
 }
 
+// `desc` with its low word (start address, leading byte offset) replaced by `lo`.
+DFG_HOST_DEVICE constexpr u64 desc_with_low_word(u64 desc, u32 lo) { return (desc & 0xFFFFFFFF00000000ull) | lo; }
+
 // Accumulator fragment of wgmma m64nNk32 (PTX ISA "Register Fragment D", CuTe CLayout_64xN):
 // value i of thread t (warp w = t / 32 in the warpgroup, lane l) sits at
 //   row = 16 w + l / 4 + 8 ((i / 2) % 2),   col = 8 (i / 4) + 2 (l % 4) + i % 2.

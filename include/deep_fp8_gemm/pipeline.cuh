@@ -23,52 +23,23 @@ struct PipelineState {
         }
     }
 
-    // Runs body(stage, phase, i) for the next kCount uses of the ring (i = 0 .. kCount - 1) and moves the
-    // cursor past them.
+    // Runs body(stage, phase, i) for the next `count` uses of the ring (i = 0 .. count - 1; 0 allowed) and
+    // moves the cursor past them. A tile's uses start anywhere in the ring: keeping the ring order across
+    // tiles keeps the producer kNumStages loads ahead at tile boundaries.
     //
-    // NOTES: each pass over the ring is unrolled, so `stage` is a constant in every copy of the body and
-    // barrier, shared-memory and descriptor addresses fold into immediates (the per-use stage/phase
-    // arithmetic and address recomputation were ~20 instructions per K block). A tile's kCount uses start
-    // anywhere in the ring (kCount need not be a multiple of kNumStages; keeping the ring order across
-    // tiles keeps the producer kNumStages loads ahead at tile boundaries), so the first pass skips the
-    // stages before the start and the last one stops after kCount uses: one uniform compare per copy.
-    template <u32 kCount, bool kUnrollRing = true, typename Body>
-    DFG_HOST_DEVICE void for_each_use(Body&& body) {
-        static_assert(kCount >= 1, "at least one use");
-        if constexpr (!kUnrollRing) {
-            for (u32 i = 0; i < kCount; ++i) {
-                body(stage, phase, i);
-                advance();
-            }
-            return;
-        }
-        for_each_use_n(kCount, static_cast<Body&&>(body));
-    }
-
-    // for_each_use with a run-time count (0 allowed: the cursor does not move), in the same unrolled ring
-    // passes; with a compile-time count (for_each_use) the pass bounds fold to constants.
+    // NOTES: one loop body, not one per stage. Unrolling the ring (stage an immediate in every copy) made
+    // each copy cost the compiler 0.03-0.1 s (NVVM and ptxas alike), so 3-16-stage kernels compiled in
+    // 0.54-0.83 s; with one body they compile in 0.25-0.41 s (README, "K-loop issue"). The body keeps the
+    // per-use cost small by deriving every stage-dependent value from `stage` with one multiply-add on the
+    // uniform datapath (barrier, scale and descriptor addresses; fp8_gemm.cuh): 3-15 more math instructions
+    // per K block than the unrolled ring, by the audit's K-loop analysis.
     template <typename Body>
-    DFG_HOST_DEVICE void for_each_use_n(u32 count, Body&& body) {
-        const u32 start = stage;
-        u32 first = start;          // first stage of this pass that runs
-        u32 end = start + count;    // one past the last use, counted from stage 0 of this pass
-        u32 index0 = 0u - start;    // use index of stage 0 of this pass (wraps on the first pass)
-        u32 ph = phase;
-        while (true) {
-            DFG_UNROLL
-            for (u32 s = 0; s < kNumStages; ++s) {
-                if (s >= first && s < end)
-                    body(s, ph, index0 + s);
-            }
-            if (end <= kNumStages)
-                break;
-            end -= kNumStages;
-            first = 0;
-            index0 += kNumStages;
-            ph ^= 1u;
+    DFG_HOST_DEVICE void for_each_use(u32 count, Body&& body) {
+        DFG_NO_UNROLL
+        for (u32 i = 0; i < count; ++i) {
+            body(stage, phase, i);
+            advance();
         }
-        stage = (start + count) % kNumStages;
-        phase ^= ((start + count) / kNumStages) & 1u;
     }
 };
 

@@ -25,7 +25,7 @@
 // group with K_g = 0 has no loads and no MMAs; its epilogue still writes D_g = C_g + 0 (every element of D is
 // written by the kernel). Producer and math warps walk the same tiles, hence the same run-time trip counts,
 // so the stage ring (pipeline.cuh) stays in step across tiles and groups of different lengths: a tile's
-// K blocks start where the previous tile's ended in the ring (PipelineState::for_each_use_n).
+// K blocks start where the previous tile's ended in the ring (PipelineState::for_each_use).
 #pragma once
 #include "common.cuh"
 #include "hal.cuh"

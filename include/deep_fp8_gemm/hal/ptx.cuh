@@ -83,6 +83,16 @@ DFG_DEVICE u32 lane_idx() { return threadIdx.x % 32; }
 // e.g. a grouped layout, are not, even when every lane reads the same address).
 DFG_DEVICE u32 warp_broadcast(u32 value) { return __shfl_sync(0xffffffffu, value, 0); }
 
+// `value`, through a shfl.sync.idx from the calling lane itself; all 32 lanes must call it.
+// NOTES: ptxas cannot see through it, so it keeps the value in a register instead of re-deriving it from
+// its inputs inside a loop (it re-materialises cheap chains such as the thread's fragment row each iteration).
+DFG_DEVICE u32 pin(u32 value) { return __shfl_sync(0xffffffffu, value, threadIdx.x % 32); }
+
+// vote.sync.all with the full mask: whether `pred` holds in every lane; all 32 lanes must call it.
+// NOTES: ptxas treats the result as warp-uniform, so a loop whose exit tests it is not divergent, and the
+// loop-carried values of loops nested in it (the stage ring's cursor) stay on the uniform datapath.
+DFG_DEVICE bool warp_all(bool pred) { return __all_sync(0xffffffffu, pred) != 0; }
+
 // elect.sync with the full mask (PTX ISA "elect.sync"): true in exactly one lane of the warp, which all 32
 // lanes must reach together. NOTES: ptxas knows that only the elected lane runs what it guards, so a TMA,
 // barrier arrive or cp.async issued there needs no ELECT / BRA.U.ANY waterfall over the active lanes (a

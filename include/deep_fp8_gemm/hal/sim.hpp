@@ -130,6 +130,19 @@ inline u32 warp_broadcast(u32 value, DFG_SIM_SITE) {
     sd::aligned("shfl.sync");
     return value;
 }
+// shfl.sync.idx from the calling lane: `value` itself (only a compiler barrier on the device). Checked like .aligned.
+inline u32 pin(u32 value, DFG_SIM_SITE) {
+    DFG_SIM_ENTER;
+    sd::aligned("shfl.sync");
+    return value;
+}
+// vote.sync.all with the full mask. As for warp_broadcast, kernels vote only on values every lane computed
+// identically (the scheduler's "more tiles"), so the caller's own value is the vote. Checked like .aligned.
+inline bool warp_all(bool pred, DFG_SIM_SITE) {
+    DFG_SIM_ENTER;
+    sd::aligned("vote.sync");
+    return pred;
+}
 // bar.warp.sync with the full mask: the warp's lanes meet; accesses before it are ordered before those after it.
 inline void warp_sync(DFG_SIM_SITE) {
     DFG_SIM_ENTER;

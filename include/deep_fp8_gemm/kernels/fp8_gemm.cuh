@@ -34,10 +34,12 @@
 // ANCHORS.md, "two-level accumulation").
 //
 // NOTES (issue per K block, measured by the audit's K-loop analysis, deep_fp8_gemm/runtime/kloop.py):
-// both K loops walk the stage ring one unrolled pass at a time (PipelineState::for_each_use), so stage,
-// barrier and descriptor offsets are immediates; descriptors are built once per tile and patched in their
-// low word; sB sits in shared memory next to sA (copied by the producer with cp.async), so the math loop
-// has no global loads; which sB block a column uses is fixed at compile time except for at most
+// both K loops are one loop body per K block (PipelineState::for_each_use: an unrolled ring costs the
+// compiler ~0.03-0.1 s per stage); every stage-dependent address and descriptor word is one multiply-add of
+// the stage index, which ptxas keeps on the uniform datapath because the tile loop's exit is a warp vote
+// (next_tile) and the loop-invariant bases are pinned in registers (consume); descriptors are patched in
+// their low word only; sB sits in shared memory next to sA (copied by the producer with cp.async), so the
+// math loop has no global loads; which sB block a column uses is fixed at compile time except for at most
 // 128 / gcd(BLOCK_N, 128) - 1 segments (scales.cuh); the grouped kinds broadcast scheduler values from
 // lane 0 so that control flow and descriptors stay on the uniform datapath.
 #pragma once
@@ -231,7 +233,7 @@ struct Fp8GemmKernel {
             const auto cols = Scales::of(static_cast<u32>(n0));
             const float* sb_row0 = params.sb + (tile.group * kNumScaleBlocksN + cols.block0) * kNumKBlocks;
             const float* sb_row1 = params.sb + (tile.group * kNumScaleBlocksN + cols.block1) * kNumKBlocks;
-            pipe.template for_each_use<kKBlocksPerSplit, false>([&](u32 stage, u32 phase, u32 kb) {
+            pipe.for_each_use(kKBlocksPerSplit, [&](u32 stage, u32 phase, u32 kb) {
                 kb += tile.split * kKBlocksPerSplit;  // this split's K blocks (0 without split-K)
                 hal::mbar_wait(&empty[stage], phase ^ 1u, empty_barrier(stage));
                 u64* bar = &full[stage];
@@ -291,18 +293,20 @@ struct Fp8GemmKernel {
 
     // Next tile of the math warps. Grouped kinds read the scheduler's decisions from global memory, which
     // the compiler cannot prove warp-uniform; broadcasting them from lane 0 keeps the tile loop convergent
-    // and the K loop's descriptors and barrier addresses in uniform registers.
+    // and the K loop's descriptors and barrier addresses in uniform registers. Every kind votes on "more
+    // tiles" (all lanes compute it identically): with the loop's exit a vote, ptxas keeps the K loop's ring
+    // cursor in uniform registers (the dense 64x64 kernel: 99 -> 83 instructions per K block).
     static DFG_DEVICE bool next_tile(Scheduler& scheduler, TileInfo& tile) {
         const bool more = scheduler.next(tile);
         if constexpr (kKind == GemmKind::Dense || kKind == GemmKind::Dense1D1D) {
-            return more;
+            return hal::warp_all(more);
         } else {
             tile.m_block = hal::warp_broadcast(tile.m_block);
             tile.n_block = hal::warp_broadcast(tile.n_block);
             tile.group = hal::warp_broadcast(tile.group);
             if constexpr (kKGrouped)
                 tile.num_k_blocks = hal::warp_broadcast(tile.num_k_blocks);
-            return hal::warp_broadcast(more ? 1u : 0u) != 0;
+            return hal::warp_all(more);
         }
     }
 
@@ -313,20 +317,22 @@ struct Fp8GemmKernel {
         const u32 wg_row0 = wg * kWgRows;
         const bool store_leader = warp_in_wg == 0 && lane == 0;
         // Rows of this thread's fragment inside the tile, per wave: r and r + 8 (WgmmaFragment::row).
-        const u32 frag_row = wg_row0 + warp_in_wg * 16 + lane / 4;
-        // Every descriptor is one of these two advanced by an immediate in its low word.
-        // NOTES: their high words (stride, swizzle) are constants, which ptxas re-materialises into the
-        // wgmma's descriptor registers before every wgmma (2 instructions each). ORing in a zero it cannot
-        // see through (the warp index is < 32: at most 1024 threads per block) keeps them in registers:
-        // -3 to -9 instructions per K block per warp. Not for one warpgroup with BLOCK_N > 128: the two
-        // extra live registers made the masked 64x160 kernel spill.
-        constexpr bool kOpaqueHighWords = !(kNumMathWarpgroups == 1 && BLOCK_N > 128);
-        const u32 opaque_zero_a = kOpaqueHighWords ? warp >> 5 : 0u;
-        const u32 opaque_zero_b = kOpaqueHighWords ? warp >> 6 : 0u;
+        // NOTES: pinned, or ptxas re-derives it from the thread index inside the K loop (5 instructions per K
+        // block in the one-warpgroup kernels).
+        const u32 frag_row = hal::pin(wg_row0 + warp_in_wg * 16 + lane / 4);
+        // Descriptors: the tile's A (this warpgroup's rows) / B in stage s, k32 slice ks start a_desc / b_desc
+        // + s * stage stride + ks * 32 bytes; only the low word changes (desc_advance), by one multiply-add
+        // per K block and one add per wgmma.
+        // NOTES: ptxas re-materialises constant high words (stride, swizzle) into the wgmma's descriptor
+        // registers before every wgmma (2 instructions each). ORing in a zero it cannot see through (the
+        // warp index is < 32: at most 1024 threads per block) keeps them in registers.
         const u64 smem_desc = make_k_major_sw128_desc(hal::smem_addr(smem));
-        const u64 a_desc =
-            desc_advance(smem_desc, kSmemA + wg_row0 * BLOCK_K) | (static_cast<u64>(opaque_zero_a) << 32);
-        const u64 b_desc = desc_advance(smem_desc, kSmemB) | (static_cast<u64>(opaque_zero_b) << 32);
+        const u64 a_desc = desc_advance(smem_desc, kSmemA + wg_row0 * BLOCK_K) | (static_cast<u64>(warp >> 5) << 32);
+        const u64 b_desc = desc_advance(smem_desc, kSmemB) | (static_cast<u64>(warp >> 6) << 32);
+        // NOTES: broadcast, or ptxas re-derives their low words from the shared-window base inside the K loop
+        // (~6 instructions per K block); broadcast values are also provably uniform.
+        const u32 a_lo0 = hal::warp_broadcast(static_cast<u32>(a_desc));
+        const u32 b_lo0 = hal::warp_broadcast(static_cast<u32>(b_desc));
 
         float acc[kWavesM][kAccValues];
         float scratch[kAccValues];
@@ -345,6 +351,8 @@ struct Fp8GemmKernel {
                     acc[w][i] = 0.0f;
 
             const auto k_block = [&](u32 stage, u32 phase, u32 /*kb*/) {
+                const u32 a_lo = a_lo0 + stage * (kSmemABytes >> 4);
+                const u32 b_lo = b_lo0 + stage * (kSmemBBytes >> 4);
                 hal::mbar_wait(&full[stage], phase, full_barrier(stage));
                 // Scales are read before the stage can be released.
                 const float* sb = reinterpret_cast<const float*>(smem + kSmemSB + stage * kSmemSBBytes);
@@ -362,8 +370,8 @@ struct Fp8GemmKernel {
                     DFG_UNROLL
                     for (u32 ks = 0; ks < BLOCK_K / kWgmmaK; ++ks)
                         hal::WgmmaFp8<BLOCK_N>::mma(
-                            desc_advance(a_desc, stage * kSmemABytes + w * 64 * BLOCK_K + ks * kWgmmaK),
-                            desc_advance(b_desc, stage * kSmemBBytes + ks * kWgmmaK), scratch, ks > 0);
+                            desc_with_low_word(a_desc, a_lo + ((w * 64 * BLOCK_K + ks * kWgmmaK) >> 4)),
+                            desc_with_low_word(b_desc, b_lo + ((ks * kWgmmaK) >> 4)), scratch, ks > 0);
                     hal::wgmma_commit();
                     hal::wgmma_wait<0>();
                     DFG_UNROLL
@@ -383,16 +391,17 @@ struct Fp8GemmKernel {
                     }
                 }
             };
-            if constexpr (kKGrouped)  // the group's K blocks (0: D_g = C_g + 0)
-                pipe.for_each_use_n(tile.num_k_blocks, k_block);
-            else
-                pipe.template for_each_use<kKBlocksPerSplit>(k_block);
+            // The tile's K blocks (k-grouped: the group's, 0 gives D_g = C_g + 0).
+            pipe.for_each_use(kKGrouped ? tile.num_k_blocks : kKBlocksPerSplit, k_block);
 
             if constexpr (kFp32Accumulate) {
                 const u64 group_rows = kKGrouped ? static_cast<u64>(tile.group) * params.rows : 0u;  // D / C [G][rows][N]
                 store_fp32_accumulate<SHAPE_N, BLOCK_N>(params.d_f32 + group_rows * params.ld_d,
                                                         params.c_f32 + group_rows * params.ld_c, params.ld_d, params.ld_c,
                                                         params.rows, tile.m_block * BLOCK_M, n0, frag_row, lane, acc);
+                // NOTES: the stores' lane-dependent bounds checks diverge; reconverging here lets ptxas keep
+                // the next tile's K loop on the uniform datapath (-21 instructions per K block, k-grouped).
+                hal::warp_sync();
                 continue;
             }
             // Split-K: this split's partial goes to the workspace; only the last split of the tile goes on,
