@@ -48,15 +48,15 @@ _SMEM_BYTES_PER_CLK = 128  # shared-memory bandwidth: wgmma operand reads + TMA 
 _HBM_BYTES_PER_CLK_PER_SM = 4.8e12 / MODEL_CLOCK_HZ / 132  # H200 datasheet HBM bandwidth, shared by 132 SMs
 _MMA_EFFICIENCY = {64: 0.70, 128: 0.85, 256: 0.90}  # one warpgroup cannot hide its own promotion work
 # Instruction issue per K block (NOTES: fitted to the audit's static K-loop analysis, runtime/kloop.py, NVRTC
-# 13.5 sm_90a, within ~10% of the measured loops; see README "K-loop issue"). Per m64 wave of a math warp:
-# BLOCK_N / 2 FFMA (promotion) + 4 QGMMA + ~10 descriptor words + sA loads + 2 FMUL + fence and drain;
-# tiles whose BLOCK_N does not divide 128 straddle two sB blocks (2 more FMUL, FSEL and predicates per
-# segment); per K block: barrier wait and release, sB load, ring-pass guard; the grouped kinds' tile loop is
-# not entirely on the uniform datapath; the producer warp (one thread) shares one SM sub-partition.
-_ISSUE_PER_WAVE = 20
-_ISSUE_STRADDLE = 12
-_ISSUE_PER_K_BLOCK = 10
-_ISSUE_GROUPED = 4
+# 13.5 sm_90a, within ~7% of every loop `audit --kind all` compiles; see README "K-loop issue"). Per m64
+# wave of a math warp: BLOCK_N / 2 FFMA (promotion) + 4 QGMMA + sA loads + 2 FMUL + fence and drain; tiles
+# whose BLOCK_N does not divide 128 straddle two sB blocks (2 more FMUL, FSEL and predicates per segment);
+# per K block (the rolled K loop, pipeline.cuh): barrier wait and release, sB load, the stage's barrier,
+# scale and descriptor addresses (one multiply-add each), one descriptor add per wgmma, the ring cursor and
+# the loop counter; the producer warp (one thread) shares one SM sub-partition.
+_ISSUE_PER_WAVE = 7
+_ISSUE_STRADDLE = 21
+_ISSUE_PER_K_BLOCK = 29
 _ISSUE_PRODUCER = 70
 
 
@@ -288,7 +288,7 @@ def math_issue_per_k_block(kind: str, block_m: int, block_n: int) -> float:
     if kind in FP32_ACCUMULATE_KINDS:  # per-column B scales: FMUL + FFMA per value, BLOCK_N / 8 sB load pairs
         return waves * (block_n + _ISSUE_PER_WAVE - 2) + block_n / 8 + _ISSUE_PER_K_BLOCK
     per_wave = block_n / 2 + _ISSUE_PER_WAVE + (_ISSUE_STRADDLE if 128 % block_n else 0)
-    return waves * per_wave + _ISSUE_PER_K_BLOCK + (_ISSUE_GROUPED if kind != "dense" else 0)
+    return waves * per_wave + _ISSUE_PER_K_BLOCK
 
 
 def issue_cycles_per_k_block(kind: str, block_m: int, block_n: int) -> float:
