@@ -19,9 +19,10 @@ import torch
 import deep_fp8_gemm as dfg
 import deep_fp8_gemm.kernels.quant as kq
 from deep_fp8_gemm.cast_transpose import _cast_transpose_torch, _k_grouped_torch
-from deep_fp8_gemm.runtime import paths
 from deep_fp8_gemm.utils import get_col_major_tma_aligned_tensor
 from tests._gpu import requires_sm90
+
+from ._mutate import mutated_headers
 
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="the simulator builds kernels with g++")
 
@@ -183,14 +184,7 @@ def test_planted_bug_is_caught(bug, tmp_path, monkeypatch):
     from deep_fp8_gemm.simulator import SimulationError
 
     original, planted, kind = PLANTED[bug]
-    mutated = tmp_path / "include"
-    shutil.copytree(paths.include_dir(), mutated)
-    target = mutated / "deep_fp8_gemm" / "kernels" / "quant.cuh"
-    text = target.read_text()
-    assert text.count(original) == 1, f"{bug}: the original text is no longer in quant.cuh; update this test"
-    target.write_text(text.replace(original, planted))
-    monkeypatch.setattr(paths, "include_dir", lambda: mutated)
-    monkeypatch.setenv("DFG_JIT_CACHE_DIR", str(tmp_path / "cache"))
+    mutated_headers(tmp_path, monkeypatch, "kernels/quant.cuh", original, planted)
     try:
         if kind == "cast_transpose":
             x = _input(256, 160, torch.bfloat16, seed=1)

@@ -18,9 +18,10 @@ import torch
 import deep_fp8_gemm as dfg
 from deep_fp8_gemm import calc_diff
 from deep_fp8_gemm.psum import check_psum_layout, m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum as psum_gemm
-from deep_fp8_gemm.runtime import paths
 from tests._gpu import requires_sm90
 from tests._operands import gemm64
+
+from ._mutate import mutated_headers
 
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="host build / simulator need g++")
 PSUM_KIND = 3  # dfg::GemmKind::GroupedContiguousPsum
@@ -138,14 +139,7 @@ def test_planted_scheduler_bug_is_caught(tmp_path, monkeypatch):
     from tests.test_sim_gemm import make_config, run_sim
 
     original = "return start <= first ? static_cast<i32>(lo) : -1;"
-    mutated = tmp_path / "include"
-    shutil.copytree(paths.include_dir(), mutated)
-    header = mutated / "deep_fp8_gemm" / "scheduler.cuh"
-    text = header.read_text()
-    assert text.count(original) == 1, "the planted line is gone from scheduler.cuh: update this test"
-    header.write_text(text.replace(original, "return static_cast<i32>(lo);"))
-    monkeypatch.setattr(paths, "include_dir", lambda: mutated)
-    monkeypatch.setenv("DFG_JIT_CACHE_DIR", str(tmp_path / "cache"))
+    mutated_headers(tmp_path, monkeypatch, "scheduler.cuh", original, "return static_cast<i32>(lo);")
     ends = _ends_from_sizes([40, 100])  # rows 64..127 are padding: a BLOCK_M=64 block of group 1 under the bug
     cfg = make_config("psum", 128, 128, 64, 64, groups=2, grid=2)
     a, sa, b, sb = _operands(ends[-1], 128, 128, 2, seed=9)

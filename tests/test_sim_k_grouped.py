@@ -21,9 +21,10 @@ import torch
 from deep_fp8_gemm import get_col_major_tma_aligned_tensor
 from deep_fp8_gemm.config import GemmConfig, check_config, get_config
 from deep_fp8_gemm.kernels import gemm
-from deep_fp8_gemm.runtime import paths
 from deep_fp8_gemm.simulator import SimulationError
 from tests.test_k_grouped import k_grouped_operands, model64
+
+from ._mutate import mutated_headers
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="the simulator builds kernels with g++")
 
@@ -145,14 +146,7 @@ def _run_planted(d, c):
 @pytest.mark.parametrize("bug", sorted(PLANTED))
 def test_planted_kernel_bug_is_caught(bug, tmp_path, monkeypatch):
     header, original, planted = PLANTED[bug]
-    mutated = tmp_path / "include"
-    shutil.copytree(paths.include_dir(), mutated)
-    target = mutated / "deep_fp8_gemm" / header
-    text = target.read_text()
-    assert text.count(original) == 1, f"{bug}: the original line is no longer in {header}; update this test"
-    target.write_text(text.replace(original, planted))
-    monkeypatch.setattr(paths, "include_dir", lambda: mutated)
-    monkeypatch.setenv("DFG_JIT_CACHE_DIR", str(tmp_path / "cache"))
+    mutated_headers(tmp_path, monkeypatch, header, original, planted)
     m, n, ks = PLANTED_CFG[:3]
     report = None
     for seed in PLANTED_SEEDS.get(bug, (0,)):

@@ -17,6 +17,7 @@ from deep_fp8_gemm import calc_diff, reference
 from deep_fp8_gemm.runtime import paths
 from deep_fp8_gemm.simulator import SimulationError
 
+from ._mutate import mutated_headers
 from .test_sim_gemm import make_config, quantised_operands, run_sim
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="the simulator builds kernels with g++")
@@ -98,14 +99,7 @@ PLANTED = {
 @pytest.mark.parametrize("bug", sorted(PLANTED))
 def test_planted_bug_is_caught(bug, tmp_path, monkeypatch):
     header, original, planted, args = PLANTED[bug]
-    mutated = tmp_path / "include"
-    shutil.copytree(paths.include_dir(), mutated)
-    target = mutated / "deep_fp8_gemm" / header
-    text = target.read_text()
-    assert text.count(original) == 1, f"{bug}: the original line is no longer in {header}; update this test"
-    target.write_text(text.replace(original, planted))
-    monkeypatch.setattr(paths, "include_dir", lambda: mutated)
-    monkeypatch.setenv("DFG_JIT_CACHE_DIR", str(tmp_path / "cache"))
+    mutated_headers(tmp_path, monkeypatch, header, original, planted)
 
     m, n, k = args["m"], args["n"], args["k"]
     cfg = make_config("dense", n, k, args["block_m"], args["block_n"], cluster=args["cluster"],

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import re
 import shutil
-from pathlib import Path
 
 import pytest
 import torch
 
-from deep_fp8_gemm.runtime import cache, compiler, paths
 from deep_fp8_gemm.simulator import SimulationError
 
+from ._mutate import mutated_headers
 from .test_sim_gemm import make_config, quantised_operands, run_sim
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="the simulator builds kernels with g++")
@@ -130,19 +129,6 @@ SCHEDULE_ONLY = {"schedule_stage_released_on_own_cta_only"}
 
 SITE = re.compile(r"\w+\.cuh:\d+")
 THREAD = re.compile(r"thread \d+")
-
-
-def mutated_headers(tmp_path: Path, monkeypatch, header: str, original: str, planted: str) -> None:
-    """A copy of the include tree with one change, made the include directory of both builds."""
-    mutated = tmp_path / "include"
-    shutil.copytree(paths.include_dir(), mutated)
-    target = mutated / "deep_fp8_gemm" / header
-    text = target.read_text()
-    assert text.count(original) == 1, f"the original text is no longer in {header}; update this test"
-    target.write_text(text.replace(original, planted))
-    for module in (paths, compiler, cache):  # the sm_90a build gives the simulator its register count
-        monkeypatch.setattr(module, "include_dir", lambda: mutated)
-    monkeypatch.setenv("DFG_JIT_CACHE_DIR", str(tmp_path / "cache"))
 
 
 def run_case(args: dict, seed: int, monkeypatch) -> None:

@@ -19,9 +19,9 @@ import torch
 from deep_fp8_gemm import split_k
 from deep_fp8_gemm.config import check_config
 from deep_fp8_gemm.reference import dequantize_per_block, dequantize_per_token
-from deep_fp8_gemm.runtime import paths
 from deep_fp8_gemm.simulator import SimulationError
 
+from ._mutate import mutated_headers
 from .test_sim_gemm import make_config, quantised_operands, run_sim
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="the simulator builds kernels with g++")
@@ -133,14 +133,7 @@ PLANTED = {
 @pytest.mark.parametrize("bug", sorted(PLANTED))
 def test_planted_split_k_bug_is_caught(bug, tmp_path, monkeypatch):
     original, planted, launches = PLANTED[bug]
-    mutated = tmp_path / "include"
-    shutil.copytree(paths.include_dir(), mutated)
-    target = mutated / "deep_fp8_gemm" / "split_k.cuh"
-    text = target.read_text()
-    assert text.count(original) == 1, f"{bug}: the original line is no longer in split_k.cuh; update this test"
-    target.write_text(text.replace(original, planted))
-    monkeypatch.setattr(paths, "include_dir", lambda: mutated)
-    monkeypatch.setenv("DFG_JIT_CACHE_DIR", str(tmp_path / "cache"))
+    mutated_headers(tmp_path, monkeypatch, "split_k.cuh", original, planted)
     monkeypatch.setenv("DFG_SIM_EXACT_MMA", "1")
 
     # One CTA for 3 tiles x 4 splits: it walks the splits one after the other, so a split never finds a later

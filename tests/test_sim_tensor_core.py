@@ -20,7 +20,7 @@ from deep_fp8_gemm import calc_diff, get_col_major_tma_aligned_tensor, reference
 from deep_fp8_gemm.kernels import gemm
 
 from .test_sim_gemm import make_config
-from .test_sim_planted_hw import mutated_headers
+from ._mutate import mutated_headers
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="the simulator builds kernels with g++")
 

@@ -22,6 +22,8 @@ from deep_fp8_gemm.kernels import quant as kq
 from deep_fp8_gemm.runtime import cache, paths
 from deep_fp8_gemm.runtime.compiler import compile_kernel, watchdog_options
 
+from ._mutate import mutated_headers
+
 KERNEL_DIR = Path(__file__).resolve().parent / "gpu_kernels"
 # Small, quick to compile: one math warpgroup, 4 K blocks.
 CFG = GemmConfig("dense", 256, 512, 1, 64, 64, 3, 1, 1, 16, 2)
@@ -116,16 +118,9 @@ def test_simulator_deadlock_names_barriers_like_the_watchdog(tmp_path, monkeypat
 
     from .test_sim_gemm import quantised_operands, run_sim
 
-    mutated = tmp_path / "include"
-    shutil.copytree(paths.include_dir(), mutated)
-    kernel = mutated / "deep_fp8_gemm" / "kernels" / "fp8_gemm.cuh"
-    text = kernel.read_text()
     # The producer's arrive.expect_tx + its cp.async arrive of sB (the 1D1D kind TMA-loads sB: one arrive).
-    original = "hal::mbar_init(&full[s], kRowScaledB ? 1 : 2);"
-    assert text.count(original) == 1
-    kernel.write_text(text.replace(original, "hal::mbar_init(&full[s], kRowScaledB ? 1 : 3);"))
-    monkeypatch.setattr(paths, "include_dir", lambda: mutated)
-    monkeypatch.setenv("DFG_JIT_CACHE_DIR", str(tmp_path / "cache"))
+    mutated_headers(tmp_path, monkeypatch, "kernels/fp8_gemm.cuh", "hal::mbar_init(&full[s], kRowScaledB ? 1 : 2);",
+                    "hal::mbar_init(&full[s], kRowScaledB ? 1 : 3);")
     cfg = GemmConfig("dense", 128, 512, 1, 64, 64, 2, 1, 1, 16, 1)
     check_config(cfg)
     a, sa, b, sb = quantised_operands((64,), 128, 512, seed=1)
