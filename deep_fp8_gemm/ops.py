@@ -60,20 +60,25 @@ def _require_sm90(device: torch.device, index: int) -> None:
         )
 
 
+def backend_of(device: torch.device) -> str | None:
+    """Where an op on ``device``'s tensors runs: ``"cuda"`` (an sm_90 GPU; any other GPU raises), ``"sim"``
+    (CPU tensors under ``DFG_SIMULATE``: the real kernel in the CPU simulator) or None (the CPU reference)."""
+    index = target.gpu_index(device)
+    if index is not None:
+        _require_sm90(device, index)
+        return "cuda"
+    return "sim" if env.simulate() else None
+
+
 def _dispatch(kind: str, a, sa, b, sb, out, grouped_layout=None, expected_m=None) -> None:
     """Run a validated, non-empty GEMM of ``kind`` ("dense" | "contiguous" | "masked" | "psum") on a's device."""
-    index = target.gpu_index(a.device)
-    on_cuda = index is not None
-    if on_cuda:
-        _require_sm90(a.device, index)
+    backend = backend_of(a.device)
     sa = _normalise_sa(sa)
     sb = sb.contiguous()
     if grouped_layout is not None:
         grouped_layout = grouped_layout.contiguous()
-    if on_cuda:
-        _launch(kind, a, sa, b, sb, out, grouped_layout, expected_m, "cuda")
-    elif env.simulate():
-        _launch(kind, a, sa, b, sb, out, grouped_layout, expected_m, "sim")
+    if backend is not None:
+        _launch(kind, a, sa, b, sb, out, grouped_layout, expected_m, backend)
     elif kind == "dense":
         reference._dense(a, sa, b, sb, out)
     elif kind == "contiguous":

@@ -22,8 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from . import env, reference
-from .runtime import target
+from . import reference
 from .validation import (_aligned_ptr, _divisibility, _no_overlap, _row_major_tma, _same_device, _shape, _tensor,
                          unpack_pair)
 from .utils import ceil_div
@@ -141,32 +140,24 @@ def _run(a, sa, b, sb, d, c) -> None:
     m, n, _ = check_1d1d(a, sa, b, sb, d, c)
     if m == 0 or n == 0:
         return
-    index = target.gpu_index(a.device)
-    if index is not None:
-        from .ops import _require_sm90
+    from .ops import backend_of
 
-        _require_sm90(a.device, index)
-    elif not env.simulate():
+    backend = backend_of(a.device)
+    if backend is None:
         reference.gemm_fp8_fp8_fp32_nt_1d1d((a, sa), (b, sb), d, c)
         return
     if c is None:
         c = d
         d.zero_()  # D = 0 + A·Bᵀ: the kernel always reads C
-    launch_1d1d(a, _normalise_scales(sa), b, _normalise_scales(sb), d, c, "sim" if index is None else "cuda")
+    launch_1d1d(a, _normalise_scales(sa), b, _normalise_scales(sb), d, c, backend)
 
 
 def launch_1d1d(a, sa, b, sb, d, c, backend: str) -> None:
     """Pick the config for ``(m, n, k)`` and run the kernel (validated, M-major TMA-aligned scales)."""
     from .config import get_config
-    from .kernels.gemm import run_1d1d
+    from .kernels.gemm import num_sms_for, run_1d1d
 
-    if backend == "sim":
-        num_sms = env.sim_num_sms()
-    else:
-        from .utils import get_num_sms
-
-        num_sms = get_num_sms()
-    cfg = get_config(a.shape[0], b.shape[0], a.shape[1], 1, "1d1d", num_sms)
+    cfg = get_config(a.shape[0], b.shape[0], a.shape[1], 1, "1d1d", num_sms_for(backend))
     run_1d1d(cfg, a, sa, b, sb, d, c, backend)
 
 
@@ -299,17 +290,15 @@ def _run_k_grouped(a, sa, b, sb, d, ks, ks_tensor, c) -> None:
     ks, m, n = check_k_grouped(a, sa, b, sb, d, ks, ks_tensor, c)
     if m == 0 or n == 0:
         return
-    index = target.gpu_index(d.device)
-    if index is not None:
-        from .ops import _require_sm90
+    from .ops import backend_of
 
-        _require_sm90(d.device, index)
-    elif not env.simulate():
+    backend = backend_of(d.device)
+    if backend is None:
         reference.k_grouped_gemm_fp8_fp8_fp32_nt((a, sa), (b, sb), d, ks, ks_tensor, c)
         return
     if ks_tensor is None:
         ks_tensor = torch.tensor(ks, dtype=torch.int32, device=d.device)
-    launch_k_grouped(a, sa, b, sb, d, ks, ks_tensor, c, "sim" if index is None else "cuda")
+    launch_k_grouped(a, sa, b, sb, d, ks, ks_tensor, c, backend)
 
 
 def launch_k_grouped(a, sa, b, sb, d, ks, ks_tensor, c, backend: str) -> None:
@@ -323,15 +312,9 @@ def launch_k_grouped(a, sa, b, sb, d, ks, ks_tensor, c, backend: str) -> None:
         if c.data_ptr() != d.data_ptr():
             d.copy_(c)
         return
-    from .kernels.gemm import k_grouped_config, run_k_grouped
+    from .kernels.gemm import k_grouped_config, num_sms_for, run_k_grouped
 
-    if backend == "sim":
-        num_sms = env.sim_num_sms()
-    else:
-        from .utils import get_num_sms
-
-        num_sms = get_num_sms()
-    cfg = k_grouped_config(d.shape[1], d.shape[2], len(ks), num_sms)
+    cfg = k_grouped_config(d.shape[1], d.shape[2], len(ks), num_sms_for(backend))
     run_k_grouped(cfg, a, _normalise_scales(sa), b, _normalise_scales(sb), d, c, ks, ks_tensor, backend)
 
 

@@ -173,17 +173,23 @@ def test_shipped_ceilings_cover_every_gemm_kind():
         assert kloop.check_ceilings(kind, block_m, old, ceilings), (kind, block_m, issue)
 
 
-def test_real_kernel():
-    """One compiled kernel: the analyser finds one math and one producer loop, each within its ceiling."""
-    from deep_fp8_gemm.config import get_config
+def _compiled_loops(cfg) -> dict:
+    """The K-loop analysis of ``cfg``'s compiled kernel (``kloop.analyse_sass`` on its SASS)."""
     from deep_fp8_gemm.kernels.gemm import render_source
     from deep_fp8_gemm.runtime.compiler import compile_kernel
     from deep_fp8_gemm.runtime.sass import disassemble
 
-    cfg = get_config(128, 4096, 7168, 1, "dense", 132)
     kernel = compile_kernel(cfg.kernel_name(), render_source(cfg))
-    r = kloop.analyse_sass(disassemble(kernel.cubin), block_m=cfg.block_m, block_n=cfg.block_n,
-                           num_math_warpgroups=cfg.num_math_warpgroups, function=cfg.kernel_name())
+    return kloop.analyse_sass(disassemble(kernel.cubin), block_m=cfg.block_m, block_n=cfg.block_n,
+                              num_math_warpgroups=cfg.num_math_warpgroups, function=cfg.kernel_name())
+
+
+def test_real_kernel():
+    """One compiled kernel: the analyser finds one math and one producer loop, each within its ceiling."""
+    from deep_fp8_gemm.config import get_config
+
+    cfg = get_config(128, 4096, 7168, 1, "dense", 132)
+    r = _compiled_loops(cfg)
     math, prod = r["math"], r["producer"]
     assert math["per_k_block"]["QGMMA"] == 4 * cfg.waves_m
     assert math["per_k_block"]["FFMA"] == cfg.block_n // 2 * cfg.waves_m  # one FFMA per accumulator value
@@ -217,46 +223,33 @@ def test_issue_term_steers_the_heuristic(monkeypatch):
         config.get_config.cache_clear()
 
 
-def test_real_1d1d_kernel():
-    """The 1D1D family (per-row B scales): one FMUL and one FFMA per accumulator value, the loops found, within
-    the kind's ceilings, and the heuristic's issue model within 10% of the compiled loop."""
-    from deep_fp8_gemm.config import get_config, math_issue_per_k_block
-    from deep_fp8_gemm.kernels.gemm import render_source
-    from deep_fp8_gemm.runtime.compiler import compile_kernel
-    from deep_fp8_gemm.runtime.sass import disassemble
+def _check_fp32_accumulate_loops(kind: str, cfg) -> None:
+    """The wgrad kinds (per-row B scales): one FMUL and one FFMA per accumulator value, four TMA loads per K
+    block in the producer (A, B, sA and sB), within the kind's ceilings, and the heuristic's issue model within
+    10% of the compiled loop."""
+    from deep_fp8_gemm.config import math_issue_per_k_block
 
-    cfg = get_config(7168, 7168, 4096, 1, "1d1d", 132)
-    kernel = compile_kernel(cfg.kernel_name(), render_source(cfg))
-    r = kloop.analyse_sass(disassemble(kernel.cubin), block_m=cfg.block_m, block_n=cfg.block_n,
-                           num_math_warpgroups=cfg.num_math_warpgroups, function=cfg.kernel_name())
+    r = _compiled_loops(cfg)
     math, prod = r["math"], r["producer"]
     assert math["per_k_block"]["QGMMA"] == 4 * cfg.waves_m
     assert math["per_k_block"]["FFMA"] == cfg.block_n // 2 * cfg.waves_m
     assert math["per_k_block"]["FMUL"] == cfg.block_n // 2 * cfg.waves_m
-    assert prod["per_k_block"]["QGMMA"] == 0 and prod["utmaldg"] >= 4  # A, B, sA and sB by TMA
-    assert kloop.check_ceilings("1d1d", cfg.block_m, r, kloop.load_ceilings()) == []
-    modelled = math_issue_per_k_block("1d1d", cfg.block_m, cfg.block_n)
+    assert prod["per_k_block"]["QGMMA"] == 0 and prod["utmaldg"] >= 4
+    assert kloop.check_ceilings(kind, cfg.block_m, r, kloop.load_ceilings()) == []
+    modelled = math_issue_per_k_block(kind, cfg.block_m, cfg.block_n)
     assert abs(modelled - math["per_k_block"]["total"]) <= 0.1 * math["per_k_block"]["total"], (modelled, math)
+
+
+def test_real_1d1d_kernel():
+    """The 1D1D family: sB TMA-loaded per stage, the loops found and within the kind's ceilings."""
+    from deep_fp8_gemm.config import get_config
+
+    _check_fp32_accumulate_loops("1d1d", get_config(7168, 7168, 4096, 1, "1d1d", 132))
 
 
 def test_real_k_grouped_kernel():
-    """The k-grouped kind (run-time K per group): the math loop of the 1D1D family found in the run-time ring walk
-    (4 QGMMA, BLOCK_N / 2 FFMA and FMUL per K block and wave), four TMA loads per K block in the producer, within
-    the kind's ceilings, and the heuristic's issue model within 10% of the compiled loop."""
-    from deep_fp8_gemm.config import math_issue_per_k_block
-    from deep_fp8_gemm.kernels.gemm import k_grouped_config, render_source
-    from deep_fp8_gemm.runtime.compiler import compile_kernel
-    from deep_fp8_gemm.runtime.sass import disassemble
+    """The k-grouped kind (run-time K per group): the 1D1D math loop found in the run-time ring walk, A_g and
+    B_g loaded through the per-group maps."""
+    from deep_fp8_gemm.kernels.gemm import k_grouped_config
 
-    cfg = k_grouped_config(4096, 7168, 8, 132)
-    kernel = compile_kernel(cfg.kernel_name(), render_source(cfg))
-    r = kloop.analyse_sass(disassemble(kernel.cubin), block_m=cfg.block_m, block_n=cfg.block_n,
-                           num_math_warpgroups=cfg.num_math_warpgroups, function=cfg.kernel_name())
-    math, prod = r["math"], r["producer"]
-    assert math["per_k_block"]["QGMMA"] == 4 * cfg.waves_m
-    assert math["per_k_block"]["FFMA"] == cfg.block_n // 2 * cfg.waves_m
-    assert math["per_k_block"]["FMUL"] == cfg.block_n // 2 * cfg.waves_m
-    assert prod["per_k_block"]["QGMMA"] == 0 and prod["utmaldg"] >= 4  # A_g, B_g, sA and sB by TMA
-    assert kloop.check_ceilings("k_grouped", cfg.block_m, r, kloop.load_ceilings()) == []
-    modelled = math_issue_per_k_block("k_grouped", cfg.block_m, cfg.block_n)
-    assert abs(modelled - math["per_k_block"]["total"]) <= 0.1 * math["per_k_block"]["total"], (modelled, math)
+    _check_fp32_accumulate_loops("k_grouped", k_grouped_config(4096, 7168, 8, 132))

@@ -278,15 +278,19 @@ def launch(kind: str, a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: to
     ``backend="cuda"``: sm_90 GPU, on ``torch.cuda.current_stream()``, with ``get_num_sms()`` CTAs at
     most. ``backend="sim"``: CPU tensors, through the CPU simulator with ``DFG_SIM_NUM_SMS`` CTAs.
     """
+    run(problem_config(kind, a, b, expected_m, num_sms_for(backend)), a, sa, b, sb, d, grouped_layout, backend)
+
+
+def num_sms_for(backend: str) -> int:
+    """SMs (persistent CTAs at most) the heuristic plans for: the current device's for ``"cuda"``,
+    ``DFG_SIM_NUM_SMS`` for ``"sim"``."""
     if backend == "sim":
-        num_sms = env.sim_num_sms()
-    elif backend == "cuda":
+        return env.sim_num_sms()
+    if backend == "cuda":
         from ..utils import get_num_sms
 
-        num_sms = get_num_sms()
-    else:
-        raise ValueError(f"backend must be 'cuda' or 'sim', got {backend!r}")
-    run(problem_config(kind, a, b, expected_m, num_sms), a, sa, b, sb, d, grouped_layout, backend)
+        return get_num_sms()
+    raise ValueError(f"backend must be 'cuda' or 'sim', got {backend!r}")
 
 
 def run(cfg: GemmConfig, a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor, d: torch.Tensor,
