@@ -15,8 +15,6 @@ Three kinds of checks:
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -27,6 +25,7 @@ from deep_fp8_gemm.moe import FP8MoE, fp8_moe_forward
 from deep_fp8_gemm.nn import FP8Linear
 from deep_fp8_gemm.reference import dequantize_per_block, dequantize_per_token
 from tests._gpu import requires_sm90
+from tests.test_k_grouped import simulate_k_grouped
 
 GRAD_TOL = 5e-3
 QUANTISED_FLOOR = 1e-4
@@ -324,18 +323,7 @@ def test_moe_weight_grad_op_equals_per_expert_1d1d(path, monkeypatch):
     """The k-grouped weight gradient of the backward (cast-transpose operands -> k-grouped GEMM) against one
     float64 product of per-token-quantised transposes per expert; ``simulator``: the k-grouped kernel itself
     (DFG_SIMULATE=1, exact fp32 MMA model), checked to have launched."""
-    launched = []
-    if path == "simulator":
-        if shutil.which("g++") is None:
-            pytest.skip("the simulator builds kernels with g++")
-        from deep_fp8_gemm.kernels import gemm as gemm_module
-
-        real = gemm_module.run_k_grouped
-        monkeypatch.setattr(gemm_module, "run_k_grouped",
-                            lambda cfg, *args: (launched.append(cfg.kind), real(cfg, *args))[1])
-        monkeypatch.setenv("DFG_SIMULATE", "1")
-        monkeypatch.setenv("DFG_SIM_NUM_SMS", "3")
-        monkeypatch.setenv("DFG_SIM_EXACT_MMA", "1")
+    launched = simulate_k_grouped(monkeypatch) if path == "simulator" else []
     g = torch.Generator().manual_seed(5)
     padded = torch.tensor([128, 0, 256])
     dy = torch.randn(384 + 128, 64, generator=g).to(torch.bfloat16)  # 128 tail rows: ignored

@@ -53,22 +53,28 @@ def model64(a, sa, b, sb, c, ks, m, n):
 KS = [256, 0, 384, 128]  # one empty group, different lengths
 
 
+def simulate_k_grouped(monkeypatch) -> list:
+    """DFG_SIMULATE=1 (3 simulated SMs, fp32-exact wgmma: compared at fp32 tolerances), and the kinds of the
+    k-grouped kernel launches made from now on, appended to the returned list (skips without g++)."""
+    if shutil.which("g++") is None:
+        pytest.skip("the simulator builds kernels with g++")
+    from deep_fp8_gemm.kernels import gemm as gemm_module
+
+    launched = []
+    real = gemm_module.run_k_grouped
+    monkeypatch.setattr(gemm_module, "run_k_grouped",
+                        lambda cfg, *args: (launched.append(cfg.kind), real(cfg, *args))[1])
+    monkeypatch.setenv("DFG_SIMULATE", "1")
+    monkeypatch.setenv("DFG_SIM_NUM_SMS", "3")
+    monkeypatch.setenv("DFG_SIM_EXACT_MMA", "1")
+    return launched
+
+
 @pytest.fixture(params=["cpu", "simulator"])
 def path(request, monkeypatch):
     """The CPU reference, or (DFG_SIMULATE=1) the k-grouped kernel in the simulator: the fixture checks that it
     really ran (unless every group is empty: then D = C is written on the host, no launch)."""
-    launched = []
-    if request.param == "simulator":
-        if shutil.which("g++") is None:
-            pytest.skip("the simulator builds kernels with g++")
-        from deep_fp8_gemm.kernels import gemm as gemm_module
-
-        real = gemm_module.run_k_grouped
-        monkeypatch.setattr(gemm_module, "run_k_grouped",
-                            lambda cfg, *args: (launched.append(cfg.kind), real(cfg, *args))[1])
-        monkeypatch.setenv("DFG_SIMULATE", "1")
-        monkeypatch.setenv("DFG_SIM_NUM_SMS", "3")
-        monkeypatch.setenv("DFG_SIM_EXACT_MMA", "1")  # fp32-exact wgmma: compared at fp32 tolerances
+    launched = simulate_k_grouped(monkeypatch) if request.param == "simulator" else []
     yield request.param, launched
     if request.param == "simulator":
         assert launched == ["k_grouped"] * len(launched), launched
