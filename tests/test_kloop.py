@@ -119,9 +119,113 @@ def test_innermost_loop_and_waterfall_loops():
     assert prod["per_k_block"]["branch"] == 3 and prod["per_k_block"]["uniform"] == 1
 
 
-def test_unconditional_backward_branch_is_not_a_loop():
+def test_rotated_loop():
+    """A loop whose exit test sits at the top and whose back edge is an unconditional ``BRA`` (ptxas rotates
+    the reference design's K = 7168 loops this way) is the math loop, not the tile loop around it; the branch
+    back from the out-of-line spin-wait retry is no loop of its own."""
+    lines = [
+        ".L_x_0:",                                            # persistent tile loop
+        "S2R R0, SR_TID.X",
+        ".L_x_1:",                                            # K loop header: exit test first
+        "ISETP.GE.AND P1, PT, R16, R17, PT",
+        "@P1 BRA `(.L_x_3)",
+        "SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR4], R2",
+        "@!P0 BRA `(.L_x_8)",
+        ".L_x_2:",
+        "WARPGROUP.ARRIVE",
+        "QGMMA.64x64x32.F32.E4M3.E4M3 R24, gdesc[UR8], RZ, !UPT",
+        "QGMMA.64x64x32.F32.E4M3.E4M3 R24, gdesc[UR8], R24",
+        "QGMMA.64x64x32.F32.E4M3.E4M3 R24, gdesc[UR8], R24",
+        "QGMMA.64x64x32.F32.E4M3.E4M3 R24, gdesc[UR8], R24, gsb0",
+        "WARPGROUP.DEPBAR.LE gsb0, 0x0",
+        "FFMA R10, R24, R6, R10",
+        "IADD3 R16, R16, 0x1, RZ",
+        "BRA `(.L_x_1)",                                      # rotated back edge
+        ".L_x_3:",
+        "STG.E [R2.64], R10",
+        "@P2 BRA `(.L_x_0)",
+        "EXIT",
+        ".L_x_8:",                                            # out-of-line retry
+        "SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR4], R2",
+        "@!P0 BRA `(.L_x_8)",
+        "BRA `(.L_x_2)",
+    ]
+    instrs, labels = kloop.parse_functions(_listing(lines))["k"]
+    loops = kloop.find_loops(instrs, labels)
+    assert sorted(len(lp.body) for lp in loops) == [2, 13, 16]  # the retry, the K loop, the tile loop
+    r = kloop.analyse_sass(_listing(lines), block_m=64, block_n=64, num_math_warpgroups=1)
+    math = r["math"]
+    # From the exit test to the back edge: 13 instructions, the retry block laid out after EXIT not counted.
+    assert math["body_instructions"] == 13 and math["k_blocks_per_iteration"] == 1
+    assert math["per_k_block"]["FFMA"] == 1 and math["per_k_block"]["branch"] == 3
+    assert math["drain_to_wgmma"] == [8]  # FFMA, IADD3, BRA, then around: ISETP .. WARPGROUP.ARRIVE
+
+
+def test_unconditional_self_loop_is_a_loop():
     lines = [".L_x_1:", "QGMMA.64x64x32.F32.E4M3.E4M3 R24, gdesc[UR8], R24", "BRA `(.L_x_1)", "@PT BRA `(.L_x_1)"]
-    assert kloop.find_loops(*kloop.parse_functions(_listing(lines))["k"]) == []
+    loops = kloop.find_loops(*kloop.parse_functions(_listing(lines))["k"])
+    assert [len(lp.body) for lp in loops] == [2]  # the @PT branch after it is unreachable
+
+
+def test_trap_ends_a_block():
+    """A device-side check's trap laid out just before a spin-wait retry must not fall through into it, or
+    the retry (and the loop it returns to) would be reachable around the loop header."""
+    lines = [
+        "LDG.E R5, desc[UR6][R4.64]",
+        "@P3 BRA `(.L_x_7)",                                  # a failed check jumps to its trap
+        ".L_x_1:",
+        "SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR4], R2",
+        "@!P0 BRA `(.L_x_8)",
+        ".L_x_2:",
+        "UTMALDG.3D [UR24], [UR4]",
+        "UTMALDG.3D [UR32], [UR30]",
+        "UTMALDG.3D [UR16], [UR14]",
+        "UTMALDG.3D [UR8], [UR22]",
+        "@!P1 BRA `(.L_x_1)",
+        "EXIT",
+        ".L_x_7:",
+        "BPT.TRAP 0x1",
+        ".L_x_8:",
+        "YIELD",
+        "SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR4], R2",
+        "@!P0 BRA `(.L_x_8)",
+        "BRA `(.L_x_2)",
+    ]
+    r = kloop.analyse_sass(_listing(lines), block_m=128, block_n=128, num_math_warpgroups=2)
+    assert r["producer"]["body_instructions"] == 7 and r["producer"]["k_blocks_per_iteration"] == 1
+
+
+def test_producer_k_blocks_are_its_empty_barrier_waits():
+    """One wait per K block, however many TMA loads it issues: a cluster producer holds the multicast and the
+    unicast variant of its B load (5 static loads for one K block), and a 2x unrolled one two waits."""
+    one = [
+        ".L_x_1:",
+        "SYNCS.PHASECHK.TRANS64.TRYWAIT P1, [R29+URZ+0x34278], R20",
+        "@!P1 BRA `(.L_x_9)",
+        ".L_x_2:",
+        "UTMALDG.3D [UR8], [UR6]",
+        "@P0 BRA `(.L_x_3)",
+        "UTMALDG.3D.MULTICAST [UR8], [UR6], UR4",
+        "BRA `(.L_x_4)",
+        ".L_x_3:",
+        "UTMALDG.3D [UR8], [UR4]",
+        "UTMALDG.3D [UR8], [UR4]",
+        ".L_x_4:",
+        "UTMALDG.3D [UR16], [UR4]",
+        "@!P2 BRA `(.L_x_1)",
+        "EXIT",
+        ".L_x_9:",
+        "SYNCS.PHASECHK.TRANS64.TRYWAIT P1, [R29+URZ+0x34278], R20",
+        "@!P1 BRA `(.L_x_9)",
+        "BRA `(.L_x_2)",
+    ]
+    r = kloop.analyse_sass(_listing(one), block_m=128, block_n=128, num_math_warpgroups=2)
+    prod = r["producer"]
+    assert prod["utmaldg"] == 5 and prod["k_blocks_per_iteration"] == 1
+    assert prod["body_instructions"] == 10 and prod["per_k_block"]["total"] == 10
+    two = [".L_x_1:"] + [x for x in one[1:3] + one[4:5] + one[12:13]] * 2 + ["@!P2 BRA `(.L_x_1)", "EXIT"] + one[15:]
+    r = kloop.analyse_sass(_listing(two), block_m=128, block_n=128, num_math_warpgroups=2)
+    assert r["producer"]["k_blocks_per_iteration"] == 2 and r["producer"]["per_k_block"]["total"] == 4.5
 
 
 def test_cuobjdump_absolute_targets():
@@ -152,8 +256,8 @@ def test_ceilings():
     assert kloop.check_ceilings("dense", 64, {"math": None, "producer": None}, ceilings)  # no loop found
     loose = {"dense": {"issue_per_tensor_cycle_m64": 1.0, "math_per_k_block": 100}}
     assert kloop.check_ceilings("dense", 64, r, loose) == []
-    # 23 instructions, 4 FFMA, one wave: 19 of bookkeeping.
-    assert kloop.bookkeeping_per_wave(r["math"]) == 19
+    # 23 instructions, 4 FFMA, one wave: 19 of overhead.
+    assert kloop.overhead_per_wave(r["math"]) == 19 == r["math"]["overhead_per_k_block_per_wave"]
     assert kloop.check_ceilings("dense", 64, r, {"dense": {"overhead_per_k_block_per_wave": 19}}) == []
     assert "non-FFMA" in kloop.check_ceilings("dense", 64, r, {"dense": {"overhead_per_k_block_per_wave": 18}})[0]
 
@@ -253,3 +357,47 @@ def test_real_k_grouped_kernel():
     from deep_fp8_gemm.kernels.gemm import k_grouped_config
 
     _check_fp32_accumulate_loops("k_grouped", k_grouped_config(4096, 7168, 8, 132))
+
+
+def _hand_count_producer(sass: str) -> tuple[int, int, int]:
+    """The producer loop counted from the listing's text, independently of the analyser: the smallest span
+    from a label to a conditional branch back to it that holds ``UTMALDG`` and no ``QGMMA`` (every producer
+    loop of this library is laid out that way). Returns (instructions, TMA loads, barrier waits) in it."""
+    lines = sass.splitlines()
+    label_line = {ln.strip()[:-1]: i for i, ln in enumerate(lines) if ln.strip().startswith(".L_x_") and ln.strip().endswith(":")}
+    best = None
+    for i, ln in enumerate(lines):
+        if " BRA " not in ln or "@" not in ln or ".U.ANY" in ln:
+            continue
+        target = ln.split("`(")[-1].split(")")[0]
+        start = label_line.get(target)
+        if start is None or start > i:
+            continue
+        span = [x for x in lines[start:i + 1] if x.strip().startswith("/*")]
+        if any("UTMALDG" in x for x in span) and not any("QGMMA" in x for x in span):
+            if best is None or len(span) < len(best):
+                best = span
+    assert best is not None, "no producer loop in the listing"
+    return len(best), sum("UTMALDG" in x for x in best), sum("PHASECHK" in x for x in best)
+
+
+@pytest.mark.parametrize("which", ["dense_cluster_multicast_b", "1d1d", "k_grouped"])
+def test_producer_figure_equals_a_hand_count(which):
+    """Issue 28, item 0: a K block of the producer is one empty-barrier wait, so the producer's figure per K
+    block is its loop's static instruction count (one wait per iteration): the cluster producer's 5 static
+    loads (multicast and unicast variants) and the wgrad producers' 4 (sB too) no longer scale it."""
+    from deep_fp8_gemm.config import GemmConfig, get_config
+    from deep_fp8_gemm.kernels.gemm import k_grouped_config, render_source
+    from deep_fp8_gemm.runtime.compiler import compile_kernel
+    from deep_fp8_gemm.runtime.sass import disassemble
+
+    cfg = {"dense_cluster_multicast_b": lambda: GemmConfig("dense", 2112, 7168, 1, 128, 144, 5, 2, 1, 16, 132),
+           "1d1d": lambda: get_config(7168, 7168, 4096, 1, "1d1d", 132),
+           "k_grouped": lambda: k_grouped_config(4096, 7168, 8, 132)}[which]()
+    sass = disassemble(compile_kernel(cfg.kernel_name(), render_source(cfg)).cubin)
+    instructions, loads, waits = _hand_count_producer(sass)
+    assert waits == 1 and loads == {"dense_cluster_multicast_b": 5, "1d1d": 4, "k_grouped": 4}[which]
+    prod = kloop.analyse_sass(sass, block_m=cfg.block_m, block_n=cfg.block_n,
+                              num_math_warpgroups=cfg.num_math_warpgroups, function=cfg.kernel_name())["producer"]
+    assert prod["k_blocks_per_iteration"] == 1 and prod["utmaldg"] == loads
+    assert prod["body_instructions"] == instructions == prod["per_k_block"]["total"]

@@ -2,10 +2,12 @@
 
 No GPU needed: it reads the disassembly (``nvdisasm -c`` or ``cuobjdump -sass``) of the compiled kernel.
 
-Loops are found from branches: a *conditional* branch (``@P0 BRA``, ``@!UP1 BRA``) to an earlier address
-closes a loop whose static body is every instruction from the target to the branch. The *math loop* is
-the innermost such loop whose body holds ``QGMMA`` (FP8 wgmma); the *producer loop* the innermost one
-holding ``UTMALDG`` (TMA load). ``BRA.U.ANY`` back edges are not loops over K: the compiler wraps an
+Loops are the natural loops of the control-flow graph (:func:`find_loops`): an edge to a block that
+dominates its source closes one, whether the branch is conditional (``@P0 BRA``) or not (a *rotated* loop
+tests its exit at the top and jumps back unconditionally; ptxas emits those for the reference design's
+K = 7168 kernels). A loop's counted body is its blocks laid out between its header and its back edge. The
+*math loop* is the innermost loop whose body holds ``QGMMA`` (FP8 wgmma); the *producer loop* the innermost
+one holding ``UTMALDG`` (TMA load). ``BRA.U.ANY`` back edges are not loops over K: the compiler wraps an
 instruction with uniform operands in them (e.g. ``ELECT`` around a TMA issued by one thread) and they
 are counted as part of the body they sit in. Spin-wait retries (``SYNCS.PHASECHK`` + ``BRA``) that the
 compiler moves out of line are not in the body, as they cost nothing when the barrier is already ready.
@@ -15,7 +17,9 @@ covers (the loop may be unrolled over pipeline stages):
 
 * math loop: ``QGMMA in body / (4 x waves_m)`` K blocks per iteration (a 128-wide K block is 4 k32
   wgmmas per m64 wave of a warpgroup);
-* producer loop: ``UTMALDG in body / TMA loads per K block`` (A, B and sA: 3).
+* producer loop: one empty-barrier wait (``SYNCS.PHASECHK``) per K block. Counting TMA loads instead would
+  depend on the kind (3 loads per K block, 4 with the 1D1D kinds' sB) and on the variants the body holds
+  (a cluster producer issues either the multicast or the unicast loads of a K block, both in its body).
 
 Figures reported (per warp, since every warp of a warpgroup runs the same instruction stream):
 
@@ -23,6 +27,8 @@ Figures reported (per warp, since every warp of a warpgroup runs the same instru
 * ``drain_to_wgmma``: instructions after each wave's drain (``WARPGROUP.DEPBAR``) up to the next
   ``QGMMA`` in loop order (wrapping around the back edge): work one warpgroup cannot overlap with its
   own tensor-core work. ``drain_to_wgmma_per_k_block`` sums them over an iteration, divided by its K blocks;
+* ``overhead_per_k_block_per_wave``: math instructions other than the promotion's FFMA per K block and
+  m64 wave (independent of BLOCK_N: catches bookkeeping growth in wide and narrow tiles alike);
 * ``issue_per_tensor_cycle`` = instructions per K block per warp x math warpgroups / (BLOCK_M x BLOCK_N
   / 32): math issue demand on one SM sub-partition (one warp of each math warpgroup lives on it) per
   cycle of tensor-core work (a K block of a BLOCK_M x BLOCK_N tile is BLOCK_M x BLOCK_N x 128 x 2 FLOP at
@@ -44,8 +50,6 @@ CLASSES = ("QGMMA", "FFMA", "FMUL", "FSEL", "uniform", "R2UR", "SYNCS", "lds_ldg
 _BRANCH_OPS = frozenset({"BRA", "BRX", "JMP", "JMX", "CALL", "RET", "EXIT", "BSSY", "BSYNC", "WARPSYNC", "BREAK",
                          "ELECT", "YIELD", "NOP"})
 _LOAD_OPS = frozenset({"LDS", "LDG", "LDSM", "LDC", "ULDC", "LD", "LDGSTS"})
-# TMA loads per K block issued by the producer: A tile, B tile, sA slice.
-TMA_LOADS_PER_K_BLOCK = 3
 WGMMAS_PER_K_BLOCK_PER_WAVE = 4  # 128-wide K block / k32 per e4m3 wgmma
 
 _FUNC_HEADER = re.compile(r"^\s*\.section\s+\.text\.([A-Za-z_$][\w$.]*)", re.MULTILINE)
@@ -68,10 +72,19 @@ class Instruction:
         return self.opcode.split(".", 1)[0]
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Loop:
-    start: int  # index of the first body instruction
-    end: int    # index of the back-edge branch (inclusive)
+    """A natural loop of the control-flow graph.
+
+    ``start`` / ``end``: indices of its header's first instruction and of its back-edge branch (inclusive);
+    ``body``: indices of the instructions it counts, in address order — the loop's blocks laid out between
+    ``start`` and ``end``. Blocks of the loop placed elsewhere (spin-wait retries the compiler moves out of
+    line, after the ``EXIT``) are not counted: they run only when a barrier is not ready yet.
+    """
+
+    start: int
+    end: int
+    body: tuple[int, ...] = ()
 
 
 def parse_functions(sass: str) -> dict[str, tuple[list[Instruction], dict[str, int]]]:
@@ -115,24 +128,113 @@ def _branch_target(instr: Instruction, labels: dict[str, int], by_addr: dict[int
     return by_addr.get(int(m.group(2), 16))
 
 
-def find_loops(instrs: list[Instruction], labels: dict[str, int]) -> list[Loop]:
-    """Loops closed by conditional backward branches (``BRA.U.ANY`` waterfall loops excluded)."""
+def _always(ins: Instruction) -> bool:
+    return ins.predicate is None or ins.predicate in ("@PT", "@UPT")
+
+
+def _is_trap(ins: Instruction) -> bool:
+    return ins.base == "BPT" and ".TRAP" in ins.opcode
+
+
+def _is_waterfall(ins: Instruction) -> bool:
+    """``BRA.U.ANY`` / ``BRA.DIV``: the compiler's loop around an instruction with uniform operands (e.g.
+    ``ELECT`` before a TMA issued by one thread) or a divergence check, not a loop of the kernel's source."""
+    return ".U.ANY" in ins.opcode or ".DIV" in ins.opcode
+
+
+def _control_flow(instrs: list[Instruction], labels: dict[str, int]) -> tuple[list[int], list[list[int]]]:
+    """Basic blocks (their first instruction indices, ascending) and each block's successor blocks (the
+    taken branch's block first). A waterfall branch's taken edge is left out (:func:`_is_waterfall`)."""
     by_addr = {ins.addr: i for i, ins in enumerate(instrs)}
-    loops = []
+    leaders = {0}
     for i, ins in enumerate(instrs):
-        if ins.predicate is None or ins.predicate in ("@PT", "@UPT") or ".U.ANY" in ins.opcode or ".DIV" in ins.opcode:
-            continue
         target = _branch_target(ins, labels, by_addr)
-        if target is not None and target <= i:
-            loops.append(Loop(target, i))
+        if target is not None:
+            leaders.add(target)
+        if (ins.base in ("BRA", "BRX", "JMP", "JMX", "EXIT", "RET") or _is_trap(ins)) and i + 1 < len(instrs):
+            leaders.add(i + 1)
+    starts = sorted(leaders)
+    block_of = {s: b for b, s in enumerate(starts)}
+    succs: list[list[int]] = []
+    for b, first in enumerate(starts):
+        last = (starts[b + 1] if b + 1 < len(starts) else len(instrs)) - 1
+        ins = instrs[last]
+        out = []
+        target = _branch_target(ins, labels, by_addr)
+        if target is not None and not _is_waterfall(ins):
+            out.append(block_of[target])
+        # Falls through unless the last instruction always leaves (an unpredicated BRA / EXIT / RET / trap; an
+        # indirect BRX / JMX is treated as leaving: none of the kernels uses one in a loop). A trap must end
+        # its block: ptxas lays the device-side checks' traps out of line just before the spin-wait retries.
+        leaves = (ins.base in ("BRA", "EXIT", "RET") or _is_trap(ins)) and _always(ins) \
+            or ins.base in ("BRX", "JMP", "JMX")
+        if not leaves and b + 1 < len(starts):
+            out.append(b + 1)
+        succs.append(out)
+    return starts, succs
+
+
+def _dominators(succs: list[list[int]]) -> list[set[int]]:
+    """Per block, the blocks that dominate it (iterative data flow from block 0; unreachable: all)."""
+    n = len(succs)
+    preds: list[list[int]] = [[] for _ in range(n)]
+    for b, out in enumerate(succs):
+        for s in out:
+            preds[s].append(b)
+    everything = set(range(n))
+    dom = [everything] * n
+    dom[0] = {0}
+    changed = True
+    while changed:
+        changed = False
+        for b in range(1, n):
+            incoming = [dom[p] for p in preds[b]]
+            new = set.intersection(*incoming) | {b} if incoming else {b}
+            if new != dom[b]:
+                dom[b], changed = new, True
+    return dom
+
+
+def find_loops(instrs: list[Instruction], labels: dict[str, int]) -> list[Loop]:
+    """The natural loops of a function: one per back edge (an edge to a block that dominates its source),
+    whether closed by a conditional branch or by an unconditional one (a rotated loop: the exit test at the
+    top, ``BRA`` back at the bottom). Waterfall branches (:func:`_is_waterfall`) close no loop: their
+    instructions count in the loop around them. A branch back into a loop from an out-of-line block (a
+    spin-wait retry returning) is no back edge: its target does not dominate it."""
+    if not instrs:
+        return []
+    starts, succs = _control_flow(instrs, labels)
+    dom = _dominators(succs)
+    preds: list[list[int]] = [[] for _ in starts]
+    for b, out in enumerate(succs):
+        for s in out:
+            preds[s].append(b)
+    ends = [(starts[b + 1] if b + 1 < len(starts) else len(instrs)) - 1 for b in range(len(starts))]
+    loops = []
+    for latch, out in enumerate(succs):
+        for header in out:
+            if header not in dom[latch]:
+                continue
+            blocks, stack = {header, latch}, [latch]
+            while stack:
+                for p in preds[stack.pop()]:
+                    if p not in blocks:
+                        blocks.add(p)
+                        stack.append(p)
+            first, last = starts[header], ends[latch]
+            if last < first:  # the latch lies before the header: count the header's span instead
+                last = max(ends[b] for b in blocks)
+            body = tuple(i for b in sorted(blocks) if first <= starts[b] and ends[b] <= last
+                         for i in range(starts[b], ends[b] + 1))
+            loops.append(Loop(first, last, body))
     return loops
 
 
 def _innermost_holding(loops: list[Loop], instrs: list[Instruction], opcode: str) -> list[Loop]:
-    holding = [lp for lp in loops if any(instrs[j].base == opcode for j in range(lp.start, lp.end + 1))]
+    """Loops holding ``opcode`` with no smaller such loop inside them."""
+    holding = [lp for lp in loops if any(instrs[j].base == opcode for j in lp.body)]
     return [lp for lp in holding
-            if not any(o is not lp and lp.start <= o.start and o.end <= lp.end and (o.start, o.end) != (lp.start, lp.end)
-                       for o in holding)]
+            if not any(o is not lp and set(o.body) < set(lp.body) for o in holding)]
 
 
 def classify(ins: Instruction) -> str:
@@ -154,6 +256,11 @@ def class_counts(body: list[Instruction]) -> dict[str, int]:
     out = {c: counts.get(c, 0) for c in CLASSES if c != "total"}
     out["total"] = len(body)
     return out
+
+
+def _is_barrier_wait(ins: Instruction) -> bool:
+    """An mbarrier wait's first try (``mbarrier.try_wait.parity`` → ``SYNCS.PHASECHK.TRANS64.TRYWAIT``)."""
+    return ins.base == "SYNCS" and ".PHASECHK" in ins.opcode
 
 
 def _drain_gaps(body: list[Instruction]) -> list[int]:
@@ -187,7 +294,7 @@ def analyse_function(instrs: list[Instruction], labels: dict[str, int], *, block
     Returns ``{"math": {...} | None, "producer": {...} | None, "issue_per_tensor_cycle": float | None}``;
     a loop report has ``body_instructions, k_blocks_per_iteration, per_k_block`` (class -> count),
     ``qgmma, utmaldg`` and, for the math loop, ``drain_to_wgmma`` (list per drain),
-    ``drain_to_wgmma_per_k_block`` and ``bookkeeping_per_k_block_per_wave`` (:func:`bookkeeping_per_wave`).
+    ``drain_to_wgmma_per_k_block`` and ``overhead_per_k_block_per_wave`` (:func:`overhead_per_wave`).
     """
     if block_m % (64 * num_math_warpgroups):
         raise ValueError(f"block_m={block_m} is not a multiple of 64 x num_math_warpgroups={num_math_warpgroups}")
@@ -198,27 +305,28 @@ def analyse_function(instrs: list[Instruction], labels: dict[str, int], *, block
     math_loops = _innermost_holding(loops, instrs, "QGMMA")
     if math_loops:
         # The main loop: most wgmmas (an unrolled copy), then the longest body.
-        lp = max(math_loops, key=lambda lp: (sum(instrs[j].base == "QGMMA" for j in range(lp.start, lp.end + 1)),
-                                             lp.end - lp.start))
-        body = instrs[lp.start: lp.end + 1]
+        lp = max(math_loops, key=lambda lp: (sum(instrs[j].base == "QGMMA" for j in lp.body), len(lp.body)))
+        body = [instrs[j] for j in lp.body]
         qgmma = sum(ins.base == "QGMMA" for ins in body)
         k_blocks = qgmma / (WGMMAS_PER_K_BLOCK_PER_WAVE * waves_m)
         report = _loop_report(body, k_blocks)
         gaps = _drain_gaps(body)
         report["drain_to_wgmma"] = gaps
         report["drain_to_wgmma_per_k_block"] = round(sum(gaps) / k_blocks, 2)
-        report["bookkeeping_per_k_block_per_wave"] = bookkeeping_per_wave(report)
+        report["overhead_per_k_block_per_wave"] = overhead_per_wave(report)
         result["math"] = report
         result["issue_per_tensor_cycle"] = round(
             report["body_instructions"] / k_blocks * num_math_warpgroups / (block_m * block_n / 32), 3)
 
     producer_loops = _innermost_holding(loops, instrs, "UTMALDG")
     if producer_loops:
-        lp = max(producer_loops, key=lambda lp: (sum(instrs[j].base == "UTMALDG" for j in range(lp.start, lp.end + 1)),
-                                                 lp.end - lp.start))
-        body = instrs[lp.start: lp.end + 1]
-        loads = sum(ins.base == "UTMALDG" for ins in body)
-        result["producer"] = _loop_report(body, max(loads / TMA_LOADS_PER_K_BLOCK, 1.0))
+        lp = max(producer_loops, key=lambda lp: (sum(instrs[j].base == "UTMALDG" for j in lp.body), len(lp.body)))
+        body = [instrs[j] for j in lp.body]
+        # One empty-barrier wait per K block, however many TMA loads a K block takes (3 for the 1D2D kinds,
+        # 4 with the 1D1D sB slice) and however many variants of them the body holds (a cluster producer has
+        # both the multicast and the unicast loads of its tail row: 5 static, 3 or 4 executed).
+        waits = sum(_is_barrier_wait(ins) for ins in body)
+        result["producer"] = _loop_report(body, float(max(waits, 1)))
     return result
 
 
@@ -247,7 +355,7 @@ def load_ceilings(path: Path | None = None) -> dict[str, dict[str, float]]:
     return {kind: limits for kind, limits in data.items() if not kind.startswith("_")}
 
 
-def bookkeeping_per_wave(math: dict) -> float:
+def overhead_per_wave(math: dict) -> float:
     """Math-loop instructions per K block other than FFMA, per m64 wave (QGMMA / 4 waves per K block)."""
     per = math["per_k_block"]
     waves = max(per.get("QGMMA", 4) / WGMMAS_PER_K_BLOCK_PER_WAVE, 1.0)
@@ -274,7 +382,7 @@ def check_ceilings(kind: str, block_m: int, analysis: dict, ceilings: dict[str, 
     if issue_limit is not None and analysis["issue_per_tensor_cycle"] > issue_limit:
         problems.append(f"math loop issues {analysis['issue_per_tensor_cycle']} slots per tensor cycle "
                         f"> ceiling {issue_limit} ({kind}, BLOCK_M {block_m})")
-    overhead = bookkeeping_per_wave(math)
+    overhead = overhead_per_wave(math)
     if "overhead_per_k_block_per_wave" in limits and overhead > limits["overhead_per_k_block_per_wave"]:
         problems.append(f"math loop spends {overhead} non-FFMA instructions per K block per m64 wave > ceiling "
                         f"{limits['overhead_per_k_block_per_wave']} ({kind})")
