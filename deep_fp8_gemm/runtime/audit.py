@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import hashlib
 import os
 import sys
 import time
@@ -54,7 +55,7 @@ def _compile_record(target: AuditTarget) -> tuple[dict, bytes | None]:
     """The record with the compile results filled in, and the cubin (None if the compile failed)."""
     record: dict = {
         "kind": target.kind, "config": dict(target.config), "name": target.name,
-        "compile_seconds": None, "cache_hit": None, "registers": None, "spill_bytes": None,
+        "compile_seconds": None, "cache_hit": None, "cubin_sha256": None, "registers": None, "spill_bytes": None,
         "stack_bytes": None, "smem_bytes": target.config.get("smem_bytes"), "sass": {},
         "warnings": [], "kloop": None, "ok": False, "problems": [], "watchdog": bool(watchdog_options()),
     }
@@ -65,8 +66,8 @@ def _compile_record(target: AuditTarget) -> tuple[dict, bytes | None]:
         return record, None
     res = kernel.resources
     record.update(compile_seconds=round(kernel.compile_seconds, 4), cache_hit=kernel.cache_hit,
-                  registers=res.registers, spill_bytes=res.spill_bytes, stack_bytes=res.stack_bytes,
-                  warnings=list(res.warnings))
+                  cubin_sha256=hashlib.sha256(kernel.cubin).hexdigest(), registers=res.registers,
+                  spill_bytes=res.spill_bytes, stack_bytes=res.stack_bytes, warnings=list(res.warnings))
     if res.spill_bytes:
         record["problems"].append(f"spills {res.spill_store_bytes} B stores / {res.spill_load_bytes} B loads")
     if res.stack_bytes and not (record["watchdog"] and res.stack_bytes <= WATCHDOG_STACK_BYTES):
@@ -122,7 +123,8 @@ def _check_sass(record: dict, target: AuditTarget, histogram: Counter) -> None:
 def audit(targets: Iterable[AuditTarget], *, progress: bool = True) -> list[dict]:
     """Compiles (through the cache) and checks every target; one record per target, in order.
 
-    Record fields: ``kind, config, name, compile_seconds, cache_hit, registers, spill_bytes,
+    Record fields: ``kind, config, name, compile_seconds, cache_hit, cubin_sha256`` (of the binary: a refactor
+    that must not change the kernels compares these), ``registers, spill_bytes,
     stack_bytes, smem_bytes, sass`` (opcode -> count), ``warnings`` (ptxas codes), ``kloop`` (GEMMs:
     :func:`.kloop.analyse_function`'s report, else None), ``ok``, ``problems``.
     ``progress`` draws a progress bar on stderr.

@@ -42,7 +42,7 @@ class CompileError(RuntimeError):
 
 @dataclasses.dataclass(frozen=True)
 class CompiledKernel:
-    """A compiled kernel, ready for ``cuModuleLoadData``.
+    """A compiled kernel, ready for the driver (``runtime.driver`` loads it with ``cuLibraryLoadData``).
 
     ``name`` is the ``extern "C"`` entry symbol; ``compile_seconds`` the NVRTC time when it was built
     (also for cache hits); ``cache_hit`` is ``"memory"``, ``"disk"`` or ``""`` (compiled now);
