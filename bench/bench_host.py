@@ -16,7 +16,7 @@
 * ``ratio = call_us / launch_floor_us`` (the issue's bar: 2.5).
 * ``alloc_us`` (quantisers): what allocating and freeing tensors like the op's two outputs costs by itself, made
   the way the ops make them (torch's ``_empty_strided_{cpu,cuda}(sizes, strides, dtype)``, see
-  ``prepared.QuantPlan``; ``new_empty_strided`` of a 0-element prototype where torch lacks it), x 2: part of
+  ``_core.plans.QuantPlan``; ``new_empty_strided`` of a 0-element prototype where torch lacks it), x 2: part of
   ``call_us`` that no launcher returning new tensors avoids.
 
 The op's and the floor's timed batches alternate and last alike, so both medians see the same load of a shared
@@ -255,12 +255,12 @@ def measure(device: torch.device, *, calls: int, repeats: int, only: set[str] | 
 
 def _allocator(outputs: tuple[torch.Tensor, ...]):
     """A function allocating tensors like ``outputs`` (same shapes, strides, dtypes, device) as the ops do
-    (see ``prepared.QuantPlan``), discarding them."""
-    from deep_fp8_gemm import prepared
+    (see ``_core.plans.QuantPlan``), discarding them."""
+    from deep_fp8_gemm._core import plans
 
     (p0, s0, t0), (p1, s1, t1) = [(torch.empty(0, dtype=t.dtype, device=t.device), tuple(t.shape), t.stride())
                                   for t in outputs]
-    empty = {"cpu": prepared._empty_cpu, "cuda": prepared._empty_cuda}.get(outputs[0].device.type)
+    empty = plans.ALLOCATORS.get(outputs[0].device.type)
     if empty is not None:
         d0, d1 = p0.dtype, p1.dtype
 
@@ -292,7 +292,7 @@ def _run_stub_child(stub_dir: str, calls: int, repeats: int, only: set[str] | No
 
     from deep_fp8_gemm import utils
 
-    utils._num_sms_override = int(os.environ[_NUM_SMS_ENV])
+    utils.set_num_sms(int(os.environ[_NUM_SMS_ENV]))
     param_size.value = GEMM_PARAMS_BYTES  # make_ops already loads the GEMM kernel (prepare_gemm)
     binding.cuInit(0)
     target.gpu_index = lambda device: 0
@@ -308,6 +308,7 @@ def precompile(only: set[str] | None) -> None:
 
     NVRTC itself crashes in a process whose ``libcuda.so.1`` is the stub (it calls into the driver), so the
     child must only get cache hits (and ``DFG_JIT_DISABLE_CACHE`` must be off)."""
+    from deep_fp8_gemm import ops
     from deep_fp8_gemm.kernels import gemm, quant
     from deep_fp8_gemm.runtime.compiler import compile_kernel
     from deep_fp8_gemm.utils import get_num_sms
@@ -322,15 +323,12 @@ def precompile(only: set[str] | None) -> None:
         if params_kind == "gemm":
             expected_m = args[4] if name == "masked" else None
             kind = "dense" if name == "dense_prepared" else name
-            cfg = gemm.problem_config(kind, args[0][0], args[1][0], expected_m, get_num_sms())
+            cfg = ops.FAMILIES[kind].plan(args[0][0], args[1][0], expected_m, get_num_sms())
             compile_kernel(cfg.kernel_name(), gemm.render_source(cfg))
         else:
             x = args[0]
-            cols = x.shape[-1] // 2 if name == "silu_mul_quant" else x.shape[-1]
-            up_offset = cols if name == "silu_mul_quant" else 0
-            config = quant.QuantKernelConfig(kinds[name], quant._INPUT_TYPES[x.dtype],
-                                             quant._vectorizable(x, cols, up_offset))
-            quant.compile_config(config)
+            plan = quant.plan_quant(x, kinds[name])
+            quant.compile_config(plan.kernel_config(plan.vectorizable and x.data_ptr() % 16 == 0))
     for n in counts:
         floor_cubin(n)
 

@@ -54,7 +54,7 @@ def make_target(case: str):
         from tests.jit_kernels import probe_source
 
         return AuditTarget("probe", {}, "dfg_bench_probe", probe_source("dfg_bench_probe"))
-    from deep_fp8_gemm.kernels.gemm import audit_targets
+    from deep_fp8_gemm.kernels.targets import audit_targets
 
     found = next((c for c in GEMM_CASES if c[0] == case), None)
     if found is None:
@@ -65,7 +65,7 @@ def make_target(case: str):
 
 def gemm_available() -> bool:
     try:
-        from deep_fp8_gemm.kernels.gemm import audit_targets  # noqa: F401
+        from deep_fp8_gemm.kernels.targets import audit_targets  # noqa: F401
     except ImportError:
         return False
     return True

@@ -8,7 +8,7 @@ e4m3 + 128x128 scales) and SiLU·mul + quantise (``[m, 2I]`` -> ``[m, I]``), at 
 (``bench.shapes.quant_shapes``). Baseline ``torch_quant``: ``deep_fp8_gemm.quant.per_token_cast_to_fp8_torch``
 followed by the M-major copy the GEMMs need (what the library did without the fused kernel),
 ``per_block_cast_to_fp8_torch``, and ``F.silu(gate) * up`` + the per-token torch quantiser
-(``deep_fp8_gemm.moe._silu_mul_quant_torch``). Cast-transpose (bf16 ``[m, k]`` -> e4m3 + 1x128 scales of ``x``
+(``deep_fp8_gemm.quant.silu_mul_quant_torch``). Cast-transpose (bf16 ``[m, k]`` -> e4m3 + 1x128 scales of ``x``
 and of ``xᵀ``, issue 15): its baseline is two separate quantisations, ``per_token_cast_to_fp8(x)`` and
 ``per_token_cast_to_fp8(x.t().contiguous())`` (on sm_90 the fused per-token kernel twice and a transpose copy:
 what a training step does without the fused cast-transpose), reported in the ``torch_quant`` column.
@@ -43,7 +43,7 @@ SMOKE = [QuantShape("per_token", 4, 256), QuantShape("per_token", 130, 200), Qua
 
 
 def _torch_fns():
-    from deep_fp8_gemm.moe import _silu_mul_quant_torch
+    from deep_fp8_gemm.quant import silu_mul_quant_torch
     from deep_fp8_gemm.quant import per_block_cast_to_fp8_torch, per_token_cast_to_fp8_torch
     from deep_fp8_gemm.utils import get_col_major_tma_aligned_tensor
 
@@ -54,7 +54,7 @@ def _torch_fns():
     def cast_transpose(x):
         return (*per_token(x), *per_token(x.t().contiguous()))
 
-    return {"per_token": per_token, "per_block": per_block_cast_to_fp8_torch, "silu_mul": _silu_mul_quant_torch,
+    return {"per_token": per_token, "per_block": per_block_cast_to_fp8_torch, "silu_mul": silu_mul_quant_torch,
             "cast_transpose": cast_transpose}
 
 

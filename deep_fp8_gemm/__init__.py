@@ -12,7 +12,7 @@ The reference design's 2.x names (``fp8_gemm_nt``, ``m_grouped_fp8_gemm_nt_conti
 code written against it (see the README, "Using it as ``deep_gemm``").
 """
 
-from . import autograd, cast_transpose, compat, layout, moe, nn, psum, reference
+from . import autograd, cast_transpose, compat, layout, moe, nn, ops, prepared, psum, reference, validation, wgrad
 from .cast_transpose import (
     per_token_cast_to_fp8_and_transpose,
     transpose_cast_to_fp8_k_grouped,
@@ -32,13 +32,11 @@ from .compat import (
     m_grouped_fp8_gemm_nt_masked,
     transform_sf_into_required_layout,
 )
-from .ops import (
-    gemm_fp8_fp8_bf16_nt,
-    m_grouped_gemm_fp8_fp8_bf16_nt_contiguous,
-    m_grouped_gemm_fp8_fp8_bf16_nt_masked,
-)
-from .prepared import PreparedGemm, prepare_gemm
-from .psum import m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum
+from .ops.contiguous import m_grouped_gemm_fp8_fp8_bf16_nt_contiguous
+from .ops.dense import gemm_fp8_fp8_bf16_nt
+from .ops.masked import m_grouped_gemm_fp8_fp8_bf16_nt_masked
+from ._core.plans import PreparedGemm, prepare_gemm
+from .ops.psum import m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum
 from .quant import per_block_cast_to_fp8, per_channel_cast_to_fp8, per_token_cast_to_fp8
 from .utils import (
     calc_diff,

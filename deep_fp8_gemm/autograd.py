@@ -43,16 +43,21 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from . import moe as _moe
+import inspect
+
+from ._core.family import register_op
 from .cast_transpose import (per_token_cast_to_fp8_and_transpose, transpose_cast_to_fp8_k_grouped,
                              transpose_per_block_fp8)
-from .layout import max_m_sum_bound, route_topk
-from .ops import gemm_fp8_fp8_bf16_nt, m_grouped_gemm_fp8_fp8_bf16_nt_contiguous
+from .constants import GRAN_K
+from .ops.contiguous import m_grouped_gemm_fp8_fp8_bf16_nt_contiguous
+from .ops.dense import gemm_fp8_fp8_bf16_nt
+from .ops.k_grouped import k_grouped_gemm_fp8_fp8_fp32_nt
+from .ops.moe import (check_expert_shapes, check_tensor_of, check_tokens, check_weights, combine, experts_contiguous,
+                      quantise_experts, route)
+from .ops.wgrad_1d1d import gemm_fp8_fp8_fp32_nt_1d1d
 from .quant import per_block_cast_to_fp8, per_token_cast_to_fp8
-from .wgrad import gemm_fp8_fp8_fp32_nt_1d1d, k_grouped_gemm_fp8_fp8_fp32_nt
 
 FP8 = torch.float8_e4m3fn
-GROUP = 128
 #: Dtypes accepted for master parameters (weights, biases).
 PARAM_DTYPES = (torch.bfloat16, torch.float32)
 #: The 1D1D GEMM's K (= tokens of a weight gradient) must be a multiple of 16 (16-byte fp8 rows for TMA):
@@ -249,7 +254,7 @@ def fp8_linear_frozen(x: torch.Tensor, w_fp8: torch.Tensor, w_sf: torch.Tensor,
     ``x`` (FP8 input-gradient GEMM) and ``bias``, none to the weight. ``K % 16 == 0`` and ``N % 16 == 0``."""
     _check_weight(w_fp8, "w_fp8", (FP8,), "float8_e4m3fn")
     _check_linear(x, w_fp8, "w_fp8", bias)
-    expected = ((w_fp8.shape[0] + GROUP - 1) // GROUP, (w_fp8.shape[1] + GROUP - 1) // GROUP)
+    expected = ((w_fp8.shape[0] + GRAN_K - 1) // GRAN_K, (w_fp8.shape[1] + GRAN_K - 1) // GRAN_K)
     if not isinstance(w_sf, torch.Tensor) or w_sf.dtype != torch.float32:
         raise TypeError(f"w_sf must be a float32 tensor, got {getattr(w_sf, 'dtype', type(w_sf).__name__)}")
     if tuple(w_sf.shape) != expected or w_sf.device != w_fp8.device:
@@ -296,12 +301,8 @@ def _moe_weight_grad_fake(dy, x, padded_sizes, d, accumulate) -> None:
     _check_moe_weight_grad(dy, x, padded_sizes, d)
 
 
-_lib = torch.library.Library("deep_fp8_gemm", "FRAGMENT")
-_lib.define("fp8_moe_weight_grad(Tensor dy, Tensor x, Tensor padded_sizes, Tensor(a!) d, bool accumulate) -> ()")
-for _key in ("CPU", "CUDA"):
-    _lib.impl("fp8_moe_weight_grad", _moe_weight_grad_impl, _key)
-torch.library.register_fake("deep_fp8_gemm::fp8_moe_weight_grad", _moe_weight_grad_fake, lib=_lib)
-_moe_weight_grad = torch.ops.deep_fp8_gemm.fp8_moe_weight_grad.default
+_moe_weight_grad = register_op("fp8_moe_weight_grad", "(Tensor dy, Tensor x, Tensor padded_sizes, Tensor(a!) d, "
+                               "bool accumulate) -> ()", _moe_weight_grad_impl, _moe_weight_grad_fake)
 
 
 def _masked_rows(valid: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
@@ -309,16 +310,47 @@ def _masked_rows(valid: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     return torch.where(valid.unsqueeze(1), rows, torch.zeros((), dtype=rows.dtype, device=rows.device))
 
 
+#: The inputs of :class:`_FP8MoEFunction`, in order: its backward returns one gradient per name
+#: (:func:`_moe_gradients`); ``w13`` / ``w2`` None means the frozen quantised weights are given instead.
+_MOE_INPUTS = ("hidden", "topk_weights", "w13", "w2", "w13_main_grad", "w2_main_grad", "topk_ids", "w13_fp8", "w13_sf",
+               "w2_fp8", "w2_sf", "max_m_sum")
+
+
+def _moe_gradients(**grads: torch.Tensor | None) -> tuple:
+    """The backward's return tuple: the named gradients in :data:`_MOE_INPUTS` order, None for every other input
+    (torch would silently drop a miscounted tail of Nones; naming them cannot miscount)."""
+    unknown = set(grads) - set(_MOE_INPUTS)
+    if unknown:
+        raise AssertionError(f"gradients for unknown inputs {sorted(unknown)}")
+    return tuple(grads.get(name) for name in _MOE_INPUTS)
+
+
+def _topk_weight_grad(down: torch.Tensor, sink: torch.Tensor, dout: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``d w[t, j] = <dout[t], down[row of (t, j)]>`` in fp32 (dropped slots read ``down``'s zero row)."""
+    return torch.stack([(down.index_select(0, sink[:, j]).float() * dout).sum(-1)
+                        for j in range(sink.shape[1])], dim=1).to(dtype)
+
+
+def _swiglu_backward(gate_up: torch.Tensor, g_h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The SwiGLU backward in fp32 from the saved bf16 ``gate | up`` (the forward's SiLU·mul ran on the same
+    values): ``(d gate_up, h)`` for ``h = SiLU(gate) * up`` and its output gradient ``g_h``, both fp32."""
+    inter = gate_up.shape[1] // 2
+    gate, up = gate_up[:, :inter].float(), gate_up[:, inter:].float()
+    sig = torch.sigmoid(gate)
+    silu = gate * sig
+    g_hf = g_h.float()
+    return torch.cat([g_hf * up * sig * (1 + gate * (1 - sig)), g_hf * silu], dim=1), silu * up
+
+
 class _FP8MoEFunction(torch.autograd.Function):
-    """See :func:`fp8_moe`. Inputs ``(hidden, topk_weights, w13, w2, w13_main_grad, w2_main_grad, topk_ids,
-    w13_fp8, w13_sf, w2_fp8, w2_sf, max_m_sum)``; ``w13``/``w2`` None: the frozen quantised weights given."""
+    """See :func:`fp8_moe`; inputs :data:`_MOE_INPUTS`."""
 
     @staticmethod
     def forward(ctx, hidden, topk_weights, w13, w2, w13_main_grad, w2_main_grad, topk_ids,
                 w13_fp8, w13_sf, w2_fp8, w2_sf, max_m_sum):
         if w13 is not None:
-            w13_fp8, w13_sf = _moe._quantise_experts(w13)
-            w2_fp8, w2_sf = _moe._quantise_experts(w2)
+            w13_fp8, w13_sf = quantise_experts(w13)
+            w2_fp8, w2_sf = quantise_experts(w2)
         num_experts, two_i, hidden_size = w13_fp8.shape
         num_tokens, top_k = topk_ids.shape
         ctx.shapes = (num_experts, two_i, hidden_size, num_tokens, top_k)
@@ -329,38 +361,23 @@ class _FP8MoEFunction(torch.autograd.Function):
         out = hidden.new_zeros((num_tokens, hidden_size))
         if num_tokens == 0 or top_k == 0:
             return out
-        alignment = GROUP
-        if max_m_sum is None and torch.compiler.is_compiling():
-            max_m_sum = max_m_sum_bound(num_tokens * top_k, num_experts, alignment)
-        routed = route_topk(topk_ids, num_experts, alignment, max_m_sum=max_m_sum)
-        m_sum = routed.layout.m_sum
-        if m_sum == 0:  # every slot dropped (known on the host in the synchronising mode only)
+        routed = route(topk_ids, num_experts, max_m_sum)
+        if routed.layout.m_sum == 0:  # every slot dropped (known on the host in the synchronising mode only)
             return out
-        # Steps of moe.fp8_moe_forward (same ops, same order: the output is bit for bit the same), keeping the
-        # GEMM outputs the backward needs.
+        # moe.fp8_moe_forward's own steps (ops.moe), keeping the GEMM outputs the backward needs.
         x_fp8, x_sf = per_token_cast_to_fp8(hidden)
-        rows = routed.gather_index.clamp(min=0)
-        a = x_fp8.view(torch.uint8).index_select(0, rows).view(FP8)
-        a_sf = x_sf.t().index_select(1, rows).t()
-        m_indices = routed.layout.m_indices
-        gate_up = torch.empty((m_sum, two_i), dtype=torch.bfloat16, device=hidden.device)
-        m_grouped_gemm_fp8_fp8_bf16_nt_contiguous((a, a_sf), (w13_fp8, w13_sf), gate_up, m_indices)
-        h_fp8, h_sf = _moe.silu_mul_quant(gate_up)
-        down = torch.empty((m_sum + 1, hidden_size), dtype=torch.bfloat16, device=hidden.device)
-        down[m_sum].zero_()
-        m_grouped_gemm_fp8_fp8_bf16_nt_contiguous((h_fp8, h_sf), (w2_fp8, w2_sf), down[:m_sum], m_indices)
-        out = _moe._combine(down, routed.scatter_index, topk_weights)
+        gate_up, down = experts_contiguous(x_fp8, x_sf, routed, w13_fp8, w13_sf, w2_fp8, w2_sf)
+        out = combine(down, routed.scatter_index, topk_weights)
         ctx.empty = False
-        ctx.save_for_backward(hidden, topk_weights, routed.gather_index,
-                              routed.scatter_index, m_indices, routed.layout.padded_sizes, gate_up, down,
-                              w13_fp8, w13_sf, w2_fp8, w2_sf)
+        ctx.save_for_backward(hidden, topk_weights, routed.gather_index, routed.scatter_index, routed.layout.m_indices,
+                              routed.layout.padded_sizes, gate_up, down, w13_fp8, w13_sf, w2_fp8, w2_sf)
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
         num_experts, two_i, hidden_size, num_tokens, top_k = ctx.shapes
         inter = two_i // 2
-        w13_dtype, w2_dtype, tw_dtype = ctx.dtypes
+        _, _, tw_dtype = ctx.dtypes
         need_hidden, need_tw, need_w13, need_w2 = ctx.needs_input_grad[:4]
         w13_main_grad, w2_main_grad = ctx.main_grads
         device = grad_out.device
@@ -373,8 +390,8 @@ class _FP8MoEFunction(torch.autograd.Function):
                 grad_w13 = zeros((num_experts, two_i, hidden_size), torch.float32)
             if need_w2 and w2_main_grad is None:
                 grad_w2 = zeros((num_experts, hidden_size, inter), torch.float32)
-            return (grad_hidden, grad_tw, *_moe_weight_grads(ctx, need_w13, need_w2, grad_w13, grad_w2),
-                    *([None] * 8))
+            return _moe_gradients(hidden=grad_hidden, topk_weights=grad_tw,
+                                  **_moe_weight_grads(ctx, need_w13, need_w2, grad_w13, grad_w2))
         (hidden, topk_weights, gather, scatter, m_indices, padded_sizes, gate_up, down,
          w13_fp8, w13_sf, w2_fp8, w2_sf) = ctx.saved_tensors
         m_sum = gate_up.shape[0]
@@ -382,11 +399,7 @@ class _FP8MoEFunction(torch.autograd.Function):
         valid = m_indices >= 0
         rows = gather.clamp(min=0)
         sink = torch.where(scatter >= 0, scatter, torch.full_like(scatter, m_sum))  # dropped slots -> zero row
-
-        grad_tw = None
-        if need_tw:  # d w[t, j] = <dout[t], down[row of (t, j)]>, fp32; dropped slots read the zero row
-            grad_tw = torch.stack([(down.index_select(0, sink[:, j]).float() * dout).sum(-1)
-                                   for j in range(top_k)], dim=1).to(tw_dtype)
+        grad_tw = _topk_weight_grad(down, sink, dout, tw_dtype) if need_tw else None
 
         # d down[r] = w[slot of r] · dout[token of r]; padding rows 0.
         row_weight = torch.zeros(m_sum + 1, dtype=torch.float32, device=device)
@@ -400,18 +413,13 @@ class _FP8MoEFunction(torch.autograd.Function):
         g_h = torch.empty((m_sum, inter), dtype=torch.bfloat16, device=device)
         m_grouped_gemm_fp8_fp8_bf16_nt_contiguous((g_fp8, g_sf), (w2t_fp8, w2t_sf), g_h, m_indices)
 
-        # SwiGLU backward in fp32 from the saved bf16 gate | up (the forward's SiLU·mul ran on the same values).
-        gate, up = gate_up[:, :inter].float(), gate_up[:, inter:].float()
-        sig = torch.sigmoid(gate)
-        silu = gate * sig
-        g_hf = g_h.float()
-        g_gate_up = torch.cat([g_hf * up * sig * (1 + gate * (1 - sig)), g_hf * silu], dim=1)
+        g_gate_up, h = _swiglu_backward(gate_up, g_h)
         g_gate_up = _masked_rows(valid, g_gate_up).to(torch.bfloat16)
 
         if need_w2:  # dW2_e = d down_eᵀ · h_e over expert e's tokens (k-grouped 1D1D, fp32)
-            h = _masked_rows(valid, silu * up).to(torch.bfloat16)
+            h = _masked_rows(valid, h).to(torch.bfloat16)
             grad_w2 = _wgrad_into(g_down, h, padded_sizes, w2_main_grad, (num_experts, hidden_size, inter), device)
-        if need_w13:  # dW13_e = d gate_up_eᵀ · x_e
+        if need_w13:  # dW13_e = d gate_upᵀ · x_e
             x_rows = _masked_rows(valid, hidden.index_select(0, rows))
             grad_w13 = _wgrad_into(g_gate_up, x_rows, padded_sizes, w13_main_grad,
                                    (num_experts, two_i, hidden_size), device)
@@ -424,8 +432,12 @@ class _FP8MoEFunction(torch.autograd.Function):
             g_x[m_sum].zero_()
             m_grouped_gemm_fp8_fp8_bf16_nt_contiguous((gu_fp8, gu_sf), (w13t_fp8, w13t_sf), g_x[:m_sum], m_indices)
             ones = torch.ones((num_tokens, top_k), dtype=torch.float32, device=device)
-            grad_hidden = _moe._combine(g_x, scatter, ones)
-        return (grad_hidden, grad_tw, *_moe_weight_grads(ctx, need_w13, need_w2, grad_w13, grad_w2), *([None] * 8))
+            grad_hidden = combine(g_x, scatter, ones)
+        return _moe_gradients(hidden=grad_hidden, topk_weights=grad_tw,
+                              **_moe_weight_grads(ctx, need_w13, need_w2, grad_w13, grad_w2))
+
+
+assert tuple(inspect.signature(_FP8MoEFunction.forward).parameters)[1:] == _MOE_INPUTS  # names = gradient slots
 
 
 def _wgrad_into(dy, x, padded_sizes, main_grad, shape, device) -> torch.Tensor | None:
@@ -438,46 +450,20 @@ def _wgrad_into(dy, x, padded_sizes, main_grad, shape, device) -> torch.Tensor |
     return d
 
 
-def _moe_weight_grads(ctx, need_w13, need_w2, grad_w13, grad_w2) -> tuple:
+def _moe_weight_grads(ctx, need_w13, need_w2, grad_w13, grad_w2) -> dict:
+    """``{"w13": ..., "w2": ...}``: what autograd receives for the master weights (``main_grad`` honoured)."""
     w13_main_grad, w2_main_grad = ctx.main_grads
     w13_dtype, w2_dtype, _ = ctx.dtypes
     w13, w2 = ctx.params
-    return (_weight_grad_result(w13, w13_dtype, w13_main_grad, grad_w13) if need_w13 else None,
-            _weight_grad_result(w2, w2_dtype, w2_main_grad, grad_w2) if need_w2 else None,
-            None, None)  # the main_grad inputs themselves
+    return {"w13": _weight_grad_result(w13, w13_dtype, w13_main_grad, grad_w13) if need_w13 else None,
+            "w2": _weight_grad_result(w2, w2_dtype, w2_main_grad, grad_w2) if need_w2 else None}
 
 
-def _check_moe(hidden, topk_ids, topk_weights, w13_shape, device) -> None:
-    _moe._tensor(hidden, "hidden", (torch.bfloat16,), 2)
-    _moe._tensor(topk_ids, "topk_ids", _moe._INDEX_DTYPES, 2)
-    _moe._tensor(topk_weights, "topk_weights", (torch.float32, torch.bfloat16, torch.float16), 2)
-    num_tokens = hidden.shape[0]
-    if hidden.shape[1] != w13_shape[2]:
-        raise ValueError(f"hidden must be [T, H={w13_shape[2]}], got hidden.shape={tuple(hidden.shape)}")
-    if topk_ids.shape[0] != num_tokens or topk_weights.shape != topk_ids.shape:
-        raise ValueError(f"topk_ids and topk_weights must both be [T={num_tokens}, top_k], got "
-                         f"topk_ids.shape={tuple(topk_ids.shape)} topk_weights.shape={tuple(topk_weights.shape)}")
-    for t, name in ((hidden, "hidden"), (topk_ids, "topk_ids"), (topk_weights, "topk_weights")):
-        if t.device != device:
-            raise ValueError(f"all tensors must be on one device: the weights are on {device}, {name} on {t.device}")
-
-
-def _check_expert_weights(w13: object, w2: object, dtypes, what: str) -> tuple[int, int, int]:
-    _moe._tensor(w13, "w13", dtypes, 3)
-    _moe._tensor(w2, "w2", dtypes, 3)
-    num_experts, two_i, hidden_size = w13.shape
-    if num_experts < 1 or two_i == 0 or two_i % 2:
-        raise ValueError(f"w13 must be [E, 2I, H] with E >= 1 and I >= 1, got w13.shape={tuple(w13.shape)}")
-    inter = two_i // 2
-    if hidden_size == 0 or hidden_size % 16 or inter % 16:
-        raise ValueError(f"H and I must be positive multiples of 16 (16-byte fp8 rows of every forward and "
-                         f"backward GEMM), got H={hidden_size} I={inter} from w13.shape={tuple(w13.shape)}")
-    if tuple(w2.shape) != (num_experts, hidden_size, inter):
-        raise ValueError(f"w2 must be [E, H, I]={(num_experts, hidden_size, inter)} (from w13.shape="
-                         f"{tuple(w13.shape)}), got w2.shape={tuple(w2.shape)}")
-    if w2.device != w13.device:
-        raise ValueError(f"w13 and w2 must be on one device, got {w13.device} and {w2.device}")
-    return num_experts, hidden_size, inter
+def _check_expert_weights(w13: object, w2: object, dtypes) -> tuple[int, int, int]:
+    """Master (or frozen) expert weights ``w13 [E, 2I, H]``, ``w2 [E, H, I]`` of ``dtypes``; returns ``(E, H, I)``."""
+    check_tensor_of(w13, "w13", dtypes, 3)
+    check_tensor_of(w2, "w2", dtypes, 3)
+    return check_expert_shapes(w13, w2)
 
 
 def fp8_moe(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w13: torch.Tensor,
@@ -511,8 +497,8 @@ def fp8_moe(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Te
     Raises:
         TypeError / ValueError: wrong dtypes, shapes or devices, expert ids out of range (CPU).
     """
-    _check_expert_weights(w13, w2, PARAM_DTYPES, "bfloat16 or float32")
-    _check_moe(hidden, topk_ids, topk_weights, w13.shape, w13.device)
+    _check_expert_weights(w13, w2, PARAM_DTYPES)
+    check_tokens(hidden, topk_ids, topk_weights, w13.shape[2], w13.device)
     main13 = _check_main_grad(w13, "w13") if w13.requires_grad else None
     main2 = _check_main_grad(w2, "w2") if w2.requires_grad else None
     return _FP8MoEFunction.apply(hidden, topk_weights, w13, w2, main13, main2, topk_ids,
@@ -525,9 +511,7 @@ def fp8_moe_frozen(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: t
     """:func:`fp8_moe` with already-quantised frozen experts (the buffers of :class:`deep_fp8_gemm.moe.FP8MoE`,
     same arguments as :func:`deep_fp8_gemm.moe.fp8_moe_forward`): gradients flow to ``hidden`` and
     ``topk_weights`` only."""
-    _check_expert_weights(w13, w2, (FP8,), "float8_e4m3fn")
-    _moe._check_weights(w13, w13_scale, w2, w2_scale)
-    _check_moe(hidden, topk_ids, topk_weights, w13.shape, w13.device)
-    _moe._same_device(((w13, "w13"), (w13_scale, "w13_scale"), (w2_scale, "w2_scale")))
+    check_weights(w13, w13_scale, w2, w2_scale)
+    check_tokens(hidden, topk_ids, topk_weights, w13.shape[2], w13.device)
     return _FP8MoEFunction.apply(hidden, topk_weights, None, None, None, None, topk_ids,
                                  w13, w13_scale, w2, w2_scale, max_m_sum)

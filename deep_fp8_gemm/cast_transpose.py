@@ -14,8 +14,9 @@ gradients quantised along the *token* axis (1x128 groups of the transposed tenso
   exact, because blocks transpose onto blocks (same amax, same scale, same quotients).
 
 The first two are ``torch.library`` custom ops (``torch.ops.deep_fp8_gemm.*``, registered at the bottom) with
-fake kernels, so ``torch.compile(fullgraph=True)`` traces them. On CUDA tensors of an sm_90 device they run the
-fused kernels of :mod:`deep_fp8_gemm.kernels.quant`; everywhere else the plain torch of
+fake kernels, so ``torch.compile(fullgraph=True)`` traces them. They follow the quantisers' backend policy
+(``runtime.target.backend_of(device, "quant")``): on an sm_90 device (and in the simulator under
+``DFG_SIMULATE``) they run the fused kernels of :mod:`deep_fp8_gemm.kernels.quant`; everywhere else the plain torch of
 :func:`deep_fp8_gemm.quant.per_token_cast_to_fp8_torch`, which defines the bits: the results are bit-identical
 to ``per_token_cast_to_fp8`` of the transposed tensors (tests/test_cast_transpose.py checks both paths).
 """
@@ -26,7 +27,10 @@ from collections.abc import Sequence
 
 import torch
 
-from .quant import GROUP, _check_flag, _check_input, _use_fused_kernel, per_token_cast_to_fp8_torch
+from ._core.checks import check_bool
+from ._core.family import register_op
+from .kernels import quant as quant_host
+from .quant import GROUP, check_input, kernel_launcher, per_token_cast_to_fp8_torch
 from .utils import ceil_div, empty_m_major, get_col_major_tma_aligned_tensor
 
 __all__ = ["per_token_cast_to_fp8_and_transpose", "transpose_cast_to_fp8_k_grouped", "transpose_per_block_fp8"]
@@ -34,7 +38,7 @@ __all__ = ["per_token_cast_to_fp8_and_transpose", "transpose_cast_to_fp8_k_group
 
 # ---------------------------------------------------------------------------------------------- checks
 def _check_cast_transpose_input(x: object) -> None:
-    _check_input(x, "x")
+    check_input(x, "x")
     if x.size(0) <= 0:
         # xᵀ [k, m] needs at least one column, as per_token_cast_to_fp8 does for its input.
         raise ValueError(f"x must have at least one row (xᵀ is quantised too), got x.shape={tuple(x.shape)}")
@@ -67,7 +71,8 @@ def _check_grouped_input(x: object) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- cast + transpose
-def _cast_transpose_torch(x: torch.Tensor, use_ue8m0: bool) -> tuple[torch.Tensor, ...]:
+def cast_transpose_torch(x: torch.Tensor, use_ue8m0: bool) -> tuple[torch.Tensor, ...]:
+    """Plain-torch cast-transpose: ``per_token_cast_to_fp8_torch`` of ``x`` and of ``xᵀ`` (scales row-major)."""
     x_fp8, x_sf = per_token_cast_to_fp8_torch(x.contiguous(), use_ue8m0)
     xt_fp8, xt_sf = per_token_cast_to_fp8_torch(x.t().contiguous(), use_ue8m0)
     return x_fp8, x_sf, xt_fp8, xt_sf
@@ -75,11 +80,10 @@ def _cast_transpose_torch(x: torch.Tensor, use_ue8m0: bool) -> tuple[torch.Tenso
 
 def _cast_transpose_impl(x: torch.Tensor, use_ue8m0: bool = False) -> tuple[torch.Tensor, ...]:
     _check_cast_transpose_input(x)
-    if _use_fused_kernel(x):
-        from .kernels.quant import per_token_cast_to_fp8_and_transpose_cuda
-
-        return per_token_cast_to_fp8_and_transpose_cuda(x, use_ue8m0)
-    x_fp8, x_sf, xt_fp8, xt_sf = _cast_transpose_torch(x, use_ue8m0)
+    launch = kernel_launcher(x)
+    if launch is not None:
+        return quant_host.run_cast_transpose(x, launch, ue8m0=use_ue8m0)
+    x_fp8, x_sf, xt_fp8, xt_sf = cast_transpose_torch(x, use_ue8m0)
     return x_fp8, get_col_major_tma_aligned_tensor(x_sf), xt_fp8, get_col_major_tma_aligned_tensor(xt_sf)
 
 
@@ -114,11 +118,12 @@ def per_token_cast_to_fp8_and_transpose(
     """
     _check_cast_transpose_input(x)
     return torch.ops.deep_fp8_gemm.per_token_cast_to_fp8_and_transpose.default(
-        x, _check_flag(use_ue8m0, "use_ue8m0"))
+        x, check_bool(use_ue8m0, "use_ue8m0"))
 
 
 # ---------------------------------------------------------------------------------------------- k-grouped
-def _k_grouped_torch(x: torch.Tensor, ks: list[int], use_ue8m0: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def k_grouped_torch(x: torch.Tensor, ks: list[int], use_ue8m0: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Plain-torch :func:`transpose_cast_to_fp8_k_grouped` (scales row-major)."""
     total, n = x.shape
     if total == 0 or n == 0:
         return x.new_empty((total * n,), dtype=torch.float8_e4m3fn), x.new_empty((n, total // GROUP),
@@ -141,11 +146,10 @@ def _starts(ks: list[int]) -> list[int]:
 def _k_grouped_impl(x: torch.Tensor, ks: list[int], use_ue8m0: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     _check_grouped_input(x)
     ks = _check_ks(ks, x)
-    if _use_fused_kernel(x):
-        from .kernels.quant import transpose_cast_to_fp8_k_grouped_cuda
-
-        return transpose_cast_to_fp8_k_grouped_cuda(x, ks, use_ue8m0)
-    flat, sf = _k_grouped_torch(x, ks, use_ue8m0)
+    launch = kernel_launcher(x)
+    if launch is not None:
+        return quant_host.run_k_grouped_transpose(x, ks, launch, ue8m0=use_ue8m0)
+    flat, sf = k_grouped_torch(x, ks, use_ue8m0)
     return flat, get_col_major_tma_aligned_tensor(sf)
 
 
@@ -180,7 +184,7 @@ def transpose_cast_to_fp8_k_grouped(
     _check_grouped_input(x)
     ks = _check_ks(ks, x)
     return torch.ops.deep_fp8_gemm.transpose_cast_to_fp8_k_grouped.default(
-        x, ks, _check_flag(use_ue8m0, "use_ue8m0"))
+        x, ks, check_bool(use_ue8m0, "use_ue8m0"))
 
 
 # ---------------------------------------------------------------------------------------------- weights
@@ -218,11 +222,8 @@ def transpose_per_block_fp8(w_fp8: torch.Tensor, w_sf: torch.Tensor) -> tuple[to
     return w_fp8.t().contiguous(), w_sf.t().contiguous()
 
 
-_lib = torch.library.Library("deep_fp8_gemm", "FRAGMENT")
-_lib.define("per_token_cast_to_fp8_and_transpose(Tensor x, bool use_ue8m0=False) -> (Tensor, Tensor, Tensor, Tensor)")
-_lib.define("transpose_cast_to_fp8_k_grouped(Tensor x, int[] ks, bool use_ue8m0=False) -> (Tensor, Tensor)")
-for _key in ("CPU", "CUDA"):
-    _lib.impl("per_token_cast_to_fp8_and_transpose", _cast_transpose_impl, _key)
-    _lib.impl("transpose_cast_to_fp8_k_grouped", _k_grouped_impl, _key)
-torch.library.register_fake("deep_fp8_gemm::per_token_cast_to_fp8_and_transpose", _cast_transpose_fake, lib=_lib)
-torch.library.register_fake("deep_fp8_gemm::transpose_cast_to_fp8_k_grouped", _k_grouped_fake, lib=_lib)
+register_op("per_token_cast_to_fp8_and_transpose",
+            "(Tensor x, bool use_ue8m0=False) -> (Tensor, Tensor, Tensor, Tensor)", _cast_transpose_impl,
+            _cast_transpose_fake)
+register_op("transpose_cast_to_fp8_k_grouped", "(Tensor x, int[] ks, bool use_ue8m0=False) -> (Tensor, Tensor)",
+            _k_grouped_impl, _k_grouped_fake)

@@ -92,7 +92,7 @@ def collect_targets(kind: str, shapes: Sequence[str], ms: list[int] | None, num_
         if family == "quant":
             targets += _kernel_module("quant").audit_targets()
         else:
-            targets += _kernel_module("gemm").audit_targets(family, parsed, ms, num_sms, num_groups)
+            targets += _kernel_module("targets").audit_targets(family, parsed, ms, num_sms, num_groups)
     return targets
 
 

@@ -1,8 +1,8 @@
 """The reference design's 2.x API names (DeepGEMM 2.6, SM90 semantics), so ``import deep_fp8_gemm as deep_gemm``
 works in code written against it (vLLM's ``vllm/utils/deep_gemm.py``, SGLang's ``deep_gemm_wrapper``, torchao).
 
-Every entry point validates the 2.x-only arguments here and then calls the 1.x op of :mod:`deep_fp8_gemm.ops`
-(or :mod:`deep_fp8_gemm.psum`), so the numerics, dispatch (CPU reference / ``DFG_SIMULATE=1`` simulator /
+Every entry point validates the 2.x-only arguments here and then calls the op of its family in
+:mod:`deep_fp8_gemm.ops`, so the numerics, dispatch (CPU reference / ``DFG_SIMULATE=1`` simulator /
 sm_90 kernel) and tensor checks are exactly those of the 1.x names, which stay.
 
 Argument semantics, as the reference applies them on SM90 (``csrc/apis/gemm.hpp``, ``csrc/apis/layout.hpp``):
@@ -35,7 +35,13 @@ from __future__ import annotations
 
 import torch
 
-from . import ops, psum, wgrad
+from ._core.checks import check_bool
+from .ops.contiguous import m_grouped_gemm_fp8_fp8_bf16_nt_contiguous
+from .ops.dense import gemm_fp8_fp8_bf16_nt
+from .ops.k_grouped import k_grouped_gemm_fp8_fp8_fp32_nt
+from .ops.masked import m_grouped_gemm_fp8_fp8_bf16_nt_masked
+from .ops.psum import m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum
+from .ops.wgrad_1d1d import gemm_fp8_fp8_fp32_nt_1d1d
 from .utils import get_col_major_tma_aligned_tensor, get_m_alignment_for_contiguous_layout
 
 _DEFAULT_RECIPE = (1, 128, 128)
@@ -99,11 +105,6 @@ def check_compiled_dims(compiled_dims: object) -> None:
         raise ValueError(f"compiled_dims must be distinct letters of 'mnk', got {compiled_dims!r}")
 
 
-def _check_bool(value: object, name: str) -> None:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__} ({value!r})")
-
-
 def _check_sm100_operands(a: object, b: object) -> None:
     """FP4 data and packed-UE8M0 int scales name the SM100-only feature instead of a dtype error."""
     for pair, name in ((a, "a"), (b, "b")):
@@ -123,7 +124,7 @@ def _common_checks(a, b, recipe, recipe_a, recipe_b, compiled_dims, disable_ue8m
     _check_sm100_operands(a, b)
     one_d_one_d = check_recipe(recipe, recipe_a, recipe_b, allow_1d1d=allow_1d1d)
     check_compiled_dims(compiled_dims)
-    _check_bool(disable_ue8m0_cast, "disable_ue8m0_cast")
+    check_bool(disable_ue8m0_cast, "disable_ue8m0_cast")
     return one_d_one_d
 
 
@@ -170,7 +171,7 @@ def fp8_gemm_nt(
         if isinstance(d, torch.Tensor) and d.dtype != torch.float32:
             raise TypeError(f"d must be torch.float32 with recipe (1, 1, 128) (fp32 accumulation), got "
                             f"d.dtype={d.dtype}")
-        wgrad.gemm_fp8_fp8_fp32_nt_1d1d(a, b, d, c)
+        gemm_fp8_fp8_fp32_nt_1d1d(a, b, d, c)
         return
     if isinstance(d, torch.Tensor) and d.dtype == torch.float32:
         raise TypeError("d.dtype=torch.float32 needs recipe=(1, 1, 128) (the 1D1D kernel, per-row B scales, "
@@ -178,7 +179,7 @@ def fp8_gemm_nt(
     if c is not None:
         raise ValueError("c (D = C + A·Bᵀ) is not supported with recipe (1, 128, 128) and a bfloat16 d: the SM90 "
                          "1D2D kernel has no C input (as in the reference); add C yourself, e.g. d += c")
-    ops.gemm_fp8_fp8_bf16_nt(a, b, d)
+    gemm_fp8_fp8_bf16_nt(a, b, d)
 
 
 def m_grouped_fp8_gemm_nt_contiguous(
@@ -209,16 +210,16 @@ def m_grouped_fp8_gemm_nt_contiguous(
     no effect: padding rows' output is unspecified either way.
     """
     _common_checks(a, b, recipe, recipe_a, recipe_b, compiled_dims, disable_ue8m0_cast)
-    _check_bool(use_psum_layout, "use_psum_layout")
-    _check_bool(ensure_zero_padding, "ensure_zero_padding")
+    check_bool(use_psum_layout, "use_psum_layout")
+    check_bool(ensure_zero_padding, "ensure_zero_padding")
     _check_output(d)
     if use_psum_layout:
-        psum.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum(a, b, d, grouped_layout, expected_m_for_psum_layout)
+        m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum(a, b, d, grouped_layout, expected_m_for_psum_layout)
         return
     if expected_m_for_psum_layout is not None:
         raise ValueError(f"expected_m_for_psum_layout={expected_m_for_psum_layout!r} is only meaningful with "
                          "use_psum_layout=True (grouped_layout is per-row m_indices otherwise)")
-    ops.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous(a, b, d, grouped_layout)
+    m_grouped_gemm_fp8_fp8_bf16_nt_contiguous(a, b, d, grouped_layout)
 
 
 def m_grouped_fp8_gemm_nt_masked(
@@ -238,7 +239,7 @@ def m_grouped_fp8_gemm_nt_masked(
     Everything else is :func:`deep_fp8_gemm.m_grouped_gemm_fp8_fp8_bf16_nt_masked`."""
     _common_checks(a, b, recipe, recipe_a, recipe_b, compiled_dims, disable_ue8m0_cast)
     _check_output(d)
-    ops.m_grouped_gemm_fp8_fp8_bf16_nt_masked(a, b, d, masked_m, expected_m)
+    m_grouped_gemm_fp8_fp8_bf16_nt_masked(a, b, d, masked_m, expected_m)
 
 
 def k_grouped_fp8_gemm_nt_contiguous(
@@ -269,7 +270,7 @@ def k_grouped_fp8_gemm_nt_contiguous(
     check_compiled_dims(compiled_dims)
     if ks_tensor is None:
         raise TypeError("ks_tensor must be an int32 [G] tensor on d's device holding the values of ks, got None")
-    wgrad.k_grouped_gemm_fp8_fp8_fp32_nt(a, b, d, ks, ks_tensor, c)
+    k_grouped_gemm_fp8_fp8_fp32_nt(a, b, d, ks, ks_tensor, c)
 
 
 #: vLLM resolves the masked GEMM under this name (``vllm/utils/deep_gemm.py``).
@@ -337,7 +338,7 @@ def transform_sf_into_required_layout(
     for value, name in ((mn, "mn"), (k, "k")):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise TypeError(f"{name} must be a non-negative int, got {value!r}")
-    _check_bool(disable_ue8m0_cast, "disable_ue8m0_cast")
+    check_bool(disable_ue8m0_cast, "disable_ue8m0_cast")
     if psum_layout is not None and not isinstance(psum_layout, torch.Tensor):
         raise TypeError(f"psum_layout must be a torch.Tensor or None, got {type(psum_layout).__name__}")
     if isinstance(recipe, (tuple, list)) and len(recipe) == 3:

@@ -6,7 +6,7 @@ queries, no globals), so it is cached and tested on the CPU. The shared-memory m
 
 Heuristic (NOTES: a throughput model, to be calibrated on an H200 — see bench/RESULTS.md):
 a tile costs ``max(MMA time, shared-memory bandwidth time (wgmma operand reads + TMA writes), instruction
-issue time (:func:`issue_cycles_per_k_block`), L2 -> shared fill time)``; a config costs ``waves x tile cost`` bounded below by HBM traffic; the cheapest config wins. Small m therefore gets BLOCK_M = 64 and a BLOCK_N small
+issue time (:func:`issue_cycles_per_k_block`), L2 -> shared fill time)``; a config costs ``SM waves x tile cost`` bounded below by HBM traffic; the cheapest config wins. Small m therefore gets BLOCK_M = 64 and a BLOCK_N small
 enough to spread B over all SMs (B streaming is the whole cost), large m gets 128/256-row tiles, and
 unaligned BLOCK_N (112, 144, 160) are picked when they fill the SMs better.
 """
@@ -14,11 +14,28 @@ unaligned BLOCK_N (112, 144, 160) are picked when they fill the SMs better.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import functools
 import math
 
+from .constants import DEFAULT_CONTIGUOUS_ALIGNMENT, GRAN_K
+from .utils import ceil_div
+
+
+class GemmKind(enum.IntEnum):
+    """``dfg::GemmKind`` (common.cuh), same names and values; the config kinds below are their Python names."""
+
+    Dense = 0
+    GroupedContiguous = 1
+    GroupedMasked = 2
+    GroupedContiguousPsum = 3
+    Dense1D1D = 4
+    KGrouped1D1D = 5
+
+
+#: The config kinds (the names used in kernel names, audit kinds and the op families), in GemmKind order.
 KINDS = ("dense", "contiguous", "masked", "psum", "1d1d", "k_grouped")
-KIND_IDS = {"dense": 0, "contiguous": 1, "masked": 2, "psum": 3, "1d1d": 4, "k_grouped": 5}  # dfg::GemmKind
+KIND_IDS = {kind: GemmKind(i) for i, kind in enumerate(KINDS)}
 #: Kinds of the 1D1D family (policy_1d1d.cuh): per-row sB (TMA-loaded per stage), fp32 D = C + A.B^T stored from
 #: the fragments (no shared-memory D tile), no clusters.
 FP32_ACCUMULATE_KINDS = ("1d1d", "k_grouped")
@@ -28,7 +45,7 @@ K_GROUPED = "k_grouped"
 #: Kinds whose rows are expert segments padded to CONTIGUOUS_ALIGNMENT ("psum": the prefix-sum ends layout).
 CONTIGUOUS_KINDS = ("contiguous", "psum")
 
-BLOCK_K = 128
+BLOCK_K = GRAN_K  # the kernels' K tile is one scale group: one sA / sB value per row (per block) per K block
 SMEM_LIMIT = 232_448  # bytes of shared memory one block may use on sm_90
 REGISTER_FILE = 65_536  # 32-bit registers per SM
 PRODUCER_REGISTERS = 40
@@ -36,7 +53,7 @@ MATH_REGISTER_OVERHEAD = 56
 MAX_STAGES = 16
 BLOCK_M_CHOICES = (64, 128, 256)
 BLOCK_N_CHOICES = tuple(range(16, 161, 16))
-CONTIGUOUS_ALIGNMENT = 128  # rows per expert segment in the contiguous layout
+CONTIGUOUS_ALIGNMENT = DEFAULT_CONTIGUOUS_ALIGNMENT  # rows per expert segment in the contiguous layout
 MULTICAST_MIN_M = 512  # below this the operand shared by a pair is too small to be worth a cluster
 BAND_BLOCKS = 16  # n-blocks per rasterisation band (L2 reuse)
 
@@ -46,7 +63,9 @@ _MMA_FLOP_PER_CLK = 8192
 _SMEM_FILL_BYTES_PER_CLK = 96  # L2 -> shared memory through TMA
 _SMEM_BYTES_PER_CLK = 128  # shared-memory bandwidth: wgmma operand reads + TMA writes share it
 _HBM_BYTES_PER_CLK_PER_SM = 4.8e12 / MODEL_CLOCK_HZ / 132  # H200 datasheet HBM bandwidth, shared by 132 SMs
-_MMA_EFFICIENCY = {64: 0.70, 128: 0.85, 256: 0.90}  # one warpgroup cannot hide its own promotion work
+# NOTES: guess, calibrate on H200 — one warpgroup cannot hide its own promotion work.
+_MMA_EFFICIENCY = {64: 0.70, 128: 0.85, 256: 0.90}
+_TILE_FIXED_CYCLES = 600  # NOTES: guess, calibrate on H200 — per-tile fixed cost: pipeline ramp, epilogue
 # Instruction issue per K block (NOTES: fitted to the audit's static K-loop analysis, runtime/kloop.py, NVRTC
 # 13.5 sm_90a, within ~7% of every loop `audit --kind all` compiles; see README "K-loop issue"). Per m64
 # wave of a math warp: BLOCK_N / 2 FFMA (promotion) + 4 QGMMA + sA loads + 2 FMUL + fence and drain; tiles
@@ -60,7 +79,17 @@ _ISSUE_PER_K_BLOCK = 29
 _ISSUE_PRODUCER = 70
 
 
-@dataclasses.dataclass(frozen=True)
+def num_math_warpgroups(block_m: int) -> int:
+    """Math warpgroups of a BLOCK_M tile: one for 64 rows, two otherwise."""
+    return 1 if block_m == 64 else 2
+
+
+def waves_m(block_m: int) -> int:
+    """m64 slices ("waves") each math warpgroup computes per K block (not SM waves: see :func:`get_config`)."""
+    return block_m // num_math_warpgroups(block_m) // 64
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class GemmConfig:
     """Everything that is compiled into one kernel, plus its launch geometry.
 
@@ -99,7 +128,7 @@ class GemmConfig:
 
     @property
     def num_math_warpgroups(self) -> int:
-        return 1 if self.block_m == 64 else 2
+        return num_math_warpgroups(self.block_m)
 
     @property
     def num_threads(self) -> int:
@@ -108,7 +137,7 @@ class GemmConfig:
     @property
     def waves_m(self) -> int:
         """m64 slices each math warpgroup computes."""
-        return self.block_m // self.num_math_warpgroups // 64
+        return waves_m(self.block_m)
 
     @property
     def wg_rows(self) -> int:
@@ -129,7 +158,7 @@ class GemmConfig:
     def template_constants(self) -> dict[str, int]:
         """The compile-time constants of ``jit/fp8_gemm.cu`` (the kernel binary's identity)."""
         return {
-            "KIND": KIND_IDS[self.kind],
+            "KIND": int(KIND_IDS[self.kind]),
             "SHAPE_N": self.shape_n,
             "SHAPE_K": self.shape_k,
             "BLOCK_M": self.block_m,
@@ -180,11 +209,7 @@ def smem_bytes(block_m: int, block_n: int, num_stages: int, kind: str = "dense")
 
 def check_config(cfg: GemmConfig, smem_limit: int = SMEM_LIMIT) -> None:
     """Every legality rule, in one place. Raises ``ValueError`` listing each violated rule."""
-    problems = []
-    if cfg.kind not in KINDS:
-        problems.append(f"kind must be one of {KINDS}, got {cfg.kind!r}")
-    if cfg.shape_n % 8 or cfg.shape_k % 16 or cfg.shape_n <= 0 or cfg.shape_k <= 0:
-        problems.append(f"TMA needs 16-byte row strides: n % 8 == 0 and k % 16 == 0, got n={cfg.shape_n} k={cfg.shape_k}")
+    problems = _problem_rules(cfg.kind, cfg.shape_n, cfg.shape_k, cfg.num_groups)
     if cfg.block_m not in BLOCK_M_CHOICES:
         problems.append(f"block_m must be one of {BLOCK_M_CHOICES}, got {cfg.block_m}")
     if cfg.block_n % 16 or not 16 <= cfg.block_n <= 256:
@@ -213,15 +238,11 @@ def check_config(cfg: GemmConfig, smem_limit: int = SMEM_LIMIT) -> None:
     if cfg.kind == K_GROUPED and cfg.shape_k != BLOCK_K:
         problems.append(f"the k-grouped kernel reads K per group at run time: shape_k must be {BLOCK_K}, got "
                         f"{cfg.shape_k}")
-    if cfg.kind in ("dense", "1d1d") and cfg.num_groups != 1:
-        problems.append(f"dense GEMM has one group, got num_groups={cfg.num_groups}")
-    if cfg.num_groups < 1:
-        problems.append(f"num_groups must be >= 1, got {cfg.num_groups}")
-    if cfg.kind in CONTIGUOUS_KINDS and cfg.block_m > CONTIGUOUS_ALIGNMENT:
+    if not _block_m_fits_layout(cfg.kind, cfg.block_m):
         problems.append(f"contiguous layout pads experts to {CONTIGUOUS_ALIGNMENT} rows: block_m <= 128, got {cfg.block_m}")
     if (cfg.cluster_m, cfg.cluster_n) not in ((1, 1), (1, 2), (2, 1)):
         problems.append(f"cluster must be 1x1, 1x2 or 2x1, got {cfg.cluster_m}x{cfg.cluster_n}")
-    num_n_blocks = _ceil_div(cfg.shape_n, cfg.block_n)
+    num_n_blocks = ceil_div(cfg.shape_n, cfg.block_n) if cfg.shape_n > 0 else 0
     if cfg.cluster_n == 2 and num_n_blocks % 2:
         problems.append(f"multicast on A pairs n-blocks: need an even n-block count, got {num_n_blocks}")
     if cfg.cluster_m == 2 and cfg.kind != "dense":
@@ -235,12 +256,32 @@ def check_config(cfg: GemmConfig, smem_limit: int = SMEM_LIMIT) -> None:
         raise ValueError("illegal GEMM config: " + "; ".join(problems))
 
 
+def _problem_rules(kind: str, n: int, k: int, num_groups: int) -> list[str]:
+    """The rules on the problem itself (kind, TMA row strides, group count): shared by :func:`check_config` and
+    :func:`get_config`'s argument check."""
+    problems = []
+    if kind not in KINDS:
+        problems.append(f"kind must be one of {KINDS}, got {kind!r}")
+    if n % 8 or k % 16 or n <= 0 or k <= 0:
+        problems.append(f"TMA needs 16-byte row strides: n % 8 == 0 and k % 16 == 0, got n={n} k={k}")
+    if kind in ("dense", "1d1d") and num_groups != 1:
+        problems.append(f"{kind} GEMM takes num_groups=1, got num_groups={num_groups}")
+    if num_groups < 1:
+        problems.append(f"num_groups must be >= 1, got num_groups={num_groups}")
+    return problems
+
+
+def _block_m_fits_layout(kind: str, block_m: int) -> bool:
+    """A contiguous kind's M tile must not straddle two experts: BLOCK_M <= the layout's alignment."""
+    return kind not in CONTIGUOUS_KINDS or block_m <= CONTIGUOUS_ALIGNMENT
+
+
 def _split_k_problems(cfg: GemmConfig) -> list[str]:
     """Split-K rules (split_k.cuh): a divisor of the K block count (every split runs the same unrolled K
     loop), dense kind, no clusters."""
     if cfg.split_k == 1:
         return []
-    k_blocks = _ceil_div(cfg.shape_k, BLOCK_K) if cfg.shape_k > 0 else 0
+    k_blocks = ceil_div(cfg.shape_k, BLOCK_K) if cfg.shape_k > 0 else 0
     if not isinstance(cfg.split_k, int) or cfg.split_k < 1 or not k_blocks or k_blocks % cfg.split_k:
         return [f"split_k={cfg.split_k} must be a positive divisor of the K block count {k_blocks}"]
     if cfg.kind != "dense" or cfg.cluster_size != 1:
@@ -256,16 +297,12 @@ def split_k_workspace(cfg: GemmConfig, m: int) -> tuple[int, int]:
     u32 counter per (tile, math warpgroup) and split_k fp32 partial tiles per tile; (0, 0) without split-K."""
     if cfg.split_k == 1:
         return 0, 0
-    tiles = _ceil_div(max(m, 1), cfg.block_m) * _ceil_div(cfg.shape_n, cfg.block_n)
+    tiles = ceil_div(max(m, 1), cfg.block_m) * ceil_div(cfg.shape_n, cfg.block_n)
     return tiles * cfg.num_math_warpgroups, tiles * cfg.split_k * cfg.block_m * cfg.block_n
 
 
-def _ceil_div(a: int, b: int) -> int:
-    return (a + b - 1) // b
-
-
 def _round_up(a: int, b: int) -> int:
-    return _ceil_div(a, b) * b
+    return ceil_div(a, b) * b
 
 
 def _max_stages(block_m: int, block_n: int, smem_limit: int, kind: str = "dense") -> int:
@@ -277,14 +314,14 @@ def _max_stages(block_m: int, block_n: int, smem_limit: int, kind: str = "dense"
 
 def _num_m_blocks(kind: str, m: int, block_m: int, num_groups: int) -> int:
     if kind in ("masked", K_GROUPED):  # m is the (expected) rows per group
-        return num_groups * _ceil_div(m, block_m)
-    return _ceil_div(m, block_m)
+        return num_groups * ceil_div(m, block_m)
+    return ceil_div(m, block_m)
 
 
 def math_issue_per_k_block(kind: str, block_m: int, block_n: int) -> float:
     """Modelled math-loop instructions per K block per math warp (what ``audit``'s K-loop analysis reports as
     ``kloop.math.per_k_block.total``)."""
-    waves = block_m // (64 if block_m == 64 else 128)
+    waves = waves_m(block_m)
     if kind in FP32_ACCUMULATE_KINDS:  # per-column B scales: FMUL + FFMA per value, BLOCK_N / 8 sB load pairs
         return waves * (block_n + _ISSUE_PER_WAVE - 2) + block_n / 8 + _ISSUE_PER_K_BLOCK
     per_wave = block_n / 2 + _ISSUE_PER_WAVE + (_ISSUE_STRADDLE if 128 % block_n else 0)
@@ -296,16 +333,15 @@ def issue_cycles_per_k_block(kind: str, block_m: int, block_n: int) -> float:
     producer warp live on it, and a sub-partition issues one instruction per clock. Compare with the tensor
     cycles of a K block, ``block_m * block_n / 32``: their ratio (math part only) is the audit's
     ``issue_per_tensor_cycle``."""
-    math_warpgroups = 1 if block_m == 64 else 2
-    return math_issue_per_k_block(kind, block_m, block_n) * math_warpgroups + _ISSUE_PRODUCER
+    return math_issue_per_k_block(kind, block_m, block_n) * num_math_warpgroups(block_m) + _ISSUE_PRODUCER
 
 
 def _estimate_cycles(kind: str, m: int, n: int, k: int, num_groups: int, block_m: int, block_n: int, num_sms: int,
                      split_k: int = 1) -> float:
     """Modelled kernel time in SM clocks (for ranking configs only). ``split_k`` > 1: tiles x split_k work items
     of k / split_k each, plus the fp32 partials and the last CTA's reduce (:func:`_split_k_cycles`)."""
-    num_tiles = _num_m_blocks(kind, m, block_m, num_groups) * _ceil_div(n, block_n)
-    waves = _ceil_div(num_tiles * split_k, num_sms)
+    num_tiles = _num_m_blocks(kind, m, block_m, num_groups) * ceil_div(n, block_n)
+    sm_waves = ceil_div(num_tiles * split_k, num_sms)
     k_padded = _round_up(k, BLOCK_K) // split_k
     mma = 2 * block_m * block_n * k_padded / (_MMA_FLOP_PER_CLK * _MMA_EFFICIENCY[block_m])
     fill = (block_m + block_n) * k_padded / _SMEM_FILL_BYTES_PER_CLK
@@ -313,21 +349,21 @@ def _estimate_cycles(kind: str, m: int, n: int, k: int, num_groups: int, block_m
     # bound by shared-memory bandwidth before the tensor cores: per K element, (BM/64) x (64 + BN)
     # operand bytes plus (BM + BN) bytes written by TMA.
     smem = ((block_m // 64) * (64 + block_n) + block_m + block_n) * k_padded / _SMEM_BYTES_PER_CLK
-    issue = _ceil_div(k, BLOCK_K) // split_k * issue_cycles_per_k_block(kind, block_m, block_n)
+    issue = ceil_div(k, BLOCK_K) // split_k * issue_cycles_per_k_block(kind, block_m, block_n)
     mma = max(mma, smem, issue)
-    tile = max(mma, fill) + 600  # per-tile fixed cost: pipeline ramp, epilogue
+    tile = max(mma, fill) + _TILE_FIXED_CYCLES
     if split_k > 1:
         tile += _split_k_cycles(block_m, block_n, split_k)
     groups_touched = num_groups if kind != "dense" else 1
     rows = m * (num_groups if kind == "masked" else 1)
-    k_blocks = _ceil_div(k, BLOCK_K)
+    k_blocks = ceil_div(k, BLOCK_K)
     if kind in FP32_ACCUMULATE_KINDS:  # fp32 C read + fp32 D written; per-row sB (k-grouped: per group, k per group)
         groups = num_groups if kind == K_GROUPED else 1
         hbm_bytes = groups * (rows * k + n * k + rows * n * 8 + 4 * (rows + n) * k_blocks)
-        return max(waves * tile, hbm_bytes / (_HBM_BYTES_PER_CLK_PER_SM * num_sms))
+        return max(sm_waves * tile, hbm_bytes / (_HBM_BYTES_PER_CLK_PER_SM * num_sms))
     hbm_bytes = (rows * k + groups_touched * n * k + rows * n * 2  # A, B, D
-                 + 4 * (rows * k_blocks + groups_touched * _ceil_div(n, 128) * k_blocks))  # sA, sB
-    return max(waves * tile, hbm_bytes / (_HBM_BYTES_PER_CLK_PER_SM * num_sms))
+                 + 4 * (rows * k_blocks + groups_touched * ceil_div(n, 128) * k_blocks))  # sA, sB
+    return max(sm_waves * tile, hbm_bytes / (_HBM_BYTES_PER_CLK_PER_SM * num_sms))
 
 
 # Split-K (NOTES: modelled, not measured): fp32 partials go to L2 and back at the L2 -> SM fill rate; the counter
@@ -351,17 +387,14 @@ def estimate_seconds(cfg: GemmConfig, m: int, num_sms: int = 132) -> float:
 
 
 def _validate_problem(m: int, n: int, k: int, num_groups: int, kind: str, num_sms: int) -> None:
-    if kind not in KINDS:
-        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
     for name, value in (("m", m), ("n", n), ("k", k), ("num_groups", num_groups), ("num_sms", num_sms)):
         if not isinstance(value, int) or isinstance(value, bool):
             raise TypeError(f"{name} must be an int, got {type(value).__name__}")
     if m < 0 or n <= 0 or k <= 0 or num_groups <= 0 or num_sms <= 0:
         raise ValueError(f"need m >= 0 and n, k, num_groups, num_sms > 0: {m=} {n=} {k=} {num_groups=} {num_sms=}")
-    if n % 8 or k % 16:
-        raise ValueError(f"TMA needs 16-byte row strides: n % 8 == 0 and k % 16 == 0, got {n=} {k=}")
-    if kind in ("dense", "1d1d") and num_groups != 1:
-        raise ValueError(f"{kind} GEMM takes num_groups=1, got {num_groups=}")
+    problems = _problem_rules(kind, n, k, num_groups)
+    if problems:
+        raise ValueError("; ".join(problems))
 
 
 MAX_SPLIT_K = 16
@@ -372,10 +405,10 @@ def _split_k_choices(kind: str, m: int, n: int, k: int, block_m: int, block_n: i
     """Split counts the heuristic weighs for a tile shape: 1, and for a dense problem with fewer tiles than SMs
     (few rows, narrow N, long K: decode) the divisors of the K block count up to MAX_SPLIT_K that keep the work
     items within one wave (more would only add partial traffic)."""
-    tiles = _ceil_div(m, block_m) * _ceil_div(n, block_n)
+    tiles = ceil_div(m, block_m) * ceil_div(n, block_n)
     if kind != "dense" or m >= MULTICAST_MIN_M or tiles * 2 > num_sms or block_m > 128:
         return (1,)
-    k_blocks = _ceil_div(k, BLOCK_K)
+    k_blocks = ceil_div(k, BLOCK_K)
     return (1, *(s for s in range(2, MAX_SPLIT_K + 1) if k_blocks % s == 0 and tiles * s <= num_sms))
 
 
@@ -400,13 +433,15 @@ def get_config(
     shape_k = BLOCK_K if kind == K_GROUPED else k
     best = None
     for block_m in BLOCK_M_CHOICES:
-        if kind in CONTIGUOUS_KINDS and block_m > CONTIGUOUS_ALIGNMENT:
+        if not _block_m_fits_layout(kind, block_m):
             continue
         if block_m > 64 and m_eff <= 64:
             continue  # a 64-row tile already covers all rows
         for block_n in BLOCK_N_CHOICES:
             num_stages = _max_stages(block_m, block_n, smem_limit, kind)
-            candidate = GemmConfig(kind, n, shape_k, num_groups, block_m, block_n, num_stages, 1, 1, 1, 1)
+            candidate = GemmConfig(kind=kind, shape_n=n, shape_k=shape_k, num_groups=num_groups, block_m=block_m,
+                                   block_n=block_n, num_stages=num_stages, cluster_m=1, cluster_n=1, band_width=1,
+                                   grid_size=1)
             try:
                 check_config(candidate, smem_limit)
             except ValueError:
@@ -423,7 +458,7 @@ def get_config(
         raise ValueError(f"no legal config for {kind=} {m=} {n=} {k=} {num_groups=} {smem_limit=}")
     _, block_m, block_n, num_stages, split_k = best
 
-    num_n_blocks = _ceil_div(n, block_n)
+    num_n_blocks = ceil_div(n, block_n)
     num_m_blocks = _num_m_blocks(kind, m_eff, block_m, num_groups)
     cluster_m, cluster_n = 1, 1
     worth_multicast = (m >= MULTICAST_MIN_M and num_sms >= 2 and num_m_blocks * num_n_blocks >= num_sms
@@ -439,17 +474,27 @@ def get_config(
     if kind == "masked":
         num_clusters = max_clusters  # per-group row counts live on the GPU: launch the full persistent grid
     else:
-        m_blocks = _ceil_div(m_eff, block_m)
+        m_blocks = ceil_div(m_eff, block_m)
         # B multicast pairs m-blocks; an odd last m-block row is the unicast tail, two n-blocks per cluster
         # tile (scheduler.cuh), not a row of phantom tiles.
-        cluster_tiles = (m_blocks // 2 * num_n_blocks + m_blocks % 2 * _ceil_div(num_n_blocks, 2) if cluster_m == 2
+        cluster_tiles = (m_blocks // 2 * num_n_blocks + m_blocks % 2 * ceil_div(num_n_blocks, 2) if cluster_m == 2
                          else m_blocks * (num_n_blocks // cluster_n))
         if kind == K_GROUPED:
             cluster_tiles *= num_groups
         num_clusters = max(1, min(max_clusters, cluster_tiles * split_k))
-    cfg = GemmConfig(
-        kind, n, shape_k, num_groups, block_m, block_n, num_stages, cluster_m, cluster_n, band_width, num_clusters * cluster_size,
-        split_k,
-    )
+    cfg = GemmConfig(kind=kind, shape_n=n, shape_k=shape_k, num_groups=num_groups, block_m=block_m, block_n=block_n,
+                     num_stages=num_stages, cluster_m=cluster_m, cluster_n=cluster_n, band_width=band_width,
+                     grid_size=num_clusters * cluster_size, split_k=split_k)
     check_config(cfg, smem_limit)
     return cfg
+
+
+#: Per-group K the k-grouped config is chosen for: the config (and so the binary) depends on m, n and G only, not on
+#: the ks of a call (routing changes them every step; a new binary per step would compile mid-training).
+K_GROUPED_NOMINAL_K = 4096
+
+
+def k_grouped_config(m: int, n: int, num_groups: int, num_sms: int, nominal_k: int = K_GROUPED_NOMINAL_K
+                     ) -> GemmConfig:
+    """The k-grouped kernel's config for ``num_groups`` groups of ``[m, n]`` outputs (any ks)."""
+    return get_config(m, n, nominal_k, num_groups, K_GROUPED, num_sms)

@@ -277,7 +277,7 @@ def gpu_demo(m: int, device: str = "cuda", scale: int = 1) -> int:
 def audit_layer(m: int) -> tuple[str, list[dict] | None]:
     """Compiles and audits the kernels of the layer's calls; returns (message, records or None)."""
     try:
-        from .kernels.gemm import audit_targets
+        from .kernels.targets import audit_targets
         from .runtime.audit import audit, format_table
     except Exception as exc:  # noqa: BLE001 - the JIT may be unavailable; the reference part still runs
         return f"kernel audit unavailable ({type(exc).__name__}: {exc}); kernels neither compiled nor executed", None

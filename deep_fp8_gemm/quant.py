@@ -7,10 +7,14 @@
 ``use_ue8m0=True`` (all three) rounds every scale up to a power of two, :func:`ceil_to_ue8m0` (the
 reference design's UE8M0 recipe; on Hopper the GEMMs read such scales as ordinary fp32 values).
 
-Both are ``torch.library`` custom ops (``torch.ops.deep_fp8_gemm.*``, registered at the bottom of this
-module) so that ``torch.compile(fullgraph=True)`` traces them as single nodes. On CUDA tensors of an sm_90
-device they run the fused kernels of ``deep_fp8_gemm.kernels.quant``; everywhere else the plain-torch
-implementation below, whose float32 arithmetic is the definition of the result.
+* :func:`silu_mul_quant` — the middle of a SwiGLU expert: ``SiLU(gate) * up`` quantised per token.
+
+They are ``torch.library`` custom ops (``torch.ops.deep_fp8_gemm.*``, registered at the bottom of this module) so
+that ``torch.compile(fullgraph=True)`` traces them as single nodes. Where they run is the quantisers' backend
+policy (``runtime.target.backend_of(device, "quant")``): the fused kernels of ``deep_fp8_gemm.kernels.quant`` on
+an sm_90 GPU, the same kernels in the CPU simulator for CPU tensors under ``DFG_SIMULATE``, and everywhere else
+the plain-torch implementation below, whose float32 arithmetic is the definition of the result (the kernels
+give identical bits).
 """
 
 from __future__ import annotations
@@ -18,24 +22,26 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from . import prepared
+from ._core import plans
+from ._core.checks import check_bool
+from ._core.family import register_op
+from .constants import AMAX_FLOOR, FP8_E4M3_MAX, GRAN_K
+from .kernels import quant as quant_host
 from .runtime import target
+from .runtime.target import Backend
 from .utils import ceil_div, empty_m_major, get_col_major_tma_aligned_tensor
 
-#: Largest finite float8_e4m3fn value; quantised values saturate here.
-FP8_E4M3_MAX = 448.0
-#: Lower clamp of a group's amax, so that an all-zero group gets a finite, non-zero scale.
-AMAX_FLOOR = 1e-4
-#: Elements per scale group along K (and along N for weight blocks).
-GROUP = 128
+#: Elements per scale group along K (and along N for weight blocks): :data:`deep_fp8_gemm.constants.GRAN_K`.
+GROUP = GRAN_K
 
-_INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
-def _check_input(x: object, name: str) -> None:
+def check_input(x: object, name: str) -> None:
+    """A 2-D bf16 / fp16 / fp32 tensor with at least one column (the per-token and per-block quantisers)."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if x.dtype not in _INPUT_DTYPES:
+    if x.dtype not in INPUT_DTYPES:
         raise TypeError(f"{name} must be bfloat16, float16 or float32, got {name}.dtype={x.dtype}")
     if x.dim() != 2:
         raise ValueError(f"{name} must be 2-D, got {name}.shape={tuple(x.shape)}")
@@ -56,18 +62,12 @@ def ceil_to_ue8m0(scale: torch.Tensor) -> torch.Tensor:
     return (exponent.clamp_(1, 254) << 23).view(torch.float32).view(scale.shape)
 
 
-def _check_flag(value: object, name: str) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__} ({value!r})")
-    return value
-
-
 def _check_x(x: torch.Tensor) -> None:
-    _check_input(x, "x")
+    check_input(x, "x")
 
 
 def _check_w(w: torch.Tensor) -> None:
-    _check_input(w, "w")
+    check_input(w, "w")
 
 
 def _quantise_groups(groups: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -114,45 +114,43 @@ def per_block_cast_to_fp8_torch(w: torch.Tensor, use_ue8m0: bool = False) -> tup
     return w_fp8, scale
 
 
-def _use_fused_kernel(t: torch.Tensor) -> bool:
-    index = target.gpu_index(t.device)
-    return index is not None and target.capability(index) == (9, 0)
+def kernel_launcher(t: torch.Tensor):
+    """The launch function of the fused quantisation kernels for ``t``'s device (``kernels.quant.launch_cuda`` or
+    ``launch_sim``), or None where the plain-torch implementation runs (the quantisers' backend policy)."""
+    backend = target.backend_of(t.device, "quant")
+    return None if backend is Backend.TORCH else quant_host.launcher_for(backend)
 
 
 def _per_token_impl(x: torch.Tensor, use_ue8m0: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    _check_input(x, "x")
-    if _use_fused_kernel(x):
-        from .kernels.quant import per_token_cast_to_fp8_cuda
-
-        x_fp8, scales = per_token_cast_to_fp8_cuda(x, use_ue8m0)
-    else:
-        x_fp8, scales = per_token_cast_to_fp8_torch(x, use_ue8m0)
+    check_input(x, "x")
+    launch = kernel_launcher(x)
+    if launch is not None:
+        return quant_host.run_per_token(x, quant_host.QuantKind.PER_TOKEN, "x", launch, ue8m0=use_ue8m0)
+    x_fp8, scales = per_token_cast_to_fp8_torch(x, use_ue8m0)
     return x_fp8, get_col_major_tma_aligned_tensor(scales)
 
 
 def _per_block_impl(w: torch.Tensor, use_ue8m0: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    _check_input(w, "w")
-    if _use_fused_kernel(w):
-        from .kernels.quant import per_block_cast_to_fp8_cuda
-
-        w_fp8, scales = per_block_cast_to_fp8_cuda(w, use_ue8m0)
-    else:
-        w_fp8, scales = per_block_cast_to_fp8_torch(w, use_ue8m0)
+    check_input(w, "w")
+    launch = kernel_launcher(w)
+    if launch is not None:
+        return quant_host.run_per_block(w, launch, ue8m0=use_ue8m0)
+    w_fp8, scales = per_block_cast_to_fp8_torch(w, use_ue8m0)
     return w_fp8, scales.contiguous()
 
 
-_per_token_eager = prepared.quantiser("per_token", _check_x, _per_token_impl)
-_per_block_eager = prepared.quantiser("per_block", _check_w, _per_block_impl)
+_per_token_eager = plans.quantiser("per_token", _check_x, _per_token_impl)
+_per_block_eager = plans.quantiser("per_block", _check_w, _per_block_impl)
 
 
 def _per_token_fake(x: torch.Tensor, use_ue8m0: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    _check_input(x, "x")
+    check_input(x, "x")
     m, k = x.shape
     return x.new_empty((m, k), dtype=torch.float8_e4m3fn), empty_m_major((m, ceil_div(k, GROUP)), x.device)
 
 
 def _per_block_fake(w: torch.Tensor, use_ue8m0: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    _check_input(w, "w")
+    check_input(w, "w")
     n, k = w.shape
     return w.new_empty((n, k), dtype=torch.float8_e4m3fn), w.new_empty(
         (ceil_div(n, GROUP), ceil_div(k, GROUP)), dtype=torch.float32
@@ -184,12 +182,12 @@ def per_token_cast_to_fp8(
     scales`` per group. Non-finite inputs give unspecified results.
     """
     if type(use_ue8m0) is bool and type(gran_k) is int and gran_k == GROUP and use_packed_ue8m0 is False:
-        result = _per_token_eager(x, use_ue8m0)  # eager: cached checks (deep_fp8_gemm.prepared)
+        result = _per_token_eager(x, use_ue8m0)  # eager: cached checks (deep_fp8_gemm._core.plans)
         if result is not None:
             return result
-    _check_input(x, "x")
-    _check_sm100_options(gran_k, use_packed_ue8m0)
-    return torch.ops.deep_fp8_gemm.per_token_cast_to_fp8.default(x, _check_flag(use_ue8m0, "use_ue8m0"))
+    check_input(x, "x")
+    check_sm100_options(gran_k, use_packed_ue8m0)
+    return torch.ops.deep_fp8_gemm.per_token_cast_to_fp8.default(x, check_bool(use_ue8m0, "use_ue8m0"))
 
 
 def per_block_cast_to_fp8(
@@ -210,15 +208,17 @@ def per_block_cast_to_fp8(
     (partial edge blocks treated as zero-padded).
     """
     if type(use_ue8m0) is bool and type(gran_k) is int and gran_k == GROUP:
-        result = _per_block_eager(w, use_ue8m0)  # eager: cached checks (deep_fp8_gemm.prepared)
+        result = _per_block_eager(w, use_ue8m0)  # eager: cached checks (deep_fp8_gemm._core.plans)
         if result is not None:
             return result
-    _check_input(w, "w")
-    _check_sm100_options(gran_k, False)
-    return torch.ops.deep_fp8_gemm.per_block_cast_to_fp8.default(w, _check_flag(use_ue8m0, "use_ue8m0"))
+    check_input(w, "w")
+    check_sm100_options(gran_k, False)
+    return torch.ops.deep_fp8_gemm.per_block_cast_to_fp8.default(w, check_bool(use_ue8m0, "use_ue8m0"))
 
 
-def _check_sm100_options(gran_k: object, use_packed_ue8m0: object) -> None:
+def check_sm100_options(gran_k: object, use_packed_ue8m0: object) -> None:
+    """``gran_k`` must be 128 and ``use_packed_ue8m0`` False: the other values are the reference design's
+    SM100-only recipes (``NotImplementedError`` naming them)."""
     if isinstance(gran_k, bool) or not isinstance(gran_k, int):
         raise TypeError(f"gran_k must be an int, got {type(gran_k).__name__} ({gran_k!r})")
     if gran_k != GROUP:
@@ -226,7 +226,7 @@ def _check_sm100_options(gran_k: object, use_packed_ue8m0: object) -> None:
             f"gran_k={gran_k}: only 128-element scale groups exist on Hopper (gran_k 32 is the reference "
             "design's SM100-only MXFP8 recipe)"
         )
-    if _check_flag(use_packed_ue8m0, "use_packed_ue8m0"):
+    if check_bool(use_packed_ue8m0, "use_packed_ue8m0"):
         raise NotImplementedError(
             "use_packed_ue8m0=True: int32-packed UE8M0 scales are read only by the reference design's SM100 "
             "kernels; on Hopper use use_ue8m0=True (power-of-two fp32 scales)"
@@ -249,9 +249,9 @@ def per_channel_cast_to_fp8(
         ``x_fp8[r, c] = e4m3(clamp(x[r, c] / scales[r // 128, c], -448, 448))`` in float32. Plain torch on
         every device (no fused kernel: it prepares operands of the weight-gradient recipe, off the hot path).
     """
-    _check_input(x, "x")
-    _check_sm100_options(gran_k, False)
-    use_ue8m0 = _check_flag(use_ue8m0, "use_ue8m0")
+    check_input(x, "x")
+    check_sm100_options(gran_k, False)
+    use_ue8m0 = check_bool(use_ue8m0, "use_ue8m0")
     m, n = x.shape
     if m % GROUP != 0:
         raise ValueError(f"x must have a multiple of {GROUP} rows for per-channel scales, got x.shape={tuple(x.shape)}")
@@ -263,11 +263,71 @@ def per_channel_cast_to_fp8(
     return x_fp8, scale.contiguous()
 
 
-_lib = torch.library.Library("deep_fp8_gemm", "FRAGMENT")
-_lib.define("per_token_cast_to_fp8(Tensor x, bool use_ue8m0=False) -> (Tensor, Tensor)")
-_lib.define("per_block_cast_to_fp8(Tensor w, bool use_ue8m0=False) -> (Tensor, Tensor)")
-for _key in ("CPU", "CUDA"):
-    _lib.impl("per_token_cast_to_fp8", _per_token_impl, _key)
-    _lib.impl("per_block_cast_to_fp8", _per_block_impl, _key)
-torch.library.register_fake("deep_fp8_gemm::per_token_cast_to_fp8", _per_token_fake, lib=_lib)
-torch.library.register_fake("deep_fp8_gemm::per_block_cast_to_fp8", _per_block_fake, lib=_lib)
+# ---------------------------------------------------------------------------------------------- SiLU·mul + quant
+def silu_mul_quant_torch(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Plain-torch :func:`silu_mul_quant`: the definition of the result (fp32 arithmetic)."""
+    half = x.shape[-1] // 2
+    y = F.silu(x[..., :half].float()) * x[..., half:].float()
+    if x.dim() == 2:
+        y_fp8, scales = per_token_cast_to_fp8_torch(y)
+        return y_fp8, get_col_major_tma_aligned_tensor(scales)
+    batch, m = x.shape[0], x.shape[1]
+    y_fp8, scales = per_token_cast_to_fp8_torch(y.reshape(batch * m, half))
+    return y_fp8.view(batch, m, half), get_col_major_tma_aligned_tensor(scales.view(batch, m, -1))
+
+
+def _check_silu_input(x: torch.Tensor) -> None:
+    if x.dtype not in INPUT_DTYPES:
+        raise TypeError(f"x must be bfloat16, float16 or float32, got x.dtype={x.dtype}")
+    if x.dim() not in (2, 3):
+        raise ValueError(f"x must be [m, 2I] or [G, m, 2I], got x.shape={tuple(x.shape)}")
+    if x.shape[-1] == 0 or x.shape[-1] % 2:
+        raise ValueError(f"x's last dim must be 2I with I >= 1 (gate | up), got x.shape={tuple(x.shape)}")
+
+
+def _silu_mul_quant_impl(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    _check_silu_input(x)
+    launch = kernel_launcher(x)
+    if launch is not None:
+        return quant_host.run_per_token(x, quant_host.QuantKind.SILU_MUL_PER_TOKEN, "x", launch)
+    return silu_mul_quant_torch(x)
+
+
+def _silu_mul_quant_fake(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    _check_silu_input(x)
+    half = x.shape[-1] // 2
+    shape = (*x.shape[:-1], half)
+    scale_shape = (*x.shape[:-1], ceil_div(half, GROUP))
+    return x.new_empty(shape, dtype=torch.float8_e4m3fn), empty_m_major(scale_shape, x.device)
+
+
+_silu_eager = plans.quantiser("silu", _check_silu_input, _silu_mul_quant_impl)
+
+
+def silu_mul_quant(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``SiLU(gate) * up`` quantised per token: the middle of a SwiGLU expert.
+
+    Args:
+        x: ``[m, 2I]`` (or ``[G, m, 2I]``) bfloat16 / float16 / float32, CPU or CUDA; columns ``[0, I)`` gate,
+            ``[I, 2I)`` up (the output of the ``w13`` GEMM).
+
+    Returns:
+        ``(y_fp8, scales)``: ``y_fp8`` ``[m, I]`` (``[G, m, I]``) float8_e4m3fn, contiguous; ``scales``
+        ``[m, ceil(I/128)]`` (``[G, m, ceil(I/128)]``) float32 in the M-major TMA-aligned layout, ready to be
+        ``sA`` of the next GEMM. Values: ``per_token_cast_to_fp8(F.silu(gate.float()) * up.float())``, in fp32.
+        On sm_90 one fused kernel (``y`` is never written to memory); elsewhere plain torch.
+    """
+    result = _silu_eager(x)  # eager: checks cached (deep_fp8_gemm._core.plans)
+    if result is not None:
+        return result
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    _check_silu_input(x)
+    return torch.ops.deep_fp8_gemm.silu_mul_quant.default(x)
+
+
+register_op("per_token_cast_to_fp8", "(Tensor x, bool use_ue8m0=False) -> (Tensor, Tensor)", _per_token_impl,
+            _per_token_fake)
+register_op("per_block_cast_to_fp8", "(Tensor w, bool use_ue8m0=False) -> (Tensor, Tensor)", _per_block_impl,
+            _per_block_fake)
+register_op("silu_mul_quant", "(Tensor x) -> (Tensor, Tensor)", _silu_mul_quant_impl, _silu_mul_quant_fake)

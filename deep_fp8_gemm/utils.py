@@ -9,14 +9,32 @@ import functools
 
 import torch
 
-#: Rows each expert segment of the contiguous grouped layout is padded to (= the largest BLOCK_M a grouped
-#: kernel may use, so that no M tile straddles two experts).
-_M_ALIGNMENT_FOR_CONTIGUOUS_LAYOUT = 128
+from .constants import DEFAULT_CONTIGUOUS_ALIGNMENT, DEFAULT_NUM_SMS
 
-#: SM count assumed when no CUDA device is visible (H100 / H800 / H200 SXM).
-_DEFAULT_NUM_SMS = 132
 
-_num_sms_override: int | None = None
+class ProcessSettings:
+    """Process-wide settings that change which kernel a call runs (today: the :func:`set_num_sms` override).
+
+    ``key`` is a tuple of every field, rebuilt whenever one changes and interned (equal settings give the same
+    tuple object): the per-call fast path reads it once per call as part of a plan's signature and compares it
+    by identity, so a new setting is a new plan, never a stale one, and going back to an old setting finds its
+    plans again. Shared by all threads (a setting is process state, as in the reference design).
+    """
+
+    __slots__ = ("num_sms_override", "key", "_interned")
+
+    def __init__(self) -> None:
+        self._interned: dict[tuple, tuple] = {}
+        self.update(num_sms_override=None)
+
+    def update(self, *, num_sms_override: int | None) -> None:
+        self.num_sms_override = num_sms_override
+        key = (num_sms_override,)
+        self.key = self._interned.setdefault(key, key)
+
+
+#: The one instance (read by ``_core.plans`` and ``distributed.sms``; written only through the setters here).
+PROCESS_SETTINGS = ProcessSettings()
 
 
 def ceil_div(a: int, b: int) -> int:
@@ -37,7 +55,7 @@ def get_tma_aligned_size(x: int, element_size: int) -> int:
     return ceil_div(x, alignment) * alignment
 
 
-def _m_major_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+def m_major_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     """Strides of the M-major, TMA-aligned layout for a ``[m, g]`` or ``[G, m, g]`` shape."""
     m, g = shape[-2], shape[-1]
     aligned_m = get_tma_aligned_size(m, 4)
@@ -49,7 +67,7 @@ def _m_major_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
 def empty_m_major(shape: tuple[int, ...], device: torch.device | str) -> torch.Tensor:
     """Uninitialised float32 tensor of ``shape`` (``[m, g]`` or ``[G, m, g]``) in the layout that
     :func:`get_col_major_tma_aligned_tensor` returns."""
-    return torch.empty_strided(shape, _m_major_strides(shape), dtype=torch.float32, device=device)
+    return torch.empty_strided(shape, m_major_strides(shape), dtype=torch.float32, device=device)
 
 
 def get_col_major_tma_aligned_tensor(s: torch.Tensor) -> torch.Tensor:
@@ -70,7 +88,7 @@ def get_col_major_tma_aligned_tensor(s: torch.Tensor) -> torch.Tensor:
     if s.dim() not in (2, 3):
         raise ValueError(f"s must be 2-D [m, g] or 3-D [G, m, g], got shape={tuple(s.shape)}")
     shape = tuple(s.shape)
-    strides = _m_major_strides(shape)
+    strides = m_major_strides(shape)
     if s.stride() == strides:
         return s
     out = torch.empty_strided(shape, strides, dtype=torch.float32, device=s.device)
@@ -85,7 +103,7 @@ def get_m_alignment_for_contiguous_layout() -> int:
     ``m_grouped_gemm_fp8_fp8_bf16_nt_contiguous`` requires ``m_sum`` to be a multiple of this and every
     expert's segment (including its -1 padding rows) to start at a multiple of it.
     """
-    return _M_ALIGNMENT_FOR_CONTIGUOUS_LAYOUT
+    return DEFAULT_CONTIGUOUS_ALIGNMENT
 
 
 def _device_num_sms() -> int | None:
@@ -112,23 +130,22 @@ def set_num_sms(num_sms: int) -> None:
     if num_sms < 1 or (device_sms is not None and num_sms > device_sms):
         upper = "the device's SM count" if device_sms is None else device_sms
         raise ValueError(f"num_sms must be in [1, {upper}], got {num_sms=} ({device_sms=})")
-    global _num_sms_override
-    _num_sms_override = num_sms
+    PROCESS_SETTINGS.update(num_sms_override=num_sms)
 
 
 def get_num_sms() -> int:
     """SMs the kernels may use: the value given to :func:`set_num_sms`, else the current CUDA device's
     multiprocessor count, else 132 (no CUDA device visible)."""
-    if _num_sms_override is not None:
-        return _num_sms_override
+    override = PROCESS_SETTINGS.num_sms_override
+    if override is not None:
+        return override
     device_sms = _device_num_sms()
-    return device_sms if device_sms is not None else _DEFAULT_NUM_SMS
+    return device_sms if device_sms is not None else DEFAULT_NUM_SMS
 
 
-def _reset_num_sms() -> None:
-    """Forget any :func:`set_num_sms` override (tests)."""
-    global _num_sms_override
-    _num_sms_override = None
+def reset_num_sms() -> None:
+    """Forget any :func:`set_num_sms` override: the device's SM count applies again."""
+    PROCESS_SETTINGS.update(num_sms_override=None)
 
 
 def calc_diff(x: torch.Tensor, y: torch.Tensor) -> float:
@@ -147,14 +164,3 @@ def calc_diff(x: torch.Tensor, y: torch.Tensor) -> float:
     if denominator == 0.0:
         return 0.0
     return float(1.0 - 2.0 * (x64 * y64).sum().item() / denominator)
-
-
-@functools.lru_cache(maxsize=None)
-def _cuda_capability_of_index(index: int) -> tuple[int, int]:
-    return torch.cuda.get_device_capability(index)
-
-
-def cuda_capability(device: torch.device) -> tuple[int, int]:
-    """Compute capability ``(major, minor)`` of a CUDA ``device`` (cached per device index)."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return _cuda_capability_of_index(index)

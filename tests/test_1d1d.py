@@ -39,8 +39,8 @@ def path(request, monkeypatch):
             pytest.skip("the simulator builds kernels with g++")
         from deep_fp8_gemm.kernels import gemm as gemm_module
 
-        real = gemm_module.run_1d1d
-        monkeypatch.setattr(gemm_module, "run_1d1d", lambda cfg, *args: (launched.append(cfg.kind), real(cfg, *args))[1])
+        real = gemm_module.launch_1d1d
+        monkeypatch.setattr(gemm_module, "launch_1d1d", lambda cfg, *args: (launched.append(cfg.kind), real(cfg, *args))[1])
         monkeypatch.setenv("DFG_SIMULATE", "1")
         monkeypatch.setenv("DFG_SIM_NUM_SMS", "3")
         # fp32-exact wgmma accumulation: these compare with float64 at fp32 tolerances (the tensor-core model

@@ -293,7 +293,7 @@ def test_demo_reports_missing_audit(monkeypatch, capsys):
     pytest.importorskip("deep_fp8_gemm")
     from deep_fp8_gemm import demo
 
-    monkeypatch.setitem(sys.modules, "deep_fp8_gemm.kernels.gemm", None)  # import fails like a missing module
+    monkeypatch.setitem(sys.modules, "deep_fp8_gemm.kernels.targets", None)  # import fails like a missing module
     message, records = demo.audit_layer(128)
     assert records is None and "unavailable" in message
 

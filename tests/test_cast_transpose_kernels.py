@@ -18,7 +18,7 @@ import torch
 
 import deep_fp8_gemm as dfg
 import deep_fp8_gemm.kernels.quant as kq
-from deep_fp8_gemm.cast_transpose import _cast_transpose_torch, _k_grouped_torch
+from deep_fp8_gemm.cast_transpose import cast_transpose_torch, k_grouped_torch
 from deep_fp8_gemm.utils import get_col_major_tma_aligned_tensor
 from tests._gpu import requires_sm90
 
@@ -54,12 +54,12 @@ def _input(m: int, n: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
 
 
 def expected_cast_transpose(x: torch.Tensor, ue8m0: bool):
-    x_fp8, x_sf, xt_fp8, xt_sf = _cast_transpose_torch(x, ue8m0)
+    x_fp8, x_sf, xt_fp8, xt_sf = cast_transpose_torch(x, ue8m0)
     return x_fp8, get_col_major_tma_aligned_tensor(x_sf), xt_fp8, get_col_major_tma_aligned_tensor(xt_sf)
 
 
 def expected_k_grouped(x: torch.Tensor, ks: list[int], ue8m0: bool):
-    flat, sf = _k_grouped_torch(x, ks, ue8m0)
+    flat, sf = k_grouped_torch(x, ks, ue8m0)
     return flat, get_col_major_tma_aligned_tensor(sf)
 
 
@@ -90,7 +90,7 @@ SIM_K_GROUPED_CASES = [
 @pytest.mark.parametrize("m,k,dtype,ue8m0,pad", SIM_CAST_TRANSPOSE_CASES)
 def test_sim_cast_transpose_matches_torch(m, k, dtype, ue8m0, pad):
     x = _input(m, k + pad, dtype, seed=m + k)[:, pad // 2: pad // 2 + k]
-    out = kq._cast_transpose(x, _sim_launch, ue8m0=ue8m0)
+    out = kq.run_cast_transpose(x, _sim_launch, ue8m0=ue8m0)
     expected = expected_cast_transpose(x, ue8m0)
     assert not _mismatches(out, expected)
     assert [t.stride() for t in out] == [t.stride() for t in expected]
@@ -103,7 +103,7 @@ def test_sim_cast_transpose_matches_torch(m, k, dtype, ue8m0, pad):
 @pytest.mark.parametrize("ks,n,dtype,ue8m0", SIM_K_GROUPED_CASES)
 def test_sim_k_grouped_matches_torch(ks, n, dtype, ue8m0):
     x = _input(sum(ks), n, dtype, seed=n)
-    out = kq._k_grouped(x, ks, _sim_launch, ue8m0=ue8m0)
+    out = kq.run_k_grouped_transpose(x, ks, _sim_launch, ue8m0=ue8m0)
     assert not _mismatches(out, expected_k_grouped(x, ks, ue8m0))
     assert out[1].stride() == (1, (n + 3) // 4 * 4)
 
@@ -118,10 +118,10 @@ def test_sim_under_adversarial_schedules(seed):
 
     m, k, dtype, _, _ = SIM_CAST_TRANSPOSE_CASES[0]
     x = _input(m, k, dtype, seed=seed)
-    assert not _mismatches(kq._cast_transpose(x, launch), expected_cast_transpose(x, False))
+    assert not _mismatches(kq.run_cast_transpose(x, launch), expected_cast_transpose(x, False))
     ks, n, dtype, ue8m0 = SIM_K_GROUPED_CASES[0]
     xg = _input(sum(ks), n, dtype, seed=seed)
-    assert not _mismatches(kq._k_grouped(xg, ks, launch, ue8m0=ue8m0), expected_k_grouped(xg, ks, ue8m0))
+    assert not _mismatches(kq.run_k_grouped_transpose(xg, ks, launch, ue8m0=ue8m0), expected_k_grouped(xg, ks, ue8m0))
 
 
 def test_host_rejects_what_the_kernels_cannot_address():
@@ -130,7 +130,7 @@ def test_host_rejects_what_the_kernels_cannot_address():
     with pytest.raises(ValueError, match="rank"):
         kq.transpose_cast_to_fp8_k_grouped_cuda(torch.zeros(128, dtype=torch.bfloat16), [128])
     with pytest.raises(ValueError, match=r"x.shape=\(0, 4\)"):
-        kq._cast_transpose(torch.zeros(0, 4), launch=lambda *a: None)
+        kq.run_cast_transpose(torch.zeros(0, 4), launch=lambda *a: None)
     assert ctypes_size() == 80
 
 
@@ -146,9 +146,9 @@ def test_empty_groups_launch_nothing():
     def no_launch(*args):
         raise AssertionError("nothing to launch")
 
-    flat, sf = kq._k_grouped(torch.zeros(0, 40), [0, 0], no_launch)
+    flat, sf = kq.run_k_grouped_transpose(torch.zeros(0, 40), [0, 0], no_launch)
     assert flat.numel() == 0 and sf.shape == (40, 0)
-    flat, sf = kq._k_grouped(torch.zeros(256, 0), [256], no_launch)
+    flat, sf = kq.run_k_grouped_transpose(torch.zeros(256, 0), [256], no_launch)
     assert flat.numel() == 0 and sf.shape == (0, 2)
 
 
@@ -188,11 +188,11 @@ def test_planted_bug_is_caught(bug, tmp_path, monkeypatch):
     try:
         if kind == "cast_transpose":
             x = _input(256, 160, torch.bfloat16, seed=1)
-            problems = _mismatches(kq._cast_transpose(x, _sim_launch), expected_cast_transpose(x, False))
+            problems = _mismatches(kq.run_cast_transpose(x, _sim_launch), expected_cast_transpose(x, False))
         else:
             ks = [128, 0, 256]
             x = _input(sum(ks), 48, torch.bfloat16, seed=2)
-            problems = _mismatches(kq._k_grouped(x, ks, _sim_launch), expected_k_grouped(x, ks, False))
+            problems = _mismatches(kq.run_k_grouped_transpose(x, ks, _sim_launch), expected_k_grouped(x, ks, False))
     except SimulationError as e:
         print(f"{bug}: simulator reported:\n{str(e)[:1000]}")
         return

@@ -80,7 +80,7 @@ def test_deepseek_shapes_pick_expected_families(m, n, k):
         assert cfg.multicast != "none" and cfg.block_m >= 128
 
 
-BASE = GemmConfig("dense", 7168, 2048, 1, 128, 128, 4, 1, 1, 16, 132)
+BASE = GemmConfig(kind="dense", shape_n=7168, shape_k=2048, num_groups=1, block_m=128, block_n=128, num_stages=4, cluster_m=1, cluster_n=1, band_width=16, grid_size=132)
 ILLEGAL = {
     "block_m": dict(block_m=96),
     "block_n not multiple of 16": dict(block_n=120),

@@ -41,8 +41,9 @@ def path(request, monkeypatch):
             pytest.skip("the simulator builds kernels with g++")
         from deep_fp8_gemm.kernels import gemm as gemm_module
 
-        real_run = gemm_module.run
-        monkeypatch.setattr(gemm_module, "run", lambda cfg, *args: (launched.append(cfg.kind), real_run(cfg, *args))[1])
+        real_run = gemm_module.launch_1d2d
+        monkeypatch.setattr(gemm_module, "launch_1d2d",
+                            lambda cfg, *args: (launched.append(cfg.kind), real_run(cfg, *args))[1])
         monkeypatch.setenv("DFG_SIMULATE", "1")
         monkeypatch.setenv("DFG_SIM_NUM_SMS", "3")
     yield request.param
@@ -250,9 +251,9 @@ def test_sglang_set_num_sms_around_a_call(path):
         deep_gemm.fp8_gemm_nt((a, sa), (b, sb), out)
     assert deep_gemm.get_num_sms() == before
     _assert_close(out, a, sa, b, sb)
-    from deep_fp8_gemm.utils import _reset_num_sms
+    from deep_fp8_gemm.utils import reset_num_sms
 
-    _reset_num_sms()
+    reset_num_sms()
 
 
 # ---------------------------------------------------------------------------------------------- layout helpers

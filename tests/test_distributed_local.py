@@ -38,16 +38,16 @@ def test_wire_roundtrip_is_bitwise():
 
 
 def test_reserve_sms_restores_the_previous_setting():
-    utils._reset_num_sms()
+    utils.reset_num_sms()
     total = deep_fp8_gemm.get_num_sms()
     with reserve_sms(20) as left:
         assert left == total - 20 == deep_fp8_gemm.get_num_sms()
-    assert deep_fp8_gemm.get_num_sms() == total and utils._num_sms_override is None
+    assert deep_fp8_gemm.get_num_sms() == total and utils.PROCESS_SETTINGS.num_sms_override is None
     deep_fp8_gemm.set_num_sms(100)
     try:
         with reserve_sms(0):
             assert deep_fp8_gemm.get_num_sms() == 100
-        assert utils._num_sms_override == 100
+        assert utils.PROCESS_SETTINGS.num_sms_override == 100
         with pytest.raises(ValueError, match="num_comm_sms"):
             with reserve_sms(100):
                 pass
@@ -55,7 +55,7 @@ def test_reserve_sms_restores_the_previous_setting():
             with reserve_sms(1.5):
                 pass
     finally:
-        utils._reset_num_sms()
+        utils.reset_num_sms()
 
 
 def test_needs_an_initialised_process_group():

@@ -23,8 +23,9 @@ import inspect
 import pytest
 import torch
 
-from deep_fp8_gemm import validation
+from deep_fp8_gemm import ops, validation
 from deep_fp8_gemm.config import SMEM_LIMIT, GemmConfig, check_config
+from deep_fp8_gemm.config import k_grouped_config
 from deep_fp8_gemm.kernels import gemm
 from deep_fp8_gemm.kernels import quant as kq
 from deep_fp8_gemm.runtime import driver as drv
@@ -72,9 +73,9 @@ def check_gemm_case(case: dict) -> GemmConfig:
         validation.check_contiguous(a, sa, b, sb, out, torch.empty(a_shape[0], dtype=torch.int32))
     else:
         validation.check_masked(a, sa, b, sb, out, torch.empty(groups, dtype=torch.int32), expected_m)
-    cfg = case.get("config") or gemm.problem_config(kind, a, b, expected_m, NUM_SMS)
+    cfg = case.get("config") or ops.FAMILIES[kind].plan(a, b, expected_m, NUM_SMS)
     check_config(cfg)
-    for spec in gemm.tensor_map_specs(cfg, a, get_col_major_tma_aligned_tensor(sa), b, out):
+    for spec in gemm.tensor_map_specs_1d2d(cfg, a, get_col_major_tma_aligned_tensor(sa), b, out):
         spec.validate()
     _launch(cfg.grid_size, cfg.num_threads, cfg.cluster_size, cfg.smem_bytes)
     return cfg
@@ -90,7 +91,7 @@ def check_k_grouped_case(case: tuple) -> None:
     sa, sb = torch.empty(m, k_sum // 128), torch.empty(n, k_sum // 128)
     d, c = torch.empty(len(ks), m, n), torch.empty(len(ks), m, n)
     wgrad.check_k_grouped(a, sa, b, sb, d, ks, torch.tensor(ks, dtype=torch.int32), c)
-    cfg = gemm.k_grouped_config(m, n, len(ks), NUM_SMS)
+    cfg = k_grouped_config(m, n, len(ks), NUM_SMS)
     check_config(cfg)
     group_maps = gemm.k_grouped_map_args(cfg, a, b, m, n, ks)
     assert len(group_maps) == 2 * len(ks)
@@ -110,19 +111,19 @@ def check_quant_call(fn: str, shape: tuple[int, ...], dtype: torch.dtype) -> Non
     """The fused quantisers' host path (kernels/quant.py) on a CPU tensor, launching nothing."""
     x = torch.empty(shape, dtype=dtype)
     if fn == "per_block":
-        kq._per_block(x, launch=_check_quant_launch)
+        kq.run_per_block(x, launch=_check_quant_launch)
     else:
         kind = kq.QuantKind.PER_TOKEN if fn == "per_token" else kq.QuantKind.SILU_MUL_PER_TOKEN
-        kq._per_token(x, kind, "x", launch=_check_quant_launch)
+        kq.run_per_token(x, kind, "x", launch=_check_quant_launch)
 
 
 def check_transpose_call(fn: str, shape: tuple, dtype: torch.dtype) -> None:
     """The cast-transpose kernels' host path on a CPU tensor (shape: (m, k), or (ks, n) for k_grouped)."""
     if fn == "cast_transpose":
-        kq._cast_transpose(torch.empty(shape, dtype=dtype), launch=_check_quant_launch)
+        kq.run_cast_transpose(torch.empty(shape, dtype=dtype), launch=_check_quant_launch)
     else:
         ks, n = shape
-        kq._k_grouped(torch.empty(sum(ks), n, dtype=dtype), list(ks), launch=_check_quant_launch)
+        kq.run_k_grouped_transpose(torch.empty(sum(ks), n, dtype=dtype), list(ks), launch=_check_quant_launch)
 
 
 def check_tma_case(case: tuple) -> None:
@@ -168,17 +169,19 @@ def layer_launches() -> tuple[list[dict], list[tuple]]:
     tests/test_nn.py, tests/test_validation.py), recorded by running the same calls on CPU tensors (same shapes;
     the CPU path computes with the reference) with the ops' device dispatch and the torch quantisers wrapped."""
     import deep_fp8_gemm as dfg_pkg
-    from deep_fp8_gemm import moe, nn as dfg_nn, ops, quant
-    from tests import test_moe, test_nn, test_validation
+    from deep_fp8_gemm import moe, nn as dfg_nn, quant
+    from tests import _gemm_cases, test_moe, test_nn
 
     gemms, quants = [], []
-    dispatch, per_token, per_block, silu = (ops._dispatch, quant.per_token_cast_to_fp8_torch,
-                                            quant.per_block_cast_to_fp8_torch, moe._silu_mul_quant_torch)
+    per_token, per_block, silu = (quant.per_token_cast_to_fp8_torch, quant.per_block_cast_to_fp8_torch,
+                                  quant.silu_mul_quant_torch)
 
-    def record_gemm(kind, a, sa, b, sb, out, grouped_layout=None, expected_m=None):
-        gemms.append(dict(kind=kind, a_shape=tuple(a.shape), n=b.shape[-2], k=b.shape[-1],
-                          groups=b.shape[0] if b.dim() == 3 else None, expected_m=expected_m, test="layer"))
-        return dispatch(kind, a, sa, b, sb, out, grouped_layout, expected_m)
+    def gemm_recorder(kind, dispatch):
+        def record_gemm(a, sa, b, sb, out, grouped_layout=None, expected_m=None):
+            gemms.append(dict(kind=kind, a_shape=tuple(a.shape), n=b.shape[-2], k=b.shape[-1],
+                              groups=b.shape[0] if b.dim() == 3 else None, expected_m=expected_m, test="layer"))
+            return dispatch(a, sa, b, sb, out, grouped_layout, expected_m)
+        return record_gemm
 
     def recorder(name, fn):
         def wrapped(x, *args):
@@ -187,10 +190,12 @@ def layer_launches() -> tuple[list[dict], list[tuple]]:
         return wrapped
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(ops, "_dispatch", record_gemm)
+        for kind in ("dense", "contiguous", "masked", "psum"):  # the family records: the one dispatch seam
+            family = ops.FAMILIES[kind]
+            mp.setattr(family, "dispatch", gemm_recorder(kind, family.dispatch))
         mp.setattr(quant, "per_token_cast_to_fp8_torch", recorder("per_token", per_token))
         mp.setattr(quant, "per_block_cast_to_fp8_torch", recorder("per_block", per_block))
-        mp.setattr(moe, "_silu_mul_quant_torch", recorder("silu_mul", silu))
+        mp.setattr(quant, "silu_mul_quant_torch", recorder("silu_mul", silu))
         E, H, I = test_moe.E, test_moe.H, test_moe.I  # noqa: E741
         layer = moe.FP8MoE.from_weights(torch.randn(E, 2 * I, H, dtype=torch.bfloat16),
                                         torch.randn(E, H, I, dtype=torch.bfloat16))
@@ -208,9 +213,9 @@ def layer_launches() -> tuple[list[dict], list[tuple]]:
         fp8(torch.randn(64, 7168, dtype=torch.bfloat16))
         # test_validation.test_cuda_sm90_matches_reference
         before = len(quants)
-        args = test_validation._dense_args()  # operands quantised on the CPU there as well
+        args = _gemm_cases.dense_args()  # operands quantised on the CPU there as well
         del quants[before:]
-        test_validation._call("dense", args)
+        _gemm_cases.call_gemm("dense", args)
     return gemms, quants
 
 
@@ -250,10 +255,10 @@ def test_gpu_cases_cover_the_kernels_tensor_maps():
              for t, tma_dtype, swizzle, rows in test_gpu_jit.TMA_CASES}
     for block_m in (64, 128, 256):  # wg_rows 64 and 128
         block_n = 112 if block_m == 256 else 128
-        cfg = GemmConfig("dense", 4096, 1024, 1, block_m, block_n, 3, 1, 1, 16, NUM_SMS)
+        cfg = GemmConfig(kind="dense", shape_n=4096, shape_k=1024, num_groups=1, block_m=block_m, block_n=block_n, num_stages=3, cluster_m=1, cluster_n=1, band_width=16, grid_size=NUM_SMS)
         a, sa = torch.empty(256, 1024, dtype=FP8), get_col_major_tma_aligned_tensor(torch.empty(256, 8))
         b, out = torch.empty(4096, 1024, dtype=FP8), torch.empty(256, 4096, dtype=torch.bfloat16)
-        maps = gemm.tensor_map_args(cfg, a, sa, b, out)
+        maps = gemm.tensor_map_args_1d2d(cfg, a, sa, b, out)
         for dtype, _, _, _, box, swizzle in maps:
             assert (dtype, swizzle) in covered, f"no TMA round trip for ({dtype.name}, {swizzle.name})"
         d_dtype, _, _, _, d_box, d_swizzle = maps[3]

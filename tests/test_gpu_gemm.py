@@ -17,11 +17,11 @@ import torch
 import deep_fp8_gemm as dfg
 from deep_fp8_gemm import calc_diff, reference
 from deep_fp8_gemm.config import GemmConfig, check_config
-from deep_fp8_gemm.kernels import gemm
+from deep_fp8_gemm.kernels import gemm, targets
 
 pytestmark = pytest.mark.gpu
 
-DEEPSEEK_V3_DENSE = gemm.DEEPSEEK_V3_DENSE
+DEEPSEEK_V3_DENSE = targets.DEEPSEEK_V3_DENSE
 
 
 def operands(m_shape, n, k, groups=None, seed=0):
@@ -80,7 +80,7 @@ GPU_CASE_TABLES = (DEEPSEEK_V3_DENSE, DENSE_MS, DENSE_ODD, FORCED_NAMES, CONTIGU
 def forced_config(name: str) -> tuple[int, GemmConfig]:
     """``(m, config)`` of a FORCED case (band width 16 n-blocks, 132 SMs)."""
     m, n, k, bm, bn, stages, cluster = FORCED[name]
-    return m, GemmConfig("dense", n, k, 1, bm, bn, stages, cluster[0], cluster[1], 16 // cluster[1], 132)
+    return m, GemmConfig(kind="dense", shape_n=n, shape_k=k, num_groups=1, block_m=bm, block_n=bn, num_stages=stages, cluster_m=cluster[0], cluster_n=cluster[1], band_width=16 // cluster[1], grid_size=132)
 
 
 def contiguous_sizes(num_groups: int, m_per_group: int) -> list[int]:
@@ -168,7 +168,7 @@ def test_dense_forced_configs(case):
     n, k = cfg.shape_n, cfg.shape_k
     a, sa, b, sb = operands((m,), n, k, seed=3)
     out = nan_like((m, n))
-    gemm.run(cfg, a, dfg.get_col_major_tma_aligned_tensor(sa), b, sb, out, None, backend="cuda")
+    gemm.launch_1d2d(cfg, a, dfg.get_col_major_tma_aligned_tensor(sa), b, sb, out, None, backend="cuda")
     ref = torch.empty_like(out)
     reference.gemm_fp8_fp8_bf16_nt((a, sa), (b, sb), ref)
     torch.cuda.synchronize()

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 import deep_fp8_gemm as dfg
 from deep_fp8_gemm import calc_diff, reference
 from deep_fp8_gemm.config import GemmConfig, check_config
-from deep_fp8_gemm.kernels import gemm
+from deep_fp8_gemm.kernels import gemm, targets
 from deep_fp8_gemm.kernels import quant as kq
 from deep_fp8_gemm.quant import per_block_cast_to_fp8_torch, per_token_cast_to_fp8_torch
 from tests.test_gpu_gemm import contiguous_rows, nan_like, operands
@@ -41,7 +41,7 @@ GPU_CASE_TABLES = (SMOKE_DENSE, SMOKE_FORCED_NAMES, SMOKE_CONTIGUOUS, SMOKE_MASK
 
 def forced_config(name: str) -> tuple[int, GemmConfig]:
     m, n, k, bm, bn, stages, cluster = SMOKE_FORCED[name]
-    return m, GemmConfig("dense", n, k, 1, bm, bn, stages, cluster[0], cluster[1], 16 // cluster[1], 132)
+    return m, GemmConfig(kind="dense", shape_n=n, shape_k=k, num_groups=1, block_m=bm, block_n=bn, num_stages=stages, cluster_m=cluster[0], cluster_n=cluster[1], band_width=16 // cluster[1], grid_size=132)
 
 
 def launch_cases() -> list[dict]:
@@ -85,7 +85,7 @@ def test_smoke_multicast(name):
     check_config(cfg)
     a, sa, b, sb = operands((m,), cfg.shape_n, cfg.shape_k, seed=2)
     out, ref = nan_like((m, cfg.shape_n)), torch.empty(m, cfg.shape_n, device="cuda", dtype=torch.bfloat16)
-    gemm.run(cfg, a, dfg.get_col_major_tma_aligned_tensor(sa), b, sb, out, None, backend="cuda")
+    gemm.launch_1d2d(cfg, a, dfg.get_col_major_tma_aligned_tensor(sa), b, sb, out, None, backend="cuda")
     reference.gemm_fp8_fp8_bf16_nt((a, sa), (b, sb), ref)
     _check(out, ref)
 

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 import deep_fp8_gemm as dfg
-from deep_fp8_gemm import calc_diff, reference, split_k
+from deep_fp8_gemm import calc_diff, reference
+from deep_fp8_gemm.kernels import split_k
 from deep_fp8_gemm.config import check_config, get_config
 from deep_fp8_gemm.kernels import gemm
 
@@ -54,7 +55,7 @@ def test_forced_split(case):
     check_config(cfg)
     a, sa, b, sb = operands((m,), n, k, seed=splits)
     out = nan_like((m, n))
-    gemm.run(cfg, a, dfg.get_col_major_tma_aligned_tensor(sa), b, sb, out, None, backend="cuda")
+    gemm.launch_1d2d(cfg, a, dfg.get_col_major_tma_aligned_tensor(sa), b, sb, out, None, backend="cuda")
     ref = _reference(a, sa, b, sb, m, n)
     torch.cuda.synchronize()
     assert not out.isnan().any() and calc_diff(out, ref) < 1e-3

@@ -61,8 +61,8 @@ def simulate_k_grouped(monkeypatch) -> list:
     from deep_fp8_gemm.kernels import gemm as gemm_module
 
     launched = []
-    real = gemm_module.run_k_grouped
-    monkeypatch.setattr(gemm_module, "run_k_grouped",
+    real = gemm_module.launch_k_grouped
+    monkeypatch.setattr(gemm_module, "launch_k_grouped",
                         lambda cfg, *args: (launched.append(cfg.kind), real(cfg, *args))[1])
     monkeypatch.setenv("DFG_SIMULATE", "1")
     monkeypatch.setenv("DFG_SIM_NUM_SMS", "3")

@@ -354,7 +354,7 @@ def test_real_1d1d_kernel():
 def test_real_k_grouped_kernel():
     """The k-grouped kind (run-time K per group): the 1D1D math loop found in the run-time ring walk, A_g and
     B_g loaded through the per-group maps."""
-    from deep_fp8_gemm.kernels.gemm import k_grouped_config
+    from deep_fp8_gemm.config import k_grouped_config
 
     _check_fp32_accumulate_loops("k_grouped", k_grouped_config(4096, 7168, 8, 132))
 
@@ -387,11 +387,12 @@ def test_producer_figure_equals_a_hand_count(which):
     block is its loop's static instruction count (one wait per iteration): the cluster producer's 5 static
     loads (multicast and unicast variants) and the wgrad producers' 4 (sB too) no longer scale it."""
     from deep_fp8_gemm.config import GemmConfig, get_config
-    from deep_fp8_gemm.kernels.gemm import k_grouped_config, render_source
+    from deep_fp8_gemm.config import k_grouped_config
+    from deep_fp8_gemm.kernels.gemm import render_source
     from deep_fp8_gemm.runtime.compiler import compile_kernel
     from deep_fp8_gemm.runtime.sass import disassemble
 
-    cfg = {"dense_cluster_multicast_b": lambda: GemmConfig("dense", 2112, 7168, 1, 128, 144, 5, 2, 1, 16, 132),
+    cfg = {"dense_cluster_multicast_b": lambda: GemmConfig(kind="dense", shape_n=2112, shape_k=7168, num_groups=1, block_m=128, block_n=144, num_stages=5, cluster_m=2, cluster_n=1, band_width=16, grid_size=132),
            "1d1d": lambda: get_config(7168, 7168, 4096, 1, "1d1d", 132),
            "k_grouped": lambda: k_grouped_config(4096, 7168, 8, 132)}[which]()
     sass = disassemble(compile_kernel(cfg.kernel_name(), render_source(cfg)).cubin)

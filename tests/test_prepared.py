@@ -1,9 +1,10 @@
-"""The eager ops' cached-signature path (deep_fp8_gemm.prepared): nothing it skips can let a bad call through,
+"""The eager ops' cached-signature path (deep_fp8_gemm._core.plans): nothing it skips can let a bad call through,
 and on a GPU it launches exactly what the uncached path launches.
 
 The GPU side runs on the CPU: the driver is tests/test_driver.py's FakeDriver (real binding types), tensor maps
 are "encoded" into bytes that identify their arguments, and ``runtime.target`` maps CPU tensors to GPU 0, so
-the plan's parameter bytes can be compared with those of ``kernels.gemm.launch`` / ``kernels.quant``.
+the plan's parameter bytes can be compared with those of the families' own launch (``kernels.gemm.launch_1d2d`` with
+the family's config) / ``kernels.quant``.
 """
 
 from __future__ import annotations
@@ -15,16 +16,16 @@ import pytest
 import torch
 
 import deep_fp8_gemm as dfg
-from deep_fp8_gemm import prepared, utils
+from deep_fp8_gemm import ops, prepared, utils
+from deep_fp8_gemm._core import plans
 from deep_fp8_gemm.kernels import gemm
 from deep_fp8_gemm.kernels import quant as kq
 from deep_fp8_gemm.runtime import driver as drv
 from deep_fp8_gemm.runtime import target
 from tests.test_driver import FakeDriver
-from tests.test_validation import BUILDERS as _VALIDATION_BUILDERS
-from tests.test_validation import CASES as _VALIDATION_CASES
-from tests.test_validation import COMMON, _offset_view
-from tests.test_validation import _call as _validation_call
+from tests._gemm_cases import BUILDERS as _VALIDATION_BUILDERS
+from tests._gemm_cases import CASES as _VALIDATION_CASES
+from tests._gemm_cases import COMMON, call_gemm as _validation_call, offset_view as _offset_view
 
 _QUANT_FIELDS = struct.Struct("<7Q4I")
 _PSUM_VALID_ROWS = 100
@@ -109,9 +110,7 @@ def test_each_kind_of_change_is_caught_on_the_fast_path(kind, change):
     alignment (and overlap). Pointer-only changes hit the cached plan (no new plan) and still raise."""
     args = BUILDERS[kind]()
     _call(kind, dict(args))
-    plans = {"dense": prepared._dense_plans, "contiguous": prepared._contiguous_plans,
-             "masked": prepared._masked_plans, "psum": prepared._psum_plans}[kind]
-    assert len(plans) == 1
+    assert prepared.stats()[kind][0] == 1
     out = args["out"]
     changed = {
         "shape": out[..., :8],  # [.., 8] instead of [.., N]
@@ -125,7 +124,7 @@ def test_each_kind_of_change_is_caught_on_the_fast_path(kind, change):
     with pytest.raises(error, match="out"):
         _call(kind, dict(args, out=changed))
     if change in ("alignment", "overlap"):
-        assert len(plans) == 1, "a pointer-only change must be checked on the cached plan"
+        assert prepared.stats()[kind][0] == 1, "a pointer-only change must be checked on the cached plan"
     _call(kind, dict(args))  # and the cached plan still serves valid calls
 
 
@@ -142,12 +141,15 @@ def test_cached_calls_compute_the_reference(kind):
             assert torch.equal(got, want)
 
 
-def test_set_num_sms_is_part_of_the_signature(monkeypatch):
+def test_set_num_sms_is_part_of_the_signature():
     args = BUILDERS["dense"]()
     _call("dense", dict(args))
-    monkeypatch.setattr(utils, "_num_sms_override", 7)
-    _call("dense", dict(args))
-    assert len(prepared._dense_plans) == 2
+    utils.set_num_sms(7)
+    try:
+        _call("dense", dict(args))
+    finally:
+        utils.reset_num_sms()
+    assert prepared.stats()["dense"][0] == 2
 
 
 def test_guard_index_serves_several_signatures_per_weight():
@@ -163,7 +165,7 @@ def test_guard_index_serves_several_signatures_per_weight():
             out = torch.full_like(ref, 3.0)
             _call("dense", dict(base, out=out))
             assert torch.equal(out, ref)
-    assert len(prepared._dense_plans) == 2 and len(prepared._dense_index[id(args["b"])]) == 2
+    assert prepared.stats()["dense"][0] == 2 and len(plans.GEMM_ENTRIES["dense"].index[id(args["b"])]) == 2
 
 
 def test_guard_entry_of_another_signature_is_never_used():
@@ -171,9 +173,10 @@ def test_guard_entry_of_another_signature_is_never_used():
     weight's id is reused) is skipped and the call is checked and planned for what it is."""
     args = BUILDERS["dense"]()
     other = BUILDERS["contiguous"]()  # different B shape
-    wrong = prepared.GemmPlan("dense", args["a"], args["sa"], args["b"], args["sb"], args["out"], None, None)
-    guard = prepared._guard(other["a"], other["sa"], other["b"][0], other["sb"][0], other["out"])
-    prepared._dense_index[id(args["b"])] = [(guard, None, wrong)]
+    wrong = plans.GemmPlan(plans.GEMM_ENTRIES["dense"].spec, args["a"], args["sa"], args["b"], args["sb"], args["out"],
+                           None, None)
+    plans.inject_guard_for_tests("dense", args["b"],
+                                 (other["a"], other["sa"], other["b"][0], other["sb"][0], other["out"]), wrong)
     bad = dict(args, out=args["out"].float())
     with pytest.raises(TypeError, match="out"):
         _call("dense", bad)
@@ -185,11 +188,11 @@ def test_guard_entry_of_another_signature_is_never_used():
 
 
 def test_without_torch_guards_the_signature_dict_serves(monkeypatch):
-    monkeypatch.setattr(prepared, "_TensorGuards", None)
+    monkeypatch.setattr(plans, "TENSOR_GUARDS", None)
     args = BUILDERS["masked"]()
     _call("masked", dict(args))
     _call("masked", dict(args))
-    assert len(prepared._masked_plans) == 1 and not prepared._masked_index
+    assert prepared.stats()["masked"] == (1, 0)
     with pytest.raises(ValueError, match="out"):
         _call("masked", dict(args, out=args["out"][..., :8]))
 
@@ -214,15 +217,13 @@ def test_expected_m_bool_is_rejected_after_an_int_call(kind):
 def test_psum_plan_checks_the_group_ends_before_running_on_a_cpu(monkeypatch, ends):
     """A cached CPU plan checks the ends itself on every call, before the reference or the simulator (which
     must not see bad ones) runs: same message as the uncached op."""
-    from deep_fp8_gemm import ops
-
     args = BUILDERS["psum"]()
     _call("psum", dict(args))
     bad = dict(args, grouped_layout=torch.tensor(ends, dtype=torch.int32))
-    monkeypatch.setattr(ops, "_dispatch", lambda *a, **k: pytest.fail("bad group ends reached the kernel"))
+    monkeypatch.setattr(ops.FAMILIES["psum"], "dispatch", lambda *a, **k: pytest.fail("bad group ends reached the kernel"))
     with pytest.raises(ValueError, match="grouped_layout") as warm:
         _call("psum", dict(bad))
-    assert len(prepared._psum_plans) == 1
+    assert prepared.stats()["psum"][0] == 1
     prepared.clear()
     with pytest.raises(ValueError) as cold:
         _call("psum", dict(bad))
@@ -233,7 +234,7 @@ def test_psum_expected_m_is_part_of_the_signature():
     args = BUILDERS["psum"]()
     for expected_m in (None, 64, None, 64):
         _call("psum", dict(args, expected_m=expected_m))
-    assert len(prepared._psum_plans) == 2
+    assert prepared.stats()["psum"][0] == 2
 
 
 def test_quantiser_options_are_checked_and_keyed():
@@ -321,12 +322,12 @@ def fake_gpu(monkeypatch):
         monkeypatch.setattr(target, "current_device", lambda: 0)
 
     fake.on = on
-    gemm._cuda_kernel.cache_clear()
+    gemm.cuda_kernel.cache_clear()
     kq._loaded.clear()
     fake.specs = specs
     yield fake
     drv._reset_for_tests()
-    gemm._cuda_kernel.cache_clear()
+    gemm.cuda_kernel.cache_clear()
     kq._loaded.clear()
 
 
@@ -335,14 +336,19 @@ def _grouped(kind, args):
             "psum": args.get("grouped_layout")}[kind]
 
 
+def _uncached_launch(kind, args, out) -> None:
+    """What the general path launches for these tensors: the family's config, ``kernels.gemm.launch_1d2d``."""
+    cfg = ops.FAMILIES[kind].plan(args["a"], args["b"], args.get("expected_m"), utils.get_num_sms())
+    gemm.launch_1d2d(cfg, args["a"], args["sa"], args["b"], args["sb"], out, _grouped(kind, args), "cuda")
+
+
 @pytest.mark.parametrize("kind", list(BUILDERS))
 def test_plan_launches_what_the_uncached_path_launches(fake_gpu, kind):
     args = _canonical(BUILDERS[kind]())
     fake_gpu.on()
     _call(kind, dict(args))
     fast = fake_gpu.launches[-1]
-    gemm.launch(kind, args["a"], args["sa"], args["b"], args["sb"], args["out"], grouped_layout=_grouped(kind, args),
-                expected_m=args.get("expected_m"), backend="cuda")
+    _uncached_launch(kind, args, args["out"])
     slow = fake_gpu.launches[-1]
     assert len(fake_gpu.launches) == 2
     for field in ("params", "grid", "block", "smem", "stream", "attrs", "function"):
@@ -361,11 +367,9 @@ def test_plan_reencodes_only_new_pointers(fake_gpu, kind):
     out2 = torch.zeros_like(args["out"])
     _call(kind, dict(args, out=out2))  # only D's map is new (the others hit the driver's cache)
     assert len(fake_gpu.specs) == encoded + 1 and fake_gpu.specs[-1].global_address == out2.data_ptr()
-    gemm.launch(kind, args["a"], args["sa"], args["b"], args["sb"], out2, grouped_layout=_grouped(kind, args),
-                expected_m=args.get("expected_m"), backend="cuda")
+    _uncached_launch(kind, args, out2)
     assert fake_gpu.launches[-1]["params"] == fake_gpu.launches[-2]["params"]
-    assert (len(prepared._dense_plans) + len(prepared._contiguous_plans) + len(prepared._masked_plans)
-            + len(prepared._psum_plans)) == 1
+    assert sum(prepared.stats()[k][0] for k in ("dense", "contiguous", "masked", "psum")) == 1
 
 
 def test_psum_plan_never_reads_the_group_ends_on_a_gpu(fake_gpu, monkeypatch):
@@ -376,7 +380,7 @@ def test_psum_plan_never_reads_the_group_ends_on_a_gpu(fake_gpu, monkeypatch):
     _call("psum", dict(args))
     monkeypatch.setattr(torch.Tensor, "tolist", lambda self: pytest.fail("the group ends were read"))
     _call("psum", dict(args, grouped_layout=torch.tensor([100, 50], dtype=torch.int32)))
-    assert len(fake_gpu.launches) == 2 and len(prepared._psum_plans) == 1
+    assert len(fake_gpu.launches) == 2 and prepared.stats()["psum"][0] == 1
 
 
 def test_plan_normalises_row_major_scales_on_every_call(fake_gpu):
@@ -425,14 +429,14 @@ def test_quant_plan_launches_what_the_uncached_path_launches(fake_gpu, name, kin
         captured.update(config=config, params=bytes(params), grid=grid)
 
     if name == "per_block":
-        ref_out, ref_scales = kq._per_block(x, launch=capture, ue8m0=ue8m0)
+        ref_out, ref_scales = kq.run_per_block(x, launch=capture, ue8m0=ue8m0)
     else:
-        ref_out, ref_scales = kq._per_token(x, kind, "x", launch=capture, ue8m0=ue8m0)
+        ref_out, ref_scales = kq.run_per_token(x, kind, "x", launch=capture, ue8m0=ue8m0)
     got, want = _QUANT_FIELDS.unpack(fast["params"][:72]), _QUANT_FIELDS.unpack(captured["params"])
     assert got[0] == want[0] == x.data_ptr() and got[3:] == want[3:]
     assert got[1] == out.data_ptr() and got[2] == scales.data_ptr()
     assert fast["grid"][0] == captured["grid"]
-    assert fast["function"] == int(kq._kernel(captured["config"], 0).kernel)
+    assert fast["function"] == int(kq.cuda_kernel(captured["config"], 0).kernel)
     assert captured["config"].vectorized == (offset == 0) and captured["config"].ue8m0 == ue8m0
     for t, ref in ((out, ref_out), (scales, ref_scales)):
         assert (t.shape, t.stride(), t.dtype) == (ref.shape, ref.stride(), ref.dtype)
@@ -489,9 +493,9 @@ def _quant_reference(name, x, kind):
         captured.update(config=config, params=bytes(params), grid=grid)
 
     if name == "per_block":
-        kq._per_block(x, launch=capture, ue8m0=False)
+        kq.run_per_block(x, launch=capture, ue8m0=False)
     else:
-        kq._per_token(x, kind, "x", launch=capture, ue8m0=False)
+        kq.run_per_token(x, kind, "x", launch=capture, ue8m0=False)
     return _QUANT_FIELDS.unpack(captured["params"])
 
 
@@ -528,7 +532,7 @@ def test_quant_plan_packs_each_calls_pointers_on_any_thread(fake_gpu, name, kind
         assert got[3:] == want[3:]
         addresses.add(results[i, "launch"]["params_address"])
     assert len(addresses) == 2  # the plan's block (main thread) and the other thread's slot
-    assert len(prepared._quant_plans) == 1
+    assert prepared.stats()["quant"][0] == 1
 
 
 @pytest.mark.parametrize("name", list(_QUANTISERS))
@@ -569,13 +573,13 @@ def test_quant_fast_path_checks_context_device_stream_alignment_and_errors(fake_
     from tests.test_driver import INVALID_VALUE
 
     allocations = []
-    fast_empty = prepared._empty_cpu
+    fast_empty = plans.ALLOCATORS["cpu"]
 
     def counting(*args):
         allocations.append(args)
         return fast_empty(*args)
 
-    monkeypatch.setattr(prepared, "_empty_cpu", counting)  # read when the plan is built
+    monkeypatch.setitem(plans.ALLOCATORS, "cpu", counting)  # read when the plan is built
     fake_gpu.param_sizes = [72]
     base = torch.randn(96 * 512 + 2, dtype=torch.bfloat16)
     x, x_odd = base[:-2].view(96, 512), base[2:].view(96, 512)  # same signature; x_odd 4-byte aligned only
@@ -613,7 +617,7 @@ def test_quant_fast_path_checks_context_device_stream_alignment_and_errors(fake_
 
     scalar = quant(x_odd)["function"]  # misaligned input of the vectorised plan: the scalar kernel
     assert scalar != vectorized and quant(x)["function"] == vectorized
-    assert len(prepared._quant_plans) == 1
+    assert prepared.stats()["quant"][0] == 1
 
     fake_gpu.fail["cuLaunchKernelEx"] = INVALID_VALUE
     with pytest.raises(drv.CudaDriverError, match=r"cuLaunchKernelEx\("):
@@ -621,11 +625,11 @@ def test_quant_fast_path_checks_context_device_stream_alignment_and_errors(fake_
 
 
 def test_split_k_plan_packs_the_workspace_of_its_stream(fake_gpu, monkeypatch):
-    """A few-tile dense shape (split-K, deep_fp8_gemm/split_k.py): the plan launches the same params as the
+    """A few-tile dense shape (split-K, deep_fp8_gemm/kernels/split_k.py): the plan launches the same params as the
     uncached path, the workspace's counter and partial addresses at offset 560, one workspace per stream."""
-    from deep_fp8_gemm import split_k
+    from deep_fp8_gemm.kernels import split_k
 
-    monkeypatch.setattr(utils, "_num_sms_override", 132)
+    utils.set_num_sms(132)
     split_k.clear()
     m, n, k = 16, 576, 7168
     a, sa = dfg.per_token_cast_to_fp8(torch.randn(m, k))
@@ -637,7 +641,7 @@ def test_split_k_plan_packs_the_workspace_of_its_stream(fake_gpu, monkeypatch):
     fake_gpu.on()
     dfg.gemm_fp8_fp8_bf16_nt((a, sa), (b, sb), out)
     fast = fake_gpu.launches[-1]
-    gemm.launch("dense", a, sa, b, sb, out, backend="cuda")
+    gemm.launch_1d2d(cfg, a, sa, b, sb, out, None, "cuda")
     slow = fake_gpu.launches[-1]
     assert fast["params"] == slow["params"] and fast["grid"] == slow["grid"] == (cfg.grid_size, 1, 1)
     counters, partials = split_k.buffers(cfg, m, a.device, 0x77)
@@ -649,3 +653,4 @@ def test_split_k_plan_packs_the_workspace_of_its_stream(fake_gpu, monkeypatch):
     assert fake_gpu.launches[-1]["params"][560:576] == struct.pack("<QQ", other[0].data_ptr(), other[1].data_ptr())
     assert other[0].data_ptr() != counters.data_ptr()
     split_k.clear()
+    utils.reset_num_sms()

@@ -213,9 +213,9 @@ def emulated(tmp_path_factory):
     class Emulated:
         """The host code of kernels/quant.py (minus the CUDA device check) driving the CPU emulation."""
 
-        per_token_cast_to_fp8_cuda = staticmethod(lambda x: kq._per_token(x, kq.QuantKind.PER_TOKEN, "x", launch))
-        silu_mul_quant_cuda = staticmethod(lambda x: kq._per_token(x, kq.QuantKind.SILU_MUL_PER_TOKEN, "x", launch))
-        per_block_cast_to_fp8_cuda = staticmethod(lambda w: kq._per_block(w, launch))
+        per_token_cast_to_fp8_cuda = staticmethod(lambda x: kq.run_per_token(x, kq.QuantKind.PER_TOKEN, "x", launch))
+        silu_mul_quant_cuda = staticmethod(lambda x: kq.run_per_token(x, kq.QuantKind.SILU_MUL_PER_TOKEN, "x", launch))
+        per_block_cast_to_fp8_cuda = staticmethod(lambda w: kq.run_per_block(w, launch))
 
     return Emulated
 
@@ -302,12 +302,12 @@ def test_real_simulator_runs_the_rendered_kernels(private_jit_cache):
                    smem_bytes=config.smem_bytes)
 
     x = _activations(40, 384, torch.bfloat16, seed=7)
-    _assert_same(kq._per_token(x, kq.QuantKind.PER_TOKEN, "x", launch), per_token_cast_to_fp8_torch(x))
+    _assert_same(kq.run_per_token(x, kq.QuantKind.PER_TOKEN, "x", launch), per_token_cast_to_fp8_torch(x))
     gate_up = torch.randn(9, 512, dtype=torch.bfloat16) * 3
     y = F.silu(gate_up[:, :256].float()) * gate_up[:, 256:].float()
-    _assert_same(kq._per_token(gate_up, kq.QuantKind.SILU_MUL_PER_TOKEN, "x", launch), per_token_cast_to_fp8_torch(y))
+    _assert_same(kq.run_per_token(gate_up, kq.QuantKind.SILU_MUL_PER_TOKEN, "x", launch), per_token_cast_to_fp8_torch(y))
     w = torch.randn(300, 200, dtype=torch.bfloat16)  # k % 16 != 0: the scalar variant, partial edge blocks
-    _assert_same(kq._per_block(w, launch), per_block_cast_to_fp8_torch(w))
+    _assert_same(kq.run_per_block(w, launch), per_block_cast_to_fp8_torch(w))
 
 
 # ---------------------------------------------------------------------------------------------- errors

@@ -16,7 +16,7 @@ import torch
 
 from deep_fp8_gemm import calc_diff, reference
 from deep_fp8_gemm.config import get_config
-from deep_fp8_gemm.kernels.gemm import DEEPSEEK_V3_DENSE, DEEPSEEK_V3_GROUPED
+from deep_fp8_gemm.kernels.targets import DEEPSEEK_V3_DENSE, DEEPSEEK_V3_GROUPED
 
 from .test_sim_gemm import contiguous_layout, quantised_operands, run_sim
 

@@ -46,7 +46,7 @@ CASES = {
 
 
 def run(cfg, a, sa, b, sb, d, c, ks):
-    gemm.run_k_grouped(cfg, a, get_col_major_tma_aligned_tensor(sa), b, get_col_major_tma_aligned_tensor(sb), d, c,
+    gemm.launch_k_grouped(cfg, a, get_col_major_tma_aligned_tensor(sa), b, get_col_major_tma_aligned_tensor(sb), d, c,
                        ks, torch.tensor(ks, dtype=torch.int32), "sim")
 
 
@@ -61,7 +61,7 @@ def check(d, expected, ks):
 @pytest.mark.parametrize("name", list(CASES))
 def test_k_grouped_kernel_matches_float64(name, in_place):
     m, n, ks, block_m, block_n, stages, grid = CASES[name]
-    cfg = GemmConfig("k_grouped", n, 128, len(ks), block_m, block_n, stages, 1, 1, 16, grid)
+    cfg = GemmConfig(kind="k_grouped", shape_n=n, shape_k=128, num_groups=len(ks), block_m=block_m, block_n=block_n, num_stages=stages, cluster_m=1, cluster_n=1, band_width=16, grid_size=grid)
     check_config(cfg)
     a, sa, b, sb, c = k_grouped_operands(m, n, ks, seed=sum(map(ord, name)) % 1000)
     expected = model64(a, sa, b, sb, c, ks, m, n)
@@ -82,9 +82,9 @@ def test_k_grouped_config_rules():
     # the binary does not depend on the per-group K the cost model assumed
     assert get_config(4096, 7168, 512, 8, "k_grouped", 132).shape_k == 128
     with pytest.raises(ValueError, match="shape_k must be 128"):
-        check_config(GemmConfig("k_grouped", 256, 256, 4, 128, 128, 3, 1, 1, 16, 2))
+        check_config(GemmConfig(kind="k_grouped", shape_n=256, shape_k=256, num_groups=4, block_m=128, block_n=128, num_stages=3, cluster_m=1, cluster_n=1, band_width=16, grid_size=2))
     with pytest.raises(ValueError, match="1D1D kernel does not multicast"):
-        check_config(GemmConfig("k_grouped", 256, 128, 4, 128, 128, 3, 1, 2, 8, 2))
+        check_config(GemmConfig(kind="k_grouped", shape_n=256, shape_k=128, num_groups=4, block_m=128, block_n=128, num_stages=3, cluster_m=1, cluster_n=2, band_width=8, grid_size=2))
     small = get_config(77, 120, 4096, 4, "k_grouped", 132)
     tiles = 4 * -(-77 // small.block_m) * -(-120 // small.block_n)
     assert small.grid_size == min(132, tiles)
@@ -94,7 +94,8 @@ def test_k_grouped_params_carry_the_group_maps():
     import struct
 
     d = torch.zeros(2, 4, 8)
-    raw = gemm.pack_params([bytes(128)] * 4, None, None, 4, d, d, 0x1240)
+    raw = gemm.pack_params([bytes(128)] * 4, rows=4, d_f32=d.data_ptr(), c_f32=d.data_ptr(), ld_d=8, ld_c=8,
+                           group_maps=0x1240)
     assert len(raw) == gemm.PARAMS_BYTES
     assert struct.unpack_from("<QQIIQ", raw, 536) == (d.data_ptr(), d.data_ptr(), 8, 8, 0x1240)
 
@@ -129,7 +130,7 @@ PLANTED_SEEDS = {"stage_released_before_all_lanes_read_sb": (5, 33, 35, 48, 2, 4
 
 def _run_planted(d, c):
     m, n, ks, block_m, block_n, stages, grid = PLANTED_CFG
-    cfg = GemmConfig("k_grouped", n, 128, len(ks), block_m, block_n, stages, 1, 1, 16, grid)
+    cfg = GemmConfig(kind="k_grouped", shape_n=n, shape_k=128, num_groups=len(ks), block_m=block_m, block_n=block_n, num_stages=stages, cluster_m=1, cluster_n=1, band_width=16, grid_size=grid)
     a, sa, b, sb, c0 = k_grouped_operands(m, n, ks, seed=21)
     c.copy_(c0)
     d.fill_(float("nan"))
@@ -188,7 +189,7 @@ def test_k_grouped_under_adversarial_schedules(seed, monkeypatch):
     far ahead or behind) on groups of 2 / 3 / 0 / 1 K blocks with a 2-stage ring, C in place."""
     monkeypatch.setenv("DFG_SIM_SEED", str(seed))
     m, n, ks, block_m, block_n, stages, grid = PLANTED_CFG
-    cfg = GemmConfig("k_grouped", n, 128, len(ks), block_m, block_n, stages, 1, 1, 16, grid)
+    cfg = GemmConfig(kind="k_grouped", shape_n=n, shape_k=128, num_groups=len(ks), block_m=block_m, block_n=block_n, num_stages=stages, cluster_m=1, cluster_n=1, band_width=16, grid_size=grid)
     a, sa, b, sb, c = k_grouped_operands(m, n, ks, seed=30 + seed)
     d = c.clone()
     run(cfg, a, sa, b, sb, d, d, ks)

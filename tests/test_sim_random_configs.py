@@ -30,11 +30,7 @@ def random_case(rng: random.Random):
     while True:
         kind = rng.choice(["dense", "dense", "contiguous", "masked"])
         cluster = rng.choice([(1, 1), (1, 1), (1, 2)] + ([(2, 1)] if kind == "dense" else []))
-        cfg = GemmConfig(
-            kind, 8 * rng.randint(2, 60), 16 * rng.randint(1, 40), 1 if kind == "dense" else rng.randint(1, 5),
-            rng.choice([64, 128, 256] if kind != "contiguous" else [64, 128]), rng.choice(range(16, 161, 16)),
-            rng.randint(2, 6), cluster[0], cluster[1], rng.randint(1, 8), cluster[0] * cluster[1] * rng.randint(1, 3),
-        )
+        cfg = GemmConfig(kind=kind, shape_n=8 * rng.randint(2, 60), shape_k=16 * rng.randint(1, 40), num_groups=1 if kind == "dense" else rng.randint(1, 5), block_m=rng.choice([64, 128, 256] if kind != "contiguous" else [64, 128]), block_n=rng.choice(range(16, 161, 16)), num_stages=rng.randint(2, 6), cluster_m=cluster[0], cluster_n=cluster[1], band_width=rng.randint(1, 8), grid_size=cluster[0] * cluster[1] * rng.randint(1, 3))
         try:
             check_config(cfg)
         except ValueError:

@@ -99,8 +99,8 @@ def test_quantisers_under_adversarial_schedules():
     expected = [per_token_cast_to_fp8_torch(x), per_token_cast_to_fp8_torch(y), per_block_cast_to_fp8_torch(w)]
     for seed in SEEDS:
         launch = launch_with(seed)
-        got = [kq._per_token(x, kq.QuantKind.PER_TOKEN, "x", launch),
-               kq._per_token(gate_up, kq.QuantKind.SILU_MUL_PER_TOKEN, "x", launch),
-               kq._per_block(w, launch)]
+        got = [kq.run_per_token(x, kq.QuantKind.PER_TOKEN, "x", launch),
+               kq.run_per_token(gate_up, kq.QuantKind.SILU_MUL_PER_TOKEN, "x", launch),
+               kq.run_per_block(w, launch)]
         for (q, s), (q_ref, s_ref) in zip(got, expected):
             _assert_same((q, s), (q_ref, s_ref), seed)

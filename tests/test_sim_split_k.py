@@ -16,7 +16,7 @@ import shutil
 import pytest
 import torch
 
-from deep_fp8_gemm import split_k
+from deep_fp8_gemm.kernels import split_k
 from deep_fp8_gemm.config import check_config
 from deep_fp8_gemm.reference import dequantize_per_block, dequantize_per_token
 from deep_fp8_gemm.simulator import SimulationError
@@ -106,7 +106,7 @@ def test_split_k_workspace_sizes_and_params():
     assert grown.numel() >= 33 and not grown.any()
     from deep_fp8_gemm.kernels import gemm
 
-    packed = gemm.pack_params([bytes(128)] * 4, None, None, 7, split_k_workspace=(0x1234, 0x5678))
+    packed = gemm.pack_params([bytes(128)] * 4, rows=7, split_counters=0x1234, split_partials=0x5678)
     assert len(packed) == gemm.PARAMS_BYTES
     assert packed[560:576] == (0x1234).to_bytes(8, "little") + (0x5678).to_bytes(8, "little")
 

@@ -60,7 +60,7 @@ def run_gemm() -> float:
     a, sa, b, sb = cancelling_operands()
     cfg = make_config("dense", N, K, 64, 128, stages=2, grid=1)
     d = torch.full((M, N), float("nan"), dtype=torch.bfloat16)
-    gemm.run(cfg, a, get_col_major_tma_aligned_tensor(sa), b, sb, d, None, backend="sim")
+    gemm.launch_1d2d(cfg, a, get_col_major_tma_aligned_tensor(sa), b, sb, d, None, backend="sim")
     ref = torch.empty_like(d)
     reference.gemm_fp8_fp8_bf16_nt((a, sa), (b, sb), ref)
     assert not d.isnan().any()

@@ -77,9 +77,9 @@ def test_a_marginal_model_win_does_not_split():
 def test_audit_covers_the_split_k_kernels_the_heuristic_picks():
     """`python -m deep_fp8_gemm audit` (kind dense, default shapes and M) compiles the split-K kernels too, so their
     spills and K-loop ceilings are checked."""
-    from deep_fp8_gemm.kernels import gemm
+    from deep_fp8_gemm.kernels import targets as audit
 
-    targets = gemm.audit_targets("dense")
+    targets = audit.audit_targets("dense")
     split = [t for t in targets if t.config["split_k"] > 1]
     assert split and any(t.name.startswith("dfg_fp8_gemm_dense_n576_k7168") for t in split)
     assert all("SPLIT_K" not in t.source and f", {t.config['split_k']}>;" in t.source for t in targets)

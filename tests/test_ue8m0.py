@@ -156,11 +156,11 @@ def test_ue8m0_variants_render_distinct_kernels():
 def test_fused_ue8m0_kernels_in_simulator_bit_exact():
     """The rendered USE_UE8M0 translation units, built with hal/sim.hpp, against the torch path."""
     x = _wide_range(40, 384, seed=5).to(torch.bfloat16)
-    q, s = kq._per_token(x, kq.QuantKind.PER_TOKEN, "x", _sim_launch, ue8m0=True)
+    q, s = kq.run_per_token(x, kq.QuantKind.PER_TOKEN, "x", _sim_launch, ue8m0=True)
     rq, rs = per_token_cast_to_fp8_torch(x, use_ue8m0=True)
     assert torch.equal(_bits(q), _bits(rq)) and torch.equal(s, rs)
     w = _wide_range(300, 200, seed=6).to(torch.bfloat16)  # k % 16 != 0: scalar variant, partial blocks
-    q, s = kq._per_block(w, _sim_launch, ue8m0=True)
+    q, s = kq.run_per_block(w, _sim_launch, ue8m0=True)
     rq, rs = per_block_cast_to_fp8_torch(w, use_ue8m0=True)
     assert torch.equal(_bits(q), _bits(rq)) and torch.equal(s, rs)
     assert not torch.equal(rs, per_block_cast_to_fp8_torch(w)[1])  # the flag did change the scales

@@ -68,7 +68,7 @@ def test_m_alignment():
 @pytest.fixture
 def restore_num_sms():
     yield
-    utils._reset_num_sms()
+    utils.reset_num_sms()
 
 
 def test_num_sms(restore_num_sms):
@@ -83,7 +83,7 @@ def test_num_sms(restore_num_sms):
         with pytest.raises(TypeError, match="num_sms"):
             dfg.set_num_sms(bad)
     assert dfg.get_num_sms() == 7  # failed calls change nothing
-    utils._reset_num_sms()
+    utils.reset_num_sms()
     assert dfg.get_num_sms() == default
 
 

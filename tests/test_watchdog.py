@@ -26,8 +26,8 @@ from ._mutate import mutated_headers
 
 KERNEL_DIR = Path(__file__).resolve().parent / "gpu_kernels"
 # Small, quick to compile: one math warpgroup, 4 K blocks.
-CFG = GemmConfig("dense", 256, 512, 1, 64, 64, 3, 1, 1, 16, 2)
-CLUSTER_CFG = GemmConfig("dense", 256, 512, 1, 128, 64, 3, 2, 1, 16, 2)  # B multicast: remote arrivals
+CFG = GemmConfig(kind="dense", shape_n=256, shape_k=512, num_groups=1, block_m=64, block_n=64, num_stages=3, cluster_m=1, cluster_n=1, band_width=16, grid_size=2)
+CLUSTER_CFG = GemmConfig(kind="dense", shape_n=256, shape_k=512, num_groups=1, block_m=128, block_n=64, num_stages=3, cluster_m=2, cluster_n=1, band_width=16, grid_size=2)  # B multicast: remote arrivals
 MBAR_WAIT_FORMAT = re.search(r'#define DFG_MBAR_WAIT_FORMAT "([^"]+)"',
                              (paths.include_dir() / "deep_fp8_gemm" / "common.cuh").read_text()).group(1)
 
@@ -121,7 +121,7 @@ def test_simulator_deadlock_names_barriers_like_the_watchdog(tmp_path, monkeypat
     # The producer's arrive.expect_tx + its cp.async arrive of sB (the 1D1D kind TMA-loads sB: one arrive).
     mutated_headers(tmp_path, monkeypatch, "kernels/fp8_gemm.cuh", "hal::mbar_init(&full[s], kRowScaledB ? 1 : 2);",
                     "hal::mbar_init(&full[s], kRowScaledB ? 1 : 3);")
-    cfg = GemmConfig("dense", 128, 512, 1, 64, 64, 2, 1, 1, 16, 1)
+    cfg = GemmConfig(kind="dense", shape_n=128, shape_k=512, num_groups=1, block_m=64, block_n=64, num_stages=2, cluster_m=1, cluster_n=1, band_width=16, grid_size=1)
     check_config(cfg)
     a, sa, b, sb = quantised_operands((64,), 128, 512, seed=1)
     with pytest.raises(SimulationError) as info:

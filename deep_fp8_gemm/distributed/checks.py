@@ -12,7 +12,7 @@ import dataclasses
 
 import torch
 
-from ..moe import _check_routed_inputs
+from ..ops.moe import check_routed_inputs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,7 +34,7 @@ class EPShape:
 def check_ep_inputs(hidden, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, world: int) -> EPShape:
     """Validates the arguments of :func:`ep_moe_forward` (same rules as ``moe.fp8_moe_forward`` with the
     weights of ``E_local`` experts and global expert ids in ``[-1, world * E_local)``)."""
-    num_local, hidden_size, inter, num_tokens = _check_routed_inputs(hidden, topk_ids, topk_weights, w13,
+    num_local, hidden_size, inter, num_tokens = check_routed_inputs(hidden, topk_ids, topk_weights, w13,
                                                                      w13_scale, w2, w2_scale)
     shape = EPShape(num_tokens, topk_ids.shape[1], hidden_size, inter, num_local, world)
     _check_expert_range(topk_ids, shape.num_experts)

@@ -14,10 +14,10 @@ size fixed in advance by :class:`EPDecodeBuffers` (``max_tokens`` per rank):
    that repeats an expert within a token needs ``max_rows_per_expert`` up to ``world * max_tokens * top_k``.
    Rows past ``m_max`` are not written (no out-of-bounds access) and fail a ``torch._assert_async`` after the
    last collective (so no peer is left waiting; on CPU it raises RuntimeError on the overflowing rank);
-   ``moe._experts_masked``: masked grouped GEMM, fused SiLU·mul+quant, masked grouped GEMM with the caller's
+   ``ops.moe.experts_masked``: masked grouped GEMM, fused SiLU·mul+quant, masked grouped GEMM with the caller's
    ``expected_m``;
 4. return: one bf16 row per (received row, slot), ``world * max_tokens * top_k`` rows, equal splits;
-5. combine on the source: ``moe._combine`` over the rows that belong to its slots, fp32 in slot order.
+5. combine on the source: ``ops.moe.combine`` over the rows that belong to its slots, fp32 in slot order.
 
 Exactness: each expert sees the same rows in the same order as the single-process layer, and the masked GEMM
 computes a row exactly as the contiguous one does, so the result is bit-identical to ``moe.fp8_moe_forward``
@@ -40,7 +40,7 @@ import dataclasses
 import torch
 import torch.distributed as dist
 
-from ..moe import _combine, _experts_masked
+from ..ops.moe import combine, experts_masked
 from ..quant import per_token_cast_to_fp8
 from ..utils import ceil_div
 from .checks import check_ep_inputs
@@ -198,7 +198,7 @@ def ep_moe_forward_decode(
     buffers.expert_scales.index_copy_(0, target, recv_s.index_select(0, source_row))
     a = buffers.expert_x[:-1].view(num_local, m_max, hidden_size).view(FP8)
     a_scales = buffers.expert_scales[:-1].view(num_local, m_max, -1)
-    out = _experts_masked(a, a_scales, buffers.masked_m, w13, w13_scale, w2, w2_scale, expected_m)
+    out = experts_masked(a, a_scales, buffers.masked_m, w13, w13_scale, w2, w2_scale, expected_m)
 
     # 4. one row per (received row, slot); rows of slots that are not here are never read by their source.
     torch.index_select(out.view(-1, hidden_size), 0, torch.where(fits, target, 0), out=buffers.ret_send)
@@ -213,4 +213,4 @@ def ep_moe_forward_decode(
     pos_of_slot = pos.gather(1, dest.clamp(max=world - 1))
     scatter = torch.where(dest < world, (dest * buffers.max_tokens + pos_of_slot) * top_k
                           + torch.arange(top_k, device=device), torch.full_like(dest, -1))
-    return _combine(buffers.ret_recv, scatter, topk_weights)
+    return combine(buffers.ret_recv, scatter, topk_weights)

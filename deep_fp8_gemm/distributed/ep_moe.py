@@ -14,10 +14,10 @@ Steps (rank = "source" for its own tokens, "expert rank" for the tokens it recei
    ``E_local``: see :func:`.checks.check_peer_shapes`);
 4. dispatch: one ``all_to_all_single`` of packed uint8 rows (:mod:`.wire`: fp8 payload, scales, local ids);
 5. on the expert rank: ``layout.route_topk`` over the received rows' local ids (the padded total is known from
-   the counts, no second sync), then ``moe._experts_contiguous``: grouped GEMM, fused SiLU·mul+quant, grouped
+   the counts, no second sync), then ``ops.moe.experts_contiguous``: grouped GEMM, fused SiLU·mul+quant, grouped
    GEMM — the single-GPU layer's code;
 6. return: one bf16 row per routed slot, in ``(source token, slot)`` order (``all_to_all_single``);
-7. combine on the source: ``moe._combine``, fp32 in slot order ``j = 0, 1, ...``, one rounding to bf16.
+7. combine on the source: ``ops.moe.combine``, fp32 in slot order ``j = 0, 1, ...``, one rounding to bf16.
 
 Equality with the single-process layer: the expert rank sees each expert's rows in global token order
 ``(source rank, token, slot)`` — exactly the rows, order and padding that ``fp8_moe_forward`` over all ranks'
@@ -41,7 +41,7 @@ import torch
 import torch.distributed as dist
 
 from ..layout import route_topk
-from ..moe import _combine, _experts_contiguous
+from ..ops.moe import combine, experts_contiguous
 from ..quant import per_token_cast_to_fp8
 from ..utils import get_m_alignment_for_contiguous_layout
 from .checks import check_ep_inputs, check_peer_shapes
@@ -142,7 +142,7 @@ def ep_moe_forward(
     scatter[order] = torch.arange(order.shape[0], dtype=torch.int64, device=device)
     if num_tokens == 0 or top_k == 0:
         return hidden.new_zeros((num_tokens, hidden_size))
-    return _combine(returned, scatter.view(num_tokens, top_k), topk_weights)
+    return combine(returned, scatter.view(num_tokens, top_k), topk_weights)
 
 
 def _expert_rows(recv_rows, recv_per_expert, num_slots, shape, w13, w13_scale, w2, w2_scale) -> torch.Tensor:
@@ -157,7 +157,7 @@ def _expert_rows(recv_rows, recv_per_expert, num_slots, shape, w13, w13_scale, w
     m_sum = sum((c + alignment - 1) // alignment * alignment for c in recv_per_expert)
     # m_sum from the exchanged counts: route_topk checks it on the device instead of reading it back.
     routed = route_topk(local_ids, shape.num_local_experts, alignment, max_m_sum=m_sum)
-    down = _experts_contiguous(x_fp8, x_scales, routed, w13, w13_scale, w2, w2_scale)
+    _, down = experts_contiguous(x_fp8, x_scales, routed, w13, w13_scale, w2, w2_scale)
     flat = routed.scatter_index.reshape(-1)
     rows = flat.index_select(0, _first_true(flat >= 0, num_slots))
     torch.index_select(down, 0, rows, out=out)

@@ -6,7 +6,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..moe import FP8MoE, _tensor
+from ..moe import FP8MoE
+from ..ops.moe import check_tensor_of
 from .comm import group_rank, group_size
 from .ep_decode import EPDecodeBuffers, ep_moe_forward_decode
 from .ep_moe import ep_moe_forward
@@ -59,8 +60,8 @@ class EPMoE(nn.Module):
             group: the expert-parallel process group (``None``: the world).
         The module's buffers live on the weights' device; the slice is copied, not viewed.
         """
-        _tensor(w13, "w13", (torch.bfloat16, torch.float16, torch.float32), 3)
-        _tensor(w2, "w2", (torch.bfloat16, torch.float16, torch.float32), 3)
+        check_tensor_of(w13, "w13", (torch.bfloat16, torch.float16, torch.float32), 3)
+        check_tensor_of(w2, "w2", (torch.bfloat16, torch.float16, torch.float32), 3)
         if w13.shape[0] != w2.shape[0]:
             raise ValueError(f"w13 and w2 must hold the same experts, got w13.shape={tuple(w13.shape)} "
                              f"w2.shape={tuple(w2.shape)}")

@@ -38,12 +38,12 @@ def reserve_sms(num_comm_sms: int) -> Iterator[int]:
     if not 0 <= num_comm_sms < available:
         raise ValueError(f"num_comm_sms must be in [0, {available - 1}] (get_num_sms()={available}), "
                          f"got {num_comm_sms=}")
-    previous = utils._num_sms_override
+    previous = utils.PROCESS_SETTINGS.num_sms_override
     utils.set_num_sms(available - num_comm_sms)
     try:
         yield available - num_comm_sms
     finally:
         if previous is None:
-            utils._reset_num_sms()
+            utils.reset_num_sms()
         else:
             utils.set_num_sms(previous)

@@ -1,52 +1,35 @@
-"""Host side of the FP8 GEMM kernels: config -> source -> tensor maps + parameters -> launch.
+"""Host side of the FP8 GEMM kernel family: config -> source -> tensor maps + parameters -> launch.
 
-One kernel template (``jit/fp8_gemm.cu``) serves the three kinds. This module turns validated tensors
-into the kernel's single parameter struct (``dfg::GemmParams``) and launches it on an sm_90 GPU
-(``backend="cuda"``) or in the CPU simulator (``backend="sim"``). The tensor maps are described once
-as :class:`TensorMapSpec` and encoded by the driver or packed for the simulator, so both backends run
-the same kernel with the same parameters.
+One kernel template (``jit/fp8_gemm.cu``, ``include/deep_fp8_gemm/kernels/fp8_gemm.cuh``) serves all six kinds
+of ``config.KINDS``. This module is the kernel-host layer under the op families (``deep_fp8_gemm.ops.*``): it
+renders a config's translation unit, describes the tensor maps a kind's kernel reads (plain tuples of
+:class:`~deep_fp8_gemm.runtime.tensor_map.TensorMapSpec` fields, encoded by the driver on a GPU or packed for
+the CPU simulator, so both backends run the same kernel with the same parameters), fills the one parameter
+struct (:class:`GemmParams`, by field name) and launches it — :func:`launch`, the only place that branches on
+the backend. The ``launch_*`` functions take an explicit config; choosing one is the family's ``plan``.
 
-Inputs arrive validated and normalised by ``deep_fp8_gemm.ops`` (dtypes, shapes, K-major operands,
-16-byte alignment, sA M-major with TMA-aligned column stride).
+Inputs arrive validated and normalised by the op families (dtypes, shapes, K-major operands, 16-byte
+alignment, scales M-major with a TMA-aligned column stride).
 """
 
 from __future__ import annotations
 
+import ctypes
 import functools
-import struct
-from typing import Iterable, Sequence
+from typing import Sequence
 
 import torch
 
 from .. import env
-from ..config import BLOCK_K, GemmConfig, get_config
+from ..config import BLOCK_K, GemmConfig
+from ..runtime import params as param_structs
+from ..runtime.target import Backend
 from ..runtime.tensor_map import TensorMapSpec, TmaDtype, TmaSwizzle
+from . import split_k
 from .wgmma_gen import wgmma_fp8_wrapper
 
 TEMPLATE = "fp8_gemm.cu"
-PARAMS_BYTES = 576  # sizeof(dfg::GemmParams), static_assert'ed in fp8_gemm.cuh
-_PARAMS_TAIL = struct.Struct("<QQII")  # sb, grouped_layout, rows, reserved at offset 512
-_PARAMS_FP32_OUT = struct.Struct("<QQII")  # 1D1D kind: d_f32, c_f32, ld_d, ld_c at offset 536
-PARAMS_SPLIT_K_OFFSET = 560  # the kind-exclusive tail: k-grouped group_maps, or (dense split-K) the workspace
-_PARAMS_GROUP_MAPS = struct.Struct("<Q")  # k-grouped kind: group_maps at offset 560
-_PARAMS_SPLIT_K = struct.Struct("<QQ")  # split-K workspace: counters, partials at offset 560 (split_k.cuh)
-
-# DeepSeek-V3 shapes (ANCHORS.md section 5): dense (N, K) and grouped (N, K).
-DEEPSEEK_V3_DENSE = ((2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048), (576, 7168))
-DEEPSEEK_V3_GROUPED = ((4096, 7168), (7168, 2048))
-DEFAULT_DENSE_MS = (1, 16, 64, 128, 256, 1024, 4096, 8192)
-CONTIGUOUS_EXPERTS = ((4, 8192), (8, 4096), (32, 256))  # (experts, rows per expert)
-MASKED_GROUPS = (4, 8, 32)
-MASKED_EXPECTED_MS = (1, 32, 256, 1024)
-# 1D1D (weight gradients of the dense layers above): dW [N, K] = dY^T . X, i.e. m = N (out features), n = K (in
-# features), k = tokens; audited for the in-feature counts x 4096 tokens and the out-feature counts as m.
-DEEPSEEK_V3_WGRAD = ((7168, 4096), (1536, 4096), (512, 4096), (16384, 4096), (2048, 4096))
-WGRAD_MS = (576, 2112, 4096, 7168, 24576)
-# k-grouped (MoE expert weight gradients): dW13 [2 x 2048, 7168] and dW2 [7168, 2048] of each local expert, i.e.
-# (n, nominal k) shapes with n = 7168 / 2048 and ms = 4096 / 7168 (out features), for 8 and 32 local experts.
-DEEPSEEK_V3_K_GROUPED = ((7168, 4096), (2048, 4096))
-K_GROUPED_MS = (4096, 7168)
-K_GROUPED_GROUPS = (8, 32)
+TENSOR_MAP_BYTES = 128
 
 
 # ---------------------------------------------------------------------------------------------- source
@@ -60,18 +43,83 @@ def render_source(cfg: GemmConfig, simulator: bool = False) -> str:
     return render(TEMPLATE, constants, extra_code="" if simulator else wgmma_fp8_wrapper(cfg.block_n))
 
 
+# ---------------------------------------------------------------------------------------------- parameters
+_MapBytes = ctypes.c_ubyte * TENSOR_MAP_BYTES
+
+
+class _FourthMap(ctypes.Union):
+    _fields_ = [("tma_d", _MapBytes), ("tma_sb", _MapBytes)]
+
+
+class _KindTail(ctypes.Union):
+    _fields_ = [("group_maps", ctypes.c_uint64), ("split_counters", ctypes.c_uint64)]
+
+
+class GemmParams(ctypes.Structure):
+    """Byte image of ``dfg::GemmParams`` (576 bytes; the C++ side ``static_assert``s every offset below).
+
+    ======================  ======  =================================================================
+    field                   offset  holds
+    ======================  ======  =================================================================
+    tma_a, tma_b, tma_sa    0..383  the A, B and sA tensor maps (k-grouped: tma_a / tma_b unused, the
+                                    per-group maps are at ``group_maps``)
+    tma_d | tma_sb          384     bf16 kinds: the D map; fp32 kinds (1D1D, k-grouped): sB's map
+    sb                      512     bf16 kinds: sB [G][ceil(N/128)][ceil(K/128)] fp32
+    grouped_layout          520     contiguous: m_indices; psum: group ends; masked: masked_m; k-grouped:
+                                    ks_tensor; dense / 1D1D: 0
+    rows                    528     rows of A (dense, 1D1D: m; contiguous / psum: m_sum; masked: m_max;
+                                    k-grouped: m of every group)
+    reserved                532     0 (pads d_f32 to 8 bytes)
+    d_f32, c_f32            536     fp32 kinds: D and C (may be equal: in-place accumulation)
+    ld_d, ld_c              552     fp32 kinds: their row strides in floats
+    group_maps |            560     k-grouped: the per-group A_g / B_g maps in global memory;
+    split_counters                  dense split-K: the arrival counters
+    split_partials          568     dense split-K: the fp32 partial tiles
+    ======================  ======  =================================================================
+    """
+
+    _anonymous_ = ("fourth_map", "kind_tail")
+    _fields_ = [
+        ("tma_a", _MapBytes), ("tma_b", _MapBytes), ("tma_sa", _MapBytes), ("fourth_map", _FourthMap),
+        ("sb", ctypes.c_uint64), ("grouped_layout", ctypes.c_uint64), ("rows", ctypes.c_uint32),
+        ("reserved", ctypes.c_uint32), ("d_f32", ctypes.c_uint64), ("c_f32", ctypes.c_uint64),
+        ("ld_d", ctypes.c_uint32), ("ld_c", ctypes.c_uint32), ("kind_tail", _KindTail),
+        ("split_partials", ctypes.c_uint64),
+    ]
+
+
+PARAMS_BYTES = ctypes.sizeof(GemmParams)
+assert PARAMS_BYTES == 576  # import-time check of our own mirror, not a user check
+#: The 1D2D kinds' fields after the tensor maps, in the order the per-call fast path packs them.
+TAIL_1D2D = ("sb", "grouped_layout", "rows", "split_counters", "split_partials")
+MAPS_BYTES = 4 * TENSOR_MAP_BYTES  # the four maps at the front: what a per-pointer map cache holds
+
+
+def pack_params(maps: Sequence[bytes], **fields: int) -> bytes:
+    """Raw bytes of ``dfg::GemmParams``: the four 128-byte maps (tma_a, tma_b, tma_sa, tma_d | tma_sb), then the
+    named integer fields of :class:`GemmParams` (the others zero)."""
+    if len(maps) != 4:
+        raise ValueError(f"expected four 128-byte tensor maps, got {len(maps)}")
+    return param_structs.pack(GemmParams, tma_a=maps[0], tma_b=maps[1], tma_sa=maps[2], tma_d=maps[3], **fields)
+
+
+def params_packer(names: tuple[str, ...]) -> param_structs.FieldPacker:
+    """A packer of the named :class:`GemmParams` fields (ascending offsets), for the per-call fast path."""
+    return param_structs.FieldPacker(GemmParams, names)
+
+
 # ---------------------------------------------------------------------------------------------- tensor maps
 MapArgs = tuple  # (dtype, address, dims, strides, box, swizzle): the fields of a TensorMapSpec, in order
 
 
-def tensor_map_args(cfg: GemmConfig, a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, d: torch.Tensor
-                    ) -> tuple[MapArgs, MapArgs, MapArgs, MapArgs]:
-    """The four rank-3 tensor maps of ``dfg::GemmParams`` (dims innermost first), as plain tuples.
+def tensor_map_args_1d2d(cfg: GemmConfig, a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, d: torch.Tensor
+                         ) -> tuple[MapArgs, MapArgs, MapArgs, MapArgs]:
+    """The four rank-3 tensor maps of the bf16-output kinds (dims innermost first), as plain tuples.
 
     Shapes: A ``[rows, k]`` or ``[G, rows, k]`` (masked) e4m3; sA M-major ``[rows, kb]`` / ``[G, rows, kb]``
     with ``stride(-2) == 1``; B ``[n, k]`` or ``[G, n, k]``; D ``[rows, n]`` / ``[G, rows, n]`` bf16.
     A 2-D operand gets a unit batch dimension (its batch stride is then never used). Plain tuples
-    because this runs on every call: they hash and compare faster than spec objects.
+    because this runs on every new pointer set: they hash and compare faster than spec objects.
     """
     rows, k = a.shape[-2], a.shape[-1]
     n = b.shape[-2]
@@ -100,40 +148,17 @@ def tensor_map_args(cfg: GemmConfig, a: torch.Tensor, sa: torch.Tensor, b: torch
     )
 
 
-def tensor_map_specs(cfg: GemmConfig, a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, d: torch.Tensor
-                     ) -> list[TensorMapSpec]:
-    """:func:`tensor_map_args` as validated-on-encode :class:`TensorMapSpec` objects."""
-    return [TensorMapSpec(*args) for args in tensor_map_args(cfg, a, sa, b, d)]
+def tensor_map_specs_1d2d(cfg: GemmConfig, a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, d: torch.Tensor
+                          ) -> list[TensorMapSpec]:
+    """:func:`tensor_map_args_1d2d` as validated-on-encode :class:`TensorMapSpec` objects."""
+    return [TensorMapSpec(*args) for args in tensor_map_args_1d2d(cfg, a, sa, b, d)]
 
 
-def pack_params(maps: Iterable[bytes], sb: torch.Tensor | None, grouped_layout: torch.Tensor | None, rows: int,
-                d_f32: torch.Tensor | None = None, c_f32: torch.Tensor | None = None, group_maps: int = 0,
-                split_k_workspace: tuple[int, int] = (0, 0)) -> bytes:
-    """Raw bytes of ``dfg::GemmParams``: four 128-byte tensor maps, then sb, grouped_layout, rows and (1D1D
-    kinds) the fp32 D and C pointers and row strides, and at offset 560 either (k-grouped kind) the address of the
-    per-group maps or (dense split-K) the workspace's counter and partial addresses
-    (``deep_fp8_gemm.split_k.pointers``): a union in the struct, the two never go together."""
-    head = b"".join(maps)
-    if len(head) != 512:
-        raise ValueError(f"expected four 128-byte tensor maps, got {len(head)} bytes")
-    tail = _PARAMS_TAIL.pack(0 if sb is None else sb.data_ptr(),
-                             0 if grouped_layout is None else grouped_layout.data_ptr(), rows, 0)
-    if d_f32 is not None:
-        tail += _PARAMS_FP32_OUT.pack(d_f32.data_ptr(), c_f32.data_ptr(), d_f32.stride(-2), c_f32.stride(-2))
-    if group_maps and any(split_k_workspace):
-        raise ValueError("group_maps (k-grouped kind) and split_k_workspace (dense) share offset 560: pass one")
-    if group_maps or any(split_k_workspace):
-        tail += bytes(PARAMS_SPLIT_K_OFFSET - 512 - len(tail))
-        tail += _PARAMS_GROUP_MAPS.pack(group_maps) if group_maps else _PARAMS_SPLIT_K.pack(*split_k_workspace)
-    return head + tail + bytes(PARAMS_BYTES - 512 - len(tail))
-
-
-# ---------------------------------------------------------------------------------------------- 1D1D family
 def tensor_map_args_1d1d(cfg: GemmConfig, a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor
                          ) -> tuple[MapArgs, MapArgs, MapArgs, MapArgs]:
-    """The 1D1D kernel's maps: A, B, sA as for the 1D2D kinds (2-D operands), and in the fourth slot sB: per-row
-    scales of B, M-major ``[n, kb]`` with ``stride(-2) == 1`` and a TMA-aligned column stride, box BLOCK_N x 1
-    (its D is fp32 and written without a tensor map)."""
+    """The 1D1D kernel's maps: A, B, sA as for the 1D2D kinds (2-D operands), and in the fourth slot (tma_sb) sB:
+    per-row scales of B, M-major ``[n, kb]`` with ``stride(-2) == 1`` and a TMA-aligned column stride, box
+    BLOCK_N x 1 (its D is fp32 and written without a tensor map)."""
     (rows, k), n, kb = a.shape, b.shape[0], sa.shape[-1]
     return (
         (TmaDtype.UINT8, a.data_ptr(), (k, rows, 1), (a.stride(0), rows * a.stride(0)), (BLOCK_K, cfg.block_m, 1),
@@ -145,43 +170,6 @@ def tensor_map_args_1d1d(cfg: GemmConfig, a: torch.Tensor, sa: torch.Tensor, b: 
         (TmaDtype.FLOAT32, sb.data_ptr(), (n, kb, 1), (sb.stride(-1) * 4, sb.stride(-1) * 4 * kb),
          (cfg.block_n, 1, 1), TmaSwizzle.NONE),
     )
-
-
-def run_1d1d(cfg: GemmConfig, a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor, d: torch.Tensor,
-             c: torch.Tensor, backend: str) -> None:
-    """``d = c + (a, sa) . (b, sb)^T`` in fp32 with the 1D1D kernel of ``cfg`` (``cfg.kind == "1d1d"``). Inputs
-    validated by ``deep_fp8_gemm.ops.gemm_1d1d`` (``c`` may be ``d``; both row-major with even row strides)."""
-    if cfg.kind != "1d1d":
-        raise ValueError(f"run_1d1d needs a 1d1d config, got kind={cfg.kind!r}")
-    rows = a.shape[0]
-    args = tensor_map_args_1d1d(cfg, a, sa, b, sb)
-    if backend == "sim":
-        from ..simulator import launch as sim_launch, pack_tensor_map
-
-        params = pack_params([pack_tensor_map(TensorMapSpec(*x)) for x in args], None, None, rows, d, c)
-        sim_launch(cfg.kernel_name(), render_source(cfg, simulator=True), params, grid=cfg.grid_size,
-                   block=cfg.num_threads, cluster=cfg.cluster_size, smem_bytes=cfg.smem_bytes)
-    elif backend == "cuda":
-        from ..runtime import driver, target
-
-        device = target.gpu_index(a.device)
-        kernel = _cuda_kernel(cfg, device)
-        params = pack_params([driver.tensor_map_cache.lookup(x, x) for x in args], None, None, rows, d, c)
-        driver.launch(kernel, params, grid=cfg.grid_size, block=cfg.num_threads, cluster=cfg.cluster_size,
-                      smem_bytes=cfg.smem_bytes, stream=target.current_stream(device))
-    else:
-        raise ValueError(f"backend must be 'cuda' or 'sim', got {backend!r}")
-
-
-# ---------------------------------------------------------------------------------------------- k-grouped kind
-#: Per-group K the k-grouped config is chosen for: the config (and so the binary) depends on m, n and G only, not on
-#: the ks of a call (routing changes them every step; a new binary per step would compile mid-training).
-K_GROUPED_NOMINAL_K = 4096
-_TENSOR_MAP_BYTES = 128
-
-
-def k_grouped_config(m: int, n: int, num_groups: int, num_sms: int) -> GemmConfig:
-    return get_config(m, n, K_GROUPED_NOMINAL_K, num_groups, "k_grouped", num_sms)
 
 
 def k_grouped_map_args(cfg: GemmConfig, a: torch.Tensor, b: torch.Tensor, m: int, n: int, ks: Sequence[int]
@@ -204,8 +192,8 @@ def k_grouped_map_args(cfg: GemmConfig, a: torch.Tensor, b: torch.Tensor, m: int
 
 def k_grouped_scale_map_args(cfg: GemmConfig, sa: torch.Tensor, sb: torch.Tensor, m: int, n: int
                              ) -> tuple[MapArgs, MapArgs]:
-    """sA ``[m, sum(ks)/128]`` (the tma_sa slot) and sB ``[n, sum(ks)/128]`` (the tma_d slot, as in the 1D1D kind),
-    both M-major TMA-aligned, boxes BLOCK_M x 1 / BLOCK_N x 1: one map each for every group."""
+    """sA ``[m, sum(ks)/128]`` (the tma_sa slot) and sB ``[n, sum(ks)/128]`` (the tma_sb slot, as in the 1D1D
+    kind), both M-major TMA-aligned, boxes BLOCK_M x 1 / BLOCK_N x 1: one map each for every group."""
     kb = sa.shape[-1]
     return (
         (TmaDtype.FLOAT32, sa.data_ptr(), (m, kb, 1), (sa.stride(-1) * 4, sa.stride(-1) * 4 * kb), (cfg.block_m, 1, 1),
@@ -215,110 +203,112 @@ def k_grouped_scale_map_args(cfg: GemmConfig, sa: torch.Tensor, sb: torch.Tensor
     )
 
 
-def run_k_grouped(cfg: GemmConfig, a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor,
-                  d: torch.Tensor, c: torch.Tensor, ks: Sequence[int], ks_tensor: torch.Tensor, backend: str) -> None:
-    """``d[g] = c[g] + A_g . B_g^T`` for every group with the k-grouped kernel of ``cfg`` (``cfg.kind ==
-    "k_grouped"``, ``cfg.num_groups == len(ks)``). Inputs validated by ``deep_fp8_gemm.wgrad`` (flat e4m3 ``a`` /
-    ``b``, sA / sB ``[m|n, sum(ks)/128]`` M-major TMA-aligned, ``d`` / ``c`` contiguous ``[G, m, n]`` fp32, ``c``
-    may be ``d``; ``sum(ks) > 0``). The per-group maps go to a 64-byte-aligned array in the operands' memory
-    (a CPU buffer for the simulator, a device copy for the GPU) that the kernel fences before use."""
-    if cfg.kind != "k_grouped" or cfg.num_groups != len(ks):
-        raise ValueError(f"run_k_grouped needs a k_grouped config of {len(ks)} groups, got kind={cfg.kind!r} "
-                         f"num_groups={cfg.num_groups}")
-    m, n = d.shape[1], d.shape[2]
-    scale_maps = k_grouped_scale_map_args(cfg, sa, sb, m, n)
-    group_args = k_grouped_map_args(cfg, a, b, m, n, ks)
-    unused = bytes(_TENSOR_MAP_BYTES)  # the tma_a / tma_b slots: per-group maps replace them
-    if backend == "sim":
-        from ..simulator import launch as sim_launch, pack_tensor_map
+def encode_maps(args: Sequence[MapArgs | None], backend: Backend) -> list[bytes]:
+    """The 128-byte images of ``args`` for ``backend``: encoded by the driver (``cuTensorMapEncodeTiled``, cached by
+    the argument tuples: weights always hit, activations whenever the caching allocator hands back the same
+    address) or packed for the simulator; ``None`` (an unused slot) is 128 zero bytes."""
+    unused = bytes(TENSOR_MAP_BYTES)
+    if backend is Backend.SIM:
+        from ..simulator import pack_tensor_map
 
-        blob = b"".join(unused if x is None else pack_tensor_map(TensorMapSpec(*x)) for x in group_args)
+        return [unused if x is None else pack_tensor_map(TensorMapSpec(*x)) for x in args]
+    from ..runtime import driver
+
+    return [unused if x is None else driver.tensor_map_cache.lookup(x, x) for x in args]
+
+
+# ---------------------------------------------------------------------------------------------- launch
+def launch(cfg: GemmConfig, maps: Sequence[bytes], backend: Backend | str, device: torch.device, **fields: int
+           ) -> None:
+    """Pack ``dfg::GemmParams`` (the four maps, then ``fields`` by name) and launch ``cfg``'s kernel: the one place a
+    GEMM launch branches on the backend.
+
+    ``Backend.CUDA``: the kernel loaded on ``device``'s GPU, on torch's current stream, ``cfg.grid_size`` CTAs.
+    ``Backend.SIM``: the simulator build of the same source, with the register count of its sm_90a build (the
+    simulator accounts setmaxnreg against that pool, for every kind)."""
+    backend = Backend(backend)
+    params = pack_params(maps, **fields)
+    if backend is Backend.SIM:
+        from ..simulator import launch as sim_launch, ptxas_registers
+
+        registers = ptxas_registers(cfg.kernel_name(), render_source(cfg))
+        sim_launch(cfg.kernel_name(), render_source(cfg, simulator=True), params, grid=cfg.grid_size,
+                   block=cfg.num_threads, cluster=cfg.cluster_size, smem_bytes=cfg.smem_bytes, registers=registers)
+    elif backend is Backend.CUDA:
+        from ..runtime import driver, target
+
+        index = target.gpu_index(device)
+        driver.launch(cuda_kernel(cfg, index), params, grid=cfg.grid_size, block=cfg.num_threads,
+                      cluster=cfg.cluster_size, smem_bytes=cfg.smem_bytes, stream=target.current_stream(index))
+    else:
+        raise ValueError(f"a GEMM kernel launches on Backend.CUDA or Backend.SIM, got {backend}")
+
+
+def launch_1d2d(cfg: GemmConfig, a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor,
+                d: torch.Tensor, grouped_layout: torch.Tensor | None, backend: Backend | str) -> None:
+    """The kernel of an explicit ``cfg`` of a bf16-output kind (dense, contiguous, masked, psum) on validated
+    tensors (tests and benchmarks force configs through this). Split-K configs get their workspace from
+    :mod:`.split_k` (on CUDA: torch's current stream's)."""
+    backend = Backend(backend)
+    rows = a.shape[-2]
+    counters = partials = 0
+    if cfg.split_k > 1:
+        stream = 0
+        if backend is Backend.CUDA:
+            from ..runtime import target
+
+            stream = target.current_stream(target.gpu_index(a.device))
+        counters, partials = split_k.pointers(cfg, rows, a.device, stream)
+    maps = encode_maps(tensor_map_args_1d2d(cfg, a, sa, b, d), backend)
+    launch(cfg, maps, backend, a.device, sb=sb.data_ptr(),
+           grouped_layout=0 if grouped_layout is None else grouped_layout.data_ptr(), rows=rows,
+           split_counters=counters, split_partials=partials)
+
+
+def launch_1d1d(cfg: GemmConfig, a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor,
+                d: torch.Tensor, c: torch.Tensor, backend: Backend | str) -> None:
+    """``d = c + (a, sa) . (b, sb)^T`` in fp32 with the 1D1D kernel of an explicit ``cfg`` (``cfg.kind ==
+    "1d1d"``) on validated tensors (``c`` may be ``d``; both row-major with even row strides)."""
+    if cfg.kind != "1d1d":
+        raise ValueError(f"launch_1d1d needs a 1d1d config, got kind={cfg.kind!r}")
+    backend = Backend(backend)
+    maps = encode_maps(tensor_map_args_1d1d(cfg, a, sa, b, sb), backend)
+    launch(cfg, maps, backend, a.device, rows=a.shape[0], d_f32=d.data_ptr(), c_f32=c.data_ptr(),
+           ld_d=d.stride(-2), ld_c=c.stride(-2))
+
+
+def launch_k_grouped(cfg: GemmConfig, a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor,
+                     d: torch.Tensor, c: torch.Tensor, ks: Sequence[int], ks_tensor: torch.Tensor,
+                     backend: Backend | str) -> None:
+    """``d[g] = c[g] + A_g . B_g^T`` for every group with the k-grouped kernel of an explicit ``cfg`` (``cfg.kind ==
+    "k_grouped"``, ``cfg.num_groups == len(ks)``) on validated tensors (flat e4m3 ``a`` / ``b``, sA / sB
+    ``[m|n, sum(ks)/128]`` M-major TMA-aligned, ``d`` / ``c`` contiguous ``[G, m, n]`` fp32, ``c`` may be ``d``;
+    ``sum(ks) > 0``). The per-group maps go to a 64-byte-aligned array in the operands' memory (a CPU buffer for
+    the simulator, a device copy for the GPU) that the kernel fences before use."""
+    if cfg.kind != "k_grouped" or cfg.num_groups != len(ks):
+        raise ValueError(f"launch_k_grouped needs a k_grouped config of {len(ks)} groups, got kind={cfg.kind!r} "
+                         f"num_groups={cfg.num_groups}")
+    backend = Backend(backend)
+    m, n = d.shape[1], d.shape[2]
+    blob = b"".join(encode_maps(k_grouped_map_args(cfg, a, b, m, n, ks), backend))
+    if backend is Backend.SIM:
         storage = torch.zeros(len(blob) + 64, dtype=torch.uint8)
         start = -storage.data_ptr() % 64
         group_maps = storage[start:start + len(blob)]
         group_maps.copy_(torch.frombuffer(bytearray(blob), dtype=torch.uint8))
-        maps = [unused, unused] + [pack_tensor_map(TensorMapSpec(*x)) for x in scale_maps]
-        params = pack_params(maps, None, ks_tensor, m, d, c, group_maps.data_ptr())
-        sim_launch(cfg.kernel_name(), render_source(cfg, simulator=True), params, grid=cfg.grid_size,
-                   block=cfg.num_threads, cluster=cfg.cluster_size, smem_bytes=cfg.smem_bytes)
-    elif backend == "cuda":
-        from ..runtime import driver, target
-
-        device = target.gpu_index(d.device)
-        kernel = _cuda_kernel(cfg, device)
-        blob = b"".join(unused if x is None else driver.tensor_map_cache.lookup(x, x) for x in group_args)
+    else:
         # A stream-ordered copy into a fresh caching-allocator block (>= 512-byte aligned); the block is reused only
         # by later work on this stream, after the kernel.
         group_maps = torch.frombuffer(bytearray(blob), dtype=torch.uint8).to(d.device)
-        maps = [unused, unused] + [driver.tensor_map_cache.lookup(x, x) for x in scale_maps]
-        params = pack_params(maps, None, ks_tensor, m, d, c, group_maps.data_ptr())
-        driver.launch(kernel, params, grid=cfg.grid_size, block=cfg.num_threads, cluster=cfg.cluster_size,
-                      smem_bytes=cfg.smem_bytes, stream=target.current_stream(device))
-    else:
-        raise ValueError(f"backend must be 'cuda' or 'sim', got {backend!r}")
+    unused = bytes(TENSOR_MAP_BYTES)  # the tma_a / tma_b slots: the per-group maps replace them
+    maps = [unused, unused] + encode_maps(k_grouped_scale_map_args(cfg, sa, sb, m, n), backend)
+    launch(cfg, maps, backend, d.device, grouped_layout=ks_tensor.data_ptr(), rows=m, d_f32=d.data_ptr(),
+           c_f32=c.data_ptr(), ld_d=d.stride(-2), ld_c=c.stride(-2), group_maps=group_maps.data_ptr())
 
 
-# ---------------------------------------------------------------------------------------------- launch
-def problem_config(kind: str, a: torch.Tensor, b: torch.Tensor, expected_m: int | None, num_sms: int) -> GemmConfig:
-    n, k = b.shape[-2], b.shape[-1]
-    if kind == "dense":
-        return get_config(a.shape[0], n, k, 1, "dense", num_sms)
-    if kind == "contiguous":
-        return get_config(a.shape[0], n, k, b.shape[0], "contiguous", num_sms)
-    if kind == "psum":  # expected_m: rows per group hint (the buffer may be far larger than its rows in use)
-        m_sum = a.shape[0] if expected_m is None else min(a.shape[0], int(expected_m) * b.shape[0])
-        return get_config(max(m_sum, 1), n, k, b.shape[0], "psum", num_sms)
-    return get_config(int(expected_m), n, k, b.shape[0], "masked", num_sms)
-
-
-def launch(kind: str, a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor, d: torch.Tensor,
-           grouped_layout: torch.Tensor | None = None, expected_m: int | None = None, backend: str = "cuda") -> None:
-    """Run the GEMM kernel of ``kind`` ("dense" | "contiguous" | "masked" | "psum") on validated tensors.
-
-    ``backend="cuda"``: sm_90 GPU, on ``torch.cuda.current_stream()``, with ``get_num_sms()`` CTAs at
-    most. ``backend="sim"``: CPU tensors, through the CPU simulator with ``DFG_SIM_NUM_SMS`` CTAs.
-    """
-    run(problem_config(kind, a, b, expected_m, num_sms_for(backend)), a, sa, b, sb, d, grouped_layout, backend)
-
-
-def num_sms_for(backend: str) -> int:
-    """SMs (persistent CTAs at most) the heuristic plans for: the current device's for ``"cuda"``,
-    ``DFG_SIM_NUM_SMS`` for ``"sim"``."""
-    if backend == "sim":
-        return env.sim_num_sms()
-    if backend == "cuda":
-        from ..utils import get_num_sms
-
-        return get_num_sms()
-    raise ValueError(f"backend must be 'cuda' or 'sim', got {backend!r}")
-
-
-def run(cfg: GemmConfig, a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor, d: torch.Tensor,
-        grouped_layout: torch.Tensor | None, backend: str) -> None:
-    """Run the kernel of an explicit ``cfg`` (tests and benchmarks force configs through this)."""
-    rows = a.shape[-2]
-    if backend == "sim":
-        _launch_sim(cfg, a, sa, b, sb, d, grouped_layout, rows)
-    else:
-        _launch_cuda(cfg, a, sa, b, sb, d, grouped_layout, rows)
-
-
-def _launch_sim(cfg, a, sa, b, sb, d, grouped_layout, rows) -> None:
-    from ..simulator import launch as sim_launch, pack_tensor_map, ptxas_registers
-
-    from .. import split_k
-
-    maps = [pack_tensor_map(s) for s in tensor_map_specs(cfg, a, sa, b, d)]
-    params = pack_params(maps, sb, grouped_layout, rows, split_k_workspace=split_k.pointers(cfg, rows, a.device))
-    # The launch register count of the sm_90a build of the same kernel: the simulator accounts setmaxnreg
-    # against that pool.
-    registers = ptxas_registers(cfg.kernel_name(), render_source(cfg))
-    sim_launch(cfg.kernel_name(), render_source(cfg, simulator=True), params, grid=cfg.grid_size,
-               block=cfg.num_threads, cluster=cfg.cluster_size, smem_bytes=cfg.smem_bytes, registers=registers)
-
-
+# ---------------------------------------------------------------------------------------------- kernels
 @functools.lru_cache(maxsize=1024)
-def _cuda_kernel(cfg: GemmConfig, device: int):
+def cuda_kernel(cfg: GemmConfig, device: int):
     """Compiled (cached on disk) and loaded once per (config, device); configs that differ only in
     grid size share the binary through the compiler's and the driver's caches."""
     from ..runtime import driver
@@ -328,63 +318,14 @@ def _cuda_kernel(cfg: GemmConfig, device: int):
     return driver.load_kernel(compiled.cubin, compiled.name, device, key=compiled.key)
 
 
-def _launch_cuda(cfg, a, sa, b, sb, d, grouped_layout, rows) -> None:
-    from ..runtime import driver, target
+def num_sms_for(backend: Backend | str) -> int:
+    """SMs (persistent CTAs at most) the heuristic plans for: the current device's for CUDA (or the
+    :func:`~deep_fp8_gemm.set_num_sms` override), ``DFG_SIM_NUM_SMS`` for the simulator."""
+    backend = Backend(backend)
+    if backend is Backend.SIM:
+        return env.sim_num_sms()
+    if backend is Backend.CUDA:
+        from ..utils import get_num_sms
 
-    device = target.gpu_index(a.device)
-    kernel = _cuda_kernel(cfg, device)
-    # Keyed by the argument tuples: weights always hit, activations whenever the caching allocator hands
-    # back the same address; no spec objects are built on a hit.
-    maps = [driver.tensor_map_cache.lookup(args, args) for args in tensor_map_args(cfg, a, sa, b, d)]
-    stream = target.current_stream(device)
-    workspace = (0, 0)
-    if cfg.split_k > 1:
-        from .. import split_k
-
-        workspace = split_k.pointers(cfg, rows, a.device, stream)
-    params = pack_params(maps, sb, grouped_layout, rows, split_k_workspace=workspace)
-    driver.launch(kernel, params, grid=cfg.grid_size, block=cfg.num_threads, cluster=cfg.cluster_size,
-                  smem_bytes=cfg.smem_bytes, stream=stream)
-
-
-# ---------------------------------------------------------------------------------------------- audit
-def audit_targets(kind: str, shapes: Sequence[tuple[int, int]] | None = None, ms: Sequence[int] | None = None,
-                  num_sms: int = 132, num_groups: int | None = None) -> list:
-    """Every distinct kernel the heuristic picks for ``kind`` over shapes x M (deduplicated by binary).
-
-    dense: ``ms`` are row counts (default 1..8192); contiguous: ``ms`` are rows per expert (default
-    the DeepSeek-V3 pairs of experts x rows); masked: ``ms`` are expected rows per group.
-    """
-    from ..runtime.audit import AuditTarget
-
-    if kind not in ("dense", "contiguous", "masked", "psum", "1d1d", "k_grouped"):
-        raise ValueError(f"kind must be dense, contiguous, masked, psum, 1d1d or k_grouped, got {kind!r}")
-    default_shapes = {"dense": DEEPSEEK_V3_DENSE, "1d1d": DEEPSEEK_V3_WGRAD,
-                      "k_grouped": DEEPSEEK_V3_K_GROUPED}.get(kind, DEEPSEEK_V3_GROUPED)
-    shapes = tuple(shapes) if shapes else default_shapes
-    configs: list[GemmConfig] = []
-    for n, k in shapes:
-        if kind in ("dense", "1d1d"):
-            for m in ms or (DEFAULT_DENSE_MS if kind == "dense" else WGRAD_MS):
-                configs.append(get_config(m, n, k, 1, kind, num_sms))
-        elif kind == "k_grouped":  # k: the nominal per-group K of the cost model (the binary has none)
-            for g in ([num_groups] if num_groups else K_GROUPED_GROUPS):
-                for m in ms or K_GROUPED_MS:
-                    configs.append(get_config(m, n, k, g, kind, num_sms))
-        elif kind in ("contiguous", "psum"):
-            pairs = [(num_groups, m) for m in ms] if (ms and num_groups) else \
-                [(g, m) for g, m in CONTIGUOUS_EXPERTS] if not ms else [(g, m) for g, _ in CONTIGUOUS_EXPERTS for m in ms]
-            for g, m in pairs:
-                configs.append(get_config(g * m, n, k, g, kind, num_sms))
-        else:
-            for g in ([num_groups] if num_groups else MASKED_GROUPS):
-                for m in ms or MASKED_EXPECTED_MS:
-                    configs.append(get_config(m, n, k, g, "masked", num_sms))
-    targets, seen = [], set()
-    for cfg in configs:
-        name = cfg.kernel_name()
-        if name in seen:
-            continue
-        seen.add(name)
-        targets.append(AuditTarget(kind=kind, config=cfg.as_dict(), name=name, source=render_source(cfg)))
-    return targets
+        return get_num_sms()
+    raise ValueError(f"a GEMM kernel launches on Backend.CUDA or Backend.SIM, got {backend}")

@@ -32,7 +32,10 @@ import functools
 
 import torch
 
-GROUP = 128
+from ..constants import GRAN_K
+from ..runtime import params as param_structs
+
+GROUP = GRAN_K  # elements per scale group (a row's 128 K-elements, a 128x128 block's edge)
 #: Threads per CTA: 8 warps (one 128-element group = 8 threads of 16 elements); see quant.cuh.
 NUM_THREADS = 256
 _TEMPLATE = "quant.cu"
@@ -127,6 +130,14 @@ class QuantParams(ctypes.Structure):
 
 
 assert ctypes.sizeof(QuantParams) == 72  # import-time layout check of our own struct, not a user check
+QUANT_PARAMS_BYTES = ctypes.sizeof(QuantParams)
+#: The fields that change per call (data pointers), in struct order; the rest of a launch plan's fields are constant.
+POINTER_FIELDS = ("input", "output", "scales")
+
+
+def params_packer(names: tuple[str, ...]) -> param_structs.FieldPacker:
+    """A packer of the named :class:`QuantParams` fields (struct order), for the per-call fast path."""
+    return param_structs.FieldPacker(QuantParams, names)
 
 
 class TransposeParams(ctypes.Structure):
@@ -174,7 +185,8 @@ def compile_config(config: QuantKernelConfig):
 _loaded: dict[tuple[QuantKernelConfig, int], object] = {}
 
 
-def _kernel(config: QuantKernelConfig, index: int):
+def cuda_kernel(config: QuantKernelConfig, index: int):
+    """``config``'s kernel compiled (cached on disk) and loaded on GPU ``index``, once per process."""
     loaded = _loaded.get((config, index))
     if loaded is None:
         from ..runtime import driver
@@ -185,13 +197,36 @@ def _kernel(config: QuantKernelConfig, index: int):
     return loaded
 
 
-def _launch(config: QuantKernelConfig, params: QuantParams, grid: int, device: torch.device) -> None:
+def launch_cuda(config: QuantKernelConfig, params, grid: int, device: torch.device) -> None:
+    """Launch ``config``'s kernel with ``params`` (a :class:`QuantParams` / :class:`TransposeParams`) on ``device``'s
+    GPU, on torch's current stream."""
     from ..runtime import driver, target
 
     index = target.gpu_index(device)
-    kernel = _kernel(config, index)
+    kernel = cuda_kernel(config, index)
     driver.launch(kernel, params, grid=grid, block=config.num_threads, smem_bytes=config.smem_bytes,
                   stream=target.current_stream(index))
+
+
+def launch_sim(config: QuantKernelConfig, params, grid: int, device: torch.device) -> None:
+    """Launch ``config``'s kernel with ``params`` in the CPU simulator (CPU tensors): the quantisers' backend under
+    ``DFG_SIMULATE`` (``runtime.target.backend_of``)."""
+    from ..simulator import launch as sim_launch
+
+    name, source = render_source(config)
+    sim_launch(name, source, bytes(params), grid=grid, block=config.num_threads, cluster=1,
+               smem_bytes=config.smem_bytes)
+
+
+def launcher_for(backend) -> object:
+    """The launch function of ``backend`` (``runtime.target.Backend.CUDA`` or ``SIM``)."""
+    from ..runtime.target import Backend
+
+    if backend is Backend.SIM:
+        return launch_sim
+    if backend is Backend.CUDA:
+        return launch_cuda
+    raise ValueError(f"the fused quantisers launch on Backend.CUDA or Backend.SIM, got {backend}")
 
 
 def audit_targets() -> list:
@@ -211,17 +246,25 @@ def audit_targets() -> list:
 
 
 # ---------------------------------------------------------------------------------------------- checks
-def _aligned_m(m: int) -> int:
-    return (m + 3) // 4 * 4  # get_tma_aligned_size(m, 4): fp32 rows padded to 16 bytes
+def aligned_m(m: int) -> int:
+    """``get_tma_aligned_size(m, 4)``: fp32 scale rows padded to 16 bytes."""
+    return (m + 3) // 4 * 4
 
 
-def _check_tensor(x: object, name: str, ranks: tuple[int, ...]) -> torch.Tensor:
+def check_input(x: object, name: str, ranks: tuple[int, ...]) -> torch.Tensor:
+    """A bf16 / fp16 / fp32 tensor of one of ``ranks`` (what the fused kernels read, on any backend)."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if x.dtype not in _INPUT_TYPES:
         raise TypeError(f"{name} must be bfloat16, float16 or float32, got {name}.dtype={x.dtype}")
     if x.dim() not in ranks:
         raise ValueError(f"{name} must have rank in {ranks}, got {name}.shape={tuple(x.shape)}")
+    return x
+
+
+def check_tensor(x: object, name: str, ranks: tuple[int, ...]) -> torch.Tensor:
+    """:func:`check_input` on a CUDA tensor (the ``*_cuda`` entry points launch on the GPU)."""
+    check_input(x, name, ranks)
     from ..runtime import target
 
     if target.gpu_index(x.device) is None:
@@ -237,6 +280,10 @@ def _rows_view(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
+def _needs_copy(x: torch.Tensor) -> bool:
+    return not (x.is_contiguous() if x.dim() == 3 else x.stride(-1) == 1)
+
+
 def _row_stride(x: torch.Tensor) -> int:
     """Elements between consecutive rows (over all batches: 3-D tensors are contiguous here)."""
     return x.stride(-2) if x.dim() == 2 and x.shape[0] > 1 else x.shape[-1]
@@ -244,13 +291,13 @@ def _row_stride(x: torch.Tensor) -> int:
 
 def _vectorizable(x: torch.Tensor, cols: int, extra_offset: int = 0) -> bool:
     """16-byte vector path: every 16-element run starts 16-byte aligned in the input and the output."""
+    return _vectorizable_layout(x, cols, extra_offset) and x.data_ptr() % 16 == 0
+
+
+def _vectorizable_layout(x: torch.Tensor, cols: int, extra_offset: int = 0) -> bool:
+    """The shape part of :func:`_vectorizable` (a launch plan's; the address is checked per call)."""
     es = x.element_size()
-    return (
-        cols % 16 == 0
-        and x.data_ptr() % 16 == 0
-        and (_row_stride(x) * es) % 16 == 0
-        and (extra_offset * es) % 16 == 0
-    )
+    return cols % 16 == 0 and (_row_stride(x) * es) % 16 == 0 and (extra_offset * es) % 16 == 0
 
 
 def _check_size(units: int, rows: int, cols: int, what: str) -> None:
@@ -260,12 +307,57 @@ def _check_size(units: int, rows: int, cols: int, what: str) -> None:
                          "limits 2^32 rows, 2^31 columns and 2^31 groups)")
 
 
-# ---------------------------------------------------------------------------------------------- per token
-# The private _per_token / _per_block take the launcher as an argument: the default launches on the GPU; the
-# tests pass a CPU emulation of the kernel so that this host code (params, layouts, grid) is tested too.
-def _per_token(x: torch.Tensor, kind: QuantKind, name: str, launch=None, ue8m0: bool = False
-               ) -> tuple[torch.Tensor, torch.Tensor]:
-    x = _rows_view(x)
+def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
+
+
+# ---------------------------------------------------------------------------------------------- launch plans
+@dataclasses.dataclass(frozen=True)
+class QuantLaunchPlan:
+    """Everything about a per-token / SiLU·mul / per-block launch that depends on the input's signature (shape,
+    strides, dtype) and not on its address: the outputs' shapes and strides, the constant :class:`QuantParams`
+    fields by name (struct order), the grid. Made by :func:`plan_quant`; the general path
+    (:func:`per_token_cast_to_fp8_cuda`, ...) and the per-call fast path (``_core.plans.QuantPlan``) both launch
+    from it."""
+
+    kind: QuantKind
+    input_type: InputType
+    ue8m0: bool
+    out_shape: tuple[int, ...]
+    out_strides: tuple[int, ...]
+    scale_shape: tuple[int, ...]
+    scale_strides: tuple[int, ...]
+    fields: dict  # QuantParams field -> value, every field but POINTER_FIELDS
+    grid: int
+    vectorizable: bool  # the shape allows the 16-byte variant (the address is checked per call)
+    copy: bool  # the input is copied to a contiguous one first (its layout is not addressable)
+    empty: bool  # no rows / blocks: nothing to launch, the outputs are returned empty
+
+    def kernel_config(self, vectorized: bool) -> QuantKernelConfig:
+        return QuantKernelConfig(self.kind, self.input_type, vectorized, ue8m0=self.ue8m0)
+
+
+#: The fast path's quantiser names -> kernel kinds.
+QUANT_KINDS = {"per_token": QuantKind.PER_TOKEN, "silu": QuantKind.SILU_MUL_PER_TOKEN, "per_block": QuantKind.PER_BLOCK}
+
+
+def plan_quant(x: torch.Tensor, kind: QuantKind, ue8m0: bool = False) -> QuantLaunchPlan:
+    """The launch plan of ``kind`` (PER_TOKEN, SILU_MUL_PER_TOKEN or PER_BLOCK) for inputs of ``x``'s signature;
+    checks ``x`` (:func:`check_input`) and its shape, with the quantisers' messages."""
+    name = "w" if kind == QuantKind.PER_BLOCK else "x"
+    check_input(x, name, (2, 3))
+    copy = _needs_copy(x)
+    # Only shapes and strides are read below: for an input the call will copy, those of its contiguous copy.
+    view = torch.empty(x.shape, dtype=x.dtype, device="meta") if copy else x
+    plan = _plan_per_block(view, ue8m0) if kind == QuantKind.PER_BLOCK else _plan_per_token(view, kind, name, ue8m0)
+    return dataclasses.replace(plan, copy=copy)
+
+
+def _plan_per_token(x: torch.Tensor, kind: QuantKind, name: str, ue8m0: bool) -> QuantLaunchPlan:
     in_cols = x.shape[-1]
     if kind == QuantKind.SILU_MUL_PER_TOKEN:
         if in_cols % 2:
@@ -278,28 +370,61 @@ def _per_token(x: torch.Tensor, kind: QuantKind, name: str, launch=None, ue8m0: 
     batch = x.shape[0] if x.dim() == 3 else 1
     m = x.shape[-2]
     groups = (cols + GROUP - 1) // GROUP
-    aligned_m = _aligned_m(m)
-    out = torch.empty((*x.shape[:-1], cols), dtype=torch.float8_e4m3fn, device=x.device)
+    am = aligned_m(m)
+    out_shape = (*x.shape[:-1], cols)
     if x.dim() == 3:
-        scales = torch.empty_strided((batch, m, groups), (aligned_m * groups, 1, aligned_m),
-                                     dtype=torch.float32, device=x.device)
+        scale_shape, scale_strides = (batch, m, groups), (am * groups, 1, am)
     else:
-        scales = torch.empty_strided((m, groups), (1, aligned_m), dtype=torch.float32, device=x.device)
+        scale_shape, scale_strides = (m, groups), (1, am)
     rows = batch * m
-    if rows == 0:
-        return out, scales
     units = rows * groups
-    _check_size(units, rows, cols, name)
-    config = QuantKernelConfig(kind, _INPUT_TYPES[x.dtype], _vectorizable(x, cols, up_offset), ue8m0=ue8m0)
-    params = QuantParams(
-        input=x.data_ptr(), output=out.data_ptr(), scales=scales.data_ptr(),
-        input_row_stride=_row_stride(x), output_row_stride=cols, up_offset=up_offset,
-        scale_batch_stride=aligned_m * groups, num_rows=rows, num_cols=cols, rows_per_batch=m,
-        scale_row_stride=aligned_m,
-    )
-    units_per_block = config.num_threads // 8
-    (launch or _launch)(config, params, (units + units_per_block - 1) // units_per_block, x.device)
+    if rows:
+        _check_size(units, rows, cols, name)
+    fields = dict(input_row_stride=_row_stride(x), output_row_stride=cols, up_offset=up_offset,
+                  scale_batch_stride=am * groups, num_rows=rows, num_cols=cols, rows_per_batch=m, scale_row_stride=am)
+    units_per_block = NUM_THREADS // 8
+    return QuantLaunchPlan(kind, _INPUT_TYPES[x.dtype], ue8m0, out_shape, _contiguous_strides(out_shape), scale_shape,
+                           scale_strides, fields, (units + units_per_block - 1) // units_per_block,
+                           _vectorizable_layout(x, cols, up_offset), False, rows == 0)
+
+
+def _plan_per_block(w: torch.Tensor, ue8m0: bool) -> QuantLaunchPlan:
+    batch = w.shape[0] if w.dim() == 3 else 1
+    n, k = w.shape[-2], w.shape[-1]
+    if k <= 0:
+        raise ValueError(f"w must have at least one column, got w.shape={tuple(w.shape)}")
+    nb, kb = (n + GROUP - 1) // GROUP, (k + GROUP - 1) // GROUP
+    scale_shape = (*w.shape[:-2], nb, kb)
+    blocks = batch * nb * kb
+    if blocks:
+        _check_size(blocks, batch * n, k, "w")
+    fields = dict(input_row_stride=_row_stride(w), output_row_stride=k, up_offset=0, scale_batch_stride=nb * kb,
+                  num_rows=batch * n, num_cols=k, rows_per_batch=n, scale_row_stride=kb)
+    return QuantLaunchPlan(QuantKind.PER_BLOCK, _INPUT_TYPES[w.dtype], ue8m0, tuple(w.shape),
+                           _contiguous_strides(tuple(w.shape)), scale_shape, _contiguous_strides(scale_shape), fields,
+                           blocks, _vectorizable_layout(w, k), False, blocks == 0)
+
+
+def _run_plan(plan: QuantLaunchPlan, x: torch.Tensor, launch) -> tuple[torch.Tensor, torch.Tensor]:
+    """Allocate ``plan``'s outputs and launch it on ``x`` (already in an addressable layout) with ``launch``."""
+    out = torch.empty_strided(plan.out_shape, plan.out_strides, dtype=torch.float8_e4m3fn, device=x.device)
+    scales = torch.empty_strided(plan.scale_shape, plan.scale_strides, dtype=torch.float32, device=x.device)
+    if plan.empty:
+        return out, scales
+    params = QuantParams(input=x.data_ptr(), output=out.data_ptr(), scales=scales.data_ptr(), **plan.fields)
+    vectorized = plan.vectorizable and x.data_ptr() % 16 == 0
+    launch(plan.kernel_config(vectorized), params, plan.grid, x.device)
     return out, scales
+
+
+# ---------------------------------------------------------------------------------------------- per token
+# The run_* functions take the launcher as an argument: the default launches on the GPU (launch_cuda), the
+# quantisers' simulator backend passes launch_sim and the tests a CPU emulation of the kernel, so this host code
+# (params, layouts, grid) is what every backend runs.
+def run_per_token(x: torch.Tensor, kind: QuantKind, name: str, launch=None, ue8m0: bool = False
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    plan = _plan_per_token(_rows_view(x), kind, name, ue8m0)
+    return _run_plan(plan, _rows_view(x), launch or launch_cuda)
 
 
 def per_token_cast_to_fp8_cuda(x: torch.Tensor, use_ue8m0: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -317,8 +442,8 @@ def per_token_cast_to_fp8_cuda(x: torch.Tensor, use_ue8m0: bool = False) -> tupl
         aligned_m)``) — written directly by the kernel, no transpose. Identical bits to
         :func:`deep_fp8_gemm.quant.per_token_cast_to_fp8_torch` (``use_ue8m0``: power-of-two scales).
     """
-    x = _check_tensor(x, "x", (2, 3))
-    return _per_token(x, QuantKind.PER_TOKEN, "x", ue8m0=bool(use_ue8m0))
+    x = check_tensor(x, "x", (2, 3))
+    return run_per_token(x, QuantKind.PER_TOKEN, "x", ue8m0=bool(use_ue8m0))
 
 
 def silu_mul_quant_cuda(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -334,8 +459,8 @@ def silu_mul_quant_cuda(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         ``y`` is never materialised. Equals ``per_token_cast_to_fp8(F.silu(gate.float()) * up.float())`` up to
         the last bit of ``expf`` (the GPU's ``expf`` and torch's CUDA ``exp`` are the same libdevice routine).
     """
-    x = _check_tensor(x, "x", (2, 3))
-    return _per_token(x, QuantKind.SILU_MUL_PER_TOKEN, "x")
+    x = check_tensor(x, "x", (2, 3))
+    return run_per_token(x, QuantKind.SILU_MUL_PER_TOKEN, "x")
 
 
 # ---------------------------------------------------------------------------------------------- per block
@@ -353,30 +478,12 @@ def per_block_cast_to_fp8_cuda(w: torch.Tensor, use_ue8m0: bool = False) -> tupl
         bits to :func:`deep_fp8_gemm.quant.per_block_cast_to_fp8_torch` (per expert for 3-D; ``use_ue8m0``:
         power-of-two scales).
     """
-    return _per_block(_check_tensor(w, "w", (2, 3)), ue8m0=bool(use_ue8m0))
+    return run_per_block(check_tensor(w, "w", (2, 3)), ue8m0=bool(use_ue8m0))
 
 
-def _per_block(w: torch.Tensor, launch=None, ue8m0: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def run_per_block(w: torch.Tensor, launch=None, ue8m0: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     w = _rows_view(w)
-    batch = w.shape[0] if w.dim() == 3 else 1
-    n, k = w.shape[-2], w.shape[-1]
-    if k <= 0:
-        raise ValueError(f"w must have at least one column, got w.shape={tuple(w.shape)}")
-    nb, kb = (n + GROUP - 1) // GROUP, (k + GROUP - 1) // GROUP
-    out = torch.empty(w.shape, dtype=torch.float8_e4m3fn, device=w.device)
-    scales = torch.empty((*w.shape[:-2], nb, kb), dtype=torch.float32, device=w.device)
-    blocks = batch * nb * kb
-    if blocks == 0:
-        return out, scales
-    _check_size(blocks, batch * n, k, "w")
-    config = QuantKernelConfig(QuantKind.PER_BLOCK, _INPUT_TYPES[w.dtype], _vectorizable(w, k), ue8m0=ue8m0)
-    params = QuantParams(
-        input=w.data_ptr(), output=out.data_ptr(), scales=scales.data_ptr(),
-        input_row_stride=_row_stride(w), output_row_stride=k, up_offset=0,
-        scale_batch_stride=nb * kb, num_rows=batch * n, num_cols=k, rows_per_batch=n, scale_row_stride=kb,
-    )
-    (launch or _launch)(config, params, blocks, w.device)
-    return out, scales
+    return _run_plan(_plan_per_block(w, ue8m0), w, launch or launch_cuda)
 
 
 # ---------------------------------------------------------------------------------------------- cast-transpose
@@ -401,29 +508,29 @@ def per_token_cast_to_fp8_and_transpose_cuda(x: torch.Tensor, use_ue8m0: bool = 
         (strides ``(1, aligned_m)`` / ``(1, aligned_k)``). Identical bits to
         :func:`deep_fp8_gemm.quant.per_token_cast_to_fp8_torch` of ``x`` and of ``x.t()``.
     """
-    return _cast_transpose(_check_tensor(x, "x", (2,)), ue8m0=bool(use_ue8m0))
+    return run_cast_transpose(check_tensor(x, "x", (2,)), ue8m0=bool(use_ue8m0))
 
 
-def _cast_transpose(x: torch.Tensor, launch=None, ue8m0: bool = False) -> tuple[torch.Tensor, ...]:
+def run_cast_transpose(x: torch.Tensor, launch=None, ue8m0: bool = False) -> tuple[torch.Tensor, ...]:
     x = _rows_view(x)
     m, k = x.shape
     if m <= 0 or k <= 0:
         raise ValueError(f"x must have at least one row and one column, got x.shape={tuple(x.shape)}")
     _check_transpose_size(m, k, "x")
     mb, kb = (m + GROUP - 1) // GROUP, (k + GROUP - 1) // GROUP
-    aligned_m, aligned_k = _aligned_m(m), _aligned_m(k)
+    rows_aligned, cols_aligned = aligned_m(m), aligned_m(k)
     x_fp8 = torch.empty((m, k), dtype=torch.float8_e4m3fn, device=x.device)
     xt_fp8 = torch.empty((k, m), dtype=torch.float8_e4m3fn, device=x.device)
-    x_sf = torch.empty_strided((m, kb), (1, aligned_m), dtype=torch.float32, device=x.device)
-    xt_sf = torch.empty_strided((k, mb), (1, aligned_k), dtype=torch.float32, device=x.device)
+    x_sf = torch.empty_strided((m, kb), (1, rows_aligned), dtype=torch.float32, device=x.device)
+    xt_sf = torch.empty_strided((k, mb), (1, cols_aligned), dtype=torch.float32, device=x.device)
     vectorized = _vectorizable(x, k) and m % 16 == 0  # xᵀ rows (m bytes) are stored 16 bytes at a time
     config = QuantKernelConfig(QuantKind.CAST_TRANSPOSE, _INPUT_TYPES[x.dtype], vectorized, ue8m0=ue8m0)
     params = TransposeParams(
         input=x.data_ptr(), output=x_fp8.data_ptr(), scales=x_sf.data_ptr(), output_t=xt_fp8.data_ptr(),
         scales_t=xt_sf.data_ptr(), group_prefix=0, input_row_stride=_row_stride(x), num_rows=m, num_cols=k,
-        scale_stride=aligned_m, scale_t_stride=aligned_k, num_groups=0, reserved=0,
+        scale_stride=rows_aligned, scale_t_stride=cols_aligned, num_groups=0, reserved=0,
     )
-    (launch or _launch)(config, params, mb * kb, x.device)
+    (launch or launch_cuda)(config, params, mb * kb, x.device)
     return x_fp8, x_sf, xt_fp8, xt_sf
 
 
@@ -443,11 +550,11 @@ def transpose_cast_to_fp8_k_grouped_cuda(x: torch.Tensor, ks: list[int], use_ue8
         ``n * sum(ks[:g])``), float32 ``[n, sum(ks) / 128]`` M-major TMA-aligned (strides ``(1, aligned_n)``).
         Identical bits to :func:`deep_fp8_gemm.quant.per_token_cast_to_fp8_torch` of each ``x_g.t()``.
     """
-    x = _check_tensor(x, "x", (2,))
+    x = check_tensor(x, "x", (2,))
     if any(k < 0 or k % GROUP for k in ks) or sum(ks) != x.shape[0] or not ks:
         raise ValueError(f"ks must be non-negative multiples of {GROUP} summing to x.shape[0], got {ks=} and "
                          f"x.shape={tuple(x.shape)}")
-    return _k_grouped(x, [int(k) for k in ks], ue8m0=bool(use_ue8m0))
+    return run_k_grouped_transpose(x, [int(k) for k in ks], ue8m0=bool(use_ue8m0))
 
 
 _prefix_cache: dict[tuple[tuple[int, ...], torch.device], torch.Tensor] = {}
@@ -469,11 +576,11 @@ def _group_prefix(ks: list[int], device: torch.device) -> torch.Tensor:
     return prefix
 
 
-def _k_grouped(x: torch.Tensor, ks: list[int], launch=None, ue8m0: bool = False
+def run_k_grouped_transpose(x: torch.Tensor, ks: list[int], launch=None, ue8m0: bool = False
                ) -> tuple[torch.Tensor, torch.Tensor]:
     x = _rows_view(x)
     total, n = x.shape
-    aligned_n = _aligned_m(n)
+    aligned_n = aligned_m(n)
     flat = torch.empty((total * n,), dtype=torch.float8_e4m3fn, device=x.device)
     sf = torch.empty_strided((n, total // GROUP), (1, aligned_n), dtype=torch.float32, device=x.device)
     if total == 0 or n == 0:
@@ -488,5 +595,5 @@ def _k_grouped(x: torch.Tensor, ks: list[int], launch=None, ue8m0: bool = False
         group_prefix=prefix.data_ptr(), input_row_stride=_row_stride(x), num_rows=total, num_cols=n,
         scale_stride=0, scale_t_stride=aligned_n, num_groups=len(ks), reserved=0,
     )
-    (launch or _launch)(config, params, (total // GROUP) * ((n + GROUP - 1) // GROUP), x.device)
+    (launch or launch_cuda)(config, params, (total // GROUP) * ((n + GROUP - 1) // GROUP), x.device)
     return flat, sf

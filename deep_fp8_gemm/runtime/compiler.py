@@ -2,7 +2,8 @@
 
 ``compile_kernel`` looks in the in-process cache, then on disk, and only then compiles. The device
 headers include nothing from the CUDA toolkit, so NVRTC needs no include path but our own and a cold
-compile costs ~0.1-0.3 s instead of the 1-2 s that parsing CUTLASS/CCCL headers takes.
+compile costs a few tenths of a second (NOTES below) instead of the 1-2 s that parsing CUTLASS/CCCL headers
+alone takes.
 
 NOTES (measured, 2-core CI machine, NVRTC 13.5): a dense GEMM compiles in 0.25-0.4 s, most of it ptxas;
 the first compile in a process adds ~0.1 s of NVRTC start-up. ``--minimal`` (NVRTC >= 12.4) made no
@@ -70,6 +71,15 @@ def _nvrtc():
             raise RuntimeError("deep_fp8_gemm's JIT needs cuda-bindings and NVRTC: "
                                "pip install cuda-bindings nvidia-cuda-nvrtc") from exc
     return nvrtc
+
+
+def nvrtc_available() -> bool:
+    """True when the NVRTC bindings import (the JIT can compile here)."""
+    try:
+        _nvrtc()
+    except RuntimeError:
+        return False
+    return True
 
 
 def _check(result: tuple, what: str):

@@ -1,17 +1,70 @@
-"""Where an op's kernel runs: a tensor's GPU ordinal, that GPU's capability, the current device and stream.
+"""Where an op's kernel runs: the backend policy, a tensor's GPU ordinal, that GPU's capability, the current
+device and stream.
 
-The ops, the GEMM launcher and the quantisers ask these functions (through this module's attributes,
-never a ``from`` import) instead of reading ``torch.cuda`` themselves. That is the one seam through which
-``bench/bench_host.py`` sends CPU tensors down the GPU launch path against a stub ``libcuda.so.1`` (it swaps
-these functions for the duration of the measurement), so the host cost it measures is that of the code
-a GPU call runs. Nothing else replaces them.
+Every op family asks :func:`backend_of` where its call runs (one answer per family, written down below), and
+the launchers ask the functions after it, through this module's attributes (never a ``from`` import) instead
+of reading ``torch.cuda`` themselves. That is the one seam through which ``bench/bench_host.py`` sends CPU
+tensors down the GPU launch path against a stub ``libcuda.so.1`` (it swaps these functions for the duration of
+the measurement), so the host cost it measures is that of the code a GPU call runs. Nothing else replaces them.
 """
 
 from __future__ import annotations
 
+import enum
+import functools
+
 import torch
 
+from .. import env
+from ..constants import SUPPORTED_CAPABILITY
+
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # present in CUDA builds of torch
+
+
+class Backend(enum.Enum):
+    """Where a call of an op runs."""
+
+    CUDA = "cuda"            #: the JIT-compiled kernels on an sm_90 GPU
+    SIM = "sim"              #: CPU tensors with DFG_SIMULATE: the same kernel source in the CPU simulator
+    REFERENCE = "reference"  #: CPU tensors: the family's exact reference (GEMMs)
+    TORCH = "torch"          #: the plain-torch implementation whose float32 arithmetic defines the bits (quantisers)
+
+
+#: The families :func:`backend_of` knows, and what each does where (see its docstring).
+FAMILIES = ("gemm", "quant")
+
+
+def backend_of(device: torch.device, family: str) -> Backend:
+    """Where a call of ``family`` on tensors of ``device`` runs.
+
+    * ``"gemm"`` (every GEMM kind): an sm_90 GPU → ``CUDA``; any other GPU → ``RuntimeError`` (there is no
+      other implementation worth running there); CPU tensors → ``SIM`` under ``DFG_SIMULATE``, else
+      ``REFERENCE``.
+    * ``"quant"`` (the quantisers, cast-transposes and the MoE SiLU·mul + quantise): an sm_90 GPU → ``CUDA``
+      (the fused kernels); any other GPU → ``TORCH`` (the plain-torch implementation gives the same bits, so
+      nothing is lost but speed); CPU tensors → ``SIM`` under ``DFG_SIMULATE`` (every kernel of a model step
+      then runs in the simulator, so a simulated forward issues exactly the launches a GPU forward issues),
+      else ``TORCH``.
+    """
+    index = gpu_index(device)
+    if index is not None:
+        cap = capability(index)
+        if cap == SUPPORTED_CAPABILITY:
+            return Backend.CUDA
+        if family == "quant":
+            return Backend.TORCH
+        if family != "gemm":
+            raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
+        name = torch.cuda.get_device_name(device)
+        raise RuntimeError(
+            f"deep_fp8_gemm's CUDA kernels need an sm_90 (Hopper) device; {device} ({name}) is "
+            f"sm_{cap[0]}{cap[1]}. Use CPU tensors for the reference implementation."
+        )
+    if family not in FAMILIES:
+        raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
+    if env.simulate():
+        return Backend.SIM
+    return Backend.REFERENCE if family == "gemm" else Backend.TORCH
 
 
 def gpu_index(device: torch.device) -> int | None:
@@ -21,11 +74,10 @@ def gpu_index(device: torch.device) -> int | None:
     return device.index if device.index is not None else torch.cuda.current_device()
 
 
+@functools.lru_cache(maxsize=None)
 def capability(index: int) -> tuple[int, int]:
     """Compute capability ``(major, minor)`` of CUDA device ``index`` (cached per index)."""
-    from ..utils import _cuda_capability_of_index
-
-    return _cuda_capability_of_index(index)
+    return torch.cuda.get_device_capability(index)
 
 
 def current_device() -> int:

@@ -68,9 +68,7 @@ def ptxas_registers(name: str, source: str) -> int:
     """
     from ..runtime import compiler
 
-    try:
-        compiler._nvrtc()
-    except RuntimeError:
+    if not compiler.nvrtc_available():
         return 0
     return compiler.compile_kernel(name, source).resources.registers
 

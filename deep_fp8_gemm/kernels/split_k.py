@@ -19,7 +19,7 @@ import threading
 
 import torch
 
-from .config import GemmConfig, split_k_workspace
+from ..config import GemmConfig, split_k_workspace
 
 _lock = threading.Lock()
 _buffers: dict[tuple, list] = {}  # (device, stream) -> [counters int32, partials float32]

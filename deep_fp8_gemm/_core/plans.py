@@ -1,0 +1,634 @@
+"""The eager ops' per-call host path: checks cached per tensor signature, launches prepared once.
+
+A decode GEMM runs for 3-25 µs on the GPU, so the Python in front of its launch must cost about one launch.
+Everything the ops check and compute before a launch, except the data pointers, is a function of the
+arguments' *signature*: per tensor ``(shape, stride(), dtype, device)``, plus ``expected_m`` and the process
+settings (``utils.PROCESS_SETTINGS.key``: the :func:`~deep_fp8_gemm.set_num_sms` override). So an eager call
+looks up a **plan** for its signature: first among the plans last used with the same weight (``id(B)``;
+``id(x)``-free for the quantisers), each guarded by torch's C++ tensor-metadata check (``TensorGuards``, dynamo's
+own: sizes, strides, dtype, device, plus dispatch keys and requires_grad, which can only cause a miss), else in
+a dict keyed by the Python signature tuple (~4x dearer to build and compare):
+
+* new signature: the family's full checks run (the op's own ``check``: same errors, same messages, same
+  order), and the plan records their outcome: the problem is empty or not, the GPU ordinal
+  (``runtime.target``), whether sA already has the M-major TMA-aligned layout and sB / the grouped layout are
+  contiguous (else the op's conversions run on every call), the byte span of every tensor (for the overlap
+  check), and for a GPU: the family's config (its ``plan``), the loaded kernel and a
+  :class:`~deep_fp8_gemm.runtime.driver.PreparedLaunch`.
+* known signature: only what depends on the data pointers runs: 16-byte alignment of A, B and out, out
+  overlapping no input (integer compares against the cached spans; on a hit of either the family's full
+  pointer check runs and raises its usual message), sA's alignment, the tensor maps, the parameter bytes, the
+  launch. The psum layout's group ends are values, not metadata: on a CPU they are checked on every call (as by
+  the op), on a GPU never read.
+
+A changed shape, stride, dtype or device is a different signature, so it misses and is checked in full; a
+changed pointer is checked on every call.
+
+Parameters are packed by field name (``kernels.gemm.GemmParams`` / ``kernels.quant.QuantParams`` through
+``runtime.params.FieldPacker``), the same layouts the general path fills, never a second hand-written copy.
+
+Tensor maps: a ``CUtensorMap`` is opaque (the driver API documents no field offsets, so its global address
+cannot be patched on the host), so the four encoded maps are cached per plan under the four data pointers
+(:data:`MAX_MAP_SETS` pointer tuples per plan, then cleared), on top of the driver's LRU keyed by the full encode
+arguments (weights always hit there). The allocator hands a decode loop the same addresses, so a steady state
+never encodes.
+
+Quantiser outputs: every call returns two new tensors, each with its own storage of exactly its size (offset 0,
+the documented shapes and strides). The common call (:meth:`QuantPlan._fast_call`, one Python frame) makes them
+with torch's ``_empty_strided_{cpu,cuda}(sizes, strides, dtype)`` (inductor's allocator: no argument parser, no
+dispatcher; ~0.65 µs a tensor instead of ~1.3 µs), on the current device, which it checks is the input's; the
+general path uses ``new_empty_strided`` of a 0-element prototype of the output's dtype and device kept by the
+plan. Carving both from one buffer was measured and costs more (two view ops, ~1.8 µs each here), and would let a
+``resize_`` of one tensor grow over the other. The plan's constant kernel parameters are packed once into its
+own parameter block; a call from the thread that built the plan writes only the three pointers there, any
+other thread packs all of them into its own slot. On the null stream the kernel's context must be current: the
+driver is asked on every call (``cuCtxGetCurrent``; the ``CUcontext`` objects compare by handle) — no cache can
+see another library's ``cuCtxSetCurrent`` / push, so nothing is cached.
+
+:func:`prepare_gemm` exposes a plan as an object for callers that want to skip even the signature lookup:
+it checks the example tensors once, and each call trusts that the tensors have the example's metadata
+(their pointers are still checked).
+"""
+
+from __future__ import annotations
+
+from threading import get_ident as _get_ident
+from typing import Callable
+
+import torch
+
+from ..kernels import gemm as gemm_host
+from ..kernels import quant as quant_host
+from ..kernels import split_k
+from ..runtime import target
+from ..runtime.target import Backend
+from ..utils import PROCESS_SETTINGS, get_num_sms, m_major_strides
+from .checks import byte_span, check_expected_m, check_pointers
+from .dispatch import normalise_scales, operands
+from .family import GemmFamily
+
+_Tensor = torch.Tensor
+#: Plans per op and weights per index; cleared when full (a model has a handful of signatures per op).
+MAX_PLANS = 1024
+#: Encoded tensor-map sets (one per pointer tuple) cached per plan.
+MAX_MAP_SETS = 64
+#: Split-K workspaces (one per stream) a plan holds.
+MAX_WORKSPACES = 64
+#: Signatures (typically row counts) remembered per weight in the guard index.
+MAX_GUARDS_PER_WEIGHT = 8
+_MAPS_BYTES = gemm_host.MAPS_BYTES
+_GEMM_PARAMS_BYTES = gemm_host.PARAMS_BYTES
+# struct.pack_into and the offset of the bf16 kinds' tail / the quantisers' three pointers, bound once: the hot
+# path packs them with one C call, no Python frame of FieldPacker's.
+_pack_tail, _TAIL_START = gemm_host.params_packer(gemm_host.TAIL_1D2D).bound()
+_QUANT_POINTERS = quant_host.params_packer(quant_host.POINTER_FIELDS)
+_param_slot = None  # driver.param_slot, bound when the first GPU plan is built (no CUDA import before)
+try:  # torch's C++ tensor-metadata check (dynamo's own); None: the signature dicts alone serve (tests set it so)
+    from torch._C._dynamo.guards import TensorGuards as TENSOR_GUARDS
+except ImportError:  # pragma: no cover - every torch this package supports has it
+    TENSOR_GUARDS = None
+# torch's low-overhead allocators (what inductor's generated code calls): ``(sizes, strides, dtype)`` ->
+# ``at::detail::empty_strided_{cpu,cuda}`` without the Python argument parser or the dispatcher, ~0.65 µs per
+# tensor less than ``new_empty_strided`` here. The CUDA one allocates on the *current* device (checked per
+# call). Private API: where it is missing a plan allocates with new_empty_strided.
+try:
+    from torch._C._dynamo.guards import _empty_strided_cpu as _empty_cpu, _empty_strided_cuda as _empty_cuda
+except ImportError:  # pragma: no cover - present in the supported torch (2.13)
+    _empty_cpu = _empty_cuda = None
+ALLOCATORS = {"cpu": _empty_cpu, "cuda": _empty_cuda}  # device type -> fast allocator (None: not in this torch)
+_is_compiling = torch.compiler.is_compiling
+_dispatch_depth = torch._C._len_torch_dispatch_stack
+_FP8, _F32 = torch.float8_e4m3fn, torch.float32
+
+
+def _bind_driver() -> None:
+    global _param_slot
+    from ..runtime import driver
+
+    _param_slot = driver.param_slot
+
+
+def guard(*tensors):
+    """A check that tensors have exactly these tensors' sizes, strides, dtype and device, in C++:
+    ``torch._C._dynamo.guards.TensorGuards`` (dynamo's own, static dims), ~4x cheaper than building and
+    comparing the Python signature tuple. It also compares dispatch keys and requires_grad, which can only
+    turn a hit into a miss (then the signature dict serves the call). None when this torch lacks it."""
+    if TENSOR_GUARDS is None:
+        return None
+    try:
+        return TENSOR_GUARDS(*tensors, dynamic_dims_sizes=None, dynamic_dims_strides=None)
+    except Exception:  # an API change in a future torch: the dict path alone stays correct
+        return None
+
+
+def _remember(plans: dict, key: tuple, plan):
+    if len(plans) >= MAX_PLANS:
+        plans.clear()
+    plans[key] = plan
+    return plan
+
+
+# ---------------------------------------------------------------------------------------------- GEMM plans
+class GemmPlan:
+    """The checked, prepared form of one signature of a bf16-output GEMM family (dense, contiguous, masked,
+    psum; see the module docstring). Call it with tensors of that signature:
+    ``plan(a, sa, b, sb, out, grouped_layout)`` (``grouped_layout`` None for dense)."""
+
+    __slots__ = ("family", "layout_name", "expected_m", "empty", "index", "rows", "cfg", "launcher", "heads",
+                 "sa_ready", "sb_ready", "gl_ready", "ready", "spans", "values_check", "workspace", "device")
+
+    def __init__(self, spec: GemmEntrySpec, a, sa, b, sb, out, gl, expected_m: int | None):
+        problem = spec.check(a, sa, b, sb, out, gl, expected_m)
+        self.family, self.layout_name, self.expected_m = spec.family, spec.layout_name, expected_m
+        self.empty = problem.empty
+        # Byte spans of A, sA, B, sB, out, grouped layout from their data pointers (0: empty / absent).
+        self.spans = (byte_span(a), byte_span(sa), byte_span(b), byte_span(sb), byte_span(out),
+                      0 if gl is None else byte_span(gl))
+        self.rows = a.shape[-2]
+        # A value check of the grouped layout on every call (psum on a CPU: free there, as the op does it). Never
+        # on a GPU (graph-safe; the empty problem included), hence gpu_index and not the emptiness below.
+        on_gpu = target.gpu_index(a.device) is not None
+        self.values_check = None if on_gpu else spec.cpu_values_check
+        self.index = None if self.empty else target.gpu_index(a.device)
+        self.cfg = self.launcher = None
+        self.workspace = None  # split-K: {stream: (counters, partials, buffers kept alive)}; else None
+        self.device = a.device
+        self.heads: dict[tuple[int, int, int, int], bytes] = {}
+        self.sa_ready = sa.numel() == 0 or sa.stride() == m_major_strides(tuple(sa.shape))
+        self.sb_ready = sb.is_contiguous()
+        self.gl_ready = gl is None or gl.is_contiguous()
+        self.ready = self.sa_ready and self.sb_ready and self.gl_ready  # no conversion needed on any call
+        if self.index is not None:
+            self._prepare_gpu(a, b)
+
+    def _prepare_gpu(self, a, b) -> None:
+        from ..runtime import driver
+
+        target.backend_of(a.device, "gemm")  # RuntimeError on a GPU other than sm_90, as the op
+        _bind_driver()
+        cfg = self.family.plan(a, b, self.expected_m, get_num_sms())
+        self.launcher = driver.PreparedLaunch(gemm_host.cuda_kernel(cfg, self.index), _GEMM_PARAMS_BYTES,
+                                              grid=cfg.grid_size, block=cfg.num_threads, cluster=cfg.cluster_size,
+                                              smem_bytes=cfg.smem_bytes)
+        self.cfg = cfg
+        if cfg.split_k > 1:
+            self.workspace = {}
+
+    def __call__(self, a, sa, b, sb, out, gl=None) -> None:
+        pa, psa, pb, psb, pd = a.data_ptr(), sa.data_ptr(), b.data_ptr(), sb.data_ptr(), out.data_ptr()
+        pgl = 0 if gl is None else gl.data_ptr()
+        span_a, span_sa, span_b, span_sb, span_out, span_gl = self.spans
+        hi = pd + span_out
+        # Conservative: any possible misalignment or overlap (empty tensors included) runs the full check,
+        # which raises the usual message, or passes.
+        if ((pa | pb | pd) & 15 or (pd < pa + span_a and pa < hi) or (pd < psa + span_sa and psa < hi)
+                or (pd < pb + span_b and pb < hi) or (pd < psb + span_sb and psb < hi)
+                or (pgl and pd < pgl + span_gl and pgl < hi)):
+            extra = () if gl is None else ((gl, self.layout_name),)
+            check_pointers(a, sa, b, sb, out, extra)
+        launcher = self.launcher
+        if launcher is None:  # empty problem, or CPU: the reference (or the simulator), through the family
+            if self.values_check is not None:
+                self.values_check(gl, self.rows)
+            if not self.empty:
+                self.family.dispatch(a, sa, b, sb, out, gl, self.expected_m)
+            return
+        if not self.ready or psa & 15:
+            if not self.sa_ready or psa & 15:
+                sa = normalise_scales(sa)
+                psa = sa.data_ptr()
+            if not self.sb_ready:
+                sb = sb.contiguous()
+                psb = sb.data_ptr()
+            if not self.gl_ready:
+                gl = gl.contiguous()
+                pgl = gl.data_ptr()
+        key = (pa, psa, pb, pd)
+        head = self.heads.get(key)
+        if head is None:
+            head = self._encode(a, sa, b, out, key)
+        slot = _param_slot(_GEMM_PARAMS_BYTES)
+        view = slot.view
+        view[:_MAPS_BYTES] = head
+        stream = target.current_stream(self.index)
+        if self.workspace is None:
+            _pack_tail(view, _TAIL_START, psb, pgl, self.rows, 0, 0)
+        else:
+            ws = self.workspace.get(stream)
+            if ws is None:
+                ws = self._split_k_workspace(stream)
+            _pack_tail(view, _TAIL_START, psb, pgl, self.rows, ws[0], ws[1])
+        launcher.launch(slot, stream)
+
+    def _split_k_workspace(self, stream: int) -> tuple:
+        """This plan's split-K buffers on ``stream``, held by the plan (so its pointers stay valid even after the
+        shared cache grows and replaces them; the counters stay zero between launches either way)."""
+        counters, partials = split_k.buffers(self.cfg, self.rows, self.device, stream)
+        if len(self.workspace) >= MAX_WORKSPACES:
+            self.workspace.clear()
+        ws = self.workspace[stream] = (counters.data_ptr(), partials.data_ptr(), counters, partials)
+        return ws
+
+    def _encode(self, a, sa, b, out, key) -> bytes:
+        head = b"".join(gemm_host.encode_maps(gemm_host.tensor_map_args_1d2d(self.cfg, a, sa, b, out), Backend.CUDA))
+        if len(self.heads) >= MAX_MAP_SETS:
+            self.heads.clear()
+        self.heads[key] = head
+        return head
+
+
+class GemmEntrySpec:
+    """How a bf16-output GEMM family's eager calls are planned (made by the family module):
+
+    * ``family``: its :class:`~deep_fp8_gemm._core.family.GemmFamily` (``plan`` and ``dispatch`` with the uniform
+      signatures ``plan(a, b, expected_m, num_sms)`` / ``dispatch(a, sa, b, sb, out, grouped_layout, expected_m)``);
+    * ``check(a, sa, b, sb, out, grouped_layout, expected_m) -> Problem``: the op's full checks;
+    * ``layout_name``: the grouped-layout argument's name in messages (None: dense, no such argument);
+    * ``expected_m``: ``"none"`` (the kind takes none), ``"required"`` or ``"optional"``;
+    * ``cpu_values_check(grouped_layout, rows)``: a value check run on every CPU call (psum), or None.
+    """
+
+    __slots__ = ("family", "check", "layout_name", "expected_m", "cpu_values_check")
+
+    def __init__(self, family: GemmFamily, check: Callable, layout_name: str | None, expected_m: str,
+                 cpu_values_check: Callable | None = None):
+        if expected_m not in ("none", "required", "optional"):
+            raise ValueError(f"expected_m must be 'none', 'required' or 'optional', got {expected_m!r}")
+        self.family, self.check, self.layout_name = family, check, layout_name
+        self.expected_m, self.cpu_values_check = expected_m, cpu_values_check
+
+
+#: kind -> the eager entry of every bf16-output GEMM family (filled by :func:`gemm_entry`).
+GEMM_ENTRIES: dict[str, Callable] = {}
+
+
+def gemm_entry(spec: GemmEntrySpec) -> Callable:
+    """The eager entry of a bf16-output GEMM family: ``entry(a, sa, b, sb, out, grouped_layout, expected_m) ->
+    bool`` runs the call through its plan and returns True when :func:`~deep_fp8_gemm._core.dispatch.eager`
+    allows (else False: nothing done, the op's own path runs and raises what it raises, in its order).
+
+    The plans live in the closure: ``entry.plans`` (signature tuple -> plan) and ``entry.index`` (``id(B)`` ->
+    ``[(guard, expected_m, settings key, plan)]``, newest first; a guard is torch's C++ tensor-metadata check, see
+    :func:`guard`; expected_m and the settings key are the non-tensor part of the signature). ``id(B)`` only
+    narrows the search (a reused id is harmless: the guard checks every tensor, B included).
+
+    NOTES: the entry is three closures (no grouped layout / a layout without expected_m / with it) and the eager
+    test is spelled out in each (``type(t) is not _Tensor`` per tensor) instead of calling
+    ``_core.dispatch.eager``: a call and a built ``extra`` tuple cost ~0.25 µs and ~0.1 µs per op here
+    (bench.bench_host's dense and contiguous rows, 2-core CI machine), 3% and 1% of their host path.
+    """
+    plans: dict[tuple, GemmPlan] = {}
+    index: dict[int, list] = {}
+    expected_rule = spec.expected_m
+    settings = PROCESS_SETTINGS
+
+    def plan_and_call(key, expected_m, tensors) -> None:
+        signature = tuple(x for t in tensors for x in (t.shape, t.stride(), t.dtype, t.device)) + (expected_m, key)
+        plan = plans.get(signature)
+        if plan is None:
+            gl = tensors[5] if len(tensors) > 5 else None
+            plan = _remember(plans, signature, GemmPlan(spec, *tensors[:5], gl, expected_m))
+        g = guard(*tensors)
+        if g is not None:
+            entries = index.get(id(tensors[2]))
+            if entries is None:
+                if len(index) >= MAX_PLANS:
+                    index.clear()
+                entries = index[id(tensors[2])] = []
+            entries.insert(0, (g, expected_m, key, plan))
+            del entries[MAX_GUARDS_PER_WEIGHT:]
+        plan(*tensors)
+
+    # Index entries are (guard, expected_m, settings key, plan); the settings key is interned, so `is` compares it.
+    if spec.layout_name is None:
+        def entry(a, sa, b, sb, out, gl=None, expected_m=None) -> bool:
+            if _is_compiling() or _dispatch_depth() or type(a) is not _Tensor or type(sa) is not _Tensor or \
+                    type(b) is not _Tensor or type(sb) is not _Tensor or type(out) is not _Tensor:
+                return False
+            key = settings.key
+            entries = index.get(id(b))
+            if entries is not None:
+                for g, _, k, plan in entries:
+                    if k is key and g.check(a, sa, b, sb, out):
+                        plan(a, sa, b, sb, out)
+                        return True
+            plan_and_call(key, None, (a, sa, b, sb, out))
+            return True
+    elif expected_rule == "none":
+        def entry(a, sa, b, sb, out, gl, expected_m=None) -> bool:
+            if _is_compiling() or _dispatch_depth() or type(a) is not _Tensor or type(sa) is not _Tensor or \
+                    type(b) is not _Tensor or type(sb) is not _Tensor or type(out) is not _Tensor or \
+                    type(gl) is not _Tensor:
+                return False
+            key = settings.key
+            entries = index.get(id(b))
+            if entries is not None:
+                for g, _, k, plan in entries:
+                    if k is key and g.check(a, sa, b, sb, out, gl):
+                        plan(a, sa, b, sb, out, gl)
+                        return True
+            plan_and_call(key, None, (a, sa, b, sb, out, gl))
+            return True
+    else:
+        def entry(a, sa, b, sb, out, gl, expected_m=None) -> bool:
+            if _is_compiling() or _dispatch_depth() or type(a) is not _Tensor or type(sa) is not _Tensor or \
+                    type(b) is not _Tensor or type(sb) is not _Tensor or type(out) is not _Tensor or \
+                    type(gl) is not _Tensor:
+                return False
+            if (expected_m is not None or expected_rule == "required") and \
+                    (type(expected_m) is not int or expected_m <= 0):
+                # Before the lookup (True == 1 as a key): the required kind raises here, the optional one
+                # leaves the error to the op's own path.
+                if expected_rule == "required":
+                    check_expected_m(expected_m)
+                return False
+            key = settings.key
+            entries = index.get(id(b))
+            if entries is not None:
+                for g, em, k, plan in entries:
+                    if k is key and em == expected_m and g.check(a, sa, b, sb, out, gl):
+                        plan(a, sa, b, sb, out, gl)
+                        return True
+            plan_and_call(key, expected_m, (a, sa, b, sb, out, gl))
+            return True
+
+    entry.kind, entry.plans, entry.index, entry.spec = spec.family.kind, plans, index, spec
+    GEMM_ENTRIES[spec.family.kind] = entry
+    return entry
+
+
+# ---------------------------------------------------------------------------------------------- prepared calls
+class PreparedGemm:
+    """A GEMM checked once against example tensors; calling it skips the per-call signature checks.
+
+    Made by :func:`prepare_gemm`. Call it exactly like the op it was prepared for, with tensors that have the
+    example's shapes, strides, dtypes and device (**not checked** per call: that is what it saves; use
+    :meth:`matches` while developing): ``p(lhs, rhs, out)`` (dense), ``p(lhs, rhs, out, m_indices)``
+    (contiguous), ``p(lhs, rhs, out, masked_m)`` (masked; the ``expected_m`` given to :func:`prepare_gemm`),
+    ``p(lhs, rhs, out, grouped_layout)`` (psum; likewise).
+    Data pointers may change from call to call and are still checked (16-byte alignment, no overlap of out
+    with an input), with the ops' messages. CUDA-graph capturable like the ops (after one call).
+    """
+
+    __slots__ = ("kind", "expected_m", "_plan", "_key")
+
+    def __init__(self, kind: str, plan: GemmPlan, key: tuple, expected_m: int | None):
+        self.kind, self._plan, self._key, self.expected_m = kind, plan, key, expected_m
+
+    def __call__(self, lhs, rhs, out, grouped_layout=None) -> None:
+        a, sa = lhs
+        b, sb = rhs
+        self._plan(a, sa, b, sb, out, grouped_layout)
+
+    def matches(self, lhs, rhs, out, grouped_layout=None) -> bool:
+        """True when these tensors have the example's signature (what a call assumes without checking)."""
+        return _prepared_key(self.kind, lhs, rhs, out, grouped_layout, self.expected_m) == self._key
+
+    def __repr__(self) -> str:
+        return f"PreparedGemm(kind={self.kind!r}, config={self._plan.cfg})"
+
+
+def _prepared_key(kind, lhs, rhs, out, gl, expected_m) -> tuple:
+    tensors = (*lhs, *rhs, out) + (() if gl is None else (gl,))
+    return (kind, expected_m, PROCESS_SETTINGS.key) + tuple((t.shape, t.stride(), t.dtype, t.device) for t in tensors)
+
+
+def prepare_gemm(kind: str, lhs, rhs, out, grouped_layout: torch.Tensor | None = None,
+                 expected_m: int | None = None) -> PreparedGemm:
+    """Check a GEMM once and return a callable that runs it with new tensors of the same signature.
+
+    Args:
+        kind: ``"dense"`` (:func:`~deep_fp8_gemm.gemm_fp8_fp8_bf16_nt`), ``"contiguous"``
+            (:func:`~deep_fp8_gemm.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous`, ``grouped_layout`` = m_indices) or
+            ``"masked"`` (:func:`~deep_fp8_gemm.m_grouped_gemm_fp8_fp8_bf16_nt_masked`, ``grouped_layout`` =
+            masked_m, ``expected_m`` required) or ``"psum"``
+            (:func:`~deep_fp8_gemm.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum`, ``grouped_layout`` = the
+            group ends, ``expected_m`` optional; on a CPU the ends are checked on every call, as by the op).
+        lhs, rhs, out, grouped_layout: example arguments, exactly as the op takes them (shapes, dtypes, layouts
+            and errors as documented there); nothing is computed.
+
+    Returns:
+        A :class:`PreparedGemm`. On a GPU its kernel is compiled and loaded here.
+
+    Raises:
+        The op's TypeError / ValueError / RuntimeError for bad example arguments; ValueError for an unknown
+        ``kind`` or a grouped_layout given to / missing from the wrong kind.
+    """
+    if kind not in GEMM_ENTRIES:
+        raise ValueError(f"kind must be one of {', '.join(repr(k) for k in GEMM_ENTRIES)}, got {kind!r}")
+    spec = GEMM_ENTRIES[kind].spec
+    if (grouped_layout is None) != (spec.layout_name is None):
+        raise ValueError(f"prepare_gemm('dense', ...) takes no grouped_layout" if kind == "dense" else
+                         f"prepare_gemm({kind!r}, ...) needs grouped_layout ({spec.layout_name})")
+    if spec.expected_m == "required" or (spec.expected_m == "optional" and expected_m is not None):
+        check_expected_m(expected_m)
+    elif spec.expected_m == "none" and expected_m is not None:
+        kinds = [k for k, e in GEMM_ENTRIES.items() if e.spec.expected_m != "none"]
+        raise ValueError(f"expected_m is only for kind={' or '.join(repr(k) for k in kinds)}, got {expected_m=} "
+                         f"for {kind=}")
+    extra = () if grouped_layout is None else ((grouped_layout, spec.layout_name),)
+    a, sa, b, sb = operands(lhs, rhs, out, *extra)
+    plan = GemmPlan(spec, a, sa, b, sb, out, grouped_layout, expected_m)
+    return PreparedGemm(kind, plan, _prepared_key(kind, (a, sa), (b, sb), out, grouped_layout, expected_m), expected_m)
+
+
+# ---------------------------------------------------------------------------------------------- quantisers
+class QuantPlan:
+    """One quantiser signature: ``kind`` ("per_token" | "per_block" | "silu"), checked and prepared.
+
+    Not an sm_90 GPU: calls the quantiser's own implementation (``fallback``: its backend policy decides between
+    plain torch and the simulator). sm_90: allocates the outputs with the cached shapes / strides, packs the
+    ``QuantParams`` pointers into the plan's parameter block (the constants are there already, packed by name from
+    ``kernels.quant``'s launch plan, the one the general path uses) and launches the fused kernel (vectorised when
+    the input address is 16-byte aligned and the shape allows)."""
+
+    __slots__ = ("kind", "ue8m0", "fallback", "index", "device", "launch_plan", "_launchers", "out_proto",
+                 "scale_proto", "thread", "block", "call", "_consts")
+
+    def __init__(self, kind: str, x: torch.Tensor, check: Callable, fallback: Callable, ue8m0: bool):
+        check(x)
+        self.kind, self.ue8m0 = kind, ue8m0
+        self.fallback = fallback if kind == "silu" else (lambda t: fallback(t, ue8m0))
+        self.call = self.fallback  # what a call runs: the fallback, or _launch once prepared for sm_90 below
+        self.index = None
+        if target.backend_of(x.device, "quant") is not Backend.CUDA:
+            return
+        self.index = target.gpu_index(x.device)
+        self.device = x.device
+        _bind_driver()
+        self.launch_plan = lp = quant_host.plan_quant(x, quant_host.QUANT_KINDS[kind], ue8m0)
+        self._launchers: dict[bool, object] = {}
+        # 0-element prototypes (no memory): the outputs are made with their new_empty_strided.
+        self.out_proto = torch.empty(0, dtype=_FP8, device=self.device)
+        self.scale_proto = torch.empty(0, dtype=_F32, device=self.device)
+        # The plan's own parameter block, written only by the thread that built the plan: the constants are
+        # packed once here, a call writes the three pointers in front of them.
+        self.thread = _get_ident()
+        self.call = self._launch
+        if not lp.empty:
+            from ..runtime import driver
+
+            self._consts = quant_host.params_packer(tuple(lp.fields))
+            self.block = driver.param_block(quant_host.QUANT_PARAMS_BYTES)
+            self._consts.pack_into(self.block.view, *lp.fields.values())
+            empty = ALLOCATORS.get(self.device.type)
+            if not lp.copy and empty is not None:
+                self.call = self._fast_call(driver, empty)
+
+    def _launcher(self, vectorized: bool):
+        from ..runtime import driver
+
+        config = self.launch_plan.kernel_config(vectorized)
+        launcher = driver.PreparedLaunch(quant_host.cuda_kernel(config, self.index), quant_host.QUANT_PARAMS_BYTES,
+                                         grid=self.launch_plan.grid, block=config.num_threads,
+                                         smem_bytes=config.smem_bytes)
+        self._launchers[vectorized] = launcher
+        return launcher
+
+    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.call(x)
+
+    def _fast_call(self, driver, empty):
+        """``self.call`` of a non-empty plan whose input needs no copy: one Python frame that does what
+        :meth:`_launch` then :meth:`PreparedLaunch.launch <deep_fp8_gemm.runtime.driver.PreparedLaunch.launch>`
+        do in the common case (the current device is the input's, aligned input if vectorised, this plan's
+        thread, a stream already seen, on the null stream the kernel's context current); anything else goes
+        through :meth:`_launch` / :meth:`_finish` / ``launch``, so every rule stays in one place. Locals instead
+        of attribute loads, the driver's functions bound once (the binding is the module's ``driver`` at plan
+        time). ``empty``: torch's ``(sizes, strides, dtype)`` allocator for the plan's device type; its tensors
+        are what ``new_empty_strided`` makes (own storage of exactly the size, offset 0, no grad), except that
+        torch's deterministic mode does not NaN-fill them (the kernel writes every element)."""
+        lp = self.launch_plan
+        out_shape, out_strides, scale_shape, scale_strides = lp.out_shape, lp.out_strides, lp.scale_shape, lp.scale_strides
+        vectorizable = lp.vectorizable
+        launcher = self._launchers.get(vectorizable) or self._launcher(vectorizable)
+        configs, kernel, index, thread = launcher._configs, launcher.kernel, self.index, self.thread
+        finish = self._finish
+        function, context = kernel.function, kernel.context
+        block = self.block
+        view, address = block.view, block.pointers_address
+        pack, start = _QUANT_POINTERS.bound()
+        get_current, launch_ex = driver.driver.cuCtxGetCurrent, driver.driver.cuLaunchKernelEx
+        get_ident = _get_ident
+
+        slow = self._launch
+
+        def call(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            if target.current_device() != index:  # the allocator's device: not the input's
+                return slow(x)
+            out = empty(out_shape, out_strides, _FP8)
+            scales = empty(scale_shape, scale_strides, _F32)
+            px = x.data_ptr()
+            stream = target.current_stream(index)
+            config = configs.get(stream)
+            if config is None or (vectorizable and px & 15) or get_ident() != thread:
+                return finish(x, out, scales, px)
+            pack(view, start, px, out.data_ptr(), scales.data_ptr())
+            if stream == 0:  # null stream: this kernel's context must be current (else launch() pushes it)
+                err, current = get_current()
+                if err or current != context:  # CUcontext == compares the handles
+                    launcher.launch(block, stream)
+                    return out, scales
+            err = launch_ex(config, function, address, 0)[0]
+            if err:
+                launcher.raise_error(err, stream)
+            return out, scales
+
+        return call
+
+    def _launch(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The sm_90 path (``self.call`` there unless :meth:`_fast_call` serves): allocate the outputs, pack
+        the pointers, launch."""
+        lp = self.launch_plan
+        if lp.copy:
+            x = x.contiguous()
+        # Two new tensors, each with its own storage (module docstring, "Quantiser outputs"); new_empty_strided
+        # of a 0-element prototype skips parsing dtype= and device= (~0.15 µs each on the CI machine).
+        out = self.out_proto.new_empty_strided(lp.out_shape, lp.out_strides)
+        scales = self.scale_proto.new_empty_strided(lp.scale_shape, lp.scale_strides)
+        if lp.empty:
+            return out, scales
+        return self._finish(x, out, scales, x.data_ptr())
+
+    def _finish(self, x: torch.Tensor, out: torch.Tensor, scales: torch.Tensor, px: int
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Pack the parameters of ``x`` -> ``(out, scales)`` and launch (``px`` = ``x.data_ptr()``)."""
+        vectorized = self.launch_plan.vectorizable and not px & 15
+        launcher = self._launchers.get(vectorized) or self._launcher(vectorized)
+        if _get_ident() == self.thread:  # the constants are already in the plan's own block
+            block = self.block
+            _QUANT_POINTERS.pack_into(block.view, px, out.data_ptr(), scales.data_ptr())
+        else:  # another thread: the plan's block is not its to write; pack everything into its own slot
+            block = _param_slot(quant_host.QUANT_PARAMS_BYTES)
+            _QUANT_POINTERS.pack_into(block.view, px, out.data_ptr(), scales.data_ptr())
+            self._consts.pack_into(block.view, *self.launch_plan.fields.values())
+        launcher.launch(block, target.current_stream(self.index))
+        return out, scales
+
+
+#: Every quantiser's signature dict and hot lists (see :func:`quantiser`), for :func:`clear` and :func:`stats`.
+_quant_plans: dict[tuple, QuantPlan] = {}
+_quant_hot: list[list] = []
+
+
+def quantiser(kind: str, check: Callable, fallback: Callable):
+    """The eager entry of quantiser ``kind`` ("per_token" | "per_block" | "silu"): ``entry(x, ue8m0)`` runs it
+    through its plan when :func:`~deep_fp8_gemm._core.dispatch.eager` allows and returns ``(out, scales)``, else
+    None (nothing done). ``check(x)`` is the public op's check (run on a new signature), ``fallback`` its
+    implementation where the fused kernels do not run (called as ``fallback(x, ue8m0)``, or ``fallback(x)`` for
+    "silu"); ``ue8m0`` a bool (the caller checks its type).
+
+    Hot path: per ``ue8m0`` a list of ``(guard.check, plan.call)``, newest first, at most
+    ``MAX_GUARDS_PER_WEIGHT`` — one C++ metadata check and one call per hit, the kind and the lists bound in
+    the closure (no key built, no dict looked up)."""
+    hot = ([], [])  # indexed by ue8m0 (False -> 0, True -> 1)
+    _quant_hot.extend(hot)
+
+    def entry(x: torch.Tensor, ue8m0: bool = False) -> tuple[torch.Tensor, torch.Tensor] | None:
+        if _is_compiling() or _dispatch_depth() or type(x) is not _Tensor:
+            return None
+        for hit, call in hot[ue8m0]:
+            if hit(x):
+                return call(x)
+        key = (kind, ue8m0, x.shape, x.stride(), x.dtype, x.device)
+        plan = _quant_plans.get(key)
+        if plan is None:
+            plan = _remember(_quant_plans, key, QuantPlan(kind, x, check, fallback, ue8m0))
+        g = guard(x)
+        if g is not None:
+            entries = hot[ue8m0]
+            entries.insert(0, (g.check, plan.call))
+            del entries[MAX_GUARDS_PER_WEIGHT:]
+        return plan.call(x)
+
+    return entry
+
+
+# ---------------------------------------------------------------------------------------------- introspection
+def clear() -> None:
+    """Forget every plan (tests; a loaded kernel stays loaded)."""
+    for entry in GEMM_ENTRIES.values():
+        entry.plans.clear()
+        entry.index.clear()
+    _quant_plans.clear()
+    for hot in _quant_hot:
+        hot.clear()
+
+
+def stats() -> dict[str, tuple[int, int]]:
+    """``{kind: (plans, weights indexed)}`` for every GEMM family with an eager entry, and ``"quant"``: (plans, hot
+    entries). What tests and benchmarks inspect instead of the entries' state."""
+    out = {kind: (len(e.plans), len(e.index)) for kind, e in GEMM_ENTRIES.items()}
+    out["quant"] = (len(_quant_plans), sum(len(h) for h in _quant_hot))
+    return out
+
+
+def plans_of(kind: str) -> list[GemmPlan]:
+    """The plans a GEMM family's entry holds (tests: a pointer-only change must reuse one)."""
+    return list(GEMM_ENTRIES[kind].plans.values())
+
+
+def inject_guard_for_tests(kind: str, weight: torch.Tensor, guard_tensors: tuple, plan: GemmPlan) -> None:
+    """Put ``(guard(*guard_tensors), plan)`` first in ``kind``'s index under ``id(weight)`` (tests: an entry whose guard
+    does not match a call's tensors, as after a freed weight's id is reused, must never serve it)."""
+    GEMM_ENTRIES[kind].index[id(weight)] = [(guard(*guard_tensors), plan.expected_m, PROCESS_SETTINGS.key, plan)]

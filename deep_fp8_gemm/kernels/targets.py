@@ -1,0 +1,80 @@
+"""What the kernel audit compiles: the DeepSeek-V3 problem tables (ANCHORS.md section 5) and every distinct GEMM
+kernel the heuristic picks for them (``python -m deep_fp8_gemm audit``, ``precompile``, the demo, bench_jit)."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from ..config import KINDS, GemmConfig, get_config, k_grouped_config
+from .gemm import render_source
+
+# Dense (N, K) and grouped (N, K).
+DEEPSEEK_V3_DENSE = ((2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048), (576, 7168))
+DEEPSEEK_V3_GROUPED = ((4096, 7168), (7168, 2048))
+DEFAULT_DENSE_MS = (1, 16, 64, 128, 256, 1024, 4096, 8192)
+CONTIGUOUS_EXPERTS = ((4, 8192), (8, 4096), (32, 256))  # (experts, rows per expert)
+MASKED_GROUPS = (4, 8, 32)
+MASKED_EXPECTED_MS = (1, 32, 256, 1024)
+# 1D1D (weight gradients of the dense layers above): dW [N, K] = dY^T . X, i.e. m = N (out features), n = K (in
+# features), k = tokens; audited for the in-feature counts x 4096 tokens and the out-feature counts as m.
+DEEPSEEK_V3_WGRAD = ((7168, 4096), (1536, 4096), (512, 4096), (16384, 4096), (2048, 4096))
+WGRAD_MS = (576, 2112, 4096, 7168, 24576)
+# k-grouped (MoE expert weight gradients): dW13 [2 x 2048, 7168] and dW2 [7168, 2048] of each local expert, i.e.
+# (n, nominal k) shapes with n = 7168 / 2048 and ms = 4096 / 7168 (out features), for 8 and 32 local experts.
+DEEPSEEK_V3_K_GROUPED = ((7168, 4096), (2048, 4096))
+K_GROUPED_MS = (4096, 7168)
+K_GROUPED_GROUPS = (8, 32)
+
+_DEFAULT_SHAPES = {"dense": DEEPSEEK_V3_DENSE, "1d1d": DEEPSEEK_V3_WGRAD, "k_grouped": DEEPSEEK_V3_K_GROUPED}
+
+
+def _configs(kind: str, shapes: Sequence[tuple[int, int]], ms: Sequence[int] | None, num_sms: int,
+             num_groups: int | None) -> list[GemmConfig]:
+    """The heuristic's pick for every problem of ``kind`` over ``shapes`` x ``ms`` (see :func:`audit_targets`)."""
+    configs: list[GemmConfig] = []
+    for n, k in shapes:
+        if kind in ("dense", "1d1d"):
+            for m in ms or (DEFAULT_DENSE_MS if kind == "dense" else WGRAD_MS):
+                configs.append(get_config(m, n, k, 1, kind, num_sms))
+        elif kind == "k_grouped":  # k: the nominal per-group K of the cost model (the binary has none)
+            for g in ([num_groups] if num_groups else K_GROUPED_GROUPS):
+                for m in ms or K_GROUPED_MS:
+                    configs.append(k_grouped_config(m, n, g, num_sms, k))
+        elif kind in ("contiguous", "psum"):
+            if not ms:
+                pairs = list(CONTIGUOUS_EXPERTS)
+            elif num_groups:
+                pairs = [(num_groups, m) for m in ms]
+            else:
+                pairs = [(g, m) for g, _ in CONTIGUOUS_EXPERTS for m in ms]
+            for g, m in pairs:
+                configs.append(get_config(g * m, n, k, g, kind, num_sms))
+        else:
+            for g in ([num_groups] if num_groups else MASKED_GROUPS):
+                for m in ms or MASKED_EXPECTED_MS:
+                    configs.append(get_config(m, n, k, g, "masked", num_sms))
+    return configs
+
+
+def audit_targets(kind: str, shapes: Sequence[tuple[int, int]] | None = None, ms: Sequence[int] | None = None,
+                  num_sms: int = 132, num_groups: int | None = None) -> list:
+    """Every distinct kernel the heuristic picks for ``kind`` over shapes x M (deduplicated by binary).
+
+    dense / 1d1d: ``ms`` are row counts (default 1..8192 / the wgrad out-feature counts); contiguous / psum:
+    ``ms`` are rows per expert (default the DeepSeek-V3 pairs of experts x rows); masked: ``ms`` are expected rows
+    per group; k_grouped: ``ms`` are the out-feature counts, shapes ``(n, nominal K per group)``.
+    """
+    from ..runtime.audit import AuditTarget
+
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    configs = _configs(kind, tuple(shapes) if shapes else _DEFAULT_SHAPES.get(kind, DEEPSEEK_V3_GROUPED), ms,
+                       num_sms, num_groups)
+    targets, seen = [], set()
+    for cfg in configs:
+        name = cfg.kernel_name()
+        if name in seen:
+            continue
+        seen.add(name)
+        targets.append(AuditTarget(kind=kind, config=cfg.as_dict(), name=name, source=render_source(cfg)))
+    return targets

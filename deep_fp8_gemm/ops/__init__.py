@@ -1,0 +1,28 @@
+"""The GEMM op families, one module each: every family's checks, exact reference, dispatch (CPU reference |
+simulator | sm_90 kernel), config rule (``plan``), custom op and public function live in its module.
+
+=============  ====================  =========================================================================
+kind           module                public function
+=============  ====================  =========================================================================
+dense          :mod:`.dense`         ``gemm_fp8_fp8_bf16_nt`` (split-K for decode shapes)
+contiguous     :mod:`.contiguous`    ``m_grouped_gemm_fp8_fp8_bf16_nt_contiguous`` (m_indices)
+masked         :mod:`.masked`        ``m_grouped_gemm_fp8_fp8_bf16_nt_masked`` (masked_m, expected_m)
+psum           :mod:`.psum`          ``m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum`` (group ends)
+1d1d           :mod:`.wgrad_1d1d`    ``gemm_fp8_fp8_fp32_nt_1d1d`` (fp32 D = C + A·Bᵀ, per-row B scales)
+k_grouped      :mod:`.k_grouped`     ``k_grouped_gemm_fp8_fp8_fp32_nt`` (MoE weight gradients, run-time K_g)
+=============  ====================  =========================================================================
+
+Importing this package registers their ``torch.ops.deep_fp8_gemm`` custom ops. The names below are also the old
+paths ``deep_fp8_gemm.ops.gemm_fp8_fp8_bf16_nt`` etc. (the three 1.x GEMMs).
+"""
+
+from . import contiguous, dense, k_grouped, masked, psum, wgrad_1d1d
+from .contiguous import m_grouped_gemm_fp8_fp8_bf16_nt_contiguous
+from .dense import gemm_fp8_fp8_bf16_nt
+from .masked import m_grouped_gemm_fp8_fp8_bf16_nt_masked
+
+#: kind -> its family record (``_core.family.GemmFamily``), in ``config.KINDS`` order.
+FAMILIES = {m.FAMILY.kind: m.FAMILY for m in (dense, contiguous, masked, psum, wgrad_1d1d, k_grouped)}
+
+__all__ = ["FAMILIES", "gemm_fp8_fp8_bf16_nt", "m_grouped_gemm_fp8_fp8_bf16_nt_contiguous",
+           "m_grouped_gemm_fp8_fp8_bf16_nt_masked"]

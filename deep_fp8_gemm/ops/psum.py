@@ -1,0 +1,209 @@
+"""The prefix-sum ("psum") contiguous GEMM family (kind ``"psum"``): the grouped GEMM over expert rows described
+by group ends, ``m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum``.
+
+This is the layout DeepEP v2's dispatch hands over (expanded, expert-sorted, padded rows) and the reference
+design's ``use_psum_layout=True``: instead of one expert id per row (``m_indices [m_sum]``), one int32 per
+group, ``grouped_layout[g]`` = the end row (exclusive) of group g. Group g owns rows
+``[start_g, grouped_layout[g])`` with ``start_0 = 0`` and ``start_g = round_up(grouped_layout[g-1], 128)``;
+every other row is padding (its output is unspecified; the kernel skips blocks holding only padding).
+An end at or before its group's start is an empty group.
+
+What is checked where (the values live on the device and reading them would cost a synchronisation):
+
+* every call (host, no sync): dtypes, ranks, shapes — ``grouped_layout`` must be 1-D int32 of length
+  ``G = rhs[0].shape[0]`` (``ValueError`` naming both otherwise) — devices, strides and alignment;
+* CPU tensors (the reference and the simulator): the values too (:func:`check_psum_values`) — ``0 <= ends[0] <=
+  ... <= ends[G-1] <= m_sum``; a decreasing layout or an end past the rows of A raises ``ValueError``;
+* CUDA tensors: the values are never read on the host (CUDA-graph safe). The kernel finds a block's group by
+  binary search over the G ends, so any values keep every access in bounds (groups in ``[0, G)``, rows
+  clipped to ``m_sum`` by the tensor maps), but a decreasing layout gives unspecified output. Call
+  :func:`check_psum_layout` yourself (it synchronises) when the layout is untrusted.
+
+The kernel is the ``GroupedContiguousPsum`` kind of ``include/deep_fp8_gemm/scheduler.cuh``; the 2.x entry point
+``m_grouped_fp8_gemm_nt_contiguous(..., use_psum_layout=True)`` of :mod:`deep_fp8_gemm.compat` calls
+:func:`m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum`. Same layers as :mod:`.dense`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .._core.checks import (INDEX_DTYPE, Problem, check_expected_m, check_pointers, check_same_device, check_tensor,
+                            check_tma_layout, unpack_pair)
+from .._core.dispatch import eager, normalise_scales, operands
+from .._core.family import GemmFamily, register_op
+from .._core.plans import GemmEntrySpec, gemm_entry
+from .._core.reference_math import dequantize_per_token, matmul_nt_bf16
+from ..config import GemmConfig, get_config
+from ..constants import DEFAULT_CONTIGUOUS_ALIGNMENT
+from ..kernels import gemm as gemm_host
+from ..runtime import target
+from ..runtime.target import Backend
+from .contiguous import check_m_grouped_operands
+
+
+def check(a, sa, b, sb, out, grouped_layout, *, layout: bool = True, pointers: bool = True) -> Problem:
+    """Shape checks: A ``[m_sum, k]`` e4m3, sA ``[m_sum, ceil(k/128)]`` fp32, B ``[G, n, k]``, sB
+    ``[G, ceil(n/128), ceil(k/128)]``, out ``[m_sum, n]`` bf16, grouped_layout ``[G]`` int32. Returns
+    ``Problem(m_sum, n, k, G)``; the values of grouped_layout are not read. ``m_sum`` need not be a multiple of
+    128 (the rows after the last group's end are padding)."""
+    problem = check_m_grouped_operands(a, sa, b, sb, out)
+    check_tensor(grouped_layout, "grouped_layout", INDEX_DTYPE, 1)
+    if grouped_layout.shape[0] != problem.groups:
+        raise ValueError(
+            f"grouped_layout (psum layout: one end row per group) must have G={problem.groups} entries (G = "
+            f"rhs[0].shape[0]), got grouped_layout.shape={tuple(grouped_layout.shape)}"
+        )
+    check_same_device(a.device, ((sa, "lhs[1] (sA)"), (b, "rhs[0] (B)"), (sb, "rhs[1] (sB)"), (out, "out"),
+                                 (grouped_layout, "grouped_layout")))
+    if layout:
+        check_tma_layout(a, b, out, problem.n, problem.k)
+    if pointers:
+        check_pointers(a, sa, b, sb, out, ((grouped_layout, "grouped_layout"),))
+    return problem
+
+
+#: The old name of :func:`check` (``deep_fp8_gemm.psum.check_contiguous_psum``).
+check_contiguous_psum = check
+
+
+def check_psum_values(ends: list[int], m_sum: int, name: str = "grouped_layout") -> None:
+    """Values of a psum layout: ``0 <= ends[0] <= ends[1] <= ... <= ends[G-1] <= m_sum`` (ValueError)."""
+    previous = 0
+    for g, end in enumerate(ends):
+        if end < previous:
+            what = "non-negative" if g == 0 else f"non-decreasing ({name}[{g - 1}]={previous})"
+            raise ValueError(f"{name} (psum layout: end row of each group) must be {what}, got {name}[{g}]={end}")
+        previous = end
+    if ends and ends[-1] > m_sum:
+        raise ValueError(f"{name}[{len(ends) - 1}]={ends[-1]} exceeds the rows of lhs[0] (A), m_sum={m_sum}")
+
+
+def check_psum_layout(grouped_layout: torch.Tensor, m_sum: int) -> None:
+    """The value checks of a psum layout (non-negative, non-decreasing, last end <= ``m_sum``); reads the
+    values, so it synchronises when ``grouped_layout`` is on a GPU. ValueError on failure."""
+    check_psum_values(grouped_layout.tolist(), m_sum)
+
+
+def _check_values_on_cpu(grouped_layout: torch.Tensor, m_sum: int) -> None:
+    """What every CPU call checks (the fast path too): free there, and the simulator must not see bad ends."""
+    check_psum_values(grouped_layout.tolist(), m_sum)
+
+
+def psum_group_rows(ends: list[int], alignment: int = DEFAULT_CONTIGUOUS_ALIGNMENT) -> list[tuple[int, int]]:
+    """``[(start, end)]`` of each group of the psum layout: group g owns rows ``[start_g, end_g)`` with
+    ``start_0 = 0``, ``start_g = round_up(ends[g-1], alignment)`` and ``end_g = max(ends[g], start_g)`` (an end
+    at or before its start is an empty group)."""
+    rows, previous = [], 0
+    for g, end in enumerate(ends):
+        start = 0 if g == 0 else (previous + alignment - 1) // alignment * alignment
+        rows.append((start, max(end, start)))
+        previous = end
+    return rows
+
+
+def reference_validated(a, sa, b, sb, out, grouped_layout) -> None:
+    """The reference on checked tensors whose ends passed :func:`check_psum_values` (the ops check them once per
+    CPU call, before dispatch): one matmul per group's rows (see :func:`psum_group_rows`); padding rows are left
+    untouched."""
+    for g, (start, end) in enumerate(psum_group_rows(grouped_layout.tolist())):
+        if end > start:
+            out[start:end] = matmul_nt_bf16(dequantize_per_token(a[start:end], sa[start:end]), b[g], sb[g])
+
+
+def reference(lhs: tuple[torch.Tensor, torch.Tensor], rhs: tuple[torch.Tensor, torch.Tensor], out: torch.Tensor,
+              grouped_layout: torch.Tensor, expected_m: int | None = None) -> None:
+    """Reference of :func:`m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum`: ``out[r] = A[r]·B[g]ᵀ`` (dequantised)
+    for every row r of group g (padding rows left untouched; unspecified by the op).
+
+    Args:
+        lhs, rhs, out: as the op (any strides); grouped_layout: ``[G]`` int32 group ends, read and checked here;
+        expected_m: a performance hint only (checked, unused).
+    """
+    a, sa = unpack_pair(lhs, "lhs")
+    b, sb = unpack_pair(rhs, "rhs")
+    check(a, sa, b, sb, out, grouped_layout, layout=False, pointers=False)
+    if expected_m is not None:
+        check_expected_m(expected_m)
+    check_psum_values(grouped_layout.tolist(), a.size(0))
+    reference_validated(a, sa, b, sb, out, grouped_layout)
+
+
+def plan(a, b, expected_m: int | None, num_sms: int) -> GemmConfig:
+    """The config: for ``expected_m`` rows per group when given (``m_sum`` is often a worst-case buffer far larger
+    than the rows in use), else for all ``m_sum`` rows."""
+    num_groups = b.shape[0]
+    m_sum = a.shape[0] if expected_m is None else min(a.shape[0], int(expected_m) * num_groups)
+    return get_config(max(m_sum, 1), b.shape[-2], b.shape[-1], num_groups, "psum", num_sms)
+
+
+def dispatch(a, sa, b, sb, out, grouped_layout, expected_m=None) -> None:
+    """Run a checked, non-empty call on its backend (the reference, the simulator or the sm_90 kernel)."""
+    backend = target.backend_of(a.device, "gemm")
+    if backend is Backend.REFERENCE:
+        reference_validated(a, sa, b, sb, out, grouped_layout)
+        return
+    cfg = plan(a, b, expected_m, gemm_host.num_sms_for(backend))
+    gemm_host.launch_1d2d(cfg, a, normalise_scales(sa), b, sb.contiguous(), out, grouped_layout.contiguous(),
+                          backend)
+
+
+def _full_check(a, sa, b, sb, out, grouped_layout, expected_m) -> Problem:
+    problem = check(a, sa, b, sb, out, grouped_layout)
+    if expected_m is not None:
+        check_expected_m(expected_m)
+    return problem
+
+
+def impl(a, sa, b, sb, out, grouped_layout, expected_m) -> None:
+    """Check and dispatch (the custom op's kernel for CPU and CUDA)."""
+    problem = _full_check(a, sa, b, sb, out, grouped_layout, expected_m)
+    if target.gpu_index(a.device) is None:
+        _check_values_on_cpu(grouped_layout, problem.m)
+    if not problem.empty:
+        FAMILY.dispatch(a, sa, b, sb, out, grouped_layout, expected_m)
+
+
+def _fake(a, sa, b, sb, out, grouped_layout, expected_m) -> None:
+    check(a, sa, b, sb, out, grouped_layout, pointers=False)
+
+
+OP = register_op("m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum",
+                 "(Tensor a, Tensor sa, Tensor b, Tensor sb, Tensor(a!) out, Tensor grouped_layout, "
+                 "int? expected_m=None) -> ()", impl, _fake)
+
+
+def m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum(
+    lhs: tuple[torch.Tensor, torch.Tensor],
+    rhs: tuple[torch.Tensor, torch.Tensor],
+    out: torch.Tensor,
+    grouped_layout: torch.Tensor,
+    expected_m: int | None = None,
+) -> None:
+    """Grouped GEMM over expert rows given by group ends (the psum layout, see the module docstring).
+
+    ``out[r] = bf16(dequant(A[r]) · dequant(B[g])ᵀ)`` for every row r of group g; padding rows unspecified.
+
+    Args:
+        lhs: ``(A, sA)``: A ``[m_sum, k]`` float8_e4m3fn, K-major; sA ``[m_sum, ceil(k/128)]`` float32 (any
+            strides; converted to the M-major TMA-aligned layout, a copy unless it already is).
+        rhs: ``(B, sB)``: B ``[G, n, k]`` float8_e4m3fn, K-major; sB ``[G, ceil(n/128), ceil(k/128)]`` float32.
+        out: ``[m_sum, n]`` bfloat16, row-major, written in place.
+        grouped_layout: ``[G]`` int32 on the same device: end row (exclusive) of each group.
+        expected_m: optional positive int, the typical rows per group; chooses the kernel configuration
+            (``m_sum`` is often a worst-case buffer size). None: configured for ``m_sum`` rows.
+
+    Same alignment rules (``n % 8 == 0``, ``k % 16 == 0``), errors and dispatch as
+    :func:`deep_fp8_gemm.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous`; ``m_sum`` may be any value.
+    """
+    a, sa = lhs if type(lhs) is tuple and len(lhs) == 2 else unpack_pair(lhs, "lhs")
+    b, sb = rhs if type(rhs) is tuple and len(rhs) == 2 else unpack_pair(rhs, "rhs")
+    if _entry(a, sa, b, sb, out, grouped_layout, expected_m):  # eager: checks cached per signature (_core.plans)
+        return
+    a, sa, b, sb = operands(lhs, rhs, out, (grouped_layout, "grouped_layout"))
+    (impl if eager(a, sa, b, sb, out, grouped_layout) else OP)(a, sa, b, sb, out, grouped_layout, expected_m)
+
+
+FAMILY = GemmFamily(kind="psum", public=m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum, check=check,
+                    reference=reference, dispatch=dispatch, plan=plan, op=OP)
+_entry = gemm_entry(GemmEntrySpec(FAMILY, _full_check, "grouped_layout", "optional", _check_values_on_cpu))
