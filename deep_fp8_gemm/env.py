@@ -89,6 +89,22 @@ def sim_seed() -> int:
     return n
 
 
+def sim_timeout_seconds() -> float:
+    """``DFG_SIM_TIMEOUT_SECONDS`` (default 600): wall-clock bound of one simulated launch. A deadlock is reported
+    as soon as no thread can make progress, whatever this is; the bound only stops a livelock, so it is generous:
+    a big simulated GEMM on a loaded 2-core machine takes over a minute."""
+    value = os.environ.get("DFG_SIM_TIMEOUT_SECONDS", "").strip()
+    if not value:
+        return 600.0
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise ValueError(f"DFG_SIM_TIMEOUT_SECONDS must be a number of seconds, got {value!r}") from None
+    if not seconds > 0 or seconds != seconds:
+        raise ValueError(f"DFG_SIM_TIMEOUT_SECONDS must be > 0, got {value!r}")
+    return seconds
+
+
 def sim_exact_mma() -> bool:
     """``DFG_SIM_EXACT_MMA=1``: simulated wgmma accumulates in exact fp32 instead of the model of the
     Hopper FP8 tensor core (13 mantissa bits, truncation)."""

@@ -82,7 +82,7 @@ def launch(
     block: int,
     cluster: int,
     smem_bytes: int,
-    timeout_s: float = 60,
+    timeout_s: float | None = None,
     max_steps: int = 0,
     flags: int = 0,
     registers: int = 0,
@@ -94,7 +94,8 @@ def launch(
     :func:`~deep_fp8_gemm.simulator.pack_tensor_map`, pointers are host addresses of CPU tensors that
     the caller keeps alive); it is copied into a 128-byte-aligned buffer. ``grid`` CTAs of ``block``
     threads, ``cluster`` consecutive CTAs per cluster, ``smem_bytes`` dynamic shared memory per CTA.
-    ``timeout_s`` (wall clock) and ``max_steps`` (fiber resumptions, 0 = unlimited) bound the run.
+    ``timeout_s`` (wall clock; None = ``DFG_SIM_TIMEOUT_SECONDS``, default 600: a deadlock is reported at once
+    anyway, the bound only stops a livelock) and ``max_steps`` (fiber resumptions, 0 = unlimited) bound the run.
     ``registers``: registers per thread at launch, as ptxas reports for the sm_90a build of the same source
     (0 = unknown: the pool is sized by ``__launch_bounds__``); the simulator accounts ``setmaxnreg`` against
     that per-CTA pool. ``seed``: the schedule (0 = round-robin; others seeded adversarial schedules; None =
@@ -122,6 +123,8 @@ def launch(
         raise ValueError(f"registers must be in [0, 255], got {registers}")
     if env.sim_exact_mma():
         flags |= FLAG_EXACT_MMA
+    if timeout_s is None:
+        timeout_s = env.sim_timeout_seconds()
     cfg = LaunchConfig(grid, block, cluster, smem_bytes, max_steps, timeout_s, flags, registers, seed)
     with _LAUNCH_LOCK:
         status = entry(aligned, ctypes.byref(cfg))
