@@ -17,12 +17,20 @@ def _flag(name: str) -> bool:
 
 
 def jit_cache_dir() -> Path:
-    """``DFG_JIT_CACHE_DIR``: on-disk cubin cache; default ``$XDG_CACHE_HOME/deep_fp8_gemm`` (``~/.cache``)."""
+    """``DFG_JIT_CACHE_DIR``: the on-disk caches (cubins; ``sim/`` simulator libraries; ``errors/`` sources
+    that failed to compile); default ``$XDG_CACHE_HOME/deep_fp8_gemm`` (``~/.cache``). Checked before use:
+    see :mod:`.runtime.cachedir`."""
     explicit = os.environ.get("DFG_JIT_CACHE_DIR")
     if explicit:
         return Path(explicit).expanduser()
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "deep_fp8_gemm"
+
+
+def jit_cache_dir_is_explicit() -> bool:
+    """Whether ``DFG_JIT_CACHE_DIR`` is set: a directory there that fails the ownership checks is an error,
+    while the default location falls back to a private cache."""
+    return bool(os.environ.get("DFG_JIT_CACHE_DIR"))
 
 
 def jit_disable_cache() -> bool:

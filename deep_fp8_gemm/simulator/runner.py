@@ -8,12 +8,12 @@ struct byte for byte.
 from __future__ import annotations
 
 import ctypes
-import functools
+import os
 import threading
-from pathlib import Path
 
 from .. import env
-from .build import build_library
+from ..runtime import paths
+from .build import cache_key, open_library
 
 # Fill shared memory with zeros instead of the 0xFF poison (dfg::sim::kFlagZeroSmem).
 FLAG_ZERO_SMEM = 1
@@ -50,11 +50,27 @@ assert ctypes.sizeof(LaunchConfig) == 48 and LaunchConfig.timeout_s.offset == 24
 assert LaunchConfig.launch_registers.offset == 36 and LaunchConfig.seed.offset == 40
 
 
-@functools.lru_cache(maxsize=None)
-def _load(path: Path) -> ctypes.CDLL:
-    lib = ctypes.CDLL(str(path))  # RTLD_LOCAL: libraries never resolve symbols against each other
-    lib.dfg_sim_last_error.restype = ctypes.c_char_p
-    lib.dfg_sim_last_error.argtypes = []
+_LIBRARIES: dict[tuple[str, str], ctypes.CDLL] = {}  # by (kernel name, build key)
+
+
+def _load(source: str, name: str) -> ctypes.CDLL:
+    """The library of ``source``, loaded once per process and build key.
+
+    ``dlopen`` opens the very file :func:`.build.open_library` verified, through a duplicate of its
+    descriptor (``/proc/self/fd/N``), so nothing can be swapped in between the check and the load. That
+    duplicate stays open for the life of the process (as the library stays mapped): glibc recognises a
+    loaded library by the name it was opened under, so ``/proc/self/fd/N`` must never come back naming
+    another file.
+    """
+    key = (name, cache_key(source, paths.include_dir()))
+    lib = _LIBRARIES.get(key)
+    if lib is None:
+        with open_library(source, name) as library:
+            fd = os.dup(library.fd)
+        lib = ctypes.CDLL(f"/proc/self/fd/{fd}")  # RTLD_LOCAL: libraries never resolve symbols against each other
+        lib.dfg_sim_last_error.restype = ctypes.c_char_p
+        lib.dfg_sim_last_error.argtypes = []
+        _LIBRARIES[key] = lib
     return lib
 
 
@@ -105,7 +121,7 @@ def launch(
         SimBuildError: the translation unit did not compile.
         SimulationError: the launch failed; the message is the simulator's report.
     """
-    lib = _load(build_library(source, name))
+    lib = _load(source, name)
     entry = getattr(lib, f"{name}_sim")
     entry.restype = ctypes.c_int
     entry.argtypes = [ctypes.c_void_p, ctypes.POINTER(LaunchConfig)]
