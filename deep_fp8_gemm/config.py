@@ -170,6 +170,8 @@ class GemmConfig:
             "NUM_MATH_WARPGROUPS": self.num_math_warpgroups,
             "BAND_WIDTH": self.band_width,
             "SMEM_BYTES": self.smem_bytes,
+            "MATH_REGISTERS": self.math_registers,  # the kernel static_asserts its setmaxnreg split against these
+            "PRODUCER_REGISTERS": PRODUCER_REGISTERS,
             "SPLIT_K": self.split_k,
         }
 

@@ -56,7 +56,8 @@ class _KindTail(ctypes.Union):
 
 
 class GemmParams(ctypes.Structure):
-    """Byte image of ``dfg::GemmParams`` (576 bytes; the C++ side ``static_assert``s every offset below).
+    """Byte image of ``dfg::GemmParams`` (576 bytes; ``include/deep_fp8_gemm/gemm_params.cuh`` defines it with the
+    same field names and ``static_assert``s every offset below).
 
     ======================  ======  =================================================================
     field                   offset  holds
