@@ -214,19 +214,25 @@ class GemmPlan:
         if self.workspace is None:
             _pack_tail(view, _TAIL_START, psb, pgl, self.rows, 0, 0)
         else:
-            ws = self.workspace.get(stream)
-            if ws is None:
-                ws = self._split_k_workspace(stream)
+            ws = self._split_k_workspace(stream)
             _pack_tail(view, _TAIL_START, psb, pgl, self.rows, ws[0], ws[1])
         launcher.launch(slot, stream)
 
     def _split_k_workspace(self, stream: int) -> tuple:
-        """This plan's split-K buffers on ``stream``, held by the plan (so its pointers stay valid even after the
-        shared cache grows and replaces them; the counters stay zero between launches either way)."""
-        counters, partials = split_k.buffers(self.cfg, self.rows, self.device, stream)
-        if len(self.workspace) >= MAX_WORKSPACES:
-            self.workspace.clear()
-        ws = self.workspace[stream] = (counters.data_ptr(), partials.data_ptr(), counters, partials)
+        """``(counters, partials, ...)`` of this launch: eager, this plan's buffers on ``stream``, held by the plan
+        (so its pointers stay valid even after the shared cache grows and replaces them; the counters stay zero
+        between launches either way); captured into a CUDA graph, a pair of the capture's own, never cached
+        (``kernels/split_k.py``: a graph's baked-in workspace must outlive later growth and not be shared with
+        another graph)."""
+        if target.is_capturing(self.index):
+            counters, partials = split_k.buffers(self.cfg, self.rows, self.device, stream, capturing=True)
+            return counters.data_ptr(), partials.data_ptr(), counters, partials
+        ws = self.workspace.get(stream)
+        if ws is None:
+            counters, partials = split_k.buffers(self.cfg, self.rows, self.device, stream)
+            if len(self.workspace) >= MAX_WORKSPACES:
+                self.workspace.clear()
+            ws = self.workspace[stream] = (counters.data_ptr(), partials.data_ptr(), counters, partials)
         return ws
 
     def _encode(self, a, sa, b, out, key) -> bytes:

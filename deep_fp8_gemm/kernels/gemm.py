@@ -249,17 +249,18 @@ def launch_1d2d(cfg: GemmConfig, a: torch.Tensor, sa: torch.Tensor, b: torch.Ten
                 d: torch.Tensor, grouped_layout: torch.Tensor | None, backend: Backend | str) -> None:
     """The kernel of an explicit ``cfg`` of a bf16-output kind (dense, contiguous, masked, psum) on validated
     tensors (tests and benchmarks force configs through this). Split-K configs get their workspace from
-    :mod:`.split_k` (on CUDA: torch's current stream's)."""
+    :mod:`.split_k` (on CUDA: torch's current stream's, or a graph capture's own)."""
     backend = Backend(backend)
     rows = a.shape[-2]
     counters = partials = 0
     if cfg.split_k > 1:
-        stream = 0
+        stream, capturing = 0, False
         if backend is Backend.CUDA:
             from ..runtime import target
 
-            stream = target.current_stream(target.gpu_index(a.device))
-        counters, partials = split_k.pointers(cfg, rows, a.device, stream)
+            index = target.gpu_index(a.device)
+            stream, capturing = target.current_stream(index), target.is_capturing(index)
+        counters, partials = split_k.pointers(cfg, rows, a.device, stream, capturing)
     maps = encode_maps(tensor_map_args_1d2d(cfg, a, sa, b, d), backend)
     launch(cfg, maps, backend, a.device, sb=sb.data_ptr(),
            grouped_layout=0 if grouped_layout is None else grouped_layout.data_ptr(), rows=rows,
