@@ -3,7 +3,8 @@
 A decode GEMM runs for 3-25 µs on the GPU, so the Python in front of its launch must cost about one launch.
 Everything the ops check and compute before a launch, except the data pointers, is a function of the
 arguments' *signature*: per tensor ``(shape, stride(), dtype, device)``, plus ``expected_m`` and the process
-settings (``utils.PROCESS_SETTINGS.key``: the :func:`~deep_fp8_gemm.set_num_sms` override). So an eager call
+settings (``utils.PROCESS_SETTINGS.key``: the :func:`~deep_fp8_gemm.set_num_sms` override, the contiguous
+alignment, the PDL flag). So an eager call
 looks up a **plan** for its signature: first among the plans last used with the same weight (``id(B)``;
 ``id(x)``-free for the quantisers), each guarded by torch's C++ tensor-metadata check (``TensorGuards``, dynamo's
 own: sizes, strides, dtype, device, plus dispatch keys and requires_grad, which can only cause a miss), else in
@@ -374,14 +375,22 @@ class PreparedGemm:
     ``p(lhs, rhs, out, grouped_layout)`` (psum; likewise).
     Data pointers may change from call to call and are still checked (16-byte alignment, no overlap of out
     with an input), with the ops' messages. CUDA-graph capturable like the ops (after one call).
+    A contiguous / psum GEMM is prepared for the contiguous alignment of the time (its BLOCK_M): called after
+    ``set_mk_alignment_for_contiguous_layout`` changed it, it raises ``RuntimeError`` (prepare it again).
     """
 
-    __slots__ = ("kind", "expected_m", "_plan", "_key")
+    __slots__ = ("kind", "expected_m", "_plan", "_key", "_alignment")
 
     def __init__(self, kind: str, plan: GemmPlan, key: tuple, expected_m: int | None):
         self.kind, self._plan, self._key, self.expected_m = kind, plan, key, expected_m
+        self._alignment = PROCESS_SETTINGS.contiguous_alignment if kind in ("contiguous", "psum") else None
 
     def __call__(self, lhs, rhs, out, grouped_layout=None) -> None:
+        if self._alignment is not None and PROCESS_SETTINGS.contiguous_alignment != self._alignment:
+            raise RuntimeError(
+                f"this PreparedGemm({self.kind!r}) was prepared for get_m_alignment_for_contiguous_layout()="
+                f"{self._alignment} (its kernel's BLOCK_M), now {PROCESS_SETTINGS.contiguous_alignment}: prepare it "
+                "again")
         a, sa = lhs
         b, sb = rhs
         self._plan(a, sa, b, sb, out, grouped_layout)
