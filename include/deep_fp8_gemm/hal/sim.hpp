@@ -365,6 +365,25 @@ inline u16 pack_e4m3x2(float lo, float hi) { return u16(sd::float_to_e4m3(lo) | 
 inline float ld_global_nc(const float* ptr) { return *ptr; }
 inline i32 ld_global_nc(const i32* ptr) { return *ptr; }
 
+// ld.global.v2.f32 / st.global.v2.f32: a misaligned vector access faults on the GPU, so the simulator fails the
+// launch on one (the hosts check d / c alignment; this catches a kernel-side address that breaks it).
+inline void check_aligned_f32x2(const void* ptr, const char* what, DFG_SIM_SITE) {
+    if (reinterpret_cast<std::uintptr_t>(ptr) % 8 != 0) {
+        sd::at(dfg_file, dfg_line);
+        sd::fail(sd::format("%s: address %p is not 8-byte aligned (misaligned vector access)", what, ptr));
+    }
+}
+inline F32x2 ld_global_f32x2(const float* ptr, DFG_SIM_SITE) {
+    check_aligned_f32x2(ptr, "ld.global.v2.f32", dfg_file, dfg_line);
+    F32x2 v;
+    std::memcpy(&v, ptr, sizeof v);
+    return v;
+}
+inline void st_global_f32x2(float* ptr, F32x2 v, DFG_SIM_SITE) {
+    check_aligned_f32x2(ptr, "st.global.v2.f32", dfg_file, dfg_line);
+    std::memcpy(ptr, &v, sizeof v);
+}
+
 // Aborts the launch; the report carries `what`.
 inline void trap(const char* what, DFG_SIM_SITE) {
     sd::at(dfg_file, dfg_line);
