@@ -26,7 +26,7 @@ import torch
 from deep_fp8_gemm import ops, validation
 from deep_fp8_gemm.config import SMEM_LIMIT, GemmConfig, check_config
 from deep_fp8_gemm.config import k_grouped_config
-from deep_fp8_gemm.kernels import gemm
+from deep_fp8_gemm.kernels import gemm, group_maps
 from deep_fp8_gemm.kernels import quant as kq
 from deep_fp8_gemm.runtime import driver as drv
 from deep_fp8_gemm.runtime.tensor_map import TensorMapSpec, TmaDtype, TmaSwizzle
@@ -93,12 +93,16 @@ def check_k_grouped_case(case: tuple) -> None:
     wgrad.check_k_grouped(a, sa, b, sb, d, ks, torch.tensor(ks, dtype=torch.int32), c)
     cfg = k_grouped_config(m, n, len(ks), NUM_SMS)
     check_config(cfg)
-    group_maps = gemm.k_grouped_map_args(cfg, a, b, m, n, ks)
-    assert len(group_maps) == 2 * len(ks)
-    for args in [*group_maps, *gemm.k_grouped_scale_map_args(cfg, get_col_major_tma_aligned_tensor(sa),
-                                                              get_col_major_tma_aligned_tensor(sb), m, n)]:
-        if args is not None:
-            TensorMapSpec(*args).validate()
+    templates = group_maps.template_map_args(cfg, a, b, m, n)
+    for args in [*templates, *gemm.k_grouped_scale_map_args(cfg, get_col_major_tma_aligned_tensor(sa),
+                                                             get_col_major_tma_aligned_tensor(sb), m, n)]:
+        TensorMapSpec(*args).validate()
+    for g, k in enumerate(ks):  # every map the builder derives from the templates is a legal one too
+        if k:
+            k_off = sum(ks[:g])
+            for (dtype, base, dims, _, box, swizzle), rows in zip(templates, (m, n)):
+                TensorMapSpec(dtype, base + rows * k_off, (k, dims[1], 1), (k, rows * k), box, swizzle).validate()
+    _launch(-(-2 * len(ks) // group_maps.WARPS), group_maps.NUM_THREADS, 1, group_maps.SMEM_BYTES)
     _launch(cfg.grid_size, cfg.num_threads, cfg.cluster_size, cfg.smem_bytes)
 
 

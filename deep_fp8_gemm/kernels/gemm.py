@@ -25,7 +25,7 @@ from ..config import BLOCK_K, GemmConfig
 from ..runtime import params as param_structs
 from ..runtime.target import Backend
 from ..runtime.tensor_map import TensorMapSpec, TmaDtype, TmaSwizzle
-from . import split_k
+from . import group_maps, split_k
 from .wgmma_gen import wgmma_fp8_wrapper
 
 TEMPLATE = "fp8_gemm.cu"
@@ -173,24 +173,6 @@ def tensor_map_args_1d1d(cfg: GemmConfig, a: torch.Tensor, sa: torch.Tensor, b: 
     )
 
 
-def k_grouped_map_args(cfg: GemmConfig, a: torch.Tensor, b: torch.Tensor, m: int, n: int, ks: Sequence[int]
-                       ) -> list[MapArgs | None]:
-    """The 2G per-group maps (A_g at 2g, B_g at 2g + 1; None for an empty group): A_g ``[m, K_g]`` at byte
-    ``m * sum(ks[:g])`` of the flat ``a``, row stride K_g bytes, box 128 x BLOCK_M, SW128; B_g likewise."""
-    out: list[MapArgs | None] = []
-    k_off = 0
-    for k in ks:
-        if k == 0:
-            out += [None, None]
-            continue
-        out.append((TmaDtype.UINT8, a.data_ptr() + m * k_off, (k, m, 1), (k, m * k), (BLOCK_K, cfg.block_m, 1),
-                    TmaSwizzle.B128))
-        out.append((TmaDtype.UINT8, b.data_ptr() + n * k_off, (k, n, 1), (k, n * k), (BLOCK_K, cfg.block_n, 1),
-                    TmaSwizzle.B128))
-        k_off += k
-    return out
-
-
 def k_grouped_scale_map_args(cfg: GemmConfig, sa: torch.Tensor, sb: torch.Tensor, m: int, n: int
                              ) -> tuple[MapArgs, MapArgs]:
     """sA ``[m, sum(ks)/128]`` (the tma_sa slot) and sB ``[n, sum(ks)/128]`` (the tma_sb slot, as in the 1D1D
@@ -292,33 +274,27 @@ def launch_1d1d(cfg: GemmConfig, a: torch.Tensor, sa: torch.Tensor, b: torch.Ten
 
 
 def launch_k_grouped(cfg: GemmConfig, a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor,
-                     d: torch.Tensor, c: torch.Tensor, ks: Sequence[int], ks_tensor: torch.Tensor,
+                     d: torch.Tensor, c: torch.Tensor, ks_tensor: torch.Tensor, capacity_k: int,
                      backend: Backend | str) -> None:
     """``d[g] = c[g] + A_g . B_g^T`` for every group with the k-grouped kernel of an explicit ``cfg`` (``cfg.kind ==
-    "k_grouped"``, ``cfg.num_groups == len(ks)``) on validated tensors (flat e4m3 ``a`` / ``b``, sA / sB
-    ``[m|n, sum(ks)/128]`` M-major TMA-aligned, ``d`` / ``c`` contiguous ``[G, m, n]`` fp32, ``c`` may be ``d``;
-    ``sum(ks) > 0``). The per-group maps go to a 64-byte-aligned array in the operands' memory (a CPU buffer for
-    the simulator, a device copy for the GPU) that the kernel fences before use."""
-    if cfg.kind != "k_grouped" or cfg.num_groups != len(ks):
-        raise ValueError(f"launch_k_grouped needs a k_grouped config of {len(ks)} groups, got kind={cfg.kind!r} "
-                         f"num_groups={cfg.num_groups}")
+    "k_grouped"``, ``cfg.num_groups`` groups) on validated tensors (flat e4m3 ``a`` / ``b`` of ``m * capacity_k`` /
+    ``n * capacity_k`` elements, sA / sB ``[m|n, capacity_k/128]`` M-major TMA-aligned, ``d`` / ``c`` contiguous
+    ``[G, m, n]`` fp32, ``c`` may be ``d``; ``capacity_k > 0``). Two launches on the current stream, no host
+    read of ``ks_tensor``: the map builder (:mod:`.group_maps`) writes the per-group A_g / B_g maps from
+    ``ks_tensor`` into a fresh device buffer, then the GEMM fences and uses them, so a captured CUDA graph
+    replays correctly with new ``ks_tensor`` values (their sum at most ``capacity_k``, else the builder traps)."""
+    if cfg.kind != "k_grouped" or ks_tensor.numel() != cfg.num_groups:
+        raise ValueError(f"launch_k_grouped needs a k_grouped config of ks_tensor.numel()={ks_tensor.numel()} "
+                         f"groups, got kind={cfg.kind!r} num_groups={cfg.num_groups}")
     backend = Backend(backend)
     check_fp32_vector_access(d, c)
     m, n = d.shape[1], d.shape[2]
-    blob = b"".join(encode_maps(k_grouped_map_args(cfg, a, b, m, n, ks), backend))
-    if backend is Backend.SIM:
-        storage = torch.zeros(len(blob) + 64, dtype=torch.uint8)
-        start = -storage.data_ptr() % 64
-        group_maps = storage[start:start + len(blob)]
-        group_maps.copy_(torch.frombuffer(bytearray(blob), dtype=torch.uint8))
-    else:
-        # A stream-ordered copy into a fresh caching-allocator block (>= 512-byte aligned); the block is reused only
-        # by later work on this stream, after the kernel.
-        group_maps = torch.frombuffer(bytearray(blob), dtype=torch.uint8).to(d.device)
+    templates = tuple(encode_maps(group_maps.template_map_args(cfg, a, b, m, n), backend))
+    maps_buffer = group_maps.build(cfg.num_groups, templates, a, b, m, n, ks_tensor, capacity_k, backend)
     unused = bytes(TENSOR_MAP_BYTES)  # the tma_a / tma_b slots: the per-group maps replace them
     maps = [unused, unused] + encode_maps(k_grouped_scale_map_args(cfg, sa, sb, m, n), backend)
     launch(cfg, maps, backend, d.device, grouped_layout=ks_tensor.data_ptr(), rows=m, d_f32=d.data_ptr(),
-           c_f32=c.data_ptr(), ld_d=d.stride(-2), ld_c=c.stride(-2), group_maps=group_maps.data_ptr())
+           c_f32=c.data_ptr(), ld_d=d.stride(-2), ld_c=c.stride(-2), group_maps=maps_buffer.data_ptr())
 
 
 # ---------------------------------------------------------------------------------------------- kernels

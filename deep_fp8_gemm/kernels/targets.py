@@ -95,4 +95,8 @@ def audit_targets(kind: str, shapes: Sequence[tuple[int, int]] | None = None, ms
         seen.add(name)
         targets.append(AuditTarget(kind=kind, config=cfg.as_dict(), name=name, source=render_source(cfg),
                                    **sass_rules(cfg)))
+    if kind == "k_grouped":  # every k-grouped call launches the map builder first (one binary for all configs)
+        from . import group_maps
+
+        targets.append(group_maps.audit_target())
     return targets

@@ -146,8 +146,22 @@ def dispatch(a, sa, b, sb, d, ks, ks_tensor, c) -> None:
         reference_validated(a, sa, b, sb, d, ks, c)
         return
     if ks_tensor is None:
-        ks_tensor = torch.tensor(ks, dtype=torch.int32, device=d.device)
+        ks_tensor = device_ks(ks, d.device)
     run(a, sa, b, sb, d, ks, ks_tensor, c, backend)
+
+
+def device_ks(ks: list[int], device: torch.device) -> torch.Tensor:
+    """``ks`` as int32 ``[G]`` on ``device`` without a host sync: a pinned host copy, copied on the current stream
+    with ``non_blocking=True`` (the caching host allocator keeps the pinned block until the copy is done).
+    ``ValueError`` while the current stream is capturing a CUDA graph: the graph would replay a copy out of host
+    memory it does not own and never see new sizes; a captured call passes its own device ``ks_tensor``."""
+    host = torch.tensor(ks, dtype=torch.int32)
+    if device.type != "cuda":
+        return host.to(device)
+    if target.is_capturing(target.gpu_index(device)):
+        raise ValueError("ks_tensor=None while capturing a CUDA graph: pass ks_tensor (int32 [G] on d's device, "
+                         "written before each replay) so that the graph reads the group sizes on the device")
+    return host.pin_memory().to(device, non_blocking=True)
 
 
 def run(a, sa, b, sb, d, ks, ks_tensor, c, backend: Backend) -> None:
@@ -159,7 +173,8 @@ def run(a, sa, b, sb, d, ks, ks_tensor, c, backend: Backend) -> None:
             d.copy_(c)
         return
     cfg = plan(d.shape[1], d.shape[2], len(ks), gemm_host.num_sms_for(backend))
-    gemm_host.launch_k_grouped(cfg, a, normalise_scales(sa), b, normalise_scales(sb), d, c, ks, ks_tensor, backend)
+    gemm_host.launch_k_grouped(cfg, a, normalise_scales(sa), b, normalise_scales(sb), d, c, ks_tensor, sum(ks),
+                               backend)
 
 
 def impl(a, sa, b, sb, d, ks, ks_tensor, c) -> None:

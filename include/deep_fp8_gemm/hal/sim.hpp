@@ -38,8 +38,9 @@
 //                    into an exited CTA, TMA loads in flight at exit (sim/cluster.hpp)
 //       race         wgmma operands changing between issue and the retiring wait; TMA into operands of an
 //                    unwaited wgmma or landing under a wgmma issued before it
-//       tensormap    a TMA load through a tensor map outside the kernel parameters (one a host copy put in
-//                    global memory) without the issuing thread's fence.proxy.tensormap::generic.acquire on it
+//       tensormap    a TMA load through a tensor map outside the kernel parameters (one an earlier kernel or a
+//                    host copy put in global memory) without the issuing thread's
+//                    fence.proxy.tensormap::generic.acquire on it
 //
 // Not modelled (a kernel can still be wrong on the GPU in these ways and pass here):
 //   * Plain C++ loads and stores to shared memory are not tracked: generic writes are seen by the proxy
@@ -256,8 +257,32 @@ inline void cp_async_mbar_arrive(u64* bar, DFG_SIM_SITE) {
 
 // ---------------------------------------------------------------- TMA (PTX ISA "cp.async.bulk.tensor"), rank 3
 inline void tma_prefetch(const TensorMap* map) { sd::tensor_map(map, "tma_prefetch"); }
-// fence.proxy.tensormap::generic.acquire.sys [map], 128: this thread may use a tensor map that a host copy put in
-// global memory (checked by every TMA load through a map outside the kernel parameters, sim/tma.hpp).
+// tensormap.replace.tile.{global_address, global_dim, global_stride}.shared::cta (PTX ISA "tensormap.replace") on a
+// packed map in this CTA's shared memory (sim/tma.hpp, tensormap_replace: where it is, what may be replaced).
+inline void tensormap_replace_global_address(TensorMap* smem_map, u64 address, DFG_SIM_SITE) {
+    DFG_SIM_ENTER;
+    sd::tensormap_replace(smem_map, "tensormap.replace.global_address").global_address = address;
+}
+template <u32 kOrdinal>
+inline void tensormap_replace_global_dim(TensorMap* smem_map, u32 extent, DFG_SIM_SITE) {
+    DFG_SIM_ENTER;
+    sd::tensormap_replace_dim(smem_map, kOrdinal, extent);
+}
+template <u32 kOrdinal>
+inline void tensormap_replace_global_stride(TensorMap* smem_map, u64 bytes, DFG_SIM_SITE) {
+    DFG_SIM_ENTER;
+    sd::tensormap_replace_stride(smem_map, kOrdinal, bytes);
+}
+// tensormap.cp_fenceproxy.global.shared::cta.tensormap::generic.release.gpu.sync.aligned: warp-collective copy of
+// the 128-byte map to global memory (checked like the other .aligned operations).
+inline void tensormap_cp_fenceproxy(TensorMap* gmem_map, const TensorMap* smem_map, DFG_SIM_SITE) {
+    DFG_SIM_ENTER;
+    sd::aligned("tensormap.cp_fenceproxy");
+    sd::tensormap_copy_out(gmem_map, smem_map);
+}
+
+// fence.proxy.tensormap::generic.acquire.sys [map], 128: this thread may use a tensor map that an earlier kernel
+// (or a host copy) put in global memory (checked by every TMA load through a map outside the kernel parameters, sim/tma.hpp).
 inline void tensormap_fence_acquire(const TensorMap* map, DFG_SIM_SITE) {
     DFG_SIM_ENTER;
     sd::tensormap_acquire(map);
