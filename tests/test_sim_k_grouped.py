@@ -118,8 +118,8 @@ PLANTED = {
     # the device-built maps (kernels/group_maps.cuh): A_g / B_g at the next group's offset (the inclusive prefix
     # sum where the exclusive one belongs), and a K extent not replaced (the template's 128 for every group)
     "map_builder_inclusive_offset": ("kernels/group_maps.cuh",
-                                     "k_off = carry + inclusive[group - base] - k_group;",
-                                     "k_off = carry + inclusive[group - base];"),
+                                     "k_off = carry + inclusive[i] - k_group;",
+                                     "k_off = carry + inclusive[i];"),
     "map_builder_k_extent_kept": ("kernels/group_maps.cuh",
                                   "        hal::tensormap_replace_global_dim<0>(slot, static_cast<u32>(k_group));\n",
                                   ""),

@@ -27,8 +27,9 @@ TENSOR_MAP_BYTES = 128
 WARPS = 8  # dfg::group_maps::kWarps: one map per warp
 NUM_THREADS = 32 * WARPS
 SMEM_BYTES = WARPS * TENSOR_MAP_BYTES + 2 * NUM_THREADS * 8  # staging slots + the scan's two u64 buffers
-#: The map buffer's alignment (cuTensorMapEncodeTiled and tensormap.cp_fenceproxy: 64 bytes).
-MAP_ALIGNMENT = 64
+#: The map buffer's alignment: cuTensorMapEncodeTiled needs 64 bytes; the PTX ISA's tensormap.cp_fenceproxy example
+#: aligns its global maps to 128 (the caching allocator's blocks are 512-byte aligned anyway).
+MAP_ALIGNMENT = 128
 
 
 class GroupMapParams(ctypes.Structure):
@@ -77,18 +78,13 @@ def template_map_args(cfg: GemmConfig, a: torch.Tensor, b: torch.Tensor, m: int,
 
 
 def map_buffer(num_groups: int, device: torch.device, backend: Backend) -> torch.Tensor:
-    """A uint8 buffer for the 2G maps, 64-byte aligned (the caching allocator's blocks are 512-byte aligned; the
-    CPU buffer of the simulator is aligned by hand)."""
+    """A uint8 buffer for the 2G maps, :data:`MAP_ALIGNMENT`-aligned: a slice of a slightly larger allocation (the
+    caching allocator's blocks are 512-byte aligned already, a CPU tensor's need not be)."""
     size = 2 * num_groups * TENSOR_MAP_BYTES
-    if backend is Backend.SIM:
-        storage = torch.zeros(size + MAP_ALIGNMENT, dtype=torch.uint8)
-        start = -storage.data_ptr() % MAP_ALIGNMENT
-        return storage[start:start + size]
-    buffer = torch.empty(size, dtype=torch.uint8, device=device)
-    if buffer.data_ptr() % MAP_ALIGNMENT:
-        raise RuntimeError(f"the caching allocator returned a {MAP_ALIGNMENT}-byte-misaligned block "
-                           f"({buffer.data_ptr():#x})")
-    return buffer
+    alloc = torch.zeros if backend is Backend.SIM else torch.empty
+    storage = alloc(size + MAP_ALIGNMENT, dtype=torch.uint8, device=device)
+    start = -storage.data_ptr() % MAP_ALIGNMENT
+    return storage[start:start + size]
 
 
 def build(num_groups: int, templates: tuple[bytes, bytes], a: torch.Tensor, b: torch.Tensor, m: int, n: int,

@@ -297,11 +297,12 @@ DFG_DEVICE void tensormap_replace_global_stride(TensorMap* smem_map, u64 bytes) 
 }
 // The 128-byte map at `smem_map` -> `gmem_map`, then a release fence of the tensormap proxy at gpu scope (PTX ISA
 // "tensormap.cp_fenceproxy"): a thread that issues fence.proxy.tensormap::generic.acquire on `gmem_map` after
-// this (a later kernel) may use it. Warp-collective (.sync.aligned): all 32 lanes, the same operands.
+// this (a later kernel) may use it. Warp-collective (.sync.aligned): all 32 lanes, the same operands; both
+// addresses in their state spaces (global: __cvta_generic_to_global), both maps 128-byte aligned.
 DFG_DEVICE void tensormap_cp_fenceproxy(TensorMap* gmem_map, const TensorMap* smem_map) {
     asm volatile(
         "tensormap.cp_fenceproxy.global.shared::cta.tensormap::generic.release.gpu.sync.aligned [%0], [%1], 128;" ::"l"(
-            reinterpret_cast<u64>(gmem_map)),
+            static_cast<u64>(__cvta_generic_to_global(gmem_map))),
         "r"(smem_addr(smem_map))
         : "memory");
 }

@@ -4,7 +4,8 @@
 // A_g [rows, K_g] starts at byte rows * k_off_g of the flat A (k_off_g = sum(ks[:g])) with row stride K_g; B_g
 // [N, K_g] at byte N * k_off_g. The host encodes one template map per operand (cuTensorMapEncodeTiled, or the
 // simulator's packing): rank 3, dims (any K, rows | N, 1), box (128, BLOCK_M | BLOCK_N, 1), SW128. This kernel
-// writes 2G maps, A_g at maps[2g] and B_g at maps[2g + 1], each the template with four fields replaced:
+// writes 2G maps (a 128-byte-aligned buffer), A_g at maps[2g] and B_g at maps[2g + 1], each the template with four
+// fields replaced:
 //     global_address = A | B + (rows | N) * k_off_g,  global_dim[0] = K_g,
 //     global_stride[0] = K_g (bytes: e4m3),            global_stride[1] = (rows | N) * K_g (dim 2, extent 1).
 // An empty group's maps (K_g = 0) are not written: the GEMM never fences or uses them.
@@ -37,7 +38,7 @@ struct Params {
     u64 a;                 // flat A (e4m3), rows * capacity_k bytes
     u64 b;                 // flat B (e4m3), n * capacity_k bytes
     const i32* ks;         // [num_groups] K_g (ks_tensor)
-    TensorMap* maps;       // [2 * num_groups] out, 64-byte aligned
+    TensorMap* maps;       // [2 * num_groups] out, 128-byte aligned
     u32 num_groups;
     u32 rows;              // m: A_g's rows
     u32 n;                 // B_g's rows
@@ -55,6 +56,8 @@ DFG_DEVICE void body(const Params& p) {
     const u32 tid = hal::thread_idx(), warp = hal::warp_idx(), lane = hal::lane_idx();
     const u32 map = hal::block_idx() * kWarps + warp;  // 2g: A_g, 2g + 1: B_g
     const u32 group = map / 2;
+    if (tid == 0 && hal::smem_addr(staging) % 128 != 0)  // the PTX ISA's tensormap examples align maps to 128
+        hal::trap("the map builder's shared memory is not 128-byte aligned");
 
     u64 carry = 0, k_off = 0, k_group = 0;
     for (u32 base = 0; base < p.num_groups; base += kNumThreads) {
@@ -74,8 +77,9 @@ DFG_DEVICE void body(const Params& p) {
         }
         const u64* inclusive = scan + cur * kNumThreads;
         if (group >= base && group < base + kNumThreads && group < p.num_groups) {
-            k_group = static_cast<u64>(p.ks[group]);
-            k_off = carry + inclusive[group - base] - k_group;
+            const u32 i = group - base;
+            k_group = inclusive[i] - (i > 0 ? inclusive[i - 1] : 0u);  // the K this chunk's scan read for it
+            k_off = carry + inclusive[i] - k_group;
         }
         carry += inclusive[kNumThreads - 1];
         hal::sync_threads();  // every thread has read the buffers before the next chunk overwrites them
