@@ -383,6 +383,31 @@ def test_psum_plan_never_reads_the_group_ends_on_a_gpu(fake_gpu, monkeypatch):
     assert len(fake_gpu.launches) == 2 and prepared.stats()["psum"][0] == 1
 
 
+_BAD_LAYOUTS = {  # per grouped kind: a layout the kernels compute wrongly (m_sum = 128, m_max = 32, G = 2)
+    "contiguous": ("m_indices", torch.tensor([0] * 64 + [1] * 64, dtype=torch.int32), "holds rows of 2 experts"),
+    "masked": ("masked_m", torch.tensor([33, 1], dtype=torch.int32), r"masked_m\[0\] must be in \[0, m_max=32\]"),
+    "psum": ("grouped_layout", torch.tensor([100, 50], dtype=torch.int32), "non-decreasing"),
+}
+
+
+@pytest.mark.parametrize("kind", list(_BAD_LAYOUTS))
+def test_check_layouts_debug_mode_reads_the_layout_on_a_gpu(fake_gpu, monkeypatch, kind):
+    """DFG_CHECK_LAYOUTS=1: a GPU call checks the layout's values before its launch, on the cached plan's path
+    too (a new plan reads the switch); without it the values are never read (graph-safe) and it launches."""
+    name, bad, text = _BAD_LAYOUTS[kind]
+    args = _canonical(BUILDERS[kind]())
+    fake_gpu.on()
+    _call(kind, dict(args, **{name: bad}))
+    assert len(fake_gpu.launches) == 1
+    plans.clear()
+    monkeypatch.setenv("DFG_CHECK_LAYOUTS", "1")
+    for _ in range(2):
+        with pytest.raises(ValueError, match=text):
+            _call(kind, dict(args, **{name: bad}))
+    _call(kind, dict(args))
+    assert len(fake_gpu.launches) == 2
+
+
 def test_plan_normalises_row_major_scales_on_every_call(fake_gpu):
     args = BUILDERS["dense"]()  # row-major sA: not the kernels' layout
     fake_gpu.on()
