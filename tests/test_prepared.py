@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import struct
 
+import numpy as np
 import pytest
 import torch
 
@@ -280,6 +281,43 @@ def test_prepare_gemm_runs_new_tensors_of_the_signature(kind):
     with pytest.raises(ValueError, match="overlap"):  # pointers are still checked
         call((args["a"], args["sa"]), (args["b"], args["sb"]),
              args["a"].view(-1)[: out.numel() * 2].view(out.dtype).view(out.shape), grouped)
+
+
+_WRONG_DTYPES = [  # (argument, replacement, the name the TypeError must give)
+    ("a", lambda t: t.bfloat16(), "lhs[0] (A)"),  # the unquantised activation: same shape, same strides
+    ("sa", lambda t: t.half(), "lhs[1] (sA)"),
+    ("b", lambda t: t.bfloat16(), "rhs[0] (B)"),
+    ("sb", lambda t: t.double(), "rhs[1] (sB)"),
+    ("out", lambda t: t.half(), "out"),
+]
+
+
+@pytest.mark.parametrize("kind", list(BUILDERS))
+@pytest.mark.parametrize("arg,change,name", _WRONG_DTYPES, ids=[c[0] for c in _WRONG_DTYPES])
+def test_prepared_call_checks_dtypes(kind, arg, change, name):
+    """A PreparedGemm trusts shapes and strides but not dtypes: a bf16 A used to give garbage on CPU (NaNs in the
+    simulator); now the op's TypeError, nothing written."""
+    args = BUILDERS[kind]()
+    grouped = _grouped(kind, args)
+    call = dfg.prepare_gemm(kind, (args["a"], args["sa"]), (args["b"], args["sb"]), args["out"], grouped,
+                            expected_m=args.get("expected_m"))
+    bad = dict(args, **{arg: change(args[arg])})
+    before = bad["out"].clone()
+    with pytest.raises(TypeError) as info:
+        call((bad["a"], bad["sa"]), (bad["b"], bad["sb"]), bad["out"], grouped)
+    assert name in str(info.value), str(info.value)
+    assert torch.equal(bad["out"], before)
+    if grouped is not None:
+        with pytest.raises(TypeError, match=_grouped_name(kind)):
+            call((args["a"], args["sa"]), (args["b"], args["sb"]), args["out"], grouped.long())
+    with pytest.raises(TypeError, match="lhs"):
+        call(args["a"], (args["b"], args["sb"]), args["out"], grouped)
+    with pytest.raises(TypeError, match=r"lhs\[0\]"):
+        call((np.zeros(3) if arg == "a" else None, args["sa"]), (args["b"], args["sb"]), args["out"], grouped)
+
+
+def _grouped_name(kind: str) -> str:
+    return {"contiguous": "m_indices", "masked": "masked_m", "psum": "grouped_layout"}[kind]
 
 
 def test_prepare_gemm_rejects_bad_examples_and_kinds():
