@@ -64,7 +64,10 @@ def layout_values_checked(device: torch.device) -> bool:
     """Whether a grouped GEMM on ``device`` checks its layout's *values* (m_indices blocks, psum ends, masked counts)
     before it runs: CPU tensors always (the reference would compute any layout, the kernels not: what the CPU
     accepts the GPU must compute); CUDA tensors only with ``DFG_CHECK_LAYOUTS=1`` and not while a CUDA graph is
-    being captured (the check reads the values back: one synchronisation); meta tensors never (no values)."""
+    being captured (the check reads the values back: one synchronisation); meta tensors never (no values); never
+    while torch.compile traces (the custom ops' kernels check at run time, where the values exist)."""
+    if torch.compiler.is_compiling():
+        return False
     if device.type == "cpu":
         return True
     return device.type == "cuda" and env.check_layouts() and not capturing()

@@ -52,12 +52,18 @@ def _fp8_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> FP8Linear:
     return FP8Linear.from_linear(linear)
 
 
-def _split(total: int, world: int, name: str) -> int:
+def _split(total: int, world: int, name: str, multiple: int, why: str) -> int:
+    """``total / world``, which the local FP8Linear needs to be a multiple of ``multiple`` (``why``); errors quote
+    the user's argument and the world size, not the per-rank shard (which the user never wrote)."""
     if isinstance(total, bool) or not isinstance(total, int) or total < 1:
         raise ValueError(f"{name} must be a positive int, got {name}={total!r}")
     if total % world:
         raise ValueError(f"{name} must be divisible by the group size, got {name}={total} world={world}")
-    return total // world
+    per_rank = total // world
+    if per_rank % multiple:
+        raise ValueError(f"{name}={total} over world={world} ranks gives {per_rank} per rank, which must be a multiple "
+                         f"of {multiple} ({why}): {name} must be a multiple of world * {multiple} = {world * multiple}")
+    return per_rank
 
 
 def _check_linear(linear: object) -> nn.Linear:
@@ -96,7 +102,8 @@ class ColumnParallelFP8Linear(nn.Module):
     def _setup(self, in_features, out_features, gather_output, sequence_parallel, group) -> None:
         self.group, self.world, self.rank = group, group_size(group), group_rank(group)
         self.in_features, self.out_features = in_features, out_features
-        self.out_features_per_rank = _split(out_features, self.world, "out_features")
+        self.out_features_per_rank = _split(out_features, self.world, "out_features", 8,
+                                            "16-byte bf16 output rows of each rank's FP8Linear")
         self.gather_output, self.sequence_parallel = bool(gather_output), bool(sequence_parallel)
 
     @classmethod
@@ -169,7 +176,8 @@ class RowParallelFP8Linear(nn.Module):
             raise TypeError(f"reduce_dtype must be torch.float32 or torch.bfloat16, got {reduce_dtype=}")
         self.group, self.world, self.rank = group, group_size(group), group_rank(group)
         self.in_features, self.out_features = in_features, out_features
-        self.in_features_per_rank = _split(in_features, self.world, "in_features")
+        self.in_features_per_rank = _split(in_features, self.world, "in_features", 16,
+                                           "16-byte fp8 rows of each rank's FP8Linear")
         self.input_is_parallel, self.sequence_parallel = bool(input_is_parallel), bool(sequence_parallel)
         self.reduce_dtype = reduce_dtype
 
