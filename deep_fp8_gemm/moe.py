@@ -43,6 +43,7 @@ import torch
 from torch import nn
 
 from .autograd import fp8_moe, fp8_moe_frozen
+from .nn import FP8StateModule
 from .ops.moe import (check_expert_sizes, check_routed_inputs, check_same_device, check_tensor_of, check_weights,
                       combine, experts_contiguous, experts_masked, quantise_experts, route)
 from .quant import per_token_cast_to_fp8, silu_mul_quant
@@ -162,7 +163,7 @@ def _check_master_dtype(master_dtype: object) -> None:
         raise TypeError(f"master_dtype must be None, torch.float32 or torch.bfloat16, got {master_dtype!r}")
 
 
-class FP8MoE(nn.Module):
+class FP8MoE(FP8StateModule):
     """SwiGLU experts with FP8 (e4m3, 128x128 block-scaled) weights; forward = :func:`fp8_moe_forward`.
 
     Buffers (move with ``.to(device)``, saved in the state dict):
@@ -179,6 +180,9 @@ class FP8MoE(nn.Module):
     :func:`deep_fp8_gemm.autograd.fp8_moe` (FP8 forward and backward, fp32 weight gradients, ``main_grad``
     honoured). An inference module whose ``hidden`` or ``topk_weights`` requires grad runs
     :func:`deep_fp8_gemm.autograd.fp8_moe_frozen` (same output; gradients to those two only).
+
+    Dtype casts of the module keep every tensor's dtype, device moves apply
+    (:class:`deep_fp8_gemm.nn.FP8StateModule`); the state dict round-trips bit for bit.
     """
 
     master_dtype: torch.dtype | None = None  # None: the inference module (e4m3 buffers)

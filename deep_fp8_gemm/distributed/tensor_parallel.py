@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..nn import FP8Linear
+from ..nn import FP8Linear, FP8StateModule
 from .comm import all_gather_dim0, group_rank, group_size, reduce_scatter_dim0
 
 __all__ = ["ColumnParallelFP8Linear", "RowParallelFP8Linear"]
@@ -141,7 +141,7 @@ class ColumnParallelFP8Linear(nn.Module):
                 f"sequence_parallel={self.sequence_parallel}")
 
 
-class RowParallelFP8Linear(nn.Module):
+class RowParallelFP8Linear(FP8StateModule):
     """``y = x · Wᵀ + b`` with ``W``'s input features split over the ranks (module docstring).
 
     Args:
@@ -154,7 +154,8 @@ class RowParallelFP8Linear(nn.Module):
         group: the tensor-parallel process group (``None``: the world). device: where the weights live.
 
     Submodule ``linear``: the local bias-free :class:`FP8Linear` ``[N, K/world]``; buffer-like parameter
-    ``bias`` ``[N]`` bf16 or None. Every rank must call :meth:`forward` together. Inference only.
+    ``bias`` ``[N]`` bf16 or None (kept bf16 under dtype casts, like the FP8 state of ``linear``:
+    :class:`deep_fp8_gemm.nn.FP8StateModule`). Every rank must call :meth:`forward` together. Inference only.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *, input_is_parallel: bool = True,
