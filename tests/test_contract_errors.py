@@ -2,7 +2,8 @@
 
 * double backward through ``fp8_linear`` / ``fp8_moe``: says it is not supported (was an in-place-modification
   error from inside the quantiser);
-* tensor-parallel size errors quote the user's argument and the world size (were the per-rank shard);
+* tensor-parallel size errors quote the user's argument and the world size (were the per-rank shard):
+  ``tests/test_distributed_local.py::test_tensor_parallel_size_errors_quote_the_argument_and_world``;
 * meta tensors: the shape-only path (checks, no compute; was "out must not overlap lhs[0]");
 * ``get_tma_aligned_size(-5, 4)`` raises (returned -4); ``DFG_SIMULATE=yes`` and other unknown switch values
   raise (turned the simulator on);
@@ -22,7 +23,6 @@ import deep_fp8_gemm as dfg
 from deep_fp8_gemm import env
 from deep_fp8_gemm.autograd import fp8_linear, fp8_linear_frozen, fp8_moe
 from deep_fp8_gemm.config import get_config
-from deep_fp8_gemm.distributed import tensor_parallel
 from deep_fp8_gemm.kernels import gemm
 from tests._operands import quantised_activations, quantised_weights
 
@@ -63,29 +63,6 @@ def test_double_backward_through_fp8_moe_says_unsupported():
     gh, gw = torch.autograd.grad(out.float().pow(2).sum(), (hidden, w13), create_graph=True)
     _second_backward_raises(gh, "fp8_moe")
     _second_backward_raises(gw, "fp8_moe")
-
-
-# ---------------------------------------------------------------------------------------------- tensor parallel
-@pytest.fixture
-def two_ranks(monkeypatch):
-    """The tensor-parallel layers' view of a 2-rank group (their size checks run before any collective)."""
-    monkeypatch.setattr(tensor_parallel, "group_size", lambda group=None: 2)
-    monkeypatch.setattr(tensor_parallel, "group_rank", lambda group=None: 0)
-
-
-def test_tensor_parallel_size_errors_quote_the_argument_and_world(two_ranks):
-    with pytest.raises(ValueError) as info:
-        tensor_parallel.ColumnParallelFP8Linear(128, 100)
-    text = str(info.value)
-    assert "out_features=100 over world=2 ranks gives 50 per rank" in text and "multiple of world * 8 = 16" in text
-    with pytest.raises(ValueError, match=r"in_features=80 over world=2 ranks gives 40 per rank, which must be a "
-                                         r"multiple of 16"):
-        tensor_parallel.RowParallelFP8Linear(80, 64)
-    with pytest.raises(ValueError, match=r"out_features=101 world=2"):
-        tensor_parallel.ColumnParallelFP8Linear(128, 101)
-    with pytest.raises(ValueError, match=r"out_features=100 over world=2"):
-        tensor_parallel.ColumnParallelFP8Linear.from_linear(torch.nn.Linear(128, 100))
-    assert tensor_parallel.ColumnParallelFP8Linear(128, 112).linear.out_features == 56
 
 
 # ---------------------------------------------------------------------------------------------- meta tensors

@@ -3,7 +3,7 @@
 ``model.to(torch.bfloat16)`` after swapping FP8 layers into a model is the common case; it used to cast the e4m3
 weights and fp32 scales, and the next forward failed naming ``rhs[0] (B)``. Now the FP8 state keeps its dtypes
 (as TransformerEngine's and torchao's modules do), the rest of the model is cast, device moves apply, and the
-state dict round-trips bit for bit.
+state dict round-trips bit for bit. (The tensor-parallel layers: tests/test_distributed_local.py.)
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import pytest
 import torch
 from torch import nn
 
-from deep_fp8_gemm.distributed import tensor_parallel
 from deep_fp8_gemm.moe import FP8MoE
 from deep_fp8_gemm.nn import FP8Linear
 
@@ -135,13 +134,3 @@ def test_training_layers_keep_their_master_dtype():
     x = torch.randn(4, 128, dtype=torch.bfloat16, requires_grad=True)
     layer(x).float().sum().backward()
     assert layer.weight.grad.dtype == torch.float32 and x.grad is not None
-
-
-def test_row_parallel_bias_stays_bfloat16(monkeypatch):
-    monkeypatch.setattr(tensor_parallel, "group_size", lambda group=None: 1)
-    monkeypatch.setattr(tensor_parallel, "group_rank", lambda group=None: 0)
-    layer = tensor_parallel.RowParallelFP8Linear.from_linear(nn.Linear(128, 64))
-    layer.float()
-    assert layer.bias.dtype == torch.bfloat16 and layer.linear.weight_fp8.dtype == FP8
-    col = tensor_parallel.ColumnParallelFP8Linear.from_linear(nn.Linear(128, 64)).half()
-    assert col.linear.weight_fp8.dtype == FP8 and col.linear.weight_scale.dtype == torch.float32

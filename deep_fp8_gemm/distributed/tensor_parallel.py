@@ -39,6 +39,7 @@ from torch import nn
 
 from ..nn import FP8Linear, FP8StateModule
 from .comm import all_gather_dim0, group_rank, group_size, reduce_scatter_dim0
+from .status import agree, collective_device
 
 __all__ = ["ColumnParallelFP8Linear", "RowParallelFP8Linear"]
 
@@ -78,6 +79,23 @@ def _check_tokens(x: torch.Tensor, world: int, name: str) -> None:
                          f"parallelism splits dim 0), got x.shape={tuple(x.shape)}")
 
 
+_REDUCE_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def _linear_sizes(linear: object) -> dict[str, int]:
+    """The sizes of an ``nn.Linear`` the ranks must agree on (zeros for anything else: its check has failed)."""
+    if not isinstance(linear, nn.Linear):
+        return {"in_features": 0, "out_features": 0, "bias": 0}
+    return {"in_features": linear.in_features, "out_features": linear.out_features, "bias": linear.bias is not None}
+
+
+def _agree(what: str, group, device, error: BaseException | None, **fields) -> None:
+    """Every rank of ``group`` makes the layer together: agree on its sizes and flags (one fixed-size collective),
+    so that a rank that disagrees or whose arguments are wrong makes every rank raise here, not hang or crash in
+    the first forward's collective (:func:`.status.agree`)."""
+    agree(what, fields, group, collective_device(group, device if error is None else None), error)
+
+
 class ColumnParallelFP8Linear(nn.Module):
     """``y = x · Wᵀ + b`` with ``W``'s output features split over the ranks (module docstring).
 
@@ -96,8 +114,15 @@ class ColumnParallelFP8Linear(nn.Module):
                  sequence_parallel: bool = False, group: dist.ProcessGroup | None = None,
                  device: torch.device | str | None = None):
         super().__init__()
-        self._setup(in_features, out_features, gather_output, sequence_parallel, group)
-        self.linear = FP8Linear(in_features, self.out_features_per_rank, bias, device=device)
+        group_size(group)  # torch.distributed initialised (else RuntimeError on this rank: no one to agree with)
+        error = None
+        try:
+            self._setup(in_features, out_features, gather_output, sequence_parallel, group)
+            self.linear = FP8Linear(in_features, self.out_features_per_rank, bias, device=device)
+        except (TypeError, ValueError, RuntimeError) as exc:  # raised by every rank, after the agreement
+            error = exc
+        _agree("ColumnParallelFP8Linear", group, device, error, in_features=in_features, out_features=out_features,
+               bias=bias, gather_output=gather_output, sequence_parallel=sequence_parallel)
 
     def _setup(self, in_features, out_features, gather_output, sequence_parallel, group) -> None:
         self.group, self.world, self.rank = group, group_size(group), group_rank(group)
@@ -110,14 +135,22 @@ class ColumnParallelFP8Linear(nn.Module):
     def from_linear(cls, linear: nn.Linear, *, gather_output: bool = False, sequence_parallel: bool = False,
                     group: dist.ProcessGroup | None = None) -> ColumnParallelFP8Linear:
         """Keeps (and quantises) this rank's rows of a full ``nn.Linear``'s weight and bias."""
-        linear = _check_linear(linear)
         module = cls.__new__(cls)
         nn.Module.__init__(module)
-        module._setup(linear.in_features, linear.out_features, gather_output, sequence_parallel, group)
-        rows = slice(module.rank * module.out_features_per_rank, (module.rank + 1) * module.out_features_per_rank)
-        with torch.no_grad():
-            bias = None if linear.bias is None else linear.bias[rows]
-            module.linear = _fp8_linear(linear.weight[rows], bias)
+        group_size(group)
+        error = None
+        try:
+            linear = _check_linear(linear)
+            module._setup(linear.in_features, linear.out_features, gather_output, sequence_parallel, group)
+            rows = slice(module.rank * module.out_features_per_rank,
+                         (module.rank + 1) * module.out_features_per_rank)
+            with torch.no_grad():
+                bias = None if linear.bias is None else linear.bias[rows]
+                module.linear = _fp8_linear(linear.weight[rows], bias)
+        except (TypeError, ValueError, RuntimeError) as exc:
+            error = exc
+        _agree("ColumnParallelFP8Linear.from_linear", group, None, error, **_linear_sizes(linear),
+               gather_output=gather_output, sequence_parallel=sequence_parallel)
         return module
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -162,8 +195,16 @@ class RowParallelFP8Linear(FP8StateModule):
                  sequence_parallel: bool = False, reduce_dtype: torch.dtype = torch.float32,
                  group: dist.ProcessGroup | None = None, device: torch.device | str | None = None):
         super().__init__()
-        self._setup(in_features, out_features, input_is_parallel, sequence_parallel, reduce_dtype, group)
-        self.linear = FP8Linear(self.in_features_per_rank, out_features, bias=False, device=device)
+        group_size(group)
+        error = None
+        try:
+            self._setup(in_features, out_features, input_is_parallel, sequence_parallel, reduce_dtype, group)
+            self.linear = FP8Linear(self.in_features_per_rank, out_features, bias=False, device=device)
+        except (TypeError, ValueError, RuntimeError) as exc:  # raised by every rank, after the agreement
+            error = exc
+        _agree("RowParallelFP8Linear", group, device, error, in_features=in_features, out_features=out_features,
+               bias=bias, input_is_parallel=input_is_parallel, sequence_parallel=sequence_parallel,
+               reduce_dtype=_REDUCE_DTYPES.index(reduce_dtype) if reduce_dtype in _REDUCE_DTYPES else -1)
         if bias:
             bound = 1.0 / in_features ** 0.5
             b = torch.empty(out_features, dtype=torch.bfloat16, device=device).uniform_(-bound, bound)
@@ -187,18 +228,26 @@ class RowParallelFP8Linear(FP8StateModule):
                     reduce_dtype: torch.dtype = torch.float32,
                     group: dist.ProcessGroup | None = None) -> RowParallelFP8Linear:
         """Keeps (and quantises) this rank's columns of a full ``nn.Linear``'s weight; the bias is kept whole."""
-        linear = _check_linear(linear)
         module = cls.__new__(cls)
         nn.Module.__init__(module)
-        module._setup(linear.in_features, linear.out_features, input_is_parallel, sequence_parallel, reduce_dtype,
-                      group)
-        cols = slice(module.rank * module.in_features_per_rank, (module.rank + 1) * module.in_features_per_rank)
-        with torch.no_grad():
-            module.linear = _fp8_linear(linear.weight[:, cols], None)
-            if linear.bias is None:
-                module.register_parameter("bias", None)
-            else:
-                module.bias = nn.Parameter(linear.bias.detach().to(torch.bfloat16).clone(), requires_grad=False)
+        group_size(group)
+        error = None
+        try:
+            linear = _check_linear(linear)
+            module._setup(linear.in_features, linear.out_features, input_is_parallel, sequence_parallel,
+                          reduce_dtype, group)
+            cols = slice(module.rank * module.in_features_per_rank, (module.rank + 1) * module.in_features_per_rank)
+            with torch.no_grad():
+                module.linear = _fp8_linear(linear.weight[:, cols], None)
+                if linear.bias is None:
+                    module.register_parameter("bias", None)
+                else:
+                    module.bias = nn.Parameter(linear.bias.detach().to(torch.bfloat16).clone(), requires_grad=False)
+        except (TypeError, ValueError, RuntimeError) as exc:
+            error = exc
+        _agree("RowParallelFP8Linear.from_linear", group, None, error, **_linear_sizes(linear),
+               input_is_parallel=input_is_parallel, sequence_parallel=sequence_parallel,
+               reduce_dtype=_REDUCE_DTYPES.index(reduce_dtype) if reduce_dtype in _REDUCE_DTYPES else -1)
         return module
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
