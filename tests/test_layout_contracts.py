@@ -268,3 +268,19 @@ def test_kernels_compute_every_rejected_layout_wrongly(monkeypatch, alignment):
         valid = m_indices >= 0
         wrong = ~((got[valid].float() - want[valid].float()).abs().amax(1) <= 1e-2)  # NaN (unwritten) is wrong
         assert bool(wrong.any()), f"{case_id}: the kernel computed a rejected layout right at BLOCK_M {alignment}"
+
+
+def test_layout_stats_agree_between_numpy_and_torch():
+    """CPU calls check in numpy, GPU calls in torch (read back once): the same figures for every case."""
+    from deep_fp8_gemm.ops.contiguous import contiguous_layout_stats
+
+    for _, m_indices, *_ in BAD_CONTIGUOUS + [(c, m, "") for c, m in GOOD_CONTIGUOUS]:
+        assert contiguous_layout_stats(m_indices, 128) == contiguous_layout_stats(m_indices.numpy(), 128)
+        assert contiguous_layout_stats(m_indices, 64) == contiguous_layout_stats(m_indices.numpy(), 64)
+    from deep_fp8_gemm.ops import masked as masked_ops
+
+    masked = torch.tensor([3, 40, -1], dtype=torch.int32)
+    assert masked_ops.masked_layout_stats(masked, 32) == [1, 1, 40]
+    assert masked_ops.masked_layout_stats(masked[:1], 32) == [0, 0, 3]
+    with pytest.raises(ValueError, match=r"masked_m\[1\] must be in \[0, m_max=32\], got 40"):
+        masked_ops.check_masked_values(masked, 32)

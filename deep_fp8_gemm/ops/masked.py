@@ -64,12 +64,22 @@ def check_masked_values(masked_m: torch.Tensor, m_max: int, num_groups: int | No
     if masked_m.numel() == 0:
         return
     counts = masked_m.reshape(-1)
-    bad = (counts < 0) | (counts > m_max)
-    first = bad.to(torch.uint8).argmax()
-    any_bad, g, value = torch.stack([bad.any().to(torch.int64), first.to(torch.int64),
-                                     counts[first].to(torch.int64)]).tolist()
+    if counts.device.type == "cpu":  # a handful of ints: the host reads them directly
+        bad = [(g, c) for g, c in enumerate(counts.tolist()) if not 0 <= c <= m_max]
+        if bad:
+            raise ValueError(f"{name}[{bad[0][0]}] must be in [0, m_max={m_max}], got {bad[0][1]}")
+        return
+    any_bad, g, value = masked_layout_stats(counts, m_max)
     if any_bad:
         raise ValueError(f"{name}[{g}] must be in [0, m_max={m_max}], got {value}")
+
+
+def masked_layout_stats(counts: torch.Tensor, m_max: int) -> list[int]:
+    """``[any count outside [0, m_max], the first such group, its count]`` of a 1-D count tensor, computed on its
+    device and read back with one synchronisation (the GPU side of :func:`check_masked_values`)."""
+    bad = (counts < 0) | (counts > m_max)
+    first = bad.to(torch.uint8).argmax()
+    return torch.stack([bad.any().to(torch.int64), first.to(torch.int64), counts[first].to(torch.int64)]).tolist()
 
 
 def check_masked_layout(masked_m: torch.Tensor, m_max: int) -> None:
