@@ -39,11 +39,11 @@ from .compat import (
     transform_sf_into_required_layout,
     wgrad_gemm_fp8_fp8_fp32_nt,
 )
-from .ops.contiguous import m_grouped_gemm_fp8_fp8_bf16_nt_contiguous
+from .ops.contiguous import check_contiguous_layout, m_grouped_gemm_fp8_fp8_bf16_nt_contiguous
 from .ops.dense import gemm_fp8_fp8_bf16_nt
-from .ops.masked import m_grouped_gemm_fp8_fp8_bf16_nt_masked
+from .ops.masked import check_masked_layout, m_grouped_gemm_fp8_fp8_bf16_nt_masked
 from ._core.plans import PreparedGemm, prepare_gemm
-from .ops.psum import m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum
+from .ops.psum import check_psum_layout, m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum
 from .quant import per_block_cast_to_fp8, per_channel_cast_to_fp8, per_token_cast_to_fp8
 from .utils import (
     calc_diff,
@@ -66,6 +66,9 @@ __all__ = [
     "calc_diff",
     "cast_transpose",
     "ceil_div",
+    "check_contiguous_layout",
+    "check_masked_layout",
+    "check_psum_layout",
     "compat",
     "fp8_fp4_gemm_nt",
     "fp8_gemm_nt",

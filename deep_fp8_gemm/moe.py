@@ -43,10 +43,12 @@ import torch
 from torch import nn
 
 from .autograd import fp8_moe, fp8_moe_frozen
+from .nn import FP8StateModule
 from .ops.moe import (check_expert_sizes, check_routed_inputs, check_same_device, check_tensor_of, check_weights,
                       combine, experts_contiguous, experts_masked, quantise_experts, route)
 from .quant import per_token_cast_to_fp8, silu_mul_quant
-from ._core.checks import check_expected_m
+from .ops.masked import check_masked_values
+from ._core.checks import check_expected_m, layout_values_checked
 
 __all__ = ["FP8MoE", "fp8_moe_forward", "fp8_moe_forward_masked", "silu_mul_quant"]
 
@@ -117,9 +119,10 @@ def fp8_moe_forward_masked(
     Args:
         hidden_per_expert: ``[E, m_max, H]`` bfloat16; rows ``< counts[e]`` of expert ``e`` are its tokens,
             the other rows are ignored (any content, even non-finite).
-        counts: ``[E]`` int32 on the same device, valid rows per expert in ``[0, m_max]``. Never read on the
-            host: nothing here synchronises, so a CUDA graph captured once replays with new counts (run the
-            call once before capturing so that its kernels are compiled and loaded).
+        counts: ``[E]`` int32 on the same device, valid rows per expert in ``[0, m_max]`` (checked on CPU
+            tensors: ``ValueError`` naming ``counts``). Never read on the host for CUDA tensors (unless
+            ``DFG_CHECK_LAYOUTS=1``): nothing here synchronises, so a CUDA graph captured once replays with new
+            counts (run the call once before capturing so that its kernels are compiled and loaded).
         w13, w13_scale, w2, w2_scale: as :func:`fp8_moe_forward`.
         expected_m: host hint of the typical count for the GEMM heuristic (default ``m_max``).
 
@@ -142,6 +145,8 @@ def fp8_moe_forward_masked(
     if expected_m is None:
         expected_m = max(m_max, 1)
     check_expected_m(expected_m)
+    if layout_values_checked(counts.device):  # CPU (and DFG_CHECK_LAYOUTS=1): named as the caller knows them
+        check_masked_values(counts, m_max, name="counts")
     if m_max == 0:
         return hidden_per_expert.new_empty((num_experts, m_max, hidden_size))
 
@@ -158,7 +163,7 @@ def _check_master_dtype(master_dtype: object) -> None:
         raise TypeError(f"master_dtype must be None, torch.float32 or torch.bfloat16, got {master_dtype!r}")
 
 
-class FP8MoE(nn.Module):
+class FP8MoE(FP8StateModule):
     """SwiGLU experts with FP8 (e4m3, 128x128 block-scaled) weights; forward = :func:`fp8_moe_forward`.
 
     Buffers (move with ``.to(device)``, saved in the state dict):
@@ -175,6 +180,9 @@ class FP8MoE(nn.Module):
     :func:`deep_fp8_gemm.autograd.fp8_moe` (FP8 forward and backward, fp32 weight gradients, ``main_grad``
     honoured). An inference module whose ``hidden`` or ``topk_weights`` requires grad runs
     :func:`deep_fp8_gemm.autograd.fp8_moe_frozen` (same output; gradients to those two only).
+
+    Dtype casts of the module keep every tensor's dtype, device moves apply
+    (:class:`deep_fp8_gemm.nn.FP8StateModule`); the state dict round-trips bit for bit.
     """
 
     master_dtype: torch.dtype | None = None  # None: the inference module (e4m3 buffers)

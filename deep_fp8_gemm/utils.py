@@ -58,10 +58,15 @@ def ceil_div(a: int, b: int) -> int:
 def get_tma_aligned_size(x: int, element_size: int) -> int:
     """``x`` rounded up so that ``x * element_size`` is a multiple of 16 bytes (TMA's global-stride rule).
 
-    ``element_size`` is in bytes and must divide 16 (1, 2, 4, 8 or 16).
+    ``x`` is a non-negative int (``ValueError`` / ``TypeError`` otherwise); ``element_size`` is in bytes and must
+    divide 16 (1, 2, 4, 8 or 16).
     """
     if element_size <= 0 or 16 % element_size != 0:
         raise ValueError(f"element_size must divide 16 bytes, got {element_size=}")
+    if isinstance(x, (bool, float)) or not hasattr(x, "__index__"):
+        raise TypeError(f"x must be an int (a row count), got {type(x).__name__} ({x!r})")
+    if x < 0:
+        raise ValueError(f"x must be a non-negative row count, got {x=}")
     alignment = 16 // element_size
     return ceil_div(x, alignment) * alignment
 

@@ -21,7 +21,7 @@ from typing import Sequence
 import torch
 
 from .. import env
-from ..config import BLOCK_K, GemmConfig
+from ..config import BLOCK_K, GemmConfig, check_config
 from ..runtime import params as param_structs
 from ..runtime.target import Backend
 from ..runtime.tensor_map import TensorMapSpec, TmaDtype, TmaSwizzle
@@ -210,6 +210,7 @@ def launch(cfg: GemmConfig, maps: Sequence[bytes], backend: Backend | str, devic
     ``Backend.SIM``: the simulator build of the same source, with the register count of its sm_90a build (the
     simulator accounts setmaxnreg against that pool, for every kind)."""
     backend = Backend(backend)
+    checked_config(cfg)
     params = pack_params(maps, **fields)
     if backend is Backend.SIM:
         from ..simulator import launch as sim_launch, ptxas_registers
@@ -299,11 +300,22 @@ def launch_k_grouped(cfg: GemmConfig, a: torch.Tensor, sa: torch.Tensor, b: torc
 
 # ---------------------------------------------------------------------------------------------- kernels
 @functools.lru_cache(maxsize=1024)
+def checked_config(cfg: GemmConfig) -> GemmConfig:
+    """``cfg`` after :func:`~deep_fp8_gemm.config.check_config` (once per config): every launch and load goes
+    through it, so a forced config (tests, benchmarks: ``dataclasses.replace(cfg, split_k=S)``) that breaks a rule
+    gets the rule's ``ValueError`` instead of the kernel's ``static_assert`` from NVRTC."""
+    check_config(cfg)
+    return cfg
+
+
+@functools.lru_cache(maxsize=1024)
 def cuda_kernel(cfg: GemmConfig, device: int):
     """Compiled (cached on disk) and loaded once per (config, device); configs that differ only in
     grid size share the binary through the compiler's and the driver's caches."""
     from ..runtime import driver
     from ..runtime.compiler import compile_kernel
+
+    checked_config(cfg)
 
     compiled = compile_kernel(cfg.kernel_name(), render_source(cfg))
     return driver.load_kernel(compiled.cubin, compiled.name, device, key=compiled.key)

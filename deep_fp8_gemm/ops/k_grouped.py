@@ -22,7 +22,8 @@ from __future__ import annotations
 import torch
 
 from .._core.checks import (FP8, Problem, check_aligned_ptr, check_c_layout, check_fp32_c, check_fp32_out,
-                            check_no_overlap, check_same_device, check_shape, check_tensor, unpack_pair)
+                            check_no_overlap, check_same_device, check_shape, check_tensor, is_meta,
+                            layout_values_checked, unpack_pair)
 from .._core.dispatch import accumulates_in_place, accumulator, eager, normalise_scales, operands
 from .._core.family import GemmFamily, register_op
 from ..config import GemmConfig, k_grouped_config
@@ -83,7 +84,7 @@ def check(a, sa, b, sb, d, ks, ks_tensor, c, *, layout: bool = True, pointers: b
                              f"{tuple(ks_tensor.shape)}")
         named += ((ks_tensor, "ks_tensor"),)
     check_same_device(a.device, named + (() if c is None else ((c, "c"),)))
-    if values and ks_tensor is not None and ks_tensor.device.type == "cpu":
+    if values and ks_tensor is not None and layout_values_checked(ks_tensor.device):  # CPU; CUDA in the debug mode
         if ks_tensor.tolist() != ks:
             raise ValueError(f"ks_tensor must hold the values of ks={ks}, got ks_tensor={ks_tensor.tolist()}")
     if layout:
@@ -97,7 +98,7 @@ def check(a, sa, b, sb, d, ks, ks_tensor, c, *, layout: bool = True, pointers: b
             raise ValueError(f"d must be contiguous [G, m, n], got d.stride()={d.stride()}")
         if c is not None:
             _check_contiguous_c(c)
-    if pointers:
+    if pointers and not is_meta(a):  # meta tensors: no pointers (the shape-only path)
         check_aligned_ptr(a, "lhs[0] (A)")
         check_aligned_ptr(b, "rhs[0] (B)")
         check_aligned_ptr(d, "d")
@@ -180,7 +181,7 @@ def run(a, sa, b, sb, d, ks, ks_tensor, c, backend: Backend) -> None:
 def impl(a, sa, b, sb, d, ks, ks_tensor, c) -> None:
     """Check, then dispatch."""
     ks = check_ks(ks)
-    if not check(a, sa, b, sb, d, ks, ks_tensor, c).empty:
+    if not check(a, sa, b, sb, d, ks, ks_tensor, c).empty and not is_meta(d):  # meta: checked, nothing run
         FAMILY.dispatch(a, sa, b, sb, d, ks, ks_tensor, c)
 
 

@@ -121,10 +121,10 @@ def check_routed_inputs(hidden, topk_ids, topk_weights, w13, w13_scale, w2, w2_s
 # ---------------------------------------------------------------------------------------------- pipeline
 def route(topk_ids: torch.Tensor, num_experts: int, max_m_sum: int | None) -> RoutedLayout:
     """``topk_ids`` -> the contiguous layout padded to the contiguous alignment. ``max_m_sum`` None: the exact
-    padded total (one host sync on a GPU) — except under ``torch.compile``, where the sync-free bound
-    :func:`deep_fp8_gemm.layout.max_m_sum_bound` is used."""
+    padded total (one host sync on a GPU) — except under ``torch.compile`` and on meta tensors (no values to
+    read), where the sync-free bound :func:`deep_fp8_gemm.layout.max_m_sum_bound` is used."""
     alignment = get_m_alignment_for_contiguous_layout()
-    if max_m_sum is None and torch.compiler.is_compiling():
+    if max_m_sum is None and (torch.compiler.is_compiling() or topk_ids.device.type == "meta"):
         max_m_sum = max_m_sum_bound(topk_ids.numel(), num_experts, alignment)
     return route_topk(topk_ids, num_experts, alignment, max_m_sum=max_m_sum)
 

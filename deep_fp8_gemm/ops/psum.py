@@ -19,10 +19,15 @@ What is checked where (the values live on the device and reading them would cost
   ``G = rhs[0].shape[0]`` (``ValueError`` naming both otherwise) — devices, strides and alignment;
 * CPU tensors (the reference and the simulator): the values too (:func:`check_psum_values`) — ``0 <= ends[0] <=
   ... <= ends[G-1] <= m_sum``; a decreasing layout or an end past the rows of A raises ``ValueError``;
-* CUDA tensors: the values are never read on the host (CUDA-graph safe). The kernel finds a block's group by
-  binary search over the G ends, so any values keep every access in bounds (groups in ``[0, G)``, rows
-  clipped to ``m_sum`` by the tensor maps), but a decreasing layout gives unspecified output. Call
-  :func:`check_psum_layout` yourself (it synchronises) when the layout is untrusted.
+* CUDA tensors: the values are never read on the host (CUDA-graph safe) unless ``DFG_CHECK_LAYOUTS=1`` (then
+  as on a CPU, one synchronisation per call). The kernel finds a block's group by binary search over the G
+  ends, so any values keep every access in bounds (groups in ``[0, G)``, rows clipped to ``m_sum`` by the
+  tensor maps), but a decreasing layout gives unspecified output. Call :func:`check_psum_layout` yourself (it
+  synchronises) when the layout is untrusted.
+
+Those value rules are all the kernel relies on: with non-decreasing ends a block's binary search finds the one
+group whose rows it holds (group starts are multiples of the alignment, which BLOCK_M divides, so a block never
+straddles two groups), and rows of a block past its group's end are padding.
 
 The kernel is the ``GroupedContiguousPsum`` kind of ``include/deep_fp8_gemm/scheduler.cuh``; the 2.x entry point
 ``m_grouped_fp8_gemm_nt_contiguous(..., use_psum_layout=True)`` of :mod:`deep_fp8_gemm.compat` calls
@@ -34,7 +39,7 @@ from __future__ import annotations
 import torch
 
 from .._core.checks import (INDEX_DTYPE, Problem, check_expected_m, check_pointers, check_same_device, check_tensor,
-                            check_tma_layout, unpack_pair)
+                            check_tma_layout, layout_values_checked, unpack_pair)
 from .._core.dispatch import eager, normalise_scales, operands
 from .._core.family import GemmFamily, register_op
 from .._core.plans import GemmEntrySpec, gemm_entry
@@ -104,12 +109,17 @@ def check_psum_values(ends: list[int], m_sum: int, name: str = "grouped_layout")
 
 def check_psum_layout(grouped_layout: torch.Tensor, m_sum: int) -> None:
     """The value checks of a psum layout (non-negative, non-decreasing, last end <= ``m_sum``); reads the
-    values, so it synchronises when ``grouped_layout`` is on a GPU. ValueError on failure."""
+    values, so it synchronises when ``grouped_layout`` is on a GPU. ValueError on failure (TypeError for a
+    grouped_layout that is not a 1-D int32 tensor)."""
+    check_tensor(grouped_layout, "grouped_layout", INDEX_DTYPE, 1)
+    if isinstance(m_sum, bool) or not isinstance(m_sum, int) or m_sum < 0:
+        raise ValueError(f"m_sum must be a non-negative int (rows of lhs[0]), got {m_sum!r}")
     check_psum_values(grouped_layout.tolist(), m_sum)
 
 
-def _check_values_on_cpu(grouped_layout: torch.Tensor, m_sum: int) -> None:
-    """What every CPU call checks (the fast path too): free there, and the simulator must not see bad ends."""
+def _values_check(grouped_layout: torch.Tensor, m_sum: int, num_groups: int | None = None) -> None:
+    """What every CPU call checks (the fast path too; on CUDA with DFG_CHECK_LAYOUTS=1): the simulator and the
+    kernels must not see bad ends."""
     check_psum_values(grouped_layout.tolist(), m_sum)
 
 
@@ -188,8 +198,8 @@ def _full_check(a, sa, b, sb, out, grouped_layout, expected_m) -> Problem:
 def impl(a, sa, b, sb, out, grouped_layout, expected_m) -> None:
     """Check and dispatch (the custom op's kernel for CPU and CUDA)."""
     problem = _full_check(a, sa, b, sb, out, grouped_layout, expected_m)
-    if target.gpu_index(a.device) is None:
-        _check_values_on_cpu(grouped_layout, problem.m)
+    if layout_values_checked(a.device):
+        _values_check(grouped_layout, problem.m)
     if not problem.empty:
         FAMILY.dispatch(a, sa, b, sb, out, grouped_layout, expected_m)
 
@@ -238,4 +248,4 @@ def m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum(
 
 FAMILY = GemmFamily(kind="psum", public=m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum, check=check,
                     reference=reference, dispatch=dispatch, plan=plan, op=OP)
-_entry = gemm_entry(GemmEntrySpec(FAMILY, _full_check, "grouped_layout", "optional", _check_values_on_cpu))
+_entry = gemm_entry(GemmEntrySpec(FAMILY, _full_check, "grouped_layout", "optional", _values_check))
