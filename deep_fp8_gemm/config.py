@@ -632,3 +632,49 @@ def k_grouped_config(m: int, n: int, num_groups: int, num_sms: int, nominal_k: i
                      ) -> GemmConfig:
     """The k-grouped kernel's config for ``num_groups`` groups of ``[m, n]`` outputs (any ks)."""
     return get_config(m, n, nominal_k, num_groups, K_GROUPED, num_sms)
+
+
+# ---------------------------------------------------------------------------------------------- the MoE up-projection
+# The unfused up-projection is the bf16 GEMM plus silu_mul_quant (kernels/quant.cuh SiluMulPerToken), a second,
+# memory-bound kernel. NOTES: guesses, calibrate on H200 — the cost of one more kernel on the stream (launch gap and
+# its ramp, without PDL), and the fraction of the HBM datasheet bandwidth a one-pass quantiser streams at.
+KERNEL_LAUNCH_SECONDS = 2.5e-6
+_QUANT_HBM_EFFICIENCY = 0.8
+HBM_BYTES_PER_SECOND = 4.8e12  # H200 datasheet
+
+
+def silu_mul_quant_bytes(rows: int, inter: int) -> int:
+    """Bytes ``silu_mul_quant`` moves for ``rows`` rows of ``[gate | up]``: the bf16 input read, the e4m3 output and
+    its 1x128 scales written."""
+    return rows * (2 * 2 * inter + inter + 4 * ceil_div(inter, FP8_OUTPUT_BLOCK_N))
+
+
+def silu_mul_quant_seconds(rows: int, inter: int) -> float:
+    """Modelled time of the unfused path's second kernel (a launch plus its bytes at the quantisers' bandwidth)."""
+    return KERNEL_LAUNCH_SECONDS + silu_mul_quant_bytes(rows, inter) / (HBM_BYTES_PER_SECOND * _QUANT_HBM_EFFICIENCY)
+
+
+def up_projection_seconds(layout: str, fused: bool, m: int, inter: int, hidden: int, num_groups: int,
+                          num_sms: int = 132, silu_rows: int | None = None) -> float:
+    """Modelled time of a MoE up-projection ``x [rows, H] -> h = quant(SiLU(x W1ᵀ) * (x W3ᵀ)) [rows, I]``:
+    ``fused``, the SwiGLU kind of ``layout`` (``"contiguous"``: ``m`` = m_sum; ``"masked"``: ``m`` = expected rows per
+    group); else the bf16 kind plus :func:`silu_mul_quant_seconds` over ``silu_rows`` rows (default: the GEMM's rows;
+    the masked path's quantiser streams the whole ``[G, m_max, 2I]`` buffer, pass ``G * m_max``)."""
+    if layout not in ("contiguous", "masked"):
+        raise ValueError(f"layout must be 'contiguous' or 'masked', got {layout!r}")
+    kind = f"{layout}_swiglu" if fused else layout
+    seconds = estimate_seconds(get_config(max(m, 1), 2 * inter, hidden, num_groups, kind, num_sms), max(m, 1))
+    if fused:
+        return seconds
+    rows = silu_rows if silu_rows is not None else m * (num_groups if layout == "masked" else 1)
+    return seconds + silu_mul_quant_seconds(rows, inter)
+
+
+def fused_swiglu_wins(layout: str, m: int, inter: int, hidden: int, num_groups: int, num_sms: int = 132,
+                      silu_rows: int | None = None) -> bool:
+    """Whether the model picks the SwiGLU-fused up-projection: legal (``I % 128 == 0``) and modelled no slower than
+    the bf16 GEMM plus ``silu_mul_quant`` (see :func:`up_projection_seconds`)."""
+    if inter <= 0 or inter % FP8_OUTPUT_BLOCK_N:
+        return False
+    fused = up_projection_seconds(layout, True, m, inter, hidden, num_groups, num_sms)
+    return fused <= up_projection_seconds(layout, False, m, inter, hidden, num_groups, num_sms, silu_rows)
