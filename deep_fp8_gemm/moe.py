@@ -187,6 +187,11 @@ def _check_master_dtype(master_dtype: object) -> None:
         raise TypeError(f"master_dtype must be None, torch.float32 or torch.bfloat16, got {master_dtype!r}")
 
 
+def _refresh_after_load(module: FP8MoE, _incompatible_keys) -> None:
+    """load_state_dict post-hook of :class:`FP8MoE` (a module-level function, so the module still pickles)."""
+    module.refresh_swiglu_weights()
+
+
 class FP8MoE(nn.Module):
     """SwiGLU experts with FP8 (e4m3, 128x128 block-scaled) weights; forward = :func:`fp8_moe_forward`.
 
@@ -223,7 +228,7 @@ class FP8MoE(nn.Module):
         self.fused_swiglu = fused_swiglu
         self.register_buffer("w13_swiglu", None, persistent=False)
         self.register_buffer("w13_swiglu_scale", None, persistent=False)
-        self.register_load_state_dict_post_hook(lambda module, _keys: module.refresh_swiglu_weights())
+        self.register_load_state_dict_post_hook(_refresh_after_load)
         for value, name in ((num_experts, "num_experts"), (hidden_size, "hidden_size"),
                             (intermediate_size, "intermediate_size")):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

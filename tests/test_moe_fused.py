@@ -104,6 +104,14 @@ def test_module_runs_fused_and_keeps_the_checkpoint_layout(layer):
     unfused.load_state_dict(state)
     assert unfused.swiglu_pair is None and "fused_swiglu=False" in repr(unfused)
     assert torch.equal(unfused(hidden, ids, weights), fp8_moe_forward(hidden, ids, weights, *_weights(layer)))
+    # the whole module pickles (its load hook is a module-level function) with its derived buffers
+    import io
+
+    buffer = io.BytesIO()
+    torch.save(layer, buffer)
+    buffer.seek(0)
+    restored = torch.load(buffer, weights_only=False)
+    assert torch.equal(restored(hidden, ids, weights), layer(hidden, ids, weights))
     # a training module holds master weights: nothing to interleave
     assert FP8MoE(2, 128, 128, master_dtype=torch.float32).swiglu_pair is None
 
