@@ -184,3 +184,19 @@ def test_config_rules_and_model():
             up_projection_seconds("masked", False, m, 2048, 7168, 8, silu_rows=8 * 128)
     assert up_projection_seconds("contiguous", True, 4096 * 8, 2048, 7168, 8) < \
         up_projection_seconds("contiguous", False, 4096 * 8, 2048, 7168, 8)
+
+
+def test_opcheck():
+    """Fake kernels against the real ones' metadata and AOT dispatch with dynamic shapes (as tests/test_custom_ops)."""
+    ops = torch.ops.deep_fp8_gemm
+    a, sa, b, sb = _operands((128,), 256, 256, seed=4)
+    sa = dfg.get_col_major_tma_aligned_tensor(sa)
+    d, sd = fp8_output.empty_out((), 128, 256, "cpu")
+    utils = ("test_faketensor", "test_aot_dispatch_dynamic")
+    torch.library.opcheck(ops.gemm_fp8_fp8_fp8_nt.default, (a, sa, b, sb, d, sd, False), test_utils=utils)
+    w, sw = quantise_experts(torch.randn(2, 256, 256))
+    wi, swi = dfg.interleave_swiglu_weights(w, sw)
+    h, sh = fp8_output.empty_out((), 128, 128, "cpu")
+    m_indices = torch.cat([torch.zeros(64, dtype=torch.int32), torch.ones(64, dtype=torch.int32)])
+    torch.library.opcheck(ops.m_grouped_gemm_fp8_fp8_fp8_nt_contiguous_swiglu.default,
+                          (a, sa, wi, swi, h, sh, m_indices, False), test_utils=utils)
