@@ -23,7 +23,8 @@ import sys
 import time
 from collections.abc import Sequence
 
-GEMM_KINDS = ("dense", "contiguous", "masked", "psum", "1d1d", "k_grouped")
+GEMM_KINDS = ("dense", "contiguous", "masked", "psum", "1d1d", "k_grouped", "dense_fp8out", "contiguous_fp8out",
+              "masked_fp8out", "psum_fp8out", "contiguous_swiglu", "masked_swiglu")
 ALL_KINDS = (*GEMM_KINDS, "quant")
 
 

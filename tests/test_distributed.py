@@ -65,7 +65,7 @@ def _tokens(world: int, case: str) -> list[int]:
 # --- rank workers ---------------------------------------------------------------------------------------------
 def _moe_worker(rank: int, world: int) -> list[str]:
     from deep_fp8_gemm.distributed import EPMoE, ep_moe_forward
-    from deep_fp8_gemm.moe import FP8MoE
+    from deep_fp8_gemm.moe import FP8MoE, fp8_moe_forward
 
     num_experts = E_LOCAL * world
     w13, w2 = _expert_weights(num_experts)
@@ -81,12 +81,17 @@ def _moe_worker(rank: int, world: int) -> list[str]:
         hidden, ids, weights = _routing(case, tokens, num_experts, seed)
         start = sum(tokens[:rank])
         mine = slice(start, start + tokens[rank])
-        expected = full(hidden, ids, weights)[mine]
-        got = ep_moe_forward(hidden[mine], ids[mine], weights[mine], full.w13[lo:hi], full.w13_scale[lo:hi],
-                             full.w2[lo:hi], full.w2_scale[lo:hi])
+        expected = full(hidden, ids, weights)[mine]  # the fused up-projection (issue 27): FP8MoE's default
+        shard = (full.w13[lo:hi], full.w13_scale[lo:hi], full.w2[lo:hi], full.w2_scale[lo:hi])
+        # the interleaved layout is per expert: a slice of experts is this rank's interleaved weights
+        got = ep_moe_forward(hidden[mine], ids[mine], weights[mine], *shard,
+                             w13_swiglu=(full.w13_swiglu[lo:hi], full.w13_swiglu_scale[lo:hi]))
         assert got.dtype == torch.bfloat16 and got.shape == (tokens[rank], H)
         assert torch.equal(got, expected), f"{case}: ep_moe_forward differs, max |error| " \
             f"{(got.float() - expected.float()).abs().max()}"
+        unfused = fp8_moe_forward(hidden, ids, weights, full.w13, full.w13_scale, full.w2, full.w2_scale)[mine]
+        assert torch.equal(ep_moe_forward(hidden[mine], ids[mine], weights[mine], *shard), unfused), \
+            f"{case}: unfused ep_moe_forward differs"
         got = local(hidden[mine], ids[mine], weights[mine])
         assert torch.equal(got, expected), f"{case}: EPMoE differs"
         for _ in range(2):  # the static buffers are reused: a second call must not see the first one's rows

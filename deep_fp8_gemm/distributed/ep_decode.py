@@ -29,8 +29,8 @@ on every rank when they differ. A call whose arguments fail their checks on one 
 there (with no rows and an error status), then raises; its peers raise too (:mod:`.status`).
 
 Exactness: each expert sees the same rows in the same order as the single-process layer, and the masked GEMM
-computes a row exactly as the contiguous one does, so the result is bit-identical to ``moe.fp8_moe_forward``
-over all ranks' tokens (tested on CPU).
+computes a row exactly as the contiguous one does (the SwiGLU-fused ones too), so the result is bit-identical to
+``moe.fp8_moe_forward`` over all ranks' tokens when both take the same up-projection path (tested on CPU).
 
 Host synchronisation on NCCL (CUDA tensors): none — every step is a fixed-shape device op or a collective with
 equal splits; the expert-id range check and the status check are ``torch._assert_async``. The call is therefore capturable in a CUDA
@@ -50,7 +50,7 @@ import dataclasses
 import torch
 import torch.distributed as dist
 
-from ..ops.moe import combine, experts_masked
+from ..ops.moe import check_swiglu_weights, combine, experts_masked
 from ..quant import per_token_cast_to_fp8
 from ..utils import ceil_div
 from .checks import check_ep_inputs
@@ -182,6 +182,7 @@ def ep_moe_forward_decode(
     buffers: EPDecodeBuffers,
     expected_m: int,
     group: dist.ProcessGroup | None = None,
+    w13_swiglu: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Expert-parallel MoE forward without host synchronisation (module docstring: steps, exactness, costs).
 
@@ -192,6 +193,7 @@ def ep_moe_forward_decode(
         buffers: :class:`EPDecodeBuffers` for this group, ``H``, ``top_k`` and ``E_local``, on the tokens' device.
         expected_m: host hint of the rows per local expert, for the masked GEMMs' configuration (e.g.
             ``T * top_k * world / (E_local * world)`` for balanced routing); never affects the result.
+        w13_swiglu: as :func:`.ep_moe_forward` (the fused up-projection on the masked layout).
 
     Returns:
         ``[T_local, H]`` bfloat16, a new tensor (bit-identical to :func:`.ep_moe_forward`).
@@ -211,6 +213,7 @@ def ep_moe_forward_decode(
     try:
         shape = check_ep_inputs(hidden, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, world)
         _check_buffers(buffers, shape, hidden.device, expected_m)
+        check_swiglu_weights(w13_swiglu, w13, w13_scale)
     except (TypeError, ValueError) as exc:
         _fail_together(buffers, exc, group)  # raises, after the same collectives as a good call
     device = hidden.device
@@ -255,7 +258,7 @@ def ep_moe_forward_decode(
     buffers.expert_scales.index_copy_(0, target, recv_s.index_select(0, source_row))
     a = buffers.expert_x[:-1].view(num_local, m_max, hidden_size).view(FP8)
     a_scales = buffers.expert_scales[:-1].view(num_local, m_max, -1)
-    out = experts_masked(a, a_scales, buffers.masked_m, w13, w13_scale, w2, w2_scale, expected_m)
+    out = experts_masked(a, a_scales, buffers.masked_m, w13, w13_scale, w2, w2_scale, expected_m, w13_swiglu)
 
     # 4. per destination: one row per (received row, slot) — rows of slots that are not here are never read by
     # their source — then the status row: the overflow flag and the largest count of this rank's local experts.

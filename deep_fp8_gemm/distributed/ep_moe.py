@@ -17,7 +17,8 @@ Steps (rank = "source" for its own tokens, "expert rank" for the tokens it recei
 4. dispatch: one ``all_to_all_single`` of packed uint8 rows (:mod:`.wire`: fp8 payload, scales, local ids);
 5. on the expert rank: ``layout.route_topk`` over the received rows' local ids (reading the exact padded total
    back: the second host synchronisation), then ``ops.moe.experts_contiguous``: grouped GEMM, fused
-   SiLU·mul+quant, grouped GEMM — the single-GPU layer's code;
+   SiLU·mul+quant, grouped GEMM — the single-GPU layer's code (with ``w13_swiglu``: the SwiGLU-fused
+   up-projection, as there);
 6. return: one bf16 row per routed slot, in ``(source token, slot)`` order (``all_to_all_single``);
 7. combine on the source: ``ops.moe.combine``, fp32 in slot order ``j = 0, 1, ...``, one rounding to bf16.
 
@@ -25,7 +26,8 @@ Equality with the single-process layer: the expert rank sees each expert's rows 
 ``(source rank, token, slot)`` — exactly the rows, order and padding that ``fp8_moe_forward`` over all ranks'
 tokens concatenated builds for that expert — and the return path carries the unweighted bf16 expert outputs
 that the single-process combine reads, combined with the same arithmetic in the same order. So the result is
-**bit-identical** to ``moe.fp8_moe_forward(cat(all ranks' tokens), ..., all experts)[this rank's rows]``
+**bit-identical** to ``moe.fp8_moe_forward(cat(all ranks' tokens), ..., all experts)[this rank's rows]`` (given
+``w13_swiglu`` on both sides or on neither: the fused and the unfused up-projection differ by a bf16 rounding)
 (tested on CPU with 2 and 3 gloo ranks; on a GPU it holds as long as a GEMM row's result does not depend on the
 other experts' rows, which the kernels' per-tile math gives — not yet measured). Returning per-slot rows costs ``top_k`` rows per token instead of one
 reduced row per (token, rank) — DeepEP's combine sums on the expert rank, which changes the summation order.
@@ -48,7 +50,7 @@ import torch
 import torch.distributed as dist
 
 from ..layout import route_topk
-from ..ops.moe import combine, experts_contiguous
+from ..ops.moe import check_swiglu_weights, combine, experts_contiguous
 from ..quant import per_token_cast_to_fp8
 from ..utils import get_m_alignment_for_contiguous_layout
 from .checks import check_ep_inputs, check_peer_shapes
@@ -74,6 +76,7 @@ def ep_moe_forward(
     w2: torch.Tensor,
     w2_scale: torch.Tensor,
     group: dist.ProcessGroup | None = None,
+    w13_swiglu: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Expert-parallel :func:`deep_fp8_gemm.moe.fp8_moe_forward` (module docstring: steps, exactness, bytes).
 
@@ -87,6 +90,8 @@ def ep_moe_forward(
             same ``E_local``, ``H``, ``I`` on every rank.
         group: the process group of the expert-parallel ranks (``None``: the world). Tensors on CPU need a
             gloo group, on CUDA an NCCL one.
+        w13_swiglu: ``ops.moe.swiglu_weights`` of this rank's ``(w13, w13_scale)``: the fused up-projection, as
+            ``fp8_moe_forward``'s (:class:`~deep_fp8_gemm.distributed.EPMoE` passes its experts' pair).
 
     Returns:
         ``[T_local, H]`` bfloat16, a new tensor; tokens whose slots are all dropped get zeros.
@@ -100,6 +105,7 @@ def ep_moe_forward(
     world = group_size(group)
     try:
         shape = check_ep_inputs(hidden, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, world)
+        check_swiglu_weights(w13_swiglu, w13, w13_scale)
         error = None
     except (TypeError, ValueError) as exc:  # raised after the header exchange, on every rank (module docstring)
         shape, error = None, exc
@@ -140,7 +146,7 @@ def ep_moe_forward(
     all_to_all_rows(recv_rows, send_rows, recv_tokens, send_tokens, group=group)
 
     # 5-6. the experts over the received rows; return one bf16 row per routed slot, (row, slot) order.
-    back = _expert_rows(recv_rows, sum(recv_slots), shape, w13, w13_scale, w2, w2_scale)
+    back = _expert_rows(recv_rows, sum(recv_slots), shape, w13, w13_scale, w2, w2_scale, w13_swiglu)
     # One extra zero row at the end: the combine reads it for dropped slots.
     returned = torch.zeros((sum(send_slots) + 1, hidden_size), dtype=torch.bfloat16, device=device)
     all_to_all_rows(returned[:-1], back, send_slots, recv_slots, group=group)
@@ -176,7 +182,7 @@ def _exchange_header(header: torch.Tensor, error: BaseException | None, group) -
     return sent, received
 
 
-def _expert_rows(recv_rows, num_slots, shape, w13, w13_scale, w2, w2_scale) -> torch.Tensor:
+def _expert_rows(recv_rows, num_slots, shape, w13, w13_scale, w2, w2_scale, w13_swiglu) -> torch.Tensor:
     """Runs this rank's experts on the received rows: ``[num_slots, H]`` bf16, one row per routed slot in
     (received row, slot) order."""
     hidden_size, top_k = shape.hidden, shape.top_k
@@ -187,7 +193,7 @@ def _expert_rows(recv_rows, num_slots, shape, w13, w13_scale, w2, w2_scale) -> t
     alignment = get_m_alignment_for_contiguous_layout()
     # The exact padded total, read back (the second synchronisation; the ids were checked by their sources).
     routed = route_topk(local_ids, shape.num_local_experts, alignment)
-    _, down = experts_contiguous(x_fp8, x_scales, routed, w13, w13_scale, w2, w2_scale)
+    _, down = experts_contiguous(x_fp8, x_scales, routed, w13, w13_scale, w2, w2_scale, w13_swiglu)
     flat = routed.scatter_index.reshape(-1)
     rows = flat.index_select(0, _first_true(flat >= 0, num_slots))
     torch.index_select(down, 0, rows, out=out)

@@ -27,7 +27,8 @@ class EPMoE(nn.Module):
     ``[rank*E_local, (rank+1)*E_local)`` (``E_local = num_experts / world``) as FP8 weights.
 
     Submodule ``experts``: an :class:`deep_fp8_gemm.moe.FP8MoE` with the ``E_local`` local experts (its buffers
-    ``w13 [E_local, 2I, H]`` e4m3, ``w13_scale``, ``w2``, ``w2_scale`` — the state dict of one rank).
+    ``w13 [E_local, 2I, H]`` e4m3, ``w13_scale``, ``w2``, ``w2_scale`` — the state dict of one rank — and the
+    non-persistent fused up-projection layout ``w13_swiglu``, which :meth:`forward` and :meth:`forward_decode` use).
     :meth:`forward` is :func:`deep_fp8_gemm.distributed.ep_moe_forward`: every rank of ``group`` must call it
     together, each with its own tokens. The constructor initialises the local experts randomly (like
     ``FP8MoE``); :meth:`from_experts` loads trained weights. Inference only (no autograd).
@@ -102,7 +103,8 @@ class EPMoE(nn.Module):
         """``hidden [T_local, H]`` bf16, ``topk_ids [T_local, top_k]`` global expert ids (-1 = dropped),
         ``topk_weights [T_local, top_k]`` -> ``[T_local, H]`` bf16 (:func:`ep_moe_forward`)."""
         e = self.experts
-        return ep_moe_forward(hidden, topk_ids, topk_weights, e.w13, e.w13_scale, e.w2, e.w2_scale, self.group)
+        return ep_moe_forward(hidden, topk_ids, topk_weights, e.w13, e.w13_scale, e.w2, e.w2_scale, self.group,
+                              e.swiglu_pair)
 
     def decode_buffers(self, max_tokens: int, top_k: int, max_rows_per_expert: int | None = None) -> EPDecodeBuffers:
         """Static buffers for :meth:`forward_decode` with up to ``max_tokens`` tokens per rank, on the weights'
@@ -117,7 +119,7 @@ class EPMoE(nn.Module):
         :func:`deep_fp8_gemm.distributed.ep_moe_forward_decode`. Same result, bit for bit."""
         e = self.experts
         return ep_moe_forward_decode(hidden, topk_ids, topk_weights, e.w13, e.w13_scale, e.w2, e.w2_scale,
-                                     buffers, expected_m, self.group)
+                                     buffers, expected_m, self.group, e.swiglu_pair)
 
     def extra_repr(self) -> str:
         return (f"num_experts={self.num_experts}, local experts [{self.expert_offset}, "

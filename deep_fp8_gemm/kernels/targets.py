@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 from typing import Sequence
 
-from ..config import FP32_ACCUMULATE_KINDS, KINDS, GemmConfig, get_config, k_grouped_config
+from ..config import FP32_ACCUMULATE_KINDS, KINDS, LAYOUT_OF, GemmConfig, get_config, k_grouped_config
 from .gemm import render_source
 
 # Dense (N, K) and grouped (N, K).
@@ -26,7 +26,11 @@ DEEPSEEK_V3_K_GROUPED = ((7168, 4096), (2048, 4096))
 K_GROUPED_MS = (4096, 7168)
 K_GROUPED_GROUPS = (8, 32)
 
-_DEFAULT_SHAPES = {"dense": DEEPSEEK_V3_DENSE, "1d1d": DEEPSEEK_V3_WGRAD, "k_grouped": DEEPSEEK_V3_K_GROUPED}
+# The SwiGLU kinds (the MoE up-projection): w13 of DeepSeek-V3's experts, N = 2I = 4096 gate and up columns, K = H.
+DEEPSEEK_V3_SWIGLU = ((4096, 7168),)
+_DEFAULT_SHAPES = {"dense": DEEPSEEK_V3_DENSE, "1d1d": DEEPSEEK_V3_WGRAD, "k_grouped": DEEPSEEK_V3_K_GROUPED,
+                   "dense_fp8out": DEEPSEEK_V3_DENSE, "contiguous_swiglu": DEEPSEEK_V3_SWIGLU,
+                   "masked_swiglu": DEEPSEEK_V3_SWIGLU}
 #: The SM count CI audits for (``audit --kind all``'s default ``--num-sms``).
 GATED_NUM_SMS = 132
 
@@ -35,15 +39,16 @@ def _configs(kind: str, shapes: Sequence[tuple[int, int]], ms: Sequence[int] | N
              num_groups: int | None) -> list[GemmConfig]:
     """The heuristic's pick for every problem of ``kind`` over ``shapes`` x ``ms`` (see :func:`audit_targets`)."""
     configs: list[GemmConfig] = []
+    layout = LAYOUT_OF[kind]
     for n, k in shapes:
-        if kind in ("dense", "1d1d"):
-            for m in ms or (DEFAULT_DENSE_MS if kind == "dense" else WGRAD_MS):
+        if layout in ("dense", "1d1d"):
+            for m in ms or (DEFAULT_DENSE_MS if layout == "dense" else WGRAD_MS):
                 configs.append(get_config(m, n, k, 1, kind, num_sms))
         elif kind == "k_grouped":  # k: the nominal per-group K of the cost model (the binary has none)
             for g in ([num_groups] if num_groups else K_GROUPED_GROUPS):
                 for m in ms or K_GROUPED_MS:
                     configs.append(k_grouped_config(m, n, g, num_sms, k))
-        elif kind in ("contiguous", "psum"):
+        elif layout in ("contiguous", "psum"):
             if not ms:
                 pairs = list(CONTIGUOUS_EXPERTS)
             elif num_groups:
@@ -55,7 +60,7 @@ def _configs(kind: str, shapes: Sequence[tuple[int, int]], ms: Sequence[int] | N
         else:
             for g in ([num_groups] if num_groups else MASKED_GROUPS):
                 for m in ms or MASKED_EXPECTED_MS:
-                    configs.append(get_config(m, n, k, g, "masked", num_sms))
+                    configs.append(get_config(m, n, k, g, kind, num_sms))
     return configs
 
 
@@ -91,8 +96,10 @@ def audit_targets(kind: str, shapes: Sequence[tuple[int, int]] | None = None, ms
 
     dense / 1d1d: ``ms`` are row counts (default 1..8192 / the wgrad out-feature counts); contiguous / psum:
     ``ms`` are rows per expert (default the DeepSeek-V3 pairs of experts x rows); masked: ``ms`` are expected rows
-    per group; k_grouped: ``ms`` are the out-feature counts, shapes ``(n, nominal K per group)``. Each target's
-    ``gate_kloop`` says whether it is a kernel CI gates (:func:`gated_kernel_names`).
+    per group; k_grouped: ``ms`` are the out-feature counts, shapes ``(n, nominal K per group)``. The FP8-output and
+    SwiGLU kinds take their layout kind's ``ms``; the SwiGLU kinds' shapes are ``(2I, H)`` (default DeepSeek-V3's
+    up-projection, 4096 x 7168). Each target's ``gate_kloop`` says whether it is a kernel CI gates
+    (:func:`gated_kernel_names`).
     """
     from ..runtime.audit import AuditTarget
 

@@ -113,7 +113,8 @@ def _check_kloop(record: dict, target: AuditTarget, sass: str, ceilings: dict) -
         return
     try:
         analysis = kloop.analyse_sass(sass, block_m=cfg["block_m"], block_n=cfg["block_n"],
-                                      num_math_warpgroups=cfg["num_math_warpgroups"], function=target.name)
+                                      num_math_warpgroups=cfg["num_math_warpgroups"], function=target.name,
+                                      mma_chunks=cfg.get("mma_chunks", 1))
     except ValueError as exc:
         record["problems"].append(f"K-loop analysis: {exc}")
         return
