@@ -3,7 +3,8 @@ design's H800 numbers, plus the host overhead of a decode-size call.
 
     python -m bench.bench_dense [--shapes deepseek-v3|decode|all] [--quick] [--out DIR] [--time-budget S]
 
-Writes ``<out>/dense-<table>.{json,md,png}`` (see ``bench/report.py``). Method: ``bench/timing.py``.
+Writes ``<out>/dense-<table>.{json,md,png}`` (see ``bench/report.py``). Method: ``bench/timing.py``. Shapes with
+m <= 32 (``--shapes decode``) also time the plain and the swap-AB kernel's best configs, forced, next to the pick.
 """
 
 from __future__ import annotations
@@ -57,10 +58,37 @@ def ours(inputs: dict, n_copies: int) -> Impl:
                 poison=lambda args: args[4].fill_(float("nan")))
 
 
+def forced(inputs: dict, n_copies: int, swap_ab: bool) -> Impl:
+    """The plain (``swap_ab=False``) or swap-AB (``True``) kernel's best config for a decode shape (m <= 32),
+    launched through ``kernels.gemm.launch_1d2d`` whatever the heuristic picks: the model's ranking of the two
+    (bench/PREDICTIONS.md, "Decode: swap-AB vs the plain kernel") checked on the GPU."""
+    import deep_fp8_gemm as dfg
+    from deep_fp8_gemm.config import get_config
+    from deep_fp8_gemm.kernels import gemm as gemm_host
+
+    m, k = inputs["a"].shape
+    n = inputs["b"].size(0)
+    cfg = get_config(m, n, k, 1, "dense", dfg.get_num_sms(), swap_ab=swap_ab)
+
+    def gemm(a, sa, b, sb, out):
+        gemm_host.launch_1d2d(cfg, a, sa, b, sb, out, None, "cuda")
+        return out
+
+    impl = ours(inputs, n_copies)
+    return Impl(f"{harness.OURS}_{'swap_ab' if swap_ab else 'plain'}", gemm, impl.arg_sets, lambda out: out,
+                inputs["ref"], poison=lambda args: args[4].fill_(float("nan")))
+
+
 def build(shape: DenseShape, device: torch.device, n_copies: int):
     inputs = make_inputs(shape, device)
+    from deep_fp8_gemm.config import SWAP_AB_MAX_M
+
+    decode = [(f"{harness.OURS}_{name}", lambda swap=swap: forced(inputs, n_copies, swap))
+              for name, swap in (("plain", False), ("swap_ab", True))] \
+        if shape.m <= SWAP_AB_MAX_M and device.type == "cuda" else []  # forced kernels: GPU only
     return [
         (harness.OURS, lambda: ours(inputs, n_copies)),
+        *decode,
         ("cublas_block", lambda: baselines.cublas_block_dense(inputs["a"], inputs["sa"], inputs["b"], inputs["sb"],
                                                               inputs["ref"], n_copies)),
         ("bf16_matmul", lambda: baselines.bf16_dense(inputs["a_deq"], inputs["b_deq"], inputs["ref"], n_copies)),

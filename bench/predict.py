@@ -17,8 +17,8 @@ from pathlib import Path
 from deep_fp8_gemm.config import (estimate_seconds, get_config, output_bytes, silu_mul_quant_bytes,
                                   up_projection_seconds)
 
-from .shapes import H800_PUBLISHED_DENSE, MOE_INTER, ContiguousShape, MaskedShape, contiguous_shapes, dense_shapes, \
-    masked_shapes
+from .shapes import DEEPSEEK_V3_NK, H800_PUBLISHED_DENSE, MOE_INTER, ContiguousShape, DenseShape, MaskedShape, \
+    contiguous_shapes, dense_shapes, masked_shapes
 
 H200_FP8_TFLOPS = 1979.0
 H200_HBM_BYTES_PER_S = 4.8e12
@@ -100,6 +100,32 @@ def up_projection_predictions() -> list[str]:
     return rows
 
 
+#: The decode rows of the swap-AB table (issue 25): the DeepSeek-V3 dense shapes at these m.
+SMALL_MS = (1, 4, 8, 16, 32)
+
+
+def _tile(cfg) -> str:
+    text = f"{cfg.block_m}x{cfg.block_n} s{cfg.num_stages}"
+    return text + (f" split_k={cfg.split_k}" if cfg.split_k > 1 else "")
+
+
+def swap_ab_row(shape: DenseShape) -> str:
+    """One decode shape: the best plain and the best swap-AB config (``get_config(..., swap_ab=False / True)``),
+    their modelled µs, the gain, the heuristic's pick (swap-AB where it models >= 10% faster) and the floor."""
+    plain = get_config(shape.m, shape.n, shape.k, 1, "dense", 132, swap_ab=False)
+    swap = get_config(shape.m, shape.n, shape.k, 1, "dense", 132, swap_ab=True)
+    pick = get_config(shape.m, shape.n, shape.k, 1, "dense", 132)
+    t_plain, t_swap = estimate_seconds(plain, shape.m), estimate_seconds(swap, shape.m)
+    floor = max(shape.flops() / (H200_FP8_TFLOPS * 1e12), shape.bytes() / H200_HBM_BYTES_PER_S)
+    return (f"| {shape.label} | {_tile(plain)} | {t_plain * 1e6:.2f} | {_tile(swap)} | {t_swap * 1e6:.2f} | "
+            f"{(t_plain / t_swap - 1) * 100:+.0f}% | {'swap-AB' if pick.swap_ab else 'plain'} | {floor * 1e6:.2f} | "
+            f"see RESULTS.md |")
+
+
+def swap_ab_predictions() -> list[str]:
+    return [swap_ab_row(DenseShape(m, n, k)) for n, k in DEEPSEEK_V3_NK for m in SMALL_MS]
+
+
 def render() -> str:
     head = [
         "# Predicted performance (model, not measured)",
@@ -125,7 +151,22 @@ def render() -> str:
         "| path | shape | config | model µs | bytes / routed row | bytes / token (top-8) | MB / call |",
         "|---|---|---|---|---|---|---|",
     ]
-    return "\n".join(head + predictions() + moe + up_projection_predictions()) + "\n"
+    swap = [
+        "",
+        "## Decode: swap-AB vs the plain kernel, dense m <= 32 (issue 25)",
+        "",
+        "The best config of each kernel for the DeepSeek-V3 dense shapes at small m (`get_config(..., swap_ab=False`",
+        "/ `True)`), the model's µs, the gain of swap-AB over the plain kernel and the heuristic's pick (swap-AB where",
+        "it models at least 10% faster, `config.SWAP_AB_MARGIN`). The model puts both kernels at the HBM floor except",
+        "where the plain kernel's zero-filled 64-row A tile makes the SMs the bound (n = 576: few tiles, long K). The",
+        "block-scaled cuBLAS column has no model: `bench.bench_dense --shapes decode` measures it next to both kernels",
+        "(`deep_fp8_gemm_plain`, `deep_fp8_gemm_swap_ab`: each kernel's best config, forced).",
+        "",
+        "| shape | plain config | plain model µs | swap-AB config | swap-AB model µs | swap-AB gain | pick | H200 floor µs "
+        "| cuBLAS block-scaled |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    return "\n".join(head + predictions() + moe + up_projection_predictions() + swap + swap_ab_predictions()) + "\n"
 
 
 def main(argv=None) -> int:

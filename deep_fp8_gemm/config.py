@@ -147,6 +147,9 @@ class GemmConfig:
     grid_size: int  # CTAs launched (persistent: at most the SM count); not part of the binary
     split_k: int = 1  # dense only: K cut into split_k slices, reduced by the tile's last CTA (split_k.cuh)
     ue8m0: bool = False  # FP8-output kinds: D's scales rounded up to powers of two (quant.ceil_to_ue8m0)
+    # Dense only, m <= 32: the tile computed transposed (policy_swap_ab.cuh): block_m (8..32) tokens on the wgmma's
+    # N side, block_n (64 or 128) weight rows on its M side, one math warpgroup.
+    swap_ab: bool = False
 
     def __hash__(self) -> int:
         # Configs key the per-call kernel caches: hash the fields once, not on every launch.
@@ -166,29 +169,39 @@ class GemmConfig:
 
     @property
     def num_math_warpgroups(self) -> int:
-        return num_math_warpgroups(self.block_m)
+        return 1 if self.swap_ab else num_math_warpgroups(self.block_m)
 
     @property
     def num_threads(self) -> int:
         return 128 * (self.num_math_warpgroups + 1)
 
     @property
+    def mma_rows(self) -> int:
+        """Rows of the wgmma tile (its M side, in m64 waves): BLOCK_M, or BLOCK_N (the weights) with swap-AB."""
+        return self.block_n if self.swap_ab else self.block_m
+
+    @property
+    def mma_cols(self) -> int:
+        """Columns of the wgmma tile (its N side): BLOCK_N, or BLOCK_M (the tokens) with swap-AB."""
+        return self.block_m if self.swap_ab else self.block_n
+
+    @property
     def waves_m(self) -> int:
         """m64 slices each math warpgroup computes."""
-        return waves_m(self.block_m)
+        return self.mma_rows // self.num_math_warpgroups // 64
 
     @property
     def wg_rows(self) -> int:
-        return self.block_m // self.num_math_warpgroups
+        return self.mma_rows // self.num_math_warpgroups
 
     @property
     def mma_n(self) -> int:
-        """Columns of one wgmma (``kMmaN``); BLOCK_N but for the SwiGLU kinds' 128-column chunks."""
-        return mma_n(self.kind, self.block_n)
+        """Columns of one wgmma (``kMmaN``); the tile's columns but for the SwiGLU kinds' 128-column chunks."""
+        return self.block_m if self.swap_ab else mma_n(self.kind, self.block_n)
 
     @property
     def mma_chunks(self) -> int:
-        return self.block_n // self.mma_n
+        return self.mma_cols // self.mma_n
 
     @property
     def math_registers(self) -> int:
@@ -196,7 +209,7 @@ class GemmConfig:
 
     @property
     def smem_bytes(self) -> int:
-        return smem_bytes(self.block_m, self.block_n, self.num_stages, self.kind)
+        return smem_bytes(self.block_m, self.block_n, self.num_stages, self.kind, self.swap_ab)
 
     @property
     def multicast(self) -> str:
@@ -221,6 +234,7 @@ class GemmConfig:
             "PRODUCER_REGISTERS": PRODUCER_REGISTERS,
             "SPLIT_K": self.split_k,
             "USE_UE8M0": self.ue8m0,
+            "SWAP_AB": self.swap_ab,
         }
 
     def kernel_name(self) -> str:
@@ -229,6 +243,7 @@ class GemmConfig:
             f"dfg_fp8_gemm_{self.kind}_n{self.shape_n}_k{self.shape_k}_g{self.num_groups}"
             f"_m{self.block_m}n{self.block_n}_s{self.num_stages}_c{self.cluster_m}x{self.cluster_n}_w{self.band_width}"
             + (f"_sk{self.split_k}" if self.split_k > 1 else "") + ("_ue8m0" if self.ue8m0 else "")
+            + ("_swapab" if self.swap_ab else "")
         )
 
     def as_dict(self) -> dict:
@@ -242,12 +257,15 @@ class GemmConfig:
             producer_registers=PRODUCER_REGISTERS,
             mma_n=self.mma_n,
             mma_chunks=self.mma_chunks,
+            mma_rows=self.mma_rows,
+            mma_cols=self.mma_cols,
         )
         return d
 
 
-def smem_bytes(block_m: int, block_n: int, num_stages: int, kind: str = "dense") -> int:
-    """Dynamic shared memory of the kernel (same map as Fp8GemmKernel in fp8_gemm.cuh)."""
+def smem_bytes(block_m: int, block_n: int, num_stages: int, kind: str = "dense", swap_ab: bool = False) -> int:
+    """Dynamic shared memory of the kernel (same map as Fp8GemmKernel in fp8_gemm.cuh; swap-AB: the transposed
+    bf16 D tile [BLOCK_M][BLOCK_N] of policy_swap_ab.cuh, the same stages)."""
     fp32_out = kind in FP32_ACCUMULATE_KINDS
     if kind in FP8_OUTPUT_KINDS:  # e4m3 D tile [BLOCK_M][128] + the amax partials [math warps][2 waves][32] u32
         d_tile = _round_up(block_m * FP8_OUTPUT_BLOCK_N + 4 * num_math_warpgroups(block_m) * 2 * waves_m(block_m)
@@ -266,13 +284,15 @@ def smem_bytes(block_m: int, block_n: int, num_stages: int, kind: str = "dense")
 def check_config(cfg: GemmConfig, smem_limit: int = SMEM_LIMIT) -> None:
     """Every legality rule, in one place. Raises ``ValueError`` listing each violated rule."""
     problems = _problem_rules(cfg.kind, cfg.shape_n, cfg.shape_k, cfg.num_groups)
-    if cfg.block_m not in BLOCK_M_CHOICES:
+    if cfg.swap_ab:
+        problems += _swap_ab_problems(cfg)
+    elif cfg.block_m not in BLOCK_M_CHOICES:
         problems.append(f"block_m must be one of {BLOCK_M_CHOICES}, got {cfg.block_m}")
     if cfg.block_n % 16 or not 16 <= cfg.block_n <= 256:
         problems.append(f"block_n must be a multiple of 16 in [16, 256] (wgmma N, 16-column epilogue chunks), got {cfg.block_n}")
     if cfg.block_n > 128 + math.gcd(cfg.block_n, 128):
         problems.append(f"block_n={cfg.block_n} columns could touch three 128-column sB blocks")
-    math_regs_needed = math_registers_needed(cfg.kind, cfg.block_m, cfg.block_n)
+    math_regs_needed = math_registers_needed(cfg.kind, cfg.block_m, cfg.block_n, cfg.swap_ab)
     if math_regs_needed > cfg.math_registers:
         problems.append(
             f"accumulators need ~{math_regs_needed} registers per math thread, budget {cfg.math_registers} "
@@ -310,14 +330,17 @@ def check_config(cfg: GemmConfig, smem_limit: int = SMEM_LIMIT) -> None:
         raise ValueError("illegal GEMM config: " + "; ".join(problems))
 
 
-def math_registers_needed(kind: str, block_m: int, block_n: int) -> int:
+def math_registers_needed(kind: str, block_m: int, block_n: int, swap_ab: bool = False) -> int:
     """Modelled registers per math thread: kWavesM accumulators of BLOCK_N/2 floats, the scratch accumulator of one
     wgmma (MMA_N/2 floats: BLOCK_N, or the SwiGLU kinds' 128-column chunk), ~56 for addresses, scales and scheduler
     state (measured: 2 waves x BLOCK_N 128 = 192 + 40 spilled in the masked kernel); the 1D1D kinds hold the K
     block's per-column B scales of the thread's columns too. The SwiGLU kinds' 1 wave x 256 + chunk 128 is 192
     floats, like the rejected 2 x 128 tiles, but compiles spill-free at 240 and 232 registers (their epilogue
     needs no more than the accumulators; measured with NVRTC 13.5, `audit --kind contiguous_swiglu`): they are
-    modelled with the overhead measured there."""
+    modelled with the overhead measured there. Swap-AB: BLOCK_N / 64 waves of BLOCK_M / 2 floats, and the scratch of
+    one m64nBLOCK_M wgmma."""
+    if swap_ab:
+        return (block_n // 64 + 1) * block_m // 2 + MATH_REGISTER_OVERHEAD
     accumulators = waves_m(block_m) * block_n // 2 + mma_n(kind, block_n) // 2
     if kind in SWIGLU_KINDS:
         return accumulators + SWIGLU_REGISTER_OVERHEAD
@@ -328,6 +351,31 @@ def math_registers_needed(kind: str, block_m: int, block_n: int) -> int:
 
 
 SWIGLU_REGISTER_OVERHEAD = 40
+
+#: Swap-AB (policy_swap_ab.cuh): the token tiles (the wgmma's N, multiples of 8) and weight tiles (m64 waves of one
+#: math warpgroup) it is compiled for, and the rows up to which the heuristic weighs it.
+SWAP_AB_BLOCK_M = (8, 16, 24, 32)
+SWAP_AB_BLOCK_N = (64, 128)
+SWAP_AB_MAX_M = 32
+#: A swap-AB config must model at least ~10% faster than the best plain one (the model is uncalibrated).
+SWAP_AB_MARGIN = 0.10
+
+
+def _swap_ab_problems(cfg: GemmConfig) -> list[str]:
+    """The swap-AB rules (policy_swap_ab.cuh): the dense bf16 kind, token tiles of 8..32, weight tiles of one or two
+    m64 waves (so a wave never straddles two sB blocks), no clusters."""
+    problems = []
+    if cfg.kind != "dense":
+        problems.append(f"swap_ab is a dense-kind kernel, got kind={cfg.kind!r}")
+    if cfg.block_m not in SWAP_AB_BLOCK_M:
+        problems.append(f"swap_ab: block_m (the tile's tokens, the wgmma's N) must be one of {SWAP_AB_BLOCK_M}, got "
+                        f"{cfg.block_m}")
+    if cfg.block_n not in SWAP_AB_BLOCK_N:
+        problems.append(f"swap_ab: block_n (the tile's weight rows, m64 waves) must be one of {SWAP_AB_BLOCK_N}, got "
+                        f"{cfg.block_n}")
+    if cfg.cluster_size != 1:
+        problems.append(f"swap_ab: no clusters, got {cfg.cluster_m}x{cfg.cluster_n}")
+    return problems
 
 
 def _fp8_output_problems(cfg: GemmConfig) -> list[str]:
@@ -395,7 +443,8 @@ def _split_k_problems(cfg: GemmConfig) -> list[str]:
     if LAYOUT_OF[cfg.kind] != "dense" or cfg.cluster_size != 1:
         return [f"split_k > 1 needs a dense kind and a 1x1 cluster, got kind={cfg.kind!r} "
                 f"cluster {cfg.cluster_m}x{cfg.cluster_n}"]
-    if cfg.waves_m != 1:  # audit: the reduce of two m64 waves (256x112) spilled; one wave per warpgroup does not
+    if cfg.waves_m != 1 and not cfg.swap_ab:  # audit: the reduce of two m64 waves (256x112) spilled; swap-AB's
+        # fragments are small (BLOCK_M / 2 floats a wave)
         return [f"split_k > 1 needs one m64 wave per math warpgroup (block_m 64 or 128), got block_m={cfg.block_m}"]
     return []
 
@@ -426,9 +475,12 @@ def _num_m_blocks(kind: str, m: int, block_m: int, num_groups: int) -> int:
     return ceil_div(m, block_m)
 
 
-def math_issue_per_k_block(kind: str, block_m: int, block_n: int) -> float:
+def math_issue_per_k_block(kind: str, block_m: int, block_n: int, swap_ab: bool = False) -> float:
     """Modelled math-loop instructions per K block per math warp (what ``audit``'s K-loop analysis reports as
-    ``kloop.math.per_k_block.total``)."""
+    ``kloop.math.per_k_block.total``). Swap-AB: per wave BLOCK_M / 2 FFMA, BLOCK_M / 4 FMUL (sA x sB per column)
+    and the wave's fixed part; per K block the BLOCK_M / 8 sA pair loads."""
+    if swap_ab:
+        return block_n // 64 * (block_m / 2 + block_m / 4 + _ISSUE_PER_WAVE) + block_m / 8 + _ISSUE_PER_K_BLOCK
     waves = waves_m(block_m)
     if kind in FP32_ACCUMULATE_KINDS:  # per-column B scales: FMUL + FFMA per value, BLOCK_N / 8 sB load pairs
         return waves * (block_n + _ISSUE_PER_WAVE - 2) + block_n / 8 + _ISSUE_PER_K_BLOCK
@@ -438,28 +490,33 @@ def math_issue_per_k_block(kind: str, block_m: int, block_n: int) -> float:
     return waves * per_wave + _ISSUE_PER_K_BLOCK
 
 
-def issue_cycles_per_k_block(kind: str, block_m: int, block_n: int) -> float:
+def issue_cycles_per_k_block(kind: str, block_m: int, block_n: int, swap_ab: bool = False) -> float:
     """Issue cycles per K block on the busiest SM sub-partition: one warp of every math warpgroup plus the
     producer warp live on it, and a sub-partition issues one instruction per clock. Compare with the tensor
     cycles of a K block, ``block_m * block_n / 32``: their ratio (math part only) is the audit's
     ``issue_per_tensor_cycle``."""
+    if swap_ab:  # one math warpgroup
+        return math_issue_per_k_block(kind, block_m, block_n, True) + _ISSUE_PRODUCER
     return math_issue_per_k_block(kind, block_m, block_n) * num_math_warpgroups(block_m) + _ISSUE_PRODUCER
 
 
 def _estimate_cycles(kind: str, m: int, n: int, k: int, num_groups: int, block_m: int, block_n: int, num_sms: int,
-                     split_k: int = 1) -> float:
+                     split_k: int = 1, swap_ab: bool = False) -> float:
     """Modelled kernel time in SM clocks (for ranking configs only). ``split_k`` > 1: tiles x split_k work items
-    of k / split_k each, plus the fp32 partials and the last CTA's reduce (:func:`_split_k_cycles`)."""
+    of k / split_k each, plus the fp32 partials and the last CTA's reduce (:func:`_split_k_cycles`). ``swap_ab``:
+    the same terms for the transposed tile (the wgmma's rows are the BLOCK_N weight rows, its columns the BLOCK_M
+    tokens; policy_swap_ab.cuh); the A box is BLOCK_M rows, not zero-filled to 64."""
     num_tiles = _num_m_blocks(kind, m, block_m, num_groups) * ceil_div(n, block_n)
     sm_waves = ceil_div(num_tiles * split_k, num_sms)
     k_padded = _round_up(k, BLOCK_K) // split_k
-    mma = 2 * block_m * block_n * k_padded / (_MMA_FLOP_PER_CLK * _MMA_EFFICIENCY[block_m])
+    rows, cols = (block_n, block_m) if swap_ab else (block_m, block_n)  # the wgmma tile
+    mma = 2 * rows * cols * k_padded / (_MMA_FLOP_PER_CLK * _MMA_EFFICIENCY[64 if swap_ab else block_m])
     fill = (block_m + block_n) * k_padded / _SMEM_FILL_BYTES_PER_CLK
     # Every m64 wgmma reads its A slice and the whole B tile from shared memory, so narrow tiles are
-    # bound by shared-memory bandwidth before the tensor cores: per K element, (BM/64) x (64 + BN)
+    # bound by shared-memory bandwidth before the tensor cores: per K element, (rows/64) x (64 + cols)
     # operand bytes plus (BM + BN) bytes written by TMA.
-    smem = ((block_m // 64) * (64 + block_n) + block_m + block_n) * k_padded / _SMEM_BYTES_PER_CLK
-    issue = ceil_div(k, BLOCK_K) // split_k * issue_cycles_per_k_block(kind, block_m, block_n)
+    smem = ((rows // 64) * (64 + cols) + block_m + block_n) * k_padded / _SMEM_BYTES_PER_CLK
+    issue = ceil_div(k, BLOCK_K) // split_k * issue_cycles_per_k_block(kind, block_m, block_n, swap_ab)
     mma = max(mma, smem, issue)
     tile = max(mma, fill) + _TILE_FIXED_CYCLES + epilogue_cycles(kind, block_m)
     if split_k > 1:
@@ -517,7 +574,7 @@ def estimate_seconds(cfg: GemmConfig, m: int, num_sms: int = 132) -> float:
     """The heuristic's modelled time of ``cfg`` for ``m`` (dense rows, contiguous m_sum, masked rows per
     group). A prediction to compare with measurements (bench/predict.py), not a measurement."""
     cycles = _estimate_cycles(cfg.kind, max(m, 1), cfg.shape_n, cfg.shape_k, cfg.num_groups, cfg.block_m,
-                              cfg.block_n, num_sms, cfg.split_k)
+                              cfg.block_n, num_sms, cfg.split_k, cfg.swap_ab)
     return cycles / MODEL_CLOCK_HZ
 
 
@@ -558,12 +615,16 @@ def get_config(
     smem_limit: int = SMEM_LIMIT,
     contiguous_alignment: int = CONTIGUOUS_ALIGNMENT,
     ue8m0: bool = False,
+    swap_ab: bool | None = None,
 ) -> GemmConfig:
     """The config for a problem. ``m``: rows (dense), m_sum (contiguous) or expected rows per group (masked).
     ``kind="k_grouped"``: ``m`` / ``n`` of every group, ``k`` the per-group K the cost model assumes (the config's
     ``shape_k`` is BLOCK_K: one binary for every ks). ``contiguous_alignment`` (the kinds of CONTIGUOUS_KINDS only;
     64 or 128): the layout's alignment, which is their BLOCK_M (:func:`contiguous_block_m`). ``n`` of the SwiGLU
     kinds is ``2I`` (gate and up columns); ``ue8m0``: the FP8-output kinds' power-of-two scales (compiled in).
+    ``swap_ab`` (dense, ``m <= SWAP_AB_MAX_M``): None lets the model choose (swap-AB where it models at least
+    ``SWAP_AB_MARGIN`` faster than the best plain config), False never, True the best swap-AB config (benchmarks
+    and the predictions table compare both; ``ValueError`` where swap-AB does not apply).
 
     Pure and cached: the same arguments always give the same config.
     """
@@ -591,10 +652,16 @@ def get_config(
                 # Ties: no split, then larger tiles (fewer, better-amortised), then larger BLOCK_M.
                 key = (round(cost), split_k, -block_m * block_n, -block_m)
                 if best is None or key < best[0]:
-                    best = (key, block_m, block_n, num_stages, split_k)
+                    best = (key, block_m, block_n, num_stages, split_k, False)
     if best is None:
         raise ValueError(f"no legal config for {kind=} {m=} {n=} {k=} {num_groups=} {smem_limit=}")
-    _, block_m, block_n, num_stages, split_k = best
+    swap_applies = kind == "dense" and m_eff <= SWAP_AB_MAX_M
+    if swap_ab and not swap_applies:
+        raise ValueError(f"swap_ab=True needs the dense kind and m <= {SWAP_AB_MAX_M}, got {kind=} {m=}")
+    swap = _best_swap_ab(m_eff, n, k, num_sms, smem_limit) if swap_applies and swap_ab is not False else None
+    if swap is not None and (swap_ab or swap[0][0] < best[0][0]):
+        best = swap
+    _, block_m, block_n, num_stages, split_k, swap_ab = best
 
     num_n_blocks = ceil_div(n, block_n)
     num_m_blocks = _num_m_blocks(kind, m_eff, block_m, num_groups)
@@ -623,9 +690,34 @@ def get_config(
         num_clusters = max(1, min(max_clusters, cluster_tiles * split_k))
     cfg = GemmConfig(kind=kind, shape_n=n, shape_k=shape_k, num_groups=num_groups, block_m=block_m, block_n=block_n,
                      num_stages=num_stages, cluster_m=cluster_m, cluster_n=cluster_n, band_width=band_width,
-                     grid_size=num_clusters * cluster_size, split_k=split_k, ue8m0=ue8m0)
+                     grid_size=num_clusters * cluster_size, split_k=split_k, ue8m0=ue8m0, swap_ab=swap_ab)
     check_config(cfg, smem_limit)
     return cfg
+
+
+def _best_swap_ab(m: int, n: int, k: int, num_sms: int, smem_limit: int) -> tuple | None:
+    """The best swap-AB candidate of a dense problem of ``m <= SWAP_AB_MAX_M`` rows, as ``get_config``'s ``best``
+    tuple, its key's cost raised by ``SWAP_AB_MARGIN`` (a new, uncalibrated kernel: it must model a clear win over
+    the plain kernel to be picked); None if no candidate is legal."""
+    best = None
+    for block_m in SWAP_AB_BLOCK_M:
+        for block_n in SWAP_AB_BLOCK_N:
+            num_stages = _max_stages(block_m, block_n, smem_limit, "dense")
+            candidate = GemmConfig(kind="dense", shape_n=n, shape_k=k, num_groups=1, block_m=block_m, block_n=block_n,
+                                   num_stages=num_stages, cluster_m=1, cluster_n=1, band_width=1, grid_size=1,
+                                   swap_ab=True)
+            try:
+                check_config(candidate, smem_limit)
+            except ValueError:
+                continue
+            for split_k in _split_k_choices("dense", m, n, k, block_m, block_n, num_sms):
+                cost = _estimate_cycles("dense", m, n, k, 1, block_m, block_n, num_sms, split_k, swap_ab=True)
+                cost *= (1 + SWAP_AB_MARGIN) * (1 + SPLIT_K_MARGIN if split_k > 1 else 1)
+                # Ties (the HBM floor): no split, the token tile with the fewest padding columns, wider weight tiles.
+                key = (round(cost), split_k, ceil_div(m, block_m) * block_m - m, -block_n)
+                if best is None or key < best[0]:
+                    best = (key, block_m, block_n, num_stages, split_k, True)
+    return best
 
 
 def block_n_choices(kind: str) -> tuple[int, ...]:

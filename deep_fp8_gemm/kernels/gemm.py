@@ -153,6 +153,9 @@ def tensor_map_args_1d2d(cfg: GemmConfig, a: torch.Tensor, sa: torch.Tensor, b: 
         d_map = (TmaDtype.UINT8, d.data_ptr(), (n_out, rows, a_batch),
                  (d_stride, d.stride(0) if d.dim() == 3 else rows * d_stride), (FP8_OUTPUT_BLOCK_N, cfg.wg_rows, 1),
                  TmaSwizzle.B128)
+    elif cfg.swap_ab:  # the transposed tile's [BLOCK_M][BLOCK_N] shared image, one unswizzled box (policy_swap_ab.cuh)
+        d_map = (TmaDtype.BFLOAT16, d.data_ptr(), (n, rows, a_batch), (d_stride * 2, d_batch_stride),
+                 (cfg.block_n, cfg.block_m, 1), TmaSwizzle.NONE)
     else:
         d_map = (TmaDtype.BFLOAT16, d.data_ptr(), (n, rows, a_batch), (d_stride * 2, d_batch_stride),
                  (16, cfg.wg_rows, 1), TmaSwizzle.B32)

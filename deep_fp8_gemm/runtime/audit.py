@@ -112,14 +112,17 @@ def _check_kloop(record: dict, target: AuditTarget, sass: str, ceilings: dict) -
     if not {"block_m", "block_n", "num_math_warpgroups"} <= cfg.keys():
         return
     try:
-        analysis = kloop.analyse_sass(sass, block_m=cfg["block_m"], block_n=cfg["block_n"],
+        # The wgmma tile (swap-AB's is the transposed one: its rows are the weights' BLOCK_N).
+        rows, cols = cfg.get("mma_rows", cfg["block_m"]), cfg.get("mma_cols", cfg["block_n"])
+        analysis = kloop.analyse_sass(sass, block_m=rows, block_n=cols,
                                       num_math_warpgroups=cfg["num_math_warpgroups"], function=target.name,
                                       mma_chunks=cfg.get("mma_chunks", 1))
     except ValueError as exc:
         record["problems"].append(f"K-loop analysis: {exc}")
         return
     record["kloop"] = analysis
-    over = kloop.check_ceilings(target.kind, cfg["block_m"], analysis, ceilings)
+    ceiling_kind = target.kind + ("_swap_ab" if cfg.get("swap_ab") else "")
+    over = kloop.check_ceilings(ceiling_kind, rows, analysis, ceilings)
     record["kloop_gated"] = target.gate_kloop and not record["watchdog"]
     if record["kloop_gated"]:
         record["problems"] += over

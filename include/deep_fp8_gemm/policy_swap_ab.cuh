@@ -28,18 +28,28 @@
 
 namespace dfg {
 
+// The tile's token scales this thread's columns need in one K block: BLOCK_M / 8 pairs (columns 8j + 2 (lane % 4)
+// and the next), read from the stage's sA slice (8-byte shared loads) before the stage is released.
+template <u32 BLOCK_M>
+struct SwapAbColumnScales {
+    F32x2 pair[BLOCK_M / 8];
+    DFG_DEVICE void load(const float* sa, u32 lane) {
+        DFG_UNROLL
+        for (u32 j = 0; j < BLOCK_M / 8; ++j)
+            pair[j] = *reinterpret_cast<const F32x2*>(sa + 8 * j + 2 * (lane % 4));
+    }
+};
+
 // acc += scratch * sb * sA[column], for one m64 wave of the transposed tile (fragment of m64nBLOCK_M; values
 // 4j + {0, 1}: row r, columns c, c + 1; 4j + {2, 3}: row r + 8, the same columns; c = 8j + 2 (lane % 4)).
-// `sa`: the stage's sA slice (the tile's BLOCK_M token scales of this K block). Costs BLOCK_M / 8 8-byte shared
-// loads, BLOCK_M / 4 FMUL and one FFMA per value.
+// Costs BLOCK_M / 4 FMUL and one FFMA per value.
 template <u32 BLOCK_M, u32 kValues>
-DFG_DEVICE void promote_swap_ab(float (&acc)[kValues], const float (&scratch)[kValues], float sb, const float* sa,
-                                u32 lane) {
+DFG_DEVICE void promote_swap_ab(float (&acc)[kValues], const float (&scratch)[kValues], float sb,
+                                const SwapAbColumnScales<BLOCK_M>& sa) {
     static_assert(kValues == BLOCK_M / 2, "fragment of m64nBLOCK_M");
     DFG_UNROLL
     for (u32 j = 0; j < BLOCK_M / 8; ++j) {
-        const F32x2 s = *reinterpret_cast<const F32x2*>(sa + 8 * j + 2 * (lane % 4));
-        const float s0 = s.x * sb, s1 = s.y * sb;
+        const float s0 = sa.pair[j].x * sb, s1 = sa.pair[j].y * sb;
         acc[4 * j + 0] += scratch[4 * j + 0] * s0;
         acc[4 * j + 1] += scratch[4 * j + 1] * s1;
         acc[4 * j + 2] += scratch[4 * j + 2] * s0;

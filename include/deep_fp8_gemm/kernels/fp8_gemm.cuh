@@ -46,6 +46,10 @@
 //                next tile's epilogue; dense split-K first SplitKReduce (split_k.cuh: the partial to the workspace,
 //                the tile's last split sums all and goes on)
 //   fp32 kinds   Fp32Accumulate: D = C + acc from the fragments, 8-byte global accesses, C may alias D
+//   swap-AB      Bf16TransposedStore (policy_swap_ab.cuh, dense m <= 32): the transposed fragments into a
+//                [BLOCK_M][BLOCK_N] bf16 tile, one unswizzled TMA box; split-K reduces first. The stages are the
+//                plain kernel's; the wgmma reads the B stage as its A operand (BLOCK_N / 64 waves) and the A stage as
+//                its B (N = BLOCK_M tokens), and promotes with one sB per wave and one sA per column
 //   FP8 kinds    Fp8TmaStore (SwiGLU first: acc[w][i] = SiLU(acc[w][i]) * acc[w][64 + i]): per-row amax of the
 //                thread's 32 values -> quad exchange through shared memory under bar.warp.sync -> scales ->
 //                e4m3 into the D tile -> one TMA store per warpgroup (same named-barrier bracket and store wait
@@ -105,6 +109,7 @@
 #include "../pipeline.cuh"
 #include "../policy_1d1d.cuh"
 #include "../policy_k_grouped.cuh"
+#include "../policy_swap_ab.cuh"
 #include "../promotion.cuh"
 #include "../scales.cuh"
 #include "../scheduler.cuh"
@@ -115,7 +120,8 @@ namespace dfg {
 
 template <GemmKind kKind, u32 SHAPE_N, u32 SHAPE_K, u32 BLOCK_M, u32 BLOCK_N, u32 kNumStages, u32 kNumGroups,
           u32 kClusterM, u32 kClusterN, u32 kNumMathWarpgroups, u32 kBandWidth, u32 kExpectedSmemBytes,
-          u32 kExpectedMathRegisters, u32 kExpectedProducerRegisters, u32 kSplitK = 1, bool kUe8m0 = false>
+          u32 kExpectedMathRegisters, u32 kExpectedProducerRegisters, u32 kSplitK = 1, bool kUe8m0 = false,
+          bool kSwapAB = false>
 struct Fp8GemmKernel {
     // ---------------------------------------------------------------- shape of the work
     static constexpr u32 BLOCK_K = 128;
@@ -125,9 +131,13 @@ struct Fp8GemmKernel {
     static constexpr u32 kClusterSize = kClusterM * kClusterN;
     static constexpr bool kMulticastA = kClusterN == 2;
     static constexpr bool kMulticastB = kClusterM == 2;
-    static constexpr u32 kWgRows = BLOCK_M / kNumMathWarpgroups;
+    // The wgmma tile: its M side (rows of the fragments, m64 waves) and N side. Swap-AB (policy_swap_ab.cuh) computes
+    // the tile transposed: the weights' BLOCK_N rows on the M side, the tokens' BLOCK_M on the N side.
+    static constexpr u32 kMmaRows = kSwapAB ? BLOCK_N : BLOCK_M;
+    static constexpr u32 kMmaCols = kSwapAB ? BLOCK_M : BLOCK_N;
+    static constexpr u32 kWgRows = kMmaRows / kNumMathWarpgroups;
     static constexpr u32 kWavesM = kWgRows / 64;
-    static constexpr u32 kAccValues = WgmmaFragment<BLOCK_N>::kValues;
+    static constexpr u32 kAccValues = WgmmaFragment<kMmaCols>::kValues;
     static constexpr u32 kNumMathThreads = 128 * kNumMathWarpgroups;
     static constexpr u32 kNumMathWarps = kNumMathThreads / 32;
     static constexpr u32 kNumThreads = kNumMathThreads + 128;
@@ -141,13 +151,18 @@ struct Fp8GemmKernel {
     static constexpr bool kFp8Output = FamilyOf<kKind>::kFp8Output;  // e4m3 D + 1x128 scales (output.cuh)
     static constexpr bool kSwiglu = FamilyOf<kKind>::kSwiglu;        // SiLU(gate) * up first (policy_swiglu.cuh)
     // Columns of one wgmma: the whole tile, or a chunk of it (the SwiGLU kinds: gate, then up; policy_swiglu.cuh).
-    static constexpr u32 kMmaN = kSwiglu ? kSwigluMmaN : BLOCK_N;
-    static constexpr u32 kMmaChunks = BLOCK_N / kMmaN;
+    static constexpr u32 kMmaN = kSwiglu ? kSwigluMmaN : kMmaCols;
+    static constexpr u32 kMmaChunks = kMmaCols / kMmaN;
     static constexpr u32 kMmaValues = WgmmaFragment<kMmaN>::kValues;  // the scratch accumulator
     static constexpr u32 SHAPE_N_OUT = kSwiglu ? SHAPE_N / 2 : SHAPE_N;  // D's columns
 
     static_assert(SHAPE_N % 8 == 0 && SHAPE_K % 16 == 0, "TMA needs 16-byte row strides: N % 8 == 0, K % 16 == 0");
-    static_assert(BLOCK_M == 64 || BLOCK_M == 128 || BLOCK_M == 256, "BLOCK_M in {64, 128, 256}");
+    static_assert(kSwapAB ? (BLOCK_M % 8 == 0 && BLOCK_M >= 8 && BLOCK_M <= 32)
+                          : (BLOCK_M == 64 || BLOCK_M == 128 || BLOCK_M == 256),
+                  "BLOCK_M in {64, 128, 256}; swap-AB: the tokens of the tile, 8, 16, 24 or 32");
+    static_assert(!kSwapAB || (kKind == GemmKind::Dense && kClusterSize == 1 && kNumMathWarpgroups == 1 &&
+                               (BLOCK_N == 64 || BLOCK_N == 128)),
+                  "swap-AB: the dense bf16 kind, no clusters, one math warpgroup of BLOCK_N / 64 waves (64 or 128)");
     static_assert(kNumMathWarpgroups == 1 || kNumMathWarpgroups == 2, "one or two math warpgroups");
     static_assert(kWgRows % 64 == 0 && kWavesM >= 1 && kWavesM <= 2, "each warpgroup owns 64 or 128 rows");
     static_assert(BLOCK_N % 16 == 0 && BLOCK_N >= 16 && BLOCK_N <= 256, "BLOCK_N: multiple of 16 in [16, 256]");
@@ -157,7 +172,7 @@ struct Fp8GemmKernel {
     static_assert((kLayout != GemmKind::GroupedContiguous && kLayout != GemmKind::GroupedContiguousPsum) ||
                       BLOCK_M <= 128,
                   "contiguous layout pads experts to 128 rows: a block must not straddle two experts");
-    static_assert(BLOCK_N % kMmaN == 0 && kMmaChunks <= 2 && (kMmaChunks == 1 || (!kRowScaledB && kMmaN == 128)),
+    static_assert(kMmaCols % kMmaN == 0 && kMmaChunks <= 2 && (kMmaChunks == 1 || (!kRowScaledB && kMmaN == 128)),
                   "MMA chunks: at most two of 128 columns, each inside one sB block");
     static_assert(!kFp8Output || (BLOCK_N == (kSwiglu ? kSwigluBlockN : 128u) && SHAPE_N_OUT % 16 == 0),
                   "FP8 output: one 128-column output group per tile (SwiGLU: gate | up), 16-byte e4m3 D rows");
@@ -177,13 +192,14 @@ struct Fp8GemmKernel {
     using Scheduler = typename Select<kKGrouped, KGroupedScheduler<SHAPE_N, BLOCK_M, BLOCK_N, kNumGroups, kBandWidth>,
                                       TileScheduler<kLayout, SHAPE_N, BLOCK_M, BLOCK_N, kNumGroups, kClusterM,
                                                     kClusterN, kBandWidth, kSplitK>>::type;
-    using Split = SplitK<kSplitK, kNumKBlocks, kLayout, kClusterM * kClusterN, kNumMathWarpgroups, BLOCK_M, BLOCK_N>;
+    using Split = SplitK<kSplitK, kNumKBlocks, kLayout, kClusterM * kClusterN, kNumMathWarpgroups, kMmaRows, kMmaCols>;
     using Scales = ScaleColumns<BLOCK_N, kNumScaleBlocksN>;
     using Pipe = PipelineState<kNumStages>;
     // Where a finished tile goes (output.cuh): the family's output, after the split-K reduce when K is split.
+    using Bf16Output = typename Select<kSwapAB, Bf16TransposedStore<SHAPE_N, BLOCK_M, BLOCK_N, kWavesM>,
+                                       Bf16TmaStore<kLayout, SHAPE_N, BLOCK_M, BLOCK_N, kWavesM>>::type;
     using TileOutput = typename Select<
-        kFp8Output, Fp8TmaStore<kLayout, SHAPE_N_OUT, BLOCK_M, BLOCK_N, kWavesM, kSwiglu, kUe8m0>,
-        Bf16TmaStore<kLayout, SHAPE_N, BLOCK_M, BLOCK_N, kWavesM>>::type;
+        kFp8Output, Fp8TmaStore<kLayout, SHAPE_N_OUT, BLOCK_M, BLOCK_N, kWavesM, kSwiglu, kUe8m0>, Bf16Output>::type;
     using Output = typename Select<
         kFp32Accumulate, Fp32Accumulate<kKGrouped, SHAPE_N, BLOCK_M, BLOCK_N, kWavesM>,
         typename Select<(kSplitK > 1), SplitKReduce<Split, Scheduler::kNumNBlocks, TileOutput>, TileOutput>::type>::type;
@@ -201,6 +217,11 @@ struct Fp8GemmKernel {
     static constexpr u32 kSmemSA = kSmemB + kNumStages * kSmemBBytes;
     static constexpr u32 kSmemSB = kSmemSA + kNumStages * kSmemSABytes;
     static constexpr u32 kSmemBarriers = kSmemSB + kNumStages * kSmemSBBytes;
+    // The wgmma's operands: A (its M side) and B (its N side) stages; swap-AB reads the B stages as A and v.v.
+    static constexpr u32 kSmemOpA = kSwapAB ? kSmemB : kSmemA;
+    static constexpr u32 kSmemOpABytes = kSwapAB ? kSmemBBytes : kSmemABytes;
+    static constexpr u32 kSmemOpB = kSwapAB ? kSmemA : kSmemB;
+    static constexpr u32 kSmemOpBBytes = kSwapAB ? kSmemABytes : kSmemBBytes;
     static constexpr u32 kSmemBytes = kSmemBarriers + 2 * kNumStages * 8;
     static constexpr u32 kStageTxBytes = kSmemABytes + kSmemBBytes + BLOCK_M * 4 + (kRowScaledB ? BLOCK_N * 4 : 0u);
     static_assert(kSmemABytes % 1024 == 0 && kSmemBBytes % 1024 == 0, "stages keep 1024-byte alignment");
@@ -375,8 +396,8 @@ struct Fp8GemmKernel {
         // registers before every wgmma (2 instructions each). ORing in a zero it cannot see through (the
         // warp index is < 32: at most 1024 threads per block) keeps them in registers.
         const u64 smem_desc = make_k_major_sw128_desc(hal::smem_addr(smem));
-        const u64 a_desc = desc_advance(smem_desc, kSmemA + wg_row0 * BLOCK_K) | (static_cast<u64>(warp >> 5) << 32);
-        const u64 b_desc = desc_advance(smem_desc, kSmemB) | (static_cast<u64>(warp >> 6) << 32);
+        const u64 a_desc = desc_advance(smem_desc, kSmemOpA + wg_row0 * BLOCK_K) | (static_cast<u64>(warp >> 5) << 32);
+        const u64 b_desc = desc_advance(smem_desc, kSmemOpB) | (static_cast<u64>(warp >> 6) << 32);
         // NOTES: broadcast, or ptxas re-derives their low words from the shared-window base inside the K loop
         // (~6 instructions per K block); broadcast values are also provably uniform.
         const u32 a_lo0 = hal::warp_broadcast(static_cast<u32>(a_desc));
@@ -400,18 +421,22 @@ struct Fp8GemmKernel {
                     acc[w][i] = 0.0f;
 
             const auto k_block = [&](u32 stage, u32 phase, u32 /*kb*/) {
-                const u32 a_lo = a_lo0 + stage * (kSmemABytes >> 4);
-                const u32 b_lo = b_lo0 + stage * (kSmemBBytes >> 4);
+                const u32 a_lo = a_lo0 + stage * (kSmemOpABytes >> 4);
+                const u32 b_lo = b_lo0 + stage * (kSmemOpBBytes >> 4);
                 hal::mbar_wait(&full[stage], phase, full_barrier(stage));
                 // Scales are read before the stage can be released.
                 const float* sb = reinterpret_cast<const float*>(smem + kSmemSB + stage * kSmemSBBytes);
                 const float sb0 = kRowScaledB ? 0.0f : sb[0];
                 const float sb1 = Scales::kMayStraddle && !kRowScaledB ? sb[1] : sb0;
                 const float* sa = reinterpret_cast<const float*>(smem + kSmemSA + stage * kSmemSABytes);
+                SwapAbColumnScales<kSwapAB ? BLOCK_M : 8u> sa_cols;
+                if constexpr (kSwapAB)
+                    sa_cols.load(sa, lane);
                 DFG_UNROLL
                 for (u32 w = 0; w < kWavesM; ++w) {
-                    const float sa_lo = sa[frag_row + w * 64];
-                    const float sa_hi = sa[frag_row + w * 64 + 8];
+                    // Per-row sA (swap-AB: per column, read by promote_swap_ab).
+                    const float sa_lo = kSwapAB ? 0.0f : sa[frag_row + w * 64];
+                    const float sa_hi = kSwapAB ? 0.0f : sa[frag_row + w * 64 + 8];
                     DFG_UNROLL
                     for (u32 c = 0; c < kMmaChunks; ++c) {  // one chunk (the whole tile) but for the SwiGLU kinds
                         DFG_UNROLL
@@ -440,7 +465,9 @@ struct Fp8GemmKernel {
                         } else {
                             if (last)
                                 release_stage(empty, stage, lane);
-                            if constexpr (kMmaChunks == 1) {
+                            if constexpr (kSwapAB) {  // the wave's weight rows lie in one sB block: sb0
+                                promote_swap_ab<BLOCK_M>(acc[w], scratch, sb0, sa_cols);
+                            } else if constexpr (kMmaChunks == 1) {
                                 promote(acc[w], scratch, sa_lo, sa_hi, sb0, sb1, cols);
                             } else {  // chunk c: columns [128 c, 128 c + 128), all in sB block c of the tile
                                 const float sbc = c == 0 ? sb0 : sb1;
