@@ -1,10 +1,14 @@
 """The FP8-output and SwiGLU GEMM families (issue 27) on the CPU path: their references against float64, the output
-pair's layout and checks (errors name the argument), the custom ops under tracing, the config rules.
+pair's layout and checks (errors name the argument), the custom ops under tracing, the config rules, and the grouped
+layouts' contracts of their bf16 twins (issues 23 / 24): BLOCK_M = the contiguous alignment, psum at 128 only, the
+layout values checked where the twins check them, padding rows computed as the kernels compute them.
 
 The kernels themselves run in tests/test_sim_fp8_output.py (bits equal to these references with exact sums).
 """
 
 from __future__ import annotations
+
+import importlib
 
 import pytest
 import torch
@@ -14,7 +18,8 @@ import deep_fp8_gemm as dfg
 from deep_fp8_gemm import calc_diff
 from deep_fp8_gemm.config import (FP8_OUTPUT_KINDS, GemmConfig, check_config, get_config, output_bytes,
                                   up_projection_seconds)
-from deep_fp8_gemm.ops import fp8_output
+from deep_fp8_gemm.kernels import gemm
+from deep_fp8_gemm.ops import contiguous_fp8out, contiguous_swiglu, fp8_output, psum_fp8out
 from deep_fp8_gemm.ops.moe import quantise_experts
 from deep_fp8_gemm.quant import per_token_cast_to_fp8_torch
 from deep_fp8_gemm.utils import empty_m_major
@@ -197,6 +202,197 @@ def test_opcheck():
     w, sw = quantise_experts(torch.randn(2, 256, 256))
     wi, swi = dfg.interleave_swiglu_weights(w, sw)
     h, sh = fp8_output.empty_out((), 128, 128, "cpu")
-    m_indices = torch.cat([torch.zeros(64, dtype=torch.int32), torch.ones(64, dtype=torch.int32)])
+    m_indices = torch.cat([torch.zeros(96, dtype=torch.int32), torch.full((32,), -1, dtype=torch.int32)])
     torch.library.opcheck(ops.m_grouped_gemm_fp8_fp8_fp8_nt_contiguous_swiglu.default,
                           (a, sa, wi, swi, h, sh, m_indices, False), test_utils=utils)
+
+
+# ---------------------------------------------------------------------------------------------- layout contracts
+@pytest.fixture
+def alignment_64():
+    dfg.set_mk_alignment_for_contiguous_layout(64)
+    try:
+        yield
+    finally:
+        dfg.set_mk_alignment_for_contiguous_layout(128)
+
+
+def _rows(*runs: tuple[int, int]) -> torch.Tensor:
+    """m_indices from ``(value, count)`` runs."""
+    return torch.tensor([v for v, c, *_ in runs for _ in range(c)], dtype=torch.int32)
+
+
+def _recording_launcher(monkeypatch) -> list:
+    calls: list = []
+    monkeypatch.setattr(gemm, "launch_fp8_output", lambda cfg, *args: calls.append(cfg.kind))
+    return calls
+
+
+def _grouped_call(kind: str):
+    """A small call of a grouped kind (k = 128, G = 2; contiguous / psum: m_sum = 128; masked: m_max = 32) as a
+    function of its layout tensor."""
+    swiglu = kind.endswith("swiglu")
+    n, n_out = (256, 128) if swiglu else (128, 128)
+    masked = kind.startswith("masked")
+    a, sa, b, sb = _operands((2, 32) if masked else (128,), n, 128, 2, seed=7)
+    if swiglu:
+        b, sb = dfg.interleave_swiglu_weights(b, sb)
+    out = lambda: fp8_output.empty_out((2,) if masked else (), 32 if masked else 128, n_out, "cpu")  # noqa: E731
+    op = {"contiguous_fp8out": dfg.m_grouped_gemm_fp8_fp8_fp8_nt_contiguous,
+          "contiguous_swiglu": dfg.m_grouped_gemm_fp8_fp8_fp8_nt_contiguous_swiglu,
+          "masked_fp8out": dfg.m_grouped_gemm_fp8_fp8_fp8_nt_masked,
+          "masked_swiglu": dfg.m_grouped_gemm_fp8_fp8_fp8_nt_masked_swiglu,
+          "psum_fp8out": dfg.m_grouped_gemm_fp8_fp8_fp8_nt_contiguous_psum}[kind]
+    if masked:
+        return lambda layout: op((a, sa), (b, sb), out(), layout, 16)
+    return lambda layout: op((a, sa), (b, sb), out(), layout)
+
+
+# kind -> (a layout the kernels compute wrongly, the twin's ValueError text, a good layout)
+_LAYOUTS = {
+    "contiguous_fp8out": (_rows((0, 64), (1, 64)), "holds rows of 2 experts", _rows((0, 100), (-1, 28))),
+    "contiguous_swiglu": (_rows((-1, 10), (0, 108), (-1, 10)), "first and last rows are padding",
+                          _rows((1, 100), (-1, 28))),
+    "masked_fp8out": (torch.tensor([33, 1], dtype=torch.int32), r"masked_m\[0\] must be in \[0, m_max=32\], got 33",
+                      torch.tensor([3, 32], dtype=torch.int32)),
+    "masked_swiglu": (torch.tensor([1, -1], dtype=torch.int32), r"masked_m\[1\] must be in \[0, m_max=32\], got -1",
+                      torch.tensor([0, 5], dtype=torch.int32)),
+    "psum_fp8out": (torch.tensor([100, 50], dtype=torch.int32), "non-decreasing",
+                    torch.tensor([100, 128], dtype=torch.int32)),
+}
+
+
+@pytest.mark.parametrize("simulate", [False, True], ids=["reference", "simulator"])
+@pytest.mark.parametrize("kind", sorted(_LAYOUTS))
+def test_layout_values_checked_on_every_cpu_path(monkeypatch, kind, simulate):
+    """What the bf16 twins check on CPU tensors, on every call of the reference and the simulator path alike: the
+    contiguous block rule (the reference used to compute any in-range m_indices, the simulator path to launch them),
+    the masked counts (the simulator path used to launch counts the kernel clamps), the psum ends."""
+    calls = _recording_launcher(monkeypatch)
+    if simulate:
+        monkeypatch.setenv("DFG_SIMULATE", "1")
+    call = _grouped_call(kind)
+    bad, text, good = _LAYOUTS[kind]
+    for _ in range(2):
+        with pytest.raises(ValueError, match=text):
+            call(bad)
+    assert calls == []
+    call(good)
+    assert calls == ([kind] if simulate else [])
+
+
+@pytest.mark.parametrize("kind", sorted(_LAYOUTS))
+def test_layout_values_checked_where_the_bf16_twins_check_them(monkeypatch, kind):
+    """The decision is the twins' ``_core.checks.layout_values_checked(device)``: False (CUDA tensors without
+    DFG_CHECK_LAYOUTS=1, or under CUDA-graph capture) launches without reading the values; True (CPU tensors,
+    DFG_CHECK_LAYOUTS=1 on CUDA) checks them before the launch."""
+    calls = _recording_launcher(monkeypatch)
+    monkeypatch.setenv("DFG_SIMULATE", "1")
+    module = importlib.import_module(f"deep_fp8_gemm.ops.{kind}")
+    call = _grouped_call(kind)
+    bad, text, _ = _LAYOUTS[kind]
+    asked = []
+    monkeypatch.setattr(module, "layout_values_checked", lambda device: asked.append(device) or False)
+    call(bad)
+    assert calls == [kind] and asked == [torch.device("cpu")]
+    monkeypatch.setattr(module, "layout_values_checked", lambda device: True)
+    with pytest.raises(ValueError, match=text):
+        call(bad)
+    assert calls == [kind]
+
+
+def test_contiguous_block_m_is_the_alignment(alignment_64):
+    """The kernels' BLOCK_M is the layout's alignment (a 128-row block would hold two experts' 64-row segments)."""
+    a, _, b, _ = _operands((256,), 256, 128, 2)
+    for module in (contiguous_fp8out, contiguous_swiglu):
+        assert module.plan(a, b, None, 132).block_m == 64, module.KIND
+    dfg.set_mk_alignment_for_contiguous_layout(128)
+    for module in (contiguous_fp8out, contiguous_swiglu, psum_fp8out):
+        assert module.plan(a, b, None, 132).block_m == 128, module.KIND
+
+
+def test_psum_fp8out_refuses_alignment_64_on_every_backend(monkeypatch, alignment_64):
+    """As psum: its kernel rounds group starts up to a fixed 128, so alignment 64 raises before anything runs, the
+    CPU reference included (what the CPU accepts, the GPU computes)."""
+    calls = _recording_launcher(monkeypatch)
+    call = _grouped_call("psum_fp8out")
+    ends = torch.tensor([64, 128], dtype=torch.int32)
+    a, _, b, _ = _operands((128,), 128, 128, 2)
+    for simulate in ("0", "1"):
+        monkeypatch.setenv("DFG_SIMULATE", simulate)
+        with pytest.raises(NotImplementedError, match=r"get_m_alignment_for_contiguous_layout\(\)=64"):
+            call(ends)
+    with pytest.raises(NotImplementedError, match="psum"):
+        psum_fp8out.plan(a, b, None, 132)
+    assert calls == []
+
+
+def _quantised_rows(a, sa, w, sw, rows, swiglu):
+    """``per_token_cast_to_fp8_torch`` of the float32 GEMM of these rows alone (one matmul; checkpoint-order w13)."""
+    k = a.shape[-1]
+    acc = (a[rows].float() * sa[rows].repeat_interleave(128, 1)[:, :k]) @ (
+        w.float() * sw.repeat_interleave(128, 0).repeat_interleave(128, 1)[:w.shape[0], :k]).t()
+    if swiglu:
+        acc = F.silu(acc[:, :acc.shape[1] // 2]) * acc[:, acc.shape[1] // 2:]
+    return per_token_cast_to_fp8_torch(acc)
+
+
+def _assert_rows(d, sd, rows, want, what):
+    q, s = want
+    assert torch.equal(d[rows].view(torch.uint8), q.view(torch.uint8)), what
+    assert torch.equal(sd[rows], s), what
+
+
+# alignment -> runs (value, count[, the expert a padding run is computed with; None: a padding-only block])
+_PADDED = {128: [(0, 100), (-1, 28, 0), (-1, 128, None), (1, 1), (-1, 127, 1)],
+           64: [(0, 40), (-1, 24, 0), (-1, 64, None), (1, 65), (-1, 63, 1)]}
+
+
+@pytest.mark.parametrize("swiglu", [False, True], ids=["fp8out", "swiglu"])
+@pytest.mark.parametrize("alignment", [128, 64])
+def test_contiguous_reference_computes_padding_rows_as_the_kernels(swiglu, alignment):
+    """Fp8TmaStore stores every row of a tile, D and sD (output.cuh): a padding row sharing a BLOCK_M block with an
+    expert's rows is computed and quantised with that expert, a padding-only block is never computed. The reference
+    does the same, and each expert's own rows go through a matmul of their own (a row does not depend on its padding:
+    bit-equal to the GEMM of those rows alone)."""
+    dfg.set_mk_alignment_for_contiguous_layout(alignment)
+    try:
+        runs = _PADDED[alignment]
+        layout = _rows(*runs)
+        m_sum, n = layout.numel(), 256
+        a, sa, w, sw = _operands((m_sum,), n, 256, 2, seed=8)
+        b, sb = dfg.interleave_swiglu_weights(w, sw) if swiglu else (w, sw)
+        op = (dfg.m_grouped_gemm_fp8_fp8_fp8_nt_contiguous_swiglu if swiglu
+              else dfg.m_grouped_gemm_fp8_fp8_fp8_nt_contiguous)
+        d, sd = fp8_output.empty_out((), m_sum, n // 2 if swiglu else n, "cpu")
+        d.view(torch.uint8).fill_(0x7F)
+        sd.fill_(float("nan"))
+        op((a, sa), (b, sb), (d, sd), layout)
+        start = 0
+        for value, count, *computed_with in runs:
+            rows = torch.arange(start, start + count)
+            start += count
+            expert = value if value >= 0 else computed_with[0]
+            if expert is None:
+                assert (d[rows].view(torch.uint8) == 0x7F).all() and sd[rows].isnan().all(), "padding-only block"
+            else:
+                _assert_rows(d, sd, rows, _quantised_rows(a, sa, w[expert], sw[expert], rows, swiglu),
+                             f"rows {rows[0].item()}..{rows[-1].item()} with expert {expert}")
+    finally:
+        dfg.set_mk_alignment_for_contiguous_layout(128)
+
+
+def test_psum_reference_computes_padding_rows_as_the_kernel():
+    """Group g's rows and the padding rows after them up to the end of its last 128-row block: computed with g, each
+    in a matmul of its own; rows of a padding-only block untouched."""
+    n, k = 128, 128
+    a, sa, b, sb = _operands((512,), n, k, 3, seed=9)
+    ends = torch.tensor([100, 100, 300], dtype=torch.int32)  # group 1 empty, group 2 = rows [128, 300)
+    d, sd = fp8_output.empty_out((), 512, n, "cpu")
+    d.view(torch.uint8).fill_(0x7F)
+    sd.fill_(float("nan"))
+    dfg.m_grouped_gemm_fp8_fp8_fp8_nt_contiguous_psum((a, sa), (b, sb), (d, sd), ends)
+    for g, start, stop in ((0, 0, 100), (0, 100, 128), (2, 128, 300), (2, 300, 384)):
+        rows = torch.arange(start, stop)
+        _assert_rows(d, sd, rows, _quantised_rows(a, sa, b[g], sb[g], rows, False), f"rows {start}:{stop}")
+    assert (d[384:].view(torch.uint8) == 0x7F).all() and sd[384:].isnan().all()

@@ -22,7 +22,8 @@ import shutil
 import pytest
 import torch
 
-from deep_fp8_gemm import calc_diff, get_col_major_tma_aligned_tensor, per_block_cast_to_fp8, per_token_cast_to_fp8
+from deep_fp8_gemm import (calc_diff, get_col_major_tma_aligned_tensor, per_block_cast_to_fp8, per_token_cast_to_fp8,
+                           set_mk_alignment_for_contiguous_layout)
 from deep_fp8_gemm.config import GemmConfig, check_config, smem_bytes
 from deep_fp8_gemm.kernels import gemm
 from deep_fp8_gemm.ops import (contiguous_fp8out, contiguous_swiglu, dense_fp8out, fp8_output, masked_fp8out,
@@ -116,10 +117,20 @@ def test_dense_bits(case, monkeypatch):
         assert exponent_only.all(), "use_ue8m0 scales must be powers of two"
 
 
+def assert_same_poisoned_bits(out, ref, what=""):
+    """:func:`assert_same_bits` over whole outputs: rows left unwritten must be so in both (the poison's bits)."""
+    assert_same_bits((out[0], out[1].view(torch.int32)), (ref[0], ref[1].view(torch.int32)), what)
+
+
 def test_contiguous_bits_with_padding_and_empty_experts(monkeypatch):
+    """The whole output: the padding rows of a block holding an expert's rows are computed and quantised with that
+    expert (D and sD: Fp8TmaStore stores every row of a tile), as the reference computes them; padding-only blocks
+    are never computed (D and sD untouched) on either side."""
     monkeypatch.setenv("DFG_SIM_EXACT_MMA", "1")
     n, k, groups = 256, 256, 4
-    layout = contiguous_layout([70, 0, 128, 1])  # partial block, empty expert, exact block, single row
+    # partial block, a padding-only block, empty expert 1, exact block, single row
+    layout = torch.cat([contiguous_layout([70]), torch.full((128,), -1, dtype=torch.int32),
+                        contiguous_layout([0, 0, 128, 1])])
     m_sum = layout.numel()
     cfg = make_config("contiguous_fp8out", n, k, 128, groups=groups)
     a, sa, b, sb = exact_operands((m_sum,), n, k, groups=groups, seed=5)
@@ -127,12 +138,35 @@ def test_contiguous_bits_with_padding_and_empty_experts(monkeypatch):
     run_sim(cfg, a, sa, b, sb, out, layout)
     ref = poisoned_out((), m_sum, n)
     contiguous_fp8out.reference((a, sa), (b, sb), ref, layout)
-    valid = layout >= 0
-    assert_same_bits((out[0][valid], out[1][valid]), (ref[0][valid], ref[1][valid]), "contiguous")
-    for blk in range(m_sum // 128):  # padding-only blocks are never computed: D and sD untouched
-        if (layout[blk * 128:(blk + 1) * 128] < 0).all():
-            assert (out[0][blk * 128:(blk + 1) * 128].view(torch.uint8) == E4M3_NAN).all()
-            assert out[1][blk * 128:(blk + 1) * 128].isnan().all()
+    assert_same_poisoned_bits(out, ref, "contiguous")
+    assert not out[1][70:128].isnan().any() and not out[1][385:].isnan().any(), "mixed blocks' padding rows"
+    assert (out[0][128:256].view(torch.uint8) == E4M3_NAN).all() and out[1][128:256].isnan().all(), "padding-only"
+
+
+def test_contiguous_swiglu_at_alignment_64(monkeypatch):
+    """At alignment 64 experts start at 64-row multiples: the op (DFG_SIMULATE=1, its own plan) must run BLOCK_M 64
+    (a 128-row block would hold two experts), and the reference computes the mixed blocks' padding rows as the kernel.
+    Exact sums; SiLU may round differently on the host (the tolerance of test_masked_swiglu_bits_multicast)."""
+    monkeypatch.setenv("DFG_SIM_EXACT_MMA", "1")
+    monkeypatch.setenv("DFG_SIMULATE", "1")
+    hidden, inter, groups = 128, 128, 3
+    layout = contiguous_layout([40, 64, 1], align=64)  # 40 + 24 padding | 64 | 1 + 63 padding
+    m_sum = layout.numel()
+    a, sa, w, sw = exact_operands((m_sum,), 2 * inter, hidden, groups=groups, seed=13)
+    sw = sw / 8  # keep SiLU's argument within a few units
+    set_mk_alignment_for_contiguous_layout(64)
+    try:
+        out = poisoned_out((), m_sum, inter)
+        contiguous_swiglu.m_grouped_gemm_fp8_fp8_fp8_nt_contiguous_swiglu((a, sa), (w, sw), out, layout)
+        ref = poisoned_out((), m_sum, inter)
+        contiguous_swiglu.reference((a, sa), (w, sw), ref, layout)
+    finally:
+        set_mk_alignment_for_contiguous_layout(128)
+    (q, s), (rq, rs) = out, ref
+    assert not s.isnan().any() and not rs.isnan().any(), "every block holds an expert's rows: all rows computed"
+    mismatch = (q.view(torch.uint8) != rq.view(torch.uint8)).sum().item()
+    assert mismatch <= max(1, q.numel() // 10_000), f"{mismatch} of {q.numel()} e4m3 values differ"
+    torch.testing.assert_close(s, rs, rtol=2e-7, atol=0)
 
 
 def test_masked_bits(monkeypatch):
@@ -161,9 +195,9 @@ def test_psum_bits(monkeypatch):
     run_sim(cfg, a, sa, b, sb, out, ends)
     ref = poisoned_out((), m_sum, n)
     psum_fp8out.reference((a, sa), (b, sb), ref, ends)
-    for start, end in ((0, 100), (128, 300)):
-        assert_same_bits((out[0][start:end], out[1][start:end]), (ref[0][start:end], ref[1][start:end]),
-                         f"rows {start}:{end}")
+    # the whole output: rows [100, 128) and [300, 384) are padding of a group's last block, computed with it
+    assert_same_poisoned_bits(out, ref, "psum")
+    assert not out[1].isnan().any()
 
 
 # ---------------------------------------------------------------------------------------------- SwiGLU

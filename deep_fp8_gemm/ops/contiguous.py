@@ -63,7 +63,7 @@ def check(a, sa, b, sb, out, m_indices, *, layout: bool = True, pointers: bool =
     check_same_device(a.device, ((sa, "lhs[1] (sA)"), (b, "rhs[0] (B)"), (sb, "rhs[1] (sB)"), (out, "out"),
                                  (m_indices, "m_indices")))
     if layout:
-        _check_m_sum(problem.m)
+        check_m_sum(problem.m)
         check_tma_layout(a, b, out, problem.n, problem.k)
     if pointers:
         check_pointers(a, sa, b, sb, out, ((m_indices, "m_indices"),))
@@ -141,11 +141,13 @@ def check_contiguous_layout(m_indices: torch.Tensor, num_groups: int) -> None:
     if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < 1:
         raise ValueError(f"num_groups must be a positive int, got {num_groups!r}")
     m_sum = m_indices.shape[0]
-    _check_m_sum(m_sum)
+    check_m_sum(m_sum)
     check_contiguous_values(m_indices, m_sum, num_groups)
 
 
-def _check_m_sum(m_sum: int) -> None:
+def check_m_sum(m_sum: int) -> None:
+    """``m_sum`` (rows of A) a multiple of the contiguous alignment (``ValueError`` naming both): what every contiguous
+    layout's check refuses first (the FP8-output kinds' too, ``ops.fp8_output``)."""
     alignment = get_m_alignment_for_contiguous_layout()
     if m_sum % alignment != 0:
         raise ValueError(f"m_sum (rows of lhs[0]) must be a multiple of get_m_alignment_for_contiguous_layout()="
@@ -164,15 +166,16 @@ def kernel_row_experts(experts: torch.Tensor, block_m: int) -> torch.Tensor:
     return torch.where(experts >= 0, experts, block_expert.repeat_interleave(block_m)[:m])
 
 
-def reference_validated(a, sa, b, sb, out, m_indices) -> None:
-    """The reference on checked tensors: one matmul per expert over the rows the kernels compute with it
-    (:func:`kernel_row_experts`, BLOCK_M = the current alignment): its rows and the padding rows of its blocks;
-    padding-only blocks are left untouched. Reads ``m_indices`` on the host (``ValueError`` for values outside
-    ``[-1, G)``)."""
-    num_groups = b.size(0)
-    experts = m_indices.to(device=a.device, dtype=torch.long)
+def reference_row_parts(m_indices: torch.Tensor, num_groups: int, device: torch.device
+                        ) -> list[tuple[int, torch.Tensor]]:
+    """The matmuls of a contiguous reference (this family's and the FP8-output kinds', ``ops.fp8_output``):
+    ``(expert, rows)`` with ``rows`` int64 indices on ``device``, per expert first its own rows, then the padding
+    rows of its BLOCK_M blocks (:func:`kernel_row_experts`, BLOCK_M = the current alignment), each part non-empty;
+    rows of padding-only blocks are in none (the kernels leave them untouched). Reads ``m_indices`` on the host
+    (``ValueError`` for values outside ``[-1, G)``)."""
+    experts = m_indices.to(device=device, dtype=torch.long)
     if experts.numel() == 0:
-        return
+        return []
     lo, hi = int(experts.min()), int(experts.max())
     if lo < -1 or hi >= num_groups:
         raise ValueError(f"m_indices values must be in [-1, G), got min={lo} max={hi} with G={num_groups}")
@@ -180,7 +183,7 @@ def reference_validated(a, sa, b, sb, out, m_indices) -> None:
     experts = kernel_row_experts(experts, contiguous_block_m(get_m_alignment_for_contiguous_layout()))
     order = torch.argsort(experts, stable=True)  # untouched rows (-1) first, then expert 0, 1, ...
     counts = torch.bincount(experts + 1, minlength=num_groups + 1).tolist()
-    a_deq = dequantize_per_token(a, sa)
+    parts = []
     start = counts[0]
     for g in range(num_groups):
         count = counts[g + 1]
@@ -191,10 +194,21 @@ def reference_validated(a, sa, b, sb, out, m_indices) -> None:
             # padding its expert has (the masked path and the expert-parallel layers compute the same rows
             # without it: bit-identical, tests/test_distributed.py).
             is_own = own[rows] >= 0
-            for part in (rows[is_own], rows[~is_own]):
-                if part.numel():
-                    out[part] = matmul_nt_bf16(a_deq[part], b[g], sb[g])
+            parts += [(g, part) for part in (rows[is_own], rows[~is_own]) if part.numel()]
             start += count
+    return parts
+
+
+def reference_validated(a, sa, b, sb, out, m_indices) -> None:
+    """The reference on checked tensors: one matmul per part of :func:`reference_row_parts` (an expert's rows, the
+    padding rows of its blocks); padding-only blocks are left untouched. Reads ``m_indices`` on the host
+    (``ValueError`` for values outside ``[-1, G)``)."""
+    parts = reference_row_parts(m_indices, b.size(0), a.device)
+    if not parts:
+        return
+    a_deq = dequantize_per_token(a, sa)
+    for g, rows in parts:
+        out[rows] = matmul_nt_bf16(a_deq[rows], b[g], sb[g])
 
 
 def reference(lhs: tuple[torch.Tensor, torch.Tensor], rhs: tuple[torch.Tensor, torch.Tensor], out: torch.Tensor,

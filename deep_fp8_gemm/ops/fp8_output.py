@@ -29,7 +29,9 @@ from .._core.dispatch import operands
 from .._core.reference_math import dequantize_per_token, matmul_nt_f32
 from ..constants import GRAN_K, GRAN_MN_BLOCK
 from ..quant import per_token_cast_to_fp8_torch
-from ..utils import ceil_div, empty_m_major, get_m_alignment_for_contiguous_layout, m_major_strides
+from ..utils import ceil_div, empty_m_major, m_major_strides
+from .contiguous import check_m_sum, reference_row_parts
+from .masked import check_masked_values
 
 OUT_NAMES = ("out[0] (D)", "out[1] (sD)")
 
@@ -217,41 +219,38 @@ def reference_dense(a, sa, b, sb, d, sd, use_ue8m0: bool, swiglu: bool = False) 
 
 
 def reference_contiguous(a, sa, b, sb, d, sd, m_indices, use_ue8m0: bool, swiglu: bool = False) -> None:
-    """The contiguous layout's reference on checked tensors: one expert's rows at a time (``m_indices`` read on the
-    host, ``ValueError`` for values outside ``[-1, G)``); padding rows left untouched."""
-    num_groups = b.size(0)
-    experts = m_indices.to(device=a.device, dtype=torch.long)
-    if experts.numel() == 0:
+    """The contiguous layout's reference on checked tensors, on the rows the kernels compute: one part of
+    :func:`.contiguous.reference_row_parts` at a time (an expert's own rows; the padding rows sharing a BLOCK_M block
+    with them, computed and quantised with that expert, D and sD, as Fp8TmaStore stores every row of a tile);
+    padding-only blocks left untouched. Reads ``m_indices`` on the host (``ValueError`` for values outside
+    ``[-1, G)``)."""
+    parts = reference_row_parts(m_indices, b.size(0), a.device)
+    if not parts:
         return
-    lo, hi = int(experts.min()), int(experts.max())
-    if lo < -1 or hi >= num_groups:
-        raise ValueError(f"m_indices values must be in [-1, G), got min={lo} max={hi} with G={num_groups}")
     a_deq = dequantize_per_token(a, sa)
-    for g in range(num_groups):
-        rows = torch.nonzero(experts == g).flatten()
-        if rows.numel():
-            q, s = empty_out((), rows.numel(), d.shape[-1], d.device)
-            reference_rows(a_deq[rows], b[g], sb[g], q, s, use_ue8m0, swiglu)
-            d.view(torch.uint8)[rows] = q.view(torch.uint8)  # no index_put for float8 on every device
-            sd[rows] = s
+    for g, rows in parts:
+        q, s = empty_out((), rows.numel(), d.shape[-1], d.device)
+        reference_rows(a_deq[rows], b[g], sb[g], q, s, use_ue8m0, swiglu)
+        d.view(torch.uint8)[rows] = q.view(torch.uint8)  # no index_put for float8 on every device
+        sd[rows] = s
 
 
-def reference_row_ranges(a, sa, b, sb, d, sd, ranges: list[tuple[int, int]], use_ue8m0: bool,
+def reference_row_ranges(a, sa, b, sb, d, sd, parts: list[tuple[int, int, int]], use_ue8m0: bool,
                          swiglu: bool = False) -> None:
-    """Group g's rows ``ranges[g] = [start, end)`` of the 2-D A / D (the psum layout)."""
-    for g, (start, end) in enumerate(ranges):
-        if end > start:
-            reference_rows(dequantize_per_token(a[start:end], sa[start:end]), b[g], sb[g], d[start:end],
-                           sd[start:end], use_ue8m0, swiglu)
+    """Rows ``[start, stop)`` of the 2-D A / D computed with group g, one quantised matmul per ``(g, start, stop)`` of
+    ``parts`` (the psum layout)."""
+    for g, start, stop in parts:
+        if stop > start:
+            reference_rows(dequantize_per_token(a[start:stop], sa[start:stop]), b[g], sb[g], d[start:stop],
+                           sd[start:stop], use_ue8m0, swiglu)
 
 
 def reference_masked(a, sa, b, sb, d, sd, masked_m, use_ue8m0: bool, swiglu: bool = False) -> None:
     """The masked layout's reference on checked tensors: rows ``< masked_m[g]`` of every group (read on the host,
-    ``ValueError`` outside ``[0, m_max]``); the other rows left untouched."""
+    ``ValueError`` outside ``[0, m_max]``: :func:`.masked.check_masked_values`); the other rows left untouched."""
     m_max = a.size(1)
+    check_masked_values(masked_m, m_max)
     for g, count in enumerate(masked_m.tolist()):
-        if not 0 <= count <= m_max:
-            raise ValueError(f"masked_m[{g}] must be in [0, m_max={m_max}], got {count}")
         if count:
             reference_rows(dequantize_per_token(a[g, :count], sa[g, :count]), b[g], sb[g], d[g, :count],
                            sd[g, :count], use_ue8m0, swiglu)
@@ -272,9 +271,8 @@ def check_contiguous(a, sa, b, sb, d, sd, m_indices, swiglu: bool, layout: bool,
     check_tensor(m_indices, "m_indices", INDEX_DTYPE, 1)
     check_shape(m_indices, "m_indices", (m_sum,), "[m_sum]")
     check_same_device(a.device, ((m_indices, "m_indices"),))
-    if layout and m_sum % get_m_alignment_for_contiguous_layout():
-        raise ValueError(f"m_sum (rows of lhs[0]) must be a multiple of get_m_alignment_for_contiguous_layout()="
-                         f"{get_m_alignment_for_contiguous_layout()}, got m_sum={m_sum}")
+    if layout:
+        check_m_sum(m_sum)
     check_layout_and_pointers(a, sa, b, sb, d, sd, n, k, ((m_indices, "m_indices"),), layout, pointers)
     return Problem(m_sum, n, k, groups)
 

@@ -3,14 +3,16 @@
 :func:`deep_fp8_gemm.m_grouped_gemm_fp8_fp8_bf16_nt_masked` (a fixed-size buffer per expert, ``masked_m[g]`` valid rows
 read on the device only: CUDA-graph safe) with the output of :func:`deep_fp8_gemm.gemm_fp8_fp8_fp8_nt`: D e4m3 ``[G,
 m_max, n]`` with 1x128 scales ``[G, m_max, ceil(n/128)]`` (``ops.fp8_output``). Rows up to the end of each group's
-last BLOCK_M block are written, groups with ``masked_m[g] == 0`` are untouched. Same layers as :mod:`.masked`.
+last BLOCK_M block are written, groups with ``masked_m[g] == 0`` are untouched. The counts' rule is :mod:`.masked`'s
+(``0 <= masked_m[g] <= m_max``), checked on every call of CPU tensors (the simulator's included) and on CUDA only with
+``DFG_CHECK_LAYOUTS=1`` (or :func:`deep_fp8_gemm.check_masked_layout`). Same layers as :mod:`.masked`.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .._core.checks import Problem, check_bool, check_expected_m
+from .._core.checks import Problem, check_bool, check_expected_m, layout_values_checked
 from .._core.dispatch import eager, normalise_scales
 from .._core.family import GemmFamily, register_op
 from ..config import GemmConfig, get_config
@@ -18,6 +20,7 @@ from ..kernels import gemm as gemm_host
 from ..runtime import target
 from ..runtime.target import Backend
 from .fp8_output import check_masked, out_operands, reference_masked
+from .masked import check_masked_values
 
 KIND = "masked_fp8out"
 
@@ -57,8 +60,12 @@ def dispatch(a, sa, b, sb, d, sd, masked_m, expected_m, use_ue8m0: bool = False)
 
 
 def impl(a, sa, b, sb, d, sd, masked_m, expected_m, use_ue8m0: bool = False) -> None:
-    """Check and dispatch (the custom op's kernel for CPU and CUDA)."""
-    if not check(a, sa, b, sb, d, sd, masked_m, expected_m).empty:
+    """Check (the counts too on CPU tensors, the simulator's included, and on CUDA with ``DFG_CHECK_LAYOUTS=1``) and
+    dispatch (the custom op's kernel for CPU and CUDA)."""
+    problem = check(a, sa, b, sb, d, sd, masked_m, expected_m)
+    if layout_values_checked(a.device):
+        check_masked_values(masked_m, problem.m)
+    if not problem.empty:
         FAMILY.dispatch(a, sa, b, sb, d, sd, masked_m, expected_m, use_ue8m0)
 
 

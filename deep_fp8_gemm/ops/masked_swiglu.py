@@ -3,14 +3,15 @@
 :mod:`.contiguous_swiglu` on the masked layout of :func:`deep_fp8_gemm.m_grouped_gemm_fp8_fp8_bf16_nt_masked` (MoE
 decode: ``[G, m_max, H]`` per-expert buffers, ``masked_m`` read on the device only, CUDA-graph safe). B is the
 interleaved ``w13`` (:func:`deep_fp8_gemm.ops.fp8_output.interleave_swiglu_weights`), D ``[G, m_max, I]`` e4m3 with
-scales ``[G, m_max, I/128]``. Same layers as :mod:`.masked`.
+scales ``[G, m_max, I/128]``. The counts are checked as :mod:`.masked` checks them (CPU tensors on every call, the
+simulator's included; CUDA only with ``DFG_CHECK_LAYOUTS=1``). Same layers as :mod:`.masked`.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .._core.checks import Problem, check_bool, check_expected_m
+from .._core.checks import Problem, check_bool, check_expected_m, layout_values_checked
 from .._core.dispatch import eager, normalise_scales
 from .._core.family import GemmFamily, register_op
 from ..config import GemmConfig, get_config
@@ -18,6 +19,7 @@ from ..kernels import gemm as gemm_host
 from ..runtime import target
 from ..runtime.target import Backend
 from .fp8_output import check_masked, out_operands, reference_masked
+from .masked import check_masked_values
 
 KIND = "masked_swiglu"
 
@@ -57,8 +59,12 @@ def dispatch(a, sa, b, sb, d, sd, masked_m, expected_m, use_ue8m0: bool = False)
 
 
 def impl(a, sa, b, sb, d, sd, masked_m, expected_m, use_ue8m0: bool = False) -> None:
-    """Check and dispatch (the custom op's kernel for CPU and CUDA)."""
-    if not check(a, sa, b, sb, d, sd, masked_m, expected_m).empty:
+    """Check (the counts too on CPU tensors, the simulator's included, and on CUDA with ``DFG_CHECK_LAYOUTS=1``) and
+    dispatch (the custom op's kernel for CPU and CUDA)."""
+    problem = check(a, sa, b, sb, d, sd, masked_m, expected_m)
+    if layout_values_checked(a.device):
+        check_masked_values(masked_m, problem.m)
+    if not problem.empty:
         FAMILY.dispatch(a, sa, b, sb, d, sd, masked_m, expected_m, use_ue8m0)
 
 

@@ -117,9 +117,11 @@ def check_psum_layout(grouped_layout: torch.Tensor, m_sum: int) -> None:
     check_psum_values(grouped_layout.tolist(), m_sum)
 
 
-def _values_check(grouped_layout: torch.Tensor, m_sum: int, num_groups: int | None = None) -> None:
-    """What every CPU call checks (the fast path too; on CUDA with DFG_CHECK_LAYOUTS=1): the simulator and the
-    kernels must not see bad ends."""
+def check_psum_layout_values(grouped_layout: torch.Tensor, m_sum: int, num_groups: int | None = None) -> None:
+    """:func:`check_psum_values` of a checked ``grouped_layout`` tensor, with the signature of the other layouts'
+    value checks (``check_contiguous_values``, ``check_masked_values``): what every CPU call checks (the fast path
+    too; on CUDA with DFG_CHECK_LAYOUTS=1), this family's and :mod:`.psum_fp8out`'s, so that the simulator and the
+    kernels never see bad ends."""
     check_psum_values(grouped_layout.tolist(), m_sum)
 
 
@@ -137,17 +139,23 @@ def psum_group_rows(ends: list[int], alignment: int | None = None) -> list[tuple
     return rows
 
 
+def psum_computed_rows(ends: list[int], m_sum: int, alignment: int) -> list[tuple[int, int, int, int]]:
+    """``(g, start, end, stop)`` of each non-empty group g: the kernel computes rows ``[start, stop)`` with g, its
+    rows ``[start, end)`` (:func:`psum_group_rows`) and the padding rows after them up to the end of its last
+    BLOCK_M block (or of A), ``stop``; every other row is left untouched. The references' rows (this family's and
+    :mod:`.psum_fp8out`'s)."""
+    block_m = contiguous_block_m(alignment)
+    return [(g, start, end, min((end + block_m - 1) // block_m * block_m, m_sum))  # start: a multiple of block_m
+            for g, (start, end) in enumerate(psum_group_rows(ends, alignment)) if end > start]
+
+
 def reference_validated(a, sa, b, sb, out, grouped_layout) -> None:
     """The reference on checked tensors whose ends passed :func:`check_psum_values` (the ops check them once per
-    CPU call, before dispatch): one matmul per group over the rows the kernel computes with it, its rows (see
-    :func:`psum_group_rows`) and the padding rows after them up to the end of its last BLOCK_M block (or of A);
-    the other padding rows are left untouched."""
-    alignment = check_alignment()
-    block_m, m_sum = contiguous_block_m(alignment), a.size(0)
-    for g, (start, end) in enumerate(psum_group_rows(grouped_layout.tolist(), alignment)):
-        if end > start:
-            stop = min((end + block_m - 1) // block_m * block_m, m_sum)  # start is a multiple of block_m
-            out[start:stop] = matmul_nt_bf16(dequantize_per_token(a[start:stop], sa[start:stop]), b[g], sb[g])
+    CPU call, before dispatch): one matmul per group over the rows the kernel computes with it
+    (:func:`psum_computed_rows`: its rows and the padding rows of its last block); the other padding rows are left
+    untouched."""
+    for g, start, _, stop in psum_computed_rows(grouped_layout.tolist(), a.size(0), check_alignment()):
+        out[start:stop] = matmul_nt_bf16(dequantize_per_token(a[start:stop], sa[start:stop]), b[g], sb[g])
 
 
 def reference(lhs: tuple[torch.Tensor, torch.Tensor], rhs: tuple[torch.Tensor, torch.Tensor], out: torch.Tensor,
@@ -199,7 +207,7 @@ def impl(a, sa, b, sb, out, grouped_layout, expected_m) -> None:
     """Check and dispatch (the custom op's kernel for CPU and CUDA)."""
     problem = _full_check(a, sa, b, sb, out, grouped_layout, expected_m)
     if layout_values_checked(a.device):
-        _values_check(grouped_layout, problem.m)
+        check_psum_layout_values(grouped_layout, problem.m)
     if not problem.empty:
         FAMILY.dispatch(a, sa, b, sb, out, grouped_layout, expected_m)
 
@@ -248,4 +256,4 @@ def m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum(
 
 FAMILY = GemmFamily(kind="psum", public=m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum, check=check,
                     reference=reference, dispatch=dispatch, plan=plan, op=OP)
-_entry = gemm_entry(GemmEntrySpec(FAMILY, _full_check, "grouped_layout", "optional", _values_check))
+_entry = gemm_entry(GemmEntrySpec(FAMILY, _full_check, "grouped_layout", "optional", check_psum_layout_values))

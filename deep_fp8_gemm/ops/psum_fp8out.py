@@ -2,16 +2,20 @@
 ``m_grouped_gemm_fp8_fp8_fp8_nt_contiguous_psum``.
 
 :func:`deep_fp8_gemm.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum` (``grouped_layout[g]`` = the end row of group g,
-group starts rounded up to 128; values read on the CPU only, as :mod:`.psum` says) with the output of
-:func:`deep_fp8_gemm.gemm_fp8_fp8_fp8_nt`: D e4m3 ``[m_sum, n]`` with 1x128 scales (``ops.fp8_output``). Same layers
-as :mod:`.psum`.
+group starts rounded up to 128) with the output of :func:`deep_fp8_gemm.gemm_fp8_fp8_fp8_nt`: D e4m3 ``[m_sum, n]``
+with 1x128 scales (``ops.fp8_output``). The contract is :mod:`.psum`'s: ``NotImplementedError`` under alignment 64 on
+every backend (the kernel's group starts are a fixed 128), the ends checked on every call of CPU tensors and on CUDA
+only with ``DFG_CHECK_LAYOUTS=1`` (or :func:`deep_fp8_gemm.check_psum_layout`), the padding rows of a group's last
+block computed with the group (D and sD), the other padding rows untouched, on every backend. Same layers as
+:mod:`.psum`.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .._core.checks import INDEX_DTYPE, Problem, check_bool, check_expected_m, check_same_device, check_tensor
+from .._core.checks import (INDEX_DTYPE, Problem, check_bool, check_expected_m, check_same_device, check_tensor,
+                            layout_values_checked)
 from .._core.dispatch import eager, normalise_scales
 from .._core.family import GemmFamily, register_op
 from ..config import GemmConfig, get_config
@@ -20,14 +24,16 @@ from ..runtime import target
 from ..runtime.target import Backend
 from .fp8_output import (check_layout_and_pointers, check_operands_2d, check_out, out_operands,
                          reference_row_ranges)
-from .psum import check_psum_values, psum_group_rows
+from .psum import check_alignment, check_psum_layout_values, check_psum_values, psum_computed_rows
 
 KIND = "psum_fp8out"
 
 
 def check(a, sa, b, sb, d, sd, grouped_layout, *, layout: bool = True, pointers: bool = True) -> Problem:
     """A ``[m_sum, k]``, sA, B ``[G, n, k]``, sB, D ``[m_sum, n]`` e4m3, sD ``[m_sum, ceil(n/128)]`` M-major,
-    grouped_layout ``[G]`` int32 (values not read)."""
+    grouped_layout ``[G]`` int32 (values not read). ``NotImplementedError`` under alignment 64
+    (:func:`.psum.check_alignment`)."""
+    check_alignment()
     m_sum, n, k, groups = check_operands_2d(a, sa, b, sb, True, "m_sum")
     check_out((d, sd), (), m_sum, n, a.device, "m_sum")
     check_tensor(grouped_layout, "grouped_layout", INDEX_DTYPE, 1)
@@ -40,8 +46,14 @@ def check(a, sa, b, sb, d, sd, grouped_layout, *, layout: bool = True, pointers:
 
 
 def reference_validated(a, sa, b, sb, d, sd, grouped_layout, use_ue8m0: bool = False) -> None:
-    """The reference on checked tensors whose ends passed :func:`.psum.check_psum_values`."""
-    reference_row_ranges(a, sa, b, sb, d, sd, psum_group_rows(grouped_layout.tolist()), use_ue8m0)
+    """The reference on checked tensors whose ends passed :func:`.psum.check_psum_values`: the rows the kernel computes
+    with each group (:func:`.psum.psum_computed_rows`), its rows in one matmul and the padding rows of its last block
+    (D and sD, as Fp8TmaStore stores every row of a tile) in another, so that a row's result does not depend on its
+    group's padding (as :mod:`.contiguous_fp8out`); the other padding rows untouched."""
+    parts = []
+    for g, start, end, stop in psum_computed_rows(grouped_layout.tolist(), a.size(0), check_alignment()):
+        parts += [(g, start, end), (g, end, stop)]
+    reference_row_ranges(a, sa, b, sb, d, sd, parts, use_ue8m0)
 
 
 def reference(lhs, rhs, out, grouped_layout, expected_m: int | None = None, use_ue8m0: bool = False) -> None:
@@ -55,10 +67,12 @@ def reference(lhs, rhs, out, grouped_layout, expected_m: int | None = None, use_
 
 
 def plan(a, b, expected_m: int | None, num_sms: int, use_ue8m0: bool = False) -> GemmConfig:
-    """The config: for ``expected_m`` rows per group when given, else for all ``m_sum`` rows (as :mod:`.psum`)."""
+    """The config: for ``expected_m`` rows per group when given, else for all ``m_sum`` rows, BLOCK_M = the alignment
+    :func:`.psum.check_alignment` allows (as :mod:`.psum`)."""
     num_groups = b.shape[0]
     m_sum = a.shape[0] if expected_m is None else min(a.shape[0], int(expected_m) * num_groups)
-    return get_config(max(m_sum, 1), b.shape[-2], b.shape[-1], num_groups, KIND, num_sms, ue8m0=use_ue8m0)
+    return get_config(max(m_sum, 1), b.shape[-2], b.shape[-1], num_groups, KIND, num_sms,
+                      contiguous_alignment=check_alignment(), ue8m0=use_ue8m0)
 
 
 def dispatch(a, sa, b, sb, d, sd, grouped_layout, expected_m=None, use_ue8m0: bool = False) -> None:
@@ -73,12 +87,13 @@ def dispatch(a, sa, b, sb, d, sd, grouped_layout, expected_m=None, use_ue8m0: bo
 
 
 def impl(a, sa, b, sb, d, sd, grouped_layout, expected_m=None, use_ue8m0: bool = False) -> None:
-    """Check (the values too, for CPU tensors) and dispatch (the custom op's kernel for CPU and CUDA)."""
+    """Check (the ends too on CPU tensors, and on CUDA with ``DFG_CHECK_LAYOUTS=1``, as :mod:`.psum`) and dispatch
+    (the custom op's kernel for CPU and CUDA)."""
     problem = check(a, sa, b, sb, d, sd, grouped_layout)
     if expected_m is not None:
         check_expected_m(expected_m)
-    if target.gpu_index(a.device) is None:
-        check_psum_values(grouped_layout.tolist(), problem.m)
+    if layout_values_checked(a.device):
+        check_psum_layout_values(grouped_layout, problem.m)
     if not problem.empty:
         FAMILY.dispatch(a, sa, b, sb, d, sd, grouped_layout, expected_m, use_ue8m0)
 
@@ -101,7 +116,8 @@ def m_grouped_gemm_fp8_fp8_fp8_nt_contiguous_psum(lhs: tuple[torch.Tensor, torch
     Args:
         lhs, rhs, grouped_layout, expected_m: as :func:`deep_fp8_gemm.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum`.
         out: ``(D, sD)``: D ``[m_sum, n]`` float8_e4m3fn, sD ``[m_sum, ceil(n/128)]`` float32 M-major TMA-aligned, as
-            :func:`deep_fp8_gemm.gemm_fp8_fp8_fp8_nt`; padding rows unspecified.
+            :func:`deep_fp8_gemm.gemm_fp8_fp8_fp8_nt`; the padding rows after a group's end up to the end of its last
+            128-row block are computed with the group, other padding rows are left untouched (every backend alike).
         use_ue8m0: power-of-two scales.
     """
     a, sa, b, sb, d, sd = out_operands(lhs, rhs, out, (grouped_layout, "grouped_layout"))
