@@ -151,11 +151,13 @@ def psum_computed_rows(ends: list[int], m_sum: int, alignment: int) -> list[tupl
 
 def reference_validated(a, sa, b, sb, out, grouped_layout) -> None:
     """The reference on checked tensors whose ends passed :func:`check_psum_values` (the ops check them once per
-    CPU call, before dispatch): one matmul per group over the rows the kernel computes with it
-    (:func:`psum_computed_rows`: its rows and the padding rows of its last block); the other padding rows are left
-    untouched."""
-    for g, start, _, stop in psum_computed_rows(grouped_layout.tolist(), a.size(0), check_alignment()):
-        out[start:stop] = matmul_nt_bf16(dequantize_per_token(a[start:stop], sa[start:stop]), b[g], sb[g])
+    CPU call, before dispatch): per group, one matmul over its rows and one over the padding rows of its last block
+    that the kernel computes with it (:func:`psum_computed_rows`), so a row's result does not depend on how much
+    padding follows its group; the other padding rows are left untouched."""
+    for g, start, end, stop in psum_computed_rows(grouped_layout.tolist(), a.size(0), check_alignment()):
+        for lo, hi in ((start, end), (end, stop)):
+            if hi > lo:
+                out[lo:hi] = matmul_nt_bf16(dequantize_per_token(a[lo:hi], sa[lo:hi]), b[g], sb[g])
 
 
 def reference(lhs: tuple[torch.Tensor, torch.Tensor], rhs: tuple[torch.Tensor, torch.Tensor], out: torch.Tensor,
