@@ -61,6 +61,13 @@ def simulate() -> bool:
     return _flag("DFG_SIMULATE")
 
 
+def pdl() -> bool:
+    """``DFG_PDL=1``: the initial value of :func:`deep_fp8_gemm.set_pdl` (read once, at import): every kernel then
+    launches as a programmatic dependent launch (it may start while the previous kernel of the stream finishes;
+    each kernel waits with ``griddepcontrol.wait`` before touching memory that kernel may write)."""
+    return _flag("DFG_PDL")
+
+
 def check_layouts() -> bool:
     """``DFG_CHECK_LAYOUTS=1``: the grouped GEMMs on CUDA tensors check their layout's values on every call (the
     contiguous ``m_indices`` blocks, the psum group ends, the masked counts), as every CPU call does. A debug

@@ -9,6 +9,7 @@ import functools
 
 import torch
 
+from . import env
 from .constants import CONTIGUOUS_ALIGNMENTS, DEFAULT_CONTIGUOUS_ALIGNMENT, DEFAULT_NUM_SMS
 
 
@@ -32,7 +33,7 @@ class ProcessSettings:
         self._interned: dict[tuple, tuple] = {}
         self.num_sms_override: int | None = None
         self.contiguous_alignment = DEFAULT_CONTIGUOUS_ALIGNMENT
-        self.pdl = False
+        self.pdl = env.pdl()
         self.update()
 
     def update(self, **fields) -> None:
@@ -147,10 +148,13 @@ def set_mk_alignment_for_contiguous_layout(alignment: int) -> None:
 
 
 def set_pdl(enabled: bool) -> None:
-    """Record whether kernels may launch with programmatic dependent launch (process-wide flag, default False).
-
-    Held for the PDL launches of the decode work, which will read it; until they land no launch reads it (the
-    kernels run exactly as with False). Part of the plans' signature.
+    """Whether every kernel launches as a programmatic dependent launch (PDL; process-wide, default False or
+    ``DFG_PDL=1``): the GPU may then start a kernel while the previous kernel of its stream is still finishing,
+    so its launch and prologue (barrier initialisation, ``setmaxnreg``, tensor-map prefetch) overlap that tail.
+    Every kernel executes ``griddepcontrol.wait`` before it reads or writes memory a previous kernel may touch,
+    and ``griddepcontrol.launch_dependents`` once its own loads are issued, so results do not change; without
+    the flag both are no-ops (one binary serves both). CUDA graphs capture PDL launches. Part of the plans'
+    signature (the 2.x name, as vLLM calls it on Hopper).
     """
     if not isinstance(enabled, bool):
         raise TypeError(f"enabled must be a bool, got {type(enabled).__name__} ({enabled!r})")

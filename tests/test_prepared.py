@@ -19,7 +19,7 @@ import torch
 import deep_fp8_gemm as dfg
 from deep_fp8_gemm import ops, prepared, utils
 from deep_fp8_gemm._core import plans
-from deep_fp8_gemm.kernels import gemm
+from deep_fp8_gemm.kernels import gemm, group_maps
 from deep_fp8_gemm.kernels import quant as kq
 from deep_fp8_gemm.runtime import driver as drv
 from deep_fp8_gemm.runtime import target
@@ -361,11 +361,13 @@ def fake_gpu(monkeypatch):
 
     fake.on = on
     gemm.cuda_kernel.cache_clear()
+    group_maps.cuda_kernel.cache_clear()
     kq._loaded.clear()
     fake.specs = specs
     yield fake
     drv._reset_for_tests()
     gemm.cuda_kernel.cache_clear()
+    group_maps.cuda_kernel.cache_clear()
     kq._loaded.clear()
 
 

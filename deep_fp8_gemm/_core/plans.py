@@ -176,7 +176,7 @@ class GemmPlan:
         cfg = self.family.plan(a, b, self.expected_m, get_num_sms())
         self.launcher = driver.PreparedLaunch(gemm_host.cuda_kernel(cfg, self.index), _GEMM_PARAMS_BYTES,
                                               grid=cfg.grid_size, block=cfg.num_threads, cluster=cfg.cluster_size,
-                                              smem_bytes=cfg.smem_bytes)
+                                              smem_bytes=cfg.smem_bytes, pdl=PROCESS_SETTINGS.pdl)
         self.cfg = cfg
         if cfg.split_k > 1:
             self.workspace = {}
@@ -522,7 +522,7 @@ class QuantPlan:
         config = self.launch_plan.kernel_config(vectorized)
         launcher = driver.PreparedLaunch(quant_host.cuda_kernel(config, self.index), quant_host.QUANT_PARAMS_BYTES,
                                          grid=self.launch_plan.grid, block=config.num_threads,
-                                         smem_bytes=config.smem_bytes)
+                                         smem_bytes=config.smem_bytes, pdl=PROCESS_SETTINGS.pdl)
         self._launchers[vectorized] = launcher
         return launcher
 

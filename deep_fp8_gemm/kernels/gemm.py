@@ -22,6 +22,7 @@ import torch
 
 from .. import env
 from ..config import BLOCK_K, FP8_OUTPUT_BLOCK_N, FP8_OUTPUT_KINDS, GemmConfig, check_config
+from ..utils import PROCESS_SETTINGS
 from ..runtime import params as param_structs
 from ..runtime.target import Backend
 from ..runtime.tensor_map import TensorMapSpec, TmaDtype, TmaSwizzle
@@ -244,7 +245,8 @@ def launch(cfg: GemmConfig, maps: Sequence[bytes], backend: Backend | str, devic
 
         index = target.gpu_index(device)
         driver.launch(cuda_kernel(cfg, index), params, grid=cfg.grid_size, block=cfg.num_threads,
-                      cluster=cfg.cluster_size, smem_bytes=cfg.smem_bytes, stream=target.current_stream(index))
+                      cluster=cfg.cluster_size, smem_bytes=cfg.smem_bytes, stream=target.current_stream(index),
+                      pdl=PROCESS_SETTINGS.pdl)
     else:
         raise ValueError(f"a GEMM kernel launches on Backend.CUDA or Backend.SIM, got {backend}")
 

@@ -19,6 +19,7 @@ import functools
 import torch
 
 from ..config import BLOCK_K, GemmConfig
+from ..utils import PROCESS_SETTINGS
 from ..runtime.target import Backend
 from ..runtime.tensor_map import TmaDtype, TmaSwizzle
 
@@ -111,7 +112,7 @@ def build(num_groups: int, templates: tuple[bytes, bytes], a: torch.Tensor, b: t
 
         index = target.gpu_index(a.device)
         driver.launch(cuda_kernel(index), params, grid=grid, block=NUM_THREADS, smem_bytes=SMEM_BYTES,
-                      stream=target.current_stream(index))
+                      stream=target.current_stream(index), pdl=PROCESS_SETTINGS.pdl)
     else:
         raise ValueError(f"the map builder launches on Backend.CUDA or Backend.SIM, got {backend}")
     return maps
@@ -140,4 +141,4 @@ def audit_target():
 #: Opcodes the builder's SASS must contain: ptxas (NVRTC 13.5) lowers tensormap.replace on a shared-memory map to
 #: plain shared stores and tensormap.cp_fenceproxy to one 4-byte strong GPU-scope exchange per lane (ATOMG.E.EXCH
 #: .STRONG.GPU: the 128-byte copy and the release); ELECT is the lane that replaces the fields.
-REQUIRED_SASS: tuple[str, ...] = ("ATOMG", "ELECT")
+REQUIRED_SASS: tuple[str, ...] = ("ATOMG", "ELECT", "ACQBULK")

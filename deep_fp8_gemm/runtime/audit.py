@@ -30,8 +30,11 @@ from .sass import disassemble, instruction_histogram, opcode_histogram
 # C7508: setmaxnreg ignored; C7511/C7517/C7519: wgmma serialised / extra waits inserted by ptxas.
 FATAL_WARNINGS = ("C7508", "C7511", "C7517", "C7519")
 # Opcodes always reported in the ``sass`` field, present or not.
-REPORTED_SASS = ("QGMMA", "UTMALDG", "UTMASTG", "USETMAXREG", "STL", "LDL", "WARPGROUP", "SYNCS")
-GEMM_REQUIRED_SASS = ("QGMMA", "UTMALDG", "USETMAXREG")
+REPORTED_SASS = ("QGMMA", "UTMALDG", "UTMASTG", "USETMAXREG", "STL", "LDL", "WARPGROUP", "SYNCS", "ACQBULK")
+#: ACQBULK is griddepcontrol.wait: every kernel waits for the previous one before touching global memory, so it
+#: may run as a programmatic dependent launch (deep_fp8_gemm.set_pdl; the record's ``pdl`` field).
+PDL_WAIT_SASS = "ACQBULK"
+GEMM_REQUIRED_SASS = ("QGMMA", "UTMALDG", "USETMAXREG", PDL_WAIT_SASS)
 # The watchdog build (DFG_WATCHDOG_SECONDS) passes vprintf a packed argument buffer on the stack
 # (hal/ptx.cuh, watchdog::expired): that much stack and its local stores are expected there, spills are not.
 WATCHDOG_STACK_BYTES = 64
@@ -67,6 +70,7 @@ def _compile_record(target: AuditTarget) -> tuple[dict, bytes | None]:
         "compile_seconds": None, "cache_hit": None, "cubin_sha256": None, "registers": None, "spill_bytes": None,
         "stack_bytes": None, "smem_bytes": target.config.get("smem_bytes"), "sass": {},
         "warnings": [], "kloop": None, "ok": False, "problems": [], "notes": [], "watchdog": bool(watchdog_options()),
+        "pdl": None,
         "kloop_gated": None,
     }
     try:
@@ -139,6 +143,7 @@ def _check_sass(record: dict, target: AuditTarget, sass: str) -> None:
         return full.get(op, 0) if "." in op else histogram.get(op, 0)
 
     record["sass"] = {op: count(op) for op in (*REPORTED_SASS, *target.required_sass, *target.forbidden_sass)}
+    record["pdl"] = count(PDL_WAIT_SASS) > 0
     if (histogram["STL"] or histogram["LDL"]) and not (record["watchdog"] and not record["spill_bytes"]):
         record["problems"].append(f"local memory instructions: {histogram['STL']} STL, {histogram['LDL']} LDL")
     missing = [op for op in target.required_sass if not count(op)]

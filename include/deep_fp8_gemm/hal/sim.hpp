@@ -281,6 +281,12 @@ inline void tensormap_cp_fenceproxy(TensorMap* gmem_map, const TensorMap* smem_m
     sd::tensormap_copy_out(gmem_map, smem_map);
 }
 
+// griddepcontrol.wait / .launch_dependents (PTX ISA "griddepcontrol"): this simulator runs a stream's launches one
+// after another, so the prerequisite grid has always completed (a wait returns at once; a trigger has nothing to
+// release). Kept as scheduling points so both builds run the same code.
+inline void grid_dependency_wait(DFG_SIM_SITE) { DFG_SIM_ENTER; }
+inline void launch_dependents(DFG_SIM_SITE) { DFG_SIM_ENTER; }
+
 // fence.proxy.tensormap::generic.acquire.sys [map], 128: this thread may use a tensor map that an earlier kernel
 // (or a host copy) put in global memory (checked by every TMA load through a map outside the kernel parameters, sim/tma.hpp).
 inline void tensormap_fence_acquire(const TensorMap* map, DFG_SIM_SITE) {

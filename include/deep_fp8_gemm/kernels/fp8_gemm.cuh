@@ -267,14 +267,23 @@ struct Fp8GemmKernel {
             hal::sync_threads();
 
         // Role split on the warp index, which is provably warp-uniform: the math path stays convergent.
+        // PDL (deep_fp8_gemm.set_pdl): everything above touches only shared memory and the parameter block; every
+        // thread waits for the previous kernel of the stream here, before its first global access (A, the scales,
+        // grouped layouts, ks, the device-built maps, split-K workspaces, D).
         if (warp >= kNumMathWarps) {
             hal::setmaxnreg_dec<kProducerRegisters>();
+            hal::grid_dependency_wait();
             // One lane runs the producer, picked by elect.sync rather than by thread index: ptxas then knows
             // a single thread issues each TMA / cp.async and emits no ELECT waterfall around them.
-            if (warp == kNumMathWarps && hal::elect_one_sync())
+            if (warp == kNumMathWarps && hal::elect_one_sync()) {
                 produce(params, smem, full, empty);
+                // Every load of this CTA is issued: the next kernel of the stream may launch (its own wait still
+                // waits for this grid to finish), so its launch and prologue overlap this CTA's last tiles.
+                hal::launch_dependents();
+            }
         } else {
             hal::setmaxnreg_inc<kMathRegisters>();
+            hal::grid_dependency_wait();
             consume(params, smem, full, empty, warp, lane);
         }
 

@@ -58,6 +58,11 @@ DFG_DEVICE void body(const Params& p) {
     const u32 group = map / 2;
     if (tid == 0 && hal::smem_addr(staging) % 128 != 0)  // the PTX ISA's tensormap examples align maps to 128
         hal::trap("the map builder's shared memory is not 128-byte aligned");
+    // PDL (deep_fp8_gemm.set_pdl): ks_tensor may come from the previous kernel, and the map buffer may be memory
+    // it still reads: wait before either. The GEMM after this kernel may launch now: it waits for this grid (and so
+    // for the maps) before its producer's acquire fence and first TMA.
+    hal::grid_dependency_wait();
+    hal::launch_dependents();
 
     u64 carry = 0, k_off = 0, k_group = 0;
     for (u32 base = 0; base < p.num_groups; base += kNumThreads) {
