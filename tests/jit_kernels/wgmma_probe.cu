@@ -1,5 +1,6 @@
 // Test kernel for the JIT runtime tests (never launched): exercises every Hopper feature the audit
-// looks for, so its SASS must contain USETMAXREG, UTMALDG, QGMMA, SYNCS and WARPGROUP.
+// looks for, so its SASS must contain USETMAXREG, UTMALDG, QGMMA, SYNCS, WARPGROUP and ACQBULK (griddepcontrol.wait,
+// in both roles after setmaxnreg, as the GEMM kernels wait before their first global access).
 //   warpgroup 0 (threads 0..127):   math; setmaxnreg.inc, waits on the barrier, one wgmma m64n8k32
 //   warpgroup 1 (threads 128..255): producer; setmaxnreg.dec, one thread issues two TMA 3-D loads
 //   barrier `full`: arrive count 1 (producer's arrive.expect_tx) + the TMA transaction bytes
@@ -45,6 +46,7 @@ DFG_DEVICE void body(const Params& params) {
 
     if (hal::warp_idx() >= 4) {
         hal::setmaxnreg_dec<40>();
+        hal::grid_dependency_wait();
         if (hal::thread_idx() == 128) {
             hal::tma_prefetch(&params.map_a);
             hal::mbar_arrive_expect_tx(full, kTileABytes + kTileBBytes);
@@ -53,6 +55,7 @@ DFG_DEVICE void body(const Params& params) {
         }
     } else {
         hal::setmaxnreg_inc<232>();
+        hal::grid_dependency_wait();
         hal::mbar_wait(full, 0);
         float acc[4] = {0.f, 0.f, 0.f, 0.f};
         hal::wgmma_fence();
