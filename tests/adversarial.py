@@ -682,8 +682,10 @@ def _moe_ok(ids=None, t=8):
                 e = int(topk[row, j])
                 if e < 0:
                     continue
+                # the layer's up-projection path (fused SwiGLU, FP8MoE's default): the same rounding of h
                 single = dfg.moe.fp8_moe_forward(hidden[row:row + 1], torch.tensor([[e]], dtype=torch.int32),
-                                                 torch.ones(1, 1), layer.w13, layer.w13_scale, layer.w2, layer.w2_scale)
+                                                 torch.ones(1, 1), layer.w13, layer.w13_scale, layer.w2, layer.w2_scale,
+                                                 w13_swiglu=(layer.w13_swiglu, layer.w13_swiglu_scale))
                 acc += w[row, j] * single[0].float()
             expect(bool(torch.allclose(out[row].float(), acc, rtol=2e-2, atol=2e-2)), f"token {row}")
     return run

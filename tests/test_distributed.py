@@ -183,8 +183,10 @@ def _agreement_worker(rank: int, world: int) -> dict[str, str]:
     raises("decode_weights", ValueError, "buffers were allocated for" if rank == 0 else "rank 0 of the group rejected",
            lambda: ep_moe_forward_decode(hidden[mine], ids[mine], weights[mine], *(args if rank == 0 else mine_w),
                                          buffers, 4))
-    # The world is still in step: good calls after all of that, bit for bit.
-    assert torch.equal(ep_moe_forward(hidden[mine], ids[mine], weights[mine], *mine_w), expected)
+    # The world is still in step: good calls after all of that, bit for bit (with the fused up-projection, FP8MoE's
+    # and EPMoE's default).
+    fused = (full.w13_swiglu[lo:hi], full.w13_swiglu_scale[lo:hi])
+    assert torch.equal(ep_moe_forward(hidden[mine], ids[mine], weights[mine], *mine_w, w13_swiglu=fused), expected)
     assert torch.equal(layer(hidden[mine], ids[mine], weights[mine]), expected)
     assert torch.equal(layer.forward_decode(hidden[mine], ids[mine], weights[mine], buffers, expected_m=4), expected)
     return messages

@@ -320,10 +320,11 @@ def test_issue_term_steers_the_heuristic(monkeypatch):
 
     config.get_config.cache_clear()
     try:
-        lean = config.get_config(4096, 7168, 16384, 1, "dense", 132)
+        # n = 2112 (a 128-row pick today; n = 7168's is already 256 x 128, the largest tile)
+        lean = config.get_config(4096, 2112, 7168, 1, "dense", 132)
         monkeypatch.setattr(config, "_ISSUE_PER_K_BLOCK", 400)
         config.get_config.cache_clear()
-        heavy = config.get_config(4096, 7168, 16384, 1, "dense", 132)
+        heavy = config.get_config(4096, 2112, 7168, 1, "dense", 132)
         # The pick moves to a tile with more waves per K block (the fixed per-K-block cost is shared), and
         # it moves because the model now says the lean pick is slower.
         assert (heavy.block_m, heavy.block_n) != (lean.block_m, lean.block_n)

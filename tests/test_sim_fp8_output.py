@@ -96,6 +96,9 @@ DENSE_EXACT_CASES = {
     # B multicast over a 2x1 cluster with 3 m-blocks and 3 n-blocks: the tail's phantom tile (n-block 3, past N)
     # must store nothing
     "cluster_phantom_tile": dict(m=150, n=384, k=256, block_m=64, cluster=(2, 1), grid=2),
+    # two m64 waves per math warpgroup (the heuristic's large-M tile since the register model's recalibration):
+    # rows 256..299 a partial second block, each wave's 1x128 scales from its own rows
+    "bm256_two_waves": dict(m=300, n=256, k=256, block_m=256),
 }
 
 
@@ -169,11 +172,12 @@ def test_contiguous_swiglu_at_alignment_64(monkeypatch):
     torch.testing.assert_close(s, rs, rtol=2e-7, atol=0)
 
 
-def test_masked_bits(monkeypatch):
+@pytest.mark.parametrize("block_m, m_max, rows", [(64, 96, 37), (256, 200, 150)], ids=["bm64", "bm256_two_waves"])
+def test_masked_bits(monkeypatch, block_m, m_max, rows):
     monkeypatch.setenv("DFG_SIM_EXACT_MMA", "1")
-    n, k, groups, m_max = 128, 256, 3, 96
-    masked_m = torch.tensor([0, 37, m_max], dtype=torch.int32)
-    cfg = make_config("masked_fp8out", n, k, 64, groups=groups)
+    n, k, groups = 128, 256, 3
+    masked_m = torch.tensor([0, rows, m_max], dtype=torch.int32)
+    cfg = make_config("masked_fp8out", n, k, block_m, groups=groups)
     a, sa, b, sb = exact_operands((groups, m_max), n, k, groups=groups, seed=6)
     out = poisoned_out((groups,), m_max, n)
     run_sim(cfg, a, sa, b, sb, out, masked_m)
@@ -182,7 +186,7 @@ def test_masked_bits(monkeypatch):
     for g, rows in enumerate(masked_m.tolist()):
         assert_same_bits((out[0][g, :rows], out[1][g, :rows]), (ref[0][g, :rows], ref[1][g, :rows]), f"group {g}")
     assert (out[0][0].view(torch.uint8) == E4M3_NAN).all() and out[1][0].isnan().all(), "masked_m == 0 writes nothing"
-    assert out[1][1].stride() == (1, 96) and out[1].stride() == (96, 1, 96)  # per-group M-major planes
+    assert out[1][1].stride() == (1, m_max) and out[1].stride() == (m_max, 1, m_max)  # per-group M-major planes
 
 
 def test_psum_bits(monkeypatch):

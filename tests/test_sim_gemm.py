@@ -67,6 +67,8 @@ DENSE_CASES = {
     "bm64_bn16_small_m": DenseCase(7, 256, 256, 64, 16, (1, 1), 4, 3),
     "bm128_two_warpgroups_tail_m": DenseCase(130, 128, 384, 128, 64, (1, 1), 3, 2),
     "bm256_two_waves": DenseCase(200, 96, 256, 256, 32, (1, 1), 2, 1),
+    # the large-M pick since the register model's recalibration: 256 x 128 with A multicast, a partial 2nd m-block
+    "bm256_bn128_multicast_a": DenseCase(300, 256, 256, 256, 128, (1, 2), 2, 2),
     "bn112_straddles_scale_blocks": DenseCase(64, 336, 256, 64, 112, (1, 1), 3, 3),
     "bn144_straddles_n_tail": DenseCase(65, 296, 128, 64, 144, (1, 1), 2, 2),
     "multicast_a": DenseCase(128, 256, 256, 64, 64, (1, 2), 3, 4),
