@@ -1,7 +1,11 @@
 """Compiles a rendered kernel translation unit with the host C++ compiler into a simulator library.
 
 The translation unit is the very source NVRTC compiles for sm_90a; ``-DDFG_SIMULATOR`` makes
-``deep_fp8_gemm/hal.cuh`` pick the CPU emulation (``hal/sim.hpp``). Libraries are cached like cubins:
+``deep_fp8_gemm/hal.cuh`` pick the CPU emulation (``hal/sim.hpp``). ``-fsanitize=thread`` instruments every plain
+load and store of the kernel code with a call that the simulator itself defines (``hal/sim/instrument.hpp``: the
+race detector's view of shared and global memory); the library is linked without the ThreadSanitizer runtime
+(``-z defs`` makes a hook the simulator lacks a build error), and ``-g1`` gives ``addr2line`` the line tables
+that name an access's call site in a report. Libraries are cached like cubins:
 ``<DFG_JIT_CACHE_DIR>/sim/<name>_<key>.so`` (with the source beside it as ``.cpp``), the key a SHA-256 over
 the source, every header under the include directory, the compiler's identity and the flags. Files are
 written under temporary names and renamed into place, so concurrent builders never see a partial library.
@@ -23,7 +27,11 @@ from ..runtime import paths
 CXX = "g++"
 # -fvisibility=hidden: only the entry points (DFG_SIM_EXPORT) are exported, so two simulator libraries in
 # one process never bind each other's inline simulator state.
-FLAGS = ("-std=c++17", "-O2", "-shared", "-fPIC", "-fvisibility=hidden", "-DDFG_SIMULATOR")
+# -fno-threadsafe-statics: a launch runs on one OS thread (fibers; launches are serialised), and thread-safe
+# statics would need ThreadSanitizer's atomic hooks.
+FLAGS = ("-std=c++17", "-O2", "-fPIC", "-fvisibility=hidden", "-DDFG_SIMULATOR", "-g1", "-fsanitize=thread",
+         "--param=tsan-instrument-func-entry-exit=0", "-fno-threadsafe-statics")
+LINK_FLAGS = ("-shared", "-Wl,-z,defs", "-ldl")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -52,7 +60,7 @@ def compiler_identity() -> str:
 def cache_key(source: str, include_dir: Path) -> str:
     """SHA-256 over everything that changes the library: source, headers, compiler, flags."""
     h = hashlib.sha256()
-    for part in (source, compiler_identity(), " ".join(FLAGS)):
+    for part in (source, compiler_identity(), " ".join(FLAGS), " ".join(LINK_FLAGS)):
         h.update(part.encode())
         h.update(b"\0")
     for header in paths.header_files(include_dir):
@@ -100,13 +108,19 @@ def build_library(source: str, name: str) -> Path:
     fd, tmp_name = tempfile.mkstemp(dir=directory, prefix=f".{target.name}.", suffix=".tmp")
     os.close(fd)
     tmp = Path(tmp_name)
+    obj = tmp.with_suffix(".o")
     try:
-        proc = subprocess.run(
-            [CXX, *FLAGS, f"-I{include_dir}", str(source_path), "-o", str(tmp)], capture_output=True, text=True
-        )
-        if proc.returncode != 0:
-            raise SimBuildError(f"simulator build of {name} failed ({CXX} exit {proc.returncode})", log=proc.stderr)
+        # Compiled and linked in two steps: one g++ call with -fsanitize=thread would link libtsan.
+        for step, command in (
+            ("compile", [CXX, *FLAGS, f"-I{include_dir}", "-c", str(source_path), "-o", str(obj)]),
+            ("link", [CXX, *LINK_FLAGS, str(obj), "-o", str(tmp)]),
+        ):
+            proc = subprocess.run(command, capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise SimBuildError(f"simulator build of {name} failed ({CXX} {step} exit {proc.returncode})",
+                                    log=proc.stderr)
         os.replace(tmp, target)
     finally:
         tmp.unlink(missing_ok=True)
+        obj.unlink(missing_ok=True)
     return target

@@ -66,11 +66,13 @@
 // by tests/test_sim_groundtruth.py.
 #pragma once
 #include "../common.cuh"
+#include "memory_order.cuh"
 
 #if !defined(DFG_SIMULATOR)
 #error "hal/sim.hpp is the CPU simulator implementation; it needs -DDFG_SIMULATOR"
 #endif
 
+#include <dlfcn.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <ucontext.h>
@@ -85,24 +87,30 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #define DFG_SIM_EXPORT extern "C" __attribute__((visibility("default")))
 
 // The emulation, one concern per file (each opens the namespaces it needs).
 #include "sim/abi.hpp"
+#include "sim/clocks.hpp"
 #include "sim/state.hpp"
 #include "sim/access.hpp"
 #include "sim/numerics.hpp"
 #include "sim/schedule.hpp"
 #include "sim/convergence.hpp"
+#include "sim/hb.hpp"
+#include "sim/shadow.hpp"
 #include "sim/proxy.hpp"
 #include "sim/registers.hpp"
 #include "sim/cluster.hpp"
 #include "sim/barriers.hpp"
+#include "sim/memory.hpp"
 #include "sim/tma.hpp"
 #include "sim/wgmma.hpp"
 #include "sim/threads.hpp"
+#include "sim/instrument.hpp"
 
 namespace dfg {
 
@@ -113,15 +121,35 @@ namespace sd = ::dfg::sim::detail;  // the emulation; kernels use only the hal n
 // Every operation that can block or fail takes the caller's file and line as default arguments (the kernel
 // source stays identical to the device build's): reports name the call site in the kernel source. Entering
 // an operation is also where an adversarial schedule may preempt the thread.
+// Every hal function also clears the instrumentation's tracking for its duration (DFG_SIM_HAL, sim/instrument.hpp):
+// the emulation's own memory accesses are not the kernel's.
 #define DFG_SIM_SITE const char *dfg_file = __builtin_FILE(), int dfg_line = __builtin_LINE()
-#define DFG_SIM_ENTER sd::enter(dfg_file, dfg_line)
+#define DFG_SIM_HAL const sd::HalGuard dfg_hal_guard
+#define DFG_SIM_ENTER \
+    DFG_SIM_HAL;      \
+    sd::enter(dfg_file, dfg_line)
 
 // ---------------------------------------------------------------- indices
-inline u32 thread_idx() { return sd::me().tid; }
-inline u32 block_idx() { return sd::me().cta; }
-inline u32 grid_dim() { return sd::L().cfg.grid_x; }
-inline u32 warp_idx() { return sd::me().tid / 32; }
-inline u32 lane_idx() { return sd::me().tid % 32; }
+inline u32 thread_idx() {
+    DFG_SIM_HAL;
+    return sd::me().tid;
+}
+inline u32 block_idx() {
+    DFG_SIM_HAL;
+    return sd::me().cta;
+}
+inline u32 grid_dim() {
+    DFG_SIM_HAL;
+    return sd::L().cfg.grid_x;
+}
+inline u32 warp_idx() {
+    DFG_SIM_HAL;
+    return sd::me().tid / 32;
+}
+inline u32 lane_idx() {
+    DFG_SIM_HAL;
+    return sd::me().tid % 32;
+}
 // __shfl_sync(full mask, value, 0). Simulated threads do not exchange registers: the kernel broadcasts only
 // values every lane computed identically (scheduler state), for which lane 0's value is the caller's own.
 // A full-mask shfl.sync must be reached by all 32 lanes: checked like the .aligned operations.
@@ -157,15 +185,27 @@ inline bool elect_one_sync(DFG_SIM_SITE) {
     return lane_idx() == 0;
 }
 // %cluster_ctarank (PTX ISA "Special Registers"): 1-D clusters are runs of cluster_x consecutive CTAs.
-inline u32 cluster_cta_rank() { return sd::me().cta % sd::L().cfg.cluster_x; }
+inline u32 cluster_cta_rank() {
+    DFG_SIM_HAL;
+    return sd::me().cta % sd::L().cfg.cluster_x;
+}
 // %cluster_nctarank: CTAs per cluster.
-inline u32 cluster_num_ctas() { return sd::L().cfg.cluster_x; }
+inline u32 cluster_num_ctas() {
+    DFG_SIM_HAL;
+    return sd::L().cfg.cluster_x;
+}
 
 // ---------------------------------------------------------------- shared memory
 // Page-aligned (so 1024-byte aligned, as on the device) and poisoned with 0xFF at launch.
-inline u8* dynamic_smem() { return sd::my_cta().smem; }
+inline u8* dynamic_smem() {
+    DFG_SIM_HAL;
+    return sd::my_cta().smem;
+}
 // A CTA's shared window starts at 0 here: these offsets are what descriptors and TMA addresses see.
-inline u32 smem_addr(const void* ptr) { return sd::smem_offset(ptr, "smem_addr"); }
+inline u32 smem_addr(const void* ptr) {
+    DFG_SIM_HAL;
+    return sd::smem_offset(ptr, "smem_addr");
+}
 
 // ---------------------------------------------------------------- CTA / cluster synchronisation
 // bar.sync 0 (PTX ISA "bar, barrier") without a count: every thread of the CTA that has not exited.
@@ -232,22 +272,66 @@ inline void mbar_wait(u64* bar, u32 phase, BarrierName name = BarrierName{"mbarr
     sd::mbar_wait(bar, phase, name);
 }
 
-// ---------------------------------------------------------------- global atomics (PTX ISA "atom")
-// atom.acq_rel.gpu.global.add.u32: the pointer must be 4-byte aligned global (host) memory, not shared memory.
-// Modelled as a sequentially consistent read-modify-write (at least as strong as .acq_rel.gpu; see "Not
-// modelled"); entering it is a preemption point of adversarial schedules, so other CTAs can run between a
-// thread's plain stores and its atomic.
+// ---------------------------------------------------------------- memory model: atomics, fences (sim/memory.hpp)
+// Global memory only (4-byte aligned host memory, not shared memory). The value is that of a sequentially
+// consistent machine; what the operation orders is what PTX says for its order and scope (sim/hb.hpp).
+// Entering one is a preemption point of adversarial schedules, so other CTAs can run between a thread's plain
+// stores and its atomic.
+// atom{.sem}{.scope}.global.add.u32 (PTX ISA "atom"): *ptr += value, returns the old value.
+template <MemOrder kOrder, MemScope kScope>
+inline u32 atomic_add(u32* ptr, u32 value, DFG_SIM_SITE) {
+    static_assert(kOrder != MemOrder::SeqCst, "atom has no .sc semantics: use fence.sc and a relaxed atom");
+    DFG_SIM_ENTER;
+    return sd::atomic_add_global(ptr, value, sd::order_of(kOrder), sd::scope_of(kScope), sd::op_name("atomic_add", kOrder, kScope));
+}
+// ld{.relaxed|.acquire}{.scope}.global.u32 (PTX ISA "ld").
+template <MemOrder kOrder, MemScope kScope>
+inline u32 atomic_load(const u32* ptr, DFG_SIM_SITE) {
+    static_assert(kOrder == MemOrder::Relaxed || kOrder == MemOrder::Acquire, "ld is .relaxed or .acquire");
+    DFG_SIM_ENTER;
+    return sd::atomic_load_global(ptr, sd::order_of(kOrder), sd::scope_of(kScope), sd::op_name("atomic_load", kOrder, kScope));
+}
+// st{.relaxed|.release}{.scope}.global.u32 (PTX ISA "st").
+template <MemOrder kOrder, MemScope kScope>
+inline void atomic_store(u32* ptr, u32 value, DFG_SIM_SITE) {
+    static_assert(kOrder == MemOrder::Relaxed || kOrder == MemOrder::Release, "st is .relaxed or .release");
+    DFG_SIM_ENTER;
+    sd::atomic_store_global(ptr, value, sd::order_of(kOrder), sd::scope_of(kScope), sd::op_name("atomic_store", kOrder, kScope));
+}
+// fence{.acq_rel|.sc}{.scope} (PTX ISA "membar / fence").
+template <MemOrder kOrder, MemScope kScope>
+inline void fence(DFG_SIM_SITE) {
+    static_assert(kOrder == MemOrder::AcqRel || kOrder == MemOrder::SeqCst, "fence is .acq_rel or .sc");
+    DFG_SIM_ENTER;
+    sd::fence(sd::order_of(kOrder), sd::scope_of(kScope), sd::op_name("fence", kOrder, kScope));
+}
+// atom.acq_rel.gpu.global.add.u32: split-K's tile counters (split_k.cuh).
 inline u32 atomic_add_acq_rel_gpu(u32* ptr, u32 value, DFG_SIM_SITE) {
     DFG_SIM_ENTER;
-    return sd::atomic_add_global(ptr, value, "atomic_add_acq_rel_gpu");
+    return sd::atomic_add_global(ptr, value, sd::Order::AcqRel, sd::Scope::Gpu, "atomic_add_acq_rel_gpu");
+}
+
+// ---------------------------------------------------------------- programmatic dependent launch (PTX ISA "griddepcontrol")
+// griddepcontrol.wait: waits until the previous launch of the stream (deep_fp8_gemm.simulator.launch_stream) has
+// completed and its memory operations are visible; orders everything this thread does next after all of it. In a
+// programmatic dependent launch every CTA must execute it (or the next launch's wait would not cover the previous
+// kernel); without one the previous launch has ended and it returns at once.
+inline void grid_dependency_wait(DFG_SIM_SITE) {
+    DFG_SIM_ENTER;
+    sd::grid_dependency_wait();
+}
+// griddepcontrol.launch_dependents: the next launch, if programmatic, may start once every CTA executed it or
+// exited. No memory ordering (the dependent's wait gives it): where it sits is a performance question.
+inline void launch_dependents(DFG_SIM_SITE) {
+    DFG_SIM_ENTER;
+    sd::launch_dependents();
 }
 
 // ---------------------------------------------------------------- cp.async (PTX ISA "cp.async")
 // The copy happens at once (the emulation copies synchronously), so the arrive that tracks it may too.
 inline void cp_async_4(void* smem_dst, const void* gmem_src, DFG_SIM_SITE) {
     DFG_SIM_ENTER;
-    sd::smem_offset(smem_dst, "cp_async_4");
-    std::memcpy(smem_dst, gmem_src, 4);
+    sd::cp_async_copy(smem_dst, gmem_src, 4);
 }
 inline void cp_async_mbar_arrive(u64* bar, DFG_SIM_SITE) {
     DFG_SIM_ENTER;
@@ -255,7 +339,10 @@ inline void cp_async_mbar_arrive(u64* bar, DFG_SIM_SITE) {
 }
 
 // ---------------------------------------------------------------- TMA (PTX ISA "cp.async.bulk.tensor"), rank 3
-inline void tma_prefetch(const TensorMap* map) { sd::tensor_map(map, "tma_prefetch"); }
+inline void tma_prefetch(const TensorMap* map) {
+    DFG_SIM_HAL;
+    sd::tensor_map(map, "tma_prefetch");
+}
 // fence.proxy.tensormap::generic.acquire.sys [map], 128: this thread may use a tensor map that a host copy put in
 // global memory (checked by every TMA load through a map outside the kernel parameters, sim/tma.hpp).
 inline void tensormap_fence_acquire(const TensorMap* map, DFG_SIM_SITE) {
@@ -315,7 +402,7 @@ inline void wgmma_wait(DFG_SIM_SITE) {
     DFG_SIM_ENTER;
     sd::wgmma_wait(N);
 }
-inline void fence_operand(float&) {}
+inline void fence_operand(float&) {}  // registers only: nothing to guard
 
 // D[64 x N] (+)= A[64 x 32] . B[N x 32]^T, e4m3 from shared memory through descriptors, f32 accumulators;
 // `d` is this thread's fragment of N/2 floats (PTX ISA "Register Fragments", D of .m64nNk32). The operands
@@ -359,14 +446,31 @@ inline void setmaxnreg_dec(DFG_SIM_SITE) {
 
 // ---------------------------------------------------------------- conversions, loads, errors
 // cvt.rn.bf16x2.f32 / cvt.rn.satfinite.e4m3x2.f32 (PTX ISA "cvt"): lo in the low half.
-inline u32 pack_bf16x2(float lo, float hi) { return u32(sd::float_to_bf16(lo)) | (u32(sd::float_to_bf16(hi)) << 16); }
-inline u16 pack_e4m3x2(float lo, float hi) { return u16(sd::float_to_e4m3(lo) | (sd::float_to_e4m3(hi) << 8)); }
+inline u32 pack_bf16x2(float lo, float hi) {
+    DFG_SIM_HAL;
+    return u32(sd::float_to_bf16(lo)) | (u32(sd::float_to_bf16(hi)) << 16);
+}
+inline u16 pack_e4m3x2(float lo, float hi) {
+    DFG_SIM_HAL;
+    return u16(sd::float_to_e4m3(lo) | (sd::float_to_e4m3(hi) << 8));
+}
 
-inline float ld_global_nc(const float* ptr) { return *ptr; }
-inline i32 ld_global_nc(const i32* ptr) { return *ptr; }
+// A plain read as far as the race checks go (the device's non-coherent path needs data nobody writes during
+// the kernel, which ordering before the read implies here).
+inline float ld_global_nc(const float* ptr, DFG_SIM_SITE) {
+    DFG_SIM_ENTER;
+    sd::hal_read(ptr, 4, "ld.global.nc");
+    return *ptr;
+}
+inline i32 ld_global_nc(const i32* ptr, DFG_SIM_SITE) {
+    DFG_SIM_ENTER;
+    sd::hal_read(ptr, 4, "ld.global.nc");
+    return *ptr;
+}
 
 // Aborts the launch; the report carries `what`.
 inline void trap(const char* what, DFG_SIM_SITE) {
+    DFG_SIM_HAL;
     sd::at(dfg_file, dfg_line);
     sd::fail(std::string("trap: ") + (what ? what : ""));
 }
@@ -381,11 +485,22 @@ inline void trap(const char* what, DFG_SIM_SITE) {
 // not inline: hal/sim.hpp is included by exactly one translation unit per simulator library.
 DFG_SIM_EXPORT const char* dfg_sim_last_error() { return dfg::sim::detail::g_last_error.c_str(); }
 
+// Runs `count` launches of this library's kernels as one stream (in order; a programmatic one may overlap its
+// predecessor); returns 0 on success, nonzero on error (dfg_sim_last_error).
+DFG_SIM_EXPORT int dfg_sim_run_stream(const dfg::sim::StreamItem* items, dfg::u32 count) {
+    return dfg::sim::detail::run_stream(items, count);
+}
+
 // Kernel entry: `extern "C" int NAME_sim(const PARAMS_T* params, const dfg::sim::LaunchConfig* cfg)` runs
 // the whole launch, BODY(*params) on every simulated thread; returns 0 on success, nonzero on error.
-#define DFG_DEFINE_KERNEL(NAME, NUM_THREADS, PARAMS_T, BODY)                                               \
-    DFG_SIM_EXPORT int NAME##_sim(const PARAMS_T* params, const dfg::sim::LaunchConfig* cfg) {            \
-        return dfg::sim::detail::run(*cfg, (NUM_THREADS),                                                  \
-                                     [](const void* p) { BODY(*static_cast<const PARAMS_T*>(p)); }, params, \
-                                     sizeof(PARAMS_T));                                                    \
+// `NAME_sim_kernel()` describes the kernel for dfg_sim_run_stream.
+#define DFG_DEFINE_KERNEL(NAME, NUM_THREADS, PARAMS_T, BODY)                                                   \
+    DFG_SIM_EXPORT const dfg::sim::KernelInfo* NAME##_sim_kernel() {                                          \
+        static const dfg::sim::KernelInfo info{+[](const void* p) { BODY(*static_cast<const PARAMS_T*>(p)); }, \
+                                               (NUM_THREADS), 0, sizeof(PARAMS_T)};                            \
+        return &info;                                                                                          \
+    }                                                                                                          \
+    DFG_SIM_EXPORT int NAME##_sim(const PARAMS_T* params, const dfg::sim::LaunchConfig* cfg) {                \
+        const dfg::sim::StreamItem item{NAME##_sim_kernel(), params, *cfg, 0, 0};                               \
+        return dfg::sim::detail::run_stream(&item, 1);                                                         \
     }

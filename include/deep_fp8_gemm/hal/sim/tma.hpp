@@ -52,6 +52,12 @@ struct Box {
                u64(z) * map.global_strides[1];
     }
     bool x_in_bounds(u32 x) const { return i64(c[0]) + x >= 0 && i64(c[0]) + x < i64(map.global_dims[0]); }
+    // The in-bounds elements of a row: global x indices [lo, hi) (lo >= hi: none).
+    std::pair<i64, i64> x_range() const {
+        const i64 lo = c[0] > 0 ? c[0] : 0;
+        const i64 end = i64(c[0]) + map.box_dims[0], dim = i64(map.global_dims[0]);
+        return {lo, end < dim ? end : dim};
+    }
 
     // PTX ISA "cp.async.bulk.tensor": the smem address must be 128-byte aligned; with a swizzle the pattern
     // is a function of address bits, so tiles are aligned to its repeat (256 / 512 / 1024 bytes) for the
@@ -129,6 +135,8 @@ inline void tma_load(void* dst, const TensorMap* map, u64* bar, u32 cta_mask, bo
     if (box.map.oob_fill == 1 && box.map.dtype != 7 && box.map.dtype != 9)
         fail(format("%s: NaN out-of-bounds fill needs a floating-point dtype, got %u", what, box.map.dtype));
     const u32 first = me().cta / cluster_x * cluster_x;
+    Thread& t = me();
+    const u32 site = site_id(t.site);
     for (u32 rank = 0; rank < cluster_x; ++rank) {
         if (!(cta_mask >> rank & 1)) continue;
         remote_access(first + rank, multicast ? "a TMA multicast" : "a TMA load");
@@ -136,8 +144,24 @@ inline void tma_load(void* dst, const TensorMap* map, u64* bar, u32 cta_mask, bo
                                "TMA complete_tx (async proxy)");
         check_no_wgmma_reader(first + rank, offset, box.footprint, what);
         check_no_mbarrier_overlap(first + rank, offset, box.footprint, what);
+        // Plain accesses to the destination must be ordered before the issue: the copy may land any time after.
+        if (S().races)
+            async_access(t, uintptr_t(L().ctas[first + rank].smem + offset), box.footprint, true, false, site,
+                         multicast ? "a TMA multicast's write" : "a TMA load's write");
     }
-    L().pending_loads.push_back(PendingLoad{box.map, {c0, c1, c2}, first, cta_mask, offset, bar_offset});
+    if (S().races) {  // the global source, read by the async proxy between the issue and the landing
+        const auto [lo, hi] = box.x_range();
+        for (u32 row = 0; row < box.rows && hi > lo; ++row)
+            if (const u8* g = box.row_global(row))
+                async_access(t, uintptr_t(g + lo * box.eb), u32(hi - lo) * box.eb, false, true, site,
+                             "a TMA load's read");
+    }
+    PendingLoad load{box.map, {c0, c1, c2}, first, cta_mask, offset, bar_offset};
+    load.issuer = t.clocks;
+    load.epoch = epoch_of(t);
+    load.site = site;
+    tick(t);  // what the issuing thread does next is not ordered before the landing
+    L().pending_loads.push_back(std::move(load));
 }
 
 // Lands every issued TMA load: copy, then complete-tx. A wgmma not yet executed that reads the box was issued
@@ -179,7 +203,8 @@ inline std::string land_tma_loads(bool all = true) {
                 }
             }
             async_write(cta, load.offset, box.footprint);
-            const std::string error = mbarrier_complete_tx(cta, load.bar_offset, box.bytes);
+            if (S().races) async_landed(uintptr_t(smem + load.offset), box.footprint, load.epoch, load.site);
+            const std::string error = mbarrier_complete_tx(cta, load.bar_offset, box.bytes, load);
             if (!error.empty()) return error;
         }
     }
