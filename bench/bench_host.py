@@ -298,6 +298,7 @@ def _run_stub_child(stub_dir: str, calls: int, repeats: int, only: set[str] | No
     target.gpu_index = lambda device: 0
     target.capability = lambda index: (9, 0)
     target.current_stream = lambda index: 0
+    target.is_capturing = lambda index: False
     target.current_device = lambda: 0
     return measure(torch.device("cpu"), calls=calls, repeats=repeats, only=only, label="stub",
                    before_warmup=before_warmup, launched=lambda: launches.value)

@@ -281,10 +281,35 @@ def _moe_weight_grad_impl(dy: torch.Tensor, x: torch.Tensor, padded_sizes: torch
         if not accumulate:
             d.zero_()
         return
-    a, sa = transpose_cast_to_fp8_k_grouped(dy[:total], ks)
-    b, sb = transpose_cast_to_fp8_k_grouped(x[:total], ks)
-    ks_tensor = padded_sizes.to(torch.int32)
+    dy, x = dy[:total], x[:total]
+    if any(k % GRAN_K for k in ks):
+        # A 64-row contiguous alignment: the k-grouped GEMM's K per group is whole 128-element scale groups, so
+        # each expert's rows move to a segment padded with zero rows to a multiple of 128 (they add nothing).
+        dy, x, ks = _pad_groups_to_k_blocks(dy, x, ks)
+        ks_tensor = torch.tensor(ks, dtype=torch.int32, device=d.device)
+    else:
+        ks_tensor = padded_sizes.to(torch.int32)
+    a, sa = transpose_cast_to_fp8_k_grouped(dy, ks)
+    b, sb = transpose_cast_to_fp8_k_grouped(x, ks)
     k_grouped_gemm_fp8_fp8_fp32_nt((a, sa), (b, sb), d, ks, ks_tensor, d if accumulate else None)
+
+
+def _pad_groups_to_k_blocks(dy: torch.Tensor, x: torch.Tensor, ks: list[int]):
+    """``dy`` / ``x`` with the rows of group g (``ks[g]`` consecutive rows) moved to a segment of
+    ``round_up(ks[g], 128)`` rows, zero-filled after them; returns ``(dy, x, padded ks)``."""
+    padded = [(k + GRAN_K - 1) // GRAN_K * GRAN_K for k in ks]
+    shifts, src, dst = [], 0, 0
+    for k, p in zip(ks, padded):
+        shifts.append(dst - src)
+        src, dst = src + k, dst + p
+    rows = torch.arange(src, device=dy.device)
+    dest = rows + torch.repeat_interleave(torch.tensor(shifts, device=dy.device), torch.tensor(ks, device=dy.device))
+    out = []
+    for t in (dy, x):
+        moved = t.new_zeros((dst, t.shape[1]))
+        moved.index_copy_(0, dest, t)
+        out.append(moved)
+    return out[0], out[1], padded
 
 
 def _check_moe_weight_grad(dy, x, padded_sizes, d) -> None:

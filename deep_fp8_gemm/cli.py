@@ -4,7 +4,8 @@
   check registers, spills, local memory, required SASS and ptxas warnings (exit 1 if any fails).
 * ``precompile``: the same kernel list, only compiled into the disk cache (for build boxes: pass the
   serving GPU's ``--num-sms``).
-* ``cache info`` / ``cache clear``; ``env``: versions and paths the JIT uses.
+* ``cache info`` / ``cache clear``: the on-disk caches (cubins, simulator libraries, saved failing sources)
+  and the result of their ownership checks; ``env``: versions and paths the JIT uses.
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_kernel_selection(p)
     p.add_argument("--jobs", "-j", type=int, default=1, help="compile in N worker processes (default 1)")
 
-    p = sub.add_parser("cache", help="inspect or empty the JIT cache")
+    p = sub.add_parser("cache", help="inspect (with its ownership checks) or empty the on-disk caches")
     p.add_argument("action", choices=("info", "clear"))
 
     sub.add_parser("env", help="versions and paths the JIT uses")
@@ -169,13 +170,28 @@ def cmd_precompile(args: argparse.Namespace) -> int:
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
-    from .runtime.cache import cache_clear, cache_info
+    """``info``: the checks' result, then cubins, simulator libraries and saved failing sources (exit 1 when
+    the checks fail: nothing there is read). ``clear``: empties all three (refused when the checks fail)."""
+    from . import env
+    from .runtime import cache, cachedir, compiler
+    from .simulator import build
 
+    directory = env.jit_cache_dir()
+    passed, checks = cachedir.describe(directory)
     if args.action == "clear":
-        print(f"removed {cache_clear()} entries from {cache_info()['dir']}")
-    else:
-        info = cache_info()
-        print(f"dir: {info['dir']}\nentries: {info['entries']}\nbytes: {info['bytes']}")
+        if not passed:
+            raise CliError(f"not clearing {directory}: {checks}")
+        cubins, libraries, sources = cache.cache_clear(), build.library_cache_clear(), compiler.saved_sources_clear()
+        print(f"removed {cubins} entries, {libraries} simulator libraries and {sources} saved sources from {directory}")
+        return 0
+    print(f"dir: {directory}\nchecks: {checks}")
+    if not passed:
+        return 1
+    info = cache.cache_info()
+    print(f"entries: {info['entries']}\nbytes: {info['bytes']}")
+    for label, part in (("simulator libraries", build.library_cache_info()),
+                        ("saved failing sources", compiler.saved_sources_info())):
+        print(f"{label}: {part['entries']} ({part['bytes']} bytes in {part['dir']})")
     return 0
 
 

@@ -29,20 +29,37 @@ Argument semantics, as the reference applies them on SM90 (``csrc/apis/gemm.hpp`
 
 The NN / TN / TT layouts (SM100-only in the reference) are deliberately *not* defined: consumers probe
 ``hasattr(deep_gemm, name)`` to choose a code path, and a name that always raises would steer them wrong.
+:data:`LOADER_REQUIRED_ENTRIES` lists the few names a loader insists on (Hugging Face transformers' list); the
+``deep_gemm`` drop-in distribution (``dropin/deep_gemm_dropin``) defines them as :func:`unsupported_entry` raisers.
+
+Runtime knobs (process-wide, as in the reference): ``set_num_sms`` / ``get_num_sms`` (0 restores the device's
+count), ``set_mk_alignment_for_contiguous_layout`` (64 or 128: the contiguous kernels' BLOCK_M, see
+:func:`deep_fp8_gemm.utils.set_mk_alignment_for_contiguous_layout`), ``set_pdl`` / ``get_pdl`` (a flag held for
+the PDL launches to come; no launch reads it yet), and ``set_tc_util`` / ``get_tc_util``,
+``set_ignore_compile_dims``, ``set_block_size_multiple_of``, validated as the reference does and held in
+:data:`RUNTIME_KNOBS` without effect on this library's heuristic (it has its own cost model; see the README).
+
+The 1.x weight-gradient names :func:`wgrad_gemm_fp8_fp8_fp32_nt` and :func:`k_grouped_wgrad_gemm_fp8_fp8_fp32_nt`
+keep their 1.x argument layouts (``out`` accumulated, scales ``[mn, kb]`` or K-block-major ``[kb, mn]``).
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
+from . import utils
 from ._core.checks import check_bool
+from .constants import DEFAULT_CONTIGUOUS_ALIGNMENT
 from .ops.contiguous import m_grouped_gemm_fp8_fp8_bf16_nt_contiguous
 from .ops.dense import gemm_fp8_fp8_bf16_nt
 from .ops.k_grouped import k_grouped_gemm_fp8_fp8_fp32_nt
 from .ops.masked import m_grouped_gemm_fp8_fp8_bf16_nt_masked
 from .ops.psum import m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum
 from .ops.wgrad_1d1d import gemm_fp8_fp8_fp32_nt_1d1d
-from .utils import get_col_major_tma_aligned_tensor, get_m_alignment_for_contiguous_layout
+from .utils import (get_col_major_tma_aligned_tensor, get_m_alignment_for_contiguous_layout, get_pdl,
+                    set_mk_alignment_for_contiguous_layout, set_pdl)
 
 _DEFAULT_RECIPE = (1, 128, 128)
 _ONE_D_ONE_D = "the 1D1D weight-gradient kernel (per-channel B scales, fp32 D accumulated into C)"
@@ -193,9 +210,8 @@ def m_grouped_fp8_gemm_nt_contiguous(
     compiled_dims: str = "nk",
     disable_ue8m0_cast: bool = False,
     use_psum_layout: bool = False,
-    expected_m_for_psum_layout: int | None = None,
-    *,
     ensure_zero_padding: bool = True,
+    expected_m_for_psum_layout: int | None = None,
 ) -> None:
     """Grouped GEMM over expert rows concatenated in ``a`` (``[m, k]``), B ``[G, n, k]``, d ``[m, n]`` bf16.
 
@@ -206,8 +222,11 @@ def m_grouped_fp8_gemm_nt_contiguous(
     ``[round_up(grouped_layout[g-1], 128), grouped_layout[g])``, the first from row 0; see
     :mod:`deep_fp8_gemm.psum` for what is checked where), read on the device only; ``expected_m_for_psum_layout``
     (rows per group, optional) picks the kernel configuration.
-    ``ensure_zero_padding`` (keyword-only; the reference's SM100 option about padding rows) is validated and has
-    no effect: padding rows' output is unspecified either way.
+    Positional order as the reference's: ``..., disable_ue8m0_cast, use_psum_layout, ensure_zero_padding,
+    expected_m_for_psum_layout``. ``ensure_zero_padding`` (the reference passes it to its SM100 kernels only) is
+    validated and has no effect, as on the reference's SM90 kernel: padding rows that share a BLOCK_M block with
+    a group's rows are computed with that group (zeros where A's padding rows are zero), padding-only blocks are
+    left untouched, on every backend.
     """
     _common_checks(a, b, recipe, recipe_a, recipe_b, compiled_dims, disable_ue8m0_cast)
     check_bool(use_psum_layout, "use_psum_layout")
@@ -246,11 +265,12 @@ def k_grouped_fp8_gemm_nt_contiguous(
     a: tuple[torch.Tensor, torch.Tensor],
     b: tuple[torch.Tensor, torch.Tensor],
     d: torch.Tensor,
-    ks: list[int],
-    ks_tensor: torch.Tensor,
+    ks_cpu: list[int],
+    grouped_layout: torch.Tensor,
     c: torch.Tensor | None = None,
     recipe: tuple[int, int, int] = (1, 1, 128),
     compiled_dims: str = "mn",
+    use_psum_layout: bool = False,
 ) -> None:
     """The k-grouped weight-gradient GEMM (MoE experts' dW in one launch): for each group g,
     ``d[g] = c[g] + dequant(A_g) · dequant(B_g)ᵀ`` in fp32, the reference's SM90 convention.
@@ -259,8 +279,16 @@ def k_grouped_fp8_gemm_nt_contiguous(
     ``b = (flat e4m3 [n·sum(ks)], sB fp32 [n, sum(ks)/128])`` likewise; ``d`` fp32 ``[G, m, n]``; ``ks`` the
     Python ints K_g (multiples of 128, 0 allowed: ``d[g] = c[g]``), ``ks_tensor`` the same values as int32 ``[G]``
     on d's device; ``c`` None, ``d`` (accumulate in place) or another fp32 ``[G, m, n]``. ``recipe`` must be
-    ``(1, 1, 128)`` (1x128 scales on both operands); ``compiled_dims`` is validated, a hint only. Everything else
-    is :func:`deep_fp8_gemm.wgrad.k_grouped_gemm_fp8_fp8_fp32_nt`."""
+    ``(1, 1, 128)`` (1x128 scales on both operands); ``compiled_dims`` is validated, a hint only.
+    ``use_psum_layout`` must be False (``NotImplementedError`` for True: the reference's SM90 NT form has no psum
+    layout either; its SM100 TN form does). The reference's argument names: ``ks_cpu`` (the Python ints K_g) and
+    ``grouped_layout`` (the same values as an int32 tensor). Everything else is
+    :func:`deep_fp8_gemm.wgrad.k_grouped_gemm_fp8_fp8_fp32_nt`. The K alignment is 128 whatever
+    ``set_mk_alignment_for_contiguous_layout`` says (as the reference's SM90 NT form)."""
+    ks, ks_tensor = ks_cpu, grouped_layout
+    if check_bool(use_psum_layout, "use_psum_layout"):
+        raise NotImplementedError("use_psum_layout=True: the k-grouped NT GEMM takes per-group K sizes (ks_cpu); "
+                                  "the psum layout of the reference's k-grouped GEMM exists only in its SM100 TN form")
     _check_sm100_operands(a, b)
     if recipe is None:
         recipe = (1, 1, 128)
@@ -269,7 +297,8 @@ def k_grouped_fp8_gemm_nt_contiguous(
                          "(1x128 scales on A and B, fp32 D = C + A·Bᵀ)")
     check_compiled_dims(compiled_dims)
     if ks_tensor is None:
-        raise TypeError("ks_tensor must be an int32 [G] tensor on d's device holding the values of ks, got None")
+        raise TypeError("grouped_layout: ks_tensor must be an int32 [G] tensor on d's device holding the values of "
+                        "ks_cpu, got None")
     k_grouped_gemm_fp8_fp8_fp32_nt(a, b, d, ks, ks_tensor, c)
 
 
@@ -281,14 +310,178 @@ m_grouped_fp8_fp4_gemm_nt_contiguous = m_grouped_fp8_gemm_nt_contiguous
 m_grouped_fp8_fp4_gemm_nt_masked = m_grouped_fp8_gemm_nt_masked
 
 
+# ---------------------------------------------------------------------------------------------- 1.x wgrad names
+def _scales_1x(scales: torch.Tensor, mn: int, k: int, name: str) -> torch.Tensor:
+    """1.x scale layouts: ``[mn, kb]``, or K-block-major ``[kb, mn]`` (checked first, as 1.x did, so a square
+    tensor is read K-block-major); returned as ``[mn, kb]`` (a view of the K-block-major form)."""
+    if not isinstance(scales, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(scales).__name__}")
+    kb = (k + 127) // 128
+    if scales.dim() == 2 and tuple(scales.shape) == (kb, mn):
+        return scales.t()
+    if scales.dim() == 2 and tuple(scales.shape) == (mn, kb):
+        return scales
+    raise ValueError(f"{name} must be [{mn}, {kb}] or K-block-major [{kb}, {mn}] for {mn=} {k=}, got "
+                     f"{name}.shape={tuple(scales.shape)}")
+
+
+def wgrad_gemm_fp8_fp8_fp32_nt(lhs: tuple[torch.Tensor, torch.Tensor], rhs: tuple[torch.Tensor, torch.Tensor],
+                               out: torch.Tensor) -> None:
+    """The reference's 1.x weight-gradient GEMM: ``out += dequant(lhs) · dequant(rhs)ᵀ`` in fp32 (accumulated).
+
+    ``lhs = (A [m, k] e4m3 K-major, sA)``, ``rhs = (B [n, k] e4m3 K-major, sB)`` with 1x128 scales in either 1.x
+    layout, ``[m, ceil(k/128)]`` or K-block-major ``[ceil(k/128), m]`` (likewise for B); ``out`` fp32 ``[m, n]``.
+    ``k == 0`` leaves ``out`` unchanged. The 1D1D kernel (:func:`deep_fp8_gemm.wgrad.gemm_fp8_fp8_fp32_nt_1d1d`
+    with ``c=out``)."""
+    a, sa = lhs
+    b, sb = rhs
+    for t, name in ((a, "lhs[0]"), (b, "rhs[0]"), (out, "out")):
+        if not isinstance(t, torch.Tensor) or t.dim() != 2:
+            raise ValueError(f"{name} must be a 2-D tensor, got {getattr(t, 'shape', type(t).__name__)}")
+    m, k = a.shape
+    n = b.shape[0]
+    sa, sb = _scales_1x(sa, m, k, "lhs[1]"), _scales_1x(sb, n, k, "rhs[1]")
+    if k == 0:
+        return
+    gemm_fp8_fp8_fp32_nt_1d1d((a, sa), (b, sb), out, out)
+
+
+def k_grouped_wgrad_gemm_fp8_fp8_fp32_nt(lhs: tuple[torch.Tensor, torch.Tensor], rhs: tuple[torch.Tensor, torch.Tensor],
+                                         out: torch.Tensor, batch_sizes: list[int]) -> None:
+    """The reference's 1.x k-grouped weight-gradient GEMM: ``out[g] += dequant(A_g) · dequant(B_g)ᵀ`` for each group.
+
+    ``lhs = (flat e4m3 [sum(m·k_g)], sA fp32 [sum(ceil(k_g/128)), m])`` (K-block-major, group after group),
+    ``rhs`` likewise with n; ``out`` fp32 ``[G, m, n]``; ``batch_sizes`` the Python ints k_g. With every k_g a
+    multiple of 128 this is one launch of the k-grouped kernel (:func:`k_grouped_fp8_gemm_nt_contiguous` with
+    ``c=out``); otherwise (1.x allowed any k_g) one 1D1D launch per group, as 1.x did."""
+    a, sa = lhs
+    b, sb = rhs
+    if not isinstance(out, torch.Tensor) or out.dim() != 3:
+        raise ValueError(f"out must be a 3-D [G, m, n] tensor, got {getattr(out, 'shape', type(out).__name__)}")
+    num_groups, m, n = out.shape
+    ks = [int(k) for k in batch_sizes]
+    if len(ks) != num_groups or any(k < 0 for k in ks):
+        raise ValueError(f"batch_sizes must be {num_groups} non-negative ints (one K per group of out), got "
+                         f"{batch_sizes!r}")
+    a, b = a.reshape(-1), b.reshape(-1)
+    if all(k % 128 == 0 for k in ks):
+        total_kb = sum(ks) // 128
+        sa, sb = _scales_1x(sa, m, total_kb * 128, "lhs[1]"), _scales_1x(sb, n, total_kb * 128, "rhs[1]")
+        ks_tensor = torch.tensor(ks, dtype=torch.int32, device=out.device)
+        k_grouped_gemm_fp8_fp8_fp32_nt((a, sa), (b, sb), out, ks, ks_tensor, out)
+        return
+    a_offset = b_offset = kb_offset = 0
+    for g, k in enumerate(ks):
+        kb = (k + 127) // 128
+        wgrad_gemm_fp8_fp8_fp32_nt((a[a_offset:a_offset + m * k].view(m, k), sa[kb_offset:kb_offset + kb]),
+                                   (b[b_offset:b_offset + n * k].view(n, k), sb[kb_offset:kb_offset + kb]), out[g])
+        a_offset, b_offset, kb_offset = a_offset + m * k, b_offset + n * k, kb_offset + kb
+
+
 # ---------------------------------------------------------------------------------------------- layout helpers
 def get_mk_alignment_for_contiguous_layout() -> int:
-    """Rows (M-grouped) or K elements (K-grouped) each group of a contiguous layout is aligned to: 128."""
+    """Rows (M-grouped) each group of a contiguous layout is aligned to: 128, or 64 after
+    ``set_mk_alignment_for_contiguous_layout(64)`` (the contiguous kernels' BLOCK_M)."""
     return get_m_alignment_for_contiguous_layout()
 
 
 #: The K-grouped spelling of the same alignment (the reference's 2.0 name).
 get_k_alignment_for_contiguous_layout = get_mk_alignment_for_contiguous_layout
+
+
+def get_theoretical_mk_alignment_for_contiguous_layout(expected_m: int | None = None) -> int:
+    """The alignment the reference recommends for ``expected_m`` rows per group: on SM90 always 128 (its value
+    there; the SM100 kernels shrink it with ``expected_m``). ``set_mk_alignment_for_contiguous_layout(64)``
+    is still available here and halves the worst-case padding per expert. One optional argument, as in
+    DeepGEMM 2.6.1 (vLLM passes ``num_groups`` too and falls back on the ``TypeError``)."""
+    if expected_m is not None and (isinstance(expected_m, bool) or not isinstance(expected_m, int)):
+        raise TypeError(f"expected_m must be an int or None, got {type(expected_m).__name__} ({expected_m!r})")
+    return DEFAULT_CONTIGUOUS_ALIGNMENT
+
+
+# ---------------------------------------------------------------------------------------------- runtime knobs
+@dataclasses.dataclass
+class RuntimeKnobs:
+    """The reference's runtime knobs that change nothing here, validated and held (process-wide)."""
+
+    tc_util: int = 0
+    ignore_compile_dims: bool = False
+    block_size_multiple_of: tuple[int, int] = (1, 1)
+
+
+#: The one instance.
+RUNTIME_KNOBS = RuntimeKnobs()
+
+
+def set_num_sms(num_sms: int) -> None:
+    """The reference's ``set_num_sms``: ``num_sms`` in ``[0, device SM count]``; 0 restores the device's count
+    (:func:`deep_fp8_gemm.utils.reset_num_sms`), anything else is :func:`deep_fp8_gemm.set_num_sms`."""
+    if num_sms == 0 and type(num_sms) is int:
+        utils.reset_num_sms()
+    else:
+        utils.set_num_sms(num_sms)
+
+
+def get_num_sms() -> int:
+    """SMs the kernels use (:func:`deep_fp8_gemm.get_num_sms`)."""
+    return utils.get_num_sms()
+
+
+def set_tc_util(tc_util: int) -> None:
+    """The reference's tensor-core utilisation hint, an int in ``[0, 100]``; held, no effect here."""
+    if isinstance(tc_util, bool) or not isinstance(tc_util, int):
+        raise TypeError(f"tc_util must be an int, got {type(tc_util).__name__} ({tc_util!r})")
+    if not 0 <= tc_util <= 100:
+        raise ValueError(f"tc_util must be in [0, 100], got {tc_util}")
+    RUNTIME_KNOBS.tc_util = tc_util
+
+
+def get_tc_util() -> int:
+    """The value :func:`set_tc_util` holds (0 by default)."""
+    return RUNTIME_KNOBS.tc_util
+
+
+def set_ignore_compile_dims(value: bool) -> None:
+    """The reference's switch to compile no dims into its kernels; held, no effect here (N and K are always
+    compiled in, M never: ``compiled_dims`` is a hint in this library)."""
+    RUNTIME_KNOBS.ignore_compile_dims = check_bool(value, "value")
+
+
+def set_block_size_multiple_of(value: int | tuple[int, int]) -> None:
+    """The reference's constraint on its heuristic's BLOCK_M / BLOCK_N (an int for both, or a pair); validated
+    (positive ints) and held, no effect on this library's heuristic."""
+    pair = (value, value) if isinstance(value, int) and not isinstance(value, bool) else value
+    pair = _int_tuple(pair, 2, "value")
+    if min(pair) < 1:
+        raise ValueError(f"block size multiples must be positive, got {value!r}")
+    RUNTIME_KNOBS.block_size_multiple_of = pair
+
+
+# ---------------------------------------------------------------------------------------------- absent names
+#: Names Hugging Face transformers' DeepGEMM loader requires to exist before it uses the module
+#: (``integrations/finegrained_fp8.py``), with what they are; none is provided by this library.
+LOADER_REQUIRED_ENTRIES = {
+    "m_grouped_fp8_fp4_gemm_nn_contiguous": "the M-grouped FP8 GEMM with an N-major (NN) B, SM100-only in the "
+                                            "reference (the Hopper kernels read K-major B)",
+    "m_grouped_bf16_gemm_nt_contiguous": "the M-grouped BF16 GEMM (BF16 GEMMs are not part of this library)",
+    "m_grouped_bf16_gemm_nn_contiguous": "the M-grouped BF16 GEMM with an N-major B (not part of this library)",
+    "transform_weights_for_mega_moe": "the Mega MoE weight transform (the fused dispatch + MoE + combine kernel "
+                                      "is not part of this library)",
+    "get_symm_buffer_for_mega_moe": "the Mega MoE symmetric-memory buffer (not part of this library)",
+    "fp8_fp4_mega_moe": "the Mega MoE kernel (not part of this library)",
+}
+
+
+def unsupported_entry(name: str, what: str):
+    """A function named ``name`` that raises ``NotImplementedError`` saying what it is and that it is not
+    provided: for the names a loader insists on (:data:`LOADER_REQUIRED_ENTRIES`)."""
+    def entry(*args, **kwargs):
+        raise NotImplementedError(f"deep_gemm.{name}: {what}; deep_fp8_gemm does not provide it (the name exists "
+                                  "only because a loader requires it)")
+
+    entry.__name__ = entry.__qualname__ = name
+    entry.__doc__ = f"Not provided: {what}. Raises NotImplementedError."
+    return entry
 
 
 def get_mn_major_tma_aligned_tensor(sf: torch.Tensor) -> torch.Tensor:
@@ -368,6 +561,9 @@ def transform_sf_into_required_layout(
 
 
 __all__ = [
+    "LOADER_REQUIRED_ENTRIES",
+    "RUNTIME_KNOBS",
+    "RuntimeKnobs",
     "check_compiled_dims",
     "check_recipe",
     "fp8_fp4_gemm_nt",
@@ -376,10 +572,23 @@ __all__ = [
     "get_k_alignment_for_contiguous_layout",
     "get_mk_alignment_for_contiguous_layout",
     "get_mn_major_tma_aligned_tensor",
+    "get_num_sms",
+    "get_pdl",
+    "get_tc_util",
+    "get_theoretical_mk_alignment_for_contiguous_layout",
     "k_grouped_fp8_gemm_nt_contiguous",
+    "k_grouped_wgrad_gemm_fp8_fp8_fp32_nt",
     "m_grouped_fp8_fp4_gemm_nt_contiguous",
     "m_grouped_fp8_fp4_gemm_nt_masked",
     "m_grouped_fp8_gemm_nt_contiguous",
     "m_grouped_fp8_gemm_nt_masked",
+    "set_block_size_multiple_of",
+    "set_ignore_compile_dims",
+    "set_mk_alignment_for_contiguous_layout",
+    "set_num_sms",
+    "set_pdl",
+    "set_tc_util",
     "transform_sf_into_required_layout",
+    "unsupported_entry",
+    "wgrad_gemm_fp8_fp8_fp32_nt",
 ]

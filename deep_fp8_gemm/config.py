@@ -18,7 +18,7 @@ import enum
 import functools
 import math
 
-from .constants import DEFAULT_CONTIGUOUS_ALIGNMENT, GRAN_K
+from .constants import CONTIGUOUS_ALIGNMENTS, DEFAULT_CONTIGUOUS_ALIGNMENT, GRAN_K
 from .utils import ceil_div
 
 
@@ -42,7 +42,7 @@ FP32_ACCUMULATE_KINDS = ("1d1d", "k_grouped")
 #: The k-grouped kind (policy_k_grouped.cuh): G groups of run-time K_g, so its binary is compiled for shape_k = BLOCK_K
 #: whatever the ks; get_config's k is then only the per-group K the cost model assumes.
 K_GROUPED = "k_grouped"
-#: Kinds whose rows are expert segments padded to CONTIGUOUS_ALIGNMENT ("psum": the prefix-sum ends layout).
+#: Kinds whose rows are expert segments padded to the contiguous alignment ("psum": the prefix-sum ends layout).
 CONTIGUOUS_KINDS = ("contiguous", "psum")
 
 BLOCK_K = GRAN_K  # the kernels' K tile is one scale group: one sA / sB value per row (per block) per K block
@@ -53,7 +53,7 @@ MATH_REGISTER_OVERHEAD = 56
 MAX_STAGES = 16
 BLOCK_M_CHOICES = (64, 128, 256)
 BLOCK_N_CHOICES = tuple(range(16, 161, 16))
-CONTIGUOUS_ALIGNMENT = DEFAULT_CONTIGUOUS_ALIGNMENT  # rows per expert segment in the contiguous layout
+CONTIGUOUS_ALIGNMENT = DEFAULT_CONTIGUOUS_ALIGNMENT  # default rows per expert segment in the contiguous layout
 MULTICAST_MIN_M = 512  # below this the operand shared by a pair is too small to be worth a cluster
 BAND_BLOCKS = 16  # n-blocks per rasterisation band (L2 reuse)
 
@@ -170,6 +170,8 @@ class GemmConfig:
             "NUM_MATH_WARPGROUPS": self.num_math_warpgroups,
             "BAND_WIDTH": self.band_width,
             "SMEM_BYTES": self.smem_bytes,
+            "MATH_REGISTERS": self.math_registers,  # the kernel static_asserts its setmaxnreg split against these
+            "PRODUCER_REGISTERS": PRODUCER_REGISTERS,
             "SPLIT_K": self.split_k,
         }
 
@@ -238,8 +240,9 @@ def check_config(cfg: GemmConfig, smem_limit: int = SMEM_LIMIT) -> None:
     if cfg.kind == K_GROUPED and cfg.shape_k != BLOCK_K:
         problems.append(f"the k-grouped kernel reads K per group at run time: shape_k must be {BLOCK_K}, got "
                         f"{cfg.shape_k}")
-    if not _block_m_fits_layout(cfg.kind, cfg.block_m):
-        problems.append(f"contiguous layout pads experts to {CONTIGUOUS_ALIGNMENT} rows: block_m <= 128, got {cfg.block_m}")
+    if not _block_m_fits_layout(cfg.kind, cfg.block_m, max(CONTIGUOUS_ALIGNMENTS)):
+        problems.append(f"contiguous layout pads experts to at most {max(CONTIGUOUS_ALIGNMENTS)} rows: block_m <= "
+                        f"{max(CONTIGUOUS_ALIGNMENTS)}, got {cfg.block_m}")
     if (cfg.cluster_m, cfg.cluster_n) not in ((1, 1), (1, 2), (2, 1)):
         problems.append(f"cluster must be 1x1, 1x2 or 2x1, got {cfg.cluster_m}x{cfg.cluster_n}")
     num_n_blocks = ceil_div(cfg.shape_n, cfg.block_n) if cfg.shape_n > 0 else 0
@@ -271,9 +274,20 @@ def _problem_rules(kind: str, n: int, k: int, num_groups: int) -> list[str]:
     return problems
 
 
-def _block_m_fits_layout(kind: str, block_m: int) -> bool:
+def _block_m_fits_layout(kind: str, block_m: int, alignment: int) -> bool:
     """A contiguous kind's M tile must not straddle two experts: BLOCK_M <= the layout's alignment."""
-    return kind not in CONTIGUOUS_KINDS or block_m <= CONTIGUOUS_ALIGNMENT
+    return kind not in CONTIGUOUS_KINDS or block_m <= alignment
+
+
+def contiguous_block_m(alignment: int) -> int:
+    """BLOCK_M of the contiguous kinds under a layout ``alignment``: the alignment itself, as in the reference
+    design's SM90 heuristic (its only block_m candidate for the M-grouped contiguous GEMMs). So the blocks of the
+    kernels are the layout's segments' blocks: a block holds rows of one expert and, when the expert's rows end
+    inside it, its tail of padding rows, which the kernels compute with the block's expert (the CPU reference
+    does the same, ``ops.contiguous.reference_validated``)."""
+    if alignment not in CONTIGUOUS_ALIGNMENTS:
+        raise ValueError(f"contiguous_alignment must be one of {CONTIGUOUS_ALIGNMENTS}, got {alignment!r}")
+    return alignment
 
 
 def _split_k_problems(cfg: GemmConfig) -> list[str]:
@@ -421,21 +435,22 @@ def get_config(
     kind: str = "dense",
     num_sms: int = 132,
     smem_limit: int = SMEM_LIMIT,
+    contiguous_alignment: int = CONTIGUOUS_ALIGNMENT,
 ) -> GemmConfig:
     """The config for a problem. ``m``: rows (dense), m_sum (contiguous) or expected rows per group (masked).
     ``kind="k_grouped"``: ``m`` / ``n`` of every group, ``k`` the per-group K the cost model assumes (the config's
-    ``shape_k`` is BLOCK_K: one binary for every ks).
+    ``shape_k`` is BLOCK_K: one binary for every ks). ``contiguous_alignment`` (contiguous / psum kinds only; 64 or
+    128): the layout's alignment, which is their BLOCK_M (:func:`contiguous_block_m`).
 
     Pure and cached: the same arguments always give the same config.
     """
     _validate_problem(m, n, k, num_groups, kind, num_sms)
     m_eff = max(m, 1)
     shape_k = BLOCK_K if kind == K_GROUPED else k
+    block_ms = (contiguous_block_m(contiguous_alignment),) if kind in CONTIGUOUS_KINDS else BLOCK_M_CHOICES
     best = None
-    for block_m in BLOCK_M_CHOICES:
-        if not _block_m_fits_layout(kind, block_m):
-            continue
-        if block_m > 64 and m_eff <= 64:
+    for block_m in block_ms:
+        if block_m > 64 and m_eff <= 64 and kind not in CONTIGUOUS_KINDS:
             continue  # a 64-row tile already covers all rows
         for block_n in BLOCK_N_CHOICES:
             num_stages = _max_stages(block_m, block_n, smem_limit, kind)

@@ -10,7 +10,8 @@ one (the settable contiguous alignment, say) cannot silently change another:
 * :data:`K_GROUP_ALIGNMENT`: every group's K of the k-grouped (weight-gradient) layout is a multiple of it,
   so a group's K blocks are whole scale groups.
 * :data:`DEFAULT_CONTIGUOUS_ALIGNMENT`: rows each expert segment of the M-grouped contiguous layout is padded to
-  (= the contiguous kernels' BLOCK_M at most, so that no M tile straddles two experts).
+  by default (settable to one of :data:`CONTIGUOUS_ALIGNMENTS`; = the contiguous kernels' BLOCK_M, so that no M
+  tile straddles two experts).
 
 "Group" alone means an expert (``num_groups``, ``G``) everywhere else in the code; a 128-element scale group is
 a "scale group".
@@ -26,6 +27,9 @@ GRAN_MN_BLOCK = 128
 K_GROUP_ALIGNMENT = GRAN_K
 #: Rows each expert segment of the contiguous layout is padded to by default.
 DEFAULT_CONTIGUOUS_ALIGNMENT = 128
+#: The alignments the contiguous layout may be set to (``utils.set_mk_alignment_for_contiguous_layout``): each is
+#: the BLOCK_M of the contiguous kernels under it.
+CONTIGUOUS_ALIGNMENTS = (64, 128)
 
 #: Largest finite float8_e4m3fn value; quantised values saturate here.
 FP8_E4M3_MAX = 448.0

@@ -17,12 +17,20 @@ def _flag(name: str) -> bool:
 
 
 def jit_cache_dir() -> Path:
-    """``DFG_JIT_CACHE_DIR``: on-disk cubin cache; default ``$XDG_CACHE_HOME/deep_fp8_gemm`` (``~/.cache``)."""
+    """``DFG_JIT_CACHE_DIR``: the on-disk caches (cubins; ``sim/`` simulator libraries; ``errors/`` sources
+    that failed to compile); default ``$XDG_CACHE_HOME/deep_fp8_gemm`` (``~/.cache``). Checked before use:
+    see :mod:`.runtime.cachedir`."""
     explicit = os.environ.get("DFG_JIT_CACHE_DIR")
     if explicit:
         return Path(explicit).expanduser()
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "deep_fp8_gemm"
+
+
+def jit_cache_dir_is_explicit() -> bool:
+    """Whether ``DFG_JIT_CACHE_DIR`` is set: a directory there that fails the ownership checks is an error,
+    while the default location falls back to a private cache."""
+    return bool(os.environ.get("DFG_JIT_CACHE_DIR"))
 
 
 def jit_disable_cache() -> bool:
@@ -108,6 +116,22 @@ def sim_races() -> str:
     if value in _FALSE:
         return "off"
     raise ValueError(f"DFG_SIM_RACES must be 0, 1 or full, got {value!r}")
+
+
+def sim_timeout_seconds() -> float:
+    """``DFG_SIM_TIMEOUT_SECONDS`` (default 600): wall-clock bound of one simulated launch. A deadlock is reported
+    as soon as no thread can make progress, whatever this is; the bound only stops a livelock, so it is generous:
+    a big simulated GEMM on a loaded 2-core machine takes over a minute."""
+    value = os.environ.get("DFG_SIM_TIMEOUT_SECONDS", "").strip()
+    if not value:
+        return 600.0
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise ValueError(f"DFG_SIM_TIMEOUT_SECONDS must be a number of seconds, got {value!r}") from None
+    if not seconds > 0 or seconds != seconds:
+        raise ValueError(f"DFG_SIM_TIMEOUT_SECONDS must be > 0, got {value!r}")
+    return seconds
 
 
 def sim_exact_mma() -> bool:

@@ -2,7 +2,7 @@
 
 The contiguous grouped GEMM (:func:`deep_fp8_gemm.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous`) reads A as
 ``[m_sum, k]`` with every expert's rows together, each expert segment starting at a multiple of
-``alignment`` (128 = :func:`deep_fp8_gemm.get_m_alignment_for_contiguous_layout`) and padded up to the
+``alignment`` (by default :func:`deep_fp8_gemm.get_m_alignment_for_contiguous_layout`: 128, or 64 when set) and padded up to the
 next multiple with rows whose ``m_indices`` entry is -1. An expert with no tokens gets an empty segment
 (it costs the GEMM nothing).
 
@@ -20,6 +20,8 @@ from __future__ import annotations
 import dataclasses
 
 import torch
+
+from .utils import get_m_alignment_for_contiguous_layout
 
 _INDEX_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 
@@ -78,6 +80,9 @@ class RoutedLayout:
 
 
 def _check_alignment(alignment: object) -> int:
+    """``alignment`` itself (any positive int), or the contiguous alignment for None."""
+    if alignment is None:
+        return get_m_alignment_for_contiguous_layout()
     if isinstance(alignment, bool) or not isinstance(alignment, int):
         raise TypeError(f"alignment must be an int, got {type(alignment).__name__} ({alignment!r})")
     if alignment <= 0:
@@ -95,12 +100,13 @@ def _check_max_m_sum(max_m_sum: object, alignment: int) -> int | None:
     return max_m_sum
 
 
-def max_m_sum_bound(num_slots: int, num_experts: int, alignment: int = 128) -> int:
+def max_m_sum_bound(num_slots: int, num_experts: int, alignment: int | None = None) -> int:
     """Host upper bound of the padded total for ``num_slots`` routed rows over ``num_experts`` experts.
 
     At most ``min(num_experts, num_slots)`` experts are non-empty and each wastes at most ``alignment - 1``
     padding rows, so ``m_sum <= round_up(num_slots + min(E, num_slots) * (alignment - 1), alignment)``.
-    Use it as ``max_m_sum`` to build a layout without reading counts back to the host.
+    Use it as ``max_m_sum`` to build a layout without reading counts back to the host. ``alignment`` None: the
+    contiguous alignment (:func:`deep_fp8_gemm.get_m_alignment_for_contiguous_layout`).
     """
     alignment = _check_alignment(alignment)
     if num_slots < 0 or num_experts < 0:
@@ -110,13 +116,14 @@ def max_m_sum_bound(num_slots: int, num_experts: int, alignment: int = 128) -> i
 
 
 def build_contiguous_layout(
-    tokens_per_expert: torch.Tensor, alignment: int = 128, *, max_m_sum: int | None = None
+    tokens_per_expert: torch.Tensor, alignment: int | None = None, *, max_m_sum: int | None = None
 ) -> ContiguousLayout:
     """Builds the contiguous grouped layout from per-expert token counts.
 
     Args:
         tokens_per_expert: ``[E]`` integer tensor (any integer dtype, any device), ``E >= 1``, entries >= 0.
-        alignment: rows each segment is padded to (128 for the grouped GEMMs).
+        alignment: rows each segment is padded to; None (default): the grouped GEMMs' contiguous alignment,
+            :func:`deep_fp8_gemm.get_m_alignment_for_contiguous_layout` (128, or 64 when set), read per call.
         max_m_sum: ``None`` (default): ``m_sum`` is the exact padded total, read back to the host — this
             **synchronises** when the counts are on a GPU. An int: use this many rows without reading the
             counts (no sync, CUDA-graph / ``torch.compile`` friendly); it must be a multiple of ``alignment``
@@ -177,7 +184,7 @@ def _m_indices(counts: torch.Tensor, offsets: torch.Tensor, m_sum: int) -> torch
 
 
 def route_topk(
-    topk_ids: torch.Tensor, num_experts: int, alignment: int = 128, *, max_m_sum: int | None = None
+    topk_ids: torch.Tensor, num_experts: int, alignment: int | None = None, *, max_m_sum: int | None = None
 ) -> RoutedLayout:
     """Routes top-k expert choices into the contiguous grouped layout.
 
@@ -187,7 +194,8 @@ def route_topk(
             lives elsewhere). Out-of-range ids raise ``ValueError`` on CPU in eager mode, and trip
             ``torch._assert_async`` (no host sync) on GPU and under ``torch.compile``.
         num_experts: ``E >= 1``.
-        alignment: segment alignment (128 for the grouped GEMMs).
+        alignment: segment alignment; None (default): the contiguous alignment, as in
+            :func:`build_contiguous_layout`.
         max_m_sum: as in :func:`build_contiguous_layout` (``None`` syncs once to read the padded total; pass
             ``max_m_sum_bound(T * top_k, E, alignment)`` to stay sync-free).
 

@@ -179,7 +179,10 @@ def per_token_cast_to_fp8(
     zero-padded): ``amax = max(max|x[r, group]|, 1e-4)``, ``scales[r, j] = amax / 448`` and
     ``x_fp8[r, c] = e4m3(clamp(x[r, c] / scales[r, j], -448, 448))`` (round to nearest even), all in float32
     (with ``use_ue8m0`` the scale is ``ceil_to_ue8m0(amax / 448)``). Dequantisation is ``x_fp8.float() *
-    scales`` per group. Non-finite inputs give unspecified results.
+    scales`` per group. Non-finite inputs, as the reference design's casts: a NaN makes its group's scale and
+    codes NaN; an inf makes the scale inf, the group's finite elements 0 and the inf element NaN; with
+    ``use_ue8m0`` the scale becomes ``2^127``, finite elements 0, NaN stays NaN, inf saturates to ±448
+    (README, "Errors and non-finite values"; ``tests/test_nonfinite.py``).
     """
     if type(use_ue8m0) is bool and type(gran_k) is int and gran_k == GROUP and use_packed_ue8m0 is False:
         result = _per_token_eager(x, use_ue8m0)  # eager: cached checks (deep_fp8_gemm._core.plans)

@@ -9,33 +9,44 @@ import functools
 
 import torch
 
-from .constants import DEFAULT_CONTIGUOUS_ALIGNMENT, DEFAULT_NUM_SMS
+from .constants import CONTIGUOUS_ALIGNMENTS, DEFAULT_CONTIGUOUS_ALIGNMENT, DEFAULT_NUM_SMS
 
 
 class ProcessSettings:
-    """Process-wide settings that change which kernel a call runs (today: the :func:`set_num_sms` override).
+    """Process-wide settings that change which kernel a call runs or how its arguments are laid out: the
+    :func:`set_num_sms` override, the contiguous layout's alignment (:func:`set_mk_alignment_for_contiguous_layout`)
+    and the PDL flag (:func:`set_pdl`).
 
     ``key`` is a tuple of every field, rebuilt whenever one changes and interned (equal settings give the same
     tuple object): the per-call fast path reads it once per call as part of a plan's signature and compares it
     by identity, so a new setting is a new plan, never a stale one, and going back to an old setting finds its
-    plans again. Shared by all threads (a setting is process state, as in the reference design).
+    plans again. Shared by all threads (a setting is process state, as in the reference design): ``update``
+    assigns the fields and then the key, each one attribute store, so a thread always reads a complete key; a
+    call that runs while another thread changes a setting may use either value (do not change the alignment
+    while another thread is inside a grouped GEMM or a MoE layer, as with the reference design's setter).
     """
 
-    __slots__ = ("num_sms_override", "key", "_interned")
+    __slots__ = ("num_sms_override", "contiguous_alignment", "pdl", "key", "_interned")
 
     def __init__(self) -> None:
         self._interned: dict[tuple, tuple] = {}
-        self.update(num_sms_override=None)
+        self.num_sms_override: int | None = None
+        self.contiguous_alignment = DEFAULT_CONTIGUOUS_ALIGNMENT
+        self.pdl = False
+        self.update()
 
-    def update(self, *, num_sms_override: int | None) -> None:
-        self.num_sms_override = num_sms_override
-        key = (num_sms_override,)
+    def update(self, **fields) -> None:
+        """Set the named fields (``num_sms_override``, ``contiguous_alignment``, ``pdl``) and rebuild ``key``."""
+        for name, value in fields.items():
+            if name not in ("num_sms_override", "contiguous_alignment", "pdl"):
+                raise TypeError(f"ProcessSettings has no field {name!r}")
+            setattr(self, name, value)
+        key = (self.num_sms_override, self.contiguous_alignment, self.pdl)
         self.key = self._interned.setdefault(key, key)
 
 
 #: The one instance (read by ``_core.plans`` and ``distributed.sms``; written only through the setters here).
 PROCESS_SETTINGS = ProcessSettings()
-
 
 def ceil_div(a: int, b: int) -> int:
     """``ceil(a / b)`` for integers ``a >= 0`` and ``b > 0``."""
@@ -98,12 +109,52 @@ def get_col_major_tma_aligned_tensor(s: torch.Tensor) -> torch.Tensor:
 
 
 def get_m_alignment_for_contiguous_layout() -> int:
-    """Rows every expert segment of the contiguous grouped layout must be padded to (128).
+    """Rows every expert segment of the contiguous grouped layout must be padded to: 128 unless
+    :func:`set_mk_alignment_for_contiguous_layout` chose 64.
 
-    ``m_grouped_gemm_fp8_fp8_bf16_nt_contiguous`` requires ``m_sum`` to be a multiple of this and every
-    expert's segment (including its -1 padding rows) to start at a multiple of it.
+    It is the contiguous kernels' BLOCK_M (one M tile never straddles two experts):
+    ``m_grouped_gemm_fp8_fp8_bf16_nt_contiguous`` requires ``m_sum`` to be a multiple of it and every expert's
+    segment (including its -1 padding rows) to start at a multiple of it; the psum layout's groups start at the
+    previous end rounded up to it; ``deep_fp8_gemm.layout`` and the MoE layers pad to it.
     """
-    return DEFAULT_CONTIGUOUS_ALIGNMENT
+    return PROCESS_SETTINGS.contiguous_alignment
+
+
+def set_mk_alignment_for_contiguous_layout(alignment: int) -> None:
+    """Set the contiguous layout's alignment (process-wide): 64 or 128 (the default).
+
+    It is the BLOCK_M of the contiguous and psum kernels, so it decides the layout every producer of
+    ``m_indices`` / group ends must build (``deep_fp8_gemm.layout``, the MoE layers and expert parallelism read it
+    per call). 64 halves the worst-case padding per expert; 128 gives the larger tiles. Part of every plan's
+    signature (a changed value makes new plans) and read when a layer is traced (``torch.compile``); a CUDA graph
+    replays the kernels it captured, whatever the value is later. Same across threads (see
+    :class:`ProcessSettings`).
+
+    Raises:
+        TypeError: not an int. ValueError: not 64 or 128.
+    """
+    if isinstance(alignment, bool) or not isinstance(alignment, int):
+        raise TypeError(f"alignment must be an int, got {type(alignment).__name__} ({alignment!r})")
+    if alignment not in CONTIGUOUS_ALIGNMENTS:
+        raise ValueError(f"the contiguous layout's alignment must be one of {CONTIGUOUS_ALIGNMENTS} (the contiguous "
+                         f"kernels' BLOCK_M), got {alignment}")
+    PROCESS_SETTINGS.update(contiguous_alignment=alignment)
+
+
+def set_pdl(enabled: bool) -> None:
+    """Record whether kernels may launch with programmatic dependent launch (process-wide flag, default False).
+
+    Held for the PDL launches of the decode work, which will read it; until they land no launch reads it (the
+    kernels run exactly as with False). Part of the plans' signature.
+    """
+    if not isinstance(enabled, bool):
+        raise TypeError(f"enabled must be a bool, got {type(enabled).__name__} ({enabled!r})")
+    PROCESS_SETTINGS.update(pdl=enabled)
+
+
+def get_pdl() -> bool:
+    """The flag :func:`set_pdl` holds."""
+    return PROCESS_SETTINGS.pdl
 
 
 def _device_num_sms() -> int | None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import pwd
 import subprocess
 import sys
 import types
@@ -67,14 +69,24 @@ def test_bad_arguments_exit_2(capsys):
 
 
 def test_cache_info_and_clear(jit_cache, capsys):
-    jit_cache.mkdir()
+    """info: the checks' result, then cubins, simulator libraries and saved failing sources; clear: all three."""
+    (jit_cache / "sim").mkdir(parents=True)
+    (jit_cache / "errors").mkdir()
     (jit_cache / ("0" * 64 + ".json")).write_text("{}")
     (jit_cache / ("0" * 64 + ".cubin")).write_bytes(b"\x7fELF")
+    (jit_cache / "sim" / f"k_{'0' * 24}.json").write_text("{}")
+    (jit_cache / "sim" / f"k_{'0' * 24}.so").write_bytes(b"lib")
+    (jit_cache / "errors" / f"k-{'0' * 16}.cu").write_text("bad")
     assert cli.main(["cache", "info"]) == 0
-    assert f"dir: {jit_cache}\nentries: 1\nbytes: 6\n" == capsys.readouterr().out
+    me = f"{pwd.getpwuid(os.geteuid()).pw_name} (uid {os.geteuid()})"
+    assert capsys.readouterr().out == (
+        f"dir: {jit_cache}\nchecks: ok: owned by {me}, mode 0700; neither it, its subfolders nor its "
+        "ancestors can be written by anyone else (a sticky temp root excepted)\nentries: 1\nbytes: 6\n"
+        f"simulator libraries: 1 (5 bytes in {jit_cache / 'sim'})\n"
+        f"saved failing sources: 1 (3 bytes in {jit_cache / 'errors'})\n")
     assert cli.main(["cache", "clear"]) == 0
-    assert "removed 1 entries" in capsys.readouterr().out
-    assert not any(jit_cache.iterdir())
+    assert "removed 1 entries, 1 simulator libraries and 1 saved sources" in capsys.readouterr().out
+    assert sorted(p.name for p in jit_cache.rglob("*")) == ["errors", "sim"]  # the owner-only folders stay
 
 
 def test_module_entry_point_env_and_cache(jit_cache):

@@ -26,7 +26,7 @@ import torch
 
 import deep_fp8_gemm as deep_gemm  # the drop-in spelling
 from tests._gpu import requires_sm90
-from tests._operands import gemm64
+from tests._operands import dequant64, gemm64
 
 N, K = 256, 256  # one (N, K) everywhere: the simulator builds one kernel per config
 ALIGN = 128
@@ -369,3 +369,280 @@ def test_gpu_compat_names_with_ue8m0_and_psum():
                                                ws[g].cpu()).value)
             assert deep_gemm.calc_diff(out[start:end].cpu(), expected) < 1e-3
         previous = end
+
+
+# ---------------------------------------------------------------------------------------------- issue 23
+# Each test below names the mismatch of issue 23 ("Loaded unchanged where DeepGEMM's users run") it pins; each
+# fails on the code before that issue (fe941c0).
+@pytest.fixture
+def alignment(request):
+    """The contiguous alignment for one test (``indirect`` param, default 128), restored to 128 afterwards."""
+    value = getattr(request, "param", ALIGN)
+    deep_gemm.set_mk_alignment_for_contiguous_layout(value)
+    yield value
+    deep_gemm.set_mk_alignment_for_contiguous_layout(ALIGN)
+
+
+def _reference_generator_layout(sizes, align, psum, seed):
+    """DeepGEMM 2.6's ``tests/generators.py::generate_m_grouped_contiguous`` on CPU tensors: expert segments
+    padded to ``align``, A's padding rows zeroed in bf16 before the cast, the float64 model over every row
+    (padding rows: 0)."""
+    g = torch.Generator().manual_seed(seed)
+    m = sum((s + align - 1) // align * align for s in sizes)
+    x = torch.randn(m, K, generator=g).bfloat16()
+    layout, ends, start = torch.full((m,), -1, dtype=torch.int32), [], 0
+    for e, s in enumerate(sizes):
+        layout[start:start + s] = e
+        x[start + s:start + (s + align - 1) // align * align] = 0
+        ends.append(start + s)
+        start += (s + align - 1) // align * align
+    a, sa = deep_gemm.per_token_cast_to_fp8(x, False)
+    w, ws = _cast_weights(len(sizes), False, seed + 1)
+    expected = torch.zeros(m, N, dtype=torch.float64)
+    start = 0
+    for e, s in enumerate(sizes):
+        stop = start + (s + align - 1) // align * align
+        if stop > start:
+            expected[start:stop] = torch.from_numpy(gemm64(a[start:stop], sa[start:stop].contiguous(), w[e],
+                                                           ws[e]).value)
+        start = stop
+    grouped = torch.tensor(ends, dtype=torch.int32) if psum else layout
+    return (a, sa), (w, ws), grouped, expected
+
+
+@pytest.mark.parametrize("alignment", [64, 128], indirect=True)
+def test_mismatch1_padding_rows_are_computed_as_the_kernels_do(path, alignment):
+    # DeepGEMM 2.6 tests/test_fp8_fp4.py::test_m_grouped_gemm_contiguous: zero A's padding rows, compare the whole
+    # output. The kernels compute padding rows that share a BLOCK_M (= alignment) block with valid rows with the
+    # block's expert, so they come out exactly 0; the CPU path used to leave them unwritten.
+    lhs, rhs, m_indices, expected = _reference_generator_layout([90, 0, 130, 64], alignment, psum=False, seed=21)
+    for ensure_zero_padding in (True, False):  # accepted, no effect on SM90 (the reference's too)
+        out = _nan(*expected.shape)
+        deep_gemm.m_grouped_fp8_gemm_nt_contiguous(lhs, rhs, out, m_indices, ensure_zero_padding=ensure_zero_padding)
+        assert not out.isnan().any(), "padding rows left unwritten"
+        assert (out[m_indices < 0] == 0).all()
+        assert deep_gemm.calc_diff(out, expected) < 1e-3
+
+
+def test_mismatch1_padding_rows_of_the_psum_layout(path):
+    lhs, rhs, ends, expected = _reference_generator_layout([90, 0, 130, 1], ALIGN, psum=True, seed=22)
+    out = _nan(*expected.shape)
+    deep_gemm.m_grouped_fp8_gemm_nt_contiguous(lhs, rhs, out, ends, use_psum_layout=True)
+    assert not out.isnan().any(), "padding rows left unwritten"
+    assert deep_gemm.calc_diff(out, expected) < 1e-3
+
+
+def test_mismatch1_padding_only_blocks_stay_untouched():
+    # A block of padding only (the sync-free layout's tail, max_m_sum) is skipped by the kernels: left as it was.
+    m_indices = torch.tensor([0] * 100 + [-1] * 28 + [-1] * 128, dtype=torch.int32)
+    a, sa = _cast_activations(256, False, seed=23)
+    w, ws = _cast_weights(1, False, seed=24)
+    out = _nan(256, N)
+    deep_gemm.m_grouped_fp8_gemm_nt_contiguous((a, sa), (w, ws), out, m_indices)
+    assert not out[:128].isnan().any() and out[128:].isnan().all()
+    _assert_close(out[:128], a[:128], sa[:128], w[0], ws[0])
+
+
+def test_mismatch2_k_grouped_takes_use_psum_layout_and_the_reference_names():
+    # DeepGEMM 2.6 tests/test_fp8_fp4.py::test_k_grouped_gemm_contiguous always passes use_psum_layout=False;
+    # its arguments are named ks_cpu and grouped_layout.
+    m, n, ks = 128, 128, [128, 0, 256]
+    g = torch.Generator().manual_seed(25)
+    xa = [torch.randn(k, m, generator=g) for k in ks]
+    xb = [torch.randn(k, n, generator=g) for k in ks]
+    a, sa = deep_gemm.transpose_cast_to_fp8_k_grouped(torch.cat(xa), ks)
+    b, sb = deep_gemm.transpose_cast_to_fp8_k_grouped(torch.cat(xb), ks)
+    d = torch.zeros(len(ks), m, n)
+    deep_gemm.k_grouped_fp8_gemm_nt_contiguous((a, sa), (b, sb), d, ks_cpu=ks,
+                                               grouped_layout=torch.tensor(ks, dtype=torch.int32), c=d,
+                                               recipe=(1, 1, 128), compiled_dims="mn", use_psum_layout=False)
+    d2 = torch.zeros_like(d)
+    deep_gemm.k_grouped_fp8_gemm_nt_contiguous((a, sa), (b, sb), d2, ks, torch.tensor(ks, dtype=torch.int32), d2,
+                                               (1, 1, 128), "mn", False)
+    assert torch.equal(d, d2) and d.abs().sum() > 0 and (d[1] == 0).all()
+    with pytest.raises(NotImplementedError, match="psum layout"):
+        deep_gemm.k_grouped_fp8_gemm_nt_contiguous((a, sa), (b, sb), d, ks, torch.tensor(ks, dtype=torch.int32), d,
+                                                   use_psum_layout=True)
+
+
+def test_mismatch3_alignment_getters_setters_and_vllms_calls(alignment):
+    # vllm/utils/deep_gemm.py: get_theoretical_mk_alignment_for_contiguous_layout(expected_m, num_groups), falling
+    # back to the one-argument form on TypeError; mk_alignment_scope(value) = get, set, restore.
+    impl = deep_gemm.get_theoretical_mk_alignment_for_contiguous_layout
+    assert impl() == impl(None) == impl(expected_m=16) == impl(4096) == 128  # the reference's SM90 value
+    with pytest.raises(TypeError):
+        impl(256, 8)  # DeepGEMM 2.6.1 takes expected_m only: vLLM then retries with per-group m
+    assert impl(-(-256 // 8)) == 128
+
+    @contextlib.contextmanager
+    def mk_alignment_scope(value):
+        prev = deep_gemm.get_mk_alignment_for_contiguous_layout()
+        deep_gemm.set_mk_alignment_for_contiguous_layout(value)
+        try:
+            yield
+        finally:
+            deep_gemm.set_mk_alignment_for_contiguous_layout(prev)
+
+    with mk_alignment_scope(64):
+        assert deep_gemm.get_mk_alignment_for_contiguous_layout() == 64
+        assert deep_gemm.get_m_alignment_for_contiguous_layout() == deep_gemm.get_k_alignment_for_contiguous_layout() == 64
+    assert deep_gemm.get_mk_alignment_for_contiguous_layout() == 128
+    for bad in (32, 96, 256, 0):
+        with pytest.raises(ValueError, match="must be one of"):
+            deep_gemm.set_mk_alignment_for_contiguous_layout(bad)
+    for bad in ("64", 64.0, True):
+        with pytest.raises(TypeError):
+            deep_gemm.set_mk_alignment_for_contiguous_layout(bad)
+    assert deep_gemm.get_mk_alignment_for_contiguous_layout() == 128
+
+
+@pytest.mark.parametrize("alignment", [64, 128], indirect=True)
+def test_mismatch3_the_alignment_is_the_contiguous_block_m_and_the_layouts(alignment):
+    from deep_fp8_gemm import layout
+    from deep_fp8_gemm.ops import contiguous, psum
+
+    a = torch.empty(4 * alignment, K, dtype=torch.float8_e4m3fn)
+    b = torch.empty(3, N, K, dtype=torch.float8_e4m3fn)
+    for m_sum in (alignment, 4 * alignment, 64 * alignment):
+        assert contiguous.plan(torch.empty(m_sum, K), b, None, 132).block_m == alignment
+    if alignment == 128:
+        assert psum.plan(a, b, None, 132).block_m == 128
+    else:  # scheduler.cuh's psum_block_group rounds group starts up to a fixed 128: refused, not miscomputed
+        with pytest.raises(NotImplementedError, match="psum_block_group"):
+            psum.plan(a, b, None, 132)
+    routed = layout.route_topk(torch.tensor([[0, 2], [2, -1], [0, 1]]), 3)
+    assert routed.layout.alignment == alignment and routed.layout.m_sum == 3 * alignment
+    assert layout.max_m_sum_bound(10, 4) == (10 + 4 * (alignment - 1) + alignment - 1) // alignment * alignment
+    assert psum.psum_group_rows([10, 10, 80]) == [(0, 10), (alignment, alignment), (alignment, 80 if alignment == 64 else 128)]
+
+
+def test_mismatch3_m_indices_check_and_plans_follow_the_alignment(alignment):
+    from deep_fp8_gemm._core.plans import GEMM_ENTRIES
+
+    m_indices = torch.tensor([0] * 50 + [-1] * 14 + [1] * 64 + [2] * 10 + [-1] * 54, dtype=torch.int32)  # 64-aligned
+    a, sa = _cast_activations(192, False, seed=26)
+    w, ws = _cast_weights(3, False, seed=27)
+    out = _nan(192, N)
+    with pytest.raises(ValueError, match=r"multiple of get_m_alignment_for_contiguous_layout\(\)=128"):
+        deep_gemm.m_grouped_fp8_gemm_nt_contiguous((a, sa), (w, ws), out, m_indices)
+    prepared = deep_gemm.prepare_gemm("contiguous", (a[:128], sa[:128]), (w, ws), out[:128], m_indices[:128])
+    plans = GEMM_ENTRIES["contiguous"].plans
+    deep_gemm.set_mk_alignment_for_contiguous_layout(64)
+    before = len(plans)
+    deep_gemm.m_grouped_fp8_gemm_nt_contiguous((a, sa), (w, ws), out, m_indices)
+    assert len(plans) == before + 1, "a new alignment is a new plan signature"
+    for e in range(3):
+        rows = (m_indices == e).nonzero().flatten()
+        _assert_close(out[rows], a[rows], sa[rows], w[e], ws[e])
+    assert not out[50:64].isnan().any(), "padding rows of expert 0's 64-row block are computed"
+    with pytest.raises(RuntimeError, match="prepare it again"):
+        prepared((a[:128], sa[:128]), (w, ws), out[:128], m_indices[:128])
+
+
+def test_mismatch3_moe_layers_follow_the_alignment(alignment):
+    # FP8MoE / fp8_moe_forward route with the alignment of the call; the output does not depend on it (padding
+    # rows are never combined), nor do the training layer's gradients (its k-grouped weight gradient repads the
+    # 64-row segments to whole 128-row K blocks with zero rows).
+    from deep_fp8_gemm.autograd import fp8_moe
+    from deep_fp8_gemm.moe import fp8_moe_forward
+
+    g = torch.Generator().manual_seed(28)
+    experts, hidden, inter, tokens = 4, 128, 128, 40
+    w13 = torch.randn(experts, 2 * inter, hidden, generator=g) * 0.05
+    w2 = torch.randn(experts, hidden, inter, generator=g) * 0.05
+    x = torch.randn(tokens, hidden, generator=g).bfloat16()
+    ids = torch.randint(0, experts, (tokens, 2), generator=g)
+    weights = torch.rand(tokens, 2, generator=g)
+    q13 = [deep_gemm.per_block_cast_to_fp8(w13[e]) for e in range(experts)]
+    q2 = [deep_gemm.per_block_cast_to_fp8(w2[e]) for e in range(experts)]
+    args = (torch.stack([q[0] for q in q13]), torch.stack([q[1] for q in q13]), torch.stack([q[0] for q in q2]),
+            torch.stack([q[1] for q in q2]))
+    results = {}
+    for value in (128, 64):
+        deep_gemm.set_mk_alignment_for_contiguous_layout(value)
+        y = fp8_moe_forward(x, ids, weights, *args)
+        xs = x.clone().requires_grad_()
+        m13, m2 = w13.clone().requires_grad_(), w2.clone().requires_grad_()
+        fp8_moe(xs, ids, weights, m13, m2).float().square().sum().backward()
+        results[value] = (y, xs.grad, m13.grad, m2.grad)
+    for got, want in zip(results[64], results[128]):
+        assert torch.equal(got, want)
+
+
+def test_mismatch5_one_x_weight_gradient_names():
+    # DeepGEMM 1.x deep_gemm/jit_kernels/wgrad_gemm.py: out += lhs · rhsᵀ (accumulated), 1x128 scales as [mn, kb]
+    # or K-block-major [kb, mn]; the k-grouped form takes flat operands, [sum kb, mn] scales and batch_sizes.
+    m, n = 128, 64
+    g = torch.Generator().manual_seed(29)
+    for ks in ([128, 0, 256], [96, 160]):
+        x = torch.randn(sum(ks), m, generator=g)
+        y = torch.randn(sum(ks), n, generator=g)
+        a_parts, b_parts, sa_parts, sb_parts, start = [], [], [], [], 0
+        for k in ks:
+            if k == 0:
+                qa, qsa = torch.empty(m, 0, dtype=torch.float8_e4m3fn), torch.empty(m, 0)
+                qb, qsb = torch.empty(n, 0, dtype=torch.float8_e4m3fn), torch.empty(n, 0)
+            else:
+                qa, qsa = deep_gemm.per_token_cast_to_fp8(x[start:start + k].t().contiguous())
+                qb, qsb = deep_gemm.per_token_cast_to_fp8(y[start:start + k].t().contiguous())
+            a_parts.append(qa.reshape(-1)), b_parts.append(qb.reshape(-1))
+            sa_parts.append(qsa.t()), sb_parts.append(qsb.t())  # K-block-major [kb, mn]
+            start += k
+        out0 = torch.randn(len(ks), m, n, generator=g)
+        out = out0.clone()
+        deep_gemm.k_grouped_wgrad_gemm_fp8_fp8_fp32_nt((torch.cat(a_parts), torch.cat(sa_parts)),
+                                                       (torch.cat(b_parts), torch.cat(sb_parts)), out, ks)
+        for i, k in enumerate(ks):
+            if k == 0:
+                assert torch.equal(out[i], out0[i])
+                continue
+            qa, qb = a_parts[i].view(m, k), b_parts[i].view(n, k)
+            product = dequant64(qa, sa_parts[i].t(), 1) @ dequant64(qb, sb_parts[i].t(), 1).T  # per-row B scales
+            expected = torch.from_numpy(product).float() + out0[i]
+            assert deep_gemm.calc_diff(out[i], expected) < 1e-6
+            single = out0[i].clone()
+            deep_gemm.wgrad_gemm_fp8_fp8_fp32_nt((qa, sa_parts[i].t().contiguous()), (qb, sb_parts[i]), single)
+            assert torch.equal(single, out[i])
+
+
+def test_mismatch7_contiguous_positional_order(path):
+    # csrc/apis/gemm.hpp: (a, b, d, grouped_layout, recipe, recipe_a, recipe_b, compiled_dims, disable_ue8m0_cast,
+    # use_psum_layout, ensure_zero_padding, expected_m_for_psum_layout), every one positional.
+    lhs, rhs, ends, expected = _reference_generator_layout([128, 70], ALIGN, psum=True, seed=30)
+    out = _nan(*expected.shape)
+    deep_gemm.m_grouped_fp8_gemm_nt_contiguous(lhs, rhs, out, ends, None, None, None, "nk", False, True, True, 128)
+    assert deep_gemm.calc_diff(out, expected) < 1e-3
+    with pytest.raises(TypeError, match="ensure_zero_padding must be a bool"):
+        deep_gemm.m_grouped_fp8_gemm_nt_contiguous(lhs, rhs, out, ends, None, None, None, "nk", False, True, 128)
+
+
+def test_runtime_knobs():
+    assert deep_gemm.get_pdl() is False
+    deep_gemm.set_pdl(True)  # vllm/utils/deep_gemm.py _apply_pdl on SM90
+    try:
+        assert deep_gemm.get_pdl() is True
+        from deep_fp8_gemm.utils import PROCESS_SETTINGS
+
+        assert PROCESS_SETTINGS.key[-1] is True, "the PDL flag is part of the plans' signature"
+    finally:
+        deep_gemm.set_pdl(False)
+    with pytest.raises(TypeError):
+        deep_gemm.set_pdl(1)
+    deep_gemm.set_tc_util(80)
+    assert deep_gemm.get_tc_util() == 80
+    deep_gemm.set_tc_util(0)
+    with pytest.raises(ValueError):
+        deep_gemm.set_tc_util(101)
+    deep_gemm.set_ignore_compile_dims(False)
+    deep_gemm.set_block_size_multiple_of(32)
+    deep_gemm.set_block_size_multiple_of((64, 16))
+    with pytest.raises(ValueError):
+        deep_gemm.set_block_size_multiple_of(0)
+    deep_gemm.set_block_size_multiple_of(1)
+    from deep_fp8_gemm import compat
+
+    device_count = compat.get_num_sms()
+    compat.set_num_sms(7)
+    assert compat.get_num_sms() == 7
+    compat.set_num_sms(0)  # the reference's "device count again"
+    assert compat.get_num_sms() == device_count

@@ -82,3 +82,39 @@ def test_split_k_graph_replay_with_new_inputs():
         graph.replay()
         torch.cuda.synchronize()
         assert not out.isnan().any() and calc_diff(out, _reference(a, sa, b, sb, m, n)) < 1e-3, seed
+
+
+def test_split_k_graphs_outlive_workspace_growth_and_run_side_by_side():
+    """Review scenario (issue 25, item 3): a graph captures a small split-K launch; a later eager call needs a
+    larger workspace (the per-stream cache grows and frees the old pair); a second graph captures a large launch;
+    both graphs are replayed at once on two streams. Each captured launch owns its workspace, so both agree with
+    the reference and neither sees the other's counters."""
+    shapes = [(16, 576, 7168), (64, 2112, 7168)]
+    for m, n, k in shapes + [(128, 2112, 7168)]:  # workspaces (132 SMs): 1 MiB, 2.1 MiB, then 4.4 MiB
+        assert get_config(m, n, k, 1, "dense", dfg.get_num_sms()).split_k > 1, (m, n, k)
+    stream = torch.cuda.Stream()
+    graphs, cases = [], []
+    with torch.cuda.stream(stream):
+        for i, (m, n, k) in enumerate(shapes):
+            a, sa, b, sb = operands((m,), n, k, seed=10 + i)
+            out = nan_like((m, n))
+            dfg.gemm_fp8_fp8_bf16_nt((a, sa), (b, sb), out)  # warm-up (JIT, plan) outside the capture
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=stream):
+                dfg.gemm_fp8_fp8_bf16_nt((a, sa), (b, sb), out)
+            graphs.append(graph)
+            cases.append((a, sa, b, sb, out, m, n))
+            big = operands((128,), 2112, 7168, seed=99)  # eager growth of the stream's cached workspace
+            dfg.gemm_fp8_fp8_bf16_nt(big[:2], big[2:], nan_like((128, 2112)))
+    torch.cuda.synchronize()
+    side = [torch.cuda.Stream(), torch.cuda.Stream()]
+    for _ in range(3):
+        for (a, sa, b, sb, out, m, n) in cases:
+            out.fill_(float("nan"))
+        torch.cuda.synchronize()
+        for graph, s in zip(graphs, side):
+            with torch.cuda.stream(s):
+                graph.replay()
+        torch.cuda.synchronize()
+        for (a, sa, b, sb, out, m, n) in cases:
+            assert not out.isnan().any() and calc_diff(out, _reference(a, sa, b, sb, m, n)) < 1e-3, (m, n)

@@ -654,3 +654,53 @@ def test_split_k_plan_packs_the_workspace_of_its_stream(fake_gpu, monkeypatch):
     assert other[0].data_ptr() != counters.data_ptr()
     split_k.clear()
     utils.reset_num_sms()
+
+
+def test_split_k_launch_captured_into_a_graph_gets_its_own_workspace(fake_gpu, monkeypatch):
+    """A split-K launch captured into a CUDA graph bakes its workspace's addresses into the graph, which may be
+    replayed after later eager calls have grown (and freed) the per-stream cached pair, or on another stream
+    next to another graph: so a captured launch, on the plan path and on the explicit-config path, gets a pair
+    of its own and never the cached one, and leaves the cache as it was (deep_fp8_gemm/kernels/split_k.py)."""
+    from deep_fp8_gemm.kernels import split_k
+
+    utils.set_num_sms(132)
+    split_k.clear()
+    m, n, k = 16, 576, 7168
+    a, sa = dfg.per_token_cast_to_fp8(torch.randn(m, k))
+    b, sb = dfg.per_block_cast_to_fp8(torch.randn(n, k))
+    sa = utils.get_col_major_tma_aligned_tensor(sa)
+    out = torch.zeros(m, n, dtype=torch.bfloat16)
+    cfg = dfg.config.get_config(m, n, k, 1, "dense", 132)
+    assert cfg.split_k > 1
+    fake_gpu.on()
+    dfg.gemm_fp8_fp8_bf16_nt((a, sa), (b, sb), out)  # eager: the plan's pair is the stream's cached one
+    counters, partials = split_k.buffers(cfg, m, a.device, 0x77)
+    cached = struct.pack("<QQ", counters.data_ptr(), partials.data_ptr())
+    assert fake_gpu.launches[-1]["params"][560:576] == cached
+    sizes = (counters.numel(), partials.numel())
+
+    allocated = []
+    real_zeros = torch.zeros
+
+    def zeros(*args, **kwargs):  # the captured pair's counters: zeroed when allocated (the graph records it)
+        t = real_zeros(*args, **kwargs)
+        allocated.append(t)
+        return t
+
+    monkeypatch.setattr(target, "is_capturing", lambda index: True)
+    monkeypatch.setattr(split_k.torch, "zeros", zeros)
+    dfg.gemm_fp8_fp8_bf16_nt((a, sa), (b, sb), out)
+    planned = fake_gpu.launches[-1]["params"][560:576]
+    gemm.launch_1d2d(cfg, a, sa, b, sb, out, None, "cuda")
+    explicit = fake_gpu.launches[-1]["params"][560:576]
+    assert len(allocated) == 2 and all(t.dtype == torch.int32 and not t.any() for t in allocated)
+    for captured in (planned, explicit):
+        assert captured != cached and struct.unpack("<QQ", captured)[0] != 0
+    assert split_k.buffers(cfg, m, a.device, 0x77)[0].data_ptr() == counters.data_ptr()  # the cache untouched
+    assert (counters.numel(), partials.numel()) == sizes
+
+    monkeypatch.setattr(target, "is_capturing", lambda index: False)  # eager again: back to the cached pair
+    dfg.gemm_fp8_fp8_bf16_nt((a, sa), (b, sb), out)
+    assert fake_gpu.launches[-1]["params"][560:576] == cached
+    split_k.clear()
+    utils.reset_num_sms()

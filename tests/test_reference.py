@@ -57,7 +57,13 @@ def test_grouped_contiguous_with_empty_experts_and_padding():
         assert rows.numel() == counts[expert]
         if rows.numel():
             assert_within_one_bf16_ulp(out[rows], gemm64(a[rows], sa[rows], b[expert], sb[expert]))
-    assert (out[m_indices < 0] == SENTINEL).all(), "padding rows were written"
+    # Padding rows (the tail of each 128-row block, BLOCK_M = the alignment) are computed with their block's
+    # expert, as the kernels compute them (issue 23): each segment's tail here shares a block with its rows.
+    for expert, count in enumerate(counts):
+        start = sum(-(-c // 128) * 128 for c in counts[:expert])
+        tail = torch.arange(start + count, start + -(-count // 128) * 128)
+        if tail.numel():
+            assert_within_one_bf16_ulp(out[tail], gemm64(a[tail], sa[tail], b[expert], sb[expert]))
     out_op = torch.full_like(out, SENTINEL)
     dfg.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous((a, sa), (b, sb), out_op, m_indices)
     valid = m_indices >= 0
@@ -73,7 +79,9 @@ def test_grouped_contiguous_unsorted_rows():
     for expert in range(3):
         rows = (m_indices == expert).nonzero().flatten()
         assert_within_one_bf16_ulp(out[rows], gemm64(a[rows], sa[rows], b[expert], sb[expert]))
-    assert (out[m_indices < 0] == SENTINEL).all()
+    # The padding rows take the block's expert by the kernels' rule, max(first row's, last row's) = max(2, 1).
+    pad = (m_indices < 0).nonzero().flatten()
+    assert_within_one_bf16_ulp(out[pad], gemm64(a[pad], sa[pad], b[2], sb[2]))
 
 
 def test_grouped_masked_with_empty_and_full_groups():

@@ -112,7 +112,7 @@ PLANTED = {
                                "        Pipe pipe;\n        TileInfo tile;\n        while (next_tile(scheduler, tile)) {\n",
                                "        TileInfo tile;\n        while (next_tile(scheduler, tile)) {\n            Pipe pipe;\n"),
     # D / C of group g at the wrong offset
-    "output_group_offset": ("kernels/fp8_gemm.cuh",
+    "output_group_offset": ("output.cuh",
                             "const u64 group_rows = kKGrouped ? static_cast<u64>(tile.group) * params.rows : 0u;",
                             "const u64 group_rows = kKGrouped ? static_cast<u64>(tile.group) * (params.rows - 1) : 0u;"),
     # TMA through a host-written map in global memory without the acquire fence

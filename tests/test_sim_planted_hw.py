@@ -24,6 +24,7 @@ from .test_sim_gemm import make_config, quantised_operands, run_sim
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="the simulator builds kernels with g++")
 
 GEMM = "kernels/fp8_gemm.cuh"
+OUTPUT = "output.cuh"
 SMALL = dict(m=64, n=128, k=256, block_m=64, block_n=64, cluster=(1, 1))
 CLUSTER = dict(m=128, n=128, k=256, block_m=64, block_n=64, cluster=(1, 2))
 
@@ -31,10 +32,10 @@ CLUSTER = dict(m=128, n=128, k=256, block_m=64, block_n=64, cluster=(1, 2))
 PLANTED = {
     # (1) proxies: the epilogue's stmatrix writes reach the TMA store without fence.proxy.async.
     "proxy_epilogue_without_fence": (
-        GEMM,
-        "            Store::write_smem(smem + kSmemD, acc, wg_row0, warp_in_wg, lane);\n"
-        "            hal::fence_view_async_shared();\n",
-        "            Store::write_smem(smem + kSmemD, acc, wg_row0, warp_in_wg, lane);\n",
+        OUTPUT,
+        "        Tile::write_smem(smem_d, acc, t.wg_row0, t.warp_in_wg, t.lane);\n"
+        "        hal::fence_view_async_shared();\n",
+        "        Tile::write_smem(smem_d, acc, t.wg_row0, t.warp_in_wg, t.lane);\n",
         SMALL, r"proxy: a TMA store \(async proxy\) reads smem\+(0x)?[0-9a-f]+ of cta \d+, written through the generic "
                r"proxy by thread \d+ \(epilogue\.cuh:\d+\) with no fence", (0,),
     ),
@@ -78,15 +79,15 @@ PLANTED = {
     # (3) convergence: the store leader reaches the epilogue's named barrier at another call site than the
     # rest of its warp (same barrier, same count: it used to run clean).
     "convergence_named_barrier_split_call_site": (
-        GEMM,
-        "            if (store_leader)\n                hal::tma_store_wait_read<0>();\n"
-        "            hal::named_barrier_sync(1 + wg, 128);\n",
-        "            if (store_leader) {\n                hal::tma_store_wait_read<0>();\n"
-        "                hal::named_barrier_sync(1 + wg, 128);\n            } else {\n"
-        "                hal::named_barrier_sync(1 + wg, 128);\n            }\n",
+        OUTPUT,
+        "        if (leader)\n            hal::tma_store_wait_read<0>();\n"
+        "        hal::named_barrier_sync(1 + t.wg, 128);\n",
+        "        if (leader) {\n            hal::tma_store_wait_read<0>();\n"
+        "            hal::named_barrier_sync(1 + t.wg, 128);\n        } else {\n"
+        "            hal::named_barrier_sync(1 + t.wg, 128);\n        }\n",
         SMALL, r"convergence: \.aligned operations diverged in warp \d+: this thread executed its \d+\w\w \.aligned "
                r"operation bar\.sync \(named_barrier_sync\) at a different call site than thread \d+ "
-               r"\(kernels/fp8_gemm\.cuh:\d+\)", (0,),
+               r"\(output\.cuh:\d+\)", (0,),
     ),
     # (3) convergence: elect.sync reached by one lane only (the producer picked by thread index, as before the
     # elected producer): the other 31 lanes of its warp exit without it.

@@ -97,7 +97,7 @@ PLANTED = {
         "                            hal::warp_sync();\n                            release_stage(empty, stage, lane);\n",
         "                            release_stage(empty, stage, lane);\n",
         run_1d1d, "race", ("policy_1d1d.cuh", "const float s0 = sb[8 * j], s1 = sb[8 * j + 1];"),
-        ("kernels/fp8_gemm.cuh", "hal::tma_load_3d(sb, &params.tma_d, bar, n0, static_cast<i32>(kb), 0);")),
+        ("kernels/fp8_gemm.cuh", "hal::tma_load_3d(sb, &params.tma_sb, bar, n0, static_cast<i32>(kb), 0);")),
     # Quantiser: the per-group amax read back from shared memory without the bar.sync after the partials.
     "quant_amax_read_without_barrier": (
         "kernels/quant.cuh", "    partial[tid] = abs_max_bits(v);\n    hal::sync_threads();\n",

@@ -3,7 +3,8 @@
 A decode GEMM runs for 3-25 µs on the GPU, so the Python in front of its launch must cost about one launch.
 Everything the ops check and compute before a launch, except the data pointers, is a function of the
 arguments' *signature*: per tensor ``(shape, stride(), dtype, device)``, plus ``expected_m`` and the process
-settings (``utils.PROCESS_SETTINGS.key``: the :func:`~deep_fp8_gemm.set_num_sms` override). So an eager call
+settings (``utils.PROCESS_SETTINGS.key``: the :func:`~deep_fp8_gemm.set_num_sms` override, the contiguous
+alignment, the PDL flag). So an eager call
 looks up a **plan** for its signature: first among the plans last used with the same weight (``id(B)``;
 ``id(x)``-free for the quantisers), each guarded by torch's C++ tensor-metadata check (``TensorGuards``, dynamo's
 own: sizes, strides, dtype, device, plus dispatch keys and requires_grad, which can only cause a miss), else in
@@ -214,19 +215,25 @@ class GemmPlan:
         if self.workspace is None:
             _pack_tail(view, _TAIL_START, psb, pgl, self.rows, 0, 0)
         else:
-            ws = self.workspace.get(stream)
-            if ws is None:
-                ws = self._split_k_workspace(stream)
+            ws = self._split_k_workspace(stream)
             _pack_tail(view, _TAIL_START, psb, pgl, self.rows, ws[0], ws[1])
         launcher.launch(slot, stream)
 
     def _split_k_workspace(self, stream: int) -> tuple:
-        """This plan's split-K buffers on ``stream``, held by the plan (so its pointers stay valid even after the
-        shared cache grows and replaces them; the counters stay zero between launches either way)."""
-        counters, partials = split_k.buffers(self.cfg, self.rows, self.device, stream)
-        if len(self.workspace) >= MAX_WORKSPACES:
-            self.workspace.clear()
-        ws = self.workspace[stream] = (counters.data_ptr(), partials.data_ptr(), counters, partials)
+        """``(counters, partials, ...)`` of this launch: eager, this plan's buffers on ``stream``, held by the plan
+        (so its pointers stay valid even after the shared cache grows and replaces them; the counters stay zero
+        between launches either way); captured into a CUDA graph, a pair of the capture's own, never cached
+        (``kernels/split_k.py``: a graph's baked-in workspace must outlive later growth and not be shared with
+        another graph)."""
+        if target.is_capturing(self.index):
+            counters, partials = split_k.buffers(self.cfg, self.rows, self.device, stream, capturing=True)
+            return counters.data_ptr(), partials.data_ptr(), counters, partials
+        ws = self.workspace.get(stream)
+        if ws is None:
+            counters, partials = split_k.buffers(self.cfg, self.rows, self.device, stream)
+            if len(self.workspace) >= MAX_WORKSPACES:
+                self.workspace.clear()
+            ws = self.workspace[stream] = (counters.data_ptr(), partials.data_ptr(), counters, partials)
         return ws
 
     def _encode(self, a, sa, b, out, key) -> bytes:
@@ -368,14 +375,22 @@ class PreparedGemm:
     ``p(lhs, rhs, out, grouped_layout)`` (psum; likewise).
     Data pointers may change from call to call and are still checked (16-byte alignment, no overlap of out
     with an input), with the ops' messages. CUDA-graph capturable like the ops (after one call).
+    A contiguous / psum GEMM is prepared for the contiguous alignment of the time (its BLOCK_M): called after
+    ``set_mk_alignment_for_contiguous_layout`` changed it, it raises ``RuntimeError`` (prepare it again).
     """
 
-    __slots__ = ("kind", "expected_m", "_plan", "_key")
+    __slots__ = ("kind", "expected_m", "_plan", "_key", "_alignment")
 
     def __init__(self, kind: str, plan: GemmPlan, key: tuple, expected_m: int | None):
         self.kind, self._plan, self._key, self.expected_m = kind, plan, key, expected_m
+        self._alignment = PROCESS_SETTINGS.contiguous_alignment if kind in ("contiguous", "psum") else None
 
     def __call__(self, lhs, rhs, out, grouped_layout=None) -> None:
+        if self._alignment is not None and PROCESS_SETTINGS.contiguous_alignment != self._alignment:
+            raise RuntimeError(
+                f"this PreparedGemm({self.kind!r}) was prepared for get_m_alignment_for_contiguous_layout()="
+                f"{self._alignment} (its kernel's BLOCK_M), now {PROCESS_SETTINGS.contiguous_alignment}: prepare it "
+                "again")
         a, sa = lhs
         b, sb = rhs
         self._plan(a, sa, b, sb, out, grouped_layout)

@@ -56,7 +56,8 @@ class _KindTail(ctypes.Union):
 
 
 class GemmParams(ctypes.Structure):
-    """Byte image of ``dfg::GemmParams`` (576 bytes; the C++ side ``static_assert``s every offset below).
+    """Byte image of ``dfg::GemmParams`` (576 bytes; ``include/deep_fp8_gemm/gemm_params.cuh`` defines it with the
+    same field names and ``static_assert``s every offset below).
 
     ======================  ======  =================================================================
     field                   offset  holds
@@ -248,30 +249,43 @@ def launch_1d2d(cfg: GemmConfig, a: torch.Tensor, sa: torch.Tensor, b: torch.Ten
                 d: torch.Tensor, grouped_layout: torch.Tensor | None, backend: Backend | str) -> None:
     """The kernel of an explicit ``cfg`` of a bf16-output kind (dense, contiguous, masked, psum) on validated
     tensors (tests and benchmarks force configs through this). Split-K configs get their workspace from
-    :mod:`.split_k` (on CUDA: torch's current stream's)."""
+    :mod:`.split_k` (on CUDA: torch's current stream's, or a graph capture's own)."""
     backend = Backend(backend)
     rows = a.shape[-2]
     counters = partials = 0
     if cfg.split_k > 1:
-        stream = 0
+        stream, capturing = 0, False
         if backend is Backend.CUDA:
             from ..runtime import target
 
-            stream = target.current_stream(target.gpu_index(a.device))
-        counters, partials = split_k.pointers(cfg, rows, a.device, stream)
+            index = target.gpu_index(a.device)
+            stream, capturing = target.current_stream(index), target.is_capturing(index)
+        counters, partials = split_k.pointers(cfg, rows, a.device, stream, capturing)
     maps = encode_maps(tensor_map_args_1d2d(cfg, a, sa, b, d), backend)
     launch(cfg, maps, backend, a.device, sb=sb.data_ptr(),
            grouped_layout=0 if grouped_layout is None else grouped_layout.data_ptr(), rows=rows,
            split_counters=counters, split_partials=partials)
 
 
+def check_fp32_vector_access(d: torch.Tensor, c: torch.Tensor) -> None:
+    """The fp32 epilogue's 8-byte accesses (policy_1d1d.cuh, ``store_fp32_accumulate``: one ``LDG.E.64`` of C and
+    one ``STG.E.64`` of D per fragment pair) need ``d`` and ``c`` 8-byte aligned with even row strides; a
+    misaligned vector access faults the launch. The ops' checks refuse such views earlier (16-byte rule); this
+    guards the explicit-config launchers too, with the same ``ValueError``."""
+    for t, name in ((d, "d"), (c, "c")):
+        if t.data_ptr() % 8 or t.stride(-2) % 2:
+            raise ValueError(f"{name} must be 8-byte aligned with an even row stride (the fp32 epilogue's 8-byte "
+                             f"accesses), got {name}.data_ptr()={t.data_ptr():#x}, {name}.stride()={t.stride()}")
+
+
 def launch_1d1d(cfg: GemmConfig, a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor,
                 d: torch.Tensor, c: torch.Tensor, backend: Backend | str) -> None:
     """``d = c + (a, sa) . (b, sb)^T`` in fp32 with the 1D1D kernel of an explicit ``cfg`` (``cfg.kind ==
-    "1d1d"``) on validated tensors (``c`` may be ``d``; both row-major with even row strides)."""
+    "1d1d"``) on validated tensors (``c`` may be ``d``; both row-major, 8-byte aligned with even row strides)."""
     if cfg.kind != "1d1d":
         raise ValueError(f"launch_1d1d needs a 1d1d config, got kind={cfg.kind!r}")
     backend = Backend(backend)
+    check_fp32_vector_access(d, c)
     maps = encode_maps(tensor_map_args_1d1d(cfg, a, sa, b, sb), backend)
     launch(cfg, maps, backend, a.device, rows=a.shape[0], d_f32=d.data_ptr(), c_f32=c.data_ptr(),
            ld_d=d.stride(-2), ld_c=c.stride(-2))
@@ -289,6 +303,7 @@ def launch_k_grouped(cfg: GemmConfig, a: torch.Tensor, sa: torch.Tensor, b: torc
         raise ValueError(f"launch_k_grouped needs a k_grouped config of {len(ks)} groups, got kind={cfg.kind!r} "
                          f"num_groups={cfg.num_groups}")
     backend = Backend(backend)
+    check_fp32_vector_access(d, c)
     m, n = d.shape[1], d.shape[2]
     blob = b"".join(encode_maps(k_grouped_map_args(cfg, a, b, m, n, ks), backend))
     if backend is Backend.SIM:

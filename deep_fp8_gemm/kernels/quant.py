@@ -62,6 +62,22 @@ TRANSPOSE_KINDS = (QuantKind.CAST_TRANSPOSE, QuantKind.K_GROUPED_TRANSPOSE)
 TRANSPOSE_SMEM_BYTES = (4 * NUM_THREADS + 32 * GROUP + GROUP) * 4
 
 
+class Numerics(enum.Enum):
+    """Whose arithmetic a per-token / per-block kernel computes (``dfg::quant`` variant bits).
+
+    ``IEEE``: this library's, ``scale = amax / 448`` and ``x / scale`` (IEEE divisions: the same bits on every
+    device). ``DEEP_GEMM_CUDA``: the reference design's casts as ATen runs them on CUDA, ``scale = amax *
+    fl(1/448)`` and ``x * fl(1 / scale)`` (``kDeepGemmCuda``): what the ``deep_gemm`` drop-in's casts launch.
+    """
+
+    IEEE = "ieee"
+    DEEP_GEMM_CUDA = "deep_gemm_cuda"
+
+
+#: ``dfg::quant::kUe8m0Scales`` / ``kDeepGemmCuda``: the variant bits the entry's USE_UE8M0 argument carries.
+_VARIANT_UE8M0, _VARIANT_DEEP_GEMM_CUDA = 1, 2
+
+
 class InputType(enum.IntEnum):
     """Same values as ``dfg::quant::InputType``."""
 
@@ -80,6 +96,7 @@ class QuantKernelConfig:
     ``vectorized``: 16-byte loads/stores; legal when ``k % 16 == 0`` (SiLU: ``I % 16 == 0``) and the input
     rows start 16-byte aligned (see :func:`_vectorizable`). The scalar variant serves every other shape.
     ``ue8m0``: power-of-two (UE8M0) scales, ``2^ceil(log2(amax / 448))``.
+    ``numerics``: :class:`Numerics` (per-token and per-block kinds only for ``DEEP_GEMM_CUDA``).
     """
 
     kind: QuantKind
@@ -87,6 +104,12 @@ class QuantKernelConfig:
     vectorized: bool
     num_threads: int = NUM_THREADS
     ue8m0: bool = False
+    numerics: Numerics = Numerics.IEEE
+
+    def __post_init__(self) -> None:
+        if self.numerics is not Numerics.IEEE and self.kind not in (QuantKind.PER_TOKEN, QuantKind.PER_BLOCK):
+            raise ValueError(f"numerics={self.numerics.value!r} exists for the per-token and per-block kinds only, "
+                             f"got kind={self.kind.name}")
 
     @property
     def smem_bytes(self) -> int:
@@ -96,19 +119,27 @@ class QuantKernelConfig:
         return (self.num_threads + self.num_threads // 8) * 4
 
     def constants(self, kernel_name: str) -> dict[str, object]:
+        # The entry passes USE_UE8M0 as the bodies' variant bits: a bool for this library's arithmetic (the
+        # sources of those kernels are unchanged), the bits as an int for the reference design's.
+        variant: bool | int = self.ue8m0
+        if self.numerics is Numerics.DEEP_GEMM_CUDA:
+            variant = _VARIANT_DEEP_GEMM_CUDA | (_VARIANT_UE8M0 if self.ue8m0 else 0)
         return {
             "QUANT_KIND": int(self.kind),
             "INPUT_TYPE": int(self.input_type),
             "VECTORIZED": self.vectorized,
             "NUM_THREADS": self.num_threads,
-            "USE_UE8M0": self.ue8m0,
+            "USE_UE8M0": variant,
             "KERNEL_NAME": kernel_name,
         }
 
     def as_dict(self) -> dict:
-        return {"kind": self.kind.name.lower(), "input": self.input_type.name.lower(),
-                "vectorized": self.vectorized, "num_threads": self.num_threads, "smem_bytes": self.smem_bytes,
-                "ue8m0": self.ue8m0}
+        d = {"kind": self.kind.name.lower(), "input": self.input_type.name.lower(),
+             "vectorized": self.vectorized, "num_threads": self.num_threads, "smem_bytes": self.smem_bytes,
+             "ue8m0": self.ue8m0}
+        if self.numerics is not Numerics.IEEE:  # this library's kernels keep their records as they were
+            d["numerics"] = self.numerics.value
+        return d
 
 
 class QuantParams(ctypes.Structure):
@@ -238,6 +269,9 @@ def audit_targets() -> list:
     # UE8M0 changes only the scale computation: one vectorised bf16 variant per quantiser that offers it.
     configs += [QuantKernelConfig(kind, InputType.BF16, True, ue8m0=True)
                 for kind in (QuantKind.PER_TOKEN, QuantKind.PER_BLOCK, *TRANSPOSE_KINDS)]
+    # The reference design's arithmetic (the deep_gemm drop-in's casts): one vectorised bf16 variant per kind.
+    configs += [QuantKernelConfig(kind, InputType.BF16, True, numerics=Numerics.DEEP_GEMM_CUDA)
+                for kind in (QuantKind.PER_TOKEN, QuantKind.PER_BLOCK)]
     targets = []
     for config in configs:
         name, source = render_source(config)
@@ -336,9 +370,10 @@ class QuantLaunchPlan:
     vectorizable: bool  # the shape allows the 16-byte variant (the address is checked per call)
     copy: bool  # the input is copied to a contiguous one first (its layout is not addressable)
     empty: bool  # no rows / blocks: nothing to launch, the outputs are returned empty
+    numerics: Numerics = Numerics.IEEE
 
     def kernel_config(self, vectorized: bool) -> QuantKernelConfig:
-        return QuantKernelConfig(self.kind, self.input_type, vectorized, ue8m0=self.ue8m0)
+        return QuantKernelConfig(self.kind, self.input_type, vectorized, ue8m0=self.ue8m0, numerics=self.numerics)
 
 
 #: The fast path's quantiser names -> kernel kinds.
@@ -421,9 +456,9 @@ def _run_plan(plan: QuantLaunchPlan, x: torch.Tensor, launch) -> tuple[torch.Ten
 # The run_* functions take the launcher as an argument: the default launches on the GPU (launch_cuda), the
 # quantisers' simulator backend passes launch_sim and the tests a CPU emulation of the kernel, so this host code
 # (params, layouts, grid) is what every backend runs.
-def run_per_token(x: torch.Tensor, kind: QuantKind, name: str, launch=None, ue8m0: bool = False
-               ) -> tuple[torch.Tensor, torch.Tensor]:
-    plan = _plan_per_token(_rows_view(x), kind, name, ue8m0)
+def run_per_token(x: torch.Tensor, kind: QuantKind, name: str, launch=None, ue8m0: bool = False,
+                  numerics: Numerics = Numerics.IEEE) -> tuple[torch.Tensor, torch.Tensor]:
+    plan = dataclasses.replace(_plan_per_token(_rows_view(x), kind, name, ue8m0), numerics=numerics)
     return _run_plan(plan, _rows_view(x), launch or launch_cuda)
 
 
@@ -481,9 +516,10 @@ def per_block_cast_to_fp8_cuda(w: torch.Tensor, use_ue8m0: bool = False) -> tupl
     return run_per_block(check_tensor(w, "w", (2, 3)), ue8m0=bool(use_ue8m0))
 
 
-def run_per_block(w: torch.Tensor, launch=None, ue8m0: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def run_per_block(w: torch.Tensor, launch=None, ue8m0: bool = False, numerics: Numerics = Numerics.IEEE
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
     w = _rows_view(w)
-    return _run_plan(_plan_per_block(w, ue8m0), w, launch or launch_cuda)
+    return _run_plan(dataclasses.replace(_plan_per_block(w, ue8m0), numerics=numerics), w, launch or launch_cuda)
 
 
 # ---------------------------------------------------------------------------------------------- cast-transpose

@@ -1,16 +1,23 @@
-"""Workspace of the split-K GEMM kernels (``include/deep_fp8_gemm/split_k.cuh``), cached per device and stream.
+"""Workspace of the split-K GEMM kernels (``include/deep_fp8_gemm/split_k.cuh``).
 
 A split-K launch needs two buffers (sizes from :func:`deep_fp8_gemm.config.split_k_workspace`):
 
-* counters: ``int32 [tiles * math warpgroups]``, **zero before every launch**. Allocated zeroed once; every
-  launch leaves them zero again (the last split of a tile resets its counter), so nothing is cleared per call
-  and a CUDA graph that captured a launch can be replayed any number of times.
+* counters: ``int32 [tiles * math warpgroups]``, **zero before every launch**. Every launch leaves them zero
+  again (the last split of a tile resets its counter), so a workspace is zeroed once, when it is allocated.
 * partials: ``float32 [tiles * split_k * block_m * block_n]``, scratch (never read before written in a launch).
 
-One pair per ``(device, stream)``: launches on one stream are ordered, so they can share it; two streams get
-two pairs, since kernels on different streams may run at the same time. The buffers only grow (a larger need
-replaces them with larger ones, the counters zeroed again); a replaced buffer is freed by the caching allocator
-in stream order, after the launches already queued on that stream that use it.
+Where a launch's workspace comes from depends on whether the launch is being captured into a CUDA graph:
+
+* **eager** (not capturing): one pair cached per ``(device, stream)``. Launches on one stream are ordered, so
+  they can share it; two streams get two pairs, since kernels on different streams may run at the same time.
+  The pair only grows (a larger need replaces it with a larger one, zeroed again); a replaced pair is freed to
+  the caching allocator in stream order, after the launches already queued on that stream — safe for eager
+  launches, and the reason a captured launch must not use this cache.
+* **captured** (the launch's stream is capturing a graph): a fresh pair for every captured launch, allocated
+  (counters zeroed, which the graph records) from the capture's private memory pool. Its addresses are baked into
+  the graph's kernel node; the pool keeps the memory for the graph's life, so later eager growth never frees it,
+  and a second graph gets its own pair, so two graphs replayed on two streams at once do not share one. Replaying
+  one graph on two streams at once is not supported (its one pair would be shared), as for any graph.
 """
 
 from __future__ import annotations
@@ -25,15 +32,25 @@ _lock = threading.Lock()
 _buffers: dict[tuple, list] = {}  # (device, stream) -> [counters int32, partials float32]
 
 
-def pointers(cfg: GemmConfig, m: int, device: torch.device, stream: int = 0) -> tuple[int, int]:
+def pointers(cfg: GemmConfig, m: int, device: torch.device, stream: int = 0, capturing: bool = False
+             ) -> tuple[int, int]:
     """``(counters, partials)`` addresses for a launch of ``cfg`` over ``m`` rows on ``device`` / ``stream`` (a raw
-    stream handle; 0 for the CPU simulator), or ``(0, 0)`` when ``cfg`` does not split K."""
-    return tuple(t.data_ptr() for t in buffers(cfg, m, device, stream)) if cfg.split_k > 1 else (0, 0)
+    stream handle; 0 for the CPU simulator), or ``(0, 0)`` when ``cfg`` does not split K. ``capturing``: the
+    launch is being captured into a CUDA graph (module docstring)."""
+    if cfg.split_k == 1:
+        return 0, 0
+    counters, partials = buffers(cfg, m, device, stream, capturing)
+    return counters.data_ptr(), partials.data_ptr()
 
 
-def buffers(cfg: GemmConfig, m: int, device: torch.device, stream: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """The cached ``(counters, partials)`` tensors, at least as large as ``cfg`` and ``m`` need (see module doc)."""
+def buffers(cfg: GemmConfig, m: int, device: torch.device, stream: int = 0, capturing: bool = False
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``(counters, partials)`` tensors of a launch, at least as large as ``cfg`` and ``m`` need: the cached
+    pair of ``(device, stream)``, or with ``capturing`` a fresh pair of the capture's own (module docstring)."""
     counter_words, partial_floats = split_k_workspace(cfg, m)
+    if capturing:
+        return (torch.zeros(counter_words, dtype=torch.int32, device=device),
+                torch.empty(partial_floats, dtype=torch.float32, device=device))
     key = (device, stream)
     with _lock:
         entry = _buffers.get(key)

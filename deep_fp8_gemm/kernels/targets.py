@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..config import KINDS, GemmConfig, get_config, k_grouped_config
+from ..config import FP32_ACCUMULATE_KINDS, KINDS, GemmConfig, get_config, k_grouped_config
 from .gemm import render_source
 
 # Dense (N, K) and grouped (N, K).
@@ -56,6 +56,23 @@ def _configs(kind: str, shapes: Sequence[tuple[int, int]], ms: Sequence[int] | N
     return configs
 
 
+#: The fp32 epilogue (policy_1d1d.cuh, store_fp32_accumulate) moves each fragment pair as one 8-byte load of C and
+#: one 8-byte store of D; a 4-byte STG.E in these kernels means the vectorisation was lost (issue 25, item 5).
+FP32_EPILOGUE_REQUIRED_SASS = ("LDG.E.64", "STG.E.64")
+FP32_EPILOGUE_FORBIDDEN_SASS = ("STG.E",)
+
+
+def sass_rules(cfg: GemmConfig) -> dict:
+    """``AuditTarget`` keywords: the SASS a GEMM kernel of ``cfg`` must (``required_sass``) and must not
+    (``forbidden_sass``) contain beyond every GEMM's."""
+    from ..runtime.audit import GEMM_REQUIRED_SASS
+
+    if cfg.kind not in FP32_ACCUMULATE_KINDS:
+        return {}
+    return {"required_sass": GEMM_REQUIRED_SASS + FP32_EPILOGUE_REQUIRED_SASS,
+            "forbidden_sass": FP32_EPILOGUE_FORBIDDEN_SASS}
+
+
 def audit_targets(kind: str, shapes: Sequence[tuple[int, int]] | None = None, ms: Sequence[int] | None = None,
                   num_sms: int = 132, num_groups: int | None = None) -> list:
     """Every distinct kernel the heuristic picks for ``kind`` over shapes x M (deduplicated by binary).
@@ -76,5 +93,6 @@ def audit_targets(kind: str, shapes: Sequence[tuple[int, int]] | None = None, ms
         if name in seen:
             continue
         seen.add(name)
-        targets.append(AuditTarget(kind=kind, config=cfg.as_dict(), name=name, source=render_source(cfg)))
+        targets.append(AuditTarget(kind=kind, config=cfg.as_dict(), name=name, source=render_source(cfg),
+                                   **sass_rules(cfg)))
     return targets

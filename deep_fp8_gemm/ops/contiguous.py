@@ -1,12 +1,15 @@
 """The M-grouped contiguous GEMM family (kind ``"contiguous"``): ``m_grouped_gemm_fp8_fp8_bf16_nt_contiguous``.
 
 MoE prefill / training: the experts' rows concatenated in A ``[m_sum, k]``, each expert's segment padded to
-``get_m_alignment_for_contiguous_layout()`` rows, ``m_indices[r]`` the expert of row r (-1: padding), B
-``[G, n, k]`` the experts' weights; ``out[r] = bf16(dequant(A[r]) · dequant(B[m_indices[r]])ᵀ)``. The kernels
-skip BLOCK_M blocks made only of padding and write computed values to padding rows that share a block with
-valid rows; a block's expert is read from its first and last rows (kind ``GroupedContiguous`` of
-``scheduler.cuh``). Same layers as :mod:`.dense`: checks, reference, dispatch, plan, the custom op
-``torch.ops.deep_fp8_gemm.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous``, the public function.
+``get_m_alignment_for_contiguous_layout()`` rows (64 or 128, process-wide; it is the kernels' BLOCK_M),
+``m_indices[r]`` the expert of row r (-1: padding), B ``[G, n, k]`` the experts' weights;
+``out[r] = bf16(dequant(A[r]) · dequant(B[m_indices[r]])ᵀ)``. The kernels skip BLOCK_M blocks made only of
+padding and compute the padding rows that share a block with valid rows with the block's expert; a block's
+expert is read from its first and last rows (kind ``GroupedContiguous`` of ``scheduler.cuh``). The CPU
+reference does exactly the same, so a whole output compares equal across backends (the reference design's
+tests zero A's padding rows and compare everything). Same layers as :mod:`.dense`: checks, reference,
+dispatch, plan, the custom op ``torch.ops.deep_fp8_gemm.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous``, the public
+function.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from .._core.dispatch import eager, normalise_scales, operands
 from .._core.family import GemmFamily, register_op
 from .._core.plans import GemmEntrySpec, gemm_entry
 from .._core.reference_math import dequantize_per_token, matmul_nt_bf16
-from ..config import GemmConfig, get_config
+from ..config import GemmConfig, contiguous_block_m, get_config
 from ..kernels import gemm as gemm_host
 from ..runtime import target
 from ..runtime.target import Backend
@@ -59,9 +62,23 @@ def check(a, sa, b, sb, out, m_indices, *, layout: bool = True, pointers: bool =
     return problem
 
 
+def kernel_row_experts(experts: torch.Tensor, block_m: int) -> torch.Tensor:
+    """The expert each row is computed with by the kernels (``scheduler.cuh``, ``contiguous_block_expert``):
+    its own for a valid row; for a padding row (-1), its BLOCK_M block's expert, ``max(m_indices[first],
+    m_indices[last])`` of the block's first and last rows, which is -1 (row left untouched) for a block of
+    padding only. ``experts``: int64 ``[m]``; returns int64 ``[m]``."""
+    m = experts.numel()
+    firsts = torch.arange(0, m, block_m, device=experts.device)
+    lasts = (firsts + block_m).clamp_(max=m) - 1
+    block_expert = torch.maximum(experts[firsts], experts[lasts])
+    return torch.where(experts >= 0, experts, block_expert.repeat_interleave(block_m)[:m])
+
+
 def reference_validated(a, sa, b, sb, out, m_indices) -> None:
-    """The reference on checked tensors: one matmul per expert over its rows; reads ``m_indices`` on the host
-    (``ValueError`` for values outside ``[-1, G)``); padding rows are left untouched."""
+    """The reference on checked tensors: one matmul per expert over the rows the kernels compute with it
+    (:func:`kernel_row_experts`, BLOCK_M = the current alignment): its rows and the padding rows of its blocks;
+    padding-only blocks are left untouched. Reads ``m_indices`` on the host (``ValueError`` for values outside
+    ``[-1, G)``)."""
     num_groups = b.size(0)
     experts = m_indices.to(device=a.device, dtype=torch.long)
     if experts.numel() == 0:
@@ -69,7 +86,8 @@ def reference_validated(a, sa, b, sb, out, m_indices) -> None:
     lo, hi = int(experts.min()), int(experts.max())
     if lo < -1 or hi >= num_groups:
         raise ValueError(f"m_indices values must be in [-1, G), got min={lo} max={hi} with G={num_groups}")
-    order = torch.argsort(experts, stable=True)  # padding rows (-1) first, then expert 0, 1, ...
+    experts = kernel_row_experts(experts, contiguous_block_m(get_m_alignment_for_contiguous_layout()))
+    order = torch.argsort(experts, stable=True)  # untouched rows (-1) first, then expert 0, 1, ...
     counts = torch.bincount(experts + 1, minlength=num_groups + 1).tolist()
     a_deq = dequantize_per_token(a, sa)
     start = counts[0]
@@ -89,8 +107,9 @@ def reference(lhs: tuple[torch.Tensor, torch.Tensor], rhs: tuple[torch.Tensor, t
         lhs: ``(A [m_sum, k] float8_e4m3fn, sA [m_sum, ceil(k/128)] float32)``.
         rhs: ``(B [G, n, k] float8_e4m3fn, sB [G, ceil(n/128), ceil(k/128)] float32)``.
         out: ``[m_sum, n]`` bfloat16, written in place.
-        m_indices: ``[m_sum]`` int32, values in ``[-1, G)``; rows with -1 are padding: their output is
-            unspecified by the op (this reference leaves them untouched).
+        m_indices: ``[m_sum]`` int32, values in ``[-1, G)``; rows with -1 are padding: computed with their
+            block's expert when their BLOCK_M block (BLOCK_M = the contiguous alignment) holds valid rows, as the
+            kernels do, else left untouched.
     """
     a, sa = unpack_pair(lhs, "lhs")
     b, sb = unpack_pair(rhs, "rhs")
@@ -99,8 +118,9 @@ def reference(lhs: tuple[torch.Tensor, torch.Tensor], rhs: tuple[torch.Tensor, t
 
 
 def plan(a, b, expected_m, num_sms: int) -> GemmConfig:
-    """The config: the heuristic for ``m_sum`` rows over ``G`` experts."""
-    return get_config(a.shape[0], b.shape[-2], b.shape[-1], b.shape[0], "contiguous", num_sms)
+    """The config: the heuristic for ``m_sum`` rows over ``G`` experts, BLOCK_M = the contiguous alignment."""
+    return get_config(a.shape[0], b.shape[-2], b.shape[-1], b.shape[0], "contiguous", num_sms,
+                      contiguous_alignment=get_m_alignment_for_contiguous_layout())
 
 
 def dispatch(a, sa, b, sb, out, m_indices, expected_m=None) -> None:
@@ -140,11 +160,14 @@ def m_grouped_gemm_fp8_fp8_bf16_nt_contiguous(
     Args:
         lhs: ``(A, sA)``: A ``[m_sum, k]`` float8_e4m3fn, K-major; sA ``[m_sum, ceil(k/128)]`` float32.
             Rows are grouped by expert, each expert's segment padded to
-            ``get_m_alignment_for_contiguous_layout()`` (128) rows, so ``m_sum % 128 == 0``.
+            ``get_m_alignment_for_contiguous_layout()`` rows (128, or 64 when set), so ``m_sum`` is a multiple
+            of it.
         rhs: ``(B, sB)``: B ``[G, n, k]`` float8_e4m3fn, K-major; sB ``[G, ceil(n/128), ceil(k/128)]`` float32.
         out: ``[m_sum, n]`` bfloat16, row-major, written in place.
         m_indices: ``[m_sum]`` int32 on the same device, expert of each row in ``[0, G)``, or -1 for a padding
-            row whose output is unspecified. Never read on the host by the CUDA path: there an expert id
+            row (at the tail of its expert's segment): computed with its block's expert when the block has valid
+            rows (on every backend), left untouched in a block of padding only. Never read on the host by the
+            CUDA path: there an expert id
             ``>= G`` makes the kernel trap (the launch fails; the CUDA context is lost), and the CPU path raises
             ``ValueError``.
 

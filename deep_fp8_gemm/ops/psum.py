@@ -4,9 +4,14 @@ by group ends, ``m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum``.
 This is the layout DeepEP v2's dispatch hands over (expanded, expert-sorted, padded rows) and the reference
 design's ``use_psum_layout=True``: instead of one expert id per row (``m_indices [m_sum]``), one int32 per
 group, ``grouped_layout[g]`` = the end row (exclusive) of group g. Group g owns rows
-``[start_g, grouped_layout[g])`` with ``start_0 = 0`` and ``start_g = round_up(grouped_layout[g-1], 128)``;
-every other row is padding (its output is unspecified; the kernel skips blocks holding only padding).
-An end at or before its group's start is an empty group.
+``[start_g, grouped_layout[g])`` with ``start_0 = 0`` and ``start_g = round_up(grouped_layout[g-1], 128)``
+(the contiguous alignment, which is BLOCK_M); every other row is padding: the rows after a group's end up to
+its last block's end are computed with the group (as the kernel does, and the CPU reference), blocks holding
+only padding are skipped. An end at or before its group's start is an empty group.
+
+Alignment 64 (``set_mk_alignment_for_contiguous_layout(64)``) is not supported with this layout yet:
+``scheduler.cuh`` (``psum_block_group``) rounds group starts up to a fixed 128 instead of BLOCK_M, so every call
+raises ``NotImplementedError`` (on every backend: what the CPU accepts, the GPU computes).
 
 What is checked where (the values live on the device and reading them would cost a synchronisation):
 
@@ -34,19 +39,37 @@ from .._core.dispatch import eager, normalise_scales, operands
 from .._core.family import GemmFamily, register_op
 from .._core.plans import GemmEntrySpec, gemm_entry
 from .._core.reference_math import dequantize_per_token, matmul_nt_bf16
-from ..config import GemmConfig, get_config
+from ..config import GemmConfig, contiguous_block_m, get_config
 from ..constants import DEFAULT_CONTIGUOUS_ALIGNMENT
 from ..kernels import gemm as gemm_host
 from ..runtime import target
 from ..runtime.target import Backend
+from ..utils import get_m_alignment_for_contiguous_layout
 from .contiguous import check_m_grouped_operands
+
+#: The group-start alignment the psum kernel has compiled in (``scheduler.cuh``, ``psum_block_group``).
+KERNEL_GROUP_ALIGNMENT = DEFAULT_CONTIGUOUS_ALIGNMENT
+
+
+def check_alignment() -> int:
+    """The contiguous alignment, which the psum layout supports only at the kernel's fixed 128
+    (``NotImplementedError`` otherwise)."""
+    alignment = get_m_alignment_for_contiguous_layout()
+    if alignment != KERNEL_GROUP_ALIGNMENT:
+        raise NotImplementedError(
+            f"the psum layout with get_m_alignment_for_contiguous_layout()={alignment}: the psum kernel "
+            f"(scheduler.cuh, psum_block_group) rounds group starts up to a fixed {KERNEL_GROUP_ALIGNMENT} rows, not "
+            f"to BLOCK_M; use set_mk_alignment_for_contiguous_layout({KERNEL_GROUP_ALIGNMENT}) with psum layouts")
+    return alignment
 
 
 def check(a, sa, b, sb, out, grouped_layout, *, layout: bool = True, pointers: bool = True) -> Problem:
     """Shape checks: A ``[m_sum, k]`` e4m3, sA ``[m_sum, ceil(k/128)]`` fp32, B ``[G, n, k]``, sB
     ``[G, ceil(n/128), ceil(k/128)]``, out ``[m_sum, n]`` bf16, grouped_layout ``[G]`` int32. Returns
     ``Problem(m_sum, n, k, G)``; the values of grouped_layout are not read. ``m_sum`` need not be a multiple of
-    128 (the rows after the last group's end are padding)."""
+    128 (the rows after the last group's end are padding). ``NotImplementedError`` under alignment 64
+    (:func:`check_alignment`)."""
+    check_alignment()
     problem = check_m_grouped_operands(a, sa, b, sb, out)
     check_tensor(grouped_layout, "grouped_layout", INDEX_DTYPE, 1)
     if grouped_layout.shape[0] != problem.groups:
@@ -90,10 +113,12 @@ def _check_values_on_cpu(grouped_layout: torch.Tensor, m_sum: int) -> None:
     check_psum_values(grouped_layout.tolist(), m_sum)
 
 
-def psum_group_rows(ends: list[int], alignment: int = DEFAULT_CONTIGUOUS_ALIGNMENT) -> list[tuple[int, int]]:
+def psum_group_rows(ends: list[int], alignment: int | None = None) -> list[tuple[int, int]]:
     """``[(start, end)]`` of each group of the psum layout: group g owns rows ``[start_g, end_g)`` with
     ``start_0 = 0``, ``start_g = round_up(ends[g-1], alignment)`` and ``end_g = max(ends[g], start_g)`` (an end
-    at or before its start is an empty group)."""
+    at or before its start is an empty group). ``alignment`` None: the contiguous alignment."""
+    if alignment is None:
+        alignment = get_m_alignment_for_contiguous_layout()
     rows, previous = [], 0
     for g, end in enumerate(ends):
         start = 0 if g == 0 else (previous + alignment - 1) // alignment * alignment
@@ -104,17 +129,21 @@ def psum_group_rows(ends: list[int], alignment: int = DEFAULT_CONTIGUOUS_ALIGNME
 
 def reference_validated(a, sa, b, sb, out, grouped_layout) -> None:
     """The reference on checked tensors whose ends passed :func:`check_psum_values` (the ops check them once per
-    CPU call, before dispatch): one matmul per group's rows (see :func:`psum_group_rows`); padding rows are left
-    untouched."""
-    for g, (start, end) in enumerate(psum_group_rows(grouped_layout.tolist())):
+    CPU call, before dispatch): one matmul per group over the rows the kernel computes with it, its rows (see
+    :func:`psum_group_rows`) and the padding rows after them up to the end of its last BLOCK_M block (or of A);
+    the other padding rows are left untouched."""
+    alignment = check_alignment()
+    block_m, m_sum = contiguous_block_m(alignment), a.size(0)
+    for g, (start, end) in enumerate(psum_group_rows(grouped_layout.tolist(), alignment)):
         if end > start:
-            out[start:end] = matmul_nt_bf16(dequantize_per_token(a[start:end], sa[start:end]), b[g], sb[g])
+            stop = min((end + block_m - 1) // block_m * block_m, m_sum)  # start is a multiple of block_m
+            out[start:stop] = matmul_nt_bf16(dequantize_per_token(a[start:stop], sa[start:stop]), b[g], sb[g])
 
 
 def reference(lhs: tuple[torch.Tensor, torch.Tensor], rhs: tuple[torch.Tensor, torch.Tensor], out: torch.Tensor,
               grouped_layout: torch.Tensor, expected_m: int | None = None) -> None:
     """Reference of :func:`m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum`: ``out[r] = A[r]·B[g]ᵀ`` (dequantised)
-    for every row r of group g (padding rows left untouched; unspecified by the op).
+    for every row r of group g and the padding rows of its blocks, as the kernel (other padding rows untouched).
 
     Args:
         lhs, rhs, out: as the op (any strides); grouped_layout: ``[G]`` int32 group ends, read and checked here;
@@ -134,7 +163,8 @@ def plan(a, b, expected_m: int | None, num_sms: int) -> GemmConfig:
     than the rows in use), else for all ``m_sum`` rows."""
     num_groups = b.shape[0]
     m_sum = a.shape[0] if expected_m is None else min(a.shape[0], int(expected_m) * num_groups)
-    return get_config(max(m_sum, 1), b.shape[-2], b.shape[-1], num_groups, "psum", num_sms)
+    return get_config(max(m_sum, 1), b.shape[-2], b.shape[-1], num_groups, "psum", num_sms,
+                      contiguous_alignment=check_alignment())
 
 
 def dispatch(a, sa, b, sb, out, grouped_layout, expected_m=None) -> None:
@@ -182,7 +212,9 @@ def m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum(
 ) -> None:
     """Grouped GEMM over expert rows given by group ends (the psum layout, see the module docstring).
 
-    ``out[r] = bf16(dequant(A[r]) · dequant(B[g])ᵀ)`` for every row r of group g; padding rows unspecified.
+    ``out[r] = bf16(dequant(A[r]) · dequant(B[g])ᵀ)`` for every row r of group g; the padding rows after a group's
+    end up to the end of its last 128-row block are computed with g too, other padding rows are left untouched
+    (every backend alike).
 
     Args:
         lhs: ``(A, sA)``: A ``[m_sum, k]`` float8_e4m3fn, K-major; sA ``[m_sum, ceil(k/128)]`` float32 (any

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Sequence
 
 from . import kloop
 from .compiler import CompileError, compile_kernel, watchdog_options
-from .sass import disassemble, instruction_histogram
+from .sass import disassemble, instruction_histogram, opcode_histogram
 
 # C7508: setmaxnreg ignored; C7511/C7517/C7519: wgmma serialised / extra waits inserted by ptxas.
 FATAL_WARNINGS = ("C7508", "C7511", "C7517", "C7519")
@@ -40,7 +40,9 @@ class AuditTarget:
     ``kind``: family (``"dense"``, ``"contiguous"``, ``"masked"``, ``"quant"``, ...); ``config``: the
     JSON-safe configuration that produced it (``smem_bytes`` = dynamic shared memory of the launch);
     ``name``/``source``: entry symbol and rendered translation unit; ``required_sass``: opcodes that
-    must appear; ``options``: extra NVRTC options.
+    must appear (a base name such as ``QGMMA``, or a full opcode with modifiers such as ``STG.E.64``, matched
+    exactly); ``forbidden_sass``: full opcodes that must not appear (e.g. ``STG.E``, a 4-byte store where the
+    kernel promises 8-byte ones); ``options``: extra NVRTC options.
     """
 
     kind: str
@@ -49,6 +51,7 @@ class AuditTarget:
     source: str
     required_sass: tuple[str, ...] = GEMM_REQUIRED_SASS
     options: tuple[str, ...] = ()
+    forbidden_sass: tuple[str, ...] = ()
 
 
 def _compile_record(target: AuditTarget) -> tuple[dict, bytes | None]:
@@ -111,13 +114,21 @@ def _check_kloop(record: dict, target: AuditTarget, sass: str, ceilings: dict) -
     record["problems"] += kloop.check_ceilings(target.kind, cfg["block_m"], analysis, ceilings)
 
 
-def _check_sass(record: dict, target: AuditTarget, histogram: Counter) -> None:
-    record["sass"] = {op: histogram.get(op, 0) for op in (*REPORTED_SASS, *target.required_sass)}
+def _check_sass(record: dict, target: AuditTarget, sass: str) -> None:
+    histogram, full = instruction_histogram(sass), opcode_histogram(sass)
+
+    def count(op: str) -> int:  # "QGMMA": every QGMMA.*; "STG.E.64": that opcode exactly
+        return full.get(op, 0) if "." in op else histogram.get(op, 0)
+
+    record["sass"] = {op: count(op) for op in (*REPORTED_SASS, *target.required_sass, *target.forbidden_sass)}
     if (histogram["STL"] or histogram["LDL"]) and not (record["watchdog"] and not record["spill_bytes"]):
         record["problems"].append(f"local memory instructions: {histogram['STL']} STL, {histogram['LDL']} LDL")
-    missing = [op for op in target.required_sass if not histogram[op]]
+    missing = [op for op in target.required_sass if not count(op)]
     if missing:
         record["problems"].append(f"missing SASS {missing}")
+    present = [f"{op} x{count(op)}" for op in target.forbidden_sass if count(op)]
+    if present:
+        record["problems"].append(f"forbidden SASS {present}")
 
 
 def audit(targets: Iterable[AuditTarget], *, progress: bool = True) -> list[dict]:
@@ -144,7 +155,7 @@ def audit(targets: Iterable[AuditTarget], *, progress: bool = True) -> list[dict
         for record, target, future in pending:
             if future is not None:
                 sass = future.result()
-                _check_sass(record, target, instruction_histogram(sass))
+                _check_sass(record, target, sass)
                 _check_kloop(record, target, sass, ceilings)
             record["ok"] = not record["problems"]
     return [record for record, _, _ in pending]

@@ -1,6 +1,6 @@
 """JIT cubin cache: an in-process dict, then a directory on disk.
 
-On disk (``env.jit_cache_dir()``, flat) each entry is two files named by its key:
+On disk (:func:`.cachedir.cache_root`, flat) each entry is two files named by its key:
 
 * ``<key>.cubin`` — the ELF image, written first;
 * ``<key>.json``  — metadata (kernel name, ptxas log, resources, sha256 and size of the cubin, compile
@@ -12,6 +12,12 @@ and the ELF magic; a damaged entry is treated as a miss, deleted under the key's
 Processes compiling the same key serialise on ``<key>.lock`` (``fcntl.flock``): the first compiles, the
 others then find its entry. ``DFG_JIT_DEBUG`` dumps (``<key>.cu``, ``.ptx``, ``.sass``) live beside them.
 
+Every file is read and written through :mod:`.cachedir`: the directory is checked once per process (owned
+by the user or root, writable by nobody else, ancestors included) and owner-only, and entries are opened
+relative to its descriptor without following links. That check is the security control; the checksum only
+guards against corruption, since whoever could write a cubin could write its metadata too. The verified
+bytes are the ones handed to the driver.
+
 The key covers everything that changes the binary: the rendered source, every header under
 :func:`.paths.include_dir` (kernels include only our own, toolkit-free headers), the compiler identity and
 version, the options, the target and :data:`FORMAT_VERSION`.
@@ -21,24 +27,21 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fcntl
 import functools
 import hashlib
 import json
-import os
 import re
-import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from .. import env
+from . import cachedir
 from .paths import header_files, include_dir
 
 # Bump when the entry layout or the metadata schema changes: old entries then simply miss.
 FORMAT_VERSION = 1
 ELF_MAGIC = b"\x7fELF"
-_ENTRY_FILE = re.compile(r"^[0-9a-f]{64}\.(cubin|json|lock|cu|ptx|sass)$")
-_TEMP_FILE = re.compile(r"^\.[0-9a-f]{64}\.\w+\..*\.tmp$")
+# Entries, dumps and locks, and the temporaries of interrupted writes: what info and clear count as the cache's.
+_CACHE_FILE = re.compile(r"^([0-9a-f]{64}\.(cubin|json|lock|cu|ptx|sass)|\.[0-9a-f]{64}\.\w+\..*\.tmp)$")
 
 
 # ---------------------------------------------------------------------------------------- key
@@ -115,7 +118,8 @@ class DiskEntry:
 
 
 class DiskCache:
-    """The on-disk cache in one directory (created on first write)."""
+    """The on-disk cache in one directory (created on first write, owner-only; checked on first use in a
+    process, see :mod:`.cachedir`)."""
 
     def __init__(self, directory: Path):
         self.directory = Path(directory)
@@ -128,13 +132,18 @@ class DiskCache:
         """The entry for ``key`` if present and intact, else None.
 
         With ``repair`` (call it only while holding :meth:`lock`), a damaged entry is deleted.
+
+        Raises:
+            UnsafeCacheDirError: the directory fails the checks of :mod:`.cachedir`.
         """
         try:
-            meta = json.loads(self.path(key, "json").read_text())
-            cubin = self.path(key, "cubin").read_bytes()
+            with cachedir.opened(self.directory) as d:
+                meta = json.loads(d.read(f"{key}.json"))
+                cubin = d.read(f"{key}.cubin")
         except FileNotFoundError:
             return None
-        except (OSError, ValueError):  # unreadable, truncated or non-UTF-8 / non-JSON metadata
+        # Unreadable, a link, not a file of the user's (or root's) alone, truncated or non-UTF-8 / non-JSON metadata.
+        except (OSError, ValueError):
             meta, cubin = None, b""
         if meta is not None and self._intact(key, meta, cubin):
             return DiskEntry(cubin, meta)
@@ -157,71 +166,41 @@ class DiskCache:
         """Writes ``<key>.cubin`` then ``<key>.json`` (with format, key, size and checksum added)."""
         record = dict(meta, format=FORMAT_VERSION, key=key, cubin_bytes=len(cubin),
                       cubin_sha256=hashlib.sha256(cubin).hexdigest())
-        self.write_atomic(self.path(key, "cubin"), cubin)
-        self.write_atomic(self.path(key, "json"), json.dumps(record, indent=1, sort_keys=True).encode())
+        with cachedir.opened(self.directory, create=True) as d:
+            d.write_atomic(f"{key}.cubin", cubin)
+            d.write_atomic(f"{key}.json", json.dumps(record, indent=1, sort_keys=True).encode())
 
     def write_atomic(self, path: Path, data: bytes) -> None:
-        """Writes ``data`` to a temporary file beside ``path``, fsyncs it, then renames it over ``path``."""
-        self.directory.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())  # the rename must not reach the disk before the data
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
+        """Writes ``data`` as ``path`` (a file of this directory): a 0o600 temporary file beside it, fsynced,
+        then renamed over it."""
+        with cachedir.opened(self.directory, create=True) as d:
+            d.write_atomic(path.name, data)
 
     def remove(self, key: str) -> None:
         """Deletes the entry's metadata (first: it vouches for the cubin), cubin and debug dumps."""
-        for suffix in ("json", "cubin", "cu", "ptx", "sass"):
-            with contextlib.suppress(FileNotFoundError):
-                self.path(key, suffix).unlink()
+        with contextlib.suppress(FileNotFoundError), cachedir.opened(self.directory) as d:
+            for suffix in ("json", "cubin", "cu", "ptx", "sass"):
+                d.unlink(f"{key}.{suffix}")
 
     @contextlib.contextmanager
     def lock(self, key: str) -> Iterator[None]:
-        """Exclusive inter-process lock for ``key`` (blocks). Lock files are left in place: deleting one
-        while another process waits on it would let a third process lock a fresh file concurrently."""
-        self.directory.mkdir(parents=True, exist_ok=True)
-        with open(self.path(key, "lock"), "a+b") as f:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(f.fileno(), fcntl.LOCK_UN)
-
-    def _files(self) -> list[Path]:
-        if not self.directory.is_dir():
-            return []
-        return [p for p in self.directory.iterdir()
-                if p.is_file() and (_ENTRY_FILE.match(p.name) or _TEMP_FILE.match(p.name))]
+        """Exclusive inter-process lock for ``key`` (blocks); see :meth:`.cachedir.OpenDir.lock`."""
+        with cachedir.opened(self.directory, create=True) as d, d.lock(f"{key}.lock"):
+            yield
 
     def info(self) -> dict:
         """``{"dir", "entries", "bytes"}``: entries = metadata files; bytes = all cache files."""
-        files = self._files()
-        return {
-            "dir": str(self.directory),
-            "entries": sum(1 for p in files if p.suffix == ".json"),
-            "bytes": sum(p.stat().st_size for p in files),
-        }
+        return cachedir.tally(self.directory, _CACHE_FILE, ".json")
 
     def clear(self) -> int:
         """Deletes every cache file (entries, dumps, locks, stale temporaries); returns entries removed.
         Files in the directory that the cache did not create are left alone."""
-        files = self._files()
-        removed = sum(1 for p in files if p.suffix == ".json")
-        for p in sorted(files, key=lambda p: p.suffix != ".json"):  # metadata first
-            with contextlib.suppress(FileNotFoundError):
-                p.unlink()
-        return removed
+        return cachedir.clear(self.directory, _CACHE_FILE, ".json")
 
 
 def disk_cache() -> DiskCache:
-    """The disk cache at the current ``DFG_JIT_CACHE_DIR`` (read on each call)."""
-    return DiskCache(env.jit_cache_dir())
+    """The disk cache at :func:`.cachedir.cache_root` (``DFG_JIT_CACHE_DIR``, read on each call)."""
+    return DiskCache(cachedir.cache_root())
 
 
 def cache_info() -> dict:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 import sys
 import tempfile
 import time
@@ -24,12 +25,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .. import env
-from . import cache
+from . import cache, cachedir
 from .paths import include_dir
 from .resources import KernelResources, parse_ptxas_log
 
 DEFAULT_ARCH = "sm_90a"
 _INCLUDE_TOKEN = "-I<include_dir>"  # how the machine-specific include path enters the cache key
+_SAVED_SOURCE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*-[0-9a-f]{16}\.cu|\..*\.tmp)$")
 
 
 class CompileError(RuntimeError):
@@ -168,17 +170,35 @@ def _nvrtc_compile(name: str, source: str, options: list[str], want_ptx: bool) -
         nvrtc.nvrtcDestroyProgram(prog)
 
 
+def errors_dir() -> Path:
+    """Where sources that failed to compile are saved: ``<cache>/errors`` (:func:`.cachedir.cache_root`)."""
+    return cachedir.cache_root() / "errors"
+
+
 def _save_failed_source(name: str, key: str, source: str) -> Path:
-    """Writes a source that failed to compile where the user can open it; returns the path."""
-    for directory in (env.jit_cache_dir() / "errors", Path(tempfile.gettempdir()) / "deep_fp8_gemm_errors"):
-        try:
-            directory.mkdir(parents=True, exist_ok=True)
-            path = directory / f"{name}-{key[:16]}.cu"
-            path.write_text(source)
-            return path
-        except OSError:
-            continue
-    raise RuntimeError(f"could not save the failing source of {name}")  # pragma: no cover
+    """Writes a source that failed to compile where the user can open it: :func:`errors_dir`, or a fresh
+    private temporary directory when that one is unusable or refused; returns the path."""
+    filename = f"{name}-{key[:16]}.cu"
+    try:
+        return _save_private(errors_dir(), filename, source)
+    except (OSError, cachedir.UnsafeCacheDirError):  # the compile error matters more than where it is saved
+        return _save_private(Path(tempfile.mkdtemp(prefix="deep_fp8_gemm_errors-")), filename, source)
+
+
+def _save_private(directory: Path, filename: str, source: str) -> Path:
+    with cachedir.opened(directory, create=True) as d:
+        d.write_atomic(filename, source.encode())
+    return directory / filename
+
+
+def saved_sources_info() -> dict:
+    """``{"dir", "entries", "bytes"}`` of the saved failing sources in :func:`errors_dir`."""
+    return cachedir.tally(errors_dir(), _SAVED_SOURCE, ".cu")
+
+
+def saved_sources_clear() -> int:
+    """Deletes the saved failing sources in :func:`errors_dir`; returns how many there were."""
+    return cachedir.clear(errors_dir(), _SAVED_SOURCE, ".cu")
 
 
 # ---------------------------------------------------------------------------------------- entry point

@@ -88,6 +88,12 @@ def disassemble(cubin: bytes) -> str:
     return result.stdout
 
 
+def opcode_histogram(sass: str) -> collections.Counter:
+    """Counts of full opcodes with their modifiers (``LDG.E.64``, ``STG.E``: the access width is a modifier),
+    predicates dropped."""
+    return collections.Counter(m.group(1) for m in _INSTRUCTION.finditer(sass))
+
+
 def instruction_histogram(sass: str) -> collections.Counter:
     """Counts of opcode base names (``QGMMA.64x128x32.F32.E4M3.E4M3`` -> ``QGMMA``), predicates dropped."""
     return collections.Counter(m.group(1).split(".", 1)[0] for m in _INSTRUCTION.finditer(sass))

@@ -93,6 +93,18 @@ def current_stream(index: int) -> int:
     return torch.cuda.current_stream(index).cuda_stream
 
 
+def is_capturing(index: int) -> bool:
+    """True when torch's current stream on device ``index`` is capturing a CUDA graph (a launch issued now is
+    recorded into the graph, not run: whatever it points to must outlive the graph). False on a torch built
+    without CUDA (nothing can be captured there)."""
+    if not torch.backends.cuda.is_built():
+        return False
+    if index == current_device():
+        return torch.cuda.is_current_stream_capturing()
+    with torch.cuda.device(index):
+        return torch.cuda.is_current_stream_capturing()
+
+
 if _raw_stream is not None:
     current_stream = _raw_stream  # noqa: F811 - same contract, one C call (every eager GPU op asks for it)
 if getattr(torch._C, "_cuda_getDevice", None) is not None:

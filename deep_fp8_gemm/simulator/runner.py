@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-import functools
+import os
 import threading
 from collections.abc import Sequence
-from pathlib import Path
 
 from .. import env
-from .build import build_library
+from ..runtime import paths
+from .build import cache_key, open_library
 
 # Fill shared memory with zeros instead of the 0xFF poison (dfg::sim::kFlagZeroSmem).
 FLAG_ZERO_SMEM = 1
@@ -90,13 +90,29 @@ class StreamLaunch:
     programmatic: bool = False
 
 
-@functools.lru_cache(maxsize=None)
-def _load(path: Path) -> ctypes.CDLL:
-    lib = ctypes.CDLL(str(path))  # RTLD_LOCAL: libraries never resolve symbols against each other
-    lib.dfg_sim_last_error.restype = ctypes.c_char_p
-    lib.dfg_sim_last_error.argtypes = []
-    lib.dfg_sim_run_stream.restype = ctypes.c_int
-    lib.dfg_sim_run_stream.argtypes = [ctypes.POINTER(StreamItem), ctypes.c_uint32]
+_LIBRARIES: dict[tuple[str, str], ctypes.CDLL] = {}  # by (kernel name, build key)
+
+
+def _load(source: str, name: str) -> ctypes.CDLL:
+    """The library of ``source``, loaded once per process and build key.
+
+    ``dlopen`` opens the very file :func:`.build.open_library` verified, through a duplicate of its
+    descriptor (``/proc/self/fd/N``), so nothing can be swapped in between the check and the load. That
+    duplicate stays open for the life of the process (as the library stays mapped): glibc recognises a
+    loaded library by the name it was opened under, so ``/proc/self/fd/N`` must never come back naming
+    another file.
+    """
+    key = (name, cache_key(source, paths.include_dir()))
+    lib = _LIBRARIES.get(key)
+    if lib is None:
+        with open_library(source, name) as library:
+            fd = os.dup(library.fd)
+        lib = ctypes.CDLL(f"/proc/self/fd/{fd}")  # RTLD_LOCAL: libraries never resolve symbols against each other
+        lib.dfg_sim_last_error.restype = ctypes.c_char_p
+        lib.dfg_sim_last_error.argtypes = []
+        lib.dfg_sim_run_stream.restype = ctypes.c_int
+        lib.dfg_sim_run_stream.argtypes = [ctypes.POINTER(StreamItem), ctypes.c_uint32]
+        _LIBRARIES[key] = lib
     return lib
 
 
@@ -151,7 +167,7 @@ def launch(
     block: int,
     cluster: int,
     smem_bytes: int,
-    timeout_s: float = 60,
+    timeout_s: float | None = None,
     max_steps: int = 0,
     flags: int = 0,
     registers: int = 0,
@@ -163,7 +179,8 @@ def launch(
     :func:`~deep_fp8_gemm.simulator.pack_tensor_map`, pointers are host addresses of CPU tensors that
     the caller keeps alive); it is copied into a 128-byte-aligned buffer. ``grid`` CTAs of ``block``
     threads, ``cluster`` consecutive CTAs per cluster, ``smem_bytes`` dynamic shared memory per CTA.
-    ``timeout_s`` (wall clock) and ``max_steps`` (fiber resumptions, 0 = unlimited) bound the run.
+    ``timeout_s`` (wall clock; None = ``DFG_SIM_TIMEOUT_SECONDS``, default 600: a deadlock is reported at once
+    anyway, the bound only stops a livelock) and ``max_steps`` (fiber resumptions, 0 = unlimited) bound the run.
     ``registers``: registers per thread at launch, as ptxas reports for the sm_90a build of the same source
     (0 = unknown: the pool is sized by ``__launch_bounds__``); the simulator accounts ``setmaxnreg`` against
     that per-CTA pool. ``seed``: the schedule (0 = round-robin; others seeded adversarial schedules; None =
@@ -178,8 +195,8 @@ def launch(
     launch_stream(source, [one], timeout_s=timeout_s, max_steps=max_steps, seed=seed)
 
 
-def launch_stream(source: str, launches: Sequence[StreamLaunch], *, timeout_s: float = 60, max_steps: int = 0,
-                  seed: int | None = None) -> None:
+def launch_stream(source: str, launches: Sequence[StreamLaunch], *, timeout_s: float | None = None,
+                  max_steps: int = 0, seed: int | None = None) -> None:
     """Builds (cached) the translation unit ``source`` and runs ``launches`` of its kernels as one stream.
 
     Each launch starts after the previous one ended, except a ``programmatic`` one (PDL), which starts as soon as
@@ -201,7 +218,9 @@ def launch_stream(source: str, launches: Sequence[StreamLaunch], *, timeout_s: f
         seed = env.sim_seed()
     if not 0 <= seed < 2**64:
         raise ValueError(f"seed must be in [0, 2**64), got {seed}")
-    lib = _load(build_library(source, launches[0].name))
+    if timeout_s is None:
+        timeout_s = env.sim_timeout_seconds()
+    lib = _load(source, launches[0].name)
     items = (StreamItem * len(launches))()
     buffers = []  # the aligned parameter copies, alive until the stream ran
     for item, spec in zip(items, launches):

@@ -66,6 +66,21 @@ DFG_HOST_DEVICE constexpr T min_of(T a, T b) { return a < b ? a : b; }
 template <typename T>
 DFG_HOST_DEVICE constexpr T max_of(T a, T b) { return a > b ? a : b; }
 
+// std::conditional without <type_traits> (NVRTC builds have no standard headers): Select<c, T, F>::type.
+template <bool kCond, typename T, typename F>
+struct Select {
+    using type = T;
+};
+template <typename T, typename F>
+struct Select<false, T, F> {
+    using type = F;
+};
+
+// Two adjacent floats moved as one 8-byte access (hal::ld_global_f32x2 / st_global_f32x2): ld/st.global.v2.f32.
+struct alignas(8) F32x2 {
+    float x, y;
+};
+
 // Which mbarrier a wait is on, for the watchdog build's message (hal/ptx.cuh) and the simulator's deadlock
 // report (hal/sim/scheduler.hpp), which print it the same way: DFG_MBAR_WAIT_FORMAT with role, index, the
 // barrier's shared-memory offset and the parity waited for, e.g. "mbar_wait(full[3] @smem+0x1c040, parity 1)".

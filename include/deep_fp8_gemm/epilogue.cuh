@@ -1,11 +1,12 @@
-// Epilogue: fp32 accumulators -> bf16 -> swizzled shared-memory tile (stmatrix) -> TMA store.
+// The bf16 kinds' output tile (output.cuh's Bf16TmaStore): fp32 accumulators -> bf16 -> swizzled shared-memory
+// tile (stmatrix) -> TMA store.
 //
 // The D tile is kept as BLOCK_N / 16 column chunks of 16 bf16 (32 bytes per row). Chunk c occupies
 // BLOCK_M * 32 bytes at offset c * BLOCK_M * 32; row r of a chunk sits at r * 32, and its two 16-byte
 // halves are swapped when bit 2 of r is set: CU_TENSOR_MAP_SWIZZLE_32B, i.e. byte-address bit 4 ^= bit 7
 // (CuTe Swizzle<1,4,3>). An stmatrix 8x8 matrix then covers 8 rows x 16 bytes spread over all 32
 // banks: conflict-free. Each math warpgroup stores its own rows with one TMA store per chunk (box
-// 16 x WG_M), whose reads of shared memory are awaited only before the next tile's epilogue writes
+// 16 x kWgRows), whose reads of shared memory are awaited only before the next tile's epilogue writes
 // the same buffer, so the store overlaps the next tile's main loop.
 #pragma once
 #include "common.cuh"

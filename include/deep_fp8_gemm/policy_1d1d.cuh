@@ -51,8 +51,10 @@ DFG_DEVICE void promote_row_scaled(float (&acc)[kValues], const float (&scratch)
 }
 
 // fp32-accumulate epilogue of one warpgroup: D[row, col] = C[row, col] + acc for the thread's fragment
-// values, rows >= num_rows and columns >= SHAPE_N skipped. ld_d / ld_c: row strides in floats (even, so the
-// column pairs are 8-byte aligned; N % 8 == 0 makes a pair either wholly inside or wholly past N).
+// values, rows >= num_rows and columns >= SHAPE_N skipped. Each fragment value pair (cols col, col + 1) moves as
+// one 8-byte load of C and one 8-byte store of D (LDG.E.64 / STG.E.64: half the L2 requests of scalar accesses).
+// That needs d and c 8-byte aligned and ld_d / ld_c even (row strides in floats): the hosts refuse anything else
+// (kernels/gemm.py, check_fp32_output); SHAPE_N even makes a pair either wholly inside or wholly past N.
 template <u32 SHAPE_N, u32 BLOCK_N, u32 kWavesM, u32 kValues>
 DFG_DEVICE void store_fp32_accumulate(float* d, const float* c, u32 ld_d, u32 ld_c, u32 num_rows, u32 row0, u32 n0,
                                       u32 frag_row, u32 lane, const float (&acc)[kWavesM][kValues]) {
@@ -70,11 +72,9 @@ DFG_DEVICE void store_fp32_accumulate(float* d, const float* c, u32 ld_d, u32 ld
                 const u32 col = n0 + 8 * j + 2 * (lane % 4);
                 if (col >= SHAPE_N)
                     continue;
-                const u64 dof = static_cast<u64>(row) * ld_d + col;
-                const u64 cof = static_cast<u64>(row) * ld_c + col;
-                const float c0 = c[cof], c1 = c[cof + 1];
-                d[dof] = c0 + acc[w][4 * j + 2 * h + 0];
-                d[dof + 1] = c1 + acc[w][4 * j + 2 * h + 1];
+                const F32x2 cv = hal::ld_global_f32x2(c + static_cast<u64>(row) * ld_c + col);
+                hal::st_global_f32x2(d + static_cast<u64>(row) * ld_d + col,
+                                     F32x2{cv.x + acc[w][4 * j + 2 * h + 0], cv.y + acc[w][4 * j + 2 * h + 1]});
             }
         }
     }

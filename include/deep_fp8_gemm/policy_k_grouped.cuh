@@ -15,7 +15,7 @@
 // global memory; PTX ISA "membar / fence", .proxy.tensormap::generic), issued by the thread that issues the
 // copies (the producer), once per CTA per map: each CTA visits groups in increasing order, so it fences a
 // group's two maps when it first meets the group. The scales need no per-group maps: sA [rows, sum(ks)/128]
-// and sB [N, sum(ks)/128] (M-major, TMA-aligned) are single maps (tma_sa, and tma_d as in Dense1D1D); a
+// and sB [N, sum(ks)/128] (M-major, TMA-aligned) are single maps (tma_sa, and tma_sb as in Dense1D1D); a
 // group's K block kb is column k_off_g / 128 + kb of both. D / C: [G][rows][N] at params.d_f32 / c_f32,
 // group g at g * rows * ld floats.
 //
@@ -33,16 +33,6 @@
 #include "scheduler.cuh"
 
 namespace dfg {
-
-// std::conditional without <type_traits> (NVRTC builds have no standard headers): Select<c, T, F>::type.
-template <bool kCond, typename T, typename F>
-struct Select {
-    using type = T;
-};
-template <typename T, typename F>
-struct Select<false, T, F> {
-    using type = F;
-};
 
 // Persistent scheduler of the k-grouped kind (same interface as TileScheduler; no clusters). `ks` is the
 // device array of the kNumGroups K_g values (ks_tensor). Fills TileInfo::num_k_blocks (K_g / 128) and

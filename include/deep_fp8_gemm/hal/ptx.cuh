@@ -448,6 +448,12 @@ DFG_DEVICE u16 pack_e4m3x2(float lo, float hi) {
 DFG_DEVICE float ld_global_nc(const float* ptr) { return __ldg(ptr); }
 DFG_DEVICE i32 ld_global_nc(const i32* ptr) { return __ldg(ptr); }
 
+// Plain (coherent) 8-byte global load / store of two adjacent floats: ld.global.v2.f32 / st.global.v2.f32 (LDG.E.64 /
+// STG.E.64). `ptr` must be 8-byte aligned (a misaligned vector access faults); the callers' hosts check it. Plain
+// C++ accesses, not asm, so ptxas may schedule them with the surrounding code; not .nc: C may alias D.
+DFG_DEVICE F32x2 ld_global_f32x2(const float* ptr) { return *reinterpret_cast<const F32x2*>(ptr); }
+DFG_DEVICE void st_global_f32x2(float* ptr, F32x2 v) { *reinterpret_cast<F32x2*>(ptr) = v; }
+
 // Aborts the launch: the host sees CUDA_ERROR_LAUNCH_FAILED (the simulator reports `what`).
 DFG_DEVICE void trap(const char* /*what*/) { asm volatile("trap;"); }
 

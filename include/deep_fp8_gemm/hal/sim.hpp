@@ -73,6 +73,7 @@
 #endif
 
 #include <dlfcn.h>
+#include <unistd.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <ucontext.h>
@@ -457,15 +458,37 @@ inline u16 pack_e4m3x2(float lo, float hi) {
 
 // A plain read as far as the race checks go (the device's non-coherent path needs data nobody writes during
 // the kernel, which ordering before the read implies here).
+// These plain loads and stores are not preemption points (as the C++ accesses they stand for).
 inline float ld_global_nc(const float* ptr, DFG_SIM_SITE) {
-    DFG_SIM_ENTER;
-    sd::hal_read(ptr, 4, "ld.global.nc");
+    DFG_SIM_HAL;
+    sd::at(dfg_file, dfg_line);
+    sd::hal_access(ptr, 4, false, "ld.global.nc");
     return *ptr;
 }
 inline i32 ld_global_nc(const i32* ptr, DFG_SIM_SITE) {
-    DFG_SIM_ENTER;
-    sd::hal_read(ptr, 4, "ld.global.nc");
+    DFG_SIM_HAL;
+    sd::at(dfg_file, dfg_line);
+    sd::hal_access(ptr, 4, false, "ld.global.nc");
     return *ptr;
+}
+
+// ld.global.v2.f32 / st.global.v2.f32: a misaligned vector access faults on the GPU, so the simulator fails the
+// launch on one (the hosts check d / c alignment; this catches a kernel-side address that breaks it).
+inline F32x2 ld_global_f32x2(const float* ptr, DFG_SIM_SITE) {
+    DFG_SIM_HAL;
+    sd::at(dfg_file, dfg_line);
+    sd::check_aligned(ptr, 8, "ld.global.v2.f32");
+    sd::hal_access(ptr, 8, false, "a plain read (ld.global.v2.f32)");
+    F32x2 v;
+    std::memcpy(&v, ptr, sizeof v);
+    return v;
+}
+inline void st_global_f32x2(float* ptr, F32x2 v, DFG_SIM_SITE) {
+    DFG_SIM_HAL;
+    sd::at(dfg_file, dfg_line);
+    sd::check_aligned(ptr, 8, "st.global.v2.f32");
+    sd::hal_access(ptr, 8, true, "a plain write (st.global.v2.f32)");
+    std::memcpy(ptr, &v, sizeof v);
 }
 
 // Aborts the launch; the report carries `what`.

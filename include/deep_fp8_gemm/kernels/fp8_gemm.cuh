@@ -1,37 +1,63 @@
-// FP8 GEMM with fine-grained scaling: D[m, n] (bf16) = sum_kb (A[m, kb] . B[n, kb]^T) * sA[m, kb] * sB[n/128, kb]
-// A: e4m3 [rows, K] K-major, 1x128 scales sA (fp32, M-major, TMA-aligned); B: e4m3 [G, N, K] K-major,
-// 128x128 scales sB (fp32 [G, ceil(N/128), ceil(K/128)]); D: bf16. N, K and every tile size are
-// compile-time constants; the row count m is a run-time argument, so one binary serves every m.
+// The FP8 GEMM skeleton with fine-grained scaling, every kind of config.KINDS instantiated from it:
+//   bf16 kinds (dense, contiguous, masked, psum; "1D2D"):
+//       D[m, n] (bf16) = sum_kb (A[m, kb] . B[n, kb]^T) * sA[m, kb] * sB[n/128, kb]
+//       A: e4m3 [rows, K] K-major with 1x128 scales sA (fp32, M-major, TMA-aligned); B: e4m3 [G, N, K] K-major with
+//       128x128 scales sB (fp32 [G, ceil(N/128), ceil(K/128)]).
+//   fp32 kinds (1d1d, k_grouped; "1D1D", policy_1d1d.cuh / policy_k_grouped.cuh):
+//       D[m, n] (fp32) = C[m, n] + sum_kb (A[m, kb] . B[n, kb]^T) * sA[m, kb] * sB[n, kb], both 1x128 per-row
+//       scales; k-grouped: per group g, with K_g a run-time value (per-group maps of A_g / B_g).
+// N, K and every tile size are compile-time constants; the row count m is a run-time argument, so one binary
+// serves every m (k-grouped: every ks).
 //
 // Warp roles (kNumThreads = 128 * (kNumMathWarpgroups + 1)):
 //   threads [0, 128 * kNumMathWarpgroups)   math warpgroups; warpgroup w owns tile rows
 //                                           [w * kWgRows, (w + 1) * kWgRows), kWavesM m64 slices.
 //                                           setmaxnreg.inc to kMathRegisters (232 with two math
-//                                           warpgroups, 240 with one).
+//                                           warpgroups, 240 with one; = config.math_registers by static_assert).
 //   last 128 threads                        producer warpgroup; one lane of its first warp, picked by
 //                                           elect.sync, issues every TMA load.
-//                                           setmaxnreg.dec to kProducerRegisters (40). The audit
-//                                           checks that the launch allocation fits this split.
+//                                           setmaxnreg.dec to kProducerRegisters (40; = config.PRODUCER_REGISTERS).
+//                                           The audit checks that the launch allocation fits this split.
 //
-// Barriers (shared memory, one pair per stage):
-//   full[s]   producer -> math. Arrive count 2: the producer's arrive.expect_tx, plus transaction bytes
-//             kStageTxBytes (A tile + B tile + sA slice, whoever of the cluster issued the copies), and
-//             the producer's cp.async arrive, once its copies of the stage's sB values have landed.
+// Per family (B's scales, the stage, the output; the policies are FamilyOf / output.cuh):
+//
+//   family       full[s] arrive count              stage tx bytes (kStageTxBytes)      sB in the stage
+//   bf16 kinds   2: arrive.expect_tx + the          A tile + B tile + sA slice          16 bytes: the K block's
+//                producer's cp.async arrive once                                      value of the tile's first
+//                its sB copies landed                                                 scale block and the next
+//   fp32 kinds   1: arrive.expect_tx                A + B + sA + sB slice (BLOCK_N      BLOCK_N fp32 row scales
+//                                                   floats, TMA through tma_sb)          (TMA destination)
+//
+//   family       shared memory (dynamic, 1024-aligned; kSmem* offsets; = config.smem_bytes by static_assert)
+//   bf16 kinds   D tile (bf16, BLOCK_N/16 swizzled 16-column chunks) | A stages | B stages | sA stages | sB stages |
+//                barriers
+//   fp32 kinds   A stages | B stages | sA stages | sB stages | barriers (no D tile: D is written from registers)
+//
+//   family       epilogue (output.cuh)
+//   bf16 kinds   Bf16TmaStore: stmatrix into the D tile, one TMA store per 16-column chunk, awaited before the
+//                next tile's epilogue; dense split-K first SplitKReduce (split_k.cuh: the partial to the workspace,
+//                the tile's last split sums all and goes on)
+//   fp32 kinds   Fp32Accumulate: D = C + acc from the fragments, 8-byte global accesses, C may alias D
+//
+// Barriers (shared memory, one pair per stage; the ring is pipeline.cuh):
+//   full[s]   producer -> math: the arrive count and transaction bytes of the table above, whoever of the
+//             cluster issued the copies (a multicasting peer's copies signal this CTA's barrier too).
 //   empty[s]  math -> producers of the cluster. Arrive count kClusterSize * kNumMathWarps: after its
-//             wgmma.wait, lane r < kClusterSize of every math warp arrives on CTA r's empty[s],
-//             because a multicasting peer writes into this CTA's stage s too.
-//   named barriers 1 + w: the 128 threads of math warpgroup w around the epilogue's shared tile.
+//             wgmma.wait (fp32 kinds: after the last wave's promotion, which reads sB from the stage), lane
+//             r < kClusterSize of every math warp arrives on CTA r's empty[s], because a multicasting peer
+//             writes into this CTA's stage s too.
+//   named barriers 1 + w: the 128 threads of math warpgroup w around the epilogue's shared tile, and the split-K
+//             reduce's arrival vote.
 //
-// Shared memory (dynamic, 1024-byte aligned; offsets kSmem* below, total kSmemBytes, equal to
-// deep_fp8_gemm.config.smem_bytes by static_assert):
-//   D tile (bf16, BLOCK_N/16 swizzled 16-column chunks) | A stages | B stages | sA stages | sB stages
-//   (16 bytes each: the K block's sB value of the tile's first scale block and of the next one) | barriers
+// Producers: the bf16 kinds and 1d1d walk TileScheduler's tiles, the k-grouped kind KGroupedScheduler's (groups x
+// tiles, run-time trip counts, per-group maps fenced with fence.proxy.tensormap::generic.acquire before first use);
+// both walk the ring with PipelineState::for_each_use, as the math warps do.
 //
 // Math per 128-wide K block and m64 wave: 4 x wgmma m64nBLOCK_Nk32 into a scratch accumulator (scale-d = 0
 // on the first), wait, release the stage (after the last wave), then promote on the CUDA cores:
-// acc += scratch * sA[row] * sB[col block] (promotion.cuh). The tensor cores never sum more than 128
-// products, which keeps FP8 GEMMs accurate (their internal accumulator keeps ~14 bits of alignment; see
-// ANCHORS.md, "two-level accumulation").
+// acc += scratch * sA[row] * sB[col block] (promotion.cuh; fp32 kinds: per column, policy_1d1d.cuh). The tensor
+// cores never sum more than 128 products, which keeps FP8 GEMMs accurate (their internal accumulator keeps ~14
+// bits of alignment; see ANCHORS.md, "two-level accumulation").
 //
 // NOTES (issue per K block, measured by the audit's K-loop analysis, deep_fp8_gemm/runtime/kloop.py):
 // both K loops are one loop body per K block (PipelineState::for_each_use: an unrolled ring costs the
@@ -44,9 +70,10 @@
 // lane 0 so that control flow and descriptors stay on the uniform datapath.
 #pragma once
 #include "../common.cuh"
-#include "../epilogue.cuh"
+#include "../gemm_params.cuh"
 #include "../hal.cuh"
 #include "../mma.cuh"
+#include "../output.cuh"
 #include "../pipeline.cuh"
 #include "../policy_1d1d.cuh"
 #include "../policy_k_grouped.cuh"
@@ -58,38 +85,9 @@
 
 namespace dfg {
 
-// The kernel's single parameter. Byte layout mirrored by deep_fp8_gemm/kernels/gemm.py (pack_params).
-struct GemmParams {
-    TensorMap tma_a;            // A  [G][rows][K] e4m3: dims (K, rows, G), box (128, A rows per load, 1), SW128
-    TensorMap tma_b;            // B  [G][N][K]    e4m3: dims (K, N, G),    box (128, B rows per load, 1), SW128
-    TensorMap tma_sa;           // sA fp32 M-major:      dims (rows, ceil(K/128), G), box (BLOCK_M, 1, 1)
-    TensorMap tma_d;            // D  [G][rows][N] bf16: dims (N, rows, G),   box (16, kWgRows, 1), SW32;
-                                // 1D1D kind: sB fp32 M-major dims (N, ceil(K/128), 1), box (BLOCK_N, 1, 1)
-    const float* sb;            // sB [G][ceil(N/128)][ceil(K/128)] fp32, row-major
-    const i32* grouped_layout;  // contiguous: m_indices[rows]; psum: ends[G]; masked: masked_m[G]; dense: unused
-    u32 rows;                   // dense: m; contiguous: m_sum; masked: m_max
-    u32 reserved;
-    float* d_f32;               // 1D1D kind: D [rows][N] fp32, row stride ld_d floats (else unused)
-    const float* c_f32;         // 1D1D kind: C [rows][N] fp32, row stride ld_c floats; may equal d_f32
-    u32 ld_d;
-    u32 ld_c;
-    union {
-        const TensorMap* group_maps;  // k-grouped kind: A_g at [2g], B_g at [2g + 1] in global memory (policy_k_grouped.cuh)
-        u32* split_counters;          // dense, SPLIT_K > 1: per (tile, math warpgroup) arrival counters, zero between launches
-    };
-    float* split_partials;      // dense, SPLIT_K > 1: fp32 partial tiles [tiles][SPLIT_K][warpgroups][fragment order]
-};
-static_assert(DFG_OFFSETOF(GemmParams, tma_a) == 0 && DFG_OFFSETOF(GemmParams, tma_b) == 128 &&
-                  DFG_OFFSETOF(GemmParams, tma_sa) == 256 && DFG_OFFSETOF(GemmParams, tma_d) == 384 &&
-                  DFG_OFFSETOF(GemmParams, sb) == 512 && DFG_OFFSETOF(GemmParams, grouped_layout) == 520 &&
-                  DFG_OFFSETOF(GemmParams, rows) == 528 && DFG_OFFSETOF(GemmParams, d_f32) == 536 &&
-                  DFG_OFFSETOF(GemmParams, ld_c) == 556 && DFG_OFFSETOF(GemmParams, group_maps) == 560 &&
-                  DFG_OFFSETOF(GemmParams, split_counters) == 560 && DFG_OFFSETOF(GemmParams, split_partials) == 568 &&
-                  sizeof(GemmParams) == 576,
-              "GemmParams layout is mirrored in deep_fp8_gemm/kernels/gemm.py");
-
 template <GemmKind kKind, u32 SHAPE_N, u32 SHAPE_K, u32 BLOCK_M, u32 BLOCK_N, u32 kNumStages, u32 kNumGroups,
-          u32 kClusterM, u32 kClusterN, u32 kNumMathWarpgroups, u32 kBandWidth, u32 kExpectedSmemBytes, u32 kSplitK = 1>
+          u32 kClusterM, u32 kClusterN, u32 kNumMathWarpgroups, u32 kBandWidth, u32 kExpectedSmemBytes,
+          u32 kExpectedMathRegisters, u32 kExpectedProducerRegisters, u32 kSplitK = 1>
 struct Fp8GemmKernel {
     // ---------------------------------------------------------------- shape of the work
     static constexpr u32 BLOCK_K = 128;
@@ -124,6 +122,8 @@ struct Fp8GemmKernel {
                   "contiguous layout pads experts to 128 rows: a block must not straddle two experts");
     static_assert(kNumStages >= 2, "at least two stages to overlap loads with math");
     static_assert(kProducerRegisters * 128 + kMathRegisters * kNumMathThreads <= 65536, "register file is 64K");
+    static_assert(kMathRegisters == kExpectedMathRegisters && kProducerRegisters == kExpectedProducerRegisters,
+                  "the setmaxnreg split disagrees with deep_fp8_gemm/config.py (math_registers, PRODUCER_REGISTERS)");
 
     // Block columns [n0, n0 + BLOCK_N) with n0 a multiple of BLOCK_N start at most 128 - gcd(BLOCK_N, 128)
     // into a 128-column scale block, so they touch at most two scale blocks iff
@@ -135,12 +135,16 @@ struct Fp8GemmKernel {
                                                     kBandWidth, kSplitK>>::type;
     using Split = SplitK<kSplitK, kNumKBlocks, kKind, kClusterM * kClusterN, kNumMathWarpgroups, BLOCK_M, BLOCK_N>;
     using Scales = ScaleColumns<BLOCK_N, kNumScaleBlocksN>;
-    using Store = Epilogue<BLOCK_M, BLOCK_N, kWavesM>;
     using Pipe = PipelineState<kNumStages>;
+    // Where a finished tile goes (output.cuh): the family's output, after the split-K reduce when K is split.
+    using Bf16Output = Bf16TmaStore<kKind, SHAPE_N, BLOCK_M, BLOCK_N, kWavesM>;
+    using Output = typename Select<
+        kFp32Accumulate, Fp32Accumulate<kKGrouped, SHAPE_N, BLOCK_M, BLOCK_N, kWavesM>,
+        typename Select<(kSplitK > 1), SplitKReduce<Split, Scheduler::kNumNBlocks, Bf16Output>, Bf16Output>::type>::type;
 
     // ---------------------------------------------------------------- shared-memory map
     static constexpr u32 kSmemD = 0;
-    static constexpr u32 kSmemDBytes = kFp32Accumulate ? 0u : round_up(Store::kSmemBytes, 1024u);
+    static constexpr u32 kSmemDBytes = Output::kSmemBytes;  // the output's shared tile (0 for the fp32 kinds)
     static constexpr u32 kSmemABytes = BLOCK_M * BLOCK_K;  // one stage; 1024-byte multiple
     static constexpr u32 kSmemBBytes = BLOCK_N * BLOCK_K;
     static constexpr u32 kSmemSABytes = round_up(BLOCK_M * 4u, 128u);
@@ -180,7 +184,7 @@ struct Fp8GemmKernel {
                 hal::tma_prefetch(&params.tma_b);
             }
             hal::tma_prefetch(&params.tma_sa);
-            hal::tma_prefetch(&params.tma_d);
+            hal::tma_prefetch(kRowScaledB ? &params.tma_sb : &params.tma_d);
             for (u32 s = 0; s < kNumStages; ++s) {
                 hal::mbar_init(&full[s], kRowScaledB ? 1 : 2);  // 1D1D: no cp.async arrive
                 hal::mbar_init(&empty[s], kClusterSize * kNumMathWarps);
@@ -239,7 +243,7 @@ struct Fp8GemmKernel {
                 u64* bar = &full[stage];
                 u8* sb = smem + kSmemSB + stage * kSmemSBBytes;
                 if constexpr (kRowScaledB) {
-                    hal::tma_load_3d(sb, &params.tma_d, bar, n0, static_cast<i32>(kb), 0);
+                    hal::tma_load_3d(sb, &params.tma_sb, bar, n0, static_cast<i32>(kb), 0);
                 } else {
                     hal::cp_async_4(sb, sb_row0 + kb);
                     if constexpr (Scales::kMayStraddle)
@@ -275,19 +279,17 @@ struct Fp8GemmKernel {
             }
             const i32 row0 = static_cast<i32>(tile.m_block * BLOCK_M);
             const i32 n0 = static_cast<i32>(tile.n_block * BLOCK_N);
-            for (u32 kb = 0; kb < tile.num_k_blocks; ++kb) {
-                const u32 stage = pipe.stage;
-                hal::mbar_wait(&empty[stage], pipe.phase ^ 1u, empty_barrier(stage));
+            pipe.for_each_use(tile.num_k_blocks, [&](u32 stage, u32 phase, u32 kb) {
+                hal::mbar_wait(&empty[stage], phase ^ 1u, empty_barrier(stage));
                 u64* bar = &full[stage];
                 const i32 k0 = static_cast<i32>(kb * BLOCK_K);
                 const i32 col = static_cast<i32>(tile.k_block0 + kb);
-                hal::tma_load_3d(smem + kSmemSB + stage * kSmemSBBytes, &params.tma_d, bar, n0, col, 0);
+                hal::tma_load_3d(smem + kSmemSB + stage * kSmemSBBytes, &params.tma_sb, bar, n0, col, 0);
                 hal::mbar_arrive_expect_tx(bar, kStageTxBytes);
                 hal::tma_load_3d(smem + kSmemA + stage * kSmemABytes, map_a, bar, k0, row0, 0);
                 hal::tma_load_3d(smem + kSmemB + stage * kSmemBBytes, map_b, bar, k0, n0, 0);
                 hal::tma_load_3d(smem + kSmemSA + stage * kSmemSABytes, &params.tma_sa, bar, row0, col, 0);
-                pipe.advance();
-            }
+            });
         }
     }
 
@@ -315,11 +317,11 @@ struct Fp8GemmKernel {
         const u32 wg = kNumMathWarpgroups == 1 ? 0u : warp / 4;  // a constant with one warpgroup
         const u32 warp_in_wg = warp % 4;
         const u32 wg_row0 = wg * kWgRows;
-        const bool store_leader = warp_in_wg == 0 && lane == 0;
         // Rows of this thread's fragment inside the tile, per wave: r and r + 8 (WgmmaFragment::row).
         // NOTES: pinned, or ptxas re-derives it from the thread index inside the K loop (5 instructions per K
         // block in the one-warpgroup kernels).
         const u32 frag_row = hal::pin(wg_row0 + warp_in_wg * 16 + lane / 4);
+        TileThread me{wg, warp_in_wg, lane, wg_row0, frag_row, 0};
         // Descriptors: the tile's A (this warpgroup's rows) / B in stage s, k32 slice ks start a_desc / b_desc
         // + s * stage stride + ks * 32 bytes; only the low word changes (desc_advance), by one multiply-add
         // per K block and one add per wgmma.
@@ -342,6 +344,7 @@ struct Fp8GemmKernel {
         TileInfo tile;
         while (next_tile(scheduler, tile)) {
             const u32 n0 = tile.n_block * BLOCK_N;
+            me.n0 = n0;
             const auto cols = Scales::of(n0);
 
             DFG_UNROLL
@@ -394,38 +397,9 @@ struct Fp8GemmKernel {
             // The tile's K blocks (k-grouped: the group's, 0 gives D_g = C_g + 0).
             pipe.for_each_use(kKGrouped ? tile.num_k_blocks : kKBlocksPerSplit, k_block);
 
-            if constexpr (kFp32Accumulate) {
-                const u64 group_rows = kKGrouped ? static_cast<u64>(tile.group) * params.rows : 0u;  // D / C [G][rows][N]
-                store_fp32_accumulate<SHAPE_N, BLOCK_N>(params.d_f32 + group_rows * params.ld_d,
-                                                        params.c_f32 + group_rows * params.ld_c, params.ld_d, params.ld_c,
-                                                        params.rows, tile.m_block * BLOCK_M, n0, frag_row, lane, acc);
-                // NOTES: the stores' lane-dependent bounds checks diverge; reconverging here lets ptxas keep
-                // the next tile's K loop on the uniform datapath (-21 instructions per K block, k-grouped).
-                hal::warp_sync();
-                continue;
-            }
-            // Split-K: this split's partial goes to the workspace; only the last split of the tile goes on,
-            // with the sum of all splits in acc (split_k.cuh).
-            if constexpr (kSplitK > 1) {
-                if (!Split::reduce(params.split_counters, params.split_partials, tile, Scheduler::kNumNBlocks, wg,
-                                   warp_in_wg * 32 + lane, acc))
-                    continue;
-            }
-            // Epilogue: the previous tile's TMA store must have finished reading the shared tile.
-            if (store_leader)
-                hal::tma_store_wait_read<0>();
-            hal::named_barrier_sync(1 + wg, 128);
-            Store::write_smem(smem + kSmemD, acc, wg_row0, warp_in_wg, lane);
-            hal::fence_view_async_shared();
-            hal::named_barrier_sync(1 + wg, 128);
-            if (store_leader) {
-                const i32 batch = kKind == GemmKind::GroupedMasked ? static_cast<i32>(tile.group) : 0;
-                Store::issue_stores(&params.tma_d, smem + kSmemD, wg_row0, static_cast<i32>(n0),
-                                    static_cast<i32>(tile.m_block * BLOCK_M), batch, SHAPE_N);
-            }
+            Output::store(params, smem + kSmemD, tile, me, acc);
         }
-        if (store_leader)
-            hal::tma_store_wait_all();
+        Output::finish(me);
     }
 
     // Lane r < kClusterSize of each math warp releases the stage on CTA r of the cluster.

@@ -17,6 +17,11 @@
 // with saturation to +-448 (cvt.rn.satfinite). A k that is not a multiple of 128 behaves as if zero-padded.
 // kUe8m0 (UE8M0 / power-of-two scales, the reference design's use_ue8m0): the fp32 quotient amax / 448 is
 // rounded up to 2^ceil(log2(.)) on its bit pattern (exact: no log2 in floating point), see ceil_to_ue8m0.
+// Variants (the bodies' last template argument kVariant, a set of bits; jit/quant.cu passes USE_UE8M0 there, so
+// `true` is kUe8m0Scales alone): kDeepGemmCuda computes the reference design's casts (DeepGEMM
+// deep_gemm/utils/math.py) as ATen runs them on CUDA, scale = amax * fl(1/448) (ATen divides by a CPU scalar as a
+// multiply by its reciprocal, BinaryDivTrueKernel.cu) and value = x * fl(1 / scale) (`x * (1.0 / sf)`), for the
+// per-token and per-block kinds; the cast is the same (torch's float8_e4m3fn cast saturates as cvt.satfinite does).
 //
 // Inputs: bf16, fp16 (widened exactly in software: the hal has no half conversion and none is needed) or fp32.
 //
@@ -64,6 +69,9 @@ constexpr u32 kElemsPerThread = 16;
 constexpr u32 kThreadsPerGroup = kGroupSize / kElemsPerThread;
 constexpr float kE4m3Max = 448.0f;
 constexpr float kAmaxFloor = 1e-4f;
+constexpr u32 kUe8m0Scales = 1u;   // variant bit: power-of-two scales
+constexpr u32 kDeepGemmCuda = 2u;  // variant bit: the reference design's CUDA arithmetic (see the file comment)
+constexpr float kInvE4m3Max = 1.0f / kE4m3Max;  // fl(1/448), as ATen computes it on the host
 
 // Byte layout mirrored by deep_fp8_gemm.kernels.quant._QuantParams (72 bytes, 8-byte aligned).
 struct QuantParams {
@@ -149,14 +157,28 @@ DFG_DEVICE void load16(const void* base, u64 offset, u32 valid, float (&v)[kElem
     }
 }
 
-// Quantises 16 values with `scale` (x / scale, IEEE division as torch) and stores the `valid` leading bytes at dst.
-template <bool kVectorized>
+// The value quantised: x / scale (IEEE division, as torch), or with kDeepGemmCuda x * inv, inv = fl(1 / scale).
+template <u32 kVariant>
+DFG_DEVICE float scaled_value(float x, float scale, float inv) {
+    if constexpr ((kVariant & kDeepGemmCuda) != 0u) {
+        return x * inv;
+    } else {
+        return x / scale;
+    }
+}
+
+// Quantises 16 values with `scale` (see scaled_value) and stores the `valid` leading bytes at dst.
+template <bool kVectorized, u32 kVariant = 0u>
 DFG_DEVICE void quantize_store16(u8* dst, u32 valid, const float (&v)[kElemsPerThread], float scale) {
+    float inv = 0.0f;
+    if constexpr ((kVariant & kDeepGemmCuda) != 0u) inv = 1.0f / scale;
     Vec16B packed;
     DFG_UNROLL
     for (u32 i = 0; i < 4; ++i) {
-        const u32 lo = hal::pack_e4m3x2(v[4 * i] / scale, v[4 * i + 1] / scale);
-        const u32 hi = hal::pack_e4m3x2(v[4 * i + 2] / scale, v[4 * i + 3] / scale);
+        const u32 lo = hal::pack_e4m3x2(scaled_value<kVariant>(v[4 * i], scale, inv),
+                                        scaled_value<kVariant>(v[4 * i + 1], scale, inv));
+        const u32 hi = hal::pack_e4m3x2(scaled_value<kVariant>(v[4 * i + 2], scale, inv),
+                                        scaled_value<kVariant>(v[4 * i + 3], scale, inv));
         packed.w[i] = lo | (hi << 16);
     }
     if (kVectorized) {
@@ -188,20 +210,22 @@ DFG_HOST_DEVICE float ceil_to_ue8m0(float scale) {
 }
 
 // amax (as |x| bits) -> the scale: values are divided by it before the cast, and the GEMM multiplies by it.
-template <bool kUe8m0>
+template <u32 kVariant>
 DFG_DEVICE float amax_to_scale(u32 amax_bits) {
     float amax = bits_to_float(amax_bits);
     amax = amax < kAmaxFloor ? kAmaxFloor : amax;  // NaN compares false and stays NaN, as torch.clamp
-    const float scale = amax / kE4m3Max;
-    return kUe8m0 ? ceil_to_ue8m0(scale) : scale;
+    const float scale = (kVariant & kDeepGemmCuda) != 0u ? amax * kInvE4m3Max : amax / kE4m3Max;
+    return (kVariant & kUe8m0Scales) != 0u ? ceil_to_ue8m0(scale) : scale;
 }
 
 DFG_DEVICE float silu(float x) { return x / (1.0f + expf(-x)); }
 
 // PerToken and SiluMulPerToken: see the file comment.
-template <QuantKind kKind, InputType kType, bool kVectorized, u32 kNumThreads, bool kUe8m0 = false>
+template <QuantKind kKind, InputType kType, bool kVectorized, u32 kNumThreads, u32 kVariant = 0u>
 DFG_DEVICE void per_token_body(const QuantParams& p) {
     static_assert(kKind == QuantKind::PerToken || kKind == QuantKind::SiluMulPerToken, "per-token kinds");
+    static_assert(kKind == QuantKind::PerToken || (kVariant & kDeepGemmCuda) == 0u,
+                  "the reference design's arithmetic is a variant of the per-token and per-block casts only");
     static_assert(kNumThreads % 32 == 0 && kNumThreads <= 1024, "whole warps, at most 1024 threads");
     constexpr u32 kUnitsPerBlock = kNumThreads / kThreadsPerGroup;
 
@@ -232,8 +256,8 @@ DFG_DEVICE void per_token_body(const QuantParams& p) {
     const Vec16B* mine = reinterpret_cast<const Vec16B*>(partial + (tid / kThreadsPerGroup) * kThreadsPerGroup);
     const u32 amax_bits = max_of(max_of_vec(mine[0]), max_of_vec(mine[1]));
 
-    const float scale = amax_to_scale<kUe8m0>(amax_bits);
-    quantize_store16<kVectorized>(p.output + u64(row) * p.output_row_stride + col, valid, v, scale);
+    const float scale = amax_to_scale<kVariant>(amax_bits);
+    quantize_store16<kVectorized, kVariant>(p.output + u64(row) * p.output_row_stride + col, valid, v, scale);
     if (active && tid % kThreadsPerGroup == 0) {
         const u32 batch = row / p.rows_per_batch;
         const u32 row_in_batch = row - batch * p.rows_per_batch;
@@ -242,7 +266,7 @@ DFG_DEVICE void per_token_body(const QuantParams& p) {
 }
 
 // PerBlock: see the file comment.
-template <InputType kType, bool kVectorized, u32 kNumThreads, bool kUe8m0 = false>
+template <InputType kType, bool kVectorized, u32 kNumThreads, u32 kVariant = 0u>
 DFG_DEVICE void per_block_body(const QuantParams& p) {
     constexpr u32 kRowsPerPass = kNumThreads / kThreadsPerGroup;
     static_assert(kGroupSize % kRowsPerPass == 0, "the block's 128 rows split into whole passes");
@@ -284,13 +308,14 @@ DFG_DEVICE void per_block_body(const QuantParams& p) {
     DFG_UNROLL
     for (u32 i = 0; i < kRowsPerPass / 4; ++i) block_amax = max_of(block_amax, max_of_vec(second[i]));
 
-    const float scale = amax_to_scale<kUe8m0>(block_amax);
+    const float scale = amax_to_scale<kVariant>(block_amax);
     DFG_UNROLL
     for (u32 pass = 0; pass < kPasses; ++pass) {
         const u32 r = block_n * kGroupSize + pass * kRowsPerPass + tid / kThreadsPerGroup;
         const u32 valid = r < n ? col_valid : 0;
         const u64 global_row = u64(batch) * n + r;
-        quantize_store16<kVectorized>(p.output + global_row * p.output_row_stride + col, valid, v[pass], scale);
+        quantize_store16<kVectorized, kVariant>(p.output + global_row * p.output_row_stride + col, valid, v[pass],
+                                                scale);
     }
     if (tid == 0)
         p.scales[u64(batch) * p.scale_batch_stride + u64(block_n) * p.scale_row_stride + block_k] = scale;
@@ -409,9 +434,10 @@ DFG_DEVICE void store16(u8* dst, u32 valid, const Vec16B& chunk) {
 
 // CastTranspose and KGroupedTranspose: see the section comment. kVectorized: 16-byte loads of x and stores of
 // x_fp8 / xᵀ (the host requires cols % 16 == 0, 16-byte aligned rows and, for CastTranspose, rows % 16 == 0).
-template <QuantKind kKind, InputType kType, bool kVectorized, u32 kNumThreads, bool kUe8m0 = false>
+template <QuantKind kKind, InputType kType, bool kVectorized, u32 kNumThreads, u32 kVariant = 0u>
 DFG_DEVICE void cast_transpose_body(const TransposeParams& p) {
     static_assert(is_transpose_kind(kKind), "cast-transpose kinds");
+    static_assert((kVariant & kDeepGemmCuda) == 0u, "the cast-transposes use this library's arithmetic only");
     static_assert(kNumThreads == kTransposeThreads, "one thread per (4 rows, 16 columns) of a 128 x 128 tile");
     constexpr bool kWithRows = kKind == QuantKind::CastTranspose;
 
@@ -467,7 +493,7 @@ DFG_DEVICE void cast_transpose_body(const TransposeParams& p) {
         u32 amax = 0;
         DFG_UNROLL
         for (u32 s = 0; s < kRowSlots; ++s) amax = max_of(amax, col_partial[s * kTile + swizzle_col_word(tid)]);
-        const float scale = amax_to_scale<kUe8m0>(amax);
+        const float scale = amax_to_scale<kVariant>(amax);
         col_scale[swizzle_col_word(tid)] = scale;
         if (col0 + tid < p.num_cols) p.scales_t[u64(tile_r) * p.scale_t_stride + col0 + tid] = scale;
     }
@@ -475,7 +501,7 @@ DFG_DEVICE void cast_transpose_body(const TransposeParams& p) {
         DFG_UNROLL
         for (u32 j = 0; j < kRowsPerThread; ++j) {
             const Vec16B* group = reinterpret_cast<const Vec16B*>(row_partial + j * kNumThreads + slot * kThreadsPerGroup);
-            const float scale = amax_to_scale<kUe8m0>(max_of(max_of_vec(group[0]), max_of_vec(group[1])));
+            const float scale = amax_to_scale<kVariant>(max_of(max_of_vec(group[0]), max_of_vec(group[1])));
             const u32 r = row0 + slot * kRowsPerThread + j;
             const u32 valid = r < p.num_rows ? col_valid : 0;
             quantize_store16<kVectorized>(p.output + u64(r) * p.num_cols + col, valid, v[j], scale);
@@ -525,14 +551,15 @@ DFG_DEVICE void cast_transpose_body(const TransposeParams& p) {
 template <QuantKind kKind>
 using ParamsOf = typename ParamsSelect<is_transpose_kind(kKind)>::type;
 
-template <QuantKind kKind, InputType kType, bool kVectorized, u32 kNumThreads, bool kUe8m0 = false>
+// kVariant: the variant bits (kUe8m0Scales, kDeepGemmCuda); the entry's `true` / `false` are 1 / 0.
+template <QuantKind kKind, InputType kType, bool kVectorized, u32 kNumThreads, u32 kVariant = 0u>
 DFG_DEVICE void quant_body(const ParamsOf<kKind>& p) {
     if constexpr (kKind == QuantKind::PerBlock) {
-        per_block_body<kType, kVectorized, kNumThreads, kUe8m0>(p);
+        per_block_body<kType, kVectorized, kNumThreads, kVariant>(p);
     } else if constexpr (is_transpose_kind(kKind)) {
-        cast_transpose_body<kKind, kType, kVectorized, kNumThreads, kUe8m0>(p);
+        cast_transpose_body<kKind, kType, kVectorized, kNumThreads, kVariant>(p);
     } else {
-        per_token_body<kKind, kType, kVectorized, kNumThreads, kUe8m0>(p);
+        per_token_body<kKind, kType, kVectorized, kNumThreads, kVariant>(p);
     }
 }
 

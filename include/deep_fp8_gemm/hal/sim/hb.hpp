@@ -119,9 +119,12 @@ inline std::string symbolise(u32 offset) {
     if (it != g_sites.resolved.end()) return it->second;
     Dl_info info{};
     dladdr(reinterpret_cast<void*>(&library_base), &info);
-    std::string out;
-    if (info.dli_fname) {
-        const std::string cmd = format("addr2line -e '%s' 0x%x 2>/dev/null", info.dli_fname, offset - 1);
+    std::string out, file = info.dli_fname ? info.dli_fname : "";
+    // The runner loads libraries through /proc/self/fd/N (the descriptor it verified): addr2line, another
+    // process, reads the same file through this process's descriptor.
+    if (file.rfind("/proc/self/", 0) == 0) file = format("/proc/%d/", int(getpid())) + file.substr(11);
+    if (!file.empty()) {
+        const std::string cmd = format("addr2line -e '%s' 0x%x 2>/dev/null", file.c_str(), offset - 1);
         if (FILE* f = popen(cmd.c_str(), "r")) {
             char line[4096];
             if (fgets(line, sizeof line, f)) out = line;

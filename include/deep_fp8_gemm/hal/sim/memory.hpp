@@ -133,11 +133,17 @@ inline void fence(Order order, Scope scope, const char* what) {
 
 // ---------------------------------------------------------------- accesses the hal performs for a thread
 
-// A read of global or shared memory by a hal operation (ld.global.nc), checked and recorded as a plain read.
-inline void hal_read(const void* ptr, u32 bytes, const char* what) {
+// A load or store a hal operation makes for the kernel (ld.global.nc, ld / st.global.v2.f32), checked and
+// recorded as a plain one, at the hal call's site.
+inline void hal_access(const void* ptr, u32 bytes, bool write, const char* what) {
     if (!S().races) return;
     Thread& t = me();
-    fine_access(t, reinterpret_cast<uintptr_t>(ptr), bytes, Access{what, false, false, Scope::Cta, site_id(t.site)});
+    fine_access(t, reinterpret_cast<uintptr_t>(ptr), bytes, Access{what, write, false, Scope::Cta, site_id(t.site)});
+}
+
+inline void check_aligned(const void* ptr, u32 alignment, const char* what) {
+    if (reinterpret_cast<uintptr_t>(ptr) % alignment != 0)
+        fail(format("%s: address %p is not %u-byte aligned (misaligned vector access)", what, ptr, alignment));
 }
 
 // cp.async (PTX ISA "cp.async"), performed at once: a read of global memory and a write of this CTA's shared

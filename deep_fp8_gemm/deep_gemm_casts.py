@@ -1,0 +1,153 @@
+"""The reference design's casts bit for bit: what the ``deep_gemm`` drop-in's ``deep_gemm.utils`` exports.
+
+DeepGEMM 2.6.1's ``per_token_cast_to_fp8`` / ``per_block_cast_to_fp8`` / ``per_channel_cast_to_fp8`` /
+``per_custom_dims_cast_to_fp8`` (``deep_gemm/utils/math.py``) compute, per scale group, ``amax = max(max|x|,
+1e-4)``, ``sf = amax / 448.0`` and ``x_fp8 = e4m3(x * (1.0 / sf))``: a multiply by a reciprocal where
+:mod:`deep_fp8_gemm.quant` divides (``x / sf``). The scales agree, but about 0.05% of e4m3 codes differ by one
+step. ATen also makes the reference's own bits device-dependent: ``tensor / 448.0`` (a Python-float divisor)
+is a true division on a CPU and a multiply by ``fl(1/448)`` on CUDA (``BinaryDivTrueKernel.cu``), which puts
+about half of all scales one ulp apart. So these functions follow the reference on each device:
+
+* CPU tensors, and CUDA tensors on a GPU without the fused kernels: the reference's own sequence of ATen ops
+  (so the CPU sequence on a CPU, the CUDA sequence on CUDA, exactly as the reference computes there);
+* an sm_90 GPU, and CPU tensors under ``DFG_SIMULATE=1`` (the simulator stands in for the GPU): the fused
+  per-token / per-block kernels' ``Numerics.DEEP_GEMM_CUDA`` variant (``kDeepGemmCuda`` in ``quant.cuh``):
+  ``sf = amax * fl(1/448)``, ``x * fl(1 / sf)``, i.e. the reference's CUDA sequence. ``per_channel`` and
+  ``per_custom_dims`` have no fused kernel and run the ATen sequence everywhere.
+
+The e4m3 cast is torch's ``.to(torch.float8_e4m3fn)`` (round to nearest even; with the pinned torch 2.13 it
+saturates: finite overflow and ±inf become ±448, NaN stays NaN), which the fused kernels' ``cvt.rn.satfinite``
+matches. :mod:`deep_fp8_gemm.quant` clamps to ±448 before its cast and the reference does not: on finite inputs
+the quotient never exceeds 448 by more than a rounding step, so the two give the same code at the boundary
+(448), and an infinite quotient (an inf input under ``use_ue8m0``) gives 448 either way with this torch.
+
+Non-finite inputs, as the reference: a NaN makes its group's scale and every code of the group NaN; an inf makes
+the scale inf, the group's finite elements code 0 and the inf element NaN (``inf * 0``); with ``use_ue8m0`` a
+NaN / inf scale becomes ``2^127`` (the exponent clamp of ``ceil_to_ue8m0``), the finite elements code 0, a NaN
+element NaN and an inf element ±448.
+
+Returned layouts are the reference's: scales row-major contiguous (``[m, ceil(k/128)]``, not the M-major layout
+of :func:`deep_fp8_gemm.per_token_cast_to_fp8`; the GEMMs accept either). ``deep_fp8_gemm``'s own quantisers
+keep their device-independent IEEE division (``tests/test_quant.py::test_torch_path_divides_by_tensors_only``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._core.checks import check_bool
+from .constants import AMAX_FLOOR, FP8_E4M3_MAX, GRAN_K
+from .kernels import quant as quant_host
+from .quant import ceil_to_ue8m0, check_input, check_sm100_options, kernel_launcher
+from .utils import ceil_div
+
+_NUMERICS = quant_host.Numerics.DEEP_GEMM_CUDA
+
+
+def _scale(amax: torch.Tensor, use_ue8m0: bool) -> torch.Tensor:
+    """``amax / 448.0`` with a Python-float divisor (ATen's device-dependent arithmetic, as the reference),
+    then ``ceil_to_ue8m0(|sf|)`` for UE8M0 scales."""
+    sf = amax / FP8_E4M3_MAX
+    return ceil_to_ue8m0(sf.abs()) if use_ue8m0 else sf
+
+
+def per_token_cast_to_fp8_torch(x: torch.Tensor, use_ue8m0: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference's ATen sequence of :func:`per_token_cast_to_fp8` on ``x``'s device."""
+    m, k = x.shape
+    padded_k = ceil_div(k, GRAN_K) * GRAN_K
+    padded = x.new_zeros((m, padded_k))
+    padded[:, :k] = x
+    view = padded.view(m, padded_k // GRAN_K, GRAN_K)
+    sf = _scale(view.abs().float().amax(dim=2).clamp(AMAX_FLOOR), use_ue8m0)
+    x_fp8 = (view * (1.0 / sf.unsqueeze(2))).to(torch.float8_e4m3fn).view(m, padded_k)[:, :k].contiguous()
+    return x_fp8, sf
+
+
+def per_block_cast_to_fp8_torch(x: torch.Tensor, use_ue8m0: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference's ATen sequence of :func:`per_block_cast_to_fp8` on ``x``'s device."""
+    m, n = x.shape
+    padded = x.new_zeros((ceil_div(m, GRAN_K) * GRAN_K, ceil_div(n, GRAN_K) * GRAN_K))
+    padded[:m, :n] = x
+    view = padded.view(-1, GRAN_K, padded.size(1) // GRAN_K, GRAN_K)
+    sf = _scale(view.abs().float().amax(dim=(1, 3), keepdim=True).clamp(AMAX_FLOOR), use_ue8m0)
+    x_fp8 = (view * (1.0 / sf)).to(torch.float8_e4m3fn)
+    return x_fp8.view_as(padded)[:m, :n].contiguous(), sf.view(view.size(0), view.size(2))
+
+
+def per_token_cast_to_fp8(x: torch.Tensor, use_ue8m0: bool, gran_k: int = 128,
+                          use_packed_ue8m0: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference's ``per_token_cast_to_fp8``: one scale per row per 128 K-elements, its bits on each device.
+
+    Args:
+        x: ``[m, k]`` bfloat16 / float16 / float32, any strides, ``k >= 1``.
+        use_ue8m0: required, as in the reference (positional or keyword): power-of-two scales.
+        gran_k: 128 (32, the SM100 MXFP8 recipe: ``NotImplementedError``).
+        use_packed_ue8m0: False (True, the SM100 int32 packing: ``NotImplementedError``).
+
+    Returns:
+        ``(x_fp8 [m, k] float8_e4m3fn contiguous, sf [m, ceil(k/128)] float32 contiguous)``; see the module
+        docstring for the arithmetic per device and for non-finite inputs.
+    """
+    check_input(x, "x")
+    check_sm100_options(gran_k, use_packed_ue8m0)
+    use_ue8m0 = check_bool(use_ue8m0, "use_ue8m0")
+    launch = kernel_launcher(x)
+    if launch is None:
+        return per_token_cast_to_fp8_torch(x, use_ue8m0)
+    x_fp8, sf = quant_host.run_per_token(x, quant_host.QuantKind.PER_TOKEN, "x", launch, ue8m0=use_ue8m0,
+                                         numerics=_NUMERICS)
+    return x_fp8, sf.contiguous()
+
+
+def per_block_cast_to_fp8(x: torch.Tensor, use_ue8m0: bool, gran_k: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference's ``per_block_cast_to_fp8``: one scale per 128x128 block, its bits on each device.
+
+    ``x`` ``[n, k]`` (partial edge blocks zero-padded) -> ``(x_fp8 [n, k] contiguous, sf [ceil(n/128),
+    ceil(k/128)] contiguous)``; ``use_ue8m0`` required; ``gran_k`` 128 only.
+    """
+    check_input(x, "x")
+    check_sm100_options(gran_k, False)
+    use_ue8m0 = check_bool(use_ue8m0, "use_ue8m0")
+    launch = kernel_launcher(x)
+    if launch is None:
+        return per_block_cast_to_fp8_torch(x, use_ue8m0)
+    return quant_host.run_per_block(x, launch, ue8m0=use_ue8m0, numerics=_NUMERICS)
+
+
+def per_channel_cast_to_fp8(x: torch.Tensor, use_ue8m0: bool, gran_k: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference's ``per_channel_cast_to_fp8``: one scale per column per 128 rows (ATen on every device).
+
+    ``x`` ``[m, n]``, ``m % 128 == 0`` -> ``(x_fp8 [m, n] contiguous, sf [m / 128, n] contiguous)``.
+    """
+    check_input(x, "x")
+    check_sm100_options(gran_k, False)
+    use_ue8m0 = check_bool(use_ue8m0, "use_ue8m0")
+    m, n = x.shape
+    if m % GRAN_K:
+        raise ValueError(f"x must have a multiple of {GRAN_K} rows for per-channel scales, got x.shape={tuple(x.shape)}")
+    view = x.reshape(-1, GRAN_K, n)
+    sf = _scale(view.abs().float().amax(dim=1).view(-1, n).clamp(AMAX_FLOOR), use_ue8m0)
+    return (view * (1.0 / sf.unsqueeze(1))).to(torch.float8_e4m3fn).view(m, n), sf
+
+
+def per_custom_dims_cast_to_fp8(x: torch.Tensor, dims: tuple[int, ...], use_ue8m0: bool
+                                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference's ``per_custom_dims_cast_to_fp8``: one scale per index of the kept ``dims`` (the amax runs
+    over every other dim), ATen on every device. Returns ``(x_fp8 of x's shape, sf.squeeze())``."""
+    if not isinstance(x, torch.Tensor) or x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise TypeError(f"x must be a bfloat16, float16 or float32 tensor, got {getattr(x, 'dtype', type(x).__name__)}")
+    if not isinstance(dims, (tuple, list)) or not all(isinstance(d, int) and not isinstance(d, bool) for d in dims):
+        raise TypeError(f"dims must be a tuple of ints, got {dims!r}")
+    use_ue8m0 = check_bool(use_ue8m0, "use_ue8m0")
+    kept = set(dims)  # as the reference: a negative dim matches no dim
+    excluded = tuple(i for i in range(x.dim()) if i not in kept)
+    sf = _scale(x.abs().float().amax(dim=excluded, keepdim=True).clamp(AMAX_FLOOR), use_ue8m0)
+    return (x * (1.0 / sf)).to(torch.float8_e4m3fn), sf.squeeze()
+
+
+__all__ = [
+    "per_block_cast_to_fp8",
+    "per_channel_cast_to_fp8",
+    "per_custom_dims_cast_to_fp8",
+    "per_token_cast_to_fp8",
+]

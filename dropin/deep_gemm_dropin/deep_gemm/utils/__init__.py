@@ -1,0 +1,13 @@
+"""deep_gemm.utils: the reference's layout helpers (:mod:`.layout`) and casts (:mod:`.math`), also at the top
+level of ``deep_gemm``. Its ``dist`` helpers (``init_dist``, ``uneven_all_gather``: NCCL test scaffolding) are not
+provided."""
+
+from __future__ import annotations
+
+from . import layout, math
+from .layout import *  # noqa: F401,F403
+from .layout import __all__ as _layout_all
+from .math import *  # noqa: F401,F403
+from .math import __all__ as _math_all
+
+__all__ = ["layout", "math", *_layout_all, *_math_all]
