@@ -17,7 +17,7 @@ import torch
 
 import deep_fp8_gemm.kernels.quant as kq
 from deep_fp8_gemm.kernels import gemm, split_k
-from deep_fp8_gemm.layout import get_col_major_tma_aligned_tensor
+from deep_fp8_gemm import get_col_major_tma_aligned_tensor
 from deep_fp8_gemm.config import GemmConfig, check_config
 from deep_fp8_gemm.runtime import paths
 from deep_fp8_gemm.simulator import SimulationError, launch as sim_launch

@@ -172,3 +172,105 @@ def test_without_pdl_stream_order_needs_no_wait():
         out = run_pdl("read_before_wait", "trigger_first", seed, programmatic=False)
         assert torch.equal(out, torch.arange(256, dtype=torch.float32) + 1)
         run_pdl("no_wait", "trigger_first", seed, programmatic=False)
+
+
+# ---------------------------------------------------------------- the real kernels: no report (no false positives)
+# The detector is on in every simulated launch, so every simulator test of the real kernels is part of this sweep:
+# seed 0 everywhere; adversarial seeds 1-6 on the dense configs where cross-CTA and producer / consumer ordering
+# matters (1 and 2 math warpgroups, multicast of A and of B), contiguous, masked and the quantisers
+# (test_sim_schedules.py); 1-3 on k-grouped; 1-2 on cast-transpose; 11 and 12345 on split-K. Here: adversarial
+# seeds for the families that had none (1D1D, split-K across CTAs), and with DFG_SIM_RACES=full every family on 16
+# seeds plus larger shapes (on request: ~30 minutes on two cores).
+from deep_fp8_gemm import calc_diff, env, get_col_major_tma_aligned_tensor, reference  # noqa: E402
+from deep_fp8_gemm.config import GemmConfig, check_config  # noqa: E402
+from deep_fp8_gemm.kernels import gemm, split_k  # noqa: E402
+
+from . import test_sim_schedules  # noqa: E402
+from .test_sim_1d1d import CASES as CASES_1D1D, _operands as operands_1d1d, model64 as model64_1d1d  # noqa: E402
+from .test_sim_gemm import make_config, quantised_operands, run_sim  # noqa: E402
+from .test_sim_split_k import CASES as CASES_SPLIT_K, assert_close_to_float64, run_case, split_config  # noqa: E402
+
+FULL = env.sim_races() == "full"
+SWEEP_SEEDS = list(range(1, 17)) if FULL else [1, 2, 3]
+
+
+def sweep_1d1d(name, monkeypatch):
+    m, n, k, block_m, block_n, stages, grid = CASES_1D1D[name]
+    cfg = GemmConfig(kind="1d1d", shape_n=n, shape_k=k, num_groups=1, block_m=block_m, block_n=block_n,
+                     num_stages=stages, cluster_m=1, cluster_n=1, band_width=16, grid_size=grid)
+    check_config(cfg)
+    monkeypatch.setenv("DFG_SIM_EXACT_MMA", "1")
+    a, sa, b, sb, c = operands_1d1d(m, n, k, seed=3)
+    expected = model64_1d1d(a, sa, b, sb, c)
+    for seed in SWEEP_SEEDS:
+        monkeypatch.setenv("DFG_SIM_SEED", str(seed))
+        d = c.clone()  # C in place
+        gemm.launch_1d1d(cfg, a, get_col_major_tma_aligned_tensor(sa), b, get_col_major_tma_aligned_tensor(sb), d, d,
+                         "sim")
+        scale = abs(expected - c.double().numpy()).max() + 1.0
+        assert abs(d.double().numpy() - expected).max() <= 1e-5 * scale * max(1, k // 128), f"seed {seed}"
+
+
+def sweep_split_k(name, monkeypatch):
+    m, n, k, bm, bn, splits, grid, stages = CASES_SPLIT_K[name]
+    cfg = split_config(n, k, bm, bn, splits, grid, stages)
+    monkeypatch.setenv("DFG_SIM_EXACT_MMA", "1")
+    for seed in SWEEP_SEEDS:
+        monkeypatch.setenv("DFG_SIM_SEED", str(seed))
+        split_k.clear()
+        d, exact, counters = run_case(cfg, m, seed=seed)
+        assert_close_to_float64(d, exact)
+        assert not counters.any()
+
+
+def sweep_dense(args, monkeypatch):
+    m, n, k, bm, bn, cluster, stages, grid = args
+    cfg = make_config("dense", n, k, bm, bn, cluster=cluster, stages=stages, grid=grid)
+    a, sa, b, sb = quantised_operands((m,), n, k, seed=5)
+    ref = torch.empty((m, n), dtype=torch.bfloat16)
+    reference.gemm_fp8_fp8_bf16_nt((a, sa), (b, sb), ref)
+    for seed in SWEEP_SEEDS:
+        monkeypatch.setenv("DFG_SIM_SEED", str(seed))
+        d = torch.full((m, n), float("nan"), dtype=torch.bfloat16)
+        run_sim(cfg, a, sa, b, sb, d)
+        assert calc_diff(d, ref) < 1e-3, f"seed {seed}"
+
+
+def sweep_schedules_suite(monkeypatch):
+    """test_sim_schedules.py's dense, grouped and quantiser cases on the sweep's seeds."""
+    monkeypatch.setattr(test_sim_schedules, "SEEDS", SWEEP_SEEDS)
+    for case in sorted(test_sim_schedules.DENSE):
+        test_sim_schedules.test_dense_gemm_under_adversarial_schedules(case, monkeypatch)
+    test_sim_schedules.test_grouped_gemms_under_adversarial_schedules(monkeypatch)
+    test_sim_schedules.test_quantisers_under_adversarial_schedules()
+
+
+SWEEP = {
+    "1d1d_two_warpgroups": lambda mp: sweep_1d1d("bm128_two_warpgroups_odd_n", mp),
+    "split_k_two_warpgroups_across_ctas": lambda mp: sweep_split_k("split4_two_warpgroups_m_and_n_tail", mp),
+}
+FULL_SWEEP = {
+    "1d1d_each_case": lambda mp: [sweep_1d1d(name, mp) for name in sorted(CASES_1D1D)],
+    "split_k_each_case": lambda mp: [sweep_split_k(name, mp) for name in sorted(CASES_SPLIT_K)],
+    "schedules_suite": sweep_schedules_suite,
+    # larger shapes: more tiles per CTA, more K blocks through the ring, multicast with two math warpgroups
+    "dense_large_2wg_multicast": lambda mp: sweep_dense((384, 512, 1024, 128, 128, (1, 2), 4, 4), mp),
+    "dense_large_1wg_multicast_b": lambda mp: sweep_dense((320, 384, 768, 64, 96, (2, 1), 3, 4), mp),
+    "split_k_large": lambda mp: sweep_split_k_large(mp),
+}
+
+
+def sweep_split_k_large(monkeypatch):
+    cfg = split_config(256, 1792, 128, 64, 7, 6, 3)
+    monkeypatch.setenv("DFG_SIM_EXACT_MMA", "1")
+    for seed in SWEEP_SEEDS:
+        monkeypatch.setenv("DFG_SIM_SEED", str(seed))
+        split_k.clear()
+        d, exact, counters = run_case(cfg, 130, seed=seed)
+        assert_close_to_float64(d, exact)
+        assert not counters.any()
+
+
+@pytest.mark.parametrize("family", sorted(SWEEP) + (sorted(FULL_SWEEP) if FULL else []))
+def test_real_kernels_are_free_of_reports(family, monkeypatch):
+    (SWEEP | FULL_SWEEP)[family](monkeypatch)

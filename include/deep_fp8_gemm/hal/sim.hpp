@@ -9,8 +9,13 @@
 //     are co-resident, as on a GPU running a persistent grid of <= #SM CTAs, so the CTAs of a cluster
 //     are co-scheduled. With seed 0 the scheduler resumes fibers round-robin in (cta, thread) order; a
 //     fiber runs until it blocks in a hal operation (mbarrier wait, bar.sync, cluster barrier, wgmma wait,
-//     a warp rendezvous, setmaxnreg) or returns. Any other seed (LaunchConfig::seed, DFG_SIM_SEED) gives a
-//     seeded adversarial schedule (sim/schedule.hpp). The interleaving is deterministic for a seed.
+//     a warp rendezvous, setmaxnreg, griddepcontrol.wait) or returns. Any other seed (LaunchConfig::seed,
+//     DFG_SIM_SEED) gives a seeded adversarial schedule (sim/schedule.hpp). The interleaving is deterministic
+//     for a seed.
+//   * A run is a stream of launches of this library's kernels (dfg_sim_run_stream; one for NAME_sim): each
+//     starts after the previous one ended, a programmatic dependent launch (PDL) as soon as every CTA of the
+//     previous one executed griddepcontrol.launch_dependents or exited, its fibers then scheduled together with
+//     the previous launch's.
 //   * A blocked fiber is resumed only once its wait condition holds; when a whole scheduling pass resumes
 //     nothing, the launch is deadlocked and the report lists who waits on what (see deadlock_report).
 //   * TMA loads are checked at issue and land (copy + complete-tx) at the end of the scheduling pass, so a
@@ -24,11 +29,12 @@
 //   * wgmma arithmetic follows a model of the Hopper FP8 tensor core (sim/numerics.hpp, mma_fp8_k32:
 //     13-bit truncating accumulator); kFlagExactMma (DFG_SIM_EXACT_MMA=1) accumulates in exact fp32.
 //   * Checked beyond a sequentially consistent machine, each report naming its kind, thread and call site
-//     (the hal functions take __builtin_FILE / __builtin_LINE default arguments):
-//       proxy        generic-proxy writes (stmatrix) read by the async proxy (TMA store, wgmma) without the
-//                    writer's fence.proxy.async and a barrier ordering it; mbarrier.init used by TMA
+//     (the hal functions take __builtin_FILE / __builtin_LINE default arguments; plain accesses are named by
+//     their return address, symbolised with addr2line):
+//       proxy        generic-proxy writes (stmatrix, plain stores) read by the async proxy (TMA store, wgmma)
+//                    without the writer's fence.proxy.async and a barrier ordering it; mbarrier.init used by TMA
 //                    complete_tx or a remote arrive before it was fenced and (across CTAs) cluster-synced
-//                    (sim/proxy.hpp; happens-before by vector clocks over bar.sync / named / cluster barriers)
+//                    (sim/proxy.hpp)
 //       registers    setmaxnreg against the CTA's pool of launch_registers (ptxas) per thread
 //                    (sim/registers.hpp): unsatisfiable inc = deadlock naming warpgroups and counts; a count
 //                    below a wgmma accumulator fragment's needs
@@ -37,20 +43,65 @@
 //       cluster lifetime  exit while a peer may still arrive / multicast into the CTA, remote operations
 //                    into an exited CTA, TMA loads in flight at exit (sim/cluster.hpp)
 //       race         wgmma operands changing between issue and the retiring wait; TMA into operands of an
-//                    unwaited wgmma or landing under a wgmma issued before it
+//                    unwaited wgmma or landing under a wgmma issued before it. And memory ordering
+//                    (sim/hb.hpp, sim/shadow.hpp): every plain load / store of shared and global memory, the
+//                    atomics, cp.async, stmatrix and TMA's reads and writes, against the last conflicting
+//                    access of another thread of any CTA or kernel of the stream, by vector clocks over the
+//                    edges PTX's memory model gives (barriers, mbarrier arrive / wait, release / acquire at a
+//                    scope, fences, kernel boundaries, griddepcontrol.wait). No happens-before path: `race`,
+//                    with both threads and both call sites; only through a relaxed atomic: `relaxed`; only
+//                    through a release / acquire whose scope does not include the other thread (or two atomics
+//                    whose scopes do not include each other): `scope`
+//       pdl          an access of a programmatic dependent launch, before its griddepcontrol.wait, that
+//                    conflicts with one of the previous kernel (either way round); a CTA of one exiting with
+//                    no thread having executed the wait (the next kernel's wait would no longer cover the one
+//                    before)
 //       tensormap    a TMA load through a tensor map outside the kernel parameters (one a host copy put in
 //                    global memory) without the issuing thread's fence.proxy.tensormap::generic.acquire on it
 //
+// Instrumentation of plain accesses (sim/instrument.hpp). The kernels read and write shared and global memory
+// through raw pointers, in source the sm_90a build shares, which this round's other issues are changing. The
+// simulator build compiles the translation unit with GCC's -fsanitize=thread (no function entry / exit hooks) and
+// links it without libtsan: GCC calls __tsan_readN / __tsan_writeN before every load and store it cannot prove
+// thread-local, and sim/instrument.hpp defines those functions. Chosen over
+//   * a wrapper type for shared-memory pointers handed out by hal::dynamic_smem: the kernels immediately hold
+//     `u8*` / `float*` / `u64*`, pass them to helpers with raw-pointer parameters, and get global pointers from
+//     the parameter struct, so the wrapper would decay at the first assignment unless every signature in the
+//     kernel headers changed, and it could never see global memory;
+//   * a source rewrite in simulator/build.py: finding every dereference (`sa[frag_row + w * 64]`, `*counter = 0`,
+//     a Float4 store through reinterpret_cast, an accessor inlined from another header) needs a C++ parser; a
+//     textual rewrite would miss some and break others.
+// The compiler sees every access after inlining and optimisation (values in registers are not memory), in every
+// kernel header present and future, with no change to them. The whole translation unit is instrumented, the
+// simulator's own code included, so the hooks filter first on a flag that is set only while kernel code runs
+// (every hal function clears it for its duration: DFG_SIM_HAL), then the thread's own fiber stack and the
+// parameter struct. Costs: -g1 line tables (addr2line names a plain access's call site), a slower emulation
+// (README, "CPU simulator"), ~24 bytes of shadow per byte a kernel touches with plain accesses; DFG_SIM_RACES=0
+// (kFlagNoRaces) keeps the instrumentation but skips the checks.
+//
 // Not modelled (a kernel can still be wrong on the GPU in these ways and pass here):
-//   * Plain C++ loads and stores to shared memory are not tracked: generic writes are seen by the proxy
-//     check only through stmatrix (and mbarrier.init), and a read of a stage after its release is only
-//     caught when a schedule makes it return wrong numbers.
-//   * Happens-before through mbarrier arrive/wait is not tracked (only barriers order generic writes
-//     before async reads); memory scopes and orders (.release/.acquire, .cta/.cluster/.gpu) and the weak
-//     ordering of global memory are not modelled: everything is sequentially consistent between hal calls,
-//     global atomics (atomic_add_acq_rel_gpu) included, so a missing release/acquire on a global flag is
-//     not caught; a reader that does not wait for the flag at all is (with poisoned data).
-//   * Preemption happens only at hal operations, never between two plain loads or stores.
+//   * Values are those of a sequentially consistent machine: a load returns the latest store. A racy read that
+//     the GPU may satisfy with an older value is reported, not exhibited; and only accesses the schedule
+//     executes are checked (a racy read on a path this schedule did not take, e.g. a flag it did not see, is
+//     not). Preemption happens only at hal operations, never between two plain loads or stores.
+//   * Intra-warp ordering: PTX orders a warp's lanes only through bar.warp.sync (modelled) and barriers. The
+//     model also orders, for a warpgroup-collective wgmma group, every thread's accesses before its
+//     wgmma.commit_group before every thread's accesses after the wgmma.wait_group that retires the group (the
+//     group executes once all 128 threads committed it); the kernels' one-lane-per-warp stage release after the
+//     wait relies on it for reads made before the wgmma, as CUTLASS's consumer_release does. shfl / vote / elect
+//     give no ordering.
+//   * The async proxy at 16-byte granularity: TMA accesses keep the last async write and the last async read per
+//     granule; async accesses to shared memory are checked against plain ones only (not against each other:
+//     the wgmma-window and landing checks cover those); a TMA load's global read counts at its issue, a TMA
+//     store's global write as done at its issue (not at cp.async.bulk.wait_group); a TMA load's smem write is
+//     ordered after its issuer's accesses before the issue, and before a waiter of the phase it completes
+//     (also when a later release of the issuer reached the reader first).
+//   * mbarrier arrive / wait always have their default .release.cta / .acquire.cta semantics (the hal has no
+//     other forms); .sys is .gpu; all kernels of a stream are one GPU. cp.async copies at once (ordered before
+//     its arrive by construction). ld.global.nc is checked as a plain load (that nothing writes the data during
+//     the kernel is implied by ordering, not checked on its own).
+//   * Streams run kernels of one translation unit (one library); across libraries (a quantiser, then a GEMM)
+//     there is no stream yet. Host work between two runs is ordered before and after both.
 //   * The register count of the code between setmaxnreg calls is not known: only wgmma accumulator
 //     fragments count as live; registers of exited warps are not returned to the pool.
 //   * The tensor-core model is ours (group of 16 products, 13 aligned bits, truncation), fitted to the

@@ -113,32 +113,39 @@ inline u32 pc_site(const void* pc) {
     return off < kSiteTable ? u32(off) : 0u;
 }
 
-// file:line of a return address in this library, as site_str prints it ("kernels/fp8_gemm.cuh:297").
+// file:line of a return address in this library, as site_str prints it ("kernels/fp8_gemm.cuh:297"); when the
+// access was inlined from a helper, the lines it was inlined into follow, innermost first, up to three
+// ("kernels/quant.cuh:200 <- kernels/quant.cuh:256").
 inline std::string symbolise(u32 offset) {
     auto it = g_sites.resolved.find(offset);
     if (it != g_sites.resolved.end()) return it->second;
     Dl_info info{};
     dladdr(reinterpret_cast<void*>(&library_base), &info);
-    std::string out, file = info.dli_fname ? info.dli_fname : "";
+    std::string file = info.dli_fname ? info.dli_fname : "";
     // The runner loads libraries through /proc/self/fd/N (the descriptor it verified): addr2line, another
     // process, reads the same file through this process's descriptor.
     if (file.rfind("/proc/self/", 0) == 0) file = format("/proc/%d/", int(getpid())) + file.substr(11);
+    std::vector<std::string> frames;
     if (!file.empty()) {
-        const std::string cmd = format("addr2line -e '%s' 0x%x 2>/dev/null", file.c_str(), offset - 1);
+        const std::string cmd = format("addr2line -i -e '%s' 0x%x 2>/dev/null", file.c_str(), offset - 1);
         if (FILE* f = popen(cmd.c_str(), "r")) {
             char line[4096];
-            if (fgets(line, sizeof line, f)) out = line;
+            while (frames.size() < 3 && fgets(line, sizeof line, f)) {
+                std::string frame = line;
+                frame = frame.substr(0, frame.find_first_of(" \n"));
+                const size_t colon = frame.rfind(':');
+                if (frame.empty() || frame[0] == '?' || colon == std::string::npos || frame.compare(colon, 2, ":?") == 0)
+                    break;
+                g_sites.names.push_back(frame.substr(0, colon));
+                frame = site_str(Site{g_sites.names.back().c_str(), std::atoi(frame.c_str() + colon + 1)});
+                if (frames.empty() || frames.back() != frame) frames.push_back(frame);
+            }
             pclose(f);
         }
     }
-    out = out.substr(0, out.find_first_of(" \n"));
-    const size_t colon = out.rfind(':');
-    if (out.empty() || out[0] == '?' || colon == std::string::npos || out.compare(colon, 2, ":?") == 0) {
-        out = format("%s+%#x", info.dli_fname ? info.dli_fname : "?", offset);
-    } else {
-        g_sites.names.push_back(out.substr(0, colon));
-        out = site_str(Site{g_sites.names.back().c_str(), std::atoi(out.c_str() + colon + 1)});
-    }
+    std::string out;
+    for (const std::string& frame : frames) out += (out.empty() ? "" : " <- ") + frame;
+    if (out.empty()) out = format("%s+%#x", info.dli_fname ? info.dli_fname : "?", offset);
     g_sites.resolved.emplace(offset, out);
     return out;
 }
