@@ -144,10 +144,14 @@
 
 #define DFG_SIM_EXPORT extern "C" __attribute__((visibility("default")))
 
-// The emulation, one concern per file (each opens the namespaces it needs).
+// The emulation, one concern per file (each opens the namespaces it needs): the state and what the hal calls
+// always; the rest only where it is compiled (sim/api.hpp: once per set of headers, into the object every kernel
+// library links; or here, without DFG_SIM_LINKED_RUNTIME).
 #include "sim/abi.hpp"
 #include "sim/clocks.hpp"
 #include "sim/state.hpp"
+#include "sim/api.hpp"
+#if !defined(DFG_SIM_LINKED_RUNTIME)
 #include "sim/access.hpp"
 #include "sim/numerics.hpp"
 #include "sim/schedule.hpp"
@@ -163,6 +167,8 @@
 #include "sim/wgmma.hpp"
 #include "sim/threads.hpp"
 #include "sim/instrument.hpp"
+#include "sim/scheduler.hpp"
+#endif
 
 namespace dfg {
 
@@ -553,8 +559,7 @@ inline void trap(const char* what, DFG_SIM_SITE) {
 
 }  // namespace dfg
 
-#include "sim/scheduler.hpp"
-
+#if !defined(DFG_SIM_LINKED_RUNTIME)
 // The detailed report of the last failed launch of this library ("" after a successful one). Defined here,
 // not inline: hal/sim.hpp is included by exactly one translation unit per simulator library.
 DFG_SIM_EXPORT const char* dfg_sim_last_error() { return dfg::sim::detail::g_last_error.c_str(); }
@@ -564,6 +569,7 @@ DFG_SIM_EXPORT const char* dfg_sim_last_error() { return dfg::sim::detail::g_las
 DFG_SIM_EXPORT int dfg_sim_run_stream(const dfg::sim::StreamItem* items, dfg::u32 count) {
     return dfg::sim::detail::run_stream(items, count);
 }
+#endif
 
 // Kernel entry: `extern "C" int NAME_sim(const PARAMS_T* params, const dfg::sim::LaunchConfig* cfg)` runs
 // the whole launch, BODY(*params) on every simulated thread; returns 0 on success, nonzero on error.

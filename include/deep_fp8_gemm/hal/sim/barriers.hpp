@@ -19,7 +19,7 @@ inline Mbarrier& mbarrier_at(u32 cta, u32 offset, const char* what) {
     return it->second;
 }
 
-inline u32 mbarrier_offset(const u64* bar, const char* what) {
+DFG_SIM_API u32 mbarrier_offset(const u64* bar, const char* what) {
     const u32 offset = smem_offset(bar, what);
     if (offset % 8) fail(format("%s: mbarrier address smem+%#x is not 8-byte aligned", what, offset));
     check_smem_range(offset, 8, what);
@@ -40,7 +40,7 @@ inline void mbarrier_maybe_complete(Mbarrier& mb) {
 
 // An arrival of the current thread on the mbarrier at smem+offset of `cta` (its own or, remote, a peer's):
 // mbarrier.arrive's default semantics are .release.cta, whichever CTA the barrier is in.
-inline void mbarrier_arrive(u32 cta, u32 offset, u32 tx_bytes, const char* what) {
+DFG_SIM_API void mbarrier_arrive(u32 cta, u32 offset, u32 tx_bytes, const char* what) {
     Mbarrier& mb = mbarrier_at(cta, offset, what);
     if (mb.pending == 0)  // only possible while tx bytes are outstanding: an arrival beyond the count
         fail(format("%s: arrival beyond the expected count %u on the mbarrier at smem+%#x of cta %u (phase %llu "

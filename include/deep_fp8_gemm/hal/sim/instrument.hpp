@@ -1,13 +1,14 @@
 // deep_fp8_gemm CPU simulator: instrumentation of the kernels' plain loads and stores.
 // Part of hal/sim.hpp (included from there, in order); see its header for why this mechanism.
 //
-// deep_fp8_gemm/simulator/build.py compiles the translation unit with -fsanitize=thread
-// (--param=tsan-instrument-func-entry-exit=0) and links it without the ThreadSanitizer runtime: GCC then calls
-// __tsan_readN / __tsan_writeN before every memory access it could not prove local, and this file defines those
-// functions. Everything in the translation unit is instrumented, so the calls are filtered here, cheapest test
-// first: g_track is true only while a fiber runs kernel code (fiber_main sets it, every hal function clears it
-// for its duration through HalGuard, the scheduler never sets it), then the thread's own fiber stack (locals
-// whose address escaped: accumulator arrays, lambdas' captures) and the launch's parameter struct are skipped.
+// deep_fp8_gemm/simulator/build.py compiles a kernel's translation unit with -fsanitize=thread
+// (--param=tsan-instrument-func-entry-exit=0) and links it, with the separately compiled (uninstrumented)
+// emulation, without the ThreadSanitizer runtime: GCC then calls __tsan_readN / __tsan_writeN before every memory
+// access of that translation unit it could not prove local, and this file defines those functions. The hal's
+// inline wrappers are in that translation unit too, so the calls are filtered here, cheapest test first: g_track
+// is true only while a fiber runs kernel code (fiber_main sets it, every hal function clears it for its duration
+// through HalGuard, the scheduler never sets it), then the thread's own fiber stack (locals whose address escaped:
+// accumulator arrays, lambdas' captures) and the launch's parameter struct are skipped.
 // What remains is a plain access of the kernel to shared or global memory: shadow.hpp checks and records it,
 // with the return address as its call site (symbolised by addr2line when reported; the build adds -g1).
 #pragma once
@@ -18,14 +19,14 @@ namespace dfg::sim::detail {
 
 inline bool g_track = false;
 
-// Clears g_track for a hal function's duration (restores it after): the simulator's own work is not the kernel's.
-struct HalGuard {
-    bool saved;
-    DFG_SIM_NO_TSAN __attribute__((noinline)) HalGuard() : saved(g_track) { g_track = false; }
-    DFG_SIM_NO_TSAN __attribute__((noinline)) ~HalGuard() { g_track = saved; }
-    HalGuard(const HalGuard&) = delete;
-    HalGuard& operator=(const HalGuard&) = delete;
-};
+// HalGuard (api.hpp) clears g_track for a hal function's duration and restores it after: the simulator's own
+// work is not the kernel's. Not instrumented themselves (when everything is one instrumented translation unit).
+DFG_SIM_API DFG_SIM_NO_TSAN __attribute__((noinline)) bool hal_guard_enter() {
+    const bool saved = g_track;
+    g_track = false;
+    return saved;
+}
+DFG_SIM_API DFG_SIM_NO_TSAN __attribute__((noinline)) void hal_guard_leave(bool saved) { g_track = saved; }
 
 DFG_SIM_NO_TSAN inline void set_tracking(bool on) { g_track = on; }
 
@@ -68,8 +69,8 @@ DFG_SIM_NO_TSAN inline void on_plain_access(void* addr, u32 bytes, bool write, v
 
 }  // namespace dfg::sim::detail
 
-#if defined(__SANITIZE_THREAD__)
-// The ThreadSanitizer instrumentation interface GCC emits calls to (libsanitizer/tsan/tsan_interface.h).
+// The ThreadSanitizer instrumentation interface GCC emits calls to (libsanitizer/tsan/tsan_interface.h): defined
+// whether or not this translation unit is instrumented, for the kernel translation units that are.
 #define DFG_SIM_HOOK extern "C" DFG_SIM_NO_TSAN __attribute__((visibility("hidden"))) void
 #define DFG_SIM_HOOKS(N)                                                                                        \
     DFG_SIM_HOOK __tsan_read##N(void* p) { dfg::sim::detail::on_plain_access(p, N, false, __builtin_return_address(0)); } \
@@ -98,4 +99,3 @@ DFG_SIM_HOOK __tsan_vptr_update(void**, void*) {}
 DFG_SIM_HOOK __tsan_vptr_read(void**) {}
 #undef DFG_SIM_HOOKS
 #undef DFG_SIM_HOOK
-#endif

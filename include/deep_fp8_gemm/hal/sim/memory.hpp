@@ -8,12 +8,8 @@
 
 namespace dfg::sim::detail {
 
-enum class Order : u8 { Relaxed, Acquire, Release, AcqRel, SeqCst };
-
-inline Order order_of(hal::MemOrder o) { return static_cast<Order>(static_cast<int>(o)); }
-inline Scope scope_of(hal::MemScope s) { return static_cast<Scope>(static_cast<int>(s)); }
 // "atomic_add (.acq_rel.gpu)": the operation's name in reports.
-inline const char* op_name(const char* op, hal::MemOrder o, hal::MemScope s) {
+DFG_SIM_API const char* op_name(const char* op, hal::MemOrder o, hal::MemScope s) {
     static const char* const kOrders[] = {".relaxed", ".acquire", ".release", ".acq_rel", ".sc"};
     static std::unordered_map<std::string, std::string> names;
     const std::string name = format("%s (%s%s)", op, kOrders[static_cast<int>(o)], scope_name(scope_of(s)));
@@ -72,7 +68,7 @@ inline void atomic_publish(Thread& t, SyncVar& var, Scope scope, bool release, c
 }
 
 // atom{.order}{.scope}.global.add.u32
-inline u32 atomic_add_global(u32* ptr, u32 value, Order order, Scope scope, const char* what) {
+DFG_SIM_API u32 atomic_add_global(u32* ptr, u32 value, Order order, Scope scope, const char* what) {
     check_global_u32(ptr, what);
     Thread& t = me();
     const u32 site = site_id(t.site);
@@ -86,7 +82,7 @@ inline u32 atomic_add_global(u32* ptr, u32 value, Order order, Scope scope, cons
 }
 
 // ld{.relaxed|.acquire}{.scope}.global.u32
-inline u32 atomic_load_global(const u32* ptr, Order order, Scope scope, const char* what) {
+DFG_SIM_API u32 atomic_load_global(const u32* ptr, Order order, Scope scope, const char* what) {
     check_global_u32(ptr, what);
     Thread& t = me();
     const u32 site = site_id(t.site);
@@ -96,7 +92,7 @@ inline u32 atomic_load_global(const u32* ptr, Order order, Scope scope, const ch
 }
 
 // st{.relaxed|.release}{.scope}.global.u32: a store heads a new release sequence.
-inline void atomic_store_global(u32* ptr, u32 value, Order order, Scope scope, const char* what) {
+DFG_SIM_API void atomic_store_global(u32* ptr, u32 value, Order order, Scope scope, const char* what) {
     check_global_u32(ptr, what);
     Thread& t = me();
     const u32 site = site_id(t.site);
@@ -110,7 +106,7 @@ inline void atomic_store_global(u32* ptr, u32 value, Order order, Scope scope, c
 // fence.acq_rel / fence.sc at `scope` (PTX ISA "membar / fence"): acquires what this thread's relaxed atomic reads
 // observed, makes its next relaxed atomic writes releases of its clocks now; fence.sc ops also synchronise with
 // each other in their (here: the simulation's) total order.
-inline void fence(Order order, Scope scope, const char* what) {
+DFG_SIM_API void fence(Order order, Scope scope, const char* what) {
     Thread& t = me();
     const u32 site = site_id(t.site);
     for (const Observed& o : t.observed) {
@@ -135,20 +131,20 @@ inline void fence(Order order, Scope scope, const char* what) {
 
 // A load or store a hal operation makes for the kernel (ld.global.nc, ld / st.global.v2.f32), checked and
 // recorded as a plain one, at the hal call's site.
-inline void hal_access(const void* ptr, u32 bytes, bool write, const char* what) {
+DFG_SIM_API void hal_access(const void* ptr, u32 bytes, bool write, const char* what) {
     if (!S().races) return;
     Thread& t = me();
     fine_access(t, reinterpret_cast<uintptr_t>(ptr), bytes, Access{what, write, false, Scope::Cta, site_id(t.site)});
 }
 
-inline void check_aligned(const void* ptr, u32 alignment, const char* what) {
+DFG_SIM_API void check_aligned(const void* ptr, u32 alignment, const char* what) {
     if (reinterpret_cast<uintptr_t>(ptr) % alignment != 0)
         fail(format("%s: address %p is not %u-byte aligned (misaligned vector access)", what, ptr, alignment));
 }
 
 // cp.async (PTX ISA "cp.async"), performed at once: a read of global memory and a write of this CTA's shared
 // memory by the issuing thread; the cp.async arrive that tracks it releases both (hb.hpp).
-inline void cp_async_copy(void* smem_dst, const void* gmem_src, u32 bytes) {
+DFG_SIM_API void cp_async_copy(void* smem_dst, const void* gmem_src, u32 bytes) {
     const u32 offset = smem_offset(smem_dst, "cp_async_4");
     check_smem_range(offset, bytes, "cp_async_4");
     Thread& t = me();
@@ -165,7 +161,7 @@ inline void cp_async_copy(void* smem_dst, const void* gmem_src, u32 bytes) {
 // griddepcontrol.wait (PTX ISA "griddepcontrol"): the thread waits until the prerequisite grid (the previous launch
 // of the stream) has completed and its memory operations are visible; from then on it is ordered after all of it.
 // Without a programmatic dependent launch the previous launch has already ended: it returns at once.
-inline void grid_dependency_wait() {
+DFG_SIM_API void grid_dependency_wait() {
     Thread& t = me();
     Launch& l = L();
     l.ctas[t.cta].dependency_waited = true;
@@ -177,7 +173,7 @@ inline void grid_dependency_wait() {
 
 // griddepcontrol.launch_dependents: the next launch, if programmatic, may start once every CTA of this one has
 // executed it (once per CTA is enough) or exited. Not a memory edge: the dependent's wait orders it.
-inline void launch_dependents() {
+DFG_SIM_API void launch_dependents() {
     Cta& c = my_cta();
     if (c.triggered) return;
     c.triggered = true;

@@ -62,14 +62,14 @@ inline void check_async_read(u32 offset, u32 bytes, const char* what) {
 }
 
 // fence.proxy.async.shared::cta by this thread.
-inline void fence_proxy_async() {
+DFG_SIM_API void fence_proxy_async() {
     Thread& t = me();
     t.fence_clocks.push_back(tick(t));
 }
 
 // fence.mbarrier_init.release.cluster or fence.proxy.async by this thread: its mbarrier.inits so far become
 // visible to the async proxy and (once a barrier orders the fence) to the cluster.
-inline void fence_mbarrier_inits() {
+DFG_SIM_API void fence_mbarrier_inits() {
     Thread& t = me();
     const u32 clock = tick(t);
     const u64 gen = L().clusters[t.cta / L().cfg.cluster_x].barrier.generation;

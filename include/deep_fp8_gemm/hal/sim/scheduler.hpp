@@ -343,7 +343,7 @@ inline bool may_start(Stream& s, u32 k) {
 
 // Runs the launches of `items` as one stream to completion; returns 0 or 1 (error in g_last_error). Stream-wide
 // settings (seed, step and time limits, kFlagNoRaces) are those of the first launch.
-inline int run_stream(const StreamItem* items, u32 count) {
+DFG_SIM_API int run_stream(const StreamItem* items, u32 count) {
     g_last_error.clear();
     if (g_stream) {
         g_last_error = "a simulated launch is already running (launches are not reentrant)";

@@ -6,7 +6,7 @@ namespace dfg::sim::detail {
 
 // ---------------------------------------------------------------- thread-facing operations (hal wraps them)
 
-inline void sync_threads() {
+DFG_SIM_API void sync_threads() {
     aligned("bar.sync 0 (sync_threads)");
     Cta& c = my_cta();
     thread_barrier_sync(c.named[0], kAllThreads, c.live, WaitKind::NamedBarrier, me().cta, 0, "sync_threads");
@@ -25,7 +25,7 @@ inline ThreadBarrier& named_barrier_round(u32 id, u32 num_threads, u32 kind, con
     return b;
 }
 
-inline void named_barrier_sync(u32 id, u32 num_threads) {
+DFG_SIM_API void named_barrier_sync(u32 id, u32 num_threads) {
     const char* what = "named_barrier_sync";
     ThreadBarrier& b = named_barrier_round(id, num_threads, 1, what);
     aligned("bar.sync (named_barrier_sync)");
@@ -34,7 +34,7 @@ inline void named_barrier_sync(u32 id, u32 num_threads) {
 }
 
 // The result is read when this thread resumes: the next round cannot complete before this thread arrives in it.
-inline bool named_barrier_sync_or(u32 id, u32 num_threads, bool pred) {
+DFG_SIM_API bool named_barrier_sync_or(u32 id, u32 num_threads, bool pred) {
     const char* what = "named_barrier_sync_or";
     ThreadBarrier& b = named_barrier_round(id, num_threads, 2, what);
     aligned("bar.red.or (named_barrier_sync_or)");
@@ -44,7 +44,7 @@ inline bool named_barrier_sync_or(u32 id, u32 num_threads, bool pred) {
     return b.red_result;
 }
 
-inline void cluster_sync() {
+DFG_SIM_API void cluster_sync() {
     aligned("barrier.cluster (cluster_sync)");
     const u32 index = me().cta / L().cfg.cluster_x;
     Launch::Cluster& cluster = L().clusters[index];
@@ -52,7 +52,7 @@ inline void cluster_sync() {
                         "cluster_sync");
 }
 
-inline void mbar_init(u64* bar, u32 arrive_count) {
+DFG_SIM_API void mbar_init(u64* bar, u32 arrive_count) {
     const u32 offset = mbarrier_offset(bar, "mbar_init");
     if (arrive_count == 0 || arrive_count > u32(kMaxTxCount))
         fail(format("mbar_init: arrive count %u must be in [1, 2^20-1]", arrive_count));
@@ -63,7 +63,7 @@ inline void mbar_init(u64* bar, u32 arrive_count) {
     std::memcpy(bar, &kMbarrierTag, 8);
 }
 
-inline void mbar_arrive_cluster(u64* bar, u32 cta_rank) {
+DFG_SIM_API void mbar_arrive_cluster(u64* bar, u32 cta_rank) {
     const u32 cluster_x = L().cfg.cluster_x;
     if (cta_rank >= cluster_x)
         fail(format("mbar_arrive_cluster: cta rank %u outside the cluster of %u CTAs", cta_rank, cluster_x));
@@ -79,7 +79,7 @@ inline void mbar_arrive_cluster(u64* bar, u32 cta_rank) {
 
 // mbarrier.try_wait.parity's default semantics are .acquire.cta: the waiter acquires what the completed phase's
 // arrivals released, where the scopes allow (hb.hpp).
-inline void mbar_wait(u64* bar, u32 parity, BarrierName name) {
+DFG_SIM_API void mbar_wait(u64* bar, u32 parity, BarrierName name) {
     const u32 offset = mbarrier_offset(bar, "mbar_wait");
     if ((mbarrier_at(me().cta, offset, "mbar_wait").phase & 1) == (parity & 1))
         block(Wait{WaitKind::Mbarrier, me().cta, offset, parity & 1, 0, name}, "mbar_wait");
@@ -87,7 +87,7 @@ inline void mbar_wait(u64* bar, u32 parity, BarrierName name) {
     sync_acquire(me(), mb.released[parity & 1], Scope::Cta, true, "mbar_wait (.acquire.cta)", site_id(me().site));
 }
 
-inline void tma_store(const TensorMap* map, const void* src, i32 c0, i32 c1, i32 c2) {
+DFG_SIM_API void tma_store(const TensorMap* map, const void* src, i32 c0, i32 c1, i32 c2) {
     const char* what = "tma_store_3d";
     const Box box(tensor_map(map, what), c0, c1, c2);
     const u32 offset = smem_offset(src, what);
@@ -113,13 +113,13 @@ inline void tma_store(const TensorMap* map, const void* src, i32 c0, i32 c1, i32
     t.open_stores.push_back(StoreRecord{offset, std::vector<u8>(smem + offset, smem + offset + box.footprint), site});
 }
 
-inline void tma_store_commit() {
+DFG_SIM_API void tma_store_commit() {
     Thread& t = me();
     t.committed_stores.push_back(std::move(t.open_stores));
     t.open_stores.clear();
 }
 
-inline void tma_store_wait_read(u32 n) {
+DFG_SIM_API void tma_store_wait_read(u32 n) {
     Thread& t = me();
     while (t.committed_stores.size() > n) {
         for (const StoreRecord& r : t.committed_stores.front())
@@ -139,7 +139,7 @@ inline WgmmaGroup& wgmma_open_group(Warpgroup& wg, u64 g) {
     return wg.groups[g - wg.executed];
 }
 
-inline void wgmma_issue(u32 n, u64 desc_a, u64 desc_b, float* d, bool scale_d) {
+DFG_SIM_API void wgmma_issue(u32 n, u64 desc_a, u64 desc_b, float* d, bool scale_d) {
     Thread& t = me();
     aligned("wgmma.mma_async", true);
     Warpgroup& wg = my_warpgroup("wgmma");
@@ -185,12 +185,12 @@ inline void wgmma_issue(u32 n, u64 desc_a, u64 desc_b, float* d, bool scale_d) {
     ++op.issued;
 }
 
-inline void wgmma_fence() {
+DFG_SIM_API void wgmma_fence() {
     aligned("wgmma.fence", true);
     me().wgmma_fenced = true;
 }
 
-inline void wgmma_commit() {
+DFG_SIM_API void wgmma_commit() {
     aligned("wgmma.commit_group", true);
     Thread& t = me();
     Warpgroup& wg = my_warpgroup("wgmma_commit");
@@ -210,7 +210,7 @@ inline void wgmma_commit() {
     wg.complete = g + 1;
 }
 
-inline void wgmma_wait(u32 n) {
+DFG_SIM_API void wgmma_wait(u32 n) {
     aligned("wgmma.wait_group", true);
     Thread& t = me();
     Warpgroup& wg = my_warpgroup("wgmma_wait");
@@ -247,7 +247,7 @@ inline void wgmma_wait(u32 n) {
 
 // bar.warp.sync 0xffffffff (PTX ISA "bar.warp.sync"): the 32 lanes meet (a warp rendezvous, like stmatrix's), so
 // each lane's memory accesses before it are ordered before every lane's after it.
-inline void warp_sync() {
+DFG_SIM_API void warp_sync() {
     aligned("bar.warp.sync");
     Thread& t = me();
     WarpRendezvous& w = my_cta().warps[t.tid / 32];
@@ -265,7 +265,7 @@ inline void warp_sync() {
     ++w.generation;
 }
 
-inline void stmatrix_x4(void* row_ptr, const u32 (&regs)[4]) {
+DFG_SIM_API void stmatrix_x4(void* row_ptr, const u32 (&regs)[4]) {
     const char* what = "stmatrix_x4";
     aligned("stmatrix.sync.aligned");
     const u32 offset = smem_offset(row_ptr, what);

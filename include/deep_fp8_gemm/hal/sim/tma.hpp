@@ -6,7 +6,7 @@ namespace dfg::sim::detail {
 
 // ---------------------------------------------------------------- tensor maps / TMA
 
-inline const SimTensorMap& tensor_map(const TensorMap* map, const char* what) {
+DFG_SIM_API const SimTensorMap& tensor_map(const TensorMap* map, const char* what) {
     const auto* m = reinterpret_cast<const SimTensorMap*>(map);
     if (m->magic != kTensorMapMagic)
         fail(format("%s: tensor map at %p was not packed by deep_fp8_gemm.simulator.pack_tensor_map (magic %#x)",
@@ -76,7 +76,7 @@ struct Box {
 // A tensor map outside the kernel's parameter struct lives in global memory, where a host copy put it; the
 // tensormap proxy may use it only after the using thread's fence.proxy.tensormap::generic.acquire on its address
 // (CUDA programming guide, TMA: a tensor map passed through global memory needs that fence in the kernel).
-inline void tensormap_acquire(const TensorMap* map) {
+DFG_SIM_API void tensormap_acquire(const TensorMap* map) {
     tensor_map(map, "tensormap_fence_acquire");
     if (reinterpret_cast<uintptr_t>(map) % 64)
         fail(format("tensormap_fence_acquire: tensor map at %p is not 64-byte aligned", static_cast<const void*>(map)));
@@ -122,7 +122,7 @@ inline void check_no_wgmma_reader(u32 cta, u32 offset, u32 bytes, const char* wh
 // byte count is signalled as complete-tx on the barrier at the same offset in each destination CTA. Checked
 // here, at issue; the copy lands at the end of the scheduling pass (land_tma_loads), so a thread that reads
 // the stage without waiting for its barrier reads stale or poisoned bytes, as it may on the hardware.
-inline void tma_load(void* dst, const TensorMap* map, u64* bar, u32 cta_mask, bool multicast, i32 c0, i32 c1,
+DFG_SIM_API void tma_load(void* dst, const TensorMap* map, u64* bar, u32 cta_mask, bool multicast, i32 c0, i32 c1,
                      i32 c2, const char* what) {
     const Box box(tensor_map(map, what), c0, c1, c2);
     check_tensormap_acquired(map, what);
