@@ -146,7 +146,8 @@
 
 // The emulation, one concern per file (each opens the namespaces it needs): the state and what the hal calls
 // always; the rest only where it is compiled (sim/api.hpp: once per set of headers, into the object every kernel
-// library links; or here, without DFG_SIM_LINKED_RUNTIME).
+// library links; or here, without DFG_SIM_LINKED_RUNTIME). That object's cache key covers common.cuh and hal/
+// only (deep_fp8_gemm/simulator/build.py): nothing here may include another header of the library.
 #include "sim/abi.hpp"
 #include "sim/clocks.hpp"
 #include "sim/state.hpp"
