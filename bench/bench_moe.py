@@ -5,8 +5,11 @@ per-expert loop of block-scaled ``torch._scaled_mm``.
 
 Implementations, all on the same routing (uniformly random top-8 of 256, no slot dropped) and weights:
 
-- ``deep_fp8_gemm``: :func:`deep_fp8_gemm.moe.fp8_moe_forward` (what ``FP8MoE.forward`` calls), eager, with
-  the default ``max_m_sum=None`` (one host synchronisation to size the contiguous layout);
+- ``deep_fp8_gemm``: :func:`deep_fp8_gemm.moe.fp8_moe_forward` as ``FP8MoE.forward`` calls it — with the
+  interleaved ``w13_swiglu``, so the up-projection is the fused SwiGLU kernel (issue 27) —, eager, with the default
+  ``max_m_sum=None`` (one host synchronisation to size the contiguous layout);
+- ``deep_fp8_gemm_unfused`` (issue 27): the same call without ``w13_swiglu``: the bf16 ``w13`` GEMM and
+  ``silu_mul_quant`` (one kernel more per layer; bench/PREDICTIONS.md has the modelled difference);
 - ``bf16_layer``: ``bf16_moe`` of ``examples/moe_layer.py`` (per-expert bf16 matmuls, fp32 combine), on the
   bf16 weights the FP8 ones were quantised from — also the reference every output is compared with;
 - ``cublas_block``: ``per_expert_moe`` of ``examples/moe_layer.py`` with each expert run as two block-scaled
@@ -17,7 +20,8 @@ Implementations, all on the same routing (uniformly random top-8 of 256, no slot
   ``torch.distributed`` world (NCCL on the GPU, gloo on CPU, created here when none exists): the same GEMMs
   plus the expert-parallel machinery (count exchange and its host sync, FP8 row packing, all-to-all with
   itself, per-slot return, combine), i.e. the layer's own overhead over ``fp8_moe_forward`` before any
-  network time. Results are bit-identical to ours (checked against the same reference).
+  network time; fused up-projection, as ``EPMoE`` runs it. Results are bit-identical to ours (checked against the
+  same reference).
 
 Check before timing: calc_diff against the bf16 layer below ``MOE_THRESHOLD`` (two chained FP8 GEMMs with
 requantised activations; ~2e-3 expected, a dropped or misrouted expert gives > 1e-2); the cuBLAS loop's note
@@ -96,6 +100,8 @@ def weights(shape: MoEShape, device: torch.device) -> dict:
     if key in _WEIGHTS:
         return _WEIGHTS[key]
     _WEIGHTS.clear()
+    from deep_fp8_gemm.ops.moe import swiglu_weights
+
     E, H, I = shape.num_experts, shape.hidden, shape.inter  # noqa: E741, N806
     keep_bf16, why = _bf16_fits(shape, device)
     gen = torch.Generator(device=device).manual_seed(0)
@@ -119,6 +125,7 @@ def weights(shape: MoEShape, device: torch.device) -> dict:
             for e in range(first, last):
                 w[name][e], w[name + "_scale"][e] = dfg.per_block_cast_to_fp8(chunk[e - first])
             del chunk
+    w["w13_swiglu"] = swiglu_weights(w["w13"], w["w13_scale"])  # what FP8MoE derives at load time (a copy)
     _WEIGHTS[key] = w
     return w
 
@@ -198,7 +205,7 @@ def _close_world() -> None:
 
 
 def ep_impls(shape: MoEShape, device: torch.device, fp8: tuple, sets: list, reference, threshold: float,
-             case_note: str) -> list:
+             case_note: str, w13_swiglu=None) -> list:
     """The ``ep_world1`` and ``ep_decode_world1`` implementations (module docstring)."""
     from deep_fp8_gemm.distributed import EPDecodeBuffers, ep_moe_forward, ep_moe_forward_decode
 
@@ -206,8 +213,8 @@ def ep_impls(shape: MoEShape, device: torch.device, fp8: tuple, sets: list, refe
 
     def prefill() -> Impl:
         _world_of_one(device)
-        return Impl("ep_world1", lambda h, i, tw: ep_moe_forward(h, i, tw, *fp8), sets, identity, reference,
-                    note=f"ep_moe_forward, 1 rank; {case_note}", threshold=threshold)
+        return Impl("ep_world1", lambda h, i, tw: ep_moe_forward(h, i, tw, *fp8, w13_swiglu=w13_swiglu), sets,
+                    identity, reference, note=f"ep_moe_forward, 1 rank; {case_note}", threshold=threshold)
 
     def decode() -> Impl:
         if shape.tokens > 128:
@@ -217,7 +224,8 @@ def ep_impls(shape: MoEShape, device: torch.device, fp8: tuple, sets: list, refe
                                            device=device)
         expected_m = max(1, shape.tokens * shape.top_k // shape.num_experts)
         return Impl("ep_decode_world1",
-                    lambda h, i, tw: ep_moe_forward_decode(h, i, tw, *fp8, buffers, expected_m), sets, identity,
+                    lambda h, i, tw: ep_moe_forward_decode(h, i, tw, *fp8, buffers, expected_m,
+                                                           w13_swiglu=w13_swiglu), sets, identity,
                     reference, note=f"ep_moe_forward_decode, 1 rank, expected_m={expected_m}", threshold=threshold)
 
     return [("ep_world1", prefill), ("ep_decode_world1", decode)]
@@ -243,6 +251,9 @@ def build(shape: MoEShape, device: torch.device, n_copies: int):
     identity = lambda out: out  # noqa: E731
 
     def ours_fn(h, i, tw):
+        return fp8_moe_forward(h, i, tw, *fp8, w13_swiglu=w["w13_swiglu"])
+
+    def unfused_fn(h, i, tw):
         return fp8_moe_forward(h, i, tw, *fp8)
 
     bf16_fn = None
@@ -278,6 +289,12 @@ def build(shape: MoEShape, device: torch.device, n_copies: int):
         return Impl(harness.OURS, ours_fn, sets, identity, reference, note=f"fp8_moe_forward; {case_note}",
                     threshold=threshold)
 
+    def unfused() -> Impl:
+        cross = timing.calc_diff(unfused_fn(hidden, ids, topk_weights), ours_fn(hidden, ids, topk_weights))
+        return Impl("deep_fp8_gemm_unfused", unfused_fn, sets, identity, reference,
+                    note=f"fp8_moe_forward without w13_swiglu (bf16 gate|up + silu_mul_quant); calc_diff vs fused "
+                         f"{cross:.1e}; {case_note}", threshold=threshold)
+
     def bf16() -> Impl:
         if bf16_fn is None:
             raise Unsupported(w["bf16_note"])
@@ -295,8 +312,8 @@ def build(shape: MoEShape, device: torch.device, n_copies: int):
         return Impl("cublas_block", lambda h, i, tw: fn(h, i, tw), sets, identity, reference, note=note,
                     threshold=threshold)
 
-    return [(harness.OURS, ours), ("bf16_layer", bf16), ("cublas_block", cublas),
-            *ep_impls(shape, device, fp8, sets, reference, threshold, case_note)]
+    return [(harness.OURS, ours), ("deep_fp8_gemm_unfused", unfused), ("bf16_layer", bf16), ("cublas_block", cublas),
+            *ep_impls(shape, device, fp8, sets, reference, threshold, case_note, w["w13_swiglu"])]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

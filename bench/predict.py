@@ -14,9 +14,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from deep_fp8_gemm.config import estimate_seconds, get_config
+from deep_fp8_gemm.config import (estimate_seconds, get_config, output_bytes, silu_mul_quant_bytes,
+                                  up_projection_seconds)
 
-from .shapes import H800_PUBLISHED_DENSE, contiguous_shapes, dense_shapes, masked_shapes
+from .shapes import DEEPSEEK_V3_NK, H800_PUBLISHED_DENSE, MOE_INTER, ContiguousShape, DenseShape, MaskedShape, \
+    contiguous_shapes, dense_shapes, masked_shapes
 
 H200_FP8_TFLOPS = 1979.0
 H200_HBM_BYTES_PER_S = 4.8e12
@@ -50,6 +52,80 @@ def predictions() -> list[str]:
     return rows
 
 
+#: The MoE up-projection's shapes: those grouped benchmark shapes whose (N, K) is DeepSeek-V3's w13 (2I = 4096, H).
+UP_PROJECTION_NK = (2 * MOE_INTER, 7168)
+TOP_K = 8  # DeepSeek-V3: routed experts per token
+
+
+def up_projection_shapes() -> list[ContiguousShape | MaskedShape]:
+    """The contiguous and masked benchmark shapes of the up-projection (N = 2I = 4096, K = H = 7168)."""
+    return [s for s in contiguous_shapes() + masked_shapes() if (s.n, s.k) == UP_PROJECTION_NK]
+
+
+def activation_bytes_per_row(fused: bool, hidden: int, inter: int) -> int:
+    """Bytes one routed row costs the up-projection besides the weights: A and its scales read, then either the
+    fused kernel's e4m3 + scales written, or the bf16 ``gate | up`` written, read back by ``silu_mul_quant`` and
+    its e4m3 + scales written."""
+    a = hidden + 4 * -(-hidden // 128)
+    if fused:
+        return a + output_bytes("contiguous_swiglu", 1, 2 * inter)
+    return a + output_bytes("contiguous", 1, 2 * inter) + silu_mul_quant_bytes(1, inter)
+
+
+def up_projection_row(shape, fused: bool) -> str:
+    inter, hidden, groups = shape.n // 2, shape.k, shape.num_groups
+    if isinstance(shape, ContiguousShape):
+        layout, m_model, rows, silu_rows = "contiguous", None, shape.m_sum, shape.m_sum
+        # Padding-only blocks cost the GEMM nothing: model the rows of blocks holding valid rows, as above.
+        cfg = get_config(shape.m_sum, shape.n, hidden, groups, "contiguous_swiglu" if fused else "contiguous", 132)
+        m_model = groups * -(-shape.m_per_group // cfg.block_m) * cfg.block_m
+    else:
+        layout, m_model, rows = "masked", shape.expected_m, groups * shape.rows_per_group
+        silu_rows = rows  # the unfused quantiser streams the whole [G, m_max, 2I] buffer
+        cfg = get_config(shape.expected_m, shape.n, hidden, groups, "masked_swiglu" if fused else "masked", 132)
+    seconds = up_projection_seconds(layout, fused, m_model, inter, hidden, groups, 132, silu_rows=silu_rows)
+    per_row = activation_bytes_per_row(fused, hidden, inter)
+    extra_rows = 0 if fused else silu_rows - shape.valid_m  # rows the quantiser streams beyond the valid ones
+    per_row_all = per_row + (extra_rows * silu_mul_quant_bytes(1, inter)) / max(shape.valid_m, 1)
+    weights = groups * (shape.n * hidden + 4 * (shape.n // 128) * -(-hidden // 128))
+    tiles = f"{cfg.block_m}x{cfg.block_n} s{cfg.num_stages} mc={cfg.multicast}"
+    return (f"| {'fused' if fused else 'unfused'} | {layout} {shape.label} | {tiles} | {seconds * 1e6:.1f} | "
+            f"{per_row_all:,.0f} | {per_row_all * TOP_K:,.0f} | {(weights + per_row_all * shape.valid_m) / 1e6:.1f} |")
+
+
+def up_projection_predictions() -> list[str]:
+    rows = []
+    for shape in up_projection_shapes():
+        rows += [up_projection_row(shape, False), up_projection_row(shape, True)]
+    return rows
+
+
+#: The decode rows of the swap-AB table (issue 25): the DeepSeek-V3 dense shapes at these m.
+SMALL_MS = (1, 4, 8, 16, 32)
+
+
+def _tile(cfg) -> str:
+    text = f"{cfg.block_m}x{cfg.block_n} s{cfg.num_stages}"
+    return text + (f" split_k={cfg.split_k}" if cfg.split_k > 1 else "")
+
+
+def swap_ab_row(shape: DenseShape) -> str:
+    """One decode shape: the best plain and the best swap-AB config (``get_config(..., swap_ab=False / True)``),
+    their modelled µs, the gain, the heuristic's pick (swap-AB where it models >= 10% faster) and the floor."""
+    plain = get_config(shape.m, shape.n, shape.k, 1, "dense", 132, swap_ab=False)
+    swap = get_config(shape.m, shape.n, shape.k, 1, "dense", 132, swap_ab=True)
+    pick = get_config(shape.m, shape.n, shape.k, 1, "dense", 132)
+    t_plain, t_swap = estimate_seconds(plain, shape.m), estimate_seconds(swap, shape.m)
+    floor = max(shape.flops() / (H200_FP8_TFLOPS * 1e12), shape.bytes() / H200_HBM_BYTES_PER_S)
+    return (f"| {shape.label} | {_tile(plain)} | {t_plain * 1e6:.2f} | {_tile(swap)} | {t_swap * 1e6:.2f} | "
+            f"{(t_plain / t_swap - 1) * 100:+.0f}% | {'swap-AB' if pick.swap_ab else 'plain'} | {floor * 1e6:.2f} | "
+            f"see RESULTS.md |")
+
+
+def swap_ab_predictions() -> list[str]:
+    return [swap_ab_row(DenseShape(m, n, k)) for n, k in DEEPSEEK_V3_NK for m in SMALL_MS]
+
+
 def render() -> str:
     head = [
         "# Predicted performance (model, not measured)",
@@ -61,7 +137,36 @@ def render() -> str:
         "| kind | shape | config | model µs | model TFLOPS | model GB/s | H200 floor µs | H800 published TFLOPS |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    return "\n".join(head + predictions()) + "\n"
+    moe = [
+        "",
+        "## MoE up-projection: fused SwiGLU epilogue vs bf16 GEMM + silu_mul_quant (issue 27)",
+        "",
+        "DeepSeek-V3's w13 (2I = 4096, H = 7168) on the grouped shapes above. unfused: the bf16 grouped GEMM plus the",
+        "`silu_mul_quant` kernel (`config.silu_mul_quant_seconds`: a launch and its bytes; NOTES: guesses); fused: the",
+        "`*_swiglu` kernel (`config.up_projection_seconds`). Bytes per routed row: activations only (A read; the",
+        "intermediate written / read back; h written, e4m3 + 1x128 scales); per token: x top-8 routed rows; the masked",
+        "unfused rows also count the buffer rows the quantiser streams past `expected_m`. MB per call includes the",
+        "weights.",
+        "",
+        "| path | shape | config | model µs | bytes / routed row | bytes / token (top-8) | MB / call |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    swap = [
+        "",
+        "## Decode: swap-AB vs the plain kernel, dense m <= 32 (issue 25)",
+        "",
+        "The best config of each kernel for the DeepSeek-V3 dense shapes at small m (`get_config(..., swap_ab=False`",
+        "/ `True)`), the model's µs, the gain of swap-AB over the plain kernel and the heuristic's pick (swap-AB where",
+        "it models at least 10% faster, `config.SWAP_AB_MARGIN`). The model puts both kernels at the HBM floor except",
+        "where the plain kernel's zero-filled 64-row A tile makes the SMs the bound (n = 576: few tiles, long K). The",
+        "block-scaled cuBLAS column has no model: `bench.bench_dense --shapes decode` measures it next to both kernels",
+        "(`deep_fp8_gemm_plain`, `deep_fp8_gemm_swap_ab`: each kernel's best config, forced).",
+        "",
+        "| shape | plain config | plain model µs | swap-AB config | swap-AB model µs | swap-AB gain | pick | H200 floor µs "
+        "| cuBLAS block-scaled |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    return "\n".join(head + predictions() + moe + up_projection_predictions() + swap + swap_ab_predictions()) + "\n"
 
 
 def main(argv=None) -> int:

@@ -39,11 +39,18 @@ from .compat import (
     transform_sf_into_required_layout,
     wgrad_gemm_fp8_fp8_fp32_nt,
 )
-from .ops.contiguous import m_grouped_gemm_fp8_fp8_bf16_nt_contiguous
+from .ops.contiguous import check_contiguous_layout, m_grouped_gemm_fp8_fp8_bf16_nt_contiguous
+from .ops.contiguous_fp8out import m_grouped_gemm_fp8_fp8_fp8_nt_contiguous
+from .ops.contiguous_swiglu import m_grouped_gemm_fp8_fp8_fp8_nt_contiguous_swiglu
 from .ops.dense import gemm_fp8_fp8_bf16_nt
-from .ops.masked import m_grouped_gemm_fp8_fp8_bf16_nt_masked
+from .ops.dense_fp8out import gemm_fp8_fp8_fp8_nt
+from .ops.fp8_output import interleave_swiglu_weights
+from .ops.masked import check_masked_layout, m_grouped_gemm_fp8_fp8_bf16_nt_masked
+from .ops.masked_fp8out import m_grouped_gemm_fp8_fp8_fp8_nt_masked
+from .ops.masked_swiglu import m_grouped_gemm_fp8_fp8_fp8_nt_masked_swiglu
+from .ops.psum_fp8out import m_grouped_gemm_fp8_fp8_fp8_nt_contiguous_psum
 from ._core.plans import PreparedGemm, prepare_gemm
-from .ops.psum import m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum
+from .ops.psum import check_psum_layout, m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum
 from .quant import per_block_cast_to_fp8, per_channel_cast_to_fp8, per_token_cast_to_fp8
 from .utils import (
     calc_diff,
@@ -66,11 +73,15 @@ __all__ = [
     "calc_diff",
     "cast_transpose",
     "ceil_div",
+    "check_contiguous_layout",
+    "check_masked_layout",
+    "check_psum_layout",
     "compat",
     "fp8_fp4_gemm_nt",
     "fp8_gemm_nt",
     "fp8_m_grouped_gemm_nt_masked",
     "gemm_fp8_fp8_bf16_nt",
+    "gemm_fp8_fp8_fp8_nt",
     "get_col_major_tma_aligned_tensor",
     "get_k_alignment_for_contiguous_layout",
     "get_m_alignment_for_contiguous_layout",
@@ -81,6 +92,7 @@ __all__ = [
     "get_tc_util",
     "get_theoretical_mk_alignment_for_contiguous_layout",
     "get_tma_aligned_size",
+    "interleave_swiglu_weights",
     "k_grouped_fp8_gemm_nt_contiguous",
     "k_grouped_wgrad_gemm_fp8_fp8_fp32_nt",
     "layout",
@@ -91,6 +103,11 @@ __all__ = [
     "m_grouped_gemm_fp8_fp8_bf16_nt_contiguous",
     "m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum",
     "m_grouped_gemm_fp8_fp8_bf16_nt_masked",
+    "m_grouped_gemm_fp8_fp8_fp8_nt_contiguous",
+    "m_grouped_gemm_fp8_fp8_fp8_nt_contiguous_psum",
+    "m_grouped_gemm_fp8_fp8_fp8_nt_contiguous_swiglu",
+    "m_grouped_gemm_fp8_fp8_fp8_nt_masked",
+    "m_grouped_gemm_fp8_fp8_fp8_nt_masked_swiglu",
     "moe",
     "nn",
     "per_block_cast_to_fp8",

@@ -58,6 +58,42 @@ from .ops.wgrad_1d1d import gemm_fp8_fp8_fp32_nt_1d1d
 from .quant import per_block_cast_to_fp8, per_token_cast_to_fp8
 
 FP8 = torch.float8_e4m3fn
+
+
+def first_order_only(op_name: str):
+    """Decorate an autograd Function's ``backward``: run it without building a graph and, when its caller asked
+    for one (``create_graph=True``: a gradient to be differentiated again), give its results a node that raises
+    ``RuntimeError("<op_name>: double backward ... is not supported ...")`` if they are differentiated — as
+    ``torch.autograd.function.once_differentiable`` does, with a message naming the op (its own names
+    nothing, and without it the second backward fails inside the FP8 ops with an unrelated error)."""
+    message = (f"{op_name}: double backward (differentiating its gradient, e.g. after create_graph=True) is not "
+               f"supported: its backward is FP8 GEMMs and quantisers, which have no derivatives").encode()
+    delayed_error = getattr(getattr(torch._C, "_functions", None), "DelayedError", None)
+
+    def decorate(backward):
+        if delayed_error is None:  # pragma: no cover - every supported torch has it
+            return torch.autograd.function.once_differentiable(backward)
+
+        def wrapper(ctx, *grads):
+            with torch.no_grad():
+                outputs = backward(ctx, *grads)
+            if not torch.is_grad_enabled():
+                return outputs
+            outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+
+            def marked(t):
+                if t is None:
+                    return None
+                t = t.detach()
+                t.requires_grad_(True)
+                return t
+
+            return delayed_error(message, len(outputs))(*[marked(t) for t in outputs])
+
+        wrapper.__name__, wrapper.__doc__ = backward.__name__, backward.__doc__
+        return wrapper
+
+    return decorate
 #: Dtypes accepted for master parameters (weights, biases).
 PARAM_DTYPES = (torch.bfloat16, torch.float32)
 #: The 1D1D GEMM's K (= tokens of a weight gradient) must be a multiple of 16 (16-byte fp8 rows for TMA):
@@ -181,6 +217,7 @@ class _FP8LinearFunction(torch.autograd.Function):
         return out
 
     @staticmethod
+    @first_order_only("fp8_linear")
     def backward(ctx, grad_out):
         xt_fp8, xt_sf, w_fp8, w_sf = ctx.saved_tensors
         main_grad = ctx.main_grad
@@ -399,6 +436,7 @@ class _FP8MoEFunction(torch.autograd.Function):
         return out
 
     @staticmethod
+    @first_order_only("fp8_moe")
     def backward(ctx, grad_out):
         num_experts, two_i, hidden_size, num_tokens, top_k = ctx.shapes
         inter = two_i // 2

@@ -1,7 +1,11 @@
-"""``python -m deep_fp8_gemm {audit,precompile,cache,env,demo}``; everything but ``demo`` works without a GPU.
+"""``python -m deep_fp8_gemm {audit,precompile,cache,env,demo}``; all of it works without a GPU.
 
 * ``audit``: compile every distinct kernel the heuristic picks for the given shapes and M values and
-  check registers, spills, local memory, required SASS and ptxas warnings (exit 1 if any fails).
+  check registers, spills, local memory, required SASS and ptxas warnings, and the K-loop figures against
+  their ceilings (exit 1 if any check fails; the K-loop ceilings gate only the kernels CI gates — the
+  DeepSeek-V3 tables' picks — and never the watchdog build: for the others the figures are reported as notes).
+* ``demo``: on an sm_90 GPU the layer's GEMMs against the reference and cuBLAS; without one, the layer's kernels
+  compiled and audited, the math on the CPU reference and one call per kind in the CPU simulator.
 * ``precompile``: the same kernel list, only compiled into the disk cache (for build boxes: pass the
   serving GPU's ``--num-sms``).
 * ``cache info`` / ``cache clear``: the on-disk caches (cubins, simulator libraries, saved failing sources)
@@ -19,7 +23,8 @@ import sys
 import time
 from collections.abc import Sequence
 
-GEMM_KINDS = ("dense", "contiguous", "masked", "psum", "1d1d", "k_grouped")
+GEMM_KINDS = ("dense", "contiguous", "masked", "psum", "1d1d", "k_grouped", "dense_fp8out", "contiguous_fp8out",
+              "masked_fp8out", "psum_fp8out", "contiguous_swiglu", "masked_swiglu")
 ALL_KINDS = (*GEMM_KINDS, "quant")
 
 
@@ -50,8 +55,9 @@ def _int_list(text: str) -> list[int]:
 
 def _add_kernel_selection(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kind", choices=(*ALL_KINDS, "all"), default="all", help="kernel family (default: all)")
-    parser.add_argument("--shapes", nargs="+", default=["deepseek-v3"], metavar="N,K",
-                        help="weight shapes N,K, or 'deepseek-v3' for the built-in table (default)")
+    parser.add_argument("--shapes", nargs="+", default=None, metavar="N,K",
+                        help="weight shapes N,K, or 'deepseek-v3' for the built-in table (default); the quantiser "
+                             "kernels do not depend on shapes (--kind quant takes no --shapes / --m)")
     parser.add_argument("--m", action="append", type=_int_list, metavar="M,...",
                         help="M values (comma-separated, repeatable); default: the kernel family's M range")
     parser.add_argument("--num-sms", type=int, default=132, help="SM count of the target GPU (default 132, H100/H200)")
@@ -87,7 +93,10 @@ def collect_targets(kind: str, shapes: Sequence[str], ms: list[int] | None, num_
     """AuditTargets from the kernel families (imported lazily: they pull in the config heuristics)."""
     if num_sms <= 0:
         raise CliError(f"--num-sms must be positive, got {num_sms}")
-    parsed = None if list(shapes) == ["deepseek-v3"] else [_shape(s) for s in shapes]
+    if kind == "quant" and (shapes or ms or num_groups):
+        raise CliError("the quantiser kernels do not depend on the problem shape (every variant is audited): "
+                       "--shapes, --m and --num-groups do not apply to --kind quant")
+    parsed = None if not shapes or list(shapes) == ["deepseek-v3"] else [_shape(s) for s in shapes]
     targets = []
     for family in (ALL_KINDS if kind == "all" else (kind,)):
         if family == "quant":
@@ -110,6 +119,9 @@ def _targets_from_args(args: argparse.Namespace) -> list:
         return collect_targets(args.kind, args.shapes, ms, args.num_sms, args.num_groups)
     except argparse.ArgumentTypeError as exc:
         raise CliError(str(exc)) from exc
+    except ValueError as exc:  # a shape the kernels cannot take (n % 8, k % 16, ...): the config rule's message
+        raise CliError(f"no kernel for --kind {args.kind} --shapes {' '.join(args.shapes or ['deepseek-v3'])}: "
+                       f"{exc}") from exc
 
 
 # ---------------------------------------------------------------------------------------- commands

@@ -31,19 +31,43 @@ class GemmKind(enum.IntEnum):
     GroupedContiguousPsum = 3
     Dense1D1D = 4
     KGrouped1D1D = 5
+    DenseFp8Out = 6
+    GroupedContiguousFp8Out = 7
+    GroupedMaskedFp8Out = 8
+    GroupedContiguousPsumFp8Out = 9
+    GroupedContiguousSwiglu = 10
+    GroupedMaskedSwiglu = 11
 
 
 #: The config kinds (the names used in kernel names, audit kinds and the op families), in GemmKind order.
-KINDS = ("dense", "contiguous", "masked", "psum", "1d1d", "k_grouped")
+KINDS = ("dense", "contiguous", "masked", "psum", "1d1d", "k_grouped", "dense_fp8out", "contiguous_fp8out",
+         "masked_fp8out", "psum_fp8out", "contiguous_swiglu", "masked_swiglu")
 KIND_IDS = {kind: GemmKind(i) for i, kind in enumerate(KINDS)}
+#: The FP8-output kinds (output.cuh Fp8TmaStore): e4m3 D with 1x128 per-row scales quantised from the fp32
+#: accumulators in the epilogue; tiles of one 128-column output group. The SwiGLU kinds are FP8-output kinds too.
+FP8_OUTPUT_KINDS = ("dense_fp8out", "contiguous_fp8out", "masked_fp8out", "psum_fp8out", "contiguous_swiglu",
+                    "masked_swiglu")
+#: The SwiGLU up-projection kinds (policy_swiglu.cuh): B = w13 with gate / up interleaved in 128-row blocks, tiles of
+#: 256 columns (gate | up of one output group) computed as two m64n128 wgmma chunks, D [m, N / 2] e4m3.
+SWIGLU_KINDS = ("contiguous_swiglu", "masked_swiglu")
+#: How each kind's tiles are enumerated (``dfg::layout_of``): the bf16 kind whose scheduler, A / D addressing and
+#: grouped layout it shares.
+LAYOUT_OF = {**{kind: kind for kind in KINDS[:6]}, "dense_fp8out": "dense", "contiguous_fp8out": "contiguous",
+             "masked_fp8out": "masked", "psum_fp8out": "psum", "contiguous_swiglu": "contiguous",
+             "masked_swiglu": "masked"}
+#: Columns of one wgmma chunk of the SwiGLU kinds, and their tile width (gate | up).
+SWIGLU_MMA_N = 128
+SWIGLU_BLOCK_N = 2 * SWIGLU_MMA_N
+FP8_OUTPUT_BLOCK_N = 128  # one 1x128 scale group per tile
 #: Kinds of the 1D1D family (policy_1d1d.cuh): per-row sB (TMA-loaded per stage), fp32 D = C + A.B^T stored from
 #: the fragments (no shared-memory D tile), no clusters.
 FP32_ACCUMULATE_KINDS = ("1d1d", "k_grouped")
 #: The k-grouped kind (policy_k_grouped.cuh): G groups of run-time K_g, so its binary is compiled for shape_k = BLOCK_K
 #: whatever the ks; get_config's k is then only the per-group K the cost model assumes.
 K_GROUPED = "k_grouped"
-#: Kinds whose rows are expert segments padded to the contiguous alignment ("psum": the prefix-sum ends layout).
-CONTIGUOUS_KINDS = ("contiguous", "psum")
+#: Kinds whose rows are expert segments padded to the contiguous alignment ("psum": the prefix-sum ends layout),
+#: their FP8-output and SwiGLU variants included.
+CONTIGUOUS_KINDS = tuple(kind for kind in KINDS if LAYOUT_OF[kind] in ("contiguous", "psum"))
 
 BLOCK_K = GRAN_K  # the kernels' K tile is one scale group: one sA / sB value per row (per block) per K block
 SMEM_LIMIT = 232_448  # bytes of shared memory one block may use on sm_90
@@ -77,6 +101,9 @@ _ISSUE_PER_WAVE = 7
 _ISSUE_STRADDLE = 21
 _ISSUE_PER_K_BLOCK = 29
 _ISSUE_PRODUCER = 70
+# The second wgmma chunk of a wave (the SwiGLU kinds): its 4 QGMMA, fence / commit / wait, its descriptors and the
+# FMULs of its own sB block (audit: 188 per K block at 64x256 and 128x256, modelled 184).
+_ISSUE_PER_MMA_CHUNK = 20
 
 
 def num_math_warpgroups(block_m: int) -> int:
@@ -87,6 +114,16 @@ def num_math_warpgroups(block_m: int) -> int:
 def waves_m(block_m: int) -> int:
     """m64 slices ("waves") each math warpgroup computes per K block (not SM waves: see :func:`get_config`)."""
     return block_m // num_math_warpgroups(block_m) // 64
+
+
+def mma_n(kind: str, block_n: int) -> int:
+    """Columns of one wgmma (``kMmaN``): the tile's BLOCK_N, or a 128-column chunk of it for the SwiGLU kinds."""
+    return SWIGLU_MMA_N if kind in SWIGLU_KINDS else block_n
+
+
+def output_columns(kind: str, n: int) -> int:
+    """Columns of D: ``n``, or ``n / 2`` for the SwiGLU kinds (``n = 2I`` gate and up columns)."""
+    return n // 2 if kind in SWIGLU_KINDS else n
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -109,6 +146,10 @@ class GemmConfig:
     band_width: int  # cluster-tile columns per rasterisation band
     grid_size: int  # CTAs launched (persistent: at most the SM count); not part of the binary
     split_k: int = 1  # dense only: K cut into split_k slices, reduced by the tile's last CTA (split_k.cuh)
+    ue8m0: bool = False  # FP8-output kinds: D's scales rounded up to powers of two (quant.ceil_to_ue8m0)
+    # Dense only, m <= 32: the tile computed transposed (policy_swap_ab.cuh): block_m (8..32) tokens on the wgmma's
+    # N side, block_n (64 or 128) weight rows on its M side, one math warpgroup.
+    swap_ab: bool = False
 
     def __hash__(self) -> int:
         # Configs key the per-call kernel caches: hash the fields once, not on every launch.
@@ -128,20 +169,39 @@ class GemmConfig:
 
     @property
     def num_math_warpgroups(self) -> int:
-        return num_math_warpgroups(self.block_m)
+        return 1 if self.swap_ab else num_math_warpgroups(self.block_m)
 
     @property
     def num_threads(self) -> int:
         return 128 * (self.num_math_warpgroups + 1)
 
     @property
+    def mma_rows(self) -> int:
+        """Rows of the wgmma tile (its M side, in m64 waves): BLOCK_M, or BLOCK_N (the weights) with swap-AB."""
+        return self.block_n if self.swap_ab else self.block_m
+
+    @property
+    def mma_cols(self) -> int:
+        """Columns of the wgmma tile (its N side): BLOCK_N, or BLOCK_M (the tokens) with swap-AB."""
+        return self.block_m if self.swap_ab else self.block_n
+
+    @property
     def waves_m(self) -> int:
         """m64 slices each math warpgroup computes."""
-        return waves_m(self.block_m)
+        return self.mma_rows // self.num_math_warpgroups // 64
 
     @property
     def wg_rows(self) -> int:
-        return self.block_m // self.num_math_warpgroups
+        return self.mma_rows // self.num_math_warpgroups
+
+    @property
+    def mma_n(self) -> int:
+        """Columns of one wgmma (``kMmaN``); the tile's columns but for the SwiGLU kinds' 128-column chunks."""
+        return self.block_m if self.swap_ab else mma_n(self.kind, self.block_n)
+
+    @property
+    def mma_chunks(self) -> int:
+        return self.mma_cols // self.mma_n
 
     @property
     def math_registers(self) -> int:
@@ -149,7 +209,7 @@ class GemmConfig:
 
     @property
     def smem_bytes(self) -> int:
-        return smem_bytes(self.block_m, self.block_n, self.num_stages, self.kind)
+        return smem_bytes(self.block_m, self.block_n, self.num_stages, self.kind, self.swap_ab)
 
     @property
     def multicast(self) -> str:
@@ -173,6 +233,8 @@ class GemmConfig:
             "MATH_REGISTERS": self.math_registers,  # the kernel static_asserts its setmaxnreg split against these
             "PRODUCER_REGISTERS": PRODUCER_REGISTERS,
             "SPLIT_K": self.split_k,
+            "USE_UE8M0": self.ue8m0,
+            "SWAP_AB": self.swap_ab,
         }
 
     def kernel_name(self) -> str:
@@ -180,7 +242,8 @@ class GemmConfig:
         return (
             f"dfg_fp8_gemm_{self.kind}_n{self.shape_n}_k{self.shape_k}_g{self.num_groups}"
             f"_m{self.block_m}n{self.block_n}_s{self.num_stages}_c{self.cluster_m}x{self.cluster_n}_w{self.band_width}"
-            + (f"_sk{self.split_k}" if self.split_k > 1 else "")
+            + (f"_sk{self.split_k}" if self.split_k > 1 else "") + ("_ue8m0" if self.ue8m0 else "")
+            + ("_swapab" if self.swap_ab else "")
         )
 
     def as_dict(self) -> dict:
@@ -192,14 +255,23 @@ class GemmConfig:
             num_math_warpgroups=self.num_math_warpgroups,
             math_registers=self.math_registers,
             producer_registers=PRODUCER_REGISTERS,
+            mma_n=self.mma_n,
+            mma_chunks=self.mma_chunks,
+            mma_rows=self.mma_rows,
+            mma_cols=self.mma_cols,
         )
         return d
 
 
-def smem_bytes(block_m: int, block_n: int, num_stages: int, kind: str = "dense") -> int:
-    """Dynamic shared memory of the kernel (same map as Fp8GemmKernel in fp8_gemm.cuh)."""
+def smem_bytes(block_m: int, block_n: int, num_stages: int, kind: str = "dense", swap_ab: bool = False) -> int:
+    """Dynamic shared memory of the kernel (same map as Fp8GemmKernel in fp8_gemm.cuh; swap-AB: the transposed
+    bf16 D tile [BLOCK_M][BLOCK_N] of policy_swap_ab.cuh, the same stages)."""
     fp32_out = kind in FP32_ACCUMULATE_KINDS
-    d_tile = 0 if fp32_out else _round_up(block_m * block_n * 2, 1024)  # bf16 D tile, 16-column swizzled chunks
+    if kind in FP8_OUTPUT_KINDS:  # e4m3 D tile [BLOCK_M][128] + the amax partials [math warps][2 waves][32] u32
+        d_tile = _round_up(block_m * FP8_OUTPUT_BLOCK_N + 4 * num_math_warpgroups(block_m) * 2 * waves_m(block_m)
+                           * 32 * 4, 1024)
+    else:
+        d_tile = 0 if fp32_out else _round_up(block_m * block_n * 2, 1024)  # bf16 D tile, 16-column swizzled chunks
     a_stage = block_m * BLOCK_K
     b_stage = block_n * BLOCK_K
     sa_stage = _round_up(block_m * 4, 128)
@@ -212,17 +284,15 @@ def smem_bytes(block_m: int, block_n: int, num_stages: int, kind: str = "dense")
 def check_config(cfg: GemmConfig, smem_limit: int = SMEM_LIMIT) -> None:
     """Every legality rule, in one place. Raises ``ValueError`` listing each violated rule."""
     problems = _problem_rules(cfg.kind, cfg.shape_n, cfg.shape_k, cfg.num_groups)
-    if cfg.block_m not in BLOCK_M_CHOICES:
+    if cfg.swap_ab:
+        problems += _swap_ab_problems(cfg)
+    elif cfg.block_m not in BLOCK_M_CHOICES:
         problems.append(f"block_m must be one of {BLOCK_M_CHOICES}, got {cfg.block_m}")
     if cfg.block_n % 16 or not 16 <= cfg.block_n <= 256:
         problems.append(f"block_n must be a multiple of 16 in [16, 256] (wgmma N, 16-column epilogue chunks), got {cfg.block_n}")
     if cfg.block_n > 128 + math.gcd(cfg.block_n, 128):
         problems.append(f"block_n={cfg.block_n} columns could touch three 128-column sB blocks")
-    # Registers: scratch + kWavesM accumulators of BLOCK_N/2 floats each, plus ~56 for addresses, scales,
-    # scheduler state (measured: 2 waves x BLOCK_N 128 = 192 + 40 spilled in the masked kernel).
-    math_regs_needed = (cfg.waves_m + 1) * cfg.block_n // 2 + MATH_REGISTER_OVERHEAD
-    if cfg.kind in FP32_ACCUMULATE_KINDS:
-        math_regs_needed += cfg.block_n // 4  # the K block's per-column B scales of the thread's columns
+    math_regs_needed = math_registers_needed(cfg.kind, cfg.block_m, cfg.block_n, cfg.swap_ab)
     if math_regs_needed > cfg.math_registers:
         problems.append(
             f"accumulators need ~{math_regs_needed} registers per math thread, budget {cfg.math_registers} "
@@ -234,6 +304,7 @@ def check_config(cfg: GemmConfig, smem_limit: int = SMEM_LIMIT) -> None:
         problems.append(f"shared memory {cfg.smem_bytes} B exceeds the limit {smem_limit} B")
     if not 2 <= cfg.num_stages <= MAX_STAGES:
         problems.append(f"num_stages must be in [2, {MAX_STAGES}], got {cfg.num_stages}")
+    problems += _fp8_output_problems(cfg)
     if cfg.kind in FP32_ACCUMULATE_KINDS and cfg.cluster_size != 1:
         problems.append(f"the 1D1D kernel does not multicast (its sB slice is per CTA): cluster 1x1, got "
                         f"{cfg.cluster_m}x{cfg.cluster_n}")
@@ -248,7 +319,7 @@ def check_config(cfg: GemmConfig, smem_limit: int = SMEM_LIMIT) -> None:
     num_n_blocks = ceil_div(cfg.shape_n, cfg.block_n) if cfg.shape_n > 0 else 0
     if cfg.cluster_n == 2 and num_n_blocks % 2:
         problems.append(f"multicast on A pairs n-blocks: need an even n-block count, got {num_n_blocks}")
-    if cfg.cluster_m == 2 and cfg.kind != "dense":
+    if cfg.cluster_m == 2 and LAYOUT_OF.get(cfg.kind) != "dense":
         problems.append("grouped kinds multicast only on A (a pair must not straddle two experts)")
     if cfg.grid_size < cfg.cluster_size or cfg.grid_size % cfg.cluster_size:
         problems.append(f"grid_size={cfg.grid_size} must be a positive multiple of the cluster size {cfg.cluster_size}")
@@ -259,6 +330,77 @@ def check_config(cfg: GemmConfig, smem_limit: int = SMEM_LIMIT) -> None:
         raise ValueError("illegal GEMM config: " + "; ".join(problems))
 
 
+def math_registers_needed(kind: str, block_m: int, block_n: int, swap_ab: bool = False) -> int:
+    """Modelled registers per math thread: kWavesM accumulators of BLOCK_N/2 floats, the scratch accumulator of one
+    wgmma (MMA_N/2 floats: BLOCK_N, or the SwiGLU kinds' 128-column chunk), ~56 for addresses, scales and scheduler
+    state (measured: 2 waves x BLOCK_N 128 = 192 + 40 spilled in the masked kernel); the 1D1D kinds hold the K
+    block's per-column B scales of the thread's columns too. The SwiGLU kinds' 1 wave x 256 + chunk 128 is 192
+    floats, like the rejected 2 x 128 tiles, but compiles spill-free at 240 and 232 registers (their epilogue
+    needs no more than the accumulators; measured with NVRTC 13.5, `audit --kind contiguous_swiglu`): they are
+    modelled with the overhead measured there. Swap-AB: BLOCK_N / 64 waves of BLOCK_M / 2 floats, and the scratch of
+    one m64nBLOCK_M wgmma."""
+    if swap_ab:
+        return (block_n // 64 + 1) * block_m // 2 + MATH_REGISTER_OVERHEAD
+    accumulators = waves_m(block_m) * block_n // 2 + mma_n(kind, block_n) // 2
+    if kind in SWIGLU_KINDS:
+        return accumulators + SWIGLU_REGISTER_OVERHEAD
+    needed = accumulators + MATH_REGISTER_OVERHEAD
+    if kind in FP32_ACCUMULATE_KINDS:
+        needed += block_n // 4
+    return needed
+
+
+SWIGLU_REGISTER_OVERHEAD = 40
+
+#: Swap-AB (policy_swap_ab.cuh): the token tiles (the wgmma's N, multiples of 8) and weight tiles (m64 waves of one
+#: math warpgroup) it is compiled for, and the rows up to which the heuristic weighs it.
+SWAP_AB_BLOCK_M = (8, 16, 24, 32)
+SWAP_AB_BLOCK_N = (64, 128)
+SWAP_AB_MAX_M = 32
+#: A swap-AB config must model at least ~10% faster than the best plain one (the model is uncalibrated).
+SWAP_AB_MARGIN = 0.10
+
+
+def _swap_ab_problems(cfg: GemmConfig) -> list[str]:
+    """The swap-AB rules (policy_swap_ab.cuh): the dense bf16 kind, token tiles of 8..32, weight tiles of one or two
+    m64 waves (so a wave never straddles two sB blocks), no clusters."""
+    problems = []
+    if cfg.kind != "dense":
+        problems.append(f"swap_ab is a dense-kind kernel, got kind={cfg.kind!r}")
+    if cfg.block_m not in SWAP_AB_BLOCK_M:
+        problems.append(f"swap_ab: block_m (the tile's tokens, the wgmma's N) must be one of {SWAP_AB_BLOCK_M}, got "
+                        f"{cfg.block_m}")
+    if cfg.block_n not in SWAP_AB_BLOCK_N:
+        problems.append(f"swap_ab: block_n (the tile's weight rows, m64 waves) must be one of {SWAP_AB_BLOCK_N}, got "
+                        f"{cfg.block_n}")
+    if cfg.cluster_size != 1:
+        problems.append(f"swap_ab: no clusters, got {cfg.cluster_m}x{cfg.cluster_n}")
+    return problems
+
+
+def _fp8_output_problems(cfg: GemmConfig) -> list[str]:
+    """The FP8-output and SwiGLU kinds' rules (output.cuh Fp8TmaStore, policy_swiglu.cuh)."""
+    problems = []
+    if cfg.ue8m0 and cfg.kind not in FP8_OUTPUT_KINDS:
+        problems.append(f"ue8m0 (power-of-two output scales) needs an FP8-output kind, got kind={cfg.kind!r}")
+    if cfg.kind not in FP8_OUTPUT_KINDS:
+        return problems
+    want = SWIGLU_BLOCK_N if cfg.kind in SWIGLU_KINDS else FP8_OUTPUT_BLOCK_N
+    if cfg.block_n != want:
+        problems.append(f"{cfg.kind}: a tile is one 128-column output group, block_n must be {want}, got "
+                        f"{cfg.block_n}")
+    if cfg.kind in SWIGLU_KINDS:
+        if cfg.shape_n % SWIGLU_BLOCK_N:
+            problems.append(f"{cfg.kind}: n = 2I (gate and up) with I a multiple of 128, got n={cfg.shape_n}")
+        if cfg.waves_m != 1:
+            problems.append(f"{cfg.kind}: one m64 wave per math warpgroup (block_m 64 or 128; the 256-column "
+                            f"accumulator fills the register budget), got block_m={cfg.block_m}")
+    if output_columns(cfg.kind, cfg.shape_n) % 16:
+        problems.append(f"{cfg.kind}: D's e4m3 rows must be 16-byte multiples, got {output_columns(cfg.kind, cfg.shape_n)}"
+                        " columns")
+    return problems
+
+
 def _problem_rules(kind: str, n: int, k: int, num_groups: int) -> list[str]:
     """The rules on the problem itself (kind, TMA row strides, group count): shared by :func:`check_config` and
     :func:`get_config`'s argument check."""
@@ -267,7 +409,7 @@ def _problem_rules(kind: str, n: int, k: int, num_groups: int) -> list[str]:
         problems.append(f"kind must be one of {KINDS}, got {kind!r}")
     if n % 8 or k % 16 or n <= 0 or k <= 0:
         problems.append(f"TMA needs 16-byte row strides: n % 8 == 0 and k % 16 == 0, got n={n} k={k}")
-    if kind in ("dense", "1d1d") and num_groups != 1:
+    if LAYOUT_OF.get(kind) in ("dense", "1d1d") and num_groups != 1:
         problems.append(f"{kind} GEMM takes num_groups=1, got num_groups={num_groups}")
     if num_groups < 1:
         problems.append(f"num_groups must be >= 1, got num_groups={num_groups}")
@@ -298,10 +440,11 @@ def _split_k_problems(cfg: GemmConfig) -> list[str]:
     k_blocks = ceil_div(cfg.shape_k, BLOCK_K) if cfg.shape_k > 0 else 0
     if not isinstance(cfg.split_k, int) or cfg.split_k < 1 or not k_blocks or k_blocks % cfg.split_k:
         return [f"split_k={cfg.split_k} must be a positive divisor of the K block count {k_blocks}"]
-    if cfg.kind != "dense" or cfg.cluster_size != 1:
-        return [f"split_k > 1 needs the dense kind and a 1x1 cluster, got kind={cfg.kind!r} "
+    if LAYOUT_OF[cfg.kind] != "dense" or cfg.cluster_size != 1:
+        return [f"split_k > 1 needs a dense kind and a 1x1 cluster, got kind={cfg.kind!r} "
                 f"cluster {cfg.cluster_m}x{cfg.cluster_n}"]
-    if cfg.waves_m != 1:  # audit: the reduce of two m64 waves (256x112) spilled; one wave per warpgroup does not
+    if cfg.waves_m != 1 and not cfg.swap_ab:  # audit: the reduce of two m64 waves (256x112) spilled; swap-AB's
+        # fragments are small (BLOCK_M / 2 floats a wave)
         return [f"split_k > 1 needs one m64 wave per math warpgroup (block_m 64 or 128), got block_m={cfg.block_m}"]
     return []
 
@@ -327,57 +470,92 @@ def _max_stages(block_m: int, block_n: int, smem_limit: int, kind: str = "dense"
 
 
 def _num_m_blocks(kind: str, m: int, block_m: int, num_groups: int) -> int:
-    if kind in ("masked", K_GROUPED):  # m is the (expected) rows per group
+    if LAYOUT_OF[kind] in ("masked", K_GROUPED):  # m is the (expected) rows per group
         return num_groups * ceil_div(m, block_m)
     return ceil_div(m, block_m)
 
 
-def math_issue_per_k_block(kind: str, block_m: int, block_n: int) -> float:
+def math_issue_per_k_block(kind: str, block_m: int, block_n: int, swap_ab: bool = False) -> float:
     """Modelled math-loop instructions per K block per math warp (what ``audit``'s K-loop analysis reports as
-    ``kloop.math.per_k_block.total``)."""
+    ``kloop.math.per_k_block.total``). Swap-AB: per wave BLOCK_M / 2 FFMA, BLOCK_M / 4 FMUL (sA x sB per column)
+    and the wave's fixed part; per K block the BLOCK_M / 8 sA pair loads."""
+    if swap_ab:
+        return block_n // 64 * (block_m / 2 + block_m / 4 + _ISSUE_PER_WAVE) + block_m / 8 + _ISSUE_PER_K_BLOCK
     waves = waves_m(block_m)
     if kind in FP32_ACCUMULATE_KINDS:  # per-column B scales: FMUL + FFMA per value, BLOCK_N / 8 sB load pairs
         return waves * (block_n + _ISSUE_PER_WAVE - 2) + block_n / 8 + _ISSUE_PER_K_BLOCK
+    if kind in SWIGLU_KINDS:  # two m64n128 chunks per wave, each promoted with its own sB block (no straddle select)
+        return waves * (block_n / 2 + _ISSUE_PER_WAVE + _ISSUE_PER_MMA_CHUNK) + _ISSUE_PER_K_BLOCK
     per_wave = block_n / 2 + _ISSUE_PER_WAVE + (_ISSUE_STRADDLE if 128 % block_n else 0)
     return waves * per_wave + _ISSUE_PER_K_BLOCK
 
 
-def issue_cycles_per_k_block(kind: str, block_m: int, block_n: int) -> float:
+def issue_cycles_per_k_block(kind: str, block_m: int, block_n: int, swap_ab: bool = False) -> float:
     """Issue cycles per K block on the busiest SM sub-partition: one warp of every math warpgroup plus the
     producer warp live on it, and a sub-partition issues one instruction per clock. Compare with the tensor
     cycles of a K block, ``block_m * block_n / 32``: their ratio (math part only) is the audit's
     ``issue_per_tensor_cycle``."""
+    if swap_ab:  # one math warpgroup
+        return math_issue_per_k_block(kind, block_m, block_n, True) + _ISSUE_PRODUCER
     return math_issue_per_k_block(kind, block_m, block_n) * num_math_warpgroups(block_m) + _ISSUE_PRODUCER
 
 
 def _estimate_cycles(kind: str, m: int, n: int, k: int, num_groups: int, block_m: int, block_n: int, num_sms: int,
-                     split_k: int = 1) -> float:
+                     split_k: int = 1, swap_ab: bool = False) -> float:
     """Modelled kernel time in SM clocks (for ranking configs only). ``split_k`` > 1: tiles x split_k work items
-    of k / split_k each, plus the fp32 partials and the last CTA's reduce (:func:`_split_k_cycles`)."""
+    of k / split_k each, plus the fp32 partials and the last CTA's reduce (:func:`_split_k_cycles`). ``swap_ab``:
+    the same terms for the transposed tile (the wgmma's rows are the BLOCK_N weight rows, its columns the BLOCK_M
+    tokens; policy_swap_ab.cuh); the A box is BLOCK_M rows, not zero-filled to 64."""
     num_tiles = _num_m_blocks(kind, m, block_m, num_groups) * ceil_div(n, block_n)
     sm_waves = ceil_div(num_tiles * split_k, num_sms)
     k_padded = _round_up(k, BLOCK_K) // split_k
-    mma = 2 * block_m * block_n * k_padded / (_MMA_FLOP_PER_CLK * _MMA_EFFICIENCY[block_m])
+    rows, cols = (block_n, block_m) if swap_ab else (block_m, block_n)  # the wgmma tile
+    mma = 2 * rows * cols * k_padded / (_MMA_FLOP_PER_CLK * _MMA_EFFICIENCY[64 if swap_ab else block_m])
     fill = (block_m + block_n) * k_padded / _SMEM_FILL_BYTES_PER_CLK
     # Every m64 wgmma reads its A slice and the whole B tile from shared memory, so narrow tiles are
-    # bound by shared-memory bandwidth before the tensor cores: per K element, (BM/64) x (64 + BN)
+    # bound by shared-memory bandwidth before the tensor cores: per K element, (rows/64) x (64 + cols)
     # operand bytes plus (BM + BN) bytes written by TMA.
-    smem = ((block_m // 64) * (64 + block_n) + block_m + block_n) * k_padded / _SMEM_BYTES_PER_CLK
-    issue = ceil_div(k, BLOCK_K) // split_k * issue_cycles_per_k_block(kind, block_m, block_n)
+    smem = ((rows // 64) * (64 + cols) + block_m + block_n) * k_padded / _SMEM_BYTES_PER_CLK
+    issue = ceil_div(k, BLOCK_K) // split_k * issue_cycles_per_k_block(kind, block_m, block_n, swap_ab)
     mma = max(mma, smem, issue)
-    tile = max(mma, fill) + _TILE_FIXED_CYCLES
+    tile = max(mma, fill) + _TILE_FIXED_CYCLES + epilogue_cycles(kind, block_m)
     if split_k > 1:
         tile += _split_k_cycles(block_m, block_n, split_k)
-    groups_touched = num_groups if kind != "dense" else 1
-    rows = m * (num_groups if kind == "masked" else 1)
+    layout = LAYOUT_OF[kind]
+    groups_touched = num_groups if layout != "dense" else 1
+    rows = m * (num_groups if layout == "masked" else 1)
     k_blocks = ceil_div(k, BLOCK_K)
     if kind in FP32_ACCUMULATE_KINDS:  # fp32 C read + fp32 D written; per-row sB (k-grouped: per group, k per group)
         groups = num_groups if kind == K_GROUPED else 1
         hbm_bytes = groups * (rows * k + n * k + rows * n * 8 + 4 * (rows + n) * k_blocks)
         return max(sm_waves * tile, hbm_bytes / (_HBM_BYTES_PER_CLK_PER_SM * num_sms))
-    hbm_bytes = (rows * k + groups_touched * n * k + rows * n * 2  # A, B, D
+    hbm_bytes = (rows * k + groups_touched * n * k + output_bytes(kind, rows, n)  # A, B, D (+ sD)
                  + 4 * (rows * k_blocks + groups_touched * ceil_div(n, 128) * k_blocks))  # sA, sB
     return max(sm_waves * tile, hbm_bytes / (_HBM_BYTES_PER_CLK_PER_SM * num_sms))
+
+
+# The FP8 epilogue per output value and math thread (NOTES: counted from the kernel source, not yet measured; an
+# IEEE fp32 division is ~8 issue slots on sm_90 with its fast path): |x| max (1), the division by the scale (8),
+# the e4m3 pack and the 2-byte shared store (1); the SwiGLU kinds add SiLU (exp + division + multiply, ~12).
+_EPILOGUE_ISSUE_PER_VALUE = {"fp8": 10, "swiglu": 22}
+
+
+def epilogue_cycles(kind: str, block_m: int) -> float:
+    """Issue cycles of the FP8 / SwiGLU epilogue of one tile beyond the bf16 store (in ``_TILE_FIXED_CYCLES``): 64
+    output values per thread and m64 wave, one warp of every math warpgroup per SM sub-partition."""
+    if kind not in FP8_OUTPUT_KINDS:
+        return 0.0
+    per_value = _EPILOGUE_ISSUE_PER_VALUE["swiglu" if kind in SWIGLU_KINDS else "fp8"]
+    return waves_m(block_m) * (FP8_OUTPUT_BLOCK_N // 2) * per_value * num_math_warpgroups(block_m)
+
+
+def output_bytes(kind: str, rows: int, n: int) -> int:
+    """Bytes a GEMM of ``rows`` x ``n`` writes: bf16 D, or e4m3 D plus one fp32 scale per 128 columns (FP8-output
+    kinds; the SwiGLU kinds' D has ``n / 2`` columns)."""
+    if kind not in FP8_OUTPUT_KINDS:
+        return rows * n * 2
+    cols = output_columns(kind, n)
+    return rows * (cols + 4 * ceil_div(cols, FP8_OUTPUT_BLOCK_N))
 
 
 # Split-K (NOTES: modelled, not measured): fp32 partials go to L2 and back at the L2 -> SM fill rate; the counter
@@ -396,7 +574,7 @@ def estimate_seconds(cfg: GemmConfig, m: int, num_sms: int = 132) -> float:
     """The heuristic's modelled time of ``cfg`` for ``m`` (dense rows, contiguous m_sum, masked rows per
     group). A prediction to compare with measurements (bench/predict.py), not a measurement."""
     cycles = _estimate_cycles(cfg.kind, max(m, 1), cfg.shape_n, cfg.shape_k, cfg.num_groups, cfg.block_m,
-                              cfg.block_n, num_sms, cfg.split_k)
+                              cfg.block_n, num_sms, cfg.split_k, cfg.swap_ab)
     return cycles / MODEL_CLOCK_HZ
 
 
@@ -420,7 +598,7 @@ def _split_k_choices(kind: str, m: int, n: int, k: int, block_m: int, block_n: i
     (few rows, narrow N, long K: decode) the divisors of the K block count up to MAX_SPLIT_K that keep the work
     items within one wave (more would only add partial traffic)."""
     tiles = ceil_div(m, block_m) * ceil_div(n, block_n)
-    if kind != "dense" or m >= MULTICAST_MIN_M or tiles * 2 > num_sms or block_m > 128:
+    if LAYOUT_OF[kind] != "dense" or m >= MULTICAST_MIN_M or tiles * 2 > num_sms or block_m > 128:
         return (1,)
     k_blocks = ceil_div(k, BLOCK_K)
     return (1, *(s for s in range(2, MAX_SPLIT_K + 1) if k_blocks % s == 0 and tiles * s <= num_sms))
@@ -436,11 +614,17 @@ def get_config(
     num_sms: int = 132,
     smem_limit: int = SMEM_LIMIT,
     contiguous_alignment: int = CONTIGUOUS_ALIGNMENT,
+    ue8m0: bool = False,
+    swap_ab: bool | None = None,
 ) -> GemmConfig:
     """The config for a problem. ``m``: rows (dense), m_sum (contiguous) or expected rows per group (masked).
     ``kind="k_grouped"``: ``m`` / ``n`` of every group, ``k`` the per-group K the cost model assumes (the config's
-    ``shape_k`` is BLOCK_K: one binary for every ks). ``contiguous_alignment`` (contiguous / psum kinds only; 64 or
-    128): the layout's alignment, which is their BLOCK_M (:func:`contiguous_block_m`).
+    ``shape_k`` is BLOCK_K: one binary for every ks). ``contiguous_alignment`` (the kinds of CONTIGUOUS_KINDS only;
+    64 or 128): the layout's alignment, which is their BLOCK_M (:func:`contiguous_block_m`). ``n`` of the SwiGLU
+    kinds is ``2I`` (gate and up columns); ``ue8m0``: the FP8-output kinds' power-of-two scales (compiled in).
+    ``swap_ab`` (dense, ``m <= SWAP_AB_MAX_M``): None lets the model choose (swap-AB where it models at least
+    ``SWAP_AB_MARGIN`` faster than the best plain config), False never, True the best swap-AB config (benchmarks
+    and the predictions table compare both; ``ValueError`` where swap-AB does not apply).
 
     Pure and cached: the same arguments always give the same config.
     """
@@ -452,7 +636,7 @@ def get_config(
     for block_m in block_ms:
         if block_m > 64 and m_eff <= 64 and kind not in CONTIGUOUS_KINDS:
             continue  # a 64-row tile already covers all rows
-        for block_n in BLOCK_N_CHOICES:
+        for block_n in block_n_choices(kind):
             num_stages = _max_stages(block_m, block_n, smem_limit, kind)
             candidate = GemmConfig(kind=kind, shape_n=n, shape_k=shape_k, num_groups=num_groups, block_m=block_m,
                                    block_n=block_n, num_stages=num_stages, cluster_m=1, cluster_n=1, band_width=1,
@@ -468,25 +652,32 @@ def get_config(
                 # Ties: no split, then larger tiles (fewer, better-amortised), then larger BLOCK_M.
                 key = (round(cost), split_k, -block_m * block_n, -block_m)
                 if best is None or key < best[0]:
-                    best = (key, block_m, block_n, num_stages, split_k)
+                    best = (key, block_m, block_n, num_stages, split_k, False)
     if best is None:
         raise ValueError(f"no legal config for {kind=} {m=} {n=} {k=} {num_groups=} {smem_limit=}")
-    _, block_m, block_n, num_stages, split_k = best
+    swap_applies = kind == "dense" and m_eff <= SWAP_AB_MAX_M
+    if swap_ab and not swap_applies:
+        raise ValueError(f"swap_ab=True needs the dense kind and m <= {SWAP_AB_MAX_M}, got {kind=} {m=}")
+    swap = _best_swap_ab(m_eff, n, k, num_sms, smem_limit) if swap_applies and swap_ab is not False else None
+    if swap is not None and (swap_ab or swap[0][0] < best[0][0]):
+        best = swap
+    _, block_m, block_n, num_stages, split_k, swap_ab = best
 
     num_n_blocks = ceil_div(n, block_n)
     num_m_blocks = _num_m_blocks(kind, m_eff, block_m, num_groups)
     cluster_m, cluster_n = 1, 1
     worth_multicast = (m >= MULTICAST_MIN_M and num_sms >= 2 and num_m_blocks * num_n_blocks >= num_sms
                        and kind not in FP32_ACCUMULATE_KINDS)
+    layout = LAYOUT_OF[kind]
     if worth_multicast:
         if num_n_blocks % 2 == 0:
             cluster_n = 2
-        elif kind == "dense":
+        elif layout == "dense":
             cluster_m = 2
     cluster_size = cluster_m * cluster_n
     band_width = max(1, BAND_BLOCKS // cluster_n)
     max_clusters = num_sms // cluster_size
-    if kind == "masked":
+    if layout == "masked":
         num_clusters = max_clusters  # per-group row counts live on the GPU: launch the full persistent grid
     else:
         m_blocks = ceil_div(m_eff, block_m)
@@ -499,9 +690,43 @@ def get_config(
         num_clusters = max(1, min(max_clusters, cluster_tiles * split_k))
     cfg = GemmConfig(kind=kind, shape_n=n, shape_k=shape_k, num_groups=num_groups, block_m=block_m, block_n=block_n,
                      num_stages=num_stages, cluster_m=cluster_m, cluster_n=cluster_n, band_width=band_width,
-                     grid_size=num_clusters * cluster_size, split_k=split_k)
+                     grid_size=num_clusters * cluster_size, split_k=split_k, ue8m0=ue8m0, swap_ab=swap_ab)
     check_config(cfg, smem_limit)
     return cfg
+
+
+def _best_swap_ab(m: int, n: int, k: int, num_sms: int, smem_limit: int) -> tuple | None:
+    """The best swap-AB candidate of a dense problem of ``m <= SWAP_AB_MAX_M`` rows, as ``get_config``'s ``best``
+    tuple, its key's cost raised by ``SWAP_AB_MARGIN`` (a new, uncalibrated kernel: it must model a clear win over
+    the plain kernel to be picked); None if no candidate is legal."""
+    best = None
+    for block_m in SWAP_AB_BLOCK_M:
+        for block_n in SWAP_AB_BLOCK_N:
+            num_stages = _max_stages(block_m, block_n, smem_limit, "dense")
+            candidate = GemmConfig(kind="dense", shape_n=n, shape_k=k, num_groups=1, block_m=block_m, block_n=block_n,
+                                   num_stages=num_stages, cluster_m=1, cluster_n=1, band_width=1, grid_size=1,
+                                   swap_ab=True)
+            try:
+                check_config(candidate, smem_limit)
+            except ValueError:
+                continue
+            for split_k in _split_k_choices("dense", m, n, k, block_m, block_n, num_sms):
+                cost = _estimate_cycles("dense", m, n, k, 1, block_m, block_n, num_sms, split_k, swap_ab=True)
+                cost *= (1 + SWAP_AB_MARGIN) * (1 + SPLIT_K_MARGIN if split_k > 1 else 1)
+                # Ties (the HBM floor): no split, the token tile with the fewest padding columns, wider weight tiles.
+                key = (round(cost), split_k, ceil_div(m, block_m) * block_m - m, -block_n)
+                if best is None or key < best[0]:
+                    best = (key, block_m, block_n, num_stages, split_k, True)
+    return best
+
+
+def block_n_choices(kind: str) -> tuple[int, ...]:
+    """BLOCK_N values the heuristic weighs: 16..160, or the one tile of the FP8-output (128) and SwiGLU (256) kinds."""
+    if kind in SWIGLU_KINDS:
+        return (SWIGLU_BLOCK_N,)
+    if kind in FP8_OUTPUT_KINDS:
+        return (FP8_OUTPUT_BLOCK_N,)
+    return BLOCK_N_CHOICES
 
 
 #: Per-group K the k-grouped config is chosen for: the config (and so the binary) depends on m, n and G only, not on
@@ -513,3 +738,49 @@ def k_grouped_config(m: int, n: int, num_groups: int, num_sms: int, nominal_k: i
                      ) -> GemmConfig:
     """The k-grouped kernel's config for ``num_groups`` groups of ``[m, n]`` outputs (any ks)."""
     return get_config(m, n, nominal_k, num_groups, K_GROUPED, num_sms)
+
+
+# ---------------------------------------------------------------------------------------------- the MoE up-projection
+# The unfused up-projection is the bf16 GEMM plus silu_mul_quant (kernels/quant.cuh SiluMulPerToken), a second,
+# memory-bound kernel. NOTES: guesses, calibrate on H200 — the cost of one more kernel on the stream (launch gap and
+# its ramp, without PDL), and the fraction of the HBM datasheet bandwidth a one-pass quantiser streams at.
+KERNEL_LAUNCH_SECONDS = 2.5e-6
+_QUANT_HBM_EFFICIENCY = 0.8
+HBM_BYTES_PER_SECOND = 4.8e12  # H200 datasheet
+
+
+def silu_mul_quant_bytes(rows: int, inter: int) -> int:
+    """Bytes ``silu_mul_quant`` moves for ``rows`` rows of ``[gate | up]``: the bf16 input read, the e4m3 output and
+    its 1x128 scales written."""
+    return rows * (2 * 2 * inter + inter + 4 * ceil_div(inter, FP8_OUTPUT_BLOCK_N))
+
+
+def silu_mul_quant_seconds(rows: int, inter: int) -> float:
+    """Modelled time of the unfused path's second kernel (a launch plus its bytes at the quantisers' bandwidth)."""
+    return KERNEL_LAUNCH_SECONDS + silu_mul_quant_bytes(rows, inter) / (HBM_BYTES_PER_SECOND * _QUANT_HBM_EFFICIENCY)
+
+
+def up_projection_seconds(layout: str, fused: bool, m: int, inter: int, hidden: int, num_groups: int,
+                          num_sms: int = 132, silu_rows: int | None = None) -> float:
+    """Modelled time of a MoE up-projection ``x [rows, H] -> h = quant(SiLU(x W1ᵀ) * (x W3ᵀ)) [rows, I]``:
+    ``fused``, the SwiGLU kind of ``layout`` (``"contiguous"``: ``m`` = m_sum; ``"masked"``: ``m`` = expected rows per
+    group); else the bf16 kind plus :func:`silu_mul_quant_seconds` over ``silu_rows`` rows (default: the GEMM's rows;
+    the masked path's quantiser streams the whole ``[G, m_max, 2I]`` buffer, pass ``G * m_max``)."""
+    if layout not in ("contiguous", "masked"):
+        raise ValueError(f"layout must be 'contiguous' or 'masked', got {layout!r}")
+    kind = f"{layout}_swiglu" if fused else layout
+    seconds = estimate_seconds(get_config(max(m, 1), 2 * inter, hidden, num_groups, kind, num_sms), max(m, 1))
+    if fused:
+        return seconds
+    rows = silu_rows if silu_rows is not None else m * (num_groups if layout == "masked" else 1)
+    return seconds + silu_mul_quant_seconds(rows, inter)
+
+
+def fused_swiglu_wins(layout: str, m: int, inter: int, hidden: int, num_groups: int, num_sms: int = 132,
+                      silu_rows: int | None = None) -> bool:
+    """Whether the model picks the SwiGLU-fused up-projection: legal (``I % 128 == 0``) and modelled no slower than
+    the bf16 GEMM plus ``silu_mul_quant`` (see :func:`up_projection_seconds`)."""
+    if inter <= 0 or inter % FP8_OUTPUT_BLOCK_N:
+        return False
+    fused = up_projection_seconds(layout, True, m, inter, hidden, num_groups, num_sms)
+    return fused <= up_projection_seconds(layout, False, m, inter, hidden, num_groups, num_sms, silu_rows)

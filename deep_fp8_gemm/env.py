@@ -9,11 +9,17 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-_FALSE = {"", "0", "false", "no", "off"}
 
 
 def _flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() not in _FALSE
+    """A switch: ``1`` on; ``0``, empty or unset off. Anything else is a ``ValueError`` naming the variable (a
+    typo, or ``yes`` / ``true`` / ``off``, must not silently pick a mode)."""
+    value = os.environ.get(name, "").strip()
+    if value in ("", "0"):
+        return False
+    if value == "1":
+        return True
+    raise ValueError(f"{name} must be 1 (on) or 0 / empty / unset (off), got {name}={value!r}")
 
 
 def jit_cache_dir() -> Path:
@@ -53,6 +59,22 @@ def simulate() -> bool:
     """``DFG_SIMULATE=1``: public ops on CPU tensors run the real kernels through the CPU simulator
     instead of the plain reference implementation."""
     return _flag("DFG_SIMULATE")
+
+
+def pdl() -> bool:
+    """``DFG_PDL=1``: the initial value of :func:`deep_fp8_gemm.set_pdl` (read once, at import): every kernel then
+    launches as a programmatic dependent launch (it may start while the previous kernel of the stream finishes;
+    each kernel waits with ``griddepcontrol.wait`` before touching memory that kernel may write)."""
+    return _flag("DFG_PDL")
+
+
+def check_layouts() -> bool:
+    """``DFG_CHECK_LAYOUTS=1``: the grouped GEMMs on CUDA tensors check their layout's values on every call (the
+    contiguous ``m_indices`` blocks, the psum group ends, the masked counts), as every CPU call does. A debug
+    switch: each check reads the layout back, so it synchronises the host with the GPU once per call (never during
+    CUDA-graph capture, where it is skipped). Read when a call's signature is first seen (its plan is made) and
+    on every call of the general path."""
+    return _flag("DFG_CHECK_LAYOUTS")
 
 
 def sim_num_sms() -> int:

@@ -18,6 +18,8 @@ Pipeline of :func:`fp8_moe_forward` (prefill / training shapes):
    gathers, so this is T rows of work instead of T·top_k) and gather the fp8 rows and their scales;
 3. ``m_grouped_gemm_fp8_fp8_bf16_nt_contiguous`` with ``w13`` -> ``[m_sum, 2I]`` bf16;
 4. :func:`silu_mul_quant` (one fused kernel on sm_90) -> ``[m_sum, I]`` e4m3 + M-major scales;
+   steps 3-4 are one kernel, ``m_grouped_gemm_fp8_fp8_fp8_nt_contiguous_swiglu``, when the interleaved weights
+   ``w13_swiglu`` are given (:class:`FP8MoE` derives them when it loads its weights; see "Fused up-projection");
 5. ``m_grouped_gemm_fp8_fp8_bf16_nt_contiguous`` with ``w2`` -> ``[m_sum, H]`` bf16;
 6. weighted un-permute: one gather of the top-k rows per token, fp32 accumulation in slot order —
    deterministic (no atomics).
@@ -27,6 +29,23 @@ Pipeline of :func:`fp8_moe_forward` (prefill / training shapes):
 
 The steps are the functions of :mod:`deep_fp8_gemm.ops.moe`, which the training forward
 (:func:`deep_fp8_gemm.autograd.fp8_moe`) and the expert-parallel layers call too.
+
+Fused up-projection (issue 27). With ``w13_swiglu`` (``ops.moe.swiglu_weights(w13, w13_scale)``: the gate and up
+128-row blocks interleaved, a copy made once) the ``w13`` GEMM computes ``SiLU(gate) * up`` from its fp32
+accumulators and writes ``h`` as e4m3 with 1x128 scales itself: one kernel and ``8I`` bytes per routed row less than
+steps 3-4 (which round ``gate | up`` to bf16 first). It is used where legal (``I % 128 == 0``) and the cost model
+predicts it no slower (``ops.moe.use_fused_swiglu``; at DeepSeek-V3's shapes always, decode included). What holds:
+
+* :class:`FP8MoE` (inference, ``fused_swiglu=True``, the default), :func:`fp8_moe_forward` /
+  :func:`fp8_moe_forward_masked` given ``w13_swiglu``, and the expert-parallel layers built on them run fused;
+  fused and unfused differ by the bf16 rounding of ``gate | up`` only (calc_diff <= 2e-3 between them, the fused
+  one no farther from float64);
+* the training forward (:func:`deep_fp8_gemm.autograd.fp8_moe`, and :func:`~deep_fp8_gemm.autograd.fp8_moe_frozen`
+  that an inference :class:`FP8MoE` runs when its inputs require grad) stays unfused — its backward needs the bf16
+  ``gate | up`` — and equals the unfused inference forward bit for bit; it no longer equals a fused inference
+  forward bit for bit;
+* expert parallelism: ``ep_moe_forward`` / ``ep_moe_forward_decode`` equal the single-process forward bit for bit
+  when both take the same path (both fused, or both unfused), as before.
 
 Everything runs on CPU tensors (the exact reference GEMMs) and on sm_90 CUDA tensors (JIT kernels), and
 traces with ``torch.compile(fullgraph=True)`` (routing is plain torch with static shapes when compiling; the
@@ -43,10 +62,13 @@ import torch
 from torch import nn
 
 from .autograd import fp8_moe, fp8_moe_frozen
+from .nn import FP8StateModule
 from .ops.moe import (check_expert_sizes, check_routed_inputs, check_same_device, check_tensor_of, check_weights,
-                      combine, experts_contiguous, experts_masked, quantise_experts, route)
+                      combine, check_swiglu_weights, experts_contiguous, experts_masked, quantise_experts, route,
+                      swiglu_weights)
 from .quant import per_token_cast_to_fp8, silu_mul_quant
-from ._core.checks import check_expected_m
+from .ops.masked import check_masked_values
+from ._core.checks import check_expected_m, layout_values_checked
 
 __all__ = ["FP8MoE", "fp8_moe_forward", "fp8_moe_forward_masked", "silu_mul_quant"]
 
@@ -61,6 +83,7 @@ def fp8_moe_forward(
     w2_scale: torch.Tensor,
     *,
     max_m_sum: int | None = None,
+    w13_swiglu: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """FP8 MoE forward over routed tokens (module docstring: math and pipeline).
 
@@ -78,6 +101,9 @@ def fp8_moe_forward(
             the sync-free bound :func:`deep_fp8_gemm.layout.max_m_sum_bound` is used. Pass that bound (or any
             larger multiple of 128) yourself to avoid the sync in eager mode; padding rows cost the grouped
             GEMMs nothing but the quantisation and SiLU kernels still stream them.
+        w13_swiglu: ``ops.moe.swiglu_weights(w13, w13_scale)`` (the same weights, gate / up interleaved): the
+            up-projection then runs fused where legal and modelled faster (module docstring, "Fused
+            up-projection"). None: the unfused path.
 
     Returns:
         ``[T, H]`` bfloat16, a new tensor. A token whose slots are all dropped gets zeros; ``T == 0`` gives an
@@ -89,6 +115,7 @@ def fp8_moe_forward(
     """
     num_experts, hidden_size, inter, num_tokens = check_routed_inputs(hidden, topk_ids, topk_weights, w13,
                                                                       w13_scale, w2, w2_scale)
+    check_swiglu_weights(w13_swiglu, w13, w13_scale)
     top_k = topk_ids.shape[1]
     out_shape = (num_tokens, hidden_size)
     if num_tokens == 0 or top_k == 0:
@@ -97,7 +124,7 @@ def fp8_moe_forward(
     if routed.layout.m_sum == 0:  # every slot dropped (known on the host only in the synchronising mode)
         return hidden.new_zeros(out_shape)
     x_fp8, x_scales = per_token_cast_to_fp8(hidden)
-    _, down = experts_contiguous(x_fp8, x_scales, routed, w13, w13_scale, w2, w2_scale)
+    _, down = experts_contiguous(x_fp8, x_scales, routed, w13, w13_scale, w2, w2_scale, w13_swiglu)
     return combine(down, routed.scatter_index, topk_weights)
 
 
@@ -111,17 +138,20 @@ def fp8_moe_forward_masked(
     w2_scale: torch.Tensor,
     *,
     expected_m: int | None = None,
+    w13_swiglu: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Expert FFNs over tokens already dispatched per expert (decode; CUDA-graph capturable).
 
     Args:
         hidden_per_expert: ``[E, m_max, H]`` bfloat16; rows ``< counts[e]`` of expert ``e`` are its tokens,
             the other rows are ignored (any content, even non-finite).
-        counts: ``[E]`` int32 on the same device, valid rows per expert in ``[0, m_max]``. Never read on the
-            host: nothing here synchronises, so a CUDA graph captured once replays with new counts (run the
-            call once before capturing so that its kernels are compiled and loaded).
+        counts: ``[E]`` int32 on the same device, valid rows per expert in ``[0, m_max]`` (checked on CPU
+            tensors: ``ValueError`` naming ``counts``). Never read on the host for CUDA tensors (unless
+            ``DFG_CHECK_LAYOUTS=1``): nothing here synchronises, so a CUDA graph captured once replays with new
+            counts (run the call once before capturing so that its kernels are compiled and loaded).
         w13, w13_scale, w2, w2_scale: as :func:`fp8_moe_forward`.
         expected_m: host hint of the typical count for the GEMM heuristic (default ``m_max``).
+        w13_swiglu: as :func:`fp8_moe_forward` (fused: the masked SwiGLU kernel).
 
     Returns:
         ``[E, m_max, H]`` bfloat16 with ``out[e, r] = FFN_e(hidden_per_expert[e, r])`` for ``r < counts[e]``;
@@ -129,6 +159,7 @@ def fp8_moe_forward_masked(
         un-dispatches tokens applies them).
     """
     num_experts, hidden_size, inter = check_weights(w13, w13_scale, w2, w2_scale)
+    check_swiglu_weights(w13_swiglu, w13, w13_scale)
     check_tensor_of(hidden_per_expert, "hidden_per_expert", (torch.bfloat16,), 3)
     check_tensor_of(counts, "counts", (torch.int32,), 1)
     if hidden_per_expert.shape[0] != num_experts or hidden_per_expert.shape[2] != hidden_size:
@@ -142,6 +173,8 @@ def fp8_moe_forward_masked(
     if expected_m is None:
         expected_m = max(m_max, 1)
     check_expected_m(expected_m)
+    if layout_values_checked(counts.device):  # CPU (and DFG_CHECK_LAYOUTS=1): named as the caller knows them
+        check_masked_values(counts, m_max, name="counts")
     if m_max == 0:
         return hidden_per_expert.new_empty((num_experts, m_max, hidden_size))
 
@@ -149,7 +182,8 @@ def fp8_moe_forward_masked(
     # then view the scales as [E, m_max, g] (put in the per-expert M-major layout by _experts_masked).
     x_fp8, x_scales = per_token_cast_to_fp8(hidden_per_expert.reshape(num_experts * m_max, hidden_size))
     a = x_fp8.view(num_experts, m_max, hidden_size)
-    return experts_masked(a, x_scales.view(num_experts, m_max, -1), counts, w13, w13_scale, w2, w2_scale, expected_m)
+    return experts_masked(a, x_scales.view(num_experts, m_max, -1), counts, w13, w13_scale, w2, w2_scale, expected_m,
+                          w13_swiglu)
 
 
 # ---------------------------------------------------------------------------------------------- module
@@ -158,13 +192,23 @@ def _check_master_dtype(master_dtype: object) -> None:
         raise TypeError(f"master_dtype must be None, torch.float32 or torch.bfloat16, got {master_dtype!r}")
 
 
-class FP8MoE(nn.Module):
+def _refresh_after_load(module: FP8MoE, _incompatible_keys) -> None:
+    """load_state_dict post-hook of :class:`FP8MoE` (a module-level function, so the module still pickles)."""
+    module.refresh_swiglu_weights()
+
+
+class FP8MoE(FP8StateModule):
     """SwiGLU experts with FP8 (e4m3, 128x128 block-scaled) weights; forward = :func:`fp8_moe_forward`.
 
     Buffers (move with ``.to(device)``, saved in the state dict):
         w13 ``[E, 2I, H]`` float8_e4m3fn (rows ``[0, I)`` gate W1, ``[I, 2I)`` up W3),
         w13_scale ``[E, ceil(2I/128), ceil(H/128)]`` float32,
         w2 ``[E, H, I]`` float8_e4m3fn, w2_scale ``[E, ceil(H/128), ceil(I/128)]`` float32.
+    Non-persistent buffers (not in the state dict, which keeps the checkpoint layout above; move with the module):
+        w13_swiglu, w13_swiglu_scale: ``ops.moe.swiglu_weights(w13, w13_scale)``, the fused up-projection's layout
+        (gate / up 128-row blocks interleaved), derived when the weights are set and again after every
+        ``load_state_dict``; None with ``fused_swiglu=False``, for a training module, or when ``I % 128 != 0``.
+        They double the memory of ``w13`` (call :meth:`refresh_swiglu_weights` after changing ``w13`` in place).
 
     The constructor initialises the experts like ``nn.Linear`` (uniform in ``±1/sqrt(fan_in)``) and quantises
     them; use :meth:`from_weights` to load trained weights. The router is not part of this module: pass
@@ -175,14 +219,24 @@ class FP8MoE(nn.Module):
     :func:`deep_fp8_gemm.autograd.fp8_moe` (FP8 forward and backward, fp32 weight gradients, ``main_grad``
     honoured). An inference module whose ``hidden`` or ``topk_weights`` requires grad runs
     :func:`deep_fp8_gemm.autograd.fp8_moe_frozen` (same output; gradients to those two only).
+
+    Dtype casts of the module keep every tensor's dtype, device moves apply
+    (:class:`deep_fp8_gemm.nn.FP8StateModule`); the state dict round-trips bit for bit.
     """
 
     master_dtype: torch.dtype | None = None  # None: the inference module (e4m3 buffers)
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, *,
-                 device: torch.device | str | None = None, master_dtype: torch.dtype | None = None):
+                 device: torch.device | str | None = None, master_dtype: torch.dtype | None = None,
+                 fused_swiglu: bool = True):
         super().__init__()
         _check_master_dtype(master_dtype)
+        if not isinstance(fused_swiglu, bool):
+            raise TypeError(f"fused_swiglu must be a bool, got {type(fused_swiglu).__name__}")
+        self.fused_swiglu = fused_swiglu
+        self.register_buffer("w13_swiglu", None, persistent=False)
+        self.register_buffer("w13_swiglu_scale", None, persistent=False)
+        self.register_load_state_dict_post_hook(_refresh_after_load)
         for value, name in ((num_experts, "num_experts"), (hidden_size, "hidden_size"),
                             (intermediate_size, "intermediate_size")):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -211,10 +265,24 @@ class FP8MoE(nn.Module):
         self.register_buffer("w13_scale", w13_scale)
         self.register_buffer("w2", w2_fp8)
         self.register_buffer("w2_scale", w2_scale)
+        self.refresh_swiglu_weights()
+
+    def refresh_swiglu_weights(self) -> None:
+        """(Re)derive the non-persistent ``w13_swiglu`` / ``w13_swiglu_scale`` from ``w13`` / ``w13_scale`` (see the
+        class docstring); a no-op for a training module or with ``fused_swiglu=False``."""
+        if self.master_dtype is not None or not self.fused_swiglu or getattr(self, "w13", None) is None:
+            return
+        pair = swiglu_weights(self.w13, self.w13_scale)
+        self.w13_swiglu, self.w13_swiglu_scale = (None, None) if pair is None else pair
+
+    @property
+    def swiglu_pair(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``(w13_swiglu, w13_swiglu_scale)`` for :func:`fp8_moe_forward`'s ``w13_swiglu``, or None (unfused)."""
+        return None if self.w13_swiglu is None else (self.w13_swiglu, self.w13_swiglu_scale)
 
     @classmethod
     def from_weights(cls, w13: torch.Tensor, w2: torch.Tensor, *,
-                     master_dtype: torch.dtype | None = None) -> FP8MoE:
+                     master_dtype: torch.dtype | None = None, fused_swiglu: bool = True) -> FP8MoE:
         """Quantises trained expert weights once (128x128 blocks per expert); with ``master_dtype`` keeps copies
         of them in that dtype as master parameters instead (a training module).
 
@@ -231,7 +299,8 @@ class FP8MoE(nn.Module):
             raise ValueError(f"w13 must be [E, 2I, H] and w2 [E, H, I], got w13.shape={tuple(w13.shape)} "
                              f"w2.shape={tuple(w2.shape)}")
         check_expert_sizes(hidden, two_i // 2)
-        module = cls(num_experts, hidden, two_i // 2, device="meta", master_dtype=master_dtype)
+        module = cls(num_experts, hidden, two_i // 2, device="meta", master_dtype=master_dtype,
+                     fused_swiglu=fused_swiglu)
         module._set_weights(w13, w2)
         return module
 
@@ -243,9 +312,11 @@ class FP8MoE(nn.Module):
         if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
                                            for t in (hidden, topk_weights)):
             return fp8_moe_frozen(hidden, topk_ids, topk_weights, self.w13, self.w13_scale, self.w2, self.w2_scale)
-        return fp8_moe_forward(hidden, topk_ids, topk_weights, self.w13, self.w13_scale, self.w2, self.w2_scale)
+        return fp8_moe_forward(hidden, topk_ids, topk_weights, self.w13, self.w13_scale, self.w2, self.w2_scale,
+                               w13_swiglu=self.swiglu_pair)
 
     def extra_repr(self) -> str:
         master = "" if self.master_dtype is None else f", master_dtype={self.master_dtype}"
+        master += "" if self.fused_swiglu else ", fused_swiglu=False"
         return (f"num_experts={self.num_experts}, hidden_size={self.hidden_size}, "
                 f"intermediate_size={self.intermediate_size}{master}")

@@ -26,7 +26,29 @@ from .autograd import PARAM_DTYPES, fp8_linear, fp8_linear_frozen
 from .ops import gemm_fp8_fp8_bf16_nt
 from .quant import per_block_cast_to_fp8, per_token_cast_to_fp8
 
-__all__ = ["FP8Linear"]
+__all__ = ["FP8Linear", "FP8StateModule"]
+
+
+class FP8StateModule(nn.Module):
+    """A module whose own tensors keep their dtypes under dtype casts: ``module.to(torch.bfloat16)``,
+    ``.half()``, ``.float()``, ``.double()``, ``.type(...)`` leave its e4m3 weights e4m3, its scales float32 and
+    its other parameters and buffers (bf16 bias, master weights) in the dtype the constructor gave them, while
+    device moves (``.to(device)``, ``.cuda()``, ``.cpu()``, the device part of ``.to(device, dtype)``) and every
+    other conversion apply as usual. As TransformerEngine's and torchao's FP8 modules do: ``model.to(dtype)``
+    after swapping FP8 layers into a model is the common case, and casting the FP8 state would break the next
+    forward (an e4m3 weight cast to bf16 is no longer an FP8 GEMM operand; fp32 scales cast to fp16 lose bits).
+    Child modules follow their own rules (an ``nn.Linear`` child is cast)."""
+
+    def _apply(self, fn, recurse=True):
+        own = {id(t) for t in (*self._parameters.values(), *self._buffers.values()) if t is not None}
+
+        def keep_dtype(t):
+            applied = fn(t)
+            if id(t) in own and isinstance(applied, torch.Tensor) and applied.dtype != t.dtype:
+                return t.to(device=applied.device)  # the dtype cast is dropped, the device move kept
+            return applied
+
+        return super()._apply(keep_dtype, recurse)
 
 
 def _check_features(in_features: object, out_features: object) -> None:
@@ -51,7 +73,7 @@ def _check_master_dtype(master_dtype: object, out_features: int) -> None:
                          f"got {out_features=}")
 
 
-class FP8Linear(nn.Module):
+class FP8Linear(FP8StateModule):
     """``y = x · Wᵀ + b`` with ``W`` stored as e4m3 + 128x128 block scales.
 
     Args:
@@ -69,7 +91,9 @@ class FP8Linear(nn.Module):
         bias: ``[N]`` bfloat16 or None.
 
     A freshly constructed layer is initialised like ``nn.Linear`` (uniform in ``±1/sqrt(K)``) and quantised;
-    :meth:`from_linear` converts a trained ``nn.Linear``.
+    :meth:`from_linear` converts a trained ``nn.Linear``. Dtype casts of the module (``model.to(torch.bfloat16)``,
+    ``.half()``, ...) keep every tensor's dtype, device moves apply (:class:`FP8StateModule`); the state dict
+    holds the e4m3 weight and fp32 scales as they are and loads back bit for bit.
     """
 
     master_dtype: torch.dtype | None = None  # None: the inference layer (e4m3 buffers)

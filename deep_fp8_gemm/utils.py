@@ -9,6 +9,7 @@ import functools
 
 import torch
 
+from . import env
 from .constants import CONTIGUOUS_ALIGNMENTS, DEFAULT_CONTIGUOUS_ALIGNMENT, DEFAULT_NUM_SMS
 
 
@@ -32,7 +33,7 @@ class ProcessSettings:
         self._interned: dict[tuple, tuple] = {}
         self.num_sms_override: int | None = None
         self.contiguous_alignment = DEFAULT_CONTIGUOUS_ALIGNMENT
-        self.pdl = False
+        self.pdl = env.pdl()
         self.update()
 
     def update(self, **fields) -> None:
@@ -58,10 +59,15 @@ def ceil_div(a: int, b: int) -> int:
 def get_tma_aligned_size(x: int, element_size: int) -> int:
     """``x`` rounded up so that ``x * element_size`` is a multiple of 16 bytes (TMA's global-stride rule).
 
-    ``element_size`` is in bytes and must divide 16 (1, 2, 4, 8 or 16).
+    ``x`` is a non-negative int (``ValueError`` / ``TypeError`` otherwise); ``element_size`` is in bytes and must
+    divide 16 (1, 2, 4, 8 or 16).
     """
     if element_size <= 0 or 16 % element_size != 0:
         raise ValueError(f"element_size must divide 16 bytes, got {element_size=}")
+    if isinstance(x, (bool, float)) or not hasattr(x, "__index__"):
+        raise TypeError(f"x must be an int (a row count), got {type(x).__name__} ({x!r})")
+    if x < 0:
+        raise ValueError(f"x must be a non-negative row count, got {x=}")
     alignment = 16 // element_size
     return ceil_div(x, alignment) * alignment
 
@@ -142,10 +148,13 @@ def set_mk_alignment_for_contiguous_layout(alignment: int) -> None:
 
 
 def set_pdl(enabled: bool) -> None:
-    """Record whether kernels may launch with programmatic dependent launch (process-wide flag, default False).
-
-    Held for the PDL launches of the decode work, which will read it; until they land no launch reads it (the
-    kernels run exactly as with False). Part of the plans' signature.
+    """Whether every kernel launches as a programmatic dependent launch (PDL; process-wide, default False or
+    ``DFG_PDL=1``): the GPU may then start a kernel while the previous kernel of its stream is still finishing,
+    so its launch and prologue (barrier initialisation, ``setmaxnreg``, tensor-map prefetch) overlap that tail.
+    Every kernel executes ``griddepcontrol.wait`` before it reads or writes memory a previous kernel may touch,
+    and ``griddepcontrol.launch_dependents`` once its own loads are issued, so results do not change; without
+    the flag both are no-ops (one binary serves both). CUDA graphs capture PDL launches. Part of the plans'
+    signature (the 2.x name, as vLLM calls it on Hopper).
     """
     if not isinstance(enabled, bool):
         raise TypeError(f"enabled must be a bool, got {type(enabled).__name__} ({enabled!r})")

@@ -417,10 +417,19 @@ def test_fp8moe_training_mode_and_inference_backward():
     out.backward(dout)
     assert layer.w13.grad.shape == (E, 2 * I, H) and not layer.w2.grad[E - 1].any()
     trained_grad = hidden.grad.clone()
+    # Training forward == the unfused inference forward, bit for bit (issue 27: training keeps the bf16 gate | up
+    # its backward needs); the default inference module runs the fused up-projection, equal up to that bf16 rounding.
+    unfused = FP8MoE.from_weights(w13.detach(), w2.detach(), fused_swiglu=False)
+    assert torch.equal(unfused(hidden.detach(), ids, tw.detach()), out)
     inference = FP8MoE.from_weights(w13.detach(), w2.detach())
-    assert torch.equal(inference(hidden.detach(), ids, tw.detach()), out)
+    assert inference.swiglu_pair is not None
+    fused = inference(hidden.detach(), ids, tw.detach())
+    assert not torch.equal(fused, out) and calc_diff(fused, out) <= 2e-3
     hidden.grad = None
-    inference(hidden, ids, tw.detach()).backward(dout)  # frozen experts: gradient to hidden only
+    # frozen experts with a grad-requiring input: fp8_moe_frozen, the training forward, unfused (not the fused one)
+    frozen_out = inference(hidden, ids, tw.detach())
+    assert torch.equal(frozen_out, out)
+    frozen_out.backward(dout)  # gradient to hidden only
     assert torch.equal(hidden.grad, trained_grad)
     fresh = FP8MoE(2, 128, 128, master_dtype=torch.bfloat16)
     assert fresh.w13.dtype == torch.bfloat16 and set(fresh.state_dict()) == {"w13", "w2"}

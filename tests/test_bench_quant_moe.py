@@ -84,6 +84,8 @@ def test_moe_cpu_smoke(tmp_path):
         assert ours["tflops"] == pytest.approx(row["flops"] / ours["us"] / 1e6)
         assert bf16["status"] == "ok" and bf16["diff"] == 0.0  # the reference itself
         assert row["impls"]["cublas_block"]["status"] == "n/a"  # H=256: not a multiple of 512
+        unfused = row["impls"]["deep_fp8_gemm_unfused"]  # issue 27: the unfused up-projection, one kernel more
+        assert unfused["status"] == "ok" and 1e-4 < unfused["diff"] < bench_moe.MOE_THRESHOLD
         for name in ("ep_world1", "ep_decode_world1"):  # issue 16's rows: the same bits as ours
             assert row["impls"][name]["status"] == "ok" and row["impls"][name]["diff"] == ours["diff"]
     md = (tmp_path / "moe-smoke.md").read_text()

@@ -123,3 +123,54 @@ def test_demo_gets_its_arguments_untouched(monkeypatch):
     monkeypatch.setitem(sys.modules, "deep_fp8_gemm.demo", fake)
     assert cli.main(["demo", "--size", "3", "-h"]) == 0
     assert seen == [["--size", "3", "-h"]]
+
+
+# --- the audit's exit status: what CI gates (issue 24, item 5) ------------------------------------------------------
+def _tiny_ceilings(monkeypatch):
+    """Every dense kernel over its K-loop ceilings."""
+    from deep_fp8_gemm.runtime import kloop
+
+    real = kloop.load_ceilings()
+    monkeypatch.setattr(kloop, "load_ceilings", lambda path=None: dict(real, dense={
+        "issue_per_tensor_cycle_m64": 0.01, "issue_per_tensor_cycle_m128": 0.01, "issue_per_tensor_cycle_m256": 0.01}))
+
+
+def test_audit_gates_the_k_loop_of_the_kernels_ci_gates_only(jit_cache, monkeypatch, capsys):
+    """Dense 2112x7168 at m=64 is a pick of the DeepSeek-V3 table (gated: over a ceiling -> exit 1); 256x512 at
+    m=64 is a user shape whose pick is over the real ceiling (1.5 > 0.96 slots per tensor cycle): reported as a
+    note, exit 0 (it used to exit 1). The table's issue/tc column is filled (it used to be blank)."""
+    assert cli.main(["audit", "--kind", "dense", "--shapes", "256,512", "--m", "64"]) == 0
+    out = capsys.readouterr().out
+    line = next(line for line in out.splitlines() if line.startswith("dense "))
+    assert line.split()[-4] == "1.5", line  # issue/tc, before compile s / cache / status
+    assert "note: math loop issues 1.5 slots per tensor cycle > ceiling 0.96" in out and "not gated" in out
+    _tiny_ceilings(monkeypatch)
+    assert cli.main(["audit", "--kind", "dense", "--shapes", "2112,7168", "--m", "64", "--json", "-"]) == 1
+    (record,) = json.loads(capsys.readouterr().out)
+    assert record["kloop_gated"] and not record["ok"] and "> ceiling 0.01" in record["problems"][0]
+
+
+def test_watchdog_build_is_gated_on_spills_and_sass_only(jit_cache, monkeypatch, capsys):
+    """DFG_WATCHDOG_SECONDS=5: the debug build's extra loop instructions are figures, not failures (it used to exit
+    1 for the DeepSeek-V3 dense 4096x7168 kernel at m=128)."""
+    _tiny_ceilings(monkeypatch)
+    monkeypatch.setenv("DFG_WATCHDOG_SECONDS", "5")
+    assert cli.main(["audit", "--kind", "dense", "--shapes", "2112,7168", "--m", "64", "--json", "-"]) == 0
+    (record,) = json.loads(capsys.readouterr().out)
+    assert record["watchdog"] and record["ok"] and record["kloop_gated"] is False and record["kloop"]
+    assert record["notes"] and "the watchdog build" in record["notes"][0] and not record["problems"]
+
+
+def test_audit_argument_errors_are_messages_not_tracebacks(capsys):
+    assert cli.main(["audit", "--kind", "dense", "--shapes", "512,1000"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: no kernel for --kind dense --shapes 512,1000: ") and "k % 16 == 0" in err
+    assert "Traceback" not in err
+    for extra in (["--shapes", "4096,7168"], ["--m", "64"], ["--num-groups", "4"]):
+        assert cli.main(["audit", "--kind", "quant", *extra]) == 2
+        assert "do not apply to --kind quant" in capsys.readouterr().err
+
+
+def test_help_says_the_demo_runs_without_a_gpu():
+    description = cli.build_parser().description
+    assert "all of it works without a GPU" in description and "but ``demo``" not in description

@@ -27,7 +27,10 @@ def _assert_sensible(cfg: GemmConfig, m: int, num_sms: int) -> None:
     check_config(cfg)
     assert cfg.smem_bytes <= SMEM_LIMIT
     assert cfg.block_n % 16 == 0 and 16 <= cfg.block_n <= 256  # e4m3 wgmma N, 16-column epilogue chunks
-    assert cfg.block_m in (64, 128, 256)
+    if cfg.swap_ab:  # the transposed tile (policy_swap_ab.cuh): tokens 8..32, weight rows 64 / 128
+        assert cfg.kind == "dense" and m <= 32 and cfg.block_m in (8, 16, 24, 32) and cfg.block_n in (64, 128)
+    else:
+        assert cfg.block_m in (64, 128, 256)
     assert cfg.cluster_size in (1, 2) and cfg.grid_size % cfg.cluster_size == 0
     assert cfg.cluster_size <= cfg.grid_size <= num_sms, "persistent grid: at most one CTA per SM"
     if cfg.cluster_n == 2:
@@ -36,7 +39,7 @@ def _assert_sensible(cfg: GemmConfig, m: int, num_sms: int) -> None:
     assert 128 * 40 + 128 * cfg.num_math_warpgroups * cfg.math_registers <= 65536
     # Two sB blocks at most under any BLOCK_N-aligned column window.
     assert all((nb * cfg.block_n) % 128 + cfg.block_n <= 256 for nb in range(128))
-    if m <= 64 and cfg.kind == "dense":
+    if m <= 64 and cfg.kind == "dense" and not cfg.swap_ab:
         assert cfg.block_m == 64, "a 64-row tile covers every row"
 
 

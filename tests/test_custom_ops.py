@@ -20,13 +20,14 @@ def _masked_operands():
 
 
 def _opcheck_cases():
-    a, sa = quantised_activations((128, 256), seed=2)
+    a, sa = quantised_activations((256, 256), seed=2)
     sa = dfg.get_col_major_tma_aligned_tensor(sa)
     b, sb = quantised_weights((2, 64, 256), seed=3)
-    out = torch.zeros(128, 64, dtype=torch.bfloat16)
-    m_indices = torch.cat([torch.zeros(64, dtype=torch.int32), torch.ones(64, dtype=torch.int32)])
+    out = torch.zeros(256, 64, dtype=torch.bfloat16)
+    # Two experts, each on its own 128-row segment (the second padded): a layout the kernels compute.
+    m_indices = torch.tensor([0] * 128 + [1] * 100 + [-1] * 28, dtype=torch.int32)
     return [
-        (OPS.gemm_fp8_fp8_bf16_nt.default, (a, sa, b[0], sb[0], out)),
+        (OPS.gemm_fp8_fp8_bf16_nt.default, (a[:128], sa[:128], b[0], sb[0], out[:128])),
         (OPS.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous.default, (a, sa, b, sb, out, m_indices)),
         (OPS.m_grouped_gemm_fp8_fp8_bf16_nt_masked.default, _masked_operands()),
         (OPS.per_token_cast_to_fp8.default, (torch.randn(40, 300, dtype=torch.bfloat16),)),

@@ -65,7 +65,7 @@ def _tokens(world: int, case: str) -> list[int]:
 # --- rank workers ---------------------------------------------------------------------------------------------
 def _moe_worker(rank: int, world: int) -> list[str]:
     from deep_fp8_gemm.distributed import EPMoE, ep_moe_forward
-    from deep_fp8_gemm.moe import FP8MoE
+    from deep_fp8_gemm.moe import FP8MoE, fp8_moe_forward
 
     num_experts = E_LOCAL * world
     w13, w2 = _expert_weights(num_experts)
@@ -81,12 +81,17 @@ def _moe_worker(rank: int, world: int) -> list[str]:
         hidden, ids, weights = _routing(case, tokens, num_experts, seed)
         start = sum(tokens[:rank])
         mine = slice(start, start + tokens[rank])
-        expected = full(hidden, ids, weights)[mine]
-        got = ep_moe_forward(hidden[mine], ids[mine], weights[mine], full.w13[lo:hi], full.w13_scale[lo:hi],
-                             full.w2[lo:hi], full.w2_scale[lo:hi])
+        expected = full(hidden, ids, weights)[mine]  # the fused up-projection (issue 27): FP8MoE's default
+        shard = (full.w13[lo:hi], full.w13_scale[lo:hi], full.w2[lo:hi], full.w2_scale[lo:hi])
+        # the interleaved layout is per expert: a slice of experts is this rank's interleaved weights
+        got = ep_moe_forward(hidden[mine], ids[mine], weights[mine], *shard,
+                             w13_swiglu=(full.w13_swiglu[lo:hi], full.w13_swiglu_scale[lo:hi]))
         assert got.dtype == torch.bfloat16 and got.shape == (tokens[rank], H)
         assert torch.equal(got, expected), f"{case}: ep_moe_forward differs, max |error| " \
             f"{(got.float() - expected.float()).abs().max()}"
+        unfused = fp8_moe_forward(hidden, ids, weights, full.w13, full.w13_scale, full.w2, full.w2_scale)[mine]
+        assert torch.equal(ep_moe_forward(hidden[mine], ids[mine], weights[mine], *shard), unfused), \
+            f"{case}: unfused ep_moe_forward differs"
         got = local(hidden[mine], ids[mine], weights[mine])
         assert torch.equal(got, expected), f"{case}: EPMoE differs"
         for _ in range(2):  # the static buffers are reused: a second call must not see the first one's rows
@@ -95,26 +100,98 @@ def _moe_worker(rank: int, world: int) -> list[str]:
         done.append(case)
 
     # Default buffers (m_max = world * max_tokens) overflow when every slot of every token goes to expert 2
-    # (rank 1): rank 1 raises after the last collective, the others finish normally.
+    # (rank 1): the overflow flag rides in rank 1's status rows of the return exchange, so every rank raises the
+    # same RuntimeError after the last collective (rank 0 used to return a wrong result: calc_diff 0.99).
     small = local.decode_buffers(max_tokens, TOP_K)
     tokens = _tokens(world, "balanced")
     hidden, _, weights = _routing("balanced", tokens, num_experts, 99)
     ids = torch.full((sum(tokens), TOP_K), 2, dtype=torch.int32)
     start = sum(tokens[:rank])
     mine = slice(start, start + tokens[rank])
-    if rank == 1:
-        with pytest.raises(RuntimeError, match="max_rows_per_expert"):
-            local.forward_decode(hidden[mine], ids[mine], weights[mine], small, expected_m=4)
-    else:
+    with pytest.raises(RuntimeError, match="a local expert of rank 1 received .* slots, more than buffers.m_max"):
         local.forward_decode(hidden[mine], ids[mine], weights[mine], small, expected_m=4)
+    assert small.status[1].tolist() == [4, sum(tokens) * TOP_K] and small.status[0, 0] == 0
     done.append("overflow")
 
-    # Ranks that disagree on top_k: every rank raises after the count exchange (none waits for the payload).
+    # Ranks that disagree on top_k: every rank raises after the header exchange (none waits for the payload).
     k = TOP_K if rank == 0 else TOP_K - 1
     with pytest.raises(ValueError, match="disagree on"):
         local(hidden[mine], ids[mine, :k], weights[mine, :k])
     done.append("peer_mismatch")
     return done
+
+
+def _agreement_worker(rank: int, world: int) -> dict[str, str]:
+    """Every way one rank can differ from the others makes every rank raise — the same error where the ranks see
+    the same facts — and leaves the world usable: the last checks are good calls, bit for bit as before. Returns
+    each case's message on this rank (the parent compares them across ranks)."""
+    from deep_fp8_gemm.distributed import ColumnParallelFP8Linear, EPDecodeBuffers, EPMoE, ep_moe_forward
+    from deep_fp8_gemm.moe import FP8MoE
+
+    num_experts = E_LOCAL * world
+    w13, w2 = _expert_weights(num_experts)
+    full = FP8MoE.from_weights(w13, w2)
+    lo, hi = rank * E_LOCAL, (rank + 1) * E_LOCAL
+    mine_w = (full.w13[lo:hi], full.w13_scale[lo:hi], full.w2[lo:hi], full.w2_scale[lo:hi])
+    tokens = _tokens(world, "balanced")
+    hidden, ids, weights = _routing("balanced", tokens, num_experts, 5)
+    start = sum(tokens[:rank])
+    mine = slice(start, start + tokens[rank])
+    expected = full(hidden, ids, weights)[mine]
+    messages: dict[str, str] = {}
+
+    def raises(case: str, exc, pattern: str, fn) -> None:
+        with pytest.raises(exc, match=pattern) as info:
+            fn()
+        messages[case] = str(info.value)
+
+    # Prefill, ranks disagreeing on the local expert count (2 vs 3): gloo used to abort the other process
+    # ("Received data size doesn't match expected size"); the header is fixed-size now.
+    if rank == 0:
+        wrong = FP8MoE.from_weights(*_expert_weights(E_LOCAL + 1))
+        args = (wrong.w13, wrong.w13_scale, wrong.w2, wrong.w2_scale)
+    else:
+        args = mine_w
+    raises("prefill_e_local", ValueError, r"disagree on \(H, top_k, E_local\)",
+           lambda: ep_moe_forward(hidden[mine], ids[mine], weights[mine], *args))
+    # Prefill, one rank's arguments rejected (fp32 hidden): that rank's TypeError, the others' naming it.
+    bad_hidden = hidden[mine].float() if rank == 1 else hidden[mine]
+    raises("prefill_bad_arg", TypeError, "hidden must have dtype" if rank == 1 else "rank 1 of the group rejected",
+           lambda: ep_moe_forward(bad_hidden, ids[mine], weights[mine], *mine_w))
+    # Layer construction: disagreeing sizes, one rank's bad size.
+    raises("epmoe_sizes", ValueError, r"EPMoE: the ranks of the group disagree on num_experts",
+           lambda: EPMoE(num_experts + (world if rank == 0 else 0), H, I))
+    raises("epmoe_bad_arg", ValueError, "hidden_size" if rank == 1 else "rank 1 of the group rejected",
+           lambda: EPMoE(num_experts, H + (8 if rank == 1 else 0), I))
+    raises("tp_sizes", ValueError, "ColumnParallelFP8Linear: the ranks of the group disagree",
+           lambda: ColumnParallelFP8Linear(H, 128 * world * (2 if rank == 0 else 1)))
+    # Decode buffers: disagreeing top_k / E_local.
+    raises("buffers_top_k", ValueError, "EPDecodeBuffers.allocate: the ranks of the group disagree",
+           lambda: EPDecodeBuffers.allocate(8, H, TOP_K - (rank == 0), E_LOCAL))
+    raises("buffers_e_local", ValueError, "EPDecodeBuffers.allocate: the ranks of the group disagree",
+           lambda: EPDecodeBuffers.allocate(8, H, TOP_K, E_LOCAL + (rank == 1)))
+    # Decode calls: one rank's arguments rejected (more tokens than the buffers hold / weights of another E_local).
+    layer = EPMoE.from_experts(w13, w2)
+    buffers = layer.decode_buffers(max(tokens), TOP_K, max_rows_per_expert=world * max(tokens) * TOP_K)
+    big = torch.cat([hidden[mine], hidden[mine]]) if rank == 1 else hidden[mine]
+    big_ids = torch.cat([ids[mine], ids[mine]]) if rank == 1 else ids[mine]
+    big_w = torch.cat([weights[mine], weights[mine]]) if rank == 1 else weights[mine]
+    raises("decode_bad_arg", ValueError, "more than buffers.max_tokens" if rank == 1 else "rank 1 of the group "
+           "rejected", lambda: layer.forward_decode(big, big_ids, big_w, buffers, expected_m=4))
+    from deep_fp8_gemm.distributed import ep_moe_forward_decode
+
+    raises("decode_weights", ValueError, "buffers were allocated for" if rank == 0 else "rank 0 of the group rejected",
+           lambda: ep_moe_forward_decode(hidden[mine], ids[mine], weights[mine], *(args if rank == 0 else mine_w),
+                                         buffers, 4))
+    # The world is still in step: good calls after all of that, bit for bit.
+    assert torch.equal(ep_moe_forward(hidden[mine], ids[mine], weights[mine], *mine_w), expected)
+    assert torch.equal(layer(hidden[mine], ids[mine], weights[mine]), expected)
+    assert torch.equal(layer.forward_decode(hidden[mine], ids[mine], weights[mine], buffers, expected_m=4), expected)
+    return messages
+
+
+#: Cases in which every rank sees the same facts, so every rank must raise the very same message.
+SAME_MESSAGE = ("prefill_e_local", "epmoe_sizes", "tp_sizes", "buffers_top_k", "buffers_e_local")
 
 
 def _tp_worker(rank: int, world: int) -> list[str]:
@@ -188,8 +265,8 @@ def _tp_worker(rank: int, world: int) -> list[str]:
     return done
 
 
-def _all_worker(rank: int, world: int) -> list[str]:
-    return _moe_worker(rank, world) + _tp_worker(rank, world)
+def _all_worker(rank: int, world: int) -> tuple[list[str], dict[str, str]]:
+    return _moe_worker(rank, world) + _tp_worker(rank, world), _agreement_worker(rank, world)
 
 
 ALL = [*CASES, "overflow", "peer_mismatch", "column", "row"]
@@ -197,8 +274,14 @@ ALL = [*CASES, "overflow", "peer_mismatch", "column", "row"]
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_distributed_world(world):
-    """ep_moe_forward, EPMoE (prefill and decode) and both TP linears on a spawned gloo world."""
-    assert run_world(world, _all_worker, timeout=240) == [ALL] * world
+    """ep_moe_forward, EPMoE (prefill and decode) and both TP linears on a spawned gloo world; then every way a
+    rank can disagree with its peers or fail its checks (_agreement_worker), each raising on every rank."""
+    results = run_world(world, _all_worker, timeout=300)
+    assert [done for done, _ in results] == [ALL] * world
+    messages = [m for _, m in results]
+    for case in SAME_MESSAGE:
+        assert len({m[case] for m in messages}) == 1, (case, [m[case] for m in messages])
+    assert set(messages[0]) == set(messages[-1]) and len(messages[0]) == 9
 
 
 # --- a failing or hanging rank ends the test in bounded time ---------------------------------------------------
@@ -210,7 +293,7 @@ def _raising_worker(rank: int, world: int) -> None:
     hidden = torch.zeros((3, H), dtype=torch.bfloat16)
     ids = torch.zeros((3, TOP_K), dtype=torch.int32)
     if rank == 1:
-        hidden = hidden[:, :128]  # rank 1 raises ValueError before its first collective; rank 0 waits in it
+        hidden = hidden[:, :128]  # rank 1's ValueError travels in the header exchange: both ranks raise it
     ep_moe_forward(hidden, ids, torch.ones(3, TOP_K), experts.w13, experts.w13_scale, experts.w2, experts.w2_scale)
 
 

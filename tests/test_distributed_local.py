@@ -140,3 +140,40 @@ def test_tensor_parallel_world_of_one(world_of_one):
     assert torch.equal(row(x), want)
     fresh = RowParallelFP8Linear(H, 128, sequence_parallel=True)
     assert fresh(x).shape == (4, 128) and "sequence_parallel=True" in repr(fresh)
+
+
+# --- sizes that must agree, casts: the tensor-parallel layers' checks run before any collective of their own ---
+@pytest.fixture
+def two_ranks(monkeypatch, world_of_one):
+    """The tensor-parallel layers' view of a 2-rank group (their size checks use group_size / group_rank; the
+    agreement collective runs on the real world of one)."""
+    from deep_fp8_gemm.distributed import tensor_parallel
+
+    monkeypatch.setattr(tensor_parallel, "group_size", lambda group=None: 2)
+    monkeypatch.setattr(tensor_parallel, "group_rank", lambda group=None: 0)
+    return tensor_parallel
+
+
+def test_tensor_parallel_size_errors_quote_the_argument_and_world(two_ranks):
+    """Was: ``ColumnParallelFP8Linear(128, 100)`` on 2 ranks said ``out_features=50``, the per-rank shard."""
+    tp = two_ranks
+    with pytest.raises(ValueError) as info:
+        tp.ColumnParallelFP8Linear(128, 100)
+    text = str(info.value)
+    assert "out_features=100 over world=2 ranks gives 50 per rank" in text and "multiple of world * 8 = 16" in text
+    with pytest.raises(ValueError, match=r"in_features=80 over world=2 ranks gives 40 per rank, which must be a "
+                                         r"multiple of 16"):
+        tp.RowParallelFP8Linear(80, 64)
+    with pytest.raises(ValueError, match=r"out_features=101 world=2"):
+        tp.ColumnParallelFP8Linear(128, 101)
+    with pytest.raises(ValueError, match=r"out_features=100 over world=2"):
+        tp.ColumnParallelFP8Linear.from_linear(torch.nn.Linear(128, 100))
+    assert tp.ColumnParallelFP8Linear(128, 112).linear.out_features == 56
+
+
+def test_tensor_parallel_layers_keep_their_fp8_state_under_casts(world_of_one):
+    layer = RowParallelFP8Linear.from_linear(torch.nn.Linear(128, 64))
+    layer.float()
+    assert layer.bias.dtype == torch.bfloat16 and layer.linear.weight_fp8.dtype == torch.float8_e4m3fn
+    col = ColumnParallelFP8Linear.from_linear(torch.nn.Linear(128, 64)).half()
+    assert col.linear.weight_fp8.dtype == torch.float8_e4m3fn and col.linear.weight_scale.dtype == torch.float32

@@ -37,6 +37,8 @@ class FakeDriver:
         self.current_ctx = 0
         self.ctx_stack: list[int] = []
         self.param_sizes = [384]  # cuKernelGetParamInfo sizes, one per parameter
+        self.param_sizes_by_name: dict[str, list[int]] = {}  # kernels whose sizes differ from param_sizes
+        self._kernel_names: dict[int, str] = {}
         self.launches: list[dict] = []
         self.tensor_map_out: list[int] = []  # output addresses of the tensor-map encodes
         self.attributes = {
@@ -103,13 +105,18 @@ class FakeDriver:
 
     def cuLibraryGetKernel(self, library, name):
         n = len(self.calls["cuLibraryGetKernel"])
+        self._kernel_names[0x3000 + n] = name.decode() if isinstance(name, bytes) else str(name)
         return self._ret("cuLibraryGetKernel", int(library), name, values=(real_driver.CUkernel(0x3000 + n),))
+
+    def sizes_of(self, kernel) -> list[int]:
+        return self.param_sizes_by_name.get(self._kernel_names.get(int(kernel), ""), self.param_sizes)
 
     def cuKernelGetParamInfo(self, kernel, index):
         self.calls["cuKernelGetParamInfo"].append((int(kernel), index))
-        if index >= len(self.param_sizes):
+        sizes = self.sizes_of(kernel)
+        if index >= len(sizes):
             return (INVALID_VALUE, 0, 0)
-        return (OK, sum(self.param_sizes[:index]), self.param_sizes[index])
+        return (OK, sum(sizes[:index]), sizes[index])
 
     def cuKernelSetAttribute(self, attrib, value, kernel, dev):
         return self._ret("cuKernelSetAttribute", attrib, value, int(kernel), int(dev))
@@ -127,7 +134,7 @@ class FakeDriver:
         # What the driver does: kernelParams is a void**; element 0 points at the parameter struct.
         assert isinstance(kernel_params, int), "kernelParams must be passed as the int address of a void*[1]"
         arg0 = ctypes.c_void_p.from_address(kernel_params).value
-        size = self.param_sizes[0]
+        size = self.sizes_of(int(f))[0]
         attrs = []
         for i in range(config.numAttrs):
             a = config.attrs[i]
@@ -139,6 +146,7 @@ class FakeDriver:
             "stream": int(config.hStream),
             "attrs": attrs,
             "function": int(f),
+            "name": self._kernel_names.get(int(f)),
             "function_type": type(f),
             "params": ctypes.string_at(arg0, size),
             "params_address": arg0,

@@ -24,25 +24,28 @@ import pytest
 import torch
 
 from deep_fp8_gemm import ops, validation
-from deep_fp8_gemm.config import SMEM_LIMIT, GemmConfig, check_config
+from deep_fp8_gemm.config import FP8_OUTPUT_KINDS, LAYOUT_OF, SMEM_LIMIT, GemmConfig, check_config, output_columns
 from deep_fp8_gemm.config import k_grouped_config
-from deep_fp8_gemm.kernels import gemm
+from deep_fp8_gemm.kernels import gemm, group_maps
 from deep_fp8_gemm.kernels import quant as kq
 from deep_fp8_gemm.runtime import driver as drv
 from deep_fp8_gemm.runtime.tensor_map import TensorMapSpec, TmaDtype, TmaSwizzle
 from deep_fp8_gemm.utils import get_col_major_tma_aligned_tensor
+from deep_fp8_gemm.ops import fp8_output
 from tests import (
     test_cast_transpose_kernels,
+    test_gpu_fp8_output,
     test_gpu_gemm,
     test_gpu_jit,
     test_gpu_smoke,
+    test_gpu_swap_ab,
     test_k_grouped,
     test_quant,
     test_quant_kernels,
 )
 
 GPU_MODULES = (test_gpu_gemm, test_gpu_jit, test_gpu_smoke, test_quant, test_quant_kernels, test_k_grouped,
-               test_cast_transpose_kernels)
+               test_cast_transpose_kernels, test_gpu_fp8_output, test_gpu_swap_ab)
 NUM_SMS = 132  # H100 / H200
 FP8 = torch.float8_e4m3fn
 
@@ -63,11 +66,18 @@ def check_gemm_case(case: dict) -> GemmConfig:
     kb = -(-k // 128)
     a = torch.empty(a_shape, dtype=FP8)
     sa = torch.empty((*a_shape[:-1], kb), dtype=torch.float32)
-    b_lead = () if kind == "dense" else (groups,)
+    b_lead = () if LAYOUT_OF[kind] == "dense" else (groups,)
     b = torch.empty((*b_lead, n, k), dtype=FP8)
     sb = torch.empty((*b_lead, -(-n // 128), kb), dtype=torch.float32)
     out = torch.empty((*a_shape[:-1], n), dtype=torch.bfloat16)
-    if kind == "dense":
+    if kind in FP8_OUTPUT_KINDS:  # the output pair of the FP8-output and SwiGLU kinds (issue 27)
+        out, sd = fp8_output.empty_out(a_shape[:-2], a_shape[-2], output_columns(kind, n), "cpu")
+        layout = LAYOUT_OF[kind]
+        extra = (() if layout == "dense" else (torch.empty(a_shape[0], dtype=torch.int32),) if layout == "contiguous"
+                 else (torch.empty(groups, dtype=torch.int32),) if layout == "psum"
+                 else (torch.empty(groups, dtype=torch.int32), expected_m))
+        ops.FAMILIES[kind].check(a, sa, b, sb, out, sd, *extra)
+    elif kind == "dense":
         validation.check_dense(a, sa, b, sb, out)
     elif kind == "contiguous":
         validation.check_contiguous(a, sa, b, sb, out, torch.empty(a_shape[0], dtype=torch.int32))
@@ -93,12 +103,16 @@ def check_k_grouped_case(case: tuple) -> None:
     wgrad.check_k_grouped(a, sa, b, sb, d, ks, torch.tensor(ks, dtype=torch.int32), c)
     cfg = k_grouped_config(m, n, len(ks), NUM_SMS)
     check_config(cfg)
-    group_maps = gemm.k_grouped_map_args(cfg, a, b, m, n, ks)
-    assert len(group_maps) == 2 * len(ks)
-    for args in [*group_maps, *gemm.k_grouped_scale_map_args(cfg, get_col_major_tma_aligned_tensor(sa),
-                                                              get_col_major_tma_aligned_tensor(sb), m, n)]:
-        if args is not None:
-            TensorMapSpec(*args).validate()
+    templates = group_maps.template_map_args(cfg, a, b, m, n)
+    for args in [*templates, *gemm.k_grouped_scale_map_args(cfg, get_col_major_tma_aligned_tensor(sa),
+                                                             get_col_major_tma_aligned_tensor(sb), m, n)]:
+        TensorMapSpec(*args).validate()
+    for g, k in enumerate(ks):  # every map the builder derives from the templates is a legal one too
+        if k:
+            k_off = sum(ks[:g])
+            for (dtype, base, dims, _, box, swizzle), rows in zip(templates, (m, n)):
+                TensorMapSpec(dtype, base + rows * k_off, (k, dims[1], 1), (k, rows * k), box, swizzle).validate()
+    _launch(-(-2 * len(ks) // group_maps.WARPS), group_maps.NUM_THREADS, 1, group_maps.SMEM_BYTES)
     _launch(cfg.grid_size, cfg.num_threads, cfg.cluster_size, cfg.smem_bytes)
 
 
@@ -183,6 +197,13 @@ def layer_launches() -> tuple[list[dict], list[tuple]]:
             return dispatch(a, sa, b, sb, out, grouped_layout, expected_m)
         return record_gemm
 
+    def fp8_recorder(kind, dispatch):
+        def record_fp8(a, sa, b, sb, d, sd, grouped_layout=None, expected_m=None, use_ue8m0=False):
+            gemms.append(dict(kind=kind, a_shape=tuple(a.shape), n=b.shape[-2], k=b.shape[-1],
+                              groups=b.shape[0] if b.dim() == 3 else None, expected_m=expected_m, test="layer"))
+            return dispatch(a, sa, b, sb, d, sd, grouped_layout, expected_m, use_ue8m0)
+        return record_fp8
+
     def recorder(name, fn):
         def wrapped(x, *args):
             quants.append((name, tuple(x.shape), x.dtype))
@@ -193,6 +214,9 @@ def layer_launches() -> tuple[list[dict], list[tuple]]:
         for kind in ("dense", "contiguous", "masked", "psum"):  # the family records: the one dispatch seam
             family = ops.FAMILIES[kind]
             mp.setattr(family, "dispatch", gemm_recorder(kind, family.dispatch))
+        for kind in FP8_OUTPUT_KINDS:  # (a, sa, b, sb, d, sd, grouped_layout, expected_m, use_ue8m0)
+            family = ops.FAMILIES[kind]
+            mp.setattr(family, "dispatch", fp8_recorder(kind, family.dispatch))
         mp.setattr(quant, "per_token_cast_to_fp8_torch", recorder("per_token", per_token))
         mp.setattr(quant, "per_block_cast_to_fp8_torch", recorder("per_block", per_block))
         mp.setattr(quant, "silu_mul_quant_torch", recorder("silu_mul", silu))
@@ -207,6 +231,11 @@ def layer_launches() -> tuple[list[dict], list[tuple]]:
         moe.fp8_moe_forward(hidden, ids, weights, *w, max_m_sum=dfg_pkg.layout.max_m_sum_bound(ids.numel(), E))
         moe.fp8_moe_forward_masked(torch.randn(E, 16, H, dtype=torch.bfloat16),
                                    torch.tensor([16, 0, 3, 1, 16, 5, 0, 9], dtype=torch.int32), *w)
+        # tests/test_gpu_fp8_output.py::test_moe_layer_fused_on_the_gpu: the module's fused forwards
+        layer(hidden, ids, weights)
+        moe.fp8_moe_forward_masked(torch.randn(E, 16, H, dtype=torch.bfloat16),
+                                   torch.tensor([16, 0, 3, 1, 16, 5, 0, 9], dtype=torch.int32), *w,
+                                   w13_swiglu=layer.swiglu_pair)
         # test_nn.test_gpu_matches_cpu (the weight is quantised on the CPU there too)
         fp8 = dfg_nn.FP8Linear.from_linear(test_nn._linear(7168, 2112, bias=True))
         del quants[-1:]
@@ -223,6 +252,8 @@ FAMILIES = {
     "gemm": lambda: _problems(test_gpu_gemm.launch_cases() + test_gpu_smoke.launch_cases(), check_gemm_case,
                               _gemm_label),
     "bench": lambda: _problems(bench_gemm_cases(), check_gemm_case, _gemm_label),
+    "fp8_output": lambda: _problems(test_gpu_fp8_output.launch_cases(), check_gemm_case, _gemm_label),
+    "swap_ab": lambda: _problems(test_gpu_swap_ab.launch_cases(), check_gemm_case, _gemm_label),
     "k_grouped": lambda: _problems(test_k_grouped.K_GROUPED_GPU_CASES, check_k_grouped_case,
                                    lambda c: f"k-grouped (m, n, ks) = {c}"),
     "tma": lambda: _problems(test_gpu_jit.TMA_CASES, check_tma_case, lambda c: f"TMA case {c}"),

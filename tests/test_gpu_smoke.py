@@ -36,7 +36,10 @@ SMOKE_FORCED_NAMES = sorted(SMOKE_FORCED)
 SMOKE_CONTIGUOUS = [([100, 0, 200], 512, 512)]  # (valid rows per expert, n, k)
 SMOKE_MASKED = [(2, 64, 512, 512)]  # (G, expected m, n, k); m_max = 2 x expected m
 SMOKE_QUANT = [(128, 512)]  # (m, k), bf16: per-token and per-block of [m, k], SiLU-mul of [m, 2k]
-GPU_CASE_TABLES = (SMOKE_DENSE, SMOKE_FORCED_NAMES, SMOKE_CONTIGUOUS, SMOKE_MASKED, SMOKE_QUANT)
+SMOKE_FP8 = [(200, 512, 512)]  # (m, n, k): gemm_fp8_fp8_fp8_nt (issue 27)
+SMOKE_SWIGLU = [([100, 0, 200], 512, 512)]  # (valid rows per expert, 2I, H): the contiguous SwiGLU kernel
+GPU_CASE_TABLES = (SMOKE_DENSE, SMOKE_FORCED_NAMES, SMOKE_CONTIGUOUS, SMOKE_MASKED, SMOKE_QUANT, SMOKE_FP8,
+                   SMOKE_SWIGLU)
 
 
 def forced_config(name: str) -> tuple[int, GemmConfig]:
@@ -55,6 +58,9 @@ def launch_cases() -> list[dict]:
                    test="smoke contiguous") for sizes, n, k in SMOKE_CONTIGUOUS]
     cases += [dict(kind="masked", a_shape=(g, 2 * em, k), n=n, k=k, groups=g, expected_m=em, test="smoke masked")
               for g, em, n, k in SMOKE_MASKED]
+    cases += [dict(kind="dense_fp8out", a_shape=(m, k), n=n, k=k, test="smoke fp8out") for m, n, k in SMOKE_FP8]
+    cases += [dict(kind="contiguous_swiglu", a_shape=(contiguous_rows(sizes), k), n=n, k=k, groups=len(sizes),
+                   test="smoke swiglu") for sizes, n, k in SMOKE_SWIGLU]
     return cases
 
 
@@ -126,3 +132,38 @@ def test_smoke_quantisers(m, k):
     gate_up = torch.randn(m, 2 * k, device="cuda", dtype=torch.bfloat16)
     y = F.silu(gate_up[:, :k].float()) * gate_up[:, k:].float()
     _assert_silu_close(kq.silu_mul_quant_cuda(gate_up), per_token_cast_to_fp8_torch(y))
+
+
+def _dequantised(d, sd):
+    return d.float() * sd.repeat_interleave(128, dim=-1)[..., :d.shape[-1]]
+
+
+@pytest.mark.parametrize("m,n,k", SMOKE_FP8)
+def test_smoke_fp8_output(m, n, k):
+    from deep_fp8_gemm.ops import dense_fp8out, fp8_output
+
+    a, sa, b, sb = operands((m,), n, k, seed=5)
+    out, ref = fp8_output.empty_out((), m, n, "cuda"), fp8_output.empty_out((), m, n, "cuda")
+    out[1].fill_(float("nan"))
+    dfg.gemm_fp8_fp8_fp8_nt((a, sa), (b, sb), out)
+    dense_fp8out.reference((a, sa), (b, sb), ref)
+    _check(_dequantised(*out), _dequantised(*ref))
+
+
+@pytest.mark.parametrize("sizes,n,k", SMOKE_SWIGLU)
+def test_smoke_swiglu(sizes, n, k):
+    from deep_fp8_gemm.ops import contiguous_swiglu, fp8_output
+
+    align = dfg.get_m_alignment_for_contiguous_layout()
+    rows = []
+    for e, s in enumerate(sizes):
+        rows += [e] * s + [-1] * ((s + align - 1) // align * align - s)
+    m_indices = torch.tensor(rows, dtype=torch.int32, device="cuda")
+    a, sa, w, sw = operands((len(rows),), n, k, groups=len(sizes), seed=6)
+    w, sw = dfg.interleave_swiglu_weights(w, sw / 16)
+    out, ref = fp8_output.empty_out((), len(rows), n // 2, "cuda"), fp8_output.empty_out((), len(rows), n // 2, "cuda")
+    out[1].fill_(float("nan"))
+    dfg.m_grouped_gemm_fp8_fp8_fp8_nt_contiguous_swiglu((a, sa), (w, sw), out, m_indices)
+    contiguous_swiglu.reference((a, sa), (w, sw), ref, m_indices)
+    valid = m_indices >= 0
+    _check(_dequantised(*out)[valid], _dequantised(*ref)[valid])

@@ -264,7 +264,12 @@ def test_ceilings():
 
 def test_shipped_ceilings_cover_every_gemm_kind():
     ceilings = kloop.load_ceilings()
-    assert set(ceilings) == {"dense", "contiguous", "masked", "1d1d", "k_grouped"}
+    assert set(ceilings) == {"dense", "dense_swap_ab", "contiguous", "masked", "1d1d", "k_grouped", "dense_fp8out",
+                             "contiguous_fp8out", "masked_fp8out", "psum_fp8out", "contiguous_swiglu", "masked_swiglu"}
+    # The swap-AB kernels' ceilings are no looser than the plain 64-row kernel's where they are comparable.
+    swap, plain = ceilings["dense_swap_ab"], ceilings["dense"]
+    for key in ("math_per_k_block", "producer_per_k_block", "overhead_per_k_block_per_wave"):
+        assert swap[key] <= plain[key], key
     for kind, limits in ceilings.items():
         assert limits["math_per_k_block"] > 0 and limits["producer_per_k_block"] > 0
         assert any(key.startswith("issue_per_tensor_cycle_m") for key in limits), kind
@@ -285,7 +290,8 @@ def _compiled_loops(cfg) -> dict:
 
     kernel = compile_kernel(cfg.kernel_name(), render_source(cfg))
     return kloop.analyse_sass(disassemble(kernel.cubin), block_m=cfg.block_m, block_n=cfg.block_n,
-                              num_math_warpgroups=cfg.num_math_warpgroups, function=cfg.kernel_name())
+                              num_math_warpgroups=cfg.num_math_warpgroups, function=cfg.kernel_name(),
+                              mma_chunks=cfg.mma_chunks)
 
 
 def test_real_kernel():
@@ -402,3 +408,21 @@ def test_producer_figure_equals_a_hand_count(which):
                               num_math_warpgroups=cfg.num_math_warpgroups, function=cfg.kernel_name())["producer"]
     assert prod["k_blocks_per_iteration"] == 1 and prod["utmaldg"] == loads
     assert prod["body_instructions"] == instructions == prod["per_k_block"]["total"]
+
+
+def test_real_swiglu_kernel():
+    """The SwiGLU kind (issue 27): its 256 columns as two m64n128 wgmma chunks per wave, so 8 QGMMA and 128 FFMA per
+    K block (one per accumulator value, each chunk with its own sB block), within the kind's ceilings and the issue
+    model."""
+    from deep_fp8_gemm.config import get_config, math_issue_per_k_block
+
+    cfg = get_config(32, 4096, 7168, 8, "masked_swiglu", 132)
+    assert (cfg.block_n, cfg.mma_n, cfg.mma_chunks) == (256, 128, 2)
+    r = _compiled_loops(cfg)
+    math = r["math"]
+    assert math["k_blocks_per_iteration"] == 1
+    assert math["per_k_block"]["QGMMA"] == 4 * cfg.waves_m * cfg.mma_chunks
+    assert math["per_k_block"]["FFMA"] == cfg.block_n // 2 * cfg.waves_m
+    assert kloop.check_ceilings("masked_swiglu", cfg.block_m, r, kloop.load_ceilings()) == []
+    modelled = math_issue_per_k_block("masked_swiglu", cfg.block_m, cfg.block_n)
+    assert abs(modelled - math["per_k_block"]["total"]) <= 0.1 * math["per_k_block"]["total"], (modelled, math)

@@ -153,8 +153,12 @@ def test_sync_free_layout_gives_identical_output(layer):
 
 def test_module_forward_and_fresh_init(layer):
     hidden, ids, weights = _inputs(8, seed=7)
-    assert torch.equal(layer(hidden, ids, weights), fp8_moe_forward(hidden, ids, weights, *_weights(layer)))
-    fresh = FP8MoE(4, 128, 64)
+    # I = 128: the module derived the fused up-projection's weights and runs it (tests/test_moe_fused.py)
+    assert layer.swiglu_pair is not None
+    assert torch.equal(layer(hidden, ids, weights),
+                       fp8_moe_forward(hidden, ids, weights, *_weights(layer), w13_swiglu=layer.swiglu_pair))
+    fresh = FP8MoE(4, 128, 64)  # I = 64: the fused path is illegal, the module runs the unfused one
+    assert fresh.swiglu_pair is None
     assert fresh.w13.shape == (4, 128, 128) and fresh.w13_scale.shape == (4, 1, 1)
     assert fresh.w2.shape == (4, 128, 64) and fresh.w2_scale.shape == (4, 1, 1)
     y = fresh(torch.randn(5, 128, dtype=torch.bfloat16), torch.randint(0, 4, (5, 2)), torch.rand(5, 2))

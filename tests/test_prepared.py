@@ -12,13 +12,14 @@ from __future__ import annotations
 import hashlib
 import struct
 
+import numpy as np
 import pytest
 import torch
 
 import deep_fp8_gemm as dfg
 from deep_fp8_gemm import ops, prepared, utils
 from deep_fp8_gemm._core import plans
-from deep_fp8_gemm.kernels import gemm
+from deep_fp8_gemm.kernels import gemm, group_maps
 from deep_fp8_gemm.kernels import quant as kq
 from deep_fp8_gemm.runtime import driver as drv
 from deep_fp8_gemm.runtime import target
@@ -282,6 +283,43 @@ def test_prepare_gemm_runs_new_tensors_of_the_signature(kind):
              args["a"].view(-1)[: out.numel() * 2].view(out.dtype).view(out.shape), grouped)
 
 
+_WRONG_DTYPES = [  # (argument, replacement, the name the TypeError must give)
+    ("a", lambda t: t.bfloat16(), "lhs[0] (A)"),  # the unquantised activation: same shape, same strides
+    ("sa", lambda t: t.half(), "lhs[1] (sA)"),
+    ("b", lambda t: t.bfloat16(), "rhs[0] (B)"),
+    ("sb", lambda t: t.double(), "rhs[1] (sB)"),
+    ("out", lambda t: t.half(), "out"),
+]
+
+
+@pytest.mark.parametrize("kind", list(BUILDERS))
+@pytest.mark.parametrize("arg,change,name", _WRONG_DTYPES, ids=[c[0] for c in _WRONG_DTYPES])
+def test_prepared_call_checks_dtypes(kind, arg, change, name):
+    """A PreparedGemm trusts shapes and strides but not dtypes: a bf16 A used to give garbage on CPU (NaNs in the
+    simulator); now the op's TypeError, nothing written."""
+    args = BUILDERS[kind]()
+    grouped = _grouped(kind, args)
+    call = dfg.prepare_gemm(kind, (args["a"], args["sa"]), (args["b"], args["sb"]), args["out"], grouped,
+                            expected_m=args.get("expected_m"))
+    bad = dict(args, **{arg: change(args[arg])})
+    before = bad["out"].clone()
+    with pytest.raises(TypeError) as info:
+        call((bad["a"], bad["sa"]), (bad["b"], bad["sb"]), bad["out"], grouped)
+    assert name in str(info.value), str(info.value)
+    assert torch.equal(bad["out"], before)
+    if grouped is not None:
+        with pytest.raises(TypeError, match=_grouped_name(kind)):
+            call((args["a"], args["sa"]), (args["b"], args["sb"]), args["out"], grouped.long())
+    with pytest.raises(TypeError, match="lhs"):
+        call(args["a"], (args["b"], args["sb"]), args["out"], grouped)
+    with pytest.raises(TypeError, match=r"lhs\[0\]"):
+        call((np.zeros(3) if arg == "a" else None, args["sa"]), (args["b"], args["sb"]), args["out"], grouped)
+
+
+def _grouped_name(kind: str) -> str:
+    return {"contiguous": "m_indices", "masked": "masked_m", "psum": "grouped_layout"}[kind]
+
+
 def test_prepare_gemm_rejects_bad_examples_and_kinds():
     args = BUILDERS["dense"]()
     lhs, rhs = (args["a"], args["sa"]), (args["b"], args["sb"])
@@ -323,11 +361,13 @@ def fake_gpu(monkeypatch):
 
     fake.on = on
     gemm.cuda_kernel.cache_clear()
+    group_maps.cuda_kernel.cache_clear()
     kq._loaded.clear()
     fake.specs = specs
     yield fake
     drv._reset_for_tests()
     gemm.cuda_kernel.cache_clear()
+    group_maps.cuda_kernel.cache_clear()
     kq._loaded.clear()
 
 
@@ -381,6 +421,31 @@ def test_psum_plan_never_reads_the_group_ends_on_a_gpu(fake_gpu, monkeypatch):
     monkeypatch.setattr(torch.Tensor, "tolist", lambda self: pytest.fail("the group ends were read"))
     _call("psum", dict(args, grouped_layout=torch.tensor([100, 50], dtype=torch.int32)))
     assert len(fake_gpu.launches) == 2 and prepared.stats()["psum"][0] == 1
+
+
+_BAD_LAYOUTS = {  # per grouped kind: a layout the kernels compute wrongly (m_sum = 128, m_max = 32, G = 2)
+    "contiguous": ("m_indices", torch.tensor([0] * 64 + [1] * 64, dtype=torch.int32), "holds rows of 2 experts"),
+    "masked": ("masked_m", torch.tensor([33, 1], dtype=torch.int32), r"masked_m\[0\] must be in \[0, m_max=32\]"),
+    "psum": ("grouped_layout", torch.tensor([100, 50], dtype=torch.int32), "non-decreasing"),
+}
+
+
+@pytest.mark.parametrize("kind", list(_BAD_LAYOUTS))
+def test_check_layouts_debug_mode_reads_the_layout_on_a_gpu(fake_gpu, monkeypatch, kind):
+    """DFG_CHECK_LAYOUTS=1: a GPU call checks the layout's values before its launch, on the cached plan's path
+    too (a new plan reads the switch); without it the values are never read (graph-safe) and it launches."""
+    name, bad, text = _BAD_LAYOUTS[kind]
+    args = _canonical(BUILDERS[kind]())
+    fake_gpu.on()
+    _call(kind, dict(args, **{name: bad}))
+    assert len(fake_gpu.launches) == 1
+    plans.clear()
+    monkeypatch.setenv("DFG_CHECK_LAYOUTS", "1")
+    for _ in range(2):
+        with pytest.raises(ValueError, match=text):
+            _call(kind, dict(args, **{name: bad}))
+    _call(kind, dict(args))
+    assert len(fake_gpu.launches) == 2
 
 
 def test_plan_normalises_row_major_scales_on_every_call(fake_gpu):

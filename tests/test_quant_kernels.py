@@ -140,6 +140,9 @@ inline u32 thread_idx() { return t_tid; }
 inline u32 block_idx() { return t_bid; }
 inline u8* dynamic_smem() { return g_smem; }
 inline void sync_threads() { g_cta->arrive_and_wait(); }
+// One launch at a time on the host: programmatic dependent launch has no earlier grid to wait for.
+inline void grid_dependency_wait() {}
+inline void launch_dependents() {}
 inline u8 e4m3(float f) {
     if (std::isnan(f)) return 0x7f;
     const u8 sign = (__builtin_bit_cast(u32, f) >> 24) & 0x80;

@@ -64,9 +64,10 @@ PLANTED = {
     ),
     "stage_released_before_wgmma_wait": (
         "kernels/fp8_gemm.cuh",
-        "                    hal::wgmma_commit();\n                    hal::wgmma_wait<0>();",
-        "                    hal::wgmma_commit();\n                    if (w + 1 == kWavesM) release_stage(empty, stage, lane);\n"
-        "                    hal::wgmma_wait<0>();",
+        "                        hal::wgmma_commit();\n                        hal::wgmma_wait<0>();",
+        "                        hal::wgmma_commit();\n"
+        "                        if (w + 1 == kWavesM && c + 1 == kMmaChunks) release_stage(empty, stage, lane);\n"
+        "                        hal::wgmma_wait<0>();",
         dict(m=64, n=128, k=1024, block_m=64, block_n=64, cluster=(1, 1), stages=2),
     ),
     "producer_run_by_every_lane": (

@@ -81,10 +81,12 @@ PLANTED = {
     "convergence_named_barrier_split_call_site": (
         OUTPUT,
         "        if (leader)\n            hal::tma_store_wait_read<0>();\n"
-        "        hal::named_barrier_sync(1 + t.wg, 128);\n",
+        "        hal::named_barrier_sync(1 + t.wg, 128);\n"
+        "        Tile::write_smem(smem_d, acc, t.wg_row0, t.warp_in_wg, t.lane);\n",
         "        if (leader) {\n            hal::tma_store_wait_read<0>();\n"
         "            hal::named_barrier_sync(1 + t.wg, 128);\n        } else {\n"
-        "            hal::named_barrier_sync(1 + t.wg, 128);\n        }\n",
+        "            hal::named_barrier_sync(1 + t.wg, 128);\n        }\n"
+        "        Tile::write_smem(smem_d, acc, t.wg_row0, t.warp_in_wg, t.lane);\n",
         SMALL, r"convergence: \.aligned operations diverged in warp \d+: this thread executed its \d+\w\w \.aligned "
                r"operation bar\.sync \(named_barrier_sync\) at a different call site than thread \d+ "
                r"\(output\.cuh:\d+\)", (0,),

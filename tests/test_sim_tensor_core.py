@@ -33,8 +33,8 @@ M, N, K = 64, 128, 512
 PROMOTE_EVERY_512 = [
     ("const auto k_block = [&](u32 stage, u32 phase, u32 /*kb*/) {",
      "const auto k_block = [&](u32 stage, u32 phase, u32 kb) {"),
-    ("desc_with_low_word(b_desc, b_lo + ((ks * kWgmmaK) >> 4)), scratch, ks > 0);",
-     "desc_with_low_word(b_desc, b_lo + ((ks * kWgmmaK) >> 4)), scratch, ks > 0 || kb % 4 != 0);"),
+    ("                                scratch, ks > 0);",
+     "                                scratch, ks > 0 || kb % 4 != 0);"),
     ("promote(acc[w], scratch, sa_lo, sa_hi, sb0, sb1, cols);",
      "if (kb % 4 == 3 || kb + 1 == kNumKBlocks) promote(acc[w], scratch, sa_lo, sa_hi, sb0, sb1, cols);"),
 ]

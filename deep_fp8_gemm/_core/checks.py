@@ -16,7 +16,11 @@ Three levels, because they run in three places (every family's ``check`` takes t
   A, B and out 16-byte aligned, and out's bytes not overlapping any input.
 
 Cost: a few dozen attribute reads per call, no loops over elements and no device synchronisation — the values
-of m_indices / masked_m / group ends are never read here.
+of m_indices / masked_m / group ends are never read here. The grouped families check those values separately
+(their ``check_*_values``), where :func:`layout_values_checked` says so.
+
+Meta tensors (no storage) get the shape-only path: every check above but :func:`check_pointers`, then nothing is
+computed (:func:`is_meta`).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from typing import NamedTuple
 
 import torch
 
+from .. import env
 from ..constants import GRAN_K, TMA_ALIGN_BYTES
 from ..utils import ceil_div
 
@@ -48,6 +53,29 @@ class Problem(NamedTuple):
     def empty(self) -> bool:
         """Nothing to compute (the ops then leave the output untouched)."""
         return self.m == 0 or self.n == 0
+
+
+def is_meta(t: torch.Tensor) -> bool:
+    """A tensor without storage (``device="meta"``): the ops check its metadata and compute nothing."""
+    return t.device.type == "meta"
+
+
+def layout_values_checked(device: torch.device) -> bool:
+    """Whether a grouped GEMM on ``device`` checks its layout's *values* (m_indices blocks, psum ends, masked counts)
+    before it runs: CPU tensors always (the reference would compute any layout, the kernels not: what the CPU
+    accepts the GPU must compute); CUDA tensors only with ``DFG_CHECK_LAYOUTS=1`` and not while a CUDA graph is
+    being captured (the check reads the values back: one synchronisation); meta tensors never (no values); never
+    while torch.compile traces (the custom ops' kernels check at run time, where the values exist)."""
+    if torch.compiler.is_compiling():
+        return False
+    if device.type == "cpu":
+        return True
+    return device.type == "cuda" and env.check_layouts() and not capturing()
+
+
+def capturing() -> bool:
+    """A CUDA graph is being captured on the current stream (False in a CPU-only torch)."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 def unpack_pair(pair: object, name: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -184,7 +212,10 @@ def check_tma_layout(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, n: int
 
 def check_pointers(a, sa, b, sb, out, extra: tuple[tuple[torch.Tensor, str], ...] = (), out_name: str = "out"
                    ) -> None:
-    """16-byte-aligned data pointers of A, B and out; out overlapping none of the operands nor ``extra``."""
+    """16-byte-aligned data pointers of A, B and out; out overlapping none of the operands nor ``extra``. Meta
+    tensors have no pointers (every ``data_ptr()`` is 0): nothing to check."""
+    if is_meta(a):
+        return
     check_aligned_ptr(a, "lhs[0] (A)")
     check_aligned_ptr(b, "rhs[0] (B)")
     check_aligned_ptr(out, out_name)

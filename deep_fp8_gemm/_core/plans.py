@@ -19,8 +19,9 @@ a dict keyed by the Python signature tuple (~4x dearer to build and compare):
 * known signature: only what depends on the data pointers runs: 16-byte alignment of A, B and out, out
   overlapping no input (integer compares against the cached spans; on a hit of either the family's full
   pointer check runs and raises its usual message), sA's alignment, the tensor maps, the parameter bytes, the
-  launch. The psum layout's group ends are values, not metadata: on a CPU they are checked on every call (as by
-  the op), on a GPU never read.
+  launch. The grouped layouts' values (m_indices, psum ends, masked counts) are not metadata: on a CPU they are
+  checked on every call (as by the op: the family's ``values_check``), on a GPU never read unless
+  ``DFG_CHECK_LAYOUTS=1`` was set when the plan was made (then on every call but under graph capture: a sync).
 
 A changed shape, stride, dtype or device is a different signature, so it misses and is checked in full; a
 changed pointer is checked on every call.
@@ -58,13 +59,14 @@ from typing import Callable
 
 import torch
 
+from .. import env
 from ..kernels import gemm as gemm_host
 from ..kernels import quant as quant_host
 from ..kernels import split_k
 from ..runtime import target
 from ..runtime.target import Backend
 from ..utils import PROCESS_SETTINGS, get_num_sms, m_major_strides
-from .checks import byte_span, check_expected_m, check_pointers
+from .checks import byte_span, capturing as _capturing, check_expected_m, check_pointers, is_meta
 from .dispatch import normalise_scales, operands
 from .family import GemmFamily
 
@@ -99,7 +101,7 @@ except ImportError:  # pragma: no cover - present in the supported torch (2.13)
 ALLOCATORS = {"cpu": _empty_cpu, "cuda": _empty_cuda}  # device type -> fast allocator (None: not in this torch)
 _is_compiling = torch.compiler.is_compiling
 _dispatch_depth = torch._C._len_torch_dispatch_stack
-_FP8, _F32 = torch.float8_e4m3fn, torch.float32
+_FP8, _F32, _BF16, _I32 = torch.float8_e4m3fn, torch.float32, torch.bfloat16, torch.int32
 
 
 def _bind_driver() -> None:
@@ -135,7 +137,7 @@ class GemmPlan:
     psum; see the module docstring). Call it with tensors of that signature:
     ``plan(a, sa, b, sb, out, grouped_layout)`` (``grouped_layout`` None for dense)."""
 
-    __slots__ = ("family", "layout_name", "expected_m", "empty", "index", "rows", "cfg", "launcher", "heads",
+    __slots__ = ("family", "layout_name", "expected_m", "empty", "index", "rows", "groups", "cfg", "launcher", "heads",
                  "sa_ready", "sb_ready", "gl_ready", "ready", "spans", "values_check", "workspace", "device")
 
     def __init__(self, spec: GemmEntrySpec, a, sa, b, sb, out, gl, expected_m: int | None):
@@ -145,11 +147,15 @@ class GemmPlan:
         # Byte spans of A, sA, B, sB, out, grouped layout from their data pointers (0: empty / absent).
         self.spans = (byte_span(a), byte_span(sa), byte_span(b), byte_span(sb), byte_span(out),
                       0 if gl is None else byte_span(gl))
-        self.rows = a.shape[-2]
-        # A value check of the grouped layout on every call (psum on a CPU: free there, as the op does it). Never
-        # on a GPU (graph-safe; the empty problem included), hence gpu_index and not the emptiness below.
+        self.rows, self.groups = a.shape[-2], problem.groups
+        # A value check of the grouped layout on every call: on a CPU always (as the op does it), on a GPU only in
+        # the DFG_CHECK_LAYOUTS debug mode (a sync; graph-safe otherwise), the empty problem included. Meta tensors:
+        # the shape-only path, nothing read, nothing run.
         on_gpu = target.gpu_index(a.device) is not None
-        self.values_check = None if on_gpu else spec.cpu_values_check
+        debug = on_gpu and env.check_layouts()
+        self.values_check = spec.values_check if (not on_gpu and not is_meta(a)) or debug else None
+        if is_meta(a):
+            self.empty = True
         self.index = None if self.empty else target.gpu_index(a.device)
         self.cfg = self.launcher = None
         self.workspace = None  # split-K: {stream: (counters, partials, buffers kept alive)}; else None
@@ -170,7 +176,7 @@ class GemmPlan:
         cfg = self.family.plan(a, b, self.expected_m, get_num_sms())
         self.launcher = driver.PreparedLaunch(gemm_host.cuda_kernel(cfg, self.index), _GEMM_PARAMS_BYTES,
                                               grid=cfg.grid_size, block=cfg.num_threads, cluster=cfg.cluster_size,
-                                              smem_bytes=cfg.smem_bytes)
+                                              smem_bytes=cfg.smem_bytes, pdl=PROCESS_SETTINGS.pdl)
         self.cfg = cfg
         if cfg.split_k > 1:
             self.workspace = {}
@@ -189,11 +195,13 @@ class GemmPlan:
             check_pointers(a, sa, b, sb, out, extra)
         launcher = self.launcher
         if launcher is None:  # empty problem, or CPU: the reference (or the simulator), through the family
-            if self.values_check is not None:
-                self.values_check(gl, self.rows)
+            if self.values_check is not None and (self.index is None or not _capturing()):
+                self.values_check(gl, self.rows, self.groups)
             if not self.empty:
                 self.family.dispatch(a, sa, b, sb, out, gl, self.expected_m)
             return
+        if self.values_check is not None and not _capturing():  # DFG_CHECK_LAYOUTS=1 on a GPU: syncs
+            self.values_check(gl, self.rows, self.groups)
         if not self.ready or psa & 15:
             if not self.sa_ready or psa & 15:
                 sa = normalise_scales(sa)
@@ -252,17 +260,18 @@ class GemmEntrySpec:
     * ``check(a, sa, b, sb, out, grouped_layout, expected_m) -> Problem``: the op's full checks;
     * ``layout_name``: the grouped-layout argument's name in messages (None: dense, no such argument);
     * ``expected_m``: ``"none"`` (the kind takes none), ``"required"`` or ``"optional"``;
-    * ``cpu_values_check(grouped_layout, rows)``: a value check run on every CPU call (psum), or None.
+    * ``values_check(grouped_layout, rows, groups)``: the check of the layout's values, run on every CPU call and,
+      with ``DFG_CHECK_LAYOUTS=1``, on every GPU call; None for dense.
     """
 
-    __slots__ = ("family", "check", "layout_name", "expected_m", "cpu_values_check")
+    __slots__ = ("family", "check", "layout_name", "expected_m", "values_check")
 
     def __init__(self, family: GemmFamily, check: Callable, layout_name: str | None, expected_m: str,
-                 cpu_values_check: Callable | None = None):
+                 values_check: Callable | None = None):
         if expected_m not in ("none", "required", "optional"):
             raise ValueError(f"expected_m must be 'none', 'required' or 'optional', got {expected_m!r}")
         self.family, self.check, self.layout_name = family, check, layout_name
-        self.expected_m, self.cpu_values_check = expected_m, cpu_values_check
+        self.expected_m, self.values_check = expected_m, values_check
 
 
 #: kind -> the eager entry of every bf16-output GEMM family (filled by :func:`gemm_entry`).
@@ -369,12 +378,15 @@ class PreparedGemm:
     """A GEMM checked once against example tensors; calling it skips the per-call signature checks.
 
     Made by :func:`prepare_gemm`. Call it exactly like the op it was prepared for, with tensors that have the
-    example's shapes, strides, dtypes and device (**not checked** per call: that is what it saves; use
-    :meth:`matches` while developing): ``p(lhs, rhs, out)`` (dense), ``p(lhs, rhs, out, m_indices)``
-    (contiguous), ``p(lhs, rhs, out, masked_m)`` (masked; the ``expected_m`` given to :func:`prepare_gemm`),
+    example's shapes, strides and device (**not checked** per call: that is what it saves; use :meth:`matches`
+    while developing): ``p(lhs, rhs, out)`` (dense), ``p(lhs, rhs, out, m_indices)`` (contiguous),
+    ``p(lhs, rhs, out, masked_m)`` (masked; the ``expected_m`` given to :func:`prepare_gemm`),
     ``p(lhs, rhs, out, grouped_layout)`` (psum; likewise).
-    Data pointers may change from call to call and are still checked (16-byte alignment, no overlap of out
-    with an input), with the ops' messages. CUDA-graph capturable like the ops (after one call).
+    Checked on every call: the dtypes (the easy slip — a bf16 A that was never quantised has A's shape and
+    strides — raises the op's ``TypeError`` instead of computing garbage; ~0.4 µs on the loaded 2-core CI
+    machine, see the README) and the data pointers (16-byte alignment, no overlap of out with an input), with the
+    ops' messages; the grouped layout's values as the op checks them (on a CPU). CUDA-graph capturable like the
+    ops (after one call).
     A contiguous / psum GEMM is prepared for the contiguous alignment of the time (its BLOCK_M): called after
     ``set_mk_alignment_for_contiguous_layout`` changed it, it raises ``RuntimeError`` (prepare it again).
     """
@@ -391,9 +403,23 @@ class PreparedGemm:
                 f"this PreparedGemm({self.kind!r}) was prepared for get_m_alignment_for_contiguous_layout()="
                 f"{self._alignment} (its kernel's BLOCK_M), now {PROCESS_SETTINGS.contiguous_alignment}: prepare it "
                 "again")
-        a, sa = lhs
-        b, sb = rhs
+        try:
+            a, sa = lhs
+            b, sb = rhs
+            if a.dtype is not _FP8 or sa.dtype is not _F32 or b.dtype is not _FP8 or sb.dtype is not _F32 or \
+                    out.dtype is not _BF16 or (grouped_layout is not None and grouped_layout.dtype is not _I32):
+                raise TypeError
+        except (TypeError, ValueError, AttributeError):  # not pairs, not tensors, or another dtype
+            self._reject(lhs, rhs, out, grouped_layout)
         self._plan(a, sa, b, sb, out, grouped_layout)
+
+    def _reject(self, lhs, rhs, out, grouped_layout) -> None:
+        """Raise the op's own error for arguments whose types or dtypes are not the example's."""
+        spec = GEMM_ENTRIES[self.kind].spec
+        extra = () if grouped_layout is None else ((grouped_layout, spec.layout_name),)
+        a, sa, b, sb = operands(lhs, rhs, out, *extra)
+        spec.check(a, sa, b, sb, out, grouped_layout, self.expected_m)
+        raise TypeError(f"{self!r} called with tensors whose dtypes differ from the example's")  # pragma: no cover
 
     def matches(self, lhs, rhs, out, grouped_layout=None) -> bool:
         """True when these tensors have the example's signature (what a call assumes without checking)."""
@@ -496,7 +522,7 @@ class QuantPlan:
         config = self.launch_plan.kernel_config(vectorized)
         launcher = driver.PreparedLaunch(quant_host.cuda_kernel(config, self.index), quant_host.QUANT_PARAMS_BYTES,
                                          grid=self.launch_plan.grid, block=config.num_threads,
-                                         smem_bytes=config.smem_bytes)
+                                         smem_bytes=config.smem_bytes, pdl=PROCESS_SETTINGS.pdl)
         self._launchers[vectorized] = launcher
         return launcher
 

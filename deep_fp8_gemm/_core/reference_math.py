@@ -6,7 +6,8 @@ What the bf16-output kinds compute, for every output element::
 
 both operands dequantised to float32 (one rounding per product of value and scale), the products summed with
 float32 accumulation (summation order unspecified), the sum rounded once to bfloat16 (nearest even); against a
-float64 evaluation that is within one bf16 ulp. The fp32-accumulating kinds (1D1D, k-grouped) are evaluated in
+float64 evaluation that is within one bf16 ulp. The FP8-output kinds quantise the same float32 sums (not rounded to
+bf16) with the per-token quantiser's rules (``ops.fp8_output``). The fp32-accumulating kinds (1D1D, k-grouped) are evaluated in
 float64 (dequantise, multiply, sum, add C) and rounded once to float32, so the kernels' fp32 accumulation
 differs from them by fp32 rounding only.
 """
@@ -40,7 +41,13 @@ def dequantize_per_row_f64(x_fp8: torch.Tensor, scales: torch.Tensor) -> torch.T
     return x_fp8.double() * scales.double().repeat_interleave(GRAN_K, dim=-1)[:, :k]
 
 
+def matmul_nt_f32(a_deq: torch.Tensor, b_fp8: torch.Tensor, sb: torch.Tensor) -> torch.Tensor:
+    """``a_deq @ dequant(B)ᵀ`` in float32 (float32 accumulation, not rounded further): what the FP8-output kinds
+    quantise; ``a_deq`` ``[r, k]`` float32, B ``[n, k]`` e4m3 with 128x128 block scales ``sb``."""
+    return a_deq @ dequantize_per_block(b_fp8, sb).t()
+
+
 def matmul_nt_bf16(a_deq: torch.Tensor, b_fp8: torch.Tensor, sb: torch.Tensor) -> torch.Tensor:
     """``bf16(a_deq @ dequant(B)ᵀ)`` with float32 accumulation; ``a_deq`` ``[r, k]`` float32, B ``[n, k]`` e4m3 with
     128x128 block scales ``sb``."""
-    return (a_deq @ dequantize_per_block(b_fp8, sb).t()).to(torch.bfloat16)
+    return matmul_nt_f32(a_deq, b_fp8, sb).to(torch.bfloat16)

@@ -1,9 +1,9 @@
 """Argument checks shared by the expert-parallel forwards (prefill and decode).
 
-A check that fails raises on the calling rank only, *before* any collective: the other ranks then block in
-their first collective until the process group's timeout (``init_process_group(timeout=...)``) unless the job
-launcher (torchrun, the tests' spawner) tears the world down when one rank exits. Every check here reads host
-metadata only, except the expert-id range check on CPU tensors (a GPU uses ``torch._assert_async``).
+A check that fails does not raise at once: the forwards catch it, take part in the call's collectives with an
+error status (:mod:`.status`) and raise afterwards, and every peer raises too — no rank is left waiting in a
+collective. Every check here reads host metadata only, except the expert-id range check on CPU tensors (a GPU
+uses ``torch._assert_async``).
 """
 
 from __future__ import annotations
@@ -52,15 +52,11 @@ def _check_expert_range(topk_ids: torch.Tensor, num_experts: int) -> None:
         torch._assert_async(~bad.any(), "topk_ids entries must be -1 or in [0, world * E_local)")
 
 
-def check_peer_shapes(peers: list[list[int]], mine: list[int]) -> None:
-    """``peers[s]`` = ``[H, top_k, E_local]`` received from rank ``s``; raises ValueError on every rank when the
-    ranks disagree (each rank sees all the others' values, so all of them raise: no rank is left waiting).
-
-    A different ``E_local`` also changes the width of the count message that carries these values, so the
-    count exchange itself may fail (or, on some backends, wait until the timeout) before this check runs; a
-    different ``H`` or ``top_k`` is always caught here."""
-    for source, theirs in enumerate(peers):
-        if list(theirs) != list(mine):
-            raise ValueError(f"expert-parallel ranks disagree on (H, top_k, E_local): this rank has {tuple(mine)}, "
-                             f"rank {source} has {tuple(theirs)}; every rank must pass the same top_k and weight "
-                             "shapes")
+def check_peer_shapes(peers: list[list[int]]) -> None:
+    """``peers[s]`` = ``[H, top_k, E_local]`` of rank ``s`` (every rank sees all of them, from a fixed-size
+    exchange); raises the same ValueError on every rank when the ranks disagree, so no rank is left waiting and
+    no message of a size another rank does not expect is ever sent."""
+    if any(list(p) != list(peers[0]) for p in peers):
+        listing = "; ".join(f"rank {s}: {tuple(p)}" for s, p in enumerate(peers))
+        raise ValueError(f"expert-parallel ranks disagree on (H, top_k, E_local) ({listing}); every rank must pass "
+                         f"the same top_k and weight shapes")

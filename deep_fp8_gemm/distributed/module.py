@@ -11,6 +11,7 @@ from ..ops.moe import check_tensor_of
 from .comm import group_rank, group_size
 from .ep_decode import EPDecodeBuffers, ep_moe_forward_decode
 from .ep_moe import ep_moe_forward
+from .status import agree, collective_device
 
 __all__ = ["EPMoE"]
 
@@ -26,17 +27,33 @@ class EPMoE(nn.Module):
     ``[rank*E_local, (rank+1)*E_local)`` (``E_local = num_experts / world``) as FP8 weights.
 
     Submodule ``experts``: an :class:`deep_fp8_gemm.moe.FP8MoE` with the ``E_local`` local experts (its buffers
-    ``w13 [E_local, 2I, H]`` e4m3, ``w13_scale``, ``w2``, ``w2_scale`` — the state dict of one rank).
+    ``w13 [E_local, 2I, H]`` e4m3, ``w13_scale``, ``w2``, ``w2_scale`` — the state dict of one rank — and the
+    non-persistent fused up-projection layout ``w13_swiglu``, which :meth:`forward` and :meth:`forward_decode` use).
     :meth:`forward` is :func:`deep_fp8_gemm.distributed.ep_moe_forward`: every rank of ``group`` must call it
     together, each with its own tokens. The constructor initialises the local experts randomly (like
     ``FP8MoE``); :meth:`from_experts` loads trained weights. Inference only (no autograd).
+
+    Every rank of ``group`` constructs it together: the sizes (``num_experts``, ``H``, ``I``) are agreed with one
+    fixed-size collective (:func:`.status.agree`), so ranks that disagree, or a rank whose arguments are wrong,
+    make every rank raise the same error here rather than a crash or a hang in the first forward.
     """
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, *,
                  group: dist.ProcessGroup | None = None, device: torch.device | str | None = None):
         super().__init__()
-        self._setup(num_experts, group)
-        self.experts = FP8MoE(self.num_local_experts, hidden_size, intermediate_size, device=device)
+        group_size(group)  # torch.distributed initialised (else RuntimeError here: there is no one to agree with)
+        error = None
+        try:
+            self._setup(num_experts, group)
+            self.experts = FP8MoE(self.num_local_experts, hidden_size, intermediate_size, device=device)
+        except (TypeError, ValueError, RuntimeError) as exc:  # raised by every rank, after the agreement
+            error = exc
+        self._agree(group, device, error, num_experts, hidden_size, intermediate_size)
+
+    @staticmethod
+    def _agree(group, device, error, num_experts, hidden_size, intermediate_size) -> None:
+        agree("EPMoE", {"num_experts": num_experts, "hidden_size": hidden_size, "intermediate_size": intermediate_size},
+              group, collective_device(group, device if error is None else None), error)
 
     def _setup(self, num_experts: int, group: dist.ProcessGroup | None) -> None:
         _check_positive(num_experts, "num_experts")
@@ -58,28 +75,36 @@ class EPMoE(nn.Module):
                 2I, H]`` of this rank's experts only (``local=True``: ``E = E_local * world``).
             w2: ``[E, H, I]`` (or ``[E_local, H, I]``), the down projections.
             group: the expert-parallel process group (``None``: the world).
-        The module's buffers live on the weights' device; the slice is copied, not viewed.
+        The module's buffers live on the weights' device; the slice is copied, not viewed. Every rank calls it
+        together (the sizes are agreed, as by the constructor).
         """
-        check_tensor_of(w13, "w13", (torch.bfloat16, torch.float16, torch.float32), 3)
-        check_tensor_of(w2, "w2", (torch.bfloat16, torch.float16, torch.float32), 3)
-        if w13.shape[0] != w2.shape[0]:
-            raise ValueError(f"w13 and w2 must hold the same experts, got w13.shape={tuple(w13.shape)} "
-                             f"w2.shape={tuple(w2.shape)}")
         module = cls.__new__(cls)
         nn.Module.__init__(module)
         world = group_size(group)
-        module._setup(w13.shape[0] * (world if local else 1), group)
-        if not local:
-            lo, hi = module.expert_offset, module.expert_offset + module.num_local_experts
-            w13, w2 = w13[lo:hi], w2[lo:hi]
-        module.experts = FP8MoE.from_weights(w13, w2)
+        error, sizes = None, (0, 0, 0)
+        try:
+            check_tensor_of(w13, "w13", (torch.bfloat16, torch.float16, torch.float32), 3)
+            check_tensor_of(w2, "w2", (torch.bfloat16, torch.float16, torch.float32), 3)
+            if w13.shape[0] != w2.shape[0]:
+                raise ValueError(f"w13 and w2 must hold the same experts, got w13.shape={tuple(w13.shape)} "
+                                 f"w2.shape={tuple(w2.shape)}")
+            sizes = (w13.shape[0] * (world if local else 1), w13.shape[2], w2.shape[2])
+            module._setup(sizes[0], group)
+            if not local:
+                lo, hi = module.expert_offset, module.expert_offset + module.num_local_experts
+                w13, w2 = w13[lo:hi], w2[lo:hi]
+            module.experts = FP8MoE.from_weights(w13, w2)
+        except (TypeError, ValueError, RuntimeError) as exc:  # raised by every rank, after the agreement
+            error = exc
+        cls._agree(group, getattr(w13, "device", None) if error is None else None, error, *sizes)
         return module
 
     def forward(self, hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
         """``hidden [T_local, H]`` bf16, ``topk_ids [T_local, top_k]`` global expert ids (-1 = dropped),
         ``topk_weights [T_local, top_k]`` -> ``[T_local, H]`` bf16 (:func:`ep_moe_forward`)."""
         e = self.experts
-        return ep_moe_forward(hidden, topk_ids, topk_weights, e.w13, e.w13_scale, e.w2, e.w2_scale, self.group)
+        return ep_moe_forward(hidden, topk_ids, topk_weights, e.w13, e.w13_scale, e.w2, e.w2_scale, self.group,
+                              e.swiglu_pair)
 
     def decode_buffers(self, max_tokens: int, top_k: int, max_rows_per_expert: int | None = None) -> EPDecodeBuffers:
         """Static buffers for :meth:`forward_decode` with up to ``max_tokens`` tokens per rank, on the weights'
@@ -94,7 +119,7 @@ class EPMoE(nn.Module):
         :func:`deep_fp8_gemm.distributed.ep_moe_forward_decode`. Same result, bit for bit."""
         e = self.experts
         return ep_moe_forward_decode(hidden, topk_ids, topk_weights, e.w13, e.w13_scale, e.w2, e.w2_scale,
-                                     buffers, expected_m, self.group)
+                                     buffers, expected_m, self.group, e.swiglu_pair)
 
     def extra_repr(self) -> str:
         return (f"num_experts={self.num_experts}, local experts [{self.expert_offset}, "

@@ -37,8 +37,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..nn import FP8Linear
+from ..nn import FP8Linear, FP8StateModule
 from .comm import all_gather_dim0, group_rank, group_size, reduce_scatter_dim0
+from .status import agree, collective_device
 
 __all__ = ["ColumnParallelFP8Linear", "RowParallelFP8Linear"]
 
@@ -52,12 +53,18 @@ def _fp8_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> FP8Linear:
     return FP8Linear.from_linear(linear)
 
 
-def _split(total: int, world: int, name: str) -> int:
+def _split(total: int, world: int, name: str, multiple: int, why: str) -> int:
+    """``total / world``, which the local FP8Linear needs to be a multiple of ``multiple`` (``why``); errors quote
+    the user's argument and the world size, not the per-rank shard (which the user never wrote)."""
     if isinstance(total, bool) or not isinstance(total, int) or total < 1:
         raise ValueError(f"{name} must be a positive int, got {name}={total!r}")
     if total % world:
         raise ValueError(f"{name} must be divisible by the group size, got {name}={total} world={world}")
-    return total // world
+    per_rank = total // world
+    if per_rank % multiple:
+        raise ValueError(f"{name}={total} over world={world} ranks gives {per_rank} per rank, which must be a multiple "
+                         f"of {multiple} ({why}): {name} must be a multiple of world * {multiple} = {world * multiple}")
+    return per_rank
 
 
 def _check_linear(linear: object) -> nn.Linear:
@@ -70,6 +77,23 @@ def _check_tokens(x: torch.Tensor, world: int, name: str) -> None:
     if x.dim() < 2 or x.shape[0] % world:
         raise ValueError(f"{name} needs x [T, ..., features] with T divisible by world={world} (sequence "
                          f"parallelism splits dim 0), got x.shape={tuple(x.shape)}")
+
+
+_REDUCE_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def _linear_sizes(linear: object) -> dict[str, int]:
+    """The sizes of an ``nn.Linear`` the ranks must agree on (zeros for anything else: its check has failed)."""
+    if not isinstance(linear, nn.Linear):
+        return {"in_features": 0, "out_features": 0, "bias": 0}
+    return {"in_features": linear.in_features, "out_features": linear.out_features, "bias": linear.bias is not None}
+
+
+def _agree(what: str, group, device, error: BaseException | None, **fields) -> None:
+    """Every rank of ``group`` makes the layer together: agree on its sizes and flags (one fixed-size collective),
+    so that a rank that disagrees or whose arguments are wrong makes every rank raise here, not hang or crash in
+    the first forward's collective (:func:`.status.agree`)."""
+    agree(what, fields, group, collective_device(group, device if error is None else None), error)
 
 
 class ColumnParallelFP8Linear(nn.Module):
@@ -90,27 +114,43 @@ class ColumnParallelFP8Linear(nn.Module):
                  sequence_parallel: bool = False, group: dist.ProcessGroup | None = None,
                  device: torch.device | str | None = None):
         super().__init__()
-        self._setup(in_features, out_features, gather_output, sequence_parallel, group)
-        self.linear = FP8Linear(in_features, self.out_features_per_rank, bias, device=device)
+        group_size(group)  # torch.distributed initialised (else RuntimeError on this rank: no one to agree with)
+        error = None
+        try:
+            self._setup(in_features, out_features, gather_output, sequence_parallel, group)
+            self.linear = FP8Linear(in_features, self.out_features_per_rank, bias, device=device)
+        except (TypeError, ValueError, RuntimeError) as exc:  # raised by every rank, after the agreement
+            error = exc
+        _agree("ColumnParallelFP8Linear", group, device, error, in_features=in_features, out_features=out_features,
+               bias=bias, gather_output=gather_output, sequence_parallel=sequence_parallel)
 
     def _setup(self, in_features, out_features, gather_output, sequence_parallel, group) -> None:
         self.group, self.world, self.rank = group, group_size(group), group_rank(group)
         self.in_features, self.out_features = in_features, out_features
-        self.out_features_per_rank = _split(out_features, self.world, "out_features")
+        self.out_features_per_rank = _split(out_features, self.world, "out_features", 8,
+                                            "16-byte bf16 output rows of each rank's FP8Linear")
         self.gather_output, self.sequence_parallel = bool(gather_output), bool(sequence_parallel)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, *, gather_output: bool = False, sequence_parallel: bool = False,
                     group: dist.ProcessGroup | None = None) -> ColumnParallelFP8Linear:
         """Keeps (and quantises) this rank's rows of a full ``nn.Linear``'s weight and bias."""
-        linear = _check_linear(linear)
         module = cls.__new__(cls)
         nn.Module.__init__(module)
-        module._setup(linear.in_features, linear.out_features, gather_output, sequence_parallel, group)
-        rows = slice(module.rank * module.out_features_per_rank, (module.rank + 1) * module.out_features_per_rank)
-        with torch.no_grad():
-            bias = None if linear.bias is None else linear.bias[rows]
-            module.linear = _fp8_linear(linear.weight[rows], bias)
+        group_size(group)
+        error = None
+        try:
+            linear = _check_linear(linear)
+            module._setup(linear.in_features, linear.out_features, gather_output, sequence_parallel, group)
+            rows = slice(module.rank * module.out_features_per_rank,
+                         (module.rank + 1) * module.out_features_per_rank)
+            with torch.no_grad():
+                bias = None if linear.bias is None else linear.bias[rows]
+                module.linear = _fp8_linear(linear.weight[rows], bias)
+        except (TypeError, ValueError, RuntimeError) as exc:
+            error = exc
+        _agree("ColumnParallelFP8Linear.from_linear", group, None, error, **_linear_sizes(linear),
+               gather_output=gather_output, sequence_parallel=sequence_parallel)
         return module
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -134,7 +174,7 @@ class ColumnParallelFP8Linear(nn.Module):
                 f"sequence_parallel={self.sequence_parallel}")
 
 
-class RowParallelFP8Linear(nn.Module):
+class RowParallelFP8Linear(FP8StateModule):
     """``y = x · Wᵀ + b`` with ``W``'s input features split over the ranks (module docstring).
 
     Args:
@@ -147,15 +187,24 @@ class RowParallelFP8Linear(nn.Module):
         group: the tensor-parallel process group (``None``: the world). device: where the weights live.
 
     Submodule ``linear``: the local bias-free :class:`FP8Linear` ``[N, K/world]``; buffer-like parameter
-    ``bias`` ``[N]`` bf16 or None. Every rank must call :meth:`forward` together. Inference only.
+    ``bias`` ``[N]`` bf16 or None (kept bf16 under dtype casts, like the FP8 state of ``linear``:
+    :class:`deep_fp8_gemm.nn.FP8StateModule`). Every rank must call :meth:`forward` together. Inference only.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *, input_is_parallel: bool = True,
                  sequence_parallel: bool = False, reduce_dtype: torch.dtype = torch.float32,
                  group: dist.ProcessGroup | None = None, device: torch.device | str | None = None):
         super().__init__()
-        self._setup(in_features, out_features, input_is_parallel, sequence_parallel, reduce_dtype, group)
-        self.linear = FP8Linear(self.in_features_per_rank, out_features, bias=False, device=device)
+        group_size(group)
+        error = None
+        try:
+            self._setup(in_features, out_features, input_is_parallel, sequence_parallel, reduce_dtype, group)
+            self.linear = FP8Linear(self.in_features_per_rank, out_features, bias=False, device=device)
+        except (TypeError, ValueError, RuntimeError) as exc:  # raised by every rank, after the agreement
+            error = exc
+        _agree("RowParallelFP8Linear", group, device, error, in_features=in_features, out_features=out_features,
+               bias=bias, input_is_parallel=input_is_parallel, sequence_parallel=sequence_parallel,
+               reduce_dtype=_REDUCE_DTYPES.index(reduce_dtype) if reduce_dtype in _REDUCE_DTYPES else -1)
         if bias:
             bound = 1.0 / in_features ** 0.5
             b = torch.empty(out_features, dtype=torch.bfloat16, device=device).uniform_(-bound, bound)
@@ -169,7 +218,8 @@ class RowParallelFP8Linear(nn.Module):
             raise TypeError(f"reduce_dtype must be torch.float32 or torch.bfloat16, got {reduce_dtype=}")
         self.group, self.world, self.rank = group, group_size(group), group_rank(group)
         self.in_features, self.out_features = in_features, out_features
-        self.in_features_per_rank = _split(in_features, self.world, "in_features")
+        self.in_features_per_rank = _split(in_features, self.world, "in_features", 16,
+                                           "16-byte fp8 rows of each rank's FP8Linear")
         self.input_is_parallel, self.sequence_parallel = bool(input_is_parallel), bool(sequence_parallel)
         self.reduce_dtype = reduce_dtype
 
@@ -178,18 +228,26 @@ class RowParallelFP8Linear(nn.Module):
                     reduce_dtype: torch.dtype = torch.float32,
                     group: dist.ProcessGroup | None = None) -> RowParallelFP8Linear:
         """Keeps (and quantises) this rank's columns of a full ``nn.Linear``'s weight; the bias is kept whole."""
-        linear = _check_linear(linear)
         module = cls.__new__(cls)
         nn.Module.__init__(module)
-        module._setup(linear.in_features, linear.out_features, input_is_parallel, sequence_parallel, reduce_dtype,
-                      group)
-        cols = slice(module.rank * module.in_features_per_rank, (module.rank + 1) * module.in_features_per_rank)
-        with torch.no_grad():
-            module.linear = _fp8_linear(linear.weight[:, cols], None)
-            if linear.bias is None:
-                module.register_parameter("bias", None)
-            else:
-                module.bias = nn.Parameter(linear.bias.detach().to(torch.bfloat16).clone(), requires_grad=False)
+        group_size(group)
+        error = None
+        try:
+            linear = _check_linear(linear)
+            module._setup(linear.in_features, linear.out_features, input_is_parallel, sequence_parallel,
+                          reduce_dtype, group)
+            cols = slice(module.rank * module.in_features_per_rank, (module.rank + 1) * module.in_features_per_rank)
+            with torch.no_grad():
+                module.linear = _fp8_linear(linear.weight[:, cols], None)
+                if linear.bias is None:
+                    module.register_parameter("bias", None)
+                else:
+                    module.bias = nn.Parameter(linear.bias.detach().to(torch.bfloat16).clone(), requires_grad=False)
+        except (TypeError, ValueError, RuntimeError) as exc:
+            error = exc
+        _agree("RowParallelFP8Linear.from_linear", group, None, error, **_linear_sizes(linear),
+               input_is_parallel=input_is_parallel, sequence_parallel=sequence_parallel,
+               reduce_dtype=_REDUCE_DTYPES.index(reduce_dtype) if reduce_dtype in _REDUCE_DTYPES else -1)
         return module
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

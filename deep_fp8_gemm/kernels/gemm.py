@@ -1,7 +1,7 @@
 """Host side of the FP8 GEMM kernel family: config -> source -> tensor maps + parameters -> launch.
 
-One kernel template (``jit/fp8_gemm.cu``, ``include/deep_fp8_gemm/kernels/fp8_gemm.cuh``) serves all six kinds
-of ``config.KINDS``. This module is the kernel-host layer under the op families (``deep_fp8_gemm.ops.*``): it
+One kernel template (``jit/fp8_gemm.cu``, ``include/deep_fp8_gemm/kernels/fp8_gemm.cuh``) serves every kind of
+``config.KINDS``. This module is the kernel-host layer under the op families (``deep_fp8_gemm.ops.*``): it
 renders a config's translation unit, describes the tensor maps a kind's kernel reads (plain tuples of
 :class:`~deep_fp8_gemm.runtime.tensor_map.TensorMapSpec` fields, encoded by the driver on a GPU or packed for
 the CPU simulator, so both backends run the same kernel with the same parameters), fills the one parameter
@@ -21,11 +21,12 @@ from typing import Sequence
 import torch
 
 from .. import env
-from ..config import BLOCK_K, GemmConfig
+from ..config import BLOCK_K, FP8_OUTPUT_BLOCK_N, FP8_OUTPUT_KINDS, GemmConfig, check_config
+from ..utils import PROCESS_SETTINGS
 from ..runtime import params as param_structs
 from ..runtime.target import Backend
 from ..runtime.tensor_map import TensorMapSpec, TmaDtype, TmaSwizzle
-from . import split_k
+from . import group_maps, split_k
 from .wgmma_gen import wgmma_fp8_wrapper
 
 TEMPLATE = "fp8_gemm.cu"
@@ -40,7 +41,7 @@ def render_source(cfg: GemmConfig, simulator: bool = False) -> str:
     from ..runtime.render import render
 
     constants = dict(cfg.template_constants(), KERNEL_NAME=cfg.kernel_name())
-    return render(TEMPLATE, constants, extra_code="" if simulator else wgmma_fp8_wrapper(cfg.block_n))
+    return render(TEMPLATE, constants, extra_code="" if simulator else wgmma_fp8_wrapper(cfg.mma_n))
 
 
 # ---------------------------------------------------------------------------------------------- parameters
@@ -55,6 +56,14 @@ class _KindTail(ctypes.Union):
     _fields_ = [("group_maps", ctypes.c_uint64), ("split_counters", ctypes.c_uint64)]
 
 
+class _DSlot(ctypes.Union):
+    _fields_ = [("d_f32", ctypes.c_uint64), ("sd", ctypes.c_uint64)]
+
+
+class _LdDSlot(ctypes.Union):
+    _fields_ = [("ld_d", ctypes.c_uint32), ("ld_sd", ctypes.c_uint32)]
+
+
 class GemmParams(ctypes.Structure):
     """Byte image of ``dfg::GemmParams`` (576 bytes; ``include/deep_fp8_gemm/gemm_params.cuh`` defines it with the
     same field names and ``static_assert``s every offset below).
@@ -64,27 +73,29 @@ class GemmParams(ctypes.Structure):
     ======================  ======  =================================================================
     tma_a, tma_b, tma_sa    0..383  the A, B and sA tensor maps (k-grouped: tma_a / tma_b unused, the
                                     per-group maps are at ``group_maps``)
-    tma_d | tma_sb          384     bf16 kinds: the D map; fp32 kinds (1D1D, k-grouped): sB's map
+    tma_d | tma_sb          384     bf16 and FP8-output kinds: the D map; fp32 kinds (1D1D, k-grouped): sB's map
     sb                      512     bf16 kinds: sB [G][ceil(N/128)][ceil(K/128)] fp32
     grouped_layout          520     contiguous: m_indices; psum: group ends; masked: masked_m; k-grouped:
                                     ks_tensor; dense / 1D1D: 0
     rows                    528     rows of A (dense, 1D1D: m; contiguous / psum: m_sum; masked: m_max;
                                     k-grouped: m of every group)
     reserved                532     0 (pads d_f32 to 8 bytes)
-    d_f32, c_f32            536     fp32 kinds: D and C (may be equal: in-place accumulation)
-    ld_d, ld_c              552     fp32 kinds: their row strides in floats
+    d_f32 | sd, c_f32       536     fp32 kinds: D and C (may be equal: in-place accumulation); FP8-output
+                                    kinds: sd = D's M-major 1x128 scales (c_f32 unused)
+    ld_d | ld_sd, ld_c      552     fp32 kinds: their row strides in floats; FP8-output kinds: ld_sd = sD's
+                                    column stride (rows rounded up to 4)
     group_maps |            560     k-grouped: the per-group A_g / B_g maps in global memory;
     split_counters                  dense split-K: the arrival counters
     split_partials          568     dense split-K: the fp32 partial tiles
     ======================  ======  =================================================================
     """
 
-    _anonymous_ = ("fourth_map", "kind_tail")
+    _anonymous_ = ("fourth_map", "d_slot", "ld_d_slot", "kind_tail")
     _fields_ = [
         ("tma_a", _MapBytes), ("tma_b", _MapBytes), ("tma_sa", _MapBytes), ("fourth_map", _FourthMap),
         ("sb", ctypes.c_uint64), ("grouped_layout", ctypes.c_uint64), ("rows", ctypes.c_uint32),
-        ("reserved", ctypes.c_uint32), ("d_f32", ctypes.c_uint64), ("c_f32", ctypes.c_uint64),
-        ("ld_d", ctypes.c_uint32), ("ld_c", ctypes.c_uint32), ("kind_tail", _KindTail),
+        ("reserved", ctypes.c_uint32), ("d_slot", _DSlot), ("c_f32", ctypes.c_uint64),
+        ("ld_d_slot", _LdDSlot), ("ld_c", ctypes.c_uint32), ("kind_tail", _KindTail),
         ("split_partials", ctypes.c_uint64),
     ]
 
@@ -115,10 +126,11 @@ MapArgs = tuple  # (dtype, address, dims, strides, box, swizzle): the fields of 
 
 def tensor_map_args_1d2d(cfg: GemmConfig, a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, d: torch.Tensor
                          ) -> tuple[MapArgs, MapArgs, MapArgs, MapArgs]:
-    """The four rank-3 tensor maps of the bf16-output kinds (dims innermost first), as plain tuples.
+    """The four rank-3 tensor maps of the bf16-output and FP8-output kinds (dims innermost first), as plain tuples.
 
     Shapes: A ``[rows, k]`` or ``[G, rows, k]`` (masked) e4m3; sA M-major ``[rows, kb]`` / ``[G, rows, kb]``
-    with ``stride(-2) == 1``; B ``[n, k]`` or ``[G, n, k]``; D ``[rows, n]`` / ``[G, rows, n]`` bf16.
+    with ``stride(-2) == 1``; B ``[n, k]`` or ``[G, n, k]``; D ``[rows, n]`` / ``[G, rows, n]`` bf16, or for the
+    FP8-output kinds e4m3 ``[rows, n_out]`` / ``[G, rows, n_out]`` (``n_out`` = n, SwiGLU n / 2).
     A 2-D operand gets a unit batch dimension (its batch stride is then never used). Plain tuples
     because this runs on every new pointer set: they hash and compare faster than spec objects.
     """
@@ -137,6 +149,17 @@ def tensor_map_args_1d2d(cfg: GemmConfig, a: torch.Tensor, sa: torch.Tensor, b: 
         b_batch, b_batch_stride = 1, n * b.stride(-2)
     a_rows_per_load = cfg.block_m // 2 if cfg.cluster_n == 2 else cfg.block_m
     b_rows_per_load = cfg.block_n // 2 if cfg.cluster_m == 2 else cfg.block_n
+    if cfg.kind in FP8_OUTPUT_KINDS:  # e4m3 D [.., rows, n_out]: one 128-column group per tile, SW128 (epilogue_fp8.cuh)
+        n_out = d.shape[-1]
+        d_map = (TmaDtype.UINT8, d.data_ptr(), (n_out, rows, a_batch),
+                 (d_stride, d.stride(0) if d.dim() == 3 else rows * d_stride), (FP8_OUTPUT_BLOCK_N, cfg.wg_rows, 1),
+                 TmaSwizzle.B128)
+    elif cfg.swap_ab:  # the transposed tile's [BLOCK_M][BLOCK_N] shared image, one unswizzled box (policy_swap_ab.cuh)
+        d_map = (TmaDtype.BFLOAT16, d.data_ptr(), (n, rows, a_batch), (d_stride * 2, d_batch_stride),
+                 (cfg.block_n, cfg.block_m, 1), TmaSwizzle.NONE)
+    else:
+        d_map = (TmaDtype.BFLOAT16, d.data_ptr(), (n, rows, a_batch), (d_stride * 2, d_batch_stride),
+                 (16, cfg.wg_rows, 1), TmaSwizzle.B32)
     return (
         (TmaDtype.UINT8, a.data_ptr(), (k, rows, a_batch), (a_stride, a_batch_stride), (BLOCK_K, a_rows_per_load, 1),
          TmaSwizzle.B128),
@@ -144,8 +167,7 @@ def tensor_map_args_1d2d(cfg: GemmConfig, a: torch.Tensor, sa: torch.Tensor, b: 
          TmaSwizzle.B128),
         (TmaDtype.FLOAT32, sa.data_ptr(), (rows, kb, a_batch), (sa.stride(-1) * 4, sa_batch_stride),
          (cfg.block_m, 1, 1), TmaSwizzle.NONE),
-        (TmaDtype.BFLOAT16, d.data_ptr(), (n, rows, a_batch), (d_stride * 2, d_batch_stride), (16, cfg.wg_rows, 1),
-         TmaSwizzle.B32),
+        d_map,
     )
 
 
@@ -171,24 +193,6 @@ def tensor_map_args_1d1d(cfg: GemmConfig, a: torch.Tensor, sa: torch.Tensor, b: 
         (TmaDtype.FLOAT32, sb.data_ptr(), (n, kb, 1), (sb.stride(-1) * 4, sb.stride(-1) * 4 * kb),
          (cfg.block_n, 1, 1), TmaSwizzle.NONE),
     )
-
-
-def k_grouped_map_args(cfg: GemmConfig, a: torch.Tensor, b: torch.Tensor, m: int, n: int, ks: Sequence[int]
-                       ) -> list[MapArgs | None]:
-    """The 2G per-group maps (A_g at 2g, B_g at 2g + 1; None for an empty group): A_g ``[m, K_g]`` at byte
-    ``m * sum(ks[:g])`` of the flat ``a``, row stride K_g bytes, box 128 x BLOCK_M, SW128; B_g likewise."""
-    out: list[MapArgs | None] = []
-    k_off = 0
-    for k in ks:
-        if k == 0:
-            out += [None, None]
-            continue
-        out.append((TmaDtype.UINT8, a.data_ptr() + m * k_off, (k, m, 1), (k, m * k), (BLOCK_K, cfg.block_m, 1),
-                    TmaSwizzle.B128))
-        out.append((TmaDtype.UINT8, b.data_ptr() + n * k_off, (k, n, 1), (k, n * k), (BLOCK_K, cfg.block_n, 1),
-                    TmaSwizzle.B128))
-        k_off += k
-    return out
 
 
 def k_grouped_scale_map_args(cfg: GemmConfig, sa: torch.Tensor, sb: torch.Tensor, m: int, n: int
@@ -228,6 +232,7 @@ def launch(cfg: GemmConfig, maps: Sequence[bytes], backend: Backend | str, devic
     ``Backend.SIM``: the simulator build of the same source, with the register count of its sm_90a build (the
     simulator accounts setmaxnreg against that pool, for every kind)."""
     backend = Backend(backend)
+    checked_config(cfg)
     params = pack_params(maps, **fields)
     if backend is Backend.SIM:
         from ..simulator import launch as sim_launch, ptxas_registers
@@ -240,9 +245,24 @@ def launch(cfg: GemmConfig, maps: Sequence[bytes], backend: Backend | str, devic
 
         index = target.gpu_index(device)
         driver.launch(cuda_kernel(cfg, index), params, grid=cfg.grid_size, block=cfg.num_threads,
-                      cluster=cfg.cluster_size, smem_bytes=cfg.smem_bytes, stream=target.current_stream(index))
+                      cluster=cfg.cluster_size, smem_bytes=cfg.smem_bytes, stream=target.current_stream(index),
+                      pdl=PROCESS_SETTINGS.pdl)
     else:
         raise ValueError(f"a GEMM kernel launches on Backend.CUDA or Backend.SIM, got {backend}")
+
+
+def split_k_pointers(cfg: GemmConfig, rows: int, device: torch.device, backend: Backend) -> tuple[int, int]:
+    """The split-K workspace addresses of an explicit-config launch (``(0, 0)`` without split-K): on CUDA torch's
+    current stream's cached pair, or a graph capture's own (:mod:`.split_k`)."""
+    if cfg.split_k == 1:
+        return 0, 0
+    stream, capturing = 0, False
+    if backend is Backend.CUDA:
+        from ..runtime import target
+
+        index = target.gpu_index(device)
+        stream, capturing = target.current_stream(index), target.is_capturing(index)
+    return split_k.pointers(cfg, rows, device, stream, capturing)
 
 
 def launch_1d2d(cfg: GemmConfig, a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor,
@@ -252,19 +272,30 @@ def launch_1d2d(cfg: GemmConfig, a: torch.Tensor, sa: torch.Tensor, b: torch.Ten
     :mod:`.split_k` (on CUDA: torch's current stream's, or a graph capture's own)."""
     backend = Backend(backend)
     rows = a.shape[-2]
-    counters = partials = 0
-    if cfg.split_k > 1:
-        stream, capturing = 0, False
-        if backend is Backend.CUDA:
-            from ..runtime import target
-
-            index = target.gpu_index(a.device)
-            stream, capturing = target.current_stream(index), target.is_capturing(index)
-        counters, partials = split_k.pointers(cfg, rows, a.device, stream, capturing)
+    counters, partials = split_k_pointers(cfg, rows, a.device, backend)
     maps = encode_maps(tensor_map_args_1d2d(cfg, a, sa, b, d), backend)
     launch(cfg, maps, backend, a.device, sb=sb.data_ptr(),
            grouped_layout=0 if grouped_layout is None else grouped_layout.data_ptr(), rows=rows,
            split_counters=counters, split_partials=partials)
+
+
+def launch_fp8_output(cfg: GemmConfig, a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor,
+                      d: torch.Tensor, sd: torch.Tensor, grouped_layout: torch.Tensor | None,
+                      backend: Backend | str) -> None:
+    """The kernel of an explicit ``cfg`` of an FP8-output kind (``config.FP8_OUTPUT_KINDS``: dense / contiguous /
+    masked / psum ``_fp8out``, the SwiGLU kinds) on validated tensors: A, sA, B, sB as :func:`launch_1d2d`; ``d``
+    e4m3 ``[rows, n_out]`` (masked ``[G, rows, n_out]``) row-major, ``sd`` its scales ``[rows, ceil(n_out/128)]``
+    (``[G, rows, ...]``) in the M-major TMA-aligned layout (``utils.m_major_strides``), written by the kernel.
+    Split-K configs (dense_fp8out) get their workspace from :mod:`.split_k`."""
+    if cfg.kind not in FP8_OUTPUT_KINDS:
+        raise ValueError(f"launch_fp8_output needs an FP8-output config, got kind={cfg.kind!r}")
+    backend = Backend(backend)
+    rows = a.shape[-2]
+    counters, partials = split_k_pointers(cfg, rows, a.device, backend)
+    maps = encode_maps(tensor_map_args_1d2d(cfg, a, sa, b, d), backend)
+    launch(cfg, maps, backend, a.device, sb=sb.data_ptr(),
+           grouped_layout=0 if grouped_layout is None else grouped_layout.data_ptr(), rows=rows, sd=sd.data_ptr(),
+           ld_sd=sd.stride(-1), split_counters=counters, split_partials=partials)
 
 
 def check_fp32_vector_access(d: torch.Tensor, c: torch.Tensor) -> None:
@@ -292,42 +323,47 @@ def launch_1d1d(cfg: GemmConfig, a: torch.Tensor, sa: torch.Tensor, b: torch.Ten
 
 
 def launch_k_grouped(cfg: GemmConfig, a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor,
-                     d: torch.Tensor, c: torch.Tensor, ks: Sequence[int], ks_tensor: torch.Tensor,
+                     d: torch.Tensor, c: torch.Tensor, ks_tensor: torch.Tensor, capacity_k: int,
                      backend: Backend | str) -> None:
     """``d[g] = c[g] + A_g . B_g^T`` for every group with the k-grouped kernel of an explicit ``cfg`` (``cfg.kind ==
-    "k_grouped"``, ``cfg.num_groups == len(ks)``) on validated tensors (flat e4m3 ``a`` / ``b``, sA / sB
-    ``[m|n, sum(ks)/128]`` M-major TMA-aligned, ``d`` / ``c`` contiguous ``[G, m, n]`` fp32, ``c`` may be ``d``;
-    ``sum(ks) > 0``). The per-group maps go to a 64-byte-aligned array in the operands' memory (a CPU buffer for
-    the simulator, a device copy for the GPU) that the kernel fences before use."""
-    if cfg.kind != "k_grouped" or cfg.num_groups != len(ks):
-        raise ValueError(f"launch_k_grouped needs a k_grouped config of {len(ks)} groups, got kind={cfg.kind!r} "
-                         f"num_groups={cfg.num_groups}")
+    "k_grouped"``, ``cfg.num_groups`` groups) on validated tensors (flat e4m3 ``a`` / ``b`` of ``m * capacity_k`` /
+    ``n * capacity_k`` elements, sA / sB ``[m|n, capacity_k/128]`` M-major TMA-aligned, ``d`` / ``c`` contiguous
+    ``[G, m, n]`` fp32, ``c`` may be ``d``; ``capacity_k > 0``). Two launches on the current stream, no host
+    read of ``ks_tensor``: the map builder (:mod:`.group_maps`) writes the per-group A_g / B_g maps from
+    ``ks_tensor`` into a fresh device buffer, then the GEMM fences and uses them, so a captured CUDA graph
+    replays correctly with new ``ks_tensor`` values (their sum at most ``capacity_k``, else the builder traps)."""
+    if cfg.kind != "k_grouped" or ks_tensor.numel() != cfg.num_groups:
+        raise ValueError(f"launch_k_grouped needs a k_grouped config of ks_tensor.numel()={ks_tensor.numel()} "
+                         f"groups, got kind={cfg.kind!r} num_groups={cfg.num_groups}")
     backend = Backend(backend)
     check_fp32_vector_access(d, c)
     m, n = d.shape[1], d.shape[2]
-    blob = b"".join(encode_maps(k_grouped_map_args(cfg, a, b, m, n, ks), backend))
-    if backend is Backend.SIM:
-        storage = torch.zeros(len(blob) + 64, dtype=torch.uint8)
-        start = -storage.data_ptr() % 64
-        group_maps = storage[start:start + len(blob)]
-        group_maps.copy_(torch.frombuffer(bytearray(blob), dtype=torch.uint8))
-    else:
-        # A stream-ordered copy into a fresh caching-allocator block (>= 512-byte aligned); the block is reused only
-        # by later work on this stream, after the kernel.
-        group_maps = torch.frombuffer(bytearray(blob), dtype=torch.uint8).to(d.device)
+    templates = tuple(encode_maps(group_maps.template_map_args(cfg, a, b, m, n), backend))
+    maps_buffer = group_maps.build(cfg.num_groups, templates, a, b, m, n, ks_tensor, capacity_k, backend)
     unused = bytes(TENSOR_MAP_BYTES)  # the tma_a / tma_b slots: the per-group maps replace them
     maps = [unused, unused] + encode_maps(k_grouped_scale_map_args(cfg, sa, sb, m, n), backend)
     launch(cfg, maps, backend, d.device, grouped_layout=ks_tensor.data_ptr(), rows=m, d_f32=d.data_ptr(),
-           c_f32=c.data_ptr(), ld_d=d.stride(-2), ld_c=c.stride(-2), group_maps=group_maps.data_ptr())
+           c_f32=c.data_ptr(), ld_d=d.stride(-2), ld_c=c.stride(-2), group_maps=maps_buffer.data_ptr())
 
 
 # ---------------------------------------------------------------------------------------------- kernels
+@functools.lru_cache(maxsize=1024)
+def checked_config(cfg: GemmConfig) -> GemmConfig:
+    """``cfg`` after :func:`~deep_fp8_gemm.config.check_config` (once per config): every launch and load goes
+    through it, so a forced config (tests, benchmarks: ``dataclasses.replace(cfg, split_k=S)``) that breaks a rule
+    gets the rule's ``ValueError`` instead of the kernel's ``static_assert`` from NVRTC."""
+    check_config(cfg)
+    return cfg
+
+
 @functools.lru_cache(maxsize=1024)
 def cuda_kernel(cfg: GemmConfig, device: int):
     """Compiled (cached on disk) and loaded once per (config, device); configs that differ only in
     grid size share the binary through the compiler's and the driver's caches."""
     from ..runtime import driver
     from ..runtime.compiler import compile_kernel
+
+    checked_config(cfg)
 
     compiled = compile_kernel(cfg.kernel_name(), render_source(cfg))
     return driver.load_kernel(compiled.cubin, compiled.name, device, key=compiled.key)

@@ -34,6 +34,7 @@ import torch
 
 from ..constants import GRAN_K
 from ..runtime import params as param_structs
+from ..utils import PROCESS_SETTINGS
 
 GROUP = GRAN_K  # elements per scale group (a row's 128 K-elements, a 128x128 block's edge)
 #: Threads per CTA: 8 warps (one 128-element group = 8 threads of 16 elements); see quant.cuh.
@@ -42,7 +43,7 @@ _TEMPLATE = "quant.cu"
 _KERNEL_PREFIX = "dfg_quant"
 #: SASS a compiled quantisation kernel must contain: the e4m3x2 conversion (``cvt.rn.satfinite.e4m3x2.f32``
 #: compiles to ``F2FP.SATFINITE.E4M3.F32.PACK_AB_MERGE_C``) and global loads / stores.
-REQUIRED_SASS = ("F2FP", "LDG", "STG")
+REQUIRED_SASS = ("F2FP", "LDG", "STG", "ACQBULK")  # ACQBULK: griddepcontrol.wait (PDL, deep_fp8_gemm.set_pdl)
 
 
 class QuantKind(enum.IntEnum):
@@ -236,7 +237,7 @@ def launch_cuda(config: QuantKernelConfig, params, grid: int, device: torch.devi
     index = target.gpu_index(device)
     kernel = cuda_kernel(config, index)
     driver.launch(kernel, params, grid=grid, block=config.num_threads, smem_bytes=config.smem_bytes,
-                  stream=target.current_stream(index))
+                  stream=target.current_stream(index), pdl=PROCESS_SETTINGS.pdl)
 
 
 def launch_sim(config: QuantKernelConfig, params, grid: int, device: torch.device) -> None:

@@ -10,14 +10,25 @@ reference does exactly the same, so a whole output compares equal across backend
 tests zero A's padding rows and compare everything). Same layers as :mod:`.dense`: checks, reference,
 dispatch, plan, the custom op ``torch.ops.deep_fp8_gemm.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous``, the public
 function.
+
+The layout rule the kernels rely on (:func:`check_contiguous_values`): every BLOCK_M-row block (BLOCK_M =
+``config.contiguous_block_m(get_m_alignment_for_contiguous_layout())``, the alignment itself) holds rows of at
+most one expert, and a block holding any expert row has an expert row first or last (the kernel reads the
+block's expert from those two rows, and skips the block when both are padding). A layout built by
+:mod:`deep_fp8_gemm.layout` (each expert's rows from a multiple of the alignment, -1 padding at the tail) meets
+it; padding at a segment's head or in its middle does too. CPU tensors are checked on every call (the reference
+would compute other layouts one way, the kernels another); CUDA tensors never (the values stay on the device)
+unless ``DFG_CHECK_LAYOUTS=1``, or explicitly with :func:`check_contiguous_layout` (both synchronise).
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from .._core.checks import (INDEX_DTYPE, Problem, check_is_tensor, check_operand_a_2d, check_operand_b_blocks,
-                            check_pointers, check_same_device, check_shape, check_tensor, check_tma_layout, unpack_pair)
+                            check_pointers, check_same_device, check_shape, check_tensor, check_tma_layout,
+                            layout_values_checked, unpack_pair)
 from .._core.dispatch import eager, normalise_scales, operands
 from .._core.family import GemmFamily, register_op
 from .._core.plans import GemmEntrySpec, gemm_entry
@@ -52,14 +63,95 @@ def check(a, sa, b, sb, out, m_indices, *, layout: bool = True, pointers: bool =
     check_same_device(a.device, ((sa, "lhs[1] (sA)"), (b, "rhs[0] (B)"), (sb, "rhs[1] (sB)"), (out, "out"),
                                  (m_indices, "m_indices")))
     if layout:
-        alignment = get_m_alignment_for_contiguous_layout()
-        if problem.m % alignment != 0:
-            raise ValueError(f"m_sum (rows of lhs[0]) must be a multiple of get_m_alignment_for_contiguous_layout()="
-                             f"{alignment}, got m_sum={problem.m}")
+        check_m_sum(problem.m)
         check_tma_layout(a, b, out, problem.n, problem.k)
     if pointers:
         check_pointers(a, sa, b, sb, out, ((m_indices, "m_indices"),))
     return problem
+
+
+def check_contiguous_values(m_indices: torch.Tensor, m_sum: int, num_groups: int, name: str = "m_indices") -> None:
+    """The values of a checked ``m_indices`` ``[m_sum]`` (module docstring): every entry in ``[-1, G)``, and one
+    expert per BLOCK_M block with an expert row first or last. ``ValueError`` naming the block and its rows
+    otherwise. Vectorised on the tensor's device; reads a few integers back (one synchronisation on a GPU), the
+    rows of a bad block only when raising."""
+    if m_sum == 0:
+        return
+    idx = m_indices.reshape(-1)
+    # CPU tensors in numpy (zero-copy): torch's CPU reductions along a dim over a few hundred blocks ran at
+    # 3-8 ms here on a loaded 2-core machine (intra-op threads waking up), numpy's at ~20 us. The same expressions
+    # run in torch on a GPU, read back with one synchronisation.
+    on_host = idx.device.type == "cpu"
+    alignment = get_m_alignment_for_contiguous_layout()
+    size = contiguous_block_m(alignment)
+    blocked = m_sum % size == 0  # else check() refuses m_sum (the explicit check: before this)
+    values = contiguous_layout_stats(idx.numpy() if on_host else idx, size if blocked else None)
+    lo, hi = values[0], values[1]
+    if lo < -1 or hi >= num_groups:
+        raise ValueError(f"{name} values must be in [-1, G), got min={lo} max={hi} with G={num_groups}")
+    if blocked and values[2]:
+        block = values[3]
+        raise ValueError(_block_message(idx[block * size:(block + 1) * size].tolist(), block, size, name, alignment))
+
+
+def contiguous_layout_stats(values, block_m: int | None) -> list[int]:
+    """``[min, max]`` of the ``m_indices`` ``values`` (a 1-D numpy array or torch tensor), then, with ``block_m``,
+    whether a ``block_m``-row block breaks the block rule and the first that does: the same expressions in numpy
+    or torch, read back as host ints (one synchronisation for a GPU tensor)."""
+    is_tensor = isinstance(values, torch.Tensor)
+    stats = [values.min(), values.max()]
+    if block_m is not None:
+        v = values.reshape(-1, block_m)
+        first, last = v[:, 0], v[:, -1]
+        expert = (torch.maximum if is_tensor else np.maximum)(first, last)
+        valid = v >= 0
+        bad = (valid.any(1) & (first < 0) & (last < 0)) | (valid & (v != expert[:, None])).any(1)
+        stats += [bad.any(), (bad.to(torch.uint8) if is_tensor else bad).argmax()]
+    if is_tensor:
+        return torch.stack([x.to(torch.int64) for x in stats]).tolist()
+    return [int(x) for x in stats]
+
+
+def _block_message(rows: list[int], block: int, size: int, name: str, alignment: int) -> str:
+    """Why block ``block`` (``size`` rows, values ``rows``) breaks the rule, in the user's rows."""
+    start = block * size
+    where = f"{name}[{start}:{start + size}] (block {block} of the kernels' {size}-row blocks)"
+    experts = sorted({e for e in rows if e >= 0})
+    fix = (f"start every expert's rows at a multiple of get_m_alignment_for_contiguous_layout()={alignment} and pad "
+           f"its segment with -1 at the tail (deep_fp8_gemm.layout.build_contiguous_layout does)")
+    if len(experts) > 1:
+        spans = []
+        for e in experts[:3]:
+            at = [start + i for i, x in enumerate(rows) if x == e]
+            spans.append(f"expert {e} at rows {at[0]}..{at[-1]}")
+        return (f"{where} holds rows of {len(experts)} experts ({', '.join(spans)}): the kernels compute a block with "
+                f"one expert's weights, so the others' rows would be wrong; {fix}")
+    first_row = start + next(i for i, x in enumerate(rows) if x >= 0)
+    return (f"{where} holds expert {experts[0]} (first at row {first_row}) but its first and last rows are padding "
+            f"(-1): the kernels read a block's expert from those two rows and would skip the block; {fix}")
+
+
+def check_contiguous_layout(m_indices: torch.Tensor, num_groups: int) -> None:
+    """Check a contiguous layout before a GEMM on the GPU (the op checks CPU tensors itself; CUDA tensors only
+    with ``DFG_CHECK_LAYOUTS=1``): ``m_indices`` a 1-D int32 tensor, ``m_sum`` a multiple of
+    :func:`~deep_fp8_gemm.get_m_alignment_for_contiguous_layout`, values in ``[-1, num_groups)`` and the block rule
+    of the module docstring. Reads the values, so it synchronises when ``m_indices`` is on a GPU. ``ValueError``
+    (``TypeError`` for a wrong type) naming ``m_indices``, the block and its rows."""
+    check_tensor(m_indices, "m_indices", INDEX_DTYPE, 1)
+    if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < 1:
+        raise ValueError(f"num_groups must be a positive int, got {num_groups!r}")
+    m_sum = m_indices.shape[0]
+    check_m_sum(m_sum)
+    check_contiguous_values(m_indices, m_sum, num_groups)
+
+
+def check_m_sum(m_sum: int) -> None:
+    """``m_sum`` (rows of A) a multiple of the contiguous alignment (``ValueError`` naming both): what every contiguous
+    layout's check refuses first (the FP8-output kinds' too, ``ops.fp8_output``)."""
+    alignment = get_m_alignment_for_contiguous_layout()
+    if m_sum % alignment != 0:
+        raise ValueError(f"m_sum (rows of lhs[0]) must be a multiple of get_m_alignment_for_contiguous_layout()="
+                         f"{alignment}, got m_sum={m_sum}")
 
 
 def kernel_row_experts(experts: torch.Tensor, block_m: int) -> torch.Tensor:
@@ -74,29 +166,49 @@ def kernel_row_experts(experts: torch.Tensor, block_m: int) -> torch.Tensor:
     return torch.where(experts >= 0, experts, block_expert.repeat_interleave(block_m)[:m])
 
 
-def reference_validated(a, sa, b, sb, out, m_indices) -> None:
-    """The reference on checked tensors: one matmul per expert over the rows the kernels compute with it
-    (:func:`kernel_row_experts`, BLOCK_M = the current alignment): its rows and the padding rows of its blocks;
-    padding-only blocks are left untouched. Reads ``m_indices`` on the host (``ValueError`` for values outside
-    ``[-1, G)``)."""
-    num_groups = b.size(0)
-    experts = m_indices.to(device=a.device, dtype=torch.long)
+def reference_row_parts(m_indices: torch.Tensor, num_groups: int, device: torch.device
+                        ) -> list[tuple[int, torch.Tensor]]:
+    """The matmuls of a contiguous reference (this family's and the FP8-output kinds', ``ops.fp8_output``):
+    ``(expert, rows)`` with ``rows`` int64 indices on ``device``, per expert first its own rows, then the padding
+    rows of its BLOCK_M blocks (:func:`kernel_row_experts`, BLOCK_M = the current alignment), each part non-empty;
+    rows of padding-only blocks are in none (the kernels leave them untouched). Reads ``m_indices`` on the host
+    (``ValueError`` for values outside ``[-1, G)``)."""
+    experts = m_indices.to(device=device, dtype=torch.long)
     if experts.numel() == 0:
-        return
+        return []
     lo, hi = int(experts.min()), int(experts.max())
     if lo < -1 or hi >= num_groups:
         raise ValueError(f"m_indices values must be in [-1, G), got min={lo} max={hi} with G={num_groups}")
+    own = experts
     experts = kernel_row_experts(experts, contiguous_block_m(get_m_alignment_for_contiguous_layout()))
     order = torch.argsort(experts, stable=True)  # untouched rows (-1) first, then expert 0, 1, ...
     counts = torch.bincount(experts + 1, minlength=num_groups + 1).tolist()
-    a_deq = dequantize_per_token(a, sa)
+    parts = []
     start = counts[0]
     for g in range(num_groups):
         count = counts[g + 1]
         if count:
             rows = order[start: start + count]
-            out[rows] = matmul_nt_bf16(a_deq[rows], b[g], sb[g])
+            # The expert's own rows in a matmul of their own, its blocks' padding rows in another: float32 matmuls
+            # may sum in another order for another row count, and a row's result must not depend on how much
+            # padding its expert has (the masked path and the expert-parallel layers compute the same rows
+            # without it: bit-identical, tests/test_distributed.py).
+            is_own = own[rows] >= 0
+            parts += [(g, part) for part in (rows[is_own], rows[~is_own]) if part.numel()]
             start += count
+    return parts
+
+
+def reference_validated(a, sa, b, sb, out, m_indices) -> None:
+    """The reference on checked tensors: one matmul per part of :func:`reference_row_parts` (an expert's rows, the
+    padding rows of its blocks); padding-only blocks are left untouched. Reads ``m_indices`` on the host
+    (``ValueError`` for values outside ``[-1, G)``)."""
+    parts = reference_row_parts(m_indices, b.size(0), a.device)
+    if not parts:
+        return
+    a_deq = dequantize_per_token(a, sa)
+    for g, rows in parts:
+        out[rows] = matmul_nt_bf16(a_deq[rows], b[g], sb[g])
 
 
 def reference(lhs: tuple[torch.Tensor, torch.Tensor], rhs: tuple[torch.Tensor, torch.Tensor], out: torch.Tensor,
@@ -134,8 +246,12 @@ def dispatch(a, sa, b, sb, out, m_indices, expected_m=None) -> None:
 
 
 def impl(a, sa, b, sb, out, m_indices) -> None:
-    """Check and dispatch (the custom op's kernel for CPU and CUDA)."""
-    if not check(a, sa, b, sb, out, m_indices).empty:
+    """Check (the layout's values too on CPU tensors, and on CUDA with ``DFG_CHECK_LAYOUTS=1``) and dispatch (the
+    custom op's kernel for CPU and CUDA)."""
+    problem = check(a, sa, b, sb, out, m_indices)
+    if layout_values_checked(a.device):
+        check_contiguous_values(m_indices, problem.m, problem.groups)
+    if not problem.empty:
         FAMILY.dispatch(a, sa, b, sb, out, m_indices)
 
 
@@ -166,10 +282,12 @@ def m_grouped_gemm_fp8_fp8_bf16_nt_contiguous(
         out: ``[m_sum, n]`` bfloat16, row-major, written in place.
         m_indices: ``[m_sum]`` int32 on the same device, expert of each row in ``[0, G)``, or -1 for a padding
             row (at the tail of its expert's segment): computed with its block's expert when the block has valid
-            rows (on every backend), left untouched in a block of padding only. Never read on the host by the
-            CUDA path: there an expert id
-            ``>= G`` makes the kernel trap (the launch fails; the CUDA context is lost), and the CPU path raises
-            ``ValueError``.
+            rows (on every backend), left untouched in a block of padding only. One expert per BLOCK_M block,
+            read from the block's first and last rows (module docstring). CPU tensors: checked on every call
+            (``ValueError`` naming the block and its rows). CUDA tensors: never read on the host (an expert id
+            ``>= G`` makes the kernel trap, the CUDA context is lost; a block mixing experts computes wrong rows)
+            unless ``DFG_CHECK_LAYOUTS=1``; check an untrusted layout with :func:`check_contiguous_layout`
+            (synchronises).
 
     Same alignment rules, errors and dispatch as :func:`deep_fp8_gemm.gemm_fp8_fp8_bf16_nt`.
     """
@@ -184,4 +302,4 @@ def m_grouped_gemm_fp8_fp8_bf16_nt_contiguous(
 FAMILY = GemmFamily(kind="contiguous", public=m_grouped_gemm_fp8_fp8_bf16_nt_contiguous, check=check,
                     reference=reference, dispatch=dispatch, plan=plan, op=OP)
 _entry = gemm_entry(GemmEntrySpec(FAMILY, lambda a, sa, b, sb, out, gl, em: check(a, sa, b, sb, out, gl), "m_indices",
-                                  "none"))
+                                  "none", check_contiguous_values))

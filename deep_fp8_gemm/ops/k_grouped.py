@@ -22,7 +22,8 @@ from __future__ import annotations
 import torch
 
 from .._core.checks import (FP8, Problem, check_aligned_ptr, check_c_layout, check_fp32_c, check_fp32_out,
-                            check_no_overlap, check_same_device, check_shape, check_tensor, unpack_pair)
+                            check_no_overlap, check_same_device, check_shape, check_tensor, is_meta,
+                            layout_values_checked, unpack_pair)
 from .._core.dispatch import accumulates_in_place, accumulator, eager, normalise_scales, operands
 from .._core.family import GemmFamily, register_op
 from ..config import GemmConfig, k_grouped_config
@@ -83,7 +84,7 @@ def check(a, sa, b, sb, d, ks, ks_tensor, c, *, layout: bool = True, pointers: b
                              f"{tuple(ks_tensor.shape)}")
         named += ((ks_tensor, "ks_tensor"),)
     check_same_device(a.device, named + (() if c is None else ((c, "c"),)))
-    if values and ks_tensor is not None and ks_tensor.device.type == "cpu":
+    if values and ks_tensor is not None and layout_values_checked(ks_tensor.device):  # CPU; CUDA in the debug mode
         if ks_tensor.tolist() != ks:
             raise ValueError(f"ks_tensor must hold the values of ks={ks}, got ks_tensor={ks_tensor.tolist()}")
     if layout:
@@ -97,7 +98,7 @@ def check(a, sa, b, sb, d, ks, ks_tensor, c, *, layout: bool = True, pointers: b
             raise ValueError(f"d must be contiguous [G, m, n], got d.stride()={d.stride()}")
         if c is not None:
             _check_contiguous_c(c)
-    if pointers:
+    if pointers and not is_meta(a):  # meta tensors: no pointers (the shape-only path)
         check_aligned_ptr(a, "lhs[0] (A)")
         check_aligned_ptr(b, "rhs[0] (B)")
         check_aligned_ptr(d, "d")
@@ -146,8 +147,22 @@ def dispatch(a, sa, b, sb, d, ks, ks_tensor, c) -> None:
         reference_validated(a, sa, b, sb, d, ks, c)
         return
     if ks_tensor is None:
-        ks_tensor = torch.tensor(ks, dtype=torch.int32, device=d.device)
+        ks_tensor = device_ks(ks, d.device)
     run(a, sa, b, sb, d, ks, ks_tensor, c, backend)
+
+
+def device_ks(ks: list[int], device: torch.device) -> torch.Tensor:
+    """``ks`` as int32 ``[G]`` on ``device`` without a host sync: a pinned host copy, copied on the current stream
+    with ``non_blocking=True`` (the caching host allocator keeps the pinned block until the copy is done).
+    ``ValueError`` while the current stream is capturing a CUDA graph: the graph would replay a copy out of host
+    memory it does not own and never see new sizes; a captured call passes its own device ``ks_tensor``."""
+    host = torch.tensor(ks, dtype=torch.int32)
+    if device.type != "cuda":
+        return host.to(device)
+    if target.is_capturing(target.gpu_index(device)):
+        raise ValueError("ks_tensor=None while capturing a CUDA graph: pass ks_tensor (int32 [G] on d's device, "
+                         "written before each replay) so that the graph reads the group sizes on the device")
+    return host.pin_memory().to(device, non_blocking=True)
 
 
 def run(a, sa, b, sb, d, ks, ks_tensor, c, backend: Backend) -> None:
@@ -159,13 +174,14 @@ def run(a, sa, b, sb, d, ks, ks_tensor, c, backend: Backend) -> None:
             d.copy_(c)
         return
     cfg = plan(d.shape[1], d.shape[2], len(ks), gemm_host.num_sms_for(backend))
-    gemm_host.launch_k_grouped(cfg, a, normalise_scales(sa), b, normalise_scales(sb), d, c, ks, ks_tensor, backend)
+    gemm_host.launch_k_grouped(cfg, a, normalise_scales(sa), b, normalise_scales(sb), d, c, ks_tensor, sum(ks),
+                               backend)
 
 
 def impl(a, sa, b, sb, d, ks, ks_tensor, c) -> None:
     """Check, then dispatch."""
     ks = check_ks(ks)
-    if not check(a, sa, b, sb, d, ks, ks_tensor, c).empty:
+    if not check(a, sa, b, sb, d, ks, ks_tensor, c).empty and not is_meta(d):  # meta: checked, nothing run
         FAMILY.dispatch(a, sa, b, sb, d, ks, ks_tensor, c)
 
 

@@ -5,6 +5,11 @@ group g, read by the kernel on the device only (never by the host: a graph repla
 ``expected_m`` is a host hint of the typical count, used only to choose the kernel configuration. The kernels
 write rows up to the end of the last BLOCK_M block of each group, never past ``m_max``, and do not touch groups
 with ``masked_m[g] == 0`` (kind ``GroupedMasked`` of ``scheduler.cuh``). Same layers as :mod:`.dense`.
+
+The layout rule: ``0 <= masked_m[g] <= m_max`` (the kernel clamps a count to ``[0, m_max]``, so another value
+computes something other than the op's definition). Checked on every call of CPU tensors (the reference and
+the simulator alike); on CUDA never read (CUDA graphs replay with new counts) unless ``DFG_CHECK_LAYOUTS=1``,
+or explicitly with :func:`check_masked_layout` (both synchronise).
 """
 
 from __future__ import annotations
@@ -12,7 +17,8 @@ from __future__ import annotations
 import torch
 
 from .._core.checks import (FP8, INDEX_DTYPE, Problem, check_expected_m, check_operand_b_blocks, check_pointers,
-                            check_same_device, check_shape, check_tensor, check_tma_layout, unpack_pair)
+                            check_same_device, check_shape, check_tensor, check_tma_layout, layout_values_checked,
+                            unpack_pair)
 from .._core.dispatch import eager, normalise_scales, operands
 from .._core.family import GemmFamily, register_op
 from .._core.plans import GemmEntrySpec, gemm_entry
@@ -49,6 +55,41 @@ def check(a, sa, b, sb, out, masked_m, expected_m, *, layout: bool = True, point
     if pointers:
         check_pointers(a, sa, b, sb, out, ((masked_m, "masked_m"),))
     return Problem(m_max, n, k, num_groups)
+
+
+def check_masked_values(masked_m: torch.Tensor, m_max: int, num_groups: int | None = None,
+                        name: str = "masked_m") -> None:
+    """Every count of a checked ``masked_m`` in ``[0, m_max]`` (``ValueError`` naming the first bad group).
+    Vectorised; reads three integers back (one synchronisation on a GPU)."""
+    if masked_m.numel() == 0:
+        return
+    counts = masked_m.reshape(-1)
+    if counts.device.type == "cpu":  # a handful of ints: the host reads them directly
+        bad = [(g, c) for g, c in enumerate(counts.tolist()) if not 0 <= c <= m_max]
+        if bad:
+            raise ValueError(f"{name}[{bad[0][0]}] must be in [0, m_max={m_max}], got {bad[0][1]}")
+        return
+    any_bad, g, value = masked_layout_stats(counts, m_max)
+    if any_bad:
+        raise ValueError(f"{name}[{g}] must be in [0, m_max={m_max}], got {value}")
+
+
+def masked_layout_stats(counts: torch.Tensor, m_max: int) -> list[int]:
+    """``[any count outside [0, m_max], the first such group, its count]`` of a 1-D count tensor, computed on its
+    device and read back with one synchronisation (the GPU side of :func:`check_masked_values`)."""
+    bad = (counts < 0) | (counts > m_max)
+    first = bad.to(torch.uint8).argmax()
+    return torch.stack([bad.any().to(torch.int64), first.to(torch.int64), counts[first].to(torch.int64)]).tolist()
+
+
+def check_masked_layout(masked_m: torch.Tensor, m_max: int) -> None:
+    """Check masked counts before a GEMM on the GPU (the op checks CPU tensors itself; CUDA tensors only with
+    ``DFG_CHECK_LAYOUTS=1``): ``masked_m`` 1-D int32, every count in ``[0, m_max]``. Reads the values, so it
+    synchronises when ``masked_m`` is on a GPU. ``ValueError`` / ``TypeError`` naming ``masked_m``."""
+    check_tensor(masked_m, "masked_m", INDEX_DTYPE, 1)
+    if isinstance(m_max, bool) or not isinstance(m_max, int) or m_max < 0:
+        raise ValueError(f"m_max must be a non-negative int (rows per group of lhs[0]), got {m_max!r}")
+    check_masked_values(masked_m, m_max)
 
 
 def reference_validated(a, sa, b, sb, out, masked_m) -> None:
@@ -97,8 +138,12 @@ def dispatch(a, sa, b, sb, out, masked_m, expected_m) -> None:
 
 
 def impl(a, sa, b, sb, out, masked_m, expected_m) -> None:
-    """Check and dispatch (the custom op's kernel for CPU and CUDA)."""
-    if not check(a, sa, b, sb, out, masked_m, expected_m).empty:
+    """Check (the counts too on CPU tensors, and on CUDA with ``DFG_CHECK_LAYOUTS=1``) and dispatch (the custom
+    op's kernel for CPU and CUDA)."""
+    problem = check(a, sa, b, sb, out, masked_m, expected_m)
+    if layout_values_checked(a.device):
+        check_masked_values(masked_m, problem.m)
+    if not problem.empty:
         FAMILY.dispatch(a, sa, b, sb, out, masked_m, expected_m)
 
 
@@ -127,8 +172,9 @@ def m_grouped_gemm_fp8_fp8_bf16_nt_masked(
             bytes); sA ``[G, m_max, ceil(k/128)]`` float32.
         rhs: ``(B, sB)``: B ``[G, n, k]`` float8_e4m3fn, K-major; sB ``[G, ceil(n/128), ceil(k/128)]`` float32.
         out: ``[G, m_max, n]`` bfloat16, row-major; rows ``>= masked_m[g]`` are unspecified.
-        masked_m: ``[G]`` int32 on the same device, valid rows per group in ``[0, m_max]``; never read on
-            the host by the CUDA path (so a CUDA graph can replay the call with new counts).
+        masked_m: ``[G]`` int32 on the same device, valid rows per group in ``[0, m_max]``; checked on every
+            call of CPU tensors (``ValueError``), never read on the host by the CUDA path (so a CUDA graph can
+            replay the call with new counts) unless ``DFG_CHECK_LAYOUTS=1`` (:func:`check_masked_layout`).
         expected_m: positive Python int, a hint of the typical ``masked_m`` used only to choose the kernel
             configuration.
 
@@ -146,4 +192,4 @@ def m_grouped_gemm_fp8_fp8_bf16_nt_masked(
 FAMILY = GemmFamily(kind="masked", public=m_grouped_gemm_fp8_fp8_bf16_nt_masked, check=check, reference=reference,
                     dispatch=dispatch, plan=plan, op=OP)
 _entry = gemm_entry(GemmEntrySpec(FAMILY, lambda a, sa, b, sb, out, gl, em: check(a, sa, b, sb, out, gl, em),
-                                  "masked_m", "required"))
+                                  "masked_m", "required", check_masked_values))

@@ -12,19 +12,35 @@ identities the tests check follow from that, not from copies kept in step):
   GEMM; returns the intermediates the backward saves too;
 * :func:`combine` — the weighted un-permute, fp32 in slot order;
 * :func:`experts_masked` — the decode variant on the masked grouped GEMM;
-* :func:`quantise_experts` — ``[E, n, k]`` weights to 128x128 blocks per expert.
+* :func:`quantise_experts` — ``[E, n, k]`` weights to 128x128 blocks per expert;
+* :func:`swiglu_weights` / :func:`use_fused_swiglu` — the fused up-projection (issue 27).
+
+The up-projection has two paths. Unfused: the ``w13`` GEMM writes ``gate | up`` in bf16 (``[rows, 2I]``) and
+``silu_mul_quant`` reads it back (two kernels). Fused: given ``w13_swiglu`` — the interleaved weights of
+:func:`swiglu_weights`, derived once when a layer loads its weights — one kernel
+(``m_grouped_gemm_fp8_fp8_fp8_nt_{contiguous,masked}_swiglu``) computes ``SiLU(gate) * up`` from its fp32
+accumulators and writes ``h`` as e4m3 with 1x128 scales: per routed row ``8I`` bytes (bf16 written and read) and a
+launch less. It runs where legal (``I % 128 == 0``) and the cost model predicts it no slower
+(:func:`use_fused_swiglu`: at DeepSeek-V3's shapes, every m). The two differ in numerics only by the bf16
+rounding of ``gate | up`` the fused path skips (calc_diff <= 2e-3 against the unfused path, closer to float64).
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..constants import GRAN_K
+from ..config import fused_swiglu_wins
+from ..constants import DEFAULT_NUM_SMS, GRAN_K
 from ..layout import RoutedLayout, max_m_sum_bound, route_topk
 from ..quant import per_block_cast_to_fp8, silu_mul_quant
+from ..runtime import target
+from ..runtime.target import Backend
 from ..utils import ceil_div, get_col_major_tma_aligned_tensor, get_m_alignment_for_contiguous_layout
 from .contiguous import m_grouped_gemm_fp8_fp8_bf16_nt_contiguous
+from .contiguous_swiglu import m_grouped_gemm_fp8_fp8_fp8_nt_contiguous_swiglu
+from .fp8_output import empty_out, interleave_swiglu_weights
 from .masked import m_grouped_gemm_fp8_fp8_bf16_nt_masked
+from .masked_swiglu import m_grouped_gemm_fp8_fp8_fp8_nt_masked_swiglu
 
 FP8 = torch.float8_e4m3fn
 #: Integer dtypes accepted for ``topk_ids``.
@@ -121,21 +137,69 @@ def check_routed_inputs(hidden, topk_ids, topk_weights, w13, w13_scale, w2, w2_s
 # ---------------------------------------------------------------------------------------------- pipeline
 def route(topk_ids: torch.Tensor, num_experts: int, max_m_sum: int | None) -> RoutedLayout:
     """``topk_ids`` -> the contiguous layout padded to the contiguous alignment. ``max_m_sum`` None: the exact
-    padded total (one host sync on a GPU) — except under ``torch.compile``, where the sync-free bound
-    :func:`deep_fp8_gemm.layout.max_m_sum_bound` is used."""
+    padded total (one host sync on a GPU) — except under ``torch.compile`` and on meta tensors (no values to
+    read), where the sync-free bound :func:`deep_fp8_gemm.layout.max_m_sum_bound` is used."""
     alignment = get_m_alignment_for_contiguous_layout()
-    if max_m_sum is None and torch.compiler.is_compiling():
+    if max_m_sum is None and (torch.compiler.is_compiling() or topk_ids.device.type == "meta"):
         max_m_sum = max_m_sum_bound(topk_ids.numel(), num_experts, alignment)
     return route_topk(topk_ids, num_experts, alignment, max_m_sum=max_m_sum)
 
 
-def experts_contiguous(x_fp8, x_scales, routed: RoutedLayout, w13, w13_scale, w2, w2_scale
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
+def swiglu_weights(w13: torch.Tensor, w13_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The fused up-projection's weights (:func:`deep_fp8_gemm.ops.fp8_output.interleave_swiglu_weights`: a copy
+    of ``w13`` with gate and up interleaved in 128-row blocks), or None where the fused path is illegal
+    (``I % 128 != 0``)."""
+    if w13.shape[1] % (2 * GRAN_K):
+        return None
+    return interleave_swiglu_weights(w13, w13_scale)
+
+
+def check_swiglu_weights(w13_swiglu: object, w13: torch.Tensor, w13_scale: torch.Tensor) -> None:
+    """``w13_swiglu`` is None or a pair shaped like ``(w13, w13_scale)`` (same dtypes, shapes and device): what
+    :func:`swiglu_weights` returns for them. Its values are not compared (that would cost a pass over the weights)."""
+    if w13_swiglu is None:
+        return
+    if not isinstance(w13_swiglu, (tuple, list)) or len(w13_swiglu) != 2:
+        raise TypeError(f"w13_swiglu must be None or the pair swiglu_weights(w13, w13_scale) returns, got "
+                        f"{type(w13_swiglu).__name__}")
+    for got, want, name in zip(w13_swiglu, (w13, w13_scale), ("w13_swiglu[0]", "w13_swiglu[1]")):
+        check_tensor_of(got, name, (want.dtype,), want.dim())
+        if got.shape != want.shape or got.device != want.device:
+            raise ValueError(f"{name} must match {('w13', 'w13_scale')[name[-2] == '1']}: shape {tuple(want.shape)} on "
+                             f"{want.device}, got shape {tuple(got.shape)} on {got.device}")
+
+
+def use_fused_swiglu(w13_swiglu, layout: str, m: int, inter: int, hidden: int, num_groups: int, device: torch.device,
+                     silu_rows: int | None = None) -> bool:
+    """Whether an up-projection runs fused: ``w13_swiglu`` given and :func:`deep_fp8_gemm.config.fused_swiglu_wins`
+    (legal, modelled no slower) for the SM count the GEMMs plan for on ``device`` (132 where the CPU reference runs,
+    so that CPU and GPU take the same path)."""
+    if w13_swiglu is None:
+        return False
+    backend = target.backend_of(device, "gemm")
+    if backend is Backend.REFERENCE:
+        num_sms = DEFAULT_NUM_SMS
+    else:
+        from ..kernels.gemm import num_sms_for
+
+        num_sms = num_sms_for(backend)
+    return _fused_swiglu_wins(layout, int(m), inter, hidden, num_groups, num_sms, silu_rows)
+
+
+# A pure function of host integers: under torch.compile its answer is a constant of the graph (not traced through the
+# heuristic's caches).
+_fused_swiglu_wins = torch.compiler.assume_constant_result(fused_swiglu_wins)
+
+
+def experts_contiguous(x_fp8, x_scales, routed: RoutedLayout, w13, w13_scale, w2, w2_scale, w13_swiglu=None
+                       ) -> tuple[torch.Tensor | None, torch.Tensor]:
     """Gather, ``w13`` GEMM, SiLU·mul + quantise, ``w2`` GEMM over already-quantised rows.
 
     ``x_fp8`` ``[T, H]`` e4m3 and ``x_scales`` ``[T, ceil(H/128)]`` float32 (any strides) are the rows that
-    ``routed.gather_index`` indexes; ``routed.layout.m_sum > 0``. Returns ``(gate_up, down)``: ``gate_up``
-    ``[m_sum, 2I]`` bf16, the ``w13`` GEMM's output (what the backward's SwiGLU needs), and ``down``
+    ``routed.gather_index`` indexes; ``routed.layout.m_sum > 0``. ``w13_swiglu``: the interleaved ``(w13, w13_scale)``
+    of :func:`swiglu_weights`; when given, the first GEMM and SiLU·mul + quantise are one fused kernel wherever
+    :func:`use_fused_swiglu` says. Returns ``(gate_up, down)``: ``gate_up`` ``[m_sum, 2I]`` bf16, the ``w13``
+    GEMM's output (what the backward's SwiGLU needs; None on the fused path, which never writes it), and ``down``
     ``[m_sum + 1, H]`` bf16: row ``r < m_sum`` = ``FFN_e(x[gather_index[r]])`` for non-padding rows, the last row
     zeros (see :func:`combine`).
     """
@@ -148,9 +212,14 @@ def experts_contiguous(x_fp8, x_scales, routed: RoutedLayout, w13, w13_scale, w2
     # transpose is exactly the M-major TMA-aligned layout (m_sum is a multiple of the alignment, itself of 4).
     a_scales = x_scales.t().index_select(1, rows).t()
 
-    gate_up = torch.empty((m_sum, 2 * inter), dtype=torch.bfloat16, device=x_fp8.device)
-    m_grouped_gemm_fp8_fp8_bf16_nt_contiguous((a, a_scales), (w13, w13_scale), gate_up, m_indices)
-    h_fp8, h_scales = silu_mul_quant(gate_up)
+    if use_fused_swiglu(w13_swiglu, "contiguous", m_sum, inter, hidden_size, w13.shape[0], x_fp8.device):
+        gate_up = None
+        h_fp8, h_scales = empty_out((), m_sum, inter, x_fp8.device)
+        m_grouped_gemm_fp8_fp8_fp8_nt_contiguous_swiglu((a, a_scales), w13_swiglu, (h_fp8, h_scales), m_indices)
+    else:
+        gate_up = torch.empty((m_sum, 2 * inter), dtype=torch.bfloat16, device=x_fp8.device)
+        m_grouped_gemm_fp8_fp8_bf16_nt_contiguous((a, a_scales), (w13, w13_scale), gate_up, m_indices)
+        h_fp8, h_scales = silu_mul_quant(gate_up)
     # One extra zero row after the GEMM's rows: dropped slots read it, so the combine needs no masking.
     down = torch.empty((m_sum + 1, hidden_size), dtype=torch.bfloat16, device=x_fp8.device)
     down[m_sum].zero_()
@@ -181,20 +250,27 @@ def combine(down: torch.Tensor, scatter_index: torch.Tensor, topk_weights: torch
     return acc.to(torch.bfloat16)
 
 
-def experts_masked(a, a_scales, counts, w13, w13_scale, w2, w2_scale, expected_m: int) -> torch.Tensor:
+def experts_masked(a, a_scales, counts, w13, w13_scale, w2, w2_scale, expected_m: int, w13_swiglu=None
+                   ) -> torch.Tensor:
     """The two masked grouped GEMMs and SiLU·mul + quantise on already-quantised rows (the decode path).
 
     ``a`` ``[E, m_max, H]`` e4m3 (contiguous), ``a_scales`` ``[E, m_max, ceil(H/128)]`` float32 (any strides;
     copied to the M-major layout unless already in it), ``counts`` ``[E]`` int32 on the device (never read on
-    the host), ``m_max > 0``. Returns ``[E, m_max, H]`` bfloat16, rows ``>= counts[e]`` unspecified.
+    the host), ``m_max > 0``; ``w13_swiglu`` as :func:`experts_contiguous` (fused: the masked SwiGLU kernel).
+    Returns ``[E, m_max, H]`` bfloat16, rows ``>= counts[e]`` unspecified.
     """
     num_experts, m_max, hidden_size = a.shape
     inter = w13.shape[1] // 2
     a_scales = get_col_major_tma_aligned_tensor(a_scales)
     out = torch.empty((num_experts, m_max, hidden_size), dtype=torch.bfloat16, device=a.device)
-    gate_up = torch.empty((num_experts, m_max, 2 * inter), dtype=torch.bfloat16, device=a.device)
-    m_grouped_gemm_fp8_fp8_bf16_nt_masked((a, a_scales), (w13, w13_scale), gate_up, counts, expected_m)
-    h_fp8, h_scales = silu_mul_quant(gate_up)
+    if use_fused_swiglu(w13_swiglu, "masked", expected_m, inter, hidden_size, num_experts, a.device,
+                        silu_rows=num_experts * m_max):
+        h_fp8, h_scales = empty_out((num_experts,), m_max, inter, a.device)
+        m_grouped_gemm_fp8_fp8_fp8_nt_masked_swiglu((a, a_scales), w13_swiglu, (h_fp8, h_scales), counts, expected_m)
+    else:
+        gate_up = torch.empty((num_experts, m_max, 2 * inter), dtype=torch.bfloat16, device=a.device)
+        m_grouped_gemm_fp8_fp8_bf16_nt_masked((a, a_scales), (w13, w13_scale), gate_up, counts, expected_m)
+        h_fp8, h_scales = silu_mul_quant(gate_up)
     m_grouped_gemm_fp8_fp8_bf16_nt_masked((h_fp8, h_scales), (w2, w2_scale), out, counts, expected_m)
     return out
 

@@ -19,10 +19,15 @@ What is checked where (the values live on the device and reading them would cost
   ``G = rhs[0].shape[0]`` (``ValueError`` naming both otherwise) — devices, strides and alignment;
 * CPU tensors (the reference and the simulator): the values too (:func:`check_psum_values`) — ``0 <= ends[0] <=
   ... <= ends[G-1] <= m_sum``; a decreasing layout or an end past the rows of A raises ``ValueError``;
-* CUDA tensors: the values are never read on the host (CUDA-graph safe). The kernel finds a block's group by
-  binary search over the G ends, so any values keep every access in bounds (groups in ``[0, G)``, rows
-  clipped to ``m_sum`` by the tensor maps), but a decreasing layout gives unspecified output. Call
-  :func:`check_psum_layout` yourself (it synchronises) when the layout is untrusted.
+* CUDA tensors: the values are never read on the host (CUDA-graph safe) unless ``DFG_CHECK_LAYOUTS=1`` (then
+  as on a CPU, one synchronisation per call). The kernel finds a block's group by binary search over the G
+  ends, so any values keep every access in bounds (groups in ``[0, G)``, rows clipped to ``m_sum`` by the
+  tensor maps), but a decreasing layout gives unspecified output. Call :func:`check_psum_layout` yourself (it
+  synchronises) when the layout is untrusted.
+
+Those value rules are all the kernel relies on: with non-decreasing ends a block's binary search finds the one
+group whose rows it holds (group starts are multiples of the alignment, which BLOCK_M divides, so a block never
+straddles two groups), and rows of a block past its group's end are padding.
 
 The kernel is the ``GroupedContiguousPsum`` kind of ``include/deep_fp8_gemm/scheduler.cuh``; the 2.x entry point
 ``m_grouped_fp8_gemm_nt_contiguous(..., use_psum_layout=True)`` of :mod:`deep_fp8_gemm.compat` calls
@@ -34,7 +39,7 @@ from __future__ import annotations
 import torch
 
 from .._core.checks import (INDEX_DTYPE, Problem, check_expected_m, check_pointers, check_same_device, check_tensor,
-                            check_tma_layout, unpack_pair)
+                            check_tma_layout, layout_values_checked, unpack_pair)
 from .._core.dispatch import eager, normalise_scales, operands
 from .._core.family import GemmFamily, register_op
 from .._core.plans import GemmEntrySpec, gemm_entry
@@ -104,12 +109,19 @@ def check_psum_values(ends: list[int], m_sum: int, name: str = "grouped_layout")
 
 def check_psum_layout(grouped_layout: torch.Tensor, m_sum: int) -> None:
     """The value checks of a psum layout (non-negative, non-decreasing, last end <= ``m_sum``); reads the
-    values, so it synchronises when ``grouped_layout`` is on a GPU. ValueError on failure."""
+    values, so it synchronises when ``grouped_layout`` is on a GPU. ValueError on failure (TypeError for a
+    grouped_layout that is not a 1-D int32 tensor)."""
+    check_tensor(grouped_layout, "grouped_layout", INDEX_DTYPE, 1)
+    if isinstance(m_sum, bool) or not isinstance(m_sum, int) or m_sum < 0:
+        raise ValueError(f"m_sum must be a non-negative int (rows of lhs[0]), got {m_sum!r}")
     check_psum_values(grouped_layout.tolist(), m_sum)
 
 
-def _check_values_on_cpu(grouped_layout: torch.Tensor, m_sum: int) -> None:
-    """What every CPU call checks (the fast path too): free there, and the simulator must not see bad ends."""
+def check_psum_layout_values(grouped_layout: torch.Tensor, m_sum: int, num_groups: int | None = None) -> None:
+    """:func:`check_psum_values` of a checked ``grouped_layout`` tensor, with the signature of the other layouts'
+    value checks (``check_contiguous_values``, ``check_masked_values``): what every CPU call checks (the fast path
+    too; on CUDA with DFG_CHECK_LAYOUTS=1), this family's and :mod:`.psum_fp8out`'s, so that the simulator and the
+    kernels never see bad ends."""
     check_psum_values(grouped_layout.tolist(), m_sum)
 
 
@@ -127,17 +139,25 @@ def psum_group_rows(ends: list[int], alignment: int | None = None) -> list[tuple
     return rows
 
 
+def psum_computed_rows(ends: list[int], m_sum: int, alignment: int) -> list[tuple[int, int, int, int]]:
+    """``(g, start, end, stop)`` of each non-empty group g: the kernel computes rows ``[start, stop)`` with g, its
+    rows ``[start, end)`` (:func:`psum_group_rows`) and the padding rows after them up to the end of its last
+    BLOCK_M block (or of A), ``stop``; every other row is left untouched. The references' rows (this family's and
+    :mod:`.psum_fp8out`'s)."""
+    block_m = contiguous_block_m(alignment)
+    return [(g, start, end, min((end + block_m - 1) // block_m * block_m, m_sum))  # start: a multiple of block_m
+            for g, (start, end) in enumerate(psum_group_rows(ends, alignment)) if end > start]
+
+
 def reference_validated(a, sa, b, sb, out, grouped_layout) -> None:
     """The reference on checked tensors whose ends passed :func:`check_psum_values` (the ops check them once per
-    CPU call, before dispatch): one matmul per group over the rows the kernel computes with it, its rows (see
-    :func:`psum_group_rows`) and the padding rows after them up to the end of its last BLOCK_M block (or of A);
-    the other padding rows are left untouched."""
-    alignment = check_alignment()
-    block_m, m_sum = contiguous_block_m(alignment), a.size(0)
-    for g, (start, end) in enumerate(psum_group_rows(grouped_layout.tolist(), alignment)):
-        if end > start:
-            stop = min((end + block_m - 1) // block_m * block_m, m_sum)  # start is a multiple of block_m
-            out[start:stop] = matmul_nt_bf16(dequantize_per_token(a[start:stop], sa[start:stop]), b[g], sb[g])
+    CPU call, before dispatch): per group, one matmul over its rows and one over the padding rows of its last block
+    that the kernel computes with it (:func:`psum_computed_rows`), so a row's result does not depend on how much
+    padding follows its group; the other padding rows are left untouched."""
+    for g, start, end, stop in psum_computed_rows(grouped_layout.tolist(), a.size(0), check_alignment()):
+        for lo, hi in ((start, end), (end, stop)):
+            if hi > lo:
+                out[lo:hi] = matmul_nt_bf16(dequantize_per_token(a[lo:hi], sa[lo:hi]), b[g], sb[g])
 
 
 def reference(lhs: tuple[torch.Tensor, torch.Tensor], rhs: tuple[torch.Tensor, torch.Tensor], out: torch.Tensor,
@@ -188,8 +208,8 @@ def _full_check(a, sa, b, sb, out, grouped_layout, expected_m) -> Problem:
 def impl(a, sa, b, sb, out, grouped_layout, expected_m) -> None:
     """Check and dispatch (the custom op's kernel for CPU and CUDA)."""
     problem = _full_check(a, sa, b, sb, out, grouped_layout, expected_m)
-    if target.gpu_index(a.device) is None:
-        _check_values_on_cpu(grouped_layout, problem.m)
+    if layout_values_checked(a.device):
+        check_psum_layout_values(grouped_layout, problem.m)
     if not problem.empty:
         FAMILY.dispatch(a, sa, b, sb, out, grouped_layout, expected_m)
 
@@ -238,4 +258,4 @@ def m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum(
 
 FAMILY = GemmFamily(kind="psum", public=m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum, check=check,
                     reference=reference, dispatch=dispatch, plan=plan, op=OP)
-_entry = gemm_entry(GemmEntrySpec(FAMILY, _full_check, "grouped_layout", "optional", _check_values_on_cpu))
+_entry = gemm_entry(GemmEntrySpec(FAMILY, _full_check, "grouped_layout", "optional", check_psum_layout_values))

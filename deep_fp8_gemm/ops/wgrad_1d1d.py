@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from .._core.checks import (FP8, Problem, check_aligned_ptr, check_c_layout, check_divisibility, check_fp32_c,
-                            check_fp32_out, check_no_overlap, check_row_major_tma, check_same_device, check_shape,
+                            check_fp32_out, check_no_overlap, check_row_major_tma, check_same_device, check_shape, is_meta,
                             check_tensor, unpack_pair)
 from .._core.dispatch import accumulates_in_place, accumulator, eager, normalise_scales, operands
 from .._core.family import GemmFamily, register_op
@@ -60,7 +60,7 @@ def check(a, sa, b, sb, d, c, *, layout: bool = True, pointers: bool = True) -> 
         check_row_major_tma(d, "d")
         if c is not None:
             check_row_major_tma(c, "c")
-    if pointers:
+    if pointers and not is_meta(a):  # meta tensors: no pointers (the shape-only path)
         check_aligned_ptr(a, "lhs[0] (A)")
         check_aligned_ptr(b, "rhs[0] (B)")
         check_aligned_ptr(d, "d")
@@ -112,8 +112,8 @@ def run(a, sa, b, sb, d, c, backend: Backend) -> None:
 
 
 def impl(a, sa, b, sb, d, c) -> None:
-    """Check, then dispatch (``c`` may be ``d`` or None)."""
-    if not check(a, sa, b, sb, d, c).empty:
+    """Check, then dispatch (``c`` may be ``d`` or None; meta tensors: checked, nothing run)."""
+    if not check(a, sa, b, sb, d, c).empty and not is_meta(d):
         FAMILY.dispatch(a, sa, b, sb, d, c)
 
 

@@ -496,9 +496,12 @@ def _stage_params(params: Any) -> tuple[_ParamSlot, int]:
 _configs: dict[tuple[int, int, int, int, int], Any] = {}
 
 
-def _launch_config(grid: int, block: int, cluster: int, smem_bytes: int, stream: int) -> Any:
-    """A ``CUlaunchConfig`` for a 1-D launch (cached: built configs are never mutated)."""
-    key = (grid, block, cluster, smem_bytes, stream)
+def _launch_config(grid: int, block: int, cluster: int, smem_bytes: int, stream: int, pdl: bool = False) -> Any:
+    """A ``CUlaunchConfig`` for a 1-D launch (cached: built configs are never mutated). ``pdl``: a programmatic
+    dependent launch (``CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION``): the kernel may start before the
+    previous kernel of the stream has finished, and must execute ``griddepcontrol.wait`` before it touches memory
+    that kernel may write (every deep_fp8_gemm kernel does; the audit's ``pdl`` field)."""
+    key = (grid, block, cluster, smem_bytes, stream, pdl)
     config = _configs.get(key)
     if config is not None:
         return config
@@ -511,15 +514,21 @@ def _launch_config(grid: int, block: int, cluster: int, smem_bytes: int, stream:
     config.blockDimX, config.blockDimY, config.blockDimZ = block, 1, 1
     config.sharedMemBytes = smem_bytes
     config.hStream = driver.CUstream(stream)
+    attrs = []
     if cluster > 1:
         attr = driver.CUlaunchAttribute()
         attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
         dim = attr.value.clusterDim
         dim.x, dim.y, dim.z = cluster, 1, 1
-        config.attrs = [attr]  # the binding copies the attribute into an array the config owns
-        config.numAttrs = 1
-    else:
-        config.numAttrs = 0
+        attrs.append(attr)
+    if pdl:
+        attr = driver.CUlaunchAttribute()
+        attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        attr.value.programmaticStreamSerializationAllowed = 1
+        attrs.append(attr)
+    if attrs:
+        config.attrs = attrs  # the binding copies the attributes into an array the config owns
+    config.numAttrs = len(attrs)
     if len(_configs) >= _MAX_CACHED_CONFIGS:
         _configs.clear()
     _configs[key] = config
@@ -535,6 +544,7 @@ def launch(
     cluster: int = 1,
     smem_bytes: int,
     stream: int,
+    pdl: bool = False,
 ) -> None:
     """Enqueues ``kernel<<<grid, block, smem_bytes, stream>>>(params)`` with cluster size ``cluster``.
 
@@ -548,6 +558,7 @@ def launch(
             it must belong to ``kernel.device``. 0 is the legacy default stream of the context
             current on this thread; if that is not ``kernel.device``'s primary context, the launch
             runs with that context pushed.
+        pdl: launch as a programmatic dependent launch (:func:`_launch_config`).
 
     Raises:
         TypeError / ValueError: bad ``params`` type or size, bad launch shape.
@@ -558,7 +569,7 @@ def launch(
         raise ValueError(f"kernel {kernel.name!r} takes a {kernel.param_size}-byte parameter struct, got {size} bytes")
     if smem_bytes > kernel.max_dynamic_smem:
         kernel.set_max_dynamic_smem(smem_bytes)
-    _enqueue(kernel, _launch_config(grid, block, cluster, smem_bytes, stream), slot, stream, grid, block, cluster,
+    _enqueue(kernel, _launch_config(grid, block, cluster, smem_bytes, stream, pdl), slot, stream, grid, block, cluster,
              smem_bytes)
 
 
@@ -617,17 +628,17 @@ class PreparedLaunch:
     CudaDriverError if raising the shared-memory limit fails.
     """
 
-    __slots__ = ("kernel", "grid", "block", "cluster", "smem_bytes", "param_size", "_configs")
+    __slots__ = ("kernel", "grid", "block", "cluster", "smem_bytes", "param_size", "pdl", "_configs")
 
     def __init__(self, kernel: LoadedKernel, param_size: int, *, grid: int, block: int, cluster: int = 1,
-                 smem_bytes: int):
+                 smem_bytes: int, pdl: bool = False):
         if kernel.param_size is not None and param_size != kernel.param_size:
             raise ValueError(f"kernel {kernel.name!r} takes a {kernel.param_size}-byte parameter struct, got "
                              f"{param_size} bytes")
         if smem_bytes > kernel.max_dynamic_smem:
             kernel.set_max_dynamic_smem(smem_bytes)
         self.kernel, self.grid, self.block, self.cluster = kernel, grid, block, cluster
-        self.smem_bytes, self.param_size = smem_bytes, param_size
+        self.smem_bytes, self.param_size, self.pdl = smem_bytes, param_size, pdl
         self._configs: dict[int, Any] = {}
         _launch_config(grid, block, cluster, smem_bytes, 0)  # validates the shape now
 
@@ -637,7 +648,7 @@ class PreparedLaunch:
         config = self._configs.get(stream)
         if config is None:
             config = self._configs[stream] = _launch_config(self.grid, self.block, self.cluster, self.smem_bytes,
-                                                            stream)
+                                                            stream, self.pdl)
         kernel = self.kernel
         if stream == 0:  # null stream: launch here only if kernel.device's primary context is current
             err, current = driver.cuCtxGetCurrent()

@@ -15,8 +15,9 @@ compiler moves out of line are not in the body, as they cost nothing when the ba
 Per loop, instructions are counted by class (:data:`CLASSES`) and divided by the K blocks one iteration
 covers (the loop may be unrolled over pipeline stages):
 
-* math loop: ``QGMMA in body / (4 x waves_m)`` K blocks per iteration (a 128-wide K block is 4 k32
-  wgmmas per m64 wave of a warpgroup);
+* math loop: ``QGMMA in body / (4 x waves_m x mma_chunks)`` K blocks per iteration (a 128-wide K block is 4 k32
+  wgmmas per m64 wave of a warpgroup and per MMA chunk: the SwiGLU kinds compute their 256 columns as two
+  m64n128 chunks);
 * producer loop: one empty-barrier wait (``SYNCS.PHASECHK``) per K block. Counting TMA loads instead would
   depend on the kind (3 loads per K block, 4 with the 1D1D kinds' sB) and on the variants the body holds
   (a cluster producer issues either the multicast or the unicast loads of a K block, both in its body).
@@ -288,7 +289,7 @@ def _loop_report(body: list[Instruction], k_blocks: float) -> dict:
 
 
 def analyse_function(instrs: list[Instruction], labels: dict[str, int], *, block_m: int, block_n: int,
-                     num_math_warpgroups: int) -> dict:
+                     num_math_warpgroups: int, mma_chunks: int = 1) -> dict:
     """The math and producer loop reports of one function (see the module docstring).
 
     Returns ``{"math": {...} | None, "producer": {...} | None, "issue_per_tensor_cycle": float | None}``;
@@ -308,8 +309,9 @@ def analyse_function(instrs: list[Instruction], labels: dict[str, int], *, block
         lp = max(math_loops, key=lambda lp: (sum(instrs[j].base == "QGMMA" for j in lp.body), len(lp.body)))
         body = [instrs[j] for j in lp.body]
         qgmma = sum(ins.base == "QGMMA" for ins in body)
-        k_blocks = qgmma / (WGMMAS_PER_K_BLOCK_PER_WAVE * waves_m)
+        k_blocks = qgmma / (WGMMAS_PER_K_BLOCK_PER_WAVE * waves_m * mma_chunks)
         report = _loop_report(body, k_blocks)
+        report["mma_chunks"] = mma_chunks
         gaps = _drain_gaps(body)
         report["drain_to_wgmma"] = gaps
         report["drain_to_wgmma_per_k_block"] = round(sum(gaps) / k_blocks, 2)
@@ -331,7 +333,7 @@ def analyse_function(instrs: list[Instruction], labels: dict[str, int], *, block
 
 
 def analyse_sass(sass: str, *, block_m: int, block_n: int, num_math_warpgroups: int,
-                 function: str | None = None) -> dict:
+                 function: str | None = None, mma_chunks: int = 1) -> dict:
     """:func:`analyse_function` on one function of a disassembly (``function`` = its name; default: the
     only function, or the first one holding ``QGMMA``)."""
     functions = parse_functions(sass)
@@ -342,7 +344,8 @@ def analyse_sass(sass: str, *, block_m: int, block_n: int, num_math_warpgroups: 
     else:
         chosen = next((f for f in functions.values() if any(i.base == "QGMMA" for i in f[0])), None)
         instrs, labels = chosen or next(iter(functions.values()))
-    return analyse_function(instrs, labels, block_m=block_m, block_n=block_n, num_math_warpgroups=num_math_warpgroups)
+    return analyse_function(instrs, labels, block_m=block_m, block_n=block_n, num_math_warpgroups=num_math_warpgroups,
+                            mma_chunks=mma_chunks)
 
 
 # ---------------------------------------------------------------------------------------- CI ceilings
@@ -356,9 +359,10 @@ def load_ceilings(path: Path | None = None) -> dict[str, dict[str, float]]:
 
 
 def overhead_per_wave(math: dict) -> float:
-    """Math-loop instructions per K block other than FFMA, per m64 wave (QGMMA / 4 waves per K block)."""
+    """Math-loop instructions per K block other than FFMA, per m64 wave (QGMMA / (4 x MMA chunks) waves per K
+    block)."""
     per = math["per_k_block"]
-    waves = max(per.get("QGMMA", 4) / WGMMAS_PER_K_BLOCK_PER_WAVE, 1.0)
+    waves = max(per.get("QGMMA", 4) / (WGMMAS_PER_K_BLOCK_PER_WAVE * math.get("mma_chunks", 1)), 1.0)
     return round((per["total"] - per.get("FFMA", 0)) / waves, 2)
 
 

@@ -48,7 +48,7 @@ DFG_HOST_DEVICE constexpr u64 desc_with_low_word(u64 desc, u32 lo) { return (des
 //   row = 16 w + l / 4 + 8 ((i / 2) % 2),   col = 8 (i / 4) + 2 (l % 4) + i % 2.
 template <u32 N>
 struct WgmmaFragment {
-    static_assert(N % 16 == 0 && N >= 16 && N <= 256, "e4m3 wgmma N used here: multiple of 16 in [16, 256]");
+    static_assert(N % 8 == 0 && N >= 8 && N <= 256, "e4m3 wgmma N: a multiple of 8 in [8, 256] (swap-AB: 8, 24)");
     static constexpr u32 kValues = N / 2;   // floats per thread
     static constexpr u32 kColGroups = N / 8;
     DFG_HOST_DEVICE static constexpr u32 row(u32 warp, u32 lane, u32 i) { return 16 * warp + lane / 4 + 8 * ((i / 2) % 2); }

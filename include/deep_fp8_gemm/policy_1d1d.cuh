@@ -8,7 +8,8 @@
 //                              accumulator fragments with 8-byte global accesses (C may alias D: every element is
 //                              read and written by the same thread, in that order). No shared-memory D tile.
 // Which family a GemmKind belongs to is FamilyOf<kKind>; the bf16-output kinds keep the 128x128-block sB
-// (scales.cuh, promotion.cuh) and the TMA-store epilogue (epilogue.cuh).
+// (scales.cuh, promotion.cuh) and the TMA-store epilogue (epilogue.cuh); the FP8-output and SwiGLU kinds keep
+// their layout kind's sB and tiles and change only the output (output.cuh Fp8TmaStore, policy_swiglu.cuh).
 #pragma once
 #include "common.cuh"
 #include "hal.cuh"
@@ -21,6 +22,15 @@ struct FamilyOf {
     static constexpr bool kRowScaledB = kKind == GemmKind::Dense1D1D || kKind == GemmKind::KGrouped1D1D;
     static constexpr bool kFp32Accumulate = kRowScaledB;  // D = C + A . B^T in fp32
     static constexpr bool kKGrouped = kKind == GemmKind::KGrouped1D1D;  // policy_k_grouped.cuh
+    // Tile enumeration, A / D batch addressing and the sB policy: those of this kind (common.cuh layout_of).
+    static constexpr GemmKind kLayout = layout_of(kKind);
+    // SiLU(gate) * up of the tile's two 128-column halves, then FP8 (policy_swiglu.cuh).
+    static constexpr bool kSwiglu = kKind == GemmKind::GroupedContiguousSwiglu || kKind == GemmKind::GroupedMaskedSwiglu;
+    // e4m3 D with 1x128 per-row scales quantised from the fp32 accumulators (output.cuh Fp8TmaStore).
+    static constexpr bool kFp8Output = kSwiglu || kKind == GemmKind::DenseFp8Out ||
+                                       kKind == GemmKind::GroupedContiguousFp8Out ||
+                                       kKind == GemmKind::GroupedMaskedFp8Out ||
+                                       kKind == GemmKind::GroupedContiguousPsumFp8Out;
 };
 
 // Per-row (1x128) scales of B: the stage holds the K block's BLOCK_N values (TMA destination, 128-aligned).

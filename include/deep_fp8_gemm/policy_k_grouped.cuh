@@ -6,15 +6,16 @@
 // a run-time value.
 //
 // Operands. A_g starts at element rows * k_off_g of the flat A (k_off_g = sum(ks[:g])) and has row stride K_g,
-// so no fixed-stride tensor map covers all groups. The host (deep_fp8_gemm/kernels/gemm.py) encodes one rank-3
-// map per group and operand -- A_g dims (K_g, rows, 1), B_g dims (K_g, N, 1), box (128, BLOCK_M|N, 1), SW128 --
-// and copies the 2G maps into a global-memory array (GemmParams::group_maps: A_g at [2g], B_g at [2g + 1];
-// zero bytes for an empty group, never used). A map written to global memory by a host copy must be made
-// visible to the tensormap proxy before a thread uses it: fence.proxy.tensormap::generic.acquire on the map's
-// address (CUDA programming guide, "Using TMA to transfer multi-dimensional arrays": a map passed through
-// global memory; PTX ISA "membar / fence", .proxy.tensormap::generic), issued by the thread that issues the
-// copies (the producer), once per CTA per map: each CTA visits groups in increasing order, so it fences a
-// group's two maps when it first meets the group. The scales need no per-group maps: sA [rows, sum(ks)/128]
+// so no fixed-stride tensor map covers all groups. One rank-3 map per group and operand -- A_g dims (K_g, rows,
+// 1), B_g dims (K_g, N, 1), box (128, BLOCK_M|N, 1), SW128 -- sits in a global-memory array
+// (GemmParams::group_maps: A_g at [2g], B_g at [2g + 1]; an empty group's are not written, never used), built on
+// the device from ks by the map builder launched just before this kernel (kernels/group_maps.cuh: template maps
+// from the host, tensormap.replace + tensormap.cp_fenceproxy...release), so the host never reads ks_tensor and a
+// CUDA graph replays with new sizes. A map written to global memory must be made visible to the tensormap proxy
+// before a thread uses it: fence.proxy.tensormap::generic.acquire on the map's address (PTX ISA "membar /
+// fence", .proxy.tensormap::generic), issued by the thread that issues the copies (the producer), once per CTA
+// per map: each CTA visits groups in increasing order, so it fences a group's two maps when it first meets the
+// group. The scales need no per-group maps: sA [rows, sum(ks)/128]
 // and sB [N, sum(ks)/128] (M-major, TMA-aligned) are single maps (tma_sa, and tma_sb as in Dense1D1D); a
 // group's K block kb is column k_off_g / 128 + kb of both. D / C: [G][rows][N] at params.d_f32 / c_f32,
 // group g at g * rows * ld floats.

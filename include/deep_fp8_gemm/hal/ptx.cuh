@@ -342,12 +342,59 @@ DFG_DEVICE void tma_prefetch(const TensorMap* map) {
 // ordered before every lane's accesses after it (PTX ISA "bar.warp.sync").
 DFG_DEVICE void warp_sync() { asm volatile("bar.warp.sync -1;" ::: "memory"); }
 
-// Makes a tensor map that a host copy wrote to global memory usable by this thread's TMA instructions (PTX ISA
-// "membar / fence": fence.proxy.tensormap::generic, acquire; .sys because the writer is a host-initiated copy;
-// CUDA programming guide, TMA, "a tensor map passed through global memory"). Kernel parameters need none.
+// Makes a tensor map in global memory (written by an earlier kernel's tensormap.cp_fenceproxy release, or by a
+// host copy) usable by this thread's TMA instructions (PTX ISA "membar / fence": fence.proxy.tensormap::generic,
+// acquire; .sys covers a host-initiated writer as well as the gpu-scope release of kernels/group_maps.cuh; CUDA
+// programming guide, TMA, "a tensor map passed through global memory"). Kernel parameters need none.
 DFG_DEVICE void tensormap_fence_acquire(const TensorMap* map) {
     asm volatile("fence.proxy.tensormap::generic.acquire.sys [%0], 128;" ::"l"(reinterpret_cast<u64>(map)) : "memory");
 }
+
+// Device-side tensor-map edits (PTX ISA "tensormap.replace", .tile mode, on a map in this CTA's shared memory;
+// sm_90a, PTX ISA 8.3): one field of the 128-byte map at `smem_map`. global_stride takes bytes from CUDA 12.5 on
+// (before, bytes >> 4: CuTe's copy_sm90_desc.hpp branches on the compiler version the same way); ordinal i of
+// global_stride is dimension i + 1's stride. The ordinals are immediates.
+#if defined(__CUDACC_VER_MAJOR__)
+static_assert(__CUDACC_VER_MAJOR__ > 12 || (__CUDACC_VER_MAJOR__ == 12 && __CUDACC_VER_MINOR__ >= 5),
+              "tensormap.replace global_stride in bytes needs CUDA >= 12.5");
+#endif
+DFG_DEVICE void tensormap_replace_global_address(TensorMap* smem_map, u64 address) {
+    asm volatile("tensormap.replace.tile.global_address.shared::cta.b1024.b64 [%0], %1;" ::"r"(smem_addr(smem_map)),
+                 "l"(address)
+                 : "memory");
+}
+template <u32 kOrdinal>
+DFG_DEVICE void tensormap_replace_global_dim(TensorMap* smem_map, u32 extent) {
+    asm volatile("tensormap.replace.tile.global_dim.shared::cta.b1024.b32 [%0], %1, %2;" ::"r"(smem_addr(smem_map)),
+                 "n"(kOrdinal), "r"(extent)
+                 : "memory");
+}
+template <u32 kOrdinal>
+DFG_DEVICE void tensormap_replace_global_stride(TensorMap* smem_map, u64 bytes) {
+    asm volatile("tensormap.replace.tile.global_stride.shared::cta.b1024.b64 [%0], %1, %2;" ::"r"(smem_addr(smem_map)),
+                 "n"(kOrdinal), "l"(bytes)
+                 : "memory");
+}
+// The 128-byte map at `smem_map` -> `gmem_map`, then a release fence of the tensormap proxy at gpu scope (PTX ISA
+// "tensormap.cp_fenceproxy"): a thread that issues fence.proxy.tensormap::generic.acquire on `gmem_map` after
+// this (a later kernel) may use it. Warp-collective (.sync.aligned): all 32 lanes, the same operands; both
+// addresses in their state spaces (global: __cvta_generic_to_global), both maps 128-byte aligned.
+DFG_DEVICE void tensormap_cp_fenceproxy(TensorMap* gmem_map, const TensorMap* smem_map) {
+    asm volatile(
+        "tensormap.cp_fenceproxy.global.shared::cta.tensormap::generic.release.gpu.sync.aligned [%0], [%1], 128;" ::"l"(
+            static_cast<u64>(__cvta_generic_to_global(gmem_map))),
+        "r"(smem_addr(smem_map))
+        : "memory");
+}
+
+// ---------------------------------------------------------------- programmatic dependent launch (PTX ISA "griddepcontrol")
+// griddepcontrol.wait: blocks until the prerequisite grids (the previous kernel of the stream, in a programmatic
+// dependent launch) have completed and their memory operations are visible to this thread. Without the launch
+// attribute there is no prerequisite in flight and it returns at once: one binary serves both (deep_fp8_gemm.set_pdl).
+DFG_DEVICE void grid_dependency_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+// griddepcontrol.launch_dependents: the dependent grid may be scheduled once every CTA of this grid executed it or
+// exited. No memory ordering (the dependent's own wait gives that): where it sits is a performance choice.
+DFG_DEVICE void launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 
 // Box at coordinates (c0 innermost, c1, c2) -> dst; completes `bytes-of-box` transactions on `bar`.
 DFG_DEVICE void tma_load_3d(void* dst, const TensorMap* map, u64* bar, i32 c0, i32 c1, i32 c2) {

@@ -56,8 +56,8 @@
 //                    conflicts with one of the previous kernel (either way round); a CTA of one exiting with
 //                    no thread having executed the wait (the next kernel's wait would no longer cover the one
 //                    before)
-//       tensormap    a TMA load through a tensor map outside the kernel parameters (one a host copy put in
-//                    global memory) without the issuing thread's fence.proxy.tensormap::generic.acquire on it
+//       tensormap    a TMA load through a tensor map outside the kernel parameters (one an earlier kernel or a
+//                    host copy put in global memory) without the issuing thread's fence.proxy.tensormap::generic.acquire on it
 //
 // Instrumentation of plain accesses (sim/instrument.hpp). The kernels read and write shared and global memory
 // through raw pointers, in source the sm_90a build shares, which this round's other issues are changing. The
@@ -402,8 +402,32 @@ inline void tma_prefetch(const TensorMap* map) {
     DFG_SIM_HAL;
     sd::tensor_map(map, "tma_prefetch");
 }
-// fence.proxy.tensormap::generic.acquire.sys [map], 128: this thread may use a tensor map that a host copy put in
-// global memory (checked by every TMA load through a map outside the kernel parameters, sim/tma.hpp).
+// tensormap.replace.tile.{global_address, global_dim, global_stride}.shared::cta (PTX ISA "tensormap.replace") on a
+// packed map in this CTA's shared memory (sim/tma.hpp, tensormap_replace: where it is, what may be replaced).
+inline void tensormap_replace_global_address(TensorMap* smem_map, u64 address, DFG_SIM_SITE) {
+    DFG_SIM_ENTER;
+    sd::tensormap_replace(smem_map, "tensormap.replace.global_address").global_address = address;
+}
+template <u32 kOrdinal>
+inline void tensormap_replace_global_dim(TensorMap* smem_map, u32 extent, DFG_SIM_SITE) {
+    DFG_SIM_ENTER;
+    sd::tensormap_replace_dim(smem_map, kOrdinal, extent);
+}
+template <u32 kOrdinal>
+inline void tensormap_replace_global_stride(TensorMap* smem_map, u64 bytes, DFG_SIM_SITE) {
+    DFG_SIM_ENTER;
+    sd::tensormap_replace_stride(smem_map, kOrdinal, bytes);
+}
+// tensormap.cp_fenceproxy.global.shared::cta.tensormap::generic.release.gpu.sync.aligned: warp-collective copy of
+// the 128-byte map to global memory (checked like the other .aligned operations).
+inline void tensormap_cp_fenceproxy(TensorMap* gmem_map, const TensorMap* smem_map, DFG_SIM_SITE) {
+    DFG_SIM_ENTER;
+    sd::aligned("tensormap.cp_fenceproxy");
+    sd::tensormap_copy_out(gmem_map, smem_map);
+}
+
+// fence.proxy.tensormap::generic.acquire.sys [map], 128: this thread may use a tensor map that an earlier kernel
+// (or a host copy) put in global memory (checked by every TMA load through a map outside the kernel parameters, sim/tma.hpp).
 inline void tensormap_fence_acquire(const TensorMap* map, DFG_SIM_SITE) {
     DFG_SIM_ENTER;
     sd::tensormap_acquire(map);

@@ -6,6 +6,11 @@
 //   fp32 kinds (1d1d, k_grouped; "1D1D", policy_1d1d.cuh / policy_k_grouped.cuh):
 //       D[m, n] (fp32) = C[m, n] + sum_kb (A[m, kb] . B[n, kb]^T) * sA[m, kb] * sB[n, kb], both 1x128 per-row
 //       scales; k-grouped: per group g, with K_g a run-time value (per-group maps of A_g / B_g).
+//   FP8-output kinds (dense / contiguous / masked / psum _fp8out; the kind's layout_of gives its tiles):
+//       (D, sD) = per_token_cast_to_fp8 of the bf16 kinds' fp32 accumulators, in the epilogue (Fp8TmaStore,
+//       epilogue_fp8.cuh): D e4m3 [rows, N], sD [rows, ceil(N/128)] M-major. BLOCK_N = 128: one scale group.
+//   SwiGLU kinds (contiguous_swiglu, masked_swiglu; policy_swiglu.cuh): B = w13 with its gate and up 128-row
+//       blocks interleaved, N = 2I; (D, sD) = per_token_cast_to_fp8(SiLU(gate) * up), D [rows, I].
 // N, K and every tile size are compile-time constants; the row count m is a run-time argument, so one binary
 // serves every m (k-grouped: every ks).
 //
@@ -33,11 +38,22 @@
 //                barriers
 //   fp32 kinds   A stages | B stages | sA stages | sB stages | barriers (no D tile: D is written from registers)
 //
+//   FP8 kinds    D tile (e4m3 [BLOCK_M][128], 128-byte swizzle) + amax partials ([math warps][2 kWavesM][32] u32) |
+//                A stages | B stages | sA stages | sB stages | barriers (the SwiGLU kinds: BLOCK_N = 256 B rows)
+//
 //   family       epilogue (output.cuh)
 //   bf16 kinds   Bf16TmaStore: stmatrix into the D tile, one TMA store per 16-column chunk, awaited before the
 //                next tile's epilogue; dense split-K first SplitKReduce (split_k.cuh: the partial to the workspace,
 //                the tile's last split sums all and goes on)
 //   fp32 kinds   Fp32Accumulate: D = C + acc from the fragments, 8-byte global accesses, C may alias D
+//   swap-AB      Bf16TransposedStore (policy_swap_ab.cuh, dense m <= 32): the transposed fragments into a
+//                [BLOCK_M][BLOCK_N] bf16 tile, one unswizzled TMA box; split-K reduces first. The stages are the
+//                plain kernel's; the wgmma reads the B stage as its A operand (BLOCK_N / 64 waves) and the A stage as
+//                its B (N = BLOCK_M tokens), and promotes with one sB per wave and one sA per column
+//   FP8 kinds    Fp8TmaStore (SwiGLU first: acc[w][i] = SiLU(acc[w][i]) * acc[w][64 + i]): per-row amax of the
+//                thread's 32 values -> quad exchange through shared memory under bar.warp.sync -> scales ->
+//                e4m3 into the D tile -> one TMA store per warpgroup (same named-barrier bracket and store wait
+//                as Bf16TmaStore); lane % 4 == 0 stores the quad's scales; dense_fp8out split-K reduces first
 //
 // Barriers (shared memory, one pair per stage; the ring is pipeline.cuh):
 //   full[s]   producer -> math: the arrive count and transaction bytes of the table above, whoever of the
@@ -47,7 +63,23 @@
 //             r < kClusterSize of every math warp arrives on CTA r's empty[s], because a multicasting peer
 //             writes into this CTA's stage s too.
 //   named barriers 1 + w: the 128 threads of math warpgroup w around the epilogue's shared tile, and the split-K
-//             reduce's arrival vote.
+//             reduce's arrival vote. No barrier spans two warpgroups: every exchange of the epilogues stays inside
+//             one (the FP8 amax inside one quad of one warp: bar.warp.sync).
+//
+// Register budget and the SwiGLU tiling (policy_swiglu.cuh). A math thread holds kWavesM x BLOCK_N / 2 accumulator
+// floats plus one wgmma's scratch (kMmaN / 2); with ~40-56 registers of addresses, scales and scheduler state the
+// budget is 240 (one math warpgroup) or 232 (two). A 1x128 SwiGLU output group needs 256 accumulator columns (its
+// gate and up) in one CTA. Options: (a) one m64n256 wgmma per wave: acc 128 + scratch 128 = 256 floats, over budget
+// (no tile fits); (b) the two warpgroups split N (gate | up) over the same rows: 64 + 64 per thread, but SiLU * up
+// then needs the up half moved across warpgroups (a 32-64 KB fp32 exchange in shared memory, stages lost, and a
+// 256-thread barrier per tile); (c) chunked scratch: BLOCK_N = 256, the wave's two 128-column halves as two
+// m64n128 wgmma chunks into one 64-float scratch, each promoted with its own sB block (kMmaN = 128, kMmaChunks =
+// 2): acc 128 + scratch 64 = 192 floats, gate and up of a (row, column) in the same thread (no exchange at all).
+// (c) is taken, with one m64 wave per warpgroup (BLOCK_M 64: one warpgroup at 240, BLOCK_M 128: two at 232; a
+// second wave would need 256 + 64). It compiles spill-free (audit: contiguous_swiglu / masked_swiglu), and the
+// chunk loop issues the same 8 wgmmas per K block as a 128 x 256 tile of two 128-column waves would; per 128
+// columns the loop costs what a 128 x 128 bf16 tile's does (the audit's issue per tensor cycle 0.37 vs 0.41).
+// Every other kind has kMmaChunks = 1: its SASS is unchanged by the chunk loop (nvdisasm, checked on audited kernels).
 //
 // Producers: the bf16 kinds and 1d1d walk TileScheduler's tiles, the k-grouped kind KGroupedScheduler's (groups x
 // tiles, run-time trip counts, per-group maps fenced with fence.proxy.tensormap::generic.acquire before first use);
@@ -77,6 +109,7 @@
 #include "../pipeline.cuh"
 #include "../policy_1d1d.cuh"
 #include "../policy_k_grouped.cuh"
+#include "../policy_swap_ab.cuh"
 #include "../promotion.cuh"
 #include "../scales.cuh"
 #include "../scheduler.cuh"
@@ -87,7 +120,8 @@ namespace dfg {
 
 template <GemmKind kKind, u32 SHAPE_N, u32 SHAPE_K, u32 BLOCK_M, u32 BLOCK_N, u32 kNumStages, u32 kNumGroups,
           u32 kClusterM, u32 kClusterN, u32 kNumMathWarpgroups, u32 kBandWidth, u32 kExpectedSmemBytes,
-          u32 kExpectedMathRegisters, u32 kExpectedProducerRegisters, u32 kSplitK = 1>
+          u32 kExpectedMathRegisters, u32 kExpectedProducerRegisters, u32 kSplitK = 1, bool kUe8m0 = false,
+          bool kSwapAB = false>
 struct Fp8GemmKernel {
     // ---------------------------------------------------------------- shape of the work
     static constexpr u32 BLOCK_K = 128;
@@ -97,9 +131,13 @@ struct Fp8GemmKernel {
     static constexpr u32 kClusterSize = kClusterM * kClusterN;
     static constexpr bool kMulticastA = kClusterN == 2;
     static constexpr bool kMulticastB = kClusterM == 2;
-    static constexpr u32 kWgRows = BLOCK_M / kNumMathWarpgroups;
+    // The wgmma tile: its M side (rows of the fragments, m64 waves) and N side. Swap-AB (policy_swap_ab.cuh) computes
+    // the tile transposed: the weights' BLOCK_N rows on the M side, the tokens' BLOCK_M on the N side.
+    static constexpr u32 kMmaRows = kSwapAB ? BLOCK_N : BLOCK_M;
+    static constexpr u32 kMmaCols = kSwapAB ? BLOCK_M : BLOCK_N;
+    static constexpr u32 kWgRows = kMmaRows / kNumMathWarpgroups;
     static constexpr u32 kWavesM = kWgRows / 64;
-    static constexpr u32 kAccValues = WgmmaFragment<BLOCK_N>::kValues;
+    static constexpr u32 kAccValues = WgmmaFragment<kMmaCols>::kValues;
     static constexpr u32 kNumMathThreads = 128 * kNumMathWarpgroups;
     static constexpr u32 kNumMathWarps = kNumMathThreads / 32;
     static constexpr u32 kNumThreads = kNumMathThreads + 128;
@@ -109,17 +147,38 @@ struct Fp8GemmKernel {
     static constexpr bool kRowScaledB = FamilyOf<kKind>::kRowScaledB;
     static constexpr bool kFp32Accumulate = FamilyOf<kKind>::kFp32Accumulate;
     static constexpr bool kKGrouped = FamilyOf<kKind>::kKGrouped;  // run-time K per group (policy_k_grouped.cuh)
+    static constexpr GemmKind kLayout = FamilyOf<kKind>::kLayout;    // how tiles are enumerated (common.cuh)
+    static constexpr bool kFp8Output = FamilyOf<kKind>::kFp8Output;  // e4m3 D + 1x128 scales (output.cuh)
+    static constexpr bool kSwiglu = FamilyOf<kKind>::kSwiglu;        // SiLU(gate) * up first (policy_swiglu.cuh)
+    // Columns of one wgmma: the whole tile, or a chunk of it (the SwiGLU kinds: gate, then up; policy_swiglu.cuh).
+    static constexpr u32 kMmaN = kSwiglu ? kSwigluMmaN : kMmaCols;
+    static constexpr u32 kMmaChunks = kMmaCols / kMmaN;
+    static constexpr u32 kMmaValues = WgmmaFragment<kMmaN>::kValues;  // the scratch accumulator
+    static constexpr u32 SHAPE_N_OUT = kSwiglu ? SHAPE_N / 2 : SHAPE_N;  // D's columns
 
     static_assert(SHAPE_N % 8 == 0 && SHAPE_K % 16 == 0, "TMA needs 16-byte row strides: N % 8 == 0, K % 16 == 0");
-    static_assert(BLOCK_M == 64 || BLOCK_M == 128 || BLOCK_M == 256, "BLOCK_M in {64, 128, 256}");
+    static_assert(kSwapAB ? (BLOCK_M % 8 == 0 && BLOCK_M >= 8 && BLOCK_M <= 32)
+                          : (BLOCK_M == 64 || BLOCK_M == 128 || BLOCK_M == 256),
+                  "BLOCK_M in {64, 128, 256}; swap-AB: the tokens of the tile, 8, 16, 24 or 32");
+    static_assert(!kSwapAB || (kKind == GemmKind::Dense && kClusterSize == 1 && kNumMathWarpgroups == 1 &&
+                               (BLOCK_N == 64 || BLOCK_N == 128)),
+                  "swap-AB: the dense bf16 kind, no clusters, one math warpgroup of BLOCK_N / 64 waves (64 or 128)");
     static_assert(kNumMathWarpgroups == 1 || kNumMathWarpgroups == 2, "one or two math warpgroups");
     static_assert(kWgRows % 64 == 0 && kWavesM >= 1 && kWavesM <= 2, "each warpgroup owns 64 or 128 rows");
     static_assert(BLOCK_N % 16 == 0 && BLOCK_N >= 16 && BLOCK_N <= 256, "BLOCK_N: multiple of 16 in [16, 256]");
-    static_assert((kKind != GemmKind::Dense && kKind != GemmKind::Dense1D1D) || kNumGroups == 1,
+    static_assert((kLayout != GemmKind::Dense && kLayout != GemmKind::Dense1D1D) || kNumGroups == 1,
                   "dense GEMM has one group");
     static_assert(!kRowScaledB || kClusterSize == 1, "1D1D: no multicast (the sB slice is not multicast)");
-    static_assert((kKind != GemmKind::GroupedContiguous && kKind != GemmKind::GroupedContiguousPsum) || BLOCK_M <= 128,
+    static_assert((kLayout != GemmKind::GroupedContiguous && kLayout != GemmKind::GroupedContiguousPsum) ||
+                      BLOCK_M <= 128,
                   "contiguous layout pads experts to 128 rows: a block must not straddle two experts");
+    static_assert(kMmaCols % kMmaN == 0 && kMmaChunks <= 2 && (kMmaChunks == 1 || (!kRowScaledB && kMmaN == 128)),
+                  "MMA chunks: at most two of 128 columns, each inside one sB block");
+    static_assert(!kFp8Output || (BLOCK_N == (kSwiglu ? kSwigluBlockN : 128u) && SHAPE_N_OUT % 16 == 0),
+                  "FP8 output: one 128-column output group per tile (SwiGLU: gate | up), 16-byte e4m3 D rows");
+    static_assert(!kSwiglu || (SHAPE_N % kSwigluBlockN == 0 && kWavesM == 1),
+                  "SwiGLU: N = 2I with I % 128 == 0; one m64 wave per warpgroup (register budget, see above)");
+    static_assert(!kUe8m0 || kFp8Output, "power-of-two scales are an FP8-output option");
     static_assert(kNumStages >= 2, "at least two stages to overlap loads with math");
     static_assert(kProducerRegisters * 128 + kMathRegisters * kNumMathThreads <= 65536, "register file is 64K");
     static_assert(kMathRegisters == kExpectedMathRegisters && kProducerRegisters == kExpectedProducerRegisters,
@@ -131,16 +190,19 @@ struct Fp8GemmKernel {
     static_assert(BLOCK_N <= 128 + gcd(BLOCK_N, 128u), "a block's columns must touch at most two sB blocks");
 
     using Scheduler = typename Select<kKGrouped, KGroupedScheduler<SHAPE_N, BLOCK_M, BLOCK_N, kNumGroups, kBandWidth>,
-                                      TileScheduler<kKind, SHAPE_N, BLOCK_M, BLOCK_N, kNumGroups, kClusterM, kClusterN,
-                                                    kBandWidth, kSplitK>>::type;
-    using Split = SplitK<kSplitK, kNumKBlocks, kKind, kClusterM * kClusterN, kNumMathWarpgroups, BLOCK_M, BLOCK_N>;
+                                      TileScheduler<kLayout, SHAPE_N, BLOCK_M, BLOCK_N, kNumGroups, kClusterM,
+                                                    kClusterN, kBandWidth, kSplitK>>::type;
+    using Split = SplitK<kSplitK, kNumKBlocks, kLayout, kClusterM * kClusterN, kNumMathWarpgroups, kMmaRows, kMmaCols>;
     using Scales = ScaleColumns<BLOCK_N, kNumScaleBlocksN>;
     using Pipe = PipelineState<kNumStages>;
     // Where a finished tile goes (output.cuh): the family's output, after the split-K reduce when K is split.
-    using Bf16Output = Bf16TmaStore<kKind, SHAPE_N, BLOCK_M, BLOCK_N, kWavesM>;
+    using Bf16Output = typename Select<kSwapAB, Bf16TransposedStore<SHAPE_N, BLOCK_M, BLOCK_N, kWavesM>,
+                                       Bf16TmaStore<kLayout, SHAPE_N, BLOCK_M, BLOCK_N, kWavesM>>::type;
+    using TileOutput = typename Select<
+        kFp8Output, Fp8TmaStore<kLayout, SHAPE_N_OUT, BLOCK_M, BLOCK_N, kWavesM, kSwiglu, kUe8m0>, Bf16Output>::type;
     using Output = typename Select<
         kFp32Accumulate, Fp32Accumulate<kKGrouped, SHAPE_N, BLOCK_M, BLOCK_N, kWavesM>,
-        typename Select<(kSplitK > 1), SplitKReduce<Split, Scheduler::kNumNBlocks, Bf16Output>, Bf16Output>::type>::type;
+        typename Select<(kSplitK > 1), SplitKReduce<Split, Scheduler::kNumNBlocks, TileOutput>, TileOutput>::type>::type;
 
     // ---------------------------------------------------------------- shared-memory map
     static constexpr u32 kSmemD = 0;
@@ -155,6 +217,11 @@ struct Fp8GemmKernel {
     static constexpr u32 kSmemSA = kSmemB + kNumStages * kSmemBBytes;
     static constexpr u32 kSmemSB = kSmemSA + kNumStages * kSmemSABytes;
     static constexpr u32 kSmemBarriers = kSmemSB + kNumStages * kSmemSBBytes;
+    // The wgmma's operands: A (its M side) and B (its N side) stages; swap-AB reads the B stages as A and v.v.
+    static constexpr u32 kSmemOpA = kSwapAB ? kSmemB : kSmemA;
+    static constexpr u32 kSmemOpABytes = kSwapAB ? kSmemBBytes : kSmemABytes;
+    static constexpr u32 kSmemOpB = kSwapAB ? kSmemA : kSmemB;
+    static constexpr u32 kSmemOpBBytes = kSwapAB ? kSmemABytes : kSmemBBytes;
     static constexpr u32 kSmemBytes = kSmemBarriers + 2 * kNumStages * 8;
     static constexpr u32 kStageTxBytes = kSmemABytes + kSmemBBytes + BLOCK_M * 4 + (kRowScaledB ? BLOCK_N * 4 : 0u);
     static_assert(kSmemABytes % 1024 == 0 && kSmemBBytes % 1024 == 0, "stages keep 1024-byte alignment");
@@ -200,14 +267,23 @@ struct Fp8GemmKernel {
             hal::sync_threads();
 
         // Role split on the warp index, which is provably warp-uniform: the math path stays convergent.
+        // PDL (deep_fp8_gemm.set_pdl): everything above touches only shared memory and the parameter block; every
+        // thread waits for the previous kernel of the stream here, before its first global access (A, the scales,
+        // grouped layouts, ks, the device-built maps, split-K workspaces, D).
         if (warp >= kNumMathWarps) {
             hal::setmaxnreg_dec<kProducerRegisters>();
+            hal::grid_dependency_wait();
             // One lane runs the producer, picked by elect.sync rather than by thread index: ptxas then knows
             // a single thread issues each TMA / cp.async and emits no ELECT waterfall around them.
-            if (warp == kNumMathWarps && hal::elect_one_sync())
+            if (warp == kNumMathWarps && hal::elect_one_sync()) {
                 produce(params, smem, full, empty);
+                // Every load of this CTA is issued: the next kernel of the stream may launch (its own wait still
+                // waits for this grid to finish), so its launch and prologue overlap this CTA's last tiles.
+                hal::launch_dependents();
+            }
         } else {
             hal::setmaxnreg_inc<kMathRegisters>();
+            hal::grid_dependency_wait();
             consume(params, smem, full, empty, warp, lane);
         }
 
@@ -232,7 +308,7 @@ struct Fp8GemmKernel {
             const i32 row0 = static_cast<i32>(tile.m_block * BLOCK_M);
             const i32 n0 = static_cast<i32>(tile.n_block * BLOCK_N);
             // A / sA / D batch index: the group for the masked layout (3-D maps), else 0.
-            const i32 a_batch = kKind == GemmKind::GroupedMasked ? static_cast<i32>(tile.group) : 0;
+            const i32 a_batch = kLayout == GemmKind::GroupedMasked ? static_cast<i32>(tile.group) : 0;
             const i32 b_batch = static_cast<i32>(tile.group);
             const auto cols = Scales::of(static_cast<u32>(n0));
             const float* sb_row0 = params.sb + (tile.group * kNumScaleBlocksN + cols.block0) * kNumKBlocks;
@@ -300,7 +376,7 @@ struct Fp8GemmKernel {
     // cursor in uniform registers (the dense 64x64 kernel: 99 -> 83 instructions per K block).
     static DFG_DEVICE bool next_tile(Scheduler& scheduler, TileInfo& tile) {
         const bool more = scheduler.next(tile);
-        if constexpr (kKind == GemmKind::Dense || kKind == GemmKind::Dense1D1D) {
+        if constexpr (kLayout == GemmKind::Dense || kLayout == GemmKind::Dense1D1D) {
             return hal::warp_all(more);
         } else {
             tile.m_block = hal::warp_broadcast(tile.m_block);
@@ -329,15 +405,15 @@ struct Fp8GemmKernel {
         // registers before every wgmma (2 instructions each). ORing in a zero it cannot see through (the
         // warp index is < 32: at most 1024 threads per block) keeps them in registers.
         const u64 smem_desc = make_k_major_sw128_desc(hal::smem_addr(smem));
-        const u64 a_desc = desc_advance(smem_desc, kSmemA + wg_row0 * BLOCK_K) | (static_cast<u64>(warp >> 5) << 32);
-        const u64 b_desc = desc_advance(smem_desc, kSmemB) | (static_cast<u64>(warp >> 6) << 32);
+        const u64 a_desc = desc_advance(smem_desc, kSmemOpA + wg_row0 * BLOCK_K) | (static_cast<u64>(warp >> 5) << 32);
+        const u64 b_desc = desc_advance(smem_desc, kSmemOpB) | (static_cast<u64>(warp >> 6) << 32);
         // NOTES: broadcast, or ptxas re-derives their low words from the shared-window base inside the K loop
         // (~6 instructions per K block); broadcast values are also provably uniform.
         const u32 a_lo0 = hal::warp_broadcast(static_cast<u32>(a_desc));
         const u32 b_lo0 = hal::warp_broadcast(static_cast<u32>(b_desc));
 
         float acc[kWavesM][kAccValues];
-        float scratch[kAccValues];
+        float scratch[kMmaValues];
 
         Scheduler scheduler(params.rows, params.grouped_layout, hal::block_idx(), hal::grid_dim());
         Pipe pipe;
@@ -354,43 +430,60 @@ struct Fp8GemmKernel {
                     acc[w][i] = 0.0f;
 
             const auto k_block = [&](u32 stage, u32 phase, u32 /*kb*/) {
-                const u32 a_lo = a_lo0 + stage * (kSmemABytes >> 4);
-                const u32 b_lo = b_lo0 + stage * (kSmemBBytes >> 4);
+                const u32 a_lo = a_lo0 + stage * (kSmemOpABytes >> 4);
+                const u32 b_lo = b_lo0 + stage * (kSmemOpBBytes >> 4);
                 hal::mbar_wait(&full[stage], phase, full_barrier(stage));
                 // Scales are read before the stage can be released.
                 const float* sb = reinterpret_cast<const float*>(smem + kSmemSB + stage * kSmemSBBytes);
                 const float sb0 = kRowScaledB ? 0.0f : sb[0];
                 const float sb1 = Scales::kMayStraddle && !kRowScaledB ? sb[1] : sb0;
                 const float* sa = reinterpret_cast<const float*>(smem + kSmemSA + stage * kSmemSABytes);
+                SwapAbColumnScales<kSwapAB ? BLOCK_M : 8u> sa_cols;
+                if constexpr (kSwapAB)
+                    sa_cols.load(sa, lane);
                 DFG_UNROLL
                 for (u32 w = 0; w < kWavesM; ++w) {
-                    const float sa_lo = sa[frag_row + w * 64];
-                    const float sa_hi = sa[frag_row + w * 64 + 8];
+                    // Per-row sA (swap-AB: per column, read by promote_swap_ab).
+                    const float sa_lo = kSwapAB ? 0.0f : sa[frag_row + w * 64];
+                    const float sa_hi = kSwapAB ? 0.0f : sa[frag_row + w * 64 + 8];
                     DFG_UNROLL
-                    for (u32 i = 0; i < kAccValues; ++i)
-                        hal::fence_operand(scratch[i]);
-                    hal::wgmma_fence();
-                    DFG_UNROLL
-                    for (u32 ks = 0; ks < BLOCK_K / kWgmmaK; ++ks)
-                        hal::WgmmaFp8<BLOCK_N>::mma(
-                            desc_with_low_word(a_desc, a_lo + ((w * 64 * BLOCK_K + ks * kWgmmaK) >> 4)),
-                            desc_with_low_word(b_desc, b_lo + ((ks * kWgmmaK) >> 4)), scratch, ks > 0);
-                    hal::wgmma_commit();
-                    hal::wgmma_wait<0>();
-                    DFG_UNROLL
-                    for (u32 i = 0; i < kAccValues; ++i)
-                        hal::fence_operand(scratch[i]);
-                    if constexpr (kRowScaledB) {  // reads sB from the stage: release after it
-                        promote_row_scaled<BLOCK_N>(acc[w], scratch, sa_lo, sa_hi, sb, lane);
-                        if (w + 1 == kWavesM) {
-                            // Only lane 0 arrives: every lane's sB reads must be ordered before its release.
-                            hal::warp_sync();
-                            release_stage(empty, stage, lane);
+                    for (u32 c = 0; c < kMmaChunks; ++c) {  // one chunk (the whole tile) but for the SwiGLU kinds
+                        DFG_UNROLL
+                        for (u32 i = 0; i < kMmaValues; ++i)
+                            hal::fence_operand(scratch[i]);
+                        hal::wgmma_fence();
+                        DFG_UNROLL
+                        for (u32 ks = 0; ks < BLOCK_K / kWgmmaK; ++ks)
+                            hal::WgmmaFp8<kMmaN>::mma(
+                                desc_with_low_word(a_desc, a_lo + ((w * 64 * BLOCK_K + ks * kWgmmaK) >> 4)),
+                                desc_with_low_word(b_desc, b_lo + ((c * kMmaN * BLOCK_K + ks * kWgmmaK) >> 4)),
+                                scratch, ks > 0);
+                        hal::wgmma_commit();
+                        hal::wgmma_wait<0>();
+                        DFG_UNROLL
+                        for (u32 i = 0; i < kMmaValues; ++i)
+                            hal::fence_operand(scratch[i]);
+                        const bool last = w + 1 == kWavesM && c + 1 == kMmaChunks;
+                        if constexpr (kRowScaledB) {  // reads sB from the stage: release after it
+                            promote_row_scaled<BLOCK_N>(acc[w], scratch, sa_lo, sa_hi, sb, lane);
+                            if (last) {
+                                // Only lane 0 arrives: every lane's sB reads must be ordered before its release.
+                                hal::warp_sync();
+                                release_stage(empty, stage, lane);
+                            }
+                        } else {
+                            if (last)
+                                release_stage(empty, stage, lane);
+                            if constexpr (kSwapAB) {  // the wave's weight rows lie in one sB block: sb0
+                                promote_swap_ab<BLOCK_M>(acc[w], scratch, sb0, sa_cols);
+                            } else if constexpr (kMmaChunks == 1) {
+                                promote(acc[w], scratch, sa_lo, sa_hi, sb0, sb1, cols);
+                            } else {  // chunk c: columns [128 c, 128 c + 128), all in sB block c of the tile
+                                const float sbc = c == 0 ? sb0 : sb1;
+                                promote(*reinterpret_cast<float(*)[kMmaValues]>(&acc[w][c * kMmaValues]), scratch,
+                                        sa_lo, sa_hi, sbc, sbc, ScaleColumns<kMmaN, kNumScaleBlocksN>::of(n0));
+                            }
                         }
-                    } else {
-                        if (w + 1 == kWavesM)
-                            release_stage(empty, stage, lane);
-                        promote(acc[w], scratch, sa_lo, sa_hi, sb0, sb1, cols);
                     }
                 }
             };

@@ -554,6 +554,10 @@ using ParamsOf = typename ParamsSelect<is_transpose_kind(kKind)>::type;
 // kVariant: the variant bits (kUe8m0Scales, kDeepGemmCuda); the entry's `true` / `false` are 1 / 0.
 template <QuantKind kKind, InputType kType, bool kVectorized, u32 kNumThreads, u32 kVariant = 0u>
 DFG_DEVICE void quant_body(const ParamsOf<kKind>& p) {
+    // PDL (deep_fp8_gemm.set_pdl): wait for the previous kernel of the stream before the first global access;
+    // every CTA of this grid is then running, so the next kernel may launch at once (it waits for this one).
+    hal::grid_dependency_wait();
+    hal::launch_dependents();
     if constexpr (kKind == QuantKind::PerBlock) {
         per_block_body<kType, kVectorized, kNumThreads, kVariant>(p);
     } else if constexpr (is_transpose_kind(kKind)) {

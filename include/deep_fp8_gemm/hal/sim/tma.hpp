@@ -73,7 +73,7 @@ struct Box {
     }
 };
 
-// A tensor map outside the kernel's parameter struct lives in global memory, where a host copy put it; the
+// A tensor map outside the kernel's parameter struct lives in global memory, where an earlier kernel put it; the
 // tensormap proxy may use it only after the using thread's fence.proxy.tensormap::generic.acquire on its address
 // (CUDA programming guide, TMA: a tensor map passed through global memory needs that fence in the kernel).
 DFG_SIM_API void tensormap_acquire(const TensorMap* map) {
@@ -81,6 +81,46 @@ DFG_SIM_API void tensormap_acquire(const TensorMap* map) {
     if (reinterpret_cast<uintptr_t>(map) % 64)
         fail(format("tensormap_fence_acquire: tensor map at %p is not 64-byte aligned", static_cast<const void*>(map)));
     me().tensormaps_acquired.push_back(map);
+}
+
+// A map edited by tensormap.replace: a packed map (magic) in this CTA's shared memory, 64-byte aligned.
+inline SimTensorMap& tensormap_replace(TensorMap* map, const char* what) {
+    const u32 offset = smem_offset(map, what);
+    check_smem_range(offset, sizeof(TensorMap), what);
+    if (offset % 64)
+        fail(format("%s: the tensor map at smem+%#x is not 64-byte aligned", what, offset));
+    auto* m = reinterpret_cast<SimTensorMap*>(map);
+    if (m->magic != kTensorMapMagic)
+        fail(format("%s: the shared-memory bytes at smem+%#x are not a tensor map (magic %#x): copy one in first",
+                    what, offset, m->magic));
+    return *m;
+}
+
+// cuTensorMapEncodeTiled's rules hold for the replaced fields too: a dimension in [1, 2^32], a stride a multiple of
+// 16 below 2^40; global_dim ordinal < rank, global_stride ordinal < rank - 1 (dimension ordinal + 1's stride).
+inline void tensormap_replace_dim(TensorMap* map, u32 ordinal, u32 extent) {
+    SimTensorMap& m = tensormap_replace(map, "tensormap.replace.global_dim");
+    if (ordinal >= m.rank || extent == 0)
+        fail(format("tensormap.replace.global_dim: ordinal %u extent %u (rank %u; extents are non-zero)", ordinal,
+                    extent, m.rank));
+    m.global_dims[ordinal] = extent;
+}
+inline void tensormap_replace_stride(TensorMap* map, u32 ordinal, u64 bytes) {
+    SimTensorMap& m = tensormap_replace(map, "tensormap.replace.global_stride");
+    if (ordinal + 1 >= m.rank || bytes % 16 != 0 || bytes >= (u64(1) << 40))
+        fail(format("tensormap.replace.global_stride: ordinal %u stride %llu B (rank %u; strides are multiples of "
+                    "16 below 2^40)", ordinal, static_cast<unsigned long long>(bytes), m.rank));
+    m.global_strides[ordinal] = bytes;
+}
+
+// tensormap.cp_fenceproxy: the shared-memory map to a 64-byte-aligned global slot (each lane copies the same bytes).
+inline void tensormap_copy_out(TensorMap* gmem_map, const TensorMap* smem_map) {
+    const char* what = "tensormap.cp_fenceproxy";
+    const u32 offset = smem_offset(smem_map, what);
+    check_smem_range(offset, sizeof(TensorMap), what);
+    if (reinterpret_cast<uintptr_t>(gmem_map) % 64)
+        fail(format("%s: global tensor map at %p is not 64-byte aligned", what, static_cast<const void*>(gmem_map)));
+    std::memcpy(gmem_map, smem_map, sizeof(TensorMap));
 }
 
 inline void check_tensormap_acquired(const TensorMap* map, const char* what) {
