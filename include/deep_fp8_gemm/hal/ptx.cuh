@@ -312,7 +312,8 @@ DFG_DEVICE void fence() {
 // ---------------------------------------------------------------- programmatic dependent launch (PTX ISA "griddepcontrol")
 // griddepcontrol.wait: waits until the prerequisite grids (the preceding kernel of a programmatic dependent
 // launch) have completed and their memory operations are performed and visible to this grid. Without a
-// programmatic dependent launch there is nothing in flight and it returns at once. A dependent kernel must
+// programmatic dependent launch there is nothing in flight and it returns at once (one binary serves both:
+// deep_fp8_gemm.set_pdl). A dependent kernel must
 // execute it before touching memory of the preceding kernel, and in every CTA (else a kernel depending on this
 // one would not be ordered after the preceding one); the simulator checks both.
 DFG_DEVICE void grid_dependency_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
@@ -386,15 +387,6 @@ DFG_DEVICE void tensormap_cp_fenceproxy(TensorMap* gmem_map, const TensorMap* sm
         "r"(smem_addr(smem_map))
         : "memory");
 }
-
-// ---------------------------------------------------------------- programmatic dependent launch (PTX ISA "griddepcontrol")
-// griddepcontrol.wait: blocks until the prerequisite grids (the previous kernel of the stream, in a programmatic
-// dependent launch) have completed and their memory operations are visible to this thread. Without the launch
-// attribute there is no prerequisite in flight and it returns at once: one binary serves both (deep_fp8_gemm.set_pdl).
-DFG_DEVICE void grid_dependency_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
-// griddepcontrol.launch_dependents: the dependent grid may be scheduled once every CTA of this grid executed it or
-// exited. No memory ordering (the dependent's own wait gives that): where it sits is a performance choice.
-DFG_DEVICE void launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 
 // Box at coordinates (c0 innermost, c1, c2) -> dst; completes `bytes-of-box` transactions on `bar`.
 DFG_DEVICE void tma_load_3d(void* dst, const TensorMap* map, u64* bar, i32 c0, i32 c1, i32 c2) {

@@ -406,7 +406,7 @@ inline void tma_prefetch(const TensorMap* map) {
 // packed map in this CTA's shared memory (sim/tma.hpp, tensormap_replace: where it is, what may be replaced).
 inline void tensormap_replace_global_address(TensorMap* smem_map, u64 address, DFG_SIM_SITE) {
     DFG_SIM_ENTER;
-    sd::tensormap_replace(smem_map, "tensormap.replace.global_address").global_address = address;
+    sd::tensormap_replace_address(smem_map, address);
 }
 template <u32 kOrdinal>
 inline void tensormap_replace_global_dim(TensorMap* smem_map, u32 extent, DFG_SIM_SITE) {

@@ -51,6 +51,10 @@ DFG_SIM_API void grid_dependency_wait();
 DFG_SIM_API void launch_dependents();
 DFG_SIM_API const SimTensorMap& tensor_map(const TensorMap* map, const char* what);  // tma.hpp
 DFG_SIM_API void tensormap_acquire(const TensorMap* map);
+DFG_SIM_API void tensormap_replace_address(TensorMap* smem_map, u64 address);
+DFG_SIM_API void tensormap_replace_dim(TensorMap* smem_map, u32 ordinal, u32 extent);
+DFG_SIM_API void tensormap_replace_stride(TensorMap* smem_map, u32 ordinal, u64 bytes);
+DFG_SIM_API void tensormap_copy_out(TensorMap* gmem_map, const TensorMap* smem_map);
 DFG_SIM_API void tma_load(void* dst, const TensorMap* map, u64* bar, u32 cta_mask, bool multicast, i32 c0, i32 c1,
                           i32 c2, const char* what);
 DFG_SIM_API void sync_threads();                                                     // threads.hpp

@@ -98,14 +98,17 @@ inline SimTensorMap& tensormap_replace(TensorMap* map, const char* what) {
 
 // cuTensorMapEncodeTiled's rules hold for the replaced fields too: a dimension in [1, 2^32], a stride a multiple of
 // 16 below 2^40; global_dim ordinal < rank, global_stride ordinal < rank - 1 (dimension ordinal + 1's stride).
-inline void tensormap_replace_dim(TensorMap* map, u32 ordinal, u32 extent) {
+DFG_SIM_API void tensormap_replace_address(TensorMap* map, u64 address) {
+    tensormap_replace(map, "tensormap.replace.global_address").global_address = address;
+}
+DFG_SIM_API void tensormap_replace_dim(TensorMap* map, u32 ordinal, u32 extent) {
     SimTensorMap& m = tensormap_replace(map, "tensormap.replace.global_dim");
     if (ordinal >= m.rank || extent == 0)
         fail(format("tensormap.replace.global_dim: ordinal %u extent %u (rank %u; extents are non-zero)", ordinal,
                     extent, m.rank));
     m.global_dims[ordinal] = extent;
 }
-inline void tensormap_replace_stride(TensorMap* map, u32 ordinal, u64 bytes) {
+DFG_SIM_API void tensormap_replace_stride(TensorMap* map, u32 ordinal, u64 bytes) {
     SimTensorMap& m = tensormap_replace(map, "tensormap.replace.global_stride");
     if (ordinal + 1 >= m.rank || bytes % 16 != 0 || bytes >= (u64(1) << 40))
         fail(format("tensormap.replace.global_stride: ordinal %u stride %llu B (rank %u; strides are multiples of "
@@ -114,12 +117,15 @@ inline void tensormap_replace_stride(TensorMap* map, u32 ordinal, u64 bytes) {
 }
 
 // tensormap.cp_fenceproxy: the shared-memory map to a 64-byte-aligned global slot (each lane copies the same bytes).
-inline void tensormap_copy_out(TensorMap* gmem_map, const TensorMap* smem_map) {
+// The global write is a plain one for the race detector (a reader of those bytes needs a happens-before path),
+// recorded once, for lane 0: the lanes write the same bytes as one warp-collective operation.
+DFG_SIM_API void tensormap_copy_out(TensorMap* gmem_map, const TensorMap* smem_map) {
     const char* what = "tensormap.cp_fenceproxy";
     const u32 offset = smem_offset(smem_map, what);
     check_smem_range(offset, sizeof(TensorMap), what);
     if (reinterpret_cast<uintptr_t>(gmem_map) % 64)
         fail(format("%s: global tensor map at %p is not 64-byte aligned", what, static_cast<const void*>(gmem_map)));
+    if (me().tid % 32 == 0) hal_access(gmem_map, sizeof(TensorMap), true, what);
     std::memcpy(gmem_map, smem_map, sizeof(TensorMap));
 }
 
