@@ -119,6 +119,27 @@ def sim_seed() -> int:
     return n
 
 
+def sim_races() -> str:
+    """``DFG_SIM_RACES``: the simulator's race detector (happens-before checks of plain and atomic accesses to
+    shared and global memory, ``hal/sim/hb.hpp``). ``1`` (default): on in every simulated launch; ``0``: off
+    (its shadow memory costs ~24 bytes per byte the kernels touch with plain accesses, which large
+    ``DFG_SIMULATE`` runs may not want); ``full``: on, and ``tests/test_sim_races.py``'s sweep of the real kernel
+    families runs the long seed list and the larger shapes instead of CI's selection. Returns ``"on"``,
+    ``"off"`` or ``"full"``.
+
+    Raises:
+        ValueError: another value.
+    """
+    value = os.environ.get("DFG_SIM_RACES", "1").strip().lower()
+    if value in ("full",):
+        return "full"
+    if value in ("", "1", "on", "true", "yes"):
+        return "on"
+    if value in _FALSE:
+        return "off"
+    raise ValueError(f"DFG_SIM_RACES must be 0, 1 or full, got {value!r}")
+
+
 def sim_timeout_seconds() -> float:
     """``DFG_SIM_TIMEOUT_SECONDS`` (default 600): wall-clock bound of one simulated launch. A deadlock is reported
     as soon as no thread can make progress, whatever this is; the bound only stops a livelock, so it is generous:

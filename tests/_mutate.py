@@ -3,6 +3,7 @@ builds (the sm_90a compile and the CPU simulator) for the rest of the test."""
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -18,6 +19,31 @@ def mutated_headers(tmp_path: Path, monkeypatch, header: str, original: str, pla
     text = target.read_text()
     assert text.count(original) == 1, f"the original text is no longer in {header}; update this test: {original!r}"
     target.write_text(text.replace(original, planted))
+    fresh = tmp_path / "cache"
+    _carry_simulator_runtime(mutated, fresh)
     for module in (paths, compiler, cache):  # the sm_90a build gives the simulator its register count
         monkeypatch.setattr(module, "include_dir", lambda: mutated)
-    monkeypatch.setenv("DFG_JIT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("DFG_JIT_CACHE_DIR", str(fresh))
+
+
+def _carry_simulator_runtime(mutated: Path, fresh: Path) -> None:
+    """The simulator's runtime object covers common.cuh and hal/ only (deep_fp8_gemm/simulator/build.py), which a
+    plant in a kernel header leaves as they are: the object the unmutated headers built (once per session, in
+    the session's cache) serves the copy too, instead of ~12 s of g++ per planted test. Copied with its sidecar
+    and the cache's modes; a plant in hal/ changes the key and gets its own."""
+    from deep_fp8_gemm.simulator import build
+
+    if shutil.which(build.CXX) is None:
+        return
+    key = build.cache_key(build.RUNTIME_SOURCE, paths.include_dir())
+    if build.cache_key(build.RUNTIME_SOURCE, mutated) != key:
+        return
+    with build.open_runtime() as runtime:
+        entry = runtime.path
+    target = fresh / "sim"
+    target.mkdir(parents=True, mode=0o700)
+    os.chmod(fresh, 0o700)
+    for suffix in (".o", ".json", ".cpp"):
+        copy = target / entry.with_suffix(suffix).name
+        shutil.copyfile(entry.with_suffix(suffix), copy)
+        os.chmod(copy, 0o600)

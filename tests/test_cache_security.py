@@ -35,11 +35,16 @@ REFUSED = r"(?s)will not use the JIT cache directory .*DFG_JIT_CACHE_DIR"
 
 # ---------------------------------------------------------------------------------------- helpers
 def _tiny_source(name: str) -> str:
-    """A translation unit with the two entry points a simulator library exports (builds in well under a
-    second: it includes no simulator headers)."""
+    """A translation unit with the kernel entry a simulator library exports, a kernel whose threads do nothing
+    (builds in well under a second: it includes no simulator headers; the build links the simulator's runtime
+    object, which brings dfg_sim_run_stream and dfg_sim_last_error)."""
     return textwrap.dedent(f"""
-        extern "C" __attribute__((visibility("default"))) int {name}_sim(const void*, const void*) {{ return 0; }}
-        extern "C" __attribute__((visibility("default"))) const char* dfg_sim_last_error() {{ return ""; }}
+        struct KernelInfo {{ void (*body)(const void*); unsigned max_threads, reserved; unsigned long long params_bytes; }};
+        static void body(const void*) {{}}
+        extern "C" __attribute__((visibility("default"))) const KernelInfo* {name}_sim_kernel() {{
+            static const KernelInfo info{{body, 1, 0, 0}};
+            return &info;
+        }}
     """)
 
 
@@ -56,6 +61,14 @@ def _launch(name: str, source: str) -> None:
 def _next_library(cache_dir: Path, name: str, source: str) -> Path:
     """The path the next launch of ``source`` loads from ``cache_dir``: what an attacker computes."""
     return cache_dir / "sim" / f"{name}_{build.cache_key(source, paths.include_dir())[:24]}.so"
+
+
+def _entry_files(cache_dir: Path, library: Path) -> list[str]:
+    """The files a built library leaves in the cache: its entry's and those of the runtime object it links."""
+    key = build.cache_key(build.RUNTIME_SOURCE, paths.include_dir())
+    runtime = cache_dir / "sim" / f"{build.RUNTIME_NAME}_{key[:24]}.o"
+    return sorted([library.with_suffix(s).name for s in (".cpp", ".json", ".lock", ".so")] +
+                  [runtime.with_suffix(s).name for s in (".cpp", ".json", ".lock", ".o")])
 
 
 def _plant(path: Path, name: str, marker: Path) -> Path:
@@ -336,7 +349,8 @@ def test_checks_run_once_per_process_and_directory(sim_cache, monkeypatch):
     cache.clear_memory_cache()
     compile_kernel("dfg_test_sec_once", probe_source("dfg_test_sec_once"))  # a disk hit
     assert sorted(walks) == sorted(os.path.realpath(p) for p in (sim_cache, sim_cache / "sim")), walks
-    assert len(hashes) == 1  # the build's own checksum: the launch loads the descriptor it hashed
+    # the builds' own checksums (the runtime object's, then the library's): the launch loads the descriptor it hashed
+    assert len(hashes) == 2
 
 
 # ---------------------------------------------------------------------------------------- concurrency
@@ -377,8 +391,7 @@ def test_concurrent_processes_share_a_private_library_cache(sim_cache, tmp_path)
     assert all(p.returncode == 0 for p in procs), errors
     assert builds.read_text().split() == ["built"]
     entry = _next_library(sim_cache, name, source)
-    assert sorted(p.name for p in (sim_cache / "sim").iterdir()) == sorted(
-        entry.with_suffix(s).name for s in (".cpp", ".json", ".lock", ".so"))  # no temporaries left
+    assert sorted(p.name for p in (sim_cache / "sim").iterdir()) == _entry_files(sim_cache, entry)  # no temporaries
     assert set(_modes(sim_cache).values()) == {"dir 0700", "file 0600"}
 
 

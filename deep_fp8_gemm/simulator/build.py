@@ -1,16 +1,23 @@
 """Compiles a rendered kernel translation unit with the host C++ compiler into a simulator library.
 
 The translation unit is the very source NVRTC compiles for sm_90a; ``-DDFG_SIMULATOR`` makes
-``deep_fp8_gemm/hal.cuh`` pick the CPU emulation (``hal/sim.hpp``). Libraries are cached like cubins, in
-``<cache>/sim/`` (:func:`library_dir`), each entry three files named ``<name>_<key[:24]>``:
+``deep_fp8_gemm/hal.cuh`` pick the CPU emulation (``hal/sim.hpp``). The emulation itself is compiled once per set
+of headers into an object (``dfg_sim_runtime_<key>.o``, :func:`open_runtime`) that every library links; a kernel's
+translation unit is compiled with ``-DDFG_SIM_LINKED_RUNTIME`` (it sees the emulation's declarations only, so it
+compiles its kernel and the hal's inline wrappers, not the whole simulator again) and with ``-fsanitize=thread``,
+which instruments every plain load and store of the kernel code with a call the emulation defines
+(``hal/sim/instrument.hpp``: the race detector's view of shared and global memory). Both are linked without the
+ThreadSanitizer runtime (``-z defs`` makes a hook the emulation lacks a build error); ``-g1`` gives ``addr2line``
+the line tables that name an access's call site in a report. Libraries and the runtime object are cached like
+cubins, in ``<cache>/sim/`` (:func:`library_dir`), each entry three files named ``<name>_<key[:24]>``:
 
 * ``.cpp``  — the source, kept beside the library: compiler messages (and debuggers) point into it;
-* ``.so``   — the library, built under a temporary name and renamed into place;
+* ``.so`` (``.o``) — the library (the runtime object), built under a temporary name and renamed into place;
 * ``.json`` — its sidecar (format, full key, size and sha256 of the library), written last, so a sidecar
   only ever exists next to the library it describes.
 
 The key is a SHA-256 over the source, every header under the include directory, the compiler's identity and
-the flags. A library is loaded only through :func:`open_library`: it opens the file relative to the checked
+the flags (a library's: its own and the runtime object's). A library is loaded only through :func:`open_library`: it opens the file relative to the checked
 directory (never through a link), verifies it against its sidecar and hands out that descriptor, so what is
 loaded is the very file that was verified. A missing or mismatched sidecar is a miss: the entry is deleted
 under its lock (``.lock``, which also makes concurrent builders compile once) and rebuilt. The sidecar
@@ -38,12 +45,18 @@ from ..runtime import cachedir, paths
 CXX = "g++"
 # -fvisibility=hidden: only the entry points (DFG_SIM_EXPORT) are exported, so two simulator libraries in
 # one process never bind each other's inline simulator state.
-FLAGS = ("-std=c++17", "-O2", "-shared", "-fPIC", "-fvisibility=hidden", "-DDFG_SIMULATOR")
+# -fno-threadsafe-statics: a launch runs on one OS thread (fibers; launches are serialised), and thread-safe
+# statics would need ThreadSanitizer's atomic hooks.
+RUNTIME_FLAGS = ("-std=c++17", "-O2", "-fPIC", "-fvisibility=hidden", "-DDFG_SIMULATOR", "-fno-threadsafe-statics")
+FLAGS = (*RUNTIME_FLAGS, "-DDFG_SIM_LINKED_RUNTIME", "-g1", "-fsanitize=thread", "--param=tsan-instrument-func-entry-exit=0")
+LINK_FLAGS = ("-shared", "-Wl,-z,defs", "-ldl")
+RUNTIME_NAME = "dfg_sim_runtime"
+RUNTIME_SOURCE = "// The simulator's emulation (deep_fp8_gemm/simulator/build.py: open_runtime).\n#include <deep_fp8_gemm/hal/sim.hpp>\n"
 # Bump when the entry layout or the sidecar schema changes: old entries then simply miss.
 FORMAT_VERSION = 1
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Entries and locks, and the temporaries of interrupted builds: what info and clear count as the cache's.
-_CACHE_FILE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*_[0-9a-f]{24}\.(so|json|cpp|lock)|\..*\.tmp)$")
+_CACHE_FILE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*_[0-9a-f]{24}\.(so|o|json|cpp|lock)|\..*\.tmp)$")
 
 
 class SimBuildError(RuntimeError):
@@ -68,13 +81,23 @@ def compiler_identity() -> str:
     return out.splitlines()[0].strip()
 
 
+# What the runtime object includes (hal/sim.hpp: common.cuh and hal/): a planted bug in a kernel header leaves it
+# as it is, so it is not compiled again for that.
+_RUNTIME_HEADERS = ("deep_fp8_gemm/common.cuh", "deep_fp8_gemm/hal/")
+
+
 def cache_key(source: str, include_dir: Path) -> str:
-    """SHA-256 over everything that changes the library: source, headers, compiler, flags."""
+    """SHA-256 over everything that changes the library: source, headers, compiler, flags (the runtime's too).
+    The runtime object's key (its source is RUNTIME_SOURCE) covers only the headers it includes."""
     h = hashlib.sha256()
-    for part in (source, compiler_identity(), " ".join(FLAGS)):
+    runtime = source == RUNTIME_SOURCE
+    flags = (RUNTIME_FLAGS,) if runtime else (FLAGS, LINK_FLAGS, RUNTIME_FLAGS)
+    for part in (source, compiler_identity(), *(" ".join(f) for f in flags)):
         h.update(part.encode())
         h.update(b"\0")
     for header in paths.header_files(include_dir):
+        if runtime and not str(header.relative_to(include_dir)).startswith(_RUNTIME_HEADERS):
+            continue
         h.update(str(header.relative_to(include_dir)).encode())
         h.update(b"\0")
         h.update(header.read_bytes())
@@ -112,20 +135,34 @@ def open_library(source: str, name: str) -> Iterator[Library]:
     """
     if not _NAME.fullmatch(name):
         raise ValueError(f"kernel name must be a C identifier, got {name!r}")
+    with _entry(source, name, "so") as library:
+        yield library
+
+
+@contextlib.contextmanager
+def open_runtime() -> Iterator[Library]:
+    """The verified runtime object (the emulation, ``hal/sim.hpp`` without ``DFG_SIM_LINKED_RUNTIME``) of the
+    current headers, built if missing or damaged; every library links it (:func:`open_library` does)."""
+    with _entry(RUNTIME_SOURCE, RUNTIME_NAME, "o") as runtime:
+        yield runtime
+
+
+@contextlib.contextmanager
+def _entry(source: str, name: str, kind: str) -> Iterator[Library]:
     include_dir = paths.include_dir()
     key = cache_key(source, include_dir)
     stem = f"{name}_{key[:24]}"
     directory = Path(tempfile.mkdtemp(prefix="dfg_sim_")) if env.jit_disable_cache() else library_dir()
     with cachedir.opened(directory, create=True) as d:
-        fd = _open_verified(d, stem, key)
+        fd = _open_verified(d, stem, key, kind)
         if fd is None:
-            # Serialise with other processes building this library; the winner's entry serves the rest.
+            # Serialise with other processes building this entry; the winner's entry serves the rest.
             with d.lock(f"{stem}.lock"):
-                fd = _open_verified(d, stem, key, repair=True)
+                fd = _open_verified(d, stem, key, kind, repair=True)
                 if fd is None:
-                    fd = _build(d, stem, name, source, include_dir, key)
+                    fd = _build(d, stem, name, source, include_dir, key, kind)
         try:
-            yield Library(directory / f"{stem}.so", fd)
+            yield Library(directory / f"{stem}.{kind}", fd)
         finally:
             os.close(fd)
 
@@ -136,12 +173,13 @@ def build_library(source: str, name: str) -> Path:
         return library.path
 
 
-def _open_verified(d: cachedir.OpenDir, stem: str, key: str, *, repair: bool = False) -> int | None:
-    """A descriptor of ``<stem>.so`` if it matches its sidecar, else None. With ``repair`` (call it only
-    while holding the entry's lock) a mismatched entry, or a library without a sidecar, is deleted."""
+def _open_verified(d: cachedir.OpenDir, stem: str, key: str, kind: str, *, repair: bool = False) -> int | None:
+    """A descriptor of ``<stem>.<kind>`` (so: a library, o: the runtime object) if it matches its sidecar, else
+    None. With ``repair`` (call it only while holding the entry's lock) a mismatched entry, or one without a
+    sidecar, is deleted."""
     try:
         meta = json.loads(d.read(f"{stem}.json"))
-        fd = d.open(f"{stem}.so")
+        fd = d.open(f"{stem}.{kind}")
     except (OSError, ValueError):  # absent, a link, not a file of the user's (or root's) alone, or not JSON
         fd = None
     else:
@@ -149,7 +187,7 @@ def _open_verified(d: cachedir.OpenDir, stem: str, key: str, *, repair: bool = F
             return fd
         os.close(fd)
     if repair:
-        for suffix in ("json", "so", "cpp"):  # the sidecar first: it vouches for the library
+        for suffix in ("json", kind, "cpp"):  # the sidecar first: it vouches for the library
             d.unlink(f"{stem}.{suffix}")
     return None
 
@@ -173,27 +211,44 @@ def _sha256(fd: int) -> str:
     return h.hexdigest()
 
 
-def _build(d: cachedir.OpenDir, stem: str, name: str, source: str, include_dir: Path, key: str) -> int:
-    """Compiles the entry ``stem`` and writes its sidecar; returns a descriptor of the library it verified."""
+def _build(d: cachedir.OpenDir, stem: str, name: str, source: str, include_dir: Path, key: str, kind: str) -> int:
+    """Compiles the entry ``stem`` and writes its sidecar; returns a descriptor of the file it verified. A library
+    (kind "so") is compiled instrumented and linked with the runtime object; the runtime object (kind "o") is
+    compiled only."""
     d.write_atomic(f"{stem}.cpp", source.encode())
-    tmp = d.temp_name(f"{stem}.so")
+    tmp = d.temp_name(f"{stem}.{kind}")
+    obj = d.temp_name(f"{stem}.o")
     try:
-        # The compiler gets the checked, resolved directory: nobody else can swap a link on its way.
-        command = [CXX, *FLAGS, f"-I{include_dir}", os.path.join(d.real, f"{stem}.cpp"), "-o", os.path.join(d.real, tmp)]
-        proc = subprocess.run(command, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise SimBuildError(f"simulator build of {name} failed ({CXX} exit {proc.returncode})", log=proc.stderr)
+        # The compiler gets the checked, resolved directory: nobody else can swap a link on its way. A library is
+        # compiled and linked in two steps (one g++ call with -fsanitize=thread would link libtsan); the linker
+        # reads the verified runtime object through this process's descriptor of it.
+        cpp = os.path.join(d.real, f"{stem}.cpp")
+        if kind == "o":
+            steps = [("compile", [CXX, *RUNTIME_FLAGS, f"-I{include_dir}", "-c", cpp, "-o", os.path.join(d.real, tmp)])]
+        else:
+            steps = [("compile", [CXX, *FLAGS, f"-I{include_dir}", "-c", cpp, "-o", os.path.join(d.real, obj)])]
+        with contextlib.ExitStack() as stack:
+            if kind == "so":
+                runtime = stack.enter_context(open_runtime())
+                steps.append(("link", [CXX, *LINK_FLAGS, os.path.join(d.real, obj), f"/proc/{os.getpid()}/fd/{runtime.fd}",
+                                       "-o", os.path.join(d.real, tmp)]))
+            for step, command in steps:
+                proc = subprocess.run(command, capture_output=True, text=True)
+                if proc.returncode != 0:
+                    raise SimBuildError(f"simulator build of {name} failed ({CXX} {step} exit {proc.returncode})",
+                                        log=proc.stderr)
         fd = d.open_built(tmp)
         try:
             record = {"format": FORMAT_VERSION, "key": key, "name": name, "compiler": compiler_identity(),
                       "bytes": os.fstat(fd).st_size, "sha256": _sha256(fd)}
-            d.replace(tmp, f"{stem}.so")
+            d.replace(tmp, f"{stem}.{kind}")
             d.write_atomic(f"{stem}.json", json.dumps(record, indent=1, sort_keys=True).encode())
         except BaseException:
             os.close(fd)
             raise
         return fd
     finally:
+        d.unlink(obj)
         d.unlink(tmp)  # already renamed unless the build failed
 
 

@@ -1,15 +1,19 @@
-"""Runs one simulated launch: loads a simulator library with ctypes and calls its kernel entry point.
+"""Runs simulated launches: loads a simulator library with ctypes and runs a stream of its kernels.
 
-The entry point is ``extern "C" int <name>_sim(const Params*, const dfg::sim::LaunchConfig*)``
-(``DFG_DEFINE_KERNEL`` in ``include/deep_fp8_gemm/hal/sim.hpp``); :class:`LaunchConfig` mirrors the C++
-struct byte for byte.
+``launch`` runs one kernel, ``launch_stream`` several kernels of one translation unit in stream order (a
+programmatic dependent launch may start before its predecessor ends, as with PDL on the GPU). Both go through
+``extern "C" int dfg_sim_run_stream(const dfg::sim::StreamItem*, u32)`` with the kernels' descriptions from
+``<name>_sim_kernel()`` (``DFG_DEFINE_KERNEL`` in ``include/deep_fp8_gemm/hal/sim.hpp``); :class:`LaunchConfig`
+and :class:`StreamItem` mirror the C++ structs byte for byte.
 """
 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import os
 import threading
+from collections.abc import Sequence
 
 from .. import env
 from ..runtime import paths
@@ -19,6 +23,8 @@ from .build import cache_key, open_library
 FLAG_ZERO_SMEM = 1
 # wgmma accumulates in exact fp32 instead of the tensor-core model (dfg::sim::kFlagExactMma).
 FLAG_EXACT_MMA = 2
+# No race detection (dfg::sim::kFlagNoRaces); set from DFG_SIM_RACES=0.
+FLAG_NO_RACES = 4
 _PARAMS_ALIGNMENT = 128  # TensorMaps inside the parameter struct are 64-byte aligned; CUDA gives 128
 # One launch at a time per process: a launch owns its library's state and the process's SIGSEGV / SIGBUS
 # handlers (which turn a fault inside a simulated thread into a SimulationError).
@@ -50,6 +56,40 @@ assert ctypes.sizeof(LaunchConfig) == 48 and LaunchConfig.timeout_s.offset == 24
 assert LaunchConfig.launch_registers.offset == 36 and LaunchConfig.seed.offset == 40
 
 
+class StreamItem(ctypes.Structure):
+    """``dfg::sim::StreamItem`` (72 bytes)."""
+
+    _fields_ = [
+        ("kernel", ctypes.c_void_p),
+        ("params", ctypes.c_void_p),
+        ("cfg", LaunchConfig),
+        ("programmatic", ctypes.c_uint32),
+        ("reserved", ctypes.c_uint32),
+    ]
+
+
+assert ctypes.sizeof(StreamItem) == 72 and StreamItem.cfg.offset == 16 and StreamItem.programmatic.offset == 64
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamLaunch:
+    """One launch of :func:`launch_stream`: kernel ``name`` of the stream's translation unit with the raw bytes
+    of its parameter struct, ``grid`` CTAs of ``block`` threads, ``cluster`` CTAs per cluster, ``smem_bytes`` of
+    dynamic shared memory, ``registers`` and ``flags`` as for :func:`launch`. ``programmatic``: a programmatic
+    dependent launch (PDL), which may start once every CTA of the previous launch executed
+    ``griddepcontrol.launch_dependents`` (or exited) and is ordered after it only by ``griddepcontrol.wait``."""
+
+    name: str
+    params: bytes
+    grid: int
+    block: int
+    cluster: int = 1
+    smem_bytes: int = 0
+    registers: int = 0
+    flags: int = 0
+    programmatic: bool = False
+
+
 _LIBRARIES: dict[tuple[str, str], ctypes.CDLL] = {}  # by (kernel name, build key)
 
 
@@ -70,8 +110,37 @@ def _load(source: str, name: str) -> ctypes.CDLL:
         lib = ctypes.CDLL(f"/proc/self/fd/{fd}")  # RTLD_LOCAL: libraries never resolve symbols against each other
         lib.dfg_sim_last_error.restype = ctypes.c_char_p
         lib.dfg_sim_last_error.argtypes = []
+        lib.dfg_sim_run_stream.restype = ctypes.c_int
+        lib.dfg_sim_run_stream.argtypes = [ctypes.POINTER(StreamItem), ctypes.c_uint32]
         _LIBRARIES[key] = lib
     return lib
+
+
+def _kernel_info(lib: ctypes.CDLL, name: str) -> int:
+    try:
+        fn = getattr(lib, f"{name}_sim_kernel")
+    except AttributeError:
+        raise ValueError(f"the simulator library defines no kernel {name!r} (DFG_DEFINE_KERNEL)") from None
+    fn.restype = ctypes.c_void_p
+    fn.argtypes = []
+    return fn()
+
+
+def _aligned_copy(params: bytes) -> tuple[ctypes.Array, int]:
+    raw = ctypes.create_string_buffer(len(params) + _PARAMS_ALIGNMENT)
+    base = ctypes.addressof(raw)
+    aligned = (base + _PARAMS_ALIGNMENT - 1) // _PARAMS_ALIGNMENT * _PARAMS_ALIGNMENT
+    ctypes.memmove(aligned, params, len(params))
+    return raw, aligned
+
+
+def _stream_flags(flags: int) -> int:
+    """``flags`` plus those of the environment: DFG_SIM_EXACT_MMA=1, DFG_SIM_RACES=0."""
+    if env.sim_exact_mma():
+        flags |= FLAG_EXACT_MMA
+    if env.sim_races() == "off":
+        flags |= FLAG_NO_RACES
+    return flags
 
 
 def ptxas_registers(name: str, source: str) -> int:
@@ -115,35 +184,57 @@ def launch(
     ``registers``: registers per thread at launch, as ptxas reports for the sm_90a build of the same source
     (0 = unknown: the pool is sized by ``__launch_bounds__``); the simulator accounts ``setmaxnreg`` against
     that per-CTA pool. ``seed``: the schedule (0 = round-robin; others seeded adversarial schedules; None =
-    ``DFG_SIM_SEED``, default 0). ``DFG_SIM_EXACT_MMA=1`` adds :data:`FLAG_EXACT_MMA` (exact fp32 wgmma).
+    ``DFG_SIM_SEED``, default 0). ``DFG_SIM_EXACT_MMA=1`` adds :data:`FLAG_EXACT_MMA` (exact fp32 wgmma),
+    ``DFG_SIM_RACES=0`` :data:`FLAG_NO_RACES` (no race detection).
 
     Raises:
         SimBuildError: the translation unit did not compile.
         SimulationError: the launch failed; the message is the simulator's report.
     """
-    lib = _load(source, name)
-    entry = getattr(lib, f"{name}_sim")
-    entry.restype = ctypes.c_int
-    entry.argtypes = [ctypes.c_void_p, ctypes.POINTER(LaunchConfig)]
+    one = StreamLaunch(name, params, grid, block, cluster, smem_bytes, registers, flags)
+    launch_stream(source, [one], timeout_s=timeout_s, max_steps=max_steps, seed=seed)
 
-    raw = ctypes.create_string_buffer(len(params) + _PARAMS_ALIGNMENT)
-    base = ctypes.addressof(raw)
-    aligned = (base + _PARAMS_ALIGNMENT - 1) // _PARAMS_ALIGNMENT * _PARAMS_ALIGNMENT
-    ctypes.memmove(aligned, params, len(params))
 
+def launch_stream(source: str, launches: Sequence[StreamLaunch], *, timeout_s: float | None = None,
+                  max_steps: int = 0, seed: int | None = None) -> None:
+    """Builds (cached) the translation unit ``source`` and runs ``launches`` of its kernels as one stream.
+
+    Each launch starts after the previous one ended, except a ``programmatic`` one (PDL), which starts as soon as
+    every CTA of the previous launch executed ``griddepcontrol.launch_dependents`` or exited, and runs alongside
+    it: only ``griddepcontrol.wait`` (``hal::grid_dependency_wait``) orders its accesses after the previous
+    kernel's. The shadow memory of the race detector lives for the whole stream, so an access of one kernel that
+    conflicts with another kernel's without that order is reported. The library is named after the first
+    launch's kernel; ``timeout_s``, ``max_steps`` and ``seed`` (as for :func:`launch`) apply to the whole stream,
+    as do the first launch's :data:`FLAG_NO_RACES`.
+
+    Raises:
+        ValueError: an empty stream, a kernel the library lacks, a seed or register count out of range.
+        SimBuildError: the translation unit did not compile.
+        SimulationError: a launch failed; the message is the simulator's report.
+    """
+    if not launches:
+        raise ValueError("launch_stream needs at least one launch")
     if seed is None:
         seed = env.sim_seed()
     if not 0 <= seed < 2**64:
         raise ValueError(f"seed must be in [0, 2**64), got {seed}")
-    if not 0 <= registers <= 255:
-        raise ValueError(f"registers must be in [0, 255], got {registers}")
-    if env.sim_exact_mma():
-        flags |= FLAG_EXACT_MMA
     if timeout_s is None:
         timeout_s = env.sim_timeout_seconds()
-    cfg = LaunchConfig(grid, block, cluster, smem_bytes, max_steps, timeout_s, flags, registers, seed)
+    lib = _load(source, launches[0].name)
+    items = (StreamItem * len(launches))()
+    buffers = []  # the aligned parameter copies, alive until the stream ran
+    for item, spec in zip(items, launches):
+        if not 0 <= spec.registers <= 255:
+            raise ValueError(f"registers must be in [0, 255], got {spec.registers}")
+        raw, aligned = _aligned_copy(spec.params)
+        buffers.append(raw)
+        item.kernel = _kernel_info(lib, spec.name)
+        item.params = aligned
+        item.cfg = LaunchConfig(spec.grid, spec.block, spec.cluster, spec.smem_bytes, max_steps, timeout_s,
+                                _stream_flags(spec.flags), spec.registers, seed)
+        item.programmatic = int(spec.programmatic)
     with _LAUNCH_LOCK:
-        status = entry(aligned, ctypes.byref(cfg))
+        status = lib.dfg_sim_run_stream(items, len(launches))
         report = lib.dfg_sim_last_error().decode(errors="replace") if status != 0 else ""
     if status != 0:
         raise SimulationError(report)

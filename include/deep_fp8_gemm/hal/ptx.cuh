@@ -10,6 +10,7 @@
 // cutlass/arch/barrier.h (shipped in the nvidia-cutlass wheel).
 #pragma once
 #include "../common.cuh"
+#include "memory_order.cuh"
 
 #if !defined(__CUDACC_RTC__) && !defined(__CUDACC__)
 #error "hal/ptx.cuh is the device implementation; build the simulator with -DDFG_SIMULATOR"
@@ -241,6 +242,86 @@ DFG_DEVICE u32 atomic_add_acq_rel_gpu(u32* ptr, u32 value) {
     return old;
 }
 
+// ---------------------------------------------------------------- memory model: atomics and fences on u32 global memory
+// PTX ISA "Memory Consistency Model": a release (or a fence.acq_rel / fence.sc before a relaxed write) and an
+// acquire (or a relaxed read before such a fence) synchronise when each one's scope includes the other's thread;
+// relaxed operations order nothing else. The simulator checks exactly that (hal/sim/hb.hpp).
+#define DFG_PTX_SCOPES(M, SEM)                   \
+    if constexpr (kScope == MemScope::Cta)       \
+        M(SEM, ".cta");                          \
+    else if constexpr (kScope == MemScope::Cluster) \
+        M(SEM, ".cluster");                      \
+    else                                         \
+        M(SEM, ".gpu");
+#define DFG_PTX_ORDERS_AND_SCOPES(M)                 \
+    if constexpr (kOrder == MemOrder::Relaxed) {     \
+        DFG_PTX_SCOPES(M, ".relaxed")                \
+    } else if constexpr (kOrder == MemOrder::Acquire) { \
+        DFG_PTX_SCOPES(M, ".acquire")                \
+    } else if constexpr (kOrder == MemOrder::Release) { \
+        DFG_PTX_SCOPES(M, ".release")                \
+    } else if constexpr (kOrder == MemOrder::AcqRel) { \
+        DFG_PTX_SCOPES(M, ".acq_rel")                \
+    } else {                                         \
+        DFG_PTX_SCOPES(M, ".sc")                     \
+    }
+
+// atom{.sem}{.scope}.global.add.u32 (PTX ISA "atom"): *ptr += value, returns the old value.
+template <MemOrder kOrder, MemScope kScope>
+DFG_DEVICE u32 atomic_add(u32* ptr, u32 value) {
+    static_assert(kOrder != MemOrder::SeqCst, "atom has no .sc semantics: use fence.sc and a relaxed atom");
+    u32 old;
+#define DFG_PTX_ATOM_ADD(SEM, SCOPE) \
+    asm volatile("atom" SEM SCOPE ".global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(ptr), "r"(value) : "memory")
+    DFG_PTX_ORDERS_AND_SCOPES(DFG_PTX_ATOM_ADD)
+#undef DFG_PTX_ATOM_ADD
+    return old;
+}
+
+// ld{.relaxed|.acquire}{.scope}.global.u32 (PTX ISA "ld").
+template <MemOrder kOrder, MemScope kScope>
+DFG_DEVICE u32 atomic_load(const u32* ptr) {
+    static_assert(kOrder == MemOrder::Relaxed || kOrder == MemOrder::Acquire, "ld is .relaxed or .acquire");
+    u32 value;
+#define DFG_PTX_LD(SEM, SCOPE) asm volatile("ld" SEM SCOPE ".global.u32 %0, [%1];" : "=r"(value) : "l"(ptr) : "memory")
+    DFG_PTX_ORDERS_AND_SCOPES(DFG_PTX_LD)
+#undef DFG_PTX_LD
+    return value;
+}
+
+// st{.relaxed|.release}{.scope}.global.u32 (PTX ISA "st").
+template <MemOrder kOrder, MemScope kScope>
+DFG_DEVICE void atomic_store(u32* ptr, u32 value) {
+    static_assert(kOrder == MemOrder::Relaxed || kOrder == MemOrder::Release, "st is .relaxed or .release");
+#define DFG_PTX_ST(SEM, SCOPE) asm volatile("st" SEM SCOPE ".global.u32 [%0], %1;" ::"l"(ptr), "r"(value) : "memory")
+    DFG_PTX_ORDERS_AND_SCOPES(DFG_PTX_ST)
+#undef DFG_PTX_ST
+}
+
+// fence{.acq_rel|.sc}{.scope} (PTX ISA "membar / fence").
+template <MemOrder kOrder, MemScope kScope>
+DFG_DEVICE void fence() {
+    static_assert(kOrder == MemOrder::AcqRel || kOrder == MemOrder::SeqCst, "fence is .acq_rel or .sc");
+#define DFG_PTX_FENCE(SEM, SCOPE) asm volatile("fence" SEM SCOPE ";" ::: "memory")
+    DFG_PTX_ORDERS_AND_SCOPES(DFG_PTX_FENCE)
+#undef DFG_PTX_FENCE
+}
+#undef DFG_PTX_ORDERS_AND_SCOPES
+#undef DFG_PTX_SCOPES
+
+// ---------------------------------------------------------------- programmatic dependent launch (PTX ISA "griddepcontrol")
+// griddepcontrol.wait: waits until the prerequisite grids (the preceding kernel of a programmatic dependent
+// launch) have completed and their memory operations are performed and visible to this grid. Without a
+// programmatic dependent launch there is nothing in flight and it returns at once (one binary serves both:
+// deep_fp8_gemm.set_pdl). A dependent kernel must
+// execute it before touching memory of the preceding kernel, and in every CTA (else a kernel depending on this
+// one would not be ordered after the preceding one); the simulator checks both.
+DFG_DEVICE void grid_dependency_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
+// griddepcontrol.launch_dependents: the dependent grid may be scheduled once every CTA of this grid executed it
+// (one thread per CTA suffices) or exited. No memory ordering: the dependent's wait still waits for the whole grid.
+DFG_DEVICE void launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+
 // ---------------------------------------------------------------- cp.async (non-bulk) with mbarrier completion
 // Asynchronous 4-byte copy global -> shared (PTX ISA "cp.async"); does not stall the issuing thread.
 DFG_DEVICE void cp_async_4(void* smem_dst, const void* gmem_src) {
@@ -306,15 +387,6 @@ DFG_DEVICE void tensormap_cp_fenceproxy(TensorMap* gmem_map, const TensorMap* sm
         "r"(smem_addr(smem_map))
         : "memory");
 }
-
-// ---------------------------------------------------------------- programmatic dependent launch (PTX ISA "griddepcontrol")
-// griddepcontrol.wait: blocks until the prerequisite grids (the previous kernel of the stream, in a programmatic
-// dependent launch) have completed and their memory operations are visible to this thread. Without the launch
-// attribute there is no prerequisite in flight and it returns at once: one binary serves both (deep_fp8_gemm.set_pdl).
-DFG_DEVICE void grid_dependency_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
-// griddepcontrol.launch_dependents: the dependent grid may be scheduled once every CTA of this grid executed it or
-// exited. No memory ordering (the dependent's own wait gives that): where it sits is a performance choice.
-DFG_DEVICE void launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 
 // Box at coordinates (c0 innermost, c1, c2) -> dst; completes `bytes-of-box` transactions on `bar`.
 DFG_DEVICE void tma_load_3d(void* dst, const TensorMap* map, u64* bar, i32 c0, i32 c1, i32 c2) {

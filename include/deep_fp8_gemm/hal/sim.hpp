@@ -9,8 +9,13 @@
 //     are co-resident, as on a GPU running a persistent grid of <= #SM CTAs, so the CTAs of a cluster
 //     are co-scheduled. With seed 0 the scheduler resumes fibers round-robin in (cta, thread) order; a
 //     fiber runs until it blocks in a hal operation (mbarrier wait, bar.sync, cluster barrier, wgmma wait,
-//     a warp rendezvous, setmaxnreg) or returns. Any other seed (LaunchConfig::seed, DFG_SIM_SEED) gives a
-//     seeded adversarial schedule (sim/schedule.hpp). The interleaving is deterministic for a seed.
+//     a warp rendezvous, setmaxnreg, griddepcontrol.wait) or returns. Any other seed (LaunchConfig::seed,
+//     DFG_SIM_SEED) gives a seeded adversarial schedule (sim/schedule.hpp). The interleaving is deterministic
+//     for a seed.
+//   * A run is a stream of launches of this library's kernels (dfg_sim_run_stream; one for NAME_sim): each
+//     starts after the previous one ended, a programmatic dependent launch (PDL) as soon as every CTA of the
+//     previous one executed griddepcontrol.launch_dependents or exited, its fibers then scheduled together with
+//     the previous launch's.
 //   * A blocked fiber is resumed only once its wait condition holds; when a whole scheduling pass resumes
 //     nothing, the launch is deadlocked and the report lists who waits on what (see deadlock_report).
 //   * TMA loads are checked at issue and land (copy + complete-tx) at the end of the scheduling pass, so a
@@ -24,11 +29,12 @@
 //   * wgmma arithmetic follows a model of the Hopper FP8 tensor core (sim/numerics.hpp, mma_fp8_k32:
 //     13-bit truncating accumulator); kFlagExactMma (DFG_SIM_EXACT_MMA=1) accumulates in exact fp32.
 //   * Checked beyond a sequentially consistent machine, each report naming its kind, thread and call site
-//     (the hal functions take __builtin_FILE / __builtin_LINE default arguments):
-//       proxy        generic-proxy writes (stmatrix) read by the async proxy (TMA store, wgmma) without the
-//                    writer's fence.proxy.async and a barrier ordering it; mbarrier.init used by TMA
+//     (the hal functions take __builtin_FILE / __builtin_LINE default arguments; plain accesses are named by
+//     their return address, symbolised with addr2line):
+//       proxy        generic-proxy writes (stmatrix, plain stores) read by the async proxy (TMA store, wgmma)
+//                    without the writer's fence.proxy.async and a barrier ordering it; mbarrier.init used by TMA
 //                    complete_tx or a remote arrive before it was fenced and (across CTAs) cluster-synced
-//                    (sim/proxy.hpp; happens-before by vector clocks over bar.sync / named / cluster barriers)
+//                    (sim/proxy.hpp)
 //       registers    setmaxnreg against the CTA's pool of launch_registers (ptxas) per thread
 //                    (sim/registers.hpp): unsatisfiable inc = deadlock naming warpgroups and counts; a count
 //                    below a wgmma accumulator fragment's needs
@@ -37,21 +43,65 @@
 //       cluster lifetime  exit while a peer may still arrive / multicast into the CTA, remote operations
 //                    into an exited CTA, TMA loads in flight at exit (sim/cluster.hpp)
 //       race         wgmma operands changing between issue and the retiring wait; TMA into operands of an
-//                    unwaited wgmma or landing under a wgmma issued before it
+//                    unwaited wgmma or landing under a wgmma issued before it. And memory ordering
+//                    (sim/hb.hpp, sim/shadow.hpp): every plain load / store of shared and global memory, the
+//                    atomics, cp.async, stmatrix and TMA's reads and writes, against the last conflicting
+//                    access of another thread of any CTA or kernel of the stream, by vector clocks over the
+//                    edges PTX's memory model gives (barriers, mbarrier arrive / wait, release / acquire at a
+//                    scope, fences, kernel boundaries, griddepcontrol.wait). No happens-before path: `race`,
+//                    with both threads and both call sites; only through a relaxed atomic: `relaxed`; only
+//                    through a release / acquire whose scope does not include the other thread (or two atomics
+//                    whose scopes do not include each other): `scope`
+//       pdl          an access of a programmatic dependent launch, before its griddepcontrol.wait, that
+//                    conflicts with one of the previous kernel (either way round); a CTA of one exiting with
+//                    no thread having executed the wait (the next kernel's wait would no longer cover the one
+//                    before)
 //       tensormap    a TMA load through a tensor map outside the kernel parameters (one an earlier kernel or a
-//                    host copy put in global memory) without the issuing thread's
-//                    fence.proxy.tensormap::generic.acquire on it
+//                    host copy put in global memory) without the issuing thread's fence.proxy.tensormap::generic.acquire on it
+//
+// Instrumentation of plain accesses (sim/instrument.hpp). The kernels read and write shared and global memory
+// through raw pointers, in source the sm_90a build shares, which this round's other issues are changing. The
+// simulator build compiles the translation unit with GCC's -fsanitize=thread (no function entry / exit hooks) and
+// links it without libtsan: GCC calls __tsan_readN / __tsan_writeN before every load and store it cannot prove
+// thread-local, and sim/instrument.hpp defines those functions. Chosen over
+//   * a wrapper type for shared-memory pointers handed out by hal::dynamic_smem: the kernels immediately hold
+//     `u8*` / `float*` / `u64*`, pass them to helpers with raw-pointer parameters, and get global pointers from
+//     the parameter struct, so the wrapper would decay at the first assignment unless every signature in the
+//     kernel headers changed, and it could never see global memory;
+//   * a source rewrite in simulator/build.py: finding every dereference (`sa[frag_row + w * 64]`, `*counter = 0`,
+//     a Float4 store through reinterpret_cast, an accessor inlined from another header) needs a C++ parser; a
+//     textual rewrite would miss some and break others.
+// The compiler sees every access after inlining and optimisation (values in registers are not memory), in every
+// kernel header present and future, with no change to them. The whole translation unit is instrumented, the
+// simulator's own code included, so the hooks filter first on a flag that is set only while kernel code runs
+// (every hal function clears it for its duration: DFG_SIM_HAL), then the thread's own fiber stack and the
+// parameter struct. Costs: -g1 line tables (addr2line names a plain access's call site), a slower emulation
+// (README, "CPU simulator"), ~24 bytes of shadow per byte a kernel touches with plain accesses; DFG_SIM_RACES=0
+// (kFlagNoRaces) keeps the instrumentation but skips the checks.
 //
 // Not modelled (a kernel can still be wrong on the GPU in these ways and pass here):
-//   * Plain C++ loads and stores to shared memory are not tracked: generic writes are seen by the proxy
-//     check only through stmatrix (and mbarrier.init), and a read of a stage after its release is only
-//     caught when a schedule makes it return wrong numbers.
-//   * Happens-before through mbarrier arrive/wait is not tracked (only barriers order generic writes
-//     before async reads); memory scopes and orders (.release/.acquire, .cta/.cluster/.gpu) and the weak
-//     ordering of global memory are not modelled: everything is sequentially consistent between hal calls,
-//     global atomics (atomic_add_acq_rel_gpu) included, so a missing release/acquire on a global flag is
-//     not caught; a reader that does not wait for the flag at all is (with poisoned data).
-//   * Preemption happens only at hal operations, never between two plain loads or stores.
+//   * Values are those of a sequentially consistent machine: a load returns the latest store. A racy read that
+//     the GPU may satisfy with an older value is reported, not exhibited; and only accesses the schedule
+//     executes are checked (a racy read on a path this schedule did not take, e.g. a flag it did not see, is
+//     not). Preemption happens only at hal operations, never between two plain loads or stores.
+//   * Intra-warp ordering: PTX orders a warp's lanes only through bar.warp.sync (modelled) and barriers. The
+//     model also orders, for a warpgroup-collective wgmma group, every thread's accesses before its
+//     wgmma.commit_group before every thread's accesses after the wgmma.wait_group that retires the group (the
+//     group executes once all 128 threads committed it); the kernels' one-lane-per-warp stage release after the
+//     wait relies on it for reads made before the wgmma, as CUTLASS's consumer_release does. shfl / vote / elect
+//     give no ordering.
+//   * The async proxy at 16-byte granularity: TMA accesses keep the last async write and the last async read per
+//     granule; async accesses to shared memory are checked against plain ones only (not against each other:
+//     the wgmma-window and landing checks cover those); a TMA load's global read counts at its issue, a TMA
+//     store's global write as done at its issue (not at cp.async.bulk.wait_group); a TMA load's smem write is
+//     ordered after its issuer's accesses before the issue, and before a waiter of the phase it completes
+//     (also when a later release of the issuer reached the reader first).
+//   * mbarrier arrive / wait always have their default .release.cta / .acquire.cta semantics (the hal has no
+//     other forms); .sys is .gpu; all kernels of a stream are one GPU. cp.async copies at once (ordered before
+//     its arrive by construction). ld.global.nc is checked as a plain load (that nothing writes the data during
+//     the kernel is implied by ordering, not checked on its own).
+//   * Streams run kernels of one translation unit (one library); across libraries (a quantiser, then a GEMM)
+//     there is no stream yet. Host work between two runs is ordered before and after both.
 //   * The register count of the code between setmaxnreg calls is not known: only wgmma accumulator
 //     fragments count as live; registers of exited warps are not returned to the pool.
 //   * The tensor-core model is ours (group of 16 products, 13 aligned bits, truncation), fitted to the
@@ -67,11 +117,14 @@
 // by tests/test_sim_groundtruth.py.
 #pragma once
 #include "../common.cuh"
+#include "memory_order.cuh"
 
 #if !defined(DFG_SIMULATOR)
 #error "hal/sim.hpp is the CPU simulator implementation; it needs -DDFG_SIMULATOR"
 #endif
 
+#include <dlfcn.h>
+#include <unistd.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <ucontext.h>
@@ -86,24 +139,37 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #define DFG_SIM_EXPORT extern "C" __attribute__((visibility("default")))
 
-// The emulation, one concern per file (each opens the namespaces it needs).
+// The emulation, one concern per file (each opens the namespaces it needs): the state and what the hal calls
+// always; the rest only where it is compiled (sim/api.hpp: once per set of headers, into the object every kernel
+// library links; or here, without DFG_SIM_LINKED_RUNTIME). That object's cache key covers common.cuh and hal/
+// only (deep_fp8_gemm/simulator/build.py): nothing here may include another header of the library.
 #include "sim/abi.hpp"
+#include "sim/clocks.hpp"
 #include "sim/state.hpp"
+#include "sim/api.hpp"
+#if !defined(DFG_SIM_LINKED_RUNTIME)
 #include "sim/access.hpp"
 #include "sim/numerics.hpp"
 #include "sim/schedule.hpp"
 #include "sim/convergence.hpp"
+#include "sim/hb.hpp"
+#include "sim/shadow.hpp"
 #include "sim/proxy.hpp"
 #include "sim/registers.hpp"
 #include "sim/cluster.hpp"
 #include "sim/barriers.hpp"
+#include "sim/memory.hpp"
 #include "sim/tma.hpp"
 #include "sim/wgmma.hpp"
 #include "sim/threads.hpp"
+#include "sim/instrument.hpp"
+#include "sim/scheduler.hpp"
+#endif
 
 namespace dfg {
 
@@ -114,15 +180,35 @@ namespace sd = ::dfg::sim::detail;  // the emulation; kernels use only the hal n
 // Every operation that can block or fail takes the caller's file and line as default arguments (the kernel
 // source stays identical to the device build's): reports name the call site in the kernel source. Entering
 // an operation is also where an adversarial schedule may preempt the thread.
+// Every hal function also clears the instrumentation's tracking for its duration (DFG_SIM_HAL, sim/instrument.hpp):
+// the emulation's own memory accesses are not the kernel's.
 #define DFG_SIM_SITE const char *dfg_file = __builtin_FILE(), int dfg_line = __builtin_LINE()
-#define DFG_SIM_ENTER sd::enter(dfg_file, dfg_line)
+#define DFG_SIM_HAL const sd::HalGuard dfg_hal_guard
+#define DFG_SIM_ENTER \
+    DFG_SIM_HAL;      \
+    sd::enter(dfg_file, dfg_line)
 
 // ---------------------------------------------------------------- indices
-inline u32 thread_idx() { return sd::me().tid; }
-inline u32 block_idx() { return sd::me().cta; }
-inline u32 grid_dim() { return sd::L().cfg.grid_x; }
-inline u32 warp_idx() { return sd::me().tid / 32; }
-inline u32 lane_idx() { return sd::me().tid % 32; }
+inline u32 thread_idx() {
+    DFG_SIM_HAL;
+    return sd::me().tid;
+}
+inline u32 block_idx() {
+    DFG_SIM_HAL;
+    return sd::me().cta;
+}
+inline u32 grid_dim() {
+    DFG_SIM_HAL;
+    return sd::L().cfg.grid_x;
+}
+inline u32 warp_idx() {
+    DFG_SIM_HAL;
+    return sd::me().tid / 32;
+}
+inline u32 lane_idx() {
+    DFG_SIM_HAL;
+    return sd::me().tid % 32;
+}
 // __shfl_sync(full mask, value, 0). Simulated threads do not exchange registers: the kernel broadcasts only
 // values every lane computed identically (scheduler state), for which lane 0's value is the caller's own.
 // A full-mask shfl.sync must be reached by all 32 lanes: checked like the .aligned operations.
@@ -158,15 +244,27 @@ inline bool elect_one_sync(DFG_SIM_SITE) {
     return lane_idx() == 0;
 }
 // %cluster_ctarank (PTX ISA "Special Registers"): 1-D clusters are runs of cluster_x consecutive CTAs.
-inline u32 cluster_cta_rank() { return sd::me().cta % sd::L().cfg.cluster_x; }
+inline u32 cluster_cta_rank() {
+    DFG_SIM_HAL;
+    return sd::me().cta % sd::L().cfg.cluster_x;
+}
 // %cluster_nctarank: CTAs per cluster.
-inline u32 cluster_num_ctas() { return sd::L().cfg.cluster_x; }
+inline u32 cluster_num_ctas() {
+    DFG_SIM_HAL;
+    return sd::L().cfg.cluster_x;
+}
 
 // ---------------------------------------------------------------- shared memory
 // Page-aligned (so 1024-byte aligned, as on the device) and poisoned with 0xFF at launch.
-inline u8* dynamic_smem() { return sd::my_cta().smem; }
+inline u8* dynamic_smem() {
+    DFG_SIM_HAL;
+    return sd::my_cta().smem;
+}
 // A CTA's shared window starts at 0 here: these offsets are what descriptors and TMA addresses see.
-inline u32 smem_addr(const void* ptr) { return sd::smem_offset(ptr, "smem_addr"); }
+inline u32 smem_addr(const void* ptr) {
+    DFG_SIM_HAL;
+    return sd::smem_offset(ptr, "smem_addr");
+}
 
 // ---------------------------------------------------------------- CTA / cluster synchronisation
 // bar.sync 0 (PTX ISA "bar, barrier") without a count: every thread of the CTA that has not exited.
@@ -233,22 +331,66 @@ inline void mbar_wait(u64* bar, u32 phase, BarrierName name = BarrierName{"mbarr
     sd::mbar_wait(bar, phase, name);
 }
 
-// ---------------------------------------------------------------- global atomics (PTX ISA "atom")
-// atom.acq_rel.gpu.global.add.u32: the pointer must be 4-byte aligned global (host) memory, not shared memory.
-// Modelled as a sequentially consistent read-modify-write (at least as strong as .acq_rel.gpu; see "Not
-// modelled"); entering it is a preemption point of adversarial schedules, so other CTAs can run between a
-// thread's plain stores and its atomic.
+// ---------------------------------------------------------------- memory model: atomics, fences (sim/memory.hpp)
+// Global memory only (4-byte aligned host memory, not shared memory). The value is that of a sequentially
+// consistent machine; what the operation orders is what PTX says for its order and scope (sim/hb.hpp).
+// Entering one is a preemption point of adversarial schedules, so other CTAs can run between a thread's plain
+// stores and its atomic.
+// atom{.sem}{.scope}.global.add.u32 (PTX ISA "atom"): *ptr += value, returns the old value.
+template <MemOrder kOrder, MemScope kScope>
+inline u32 atomic_add(u32* ptr, u32 value, DFG_SIM_SITE) {
+    static_assert(kOrder != MemOrder::SeqCst, "atom has no .sc semantics: use fence.sc and a relaxed atom");
+    DFG_SIM_ENTER;
+    return sd::atomic_add_global(ptr, value, sd::order_of(kOrder), sd::scope_of(kScope), sd::op_name("atomic_add", kOrder, kScope));
+}
+// ld{.relaxed|.acquire}{.scope}.global.u32 (PTX ISA "ld").
+template <MemOrder kOrder, MemScope kScope>
+inline u32 atomic_load(const u32* ptr, DFG_SIM_SITE) {
+    static_assert(kOrder == MemOrder::Relaxed || kOrder == MemOrder::Acquire, "ld is .relaxed or .acquire");
+    DFG_SIM_ENTER;
+    return sd::atomic_load_global(ptr, sd::order_of(kOrder), sd::scope_of(kScope), sd::op_name("atomic_load", kOrder, kScope));
+}
+// st{.relaxed|.release}{.scope}.global.u32 (PTX ISA "st").
+template <MemOrder kOrder, MemScope kScope>
+inline void atomic_store(u32* ptr, u32 value, DFG_SIM_SITE) {
+    static_assert(kOrder == MemOrder::Relaxed || kOrder == MemOrder::Release, "st is .relaxed or .release");
+    DFG_SIM_ENTER;
+    sd::atomic_store_global(ptr, value, sd::order_of(kOrder), sd::scope_of(kScope), sd::op_name("atomic_store", kOrder, kScope));
+}
+// fence{.acq_rel|.sc}{.scope} (PTX ISA "membar / fence").
+template <MemOrder kOrder, MemScope kScope>
+inline void fence(DFG_SIM_SITE) {
+    static_assert(kOrder == MemOrder::AcqRel || kOrder == MemOrder::SeqCst, "fence is .acq_rel or .sc");
+    DFG_SIM_ENTER;
+    sd::fence(sd::order_of(kOrder), sd::scope_of(kScope), sd::op_name("fence", kOrder, kScope));
+}
+// atom.acq_rel.gpu.global.add.u32: split-K's tile counters (split_k.cuh).
 inline u32 atomic_add_acq_rel_gpu(u32* ptr, u32 value, DFG_SIM_SITE) {
     DFG_SIM_ENTER;
-    return sd::atomic_add_global(ptr, value, "atomic_add_acq_rel_gpu");
+    return sd::atomic_add_global(ptr, value, sd::Order::AcqRel, sd::Scope::Gpu, "atomic_add_acq_rel_gpu");
+}
+
+// ---------------------------------------------------------------- programmatic dependent launch (PTX ISA "griddepcontrol")
+// griddepcontrol.wait: waits until the previous launch of the stream (deep_fp8_gemm.simulator.launch_stream) has
+// completed and its memory operations are visible; orders everything this thread does next after all of it. In a
+// programmatic dependent launch every CTA must execute it (or the next launch's wait would not cover the previous
+// kernel); without one the previous launch has ended and it returns at once.
+inline void grid_dependency_wait(DFG_SIM_SITE) {
+    DFG_SIM_ENTER;
+    sd::grid_dependency_wait();
+}
+// griddepcontrol.launch_dependents: the next launch, if programmatic, may start once every CTA executed it or
+// exited. No memory ordering (the dependent's wait gives it): where it sits is a performance question.
+inline void launch_dependents(DFG_SIM_SITE) {
+    DFG_SIM_ENTER;
+    sd::launch_dependents();
 }
 
 // ---------------------------------------------------------------- cp.async (PTX ISA "cp.async")
 // The copy happens at once (the emulation copies synchronously), so the arrive that tracks it may too.
 inline void cp_async_4(void* smem_dst, const void* gmem_src, DFG_SIM_SITE) {
     DFG_SIM_ENTER;
-    sd::smem_offset(smem_dst, "cp_async_4");
-    std::memcpy(smem_dst, gmem_src, 4);
+    sd::cp_async_copy(smem_dst, gmem_src, 4);
 }
 inline void cp_async_mbar_arrive(u64* bar, DFG_SIM_SITE) {
     DFG_SIM_ENTER;
@@ -256,12 +398,15 @@ inline void cp_async_mbar_arrive(u64* bar, DFG_SIM_SITE) {
 }
 
 // ---------------------------------------------------------------- TMA (PTX ISA "cp.async.bulk.tensor"), rank 3
-inline void tma_prefetch(const TensorMap* map) { sd::tensor_map(map, "tma_prefetch"); }
+inline void tma_prefetch(const TensorMap* map) {
+    DFG_SIM_HAL;
+    sd::tensor_map(map, "tma_prefetch");
+}
 // tensormap.replace.tile.{global_address, global_dim, global_stride}.shared::cta (PTX ISA "tensormap.replace") on a
 // packed map in this CTA's shared memory (sim/tma.hpp, tensormap_replace: where it is, what may be replaced).
 inline void tensormap_replace_global_address(TensorMap* smem_map, u64 address, DFG_SIM_SITE) {
     DFG_SIM_ENTER;
-    sd::tensormap_replace(smem_map, "tensormap.replace.global_address").global_address = address;
+    sd::tensormap_replace_address(smem_map, address);
 }
 template <u32 kOrdinal>
 inline void tensormap_replace_global_dim(TensorMap* smem_map, u32 extent, DFG_SIM_SITE) {
@@ -280,12 +425,6 @@ inline void tensormap_cp_fenceproxy(TensorMap* gmem_map, const TensorMap* smem_m
     sd::aligned("tensormap.cp_fenceproxy");
     sd::tensormap_copy_out(gmem_map, smem_map);
 }
-
-// griddepcontrol.wait / .launch_dependents (PTX ISA "griddepcontrol"): this simulator runs a stream's launches one
-// after another, so the prerequisite grid has always completed (a wait returns at once; a trigger has nothing to
-// release). Kept as scheduling points so both builds run the same code.
-inline void grid_dependency_wait(DFG_SIM_SITE) { DFG_SIM_ENTER; }
-inline void launch_dependents(DFG_SIM_SITE) { DFG_SIM_ENTER; }
 
 // fence.proxy.tensormap::generic.acquire.sys [map], 128: this thread may use a tensor map that an earlier kernel
 // (or a host copy) put in global memory (checked by every TMA load through a map outside the kernel parameters, sim/tma.hpp).
@@ -346,7 +485,7 @@ inline void wgmma_wait(DFG_SIM_SITE) {
     DFG_SIM_ENTER;
     sd::wgmma_wait(N);
 }
-inline void fence_operand(float&) {}
+inline void fence_operand(float&) {}  // registers only: nothing to guard
 
 // D[64 x N] (+)= A[64 x 32] . B[N x 32]^T, e4m3 from shared memory through descriptors, f32 accumulators;
 // `d` is this thread's fragment of N/2 floats (PTX ISA "Register Fragments", D of .m64nNk32). The operands
@@ -390,33 +529,53 @@ inline void setmaxnreg_dec(DFG_SIM_SITE) {
 
 // ---------------------------------------------------------------- conversions, loads, errors
 // cvt.rn.bf16x2.f32 / cvt.rn.satfinite.e4m3x2.f32 (PTX ISA "cvt"): lo in the low half.
-inline u32 pack_bf16x2(float lo, float hi) { return u32(sd::float_to_bf16(lo)) | (u32(sd::float_to_bf16(hi)) << 16); }
-inline u16 pack_e4m3x2(float lo, float hi) { return u16(sd::float_to_e4m3(lo) | (sd::float_to_e4m3(hi) << 8)); }
+inline u32 pack_bf16x2(float lo, float hi) {
+    DFG_SIM_HAL;
+    return u32(sd::float_to_bf16(lo)) | (u32(sd::float_to_bf16(hi)) << 16);
+}
+inline u16 pack_e4m3x2(float lo, float hi) {
+    DFG_SIM_HAL;
+    return u16(sd::float_to_e4m3(lo) | (sd::float_to_e4m3(hi) << 8));
+}
 
-inline float ld_global_nc(const float* ptr) { return *ptr; }
-inline i32 ld_global_nc(const i32* ptr) { return *ptr; }
+// A plain read as far as the race checks go (the device's non-coherent path needs data nobody writes during
+// the kernel, which ordering before the read implies here).
+// These plain loads and stores are not preemption points (as the C++ accesses they stand for).
+inline float ld_global_nc(const float* ptr, DFG_SIM_SITE) {
+    DFG_SIM_HAL;
+    sd::at(dfg_file, dfg_line);
+    sd::hal_access(ptr, 4, false, "ld.global.nc");
+    return *ptr;
+}
+inline i32 ld_global_nc(const i32* ptr, DFG_SIM_SITE) {
+    DFG_SIM_HAL;
+    sd::at(dfg_file, dfg_line);
+    sd::hal_access(ptr, 4, false, "ld.global.nc");
+    return *ptr;
+}
 
 // ld.global.v2.f32 / st.global.v2.f32: a misaligned vector access faults on the GPU, so the simulator fails the
 // launch on one (the hosts check d / c alignment; this catches a kernel-side address that breaks it).
-inline void check_aligned_f32x2(const void* ptr, const char* what, DFG_SIM_SITE) {
-    if (reinterpret_cast<std::uintptr_t>(ptr) % 8 != 0) {
-        sd::at(dfg_file, dfg_line);
-        sd::fail(sd::format("%s: address %p is not 8-byte aligned (misaligned vector access)", what, ptr));
-    }
-}
 inline F32x2 ld_global_f32x2(const float* ptr, DFG_SIM_SITE) {
-    check_aligned_f32x2(ptr, "ld.global.v2.f32", dfg_file, dfg_line);
+    DFG_SIM_HAL;
+    sd::at(dfg_file, dfg_line);
+    sd::check_aligned(ptr, 8, "ld.global.v2.f32");
+    sd::hal_access(ptr, 8, false, "a plain read (ld.global.v2.f32)");
     F32x2 v;
     std::memcpy(&v, ptr, sizeof v);
     return v;
 }
 inline void st_global_f32x2(float* ptr, F32x2 v, DFG_SIM_SITE) {
-    check_aligned_f32x2(ptr, "st.global.v2.f32", dfg_file, dfg_line);
+    DFG_SIM_HAL;
+    sd::at(dfg_file, dfg_line);
+    sd::check_aligned(ptr, 8, "st.global.v2.f32");
+    sd::hal_access(ptr, 8, true, "a plain write (st.global.v2.f32)");
     std::memcpy(ptr, &v, sizeof v);
 }
 
 // Aborts the launch; the report carries `what`.
 inline void trap(const char* what, DFG_SIM_SITE) {
+    DFG_SIM_HAL;
     sd::at(dfg_file, dfg_line);
     sd::fail(std::string("trap: ") + (what ? what : ""));
 }
@@ -425,17 +584,28 @@ inline void trap(const char* what, DFG_SIM_SITE) {
 
 }  // namespace dfg
 
-#include "sim/scheduler.hpp"
-
+#if !defined(DFG_SIM_LINKED_RUNTIME)
 // The detailed report of the last failed launch of this library ("" after a successful one). Defined here,
 // not inline: hal/sim.hpp is included by exactly one translation unit per simulator library.
 DFG_SIM_EXPORT const char* dfg_sim_last_error() { return dfg::sim::detail::g_last_error.c_str(); }
 
+// Runs `count` launches of this library's kernels as one stream (in order; a programmatic one may overlap its
+// predecessor); returns 0 on success, nonzero on error (dfg_sim_last_error).
+DFG_SIM_EXPORT int dfg_sim_run_stream(const dfg::sim::StreamItem* items, dfg::u32 count) {
+    return dfg::sim::detail::run_stream(items, count);
+}
+#endif
+
 // Kernel entry: `extern "C" int NAME_sim(const PARAMS_T* params, const dfg::sim::LaunchConfig* cfg)` runs
 // the whole launch, BODY(*params) on every simulated thread; returns 0 on success, nonzero on error.
-#define DFG_DEFINE_KERNEL(NAME, NUM_THREADS, PARAMS_T, BODY)                                               \
-    DFG_SIM_EXPORT int NAME##_sim(const PARAMS_T* params, const dfg::sim::LaunchConfig* cfg) {            \
-        return dfg::sim::detail::run(*cfg, (NUM_THREADS),                                                  \
-                                     [](const void* p) { BODY(*static_cast<const PARAMS_T*>(p)); }, params, \
-                                     sizeof(PARAMS_T));                                                    \
+// `NAME_sim_kernel()` describes the kernel for dfg_sim_run_stream.
+#define DFG_DEFINE_KERNEL(NAME, NUM_THREADS, PARAMS_T, BODY)                                                   \
+    DFG_SIM_EXPORT const dfg::sim::KernelInfo* NAME##_sim_kernel() {                                          \
+        static const dfg::sim::KernelInfo info{+[](const void* p) { BODY(*static_cast<const PARAMS_T*>(p)); }, \
+                                               (NUM_THREADS), 0, sizeof(PARAMS_T)};                            \
+        return &info;                                                                                          \
+    }                                                                                                          \
+    DFG_SIM_EXPORT int NAME##_sim(const PARAMS_T* params, const dfg::sim::LaunchConfig* cfg) {                \
+        const dfg::sim::StreamItem item{NAME##_sim_kernel(), params, *cfg, 0, 0};                               \
+        return dfg::sim::detail::run_stream(&item, 1);                                                         \
     }

@@ -38,6 +38,30 @@ constexpr u32 kFlagZeroSmem = 1u;
 // wgmma accumulates in exact fp32 instead of the model of the Hopper FP8 tensor-core inner product
 // (numerics.hpp, mma_fp8_dot).
 constexpr u32 kFlagExactMma = 2u;
+// No race detection (hb.hpp, shadow.hpp): plain and atomic accesses are not checked (DFG_SIM_RACES=0). The
+// happens-before edges are still tracked (the proxy checks use them). Stream-wide: the first launch's flag.
+constexpr u32 kFlagNoRaces = 4u;
+
+// A kernel of the library: NAME_sim_kernel() returns it (DFG_DEFINE_KERNEL, hal/sim.hpp).
+struct KernelInfo {
+    void (*body)(const void*);  // BODY(params) of one simulated thread
+    u32 max_threads;            // NUM_THREADS (__launch_bounds__)
+    u32 reserved;
+    u64 params_bytes;           // sizeof the parameter struct
+};
+
+// One launch of a stream (dfg_sim_run_stream). Mirrored by deep_fp8_gemm/simulator/runner.py.
+struct StreamItem {
+    const KernelInfo* kernel;
+    const void* params;
+    LaunchConfig cfg;
+    u32 programmatic;  // 1: a programmatic dependent launch (PDL): may start once every CTA of the previous launch
+                       // executed griddepcontrol.launch_dependents or exited; ordered after it only by
+                       // griddepcontrol.wait
+    u32 reserved;
+};
+static_assert(sizeof(StreamItem) == 72 && offsetof(StreamItem, cfg) == 16 && offsetof(StreamItem, programmatic) == 64,
+              "StreamItem layout is mirrored in Python");
 
 // The simulator's content of a TensorMap: the cuTensorMapEncodeTiled arguments of a TensorMapSpec
 // (deep_fp8_gemm/runtime/tensor_map.py), packed by deep_fp8_gemm/simulator/tensor_map_pack.py.

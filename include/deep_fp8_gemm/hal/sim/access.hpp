@@ -6,7 +6,7 @@ namespace dfg::sim::detail {
 
 // ---------------------------------------------------------------- shared memory access checks
 
-inline u32 smem_offset(const void* ptr, const char* what) {
+DFG_SIM_API u32 smem_offset(const void* ptr, const char* what) {
     const Launch& l = L();
     const u8* p = static_cast<const u8*>(ptr);
     for (u32 c = 0; c < l.ctas.size(); ++c) {

@@ -19,7 +19,7 @@ inline Mbarrier& mbarrier_at(u32 cta, u32 offset, const char* what) {
     return it->second;
 }
 
-inline u32 mbarrier_offset(const u64* bar, const char* what) {
+DFG_SIM_API u32 mbarrier_offset(const u64* bar, const char* what) {
     const u32 offset = smem_offset(bar, what);
     if (offset % 8) fail(format("%s: mbarrier address smem+%#x is not 8-byte aligned", what, offset));
     check_smem_range(offset, 8, what);
@@ -27,15 +27,20 @@ inline u32 mbarrier_offset(const u64* bar, const char* what) {
 }
 
 // The phase completes when all expected arrivals and all expected transaction bytes are in; the pending
-// count is then reloaded (PTX ISA "Phase completion of the mbarrier object").
+// count is then reloaded (PTX ISA "Phase completion of the mbarrier object"). Its waiters acquire what the
+// phase's arrivals released (hb.hpp).
 inline void mbarrier_maybe_complete(Mbarrier& mb) {
     if (mb.pending == 0 && mb.tx == 0) {
+        mb.released[mb.phase & 1] = std::move(mb.arrivals);
+        mb.arrivals.clear();
         ++mb.phase;
         mb.pending = mb.expected;
     }
 }
 
-inline void mbarrier_arrive(u32 cta, u32 offset, u32 tx_bytes, const char* what) {
+// An arrival of the current thread on the mbarrier at smem+offset of `cta` (its own or, remote, a peer's):
+// mbarrier.arrive's default semantics are .release.cta, whichever CTA the barrier is in.
+DFG_SIM_API void mbarrier_arrive(u32 cta, u32 offset, u32 tx_bytes, const char* what) {
     Mbarrier& mb = mbarrier_at(cta, offset, what);
     if (mb.pending == 0)  // only possible while tx bytes are outstanding: an arrival beyond the count
         fail(format("%s: arrival beyond the expected count %u on the mbarrier at smem+%#x of cta %u (phase %llu "
@@ -47,13 +52,20 @@ inline void mbarrier_arrive(u32 cta, u32 offset, u32 tx_bytes, const char* what)
         fail(format("%s: tx-count %lld of the mbarrier at smem+%#x exceeds 2^20-1", what,
                     static_cast<long long>(mb.tx), offset));
     --mb.pending;
+    Thread& t = me();
+    sync_release(mb.arrivals, t, Scope::Cta, true, cta == t.cta ? "mbarrier arrive (.release.cta)"
+                                                                 : "a remote mbarrier arrive (.release.cta)",
+                 site_id(t.site));
     mbarrier_maybe_complete(mb);
 }
 
 // complete-tx from a landing TMA load (PTX ISA "tx-count": may precede the expect-tx). Runs in
 // the scheduler, so it returns an error message instead of failing a thread.
-inline std::string mbarrier_complete_tx(u32 cta, u32 offset, u32 bytes) {
+inline std::string mbarrier_complete_tx(u32 cta, u32 offset, u32 bytes, const PendingLoad& load) {
     Mbarrier& mb = L().ctas[cta].mbarriers.at(offset);
+    const Thread& issuer = *S().threads[u32(load.epoch >> 32) - 1];
+    sync_release_clocks(mb.arrivals, load.issuer, issuer.gcta, issuer.gtid, Scope::Async, true, "TMA complete_tx",
+                        load.site);
     mb.tx -= bytes;
     if (mb.tx < -kMaxTxCount)
         return format("tx-count of the mbarrier at smem+%#x of cta %u underflows (%lld): more TMA bytes than expected",
@@ -76,9 +88,9 @@ inline void thread_barrier_release(ThreadBarrier& b, u32 live) {
     hb_release(b);
 }
 
-// `slot`: the arriving thread's CTA rank for the cluster barrier, 0 for a CTA's barriers (happens-before).
+// Every arrival releases into the round, every participant acquires the completed round (hb.hpp).
 inline void thread_barrier_sync(ThreadBarrier& b, u32 count, u32 live, WaitKind kind, u32 cta, u32 key,
-                                const char* op, u32 slot = 0) {
+                                const char* op) {
     if (b.expected == 0) {
         b.expected = count;
     } else if (b.expected != count) {
@@ -88,11 +100,11 @@ inline void thread_barrier_sync(ThreadBarrier& b, u32 count, u32 live, WaitKind 
     }
     const u64 generation = b.generation;
     Thread& t = me();
-    hb_arrive(b, slot, t);
+    hb_arrive(b, t);
     ++b.arrived;
     thread_barrier_release(b, live);
     if (b.generation == generation) block(Wait{kind, cta, key, 0, generation}, op);
-    hb_acquire(b, slot, t);
+    hb_acquire(b, t);
     if (kind == WaitKind::ClusterBarrier) t.cluster_gen = generation + 1;
 }
 

@@ -60,7 +60,7 @@ inline void aligned_step(AlignedLog& log, u32 lane, u32 unit_index, const char* 
 }
 
 // A .aligned operation over the warp (and, for warpgroup-wide instructions, the warpgroup).
-inline void aligned(const char* op, bool warpgroup_wide = false) {
+DFG_SIM_API void aligned(const char* op, bool warpgroup_wide) {
     Thread& t = me();
     Cta& c = my_cta();
     aligned_step(c.warp_aligned[t.tid / 32], t.tid % 32, t.tid / 32, "warp", op);

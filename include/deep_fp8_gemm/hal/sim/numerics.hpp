@@ -23,7 +23,7 @@ inline const E4m3Table g_e4m3;
 
 // cvt.rn.satfinite.e4m3x2.f32 (PTX ISA "cvt"): round to nearest even, finite results saturate to
 // +-448, NaN -> 0x7F.
-inline u8 float_to_e4m3(float x) {
+DFG_SIM_API u8 float_to_e4m3(float x) {
     if (std::isnan(x)) return 0x7F;
     const u8 sign = std::signbit(x) ? 0x80 : 0;
     const float a = std::fabs(x);
@@ -40,7 +40,7 @@ inline u8 float_to_e4m3(float x) {
 }
 
 // cvt.rn.bf16x2.f32: round to nearest even; NaN -> canonical NaN 0x7FFF.
-inline u16 float_to_bf16(float x) {
+DFG_SIM_API u16 float_to_bf16(float x) {
     if (std::isnan(x)) return 0x7FFF;
     u32 bits;
     std::memcpy(&bits, &x, 4);

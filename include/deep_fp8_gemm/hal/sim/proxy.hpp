@@ -7,41 +7,17 @@
 // fence.mbarrier_init.release.cluster) after the write, and that fence is ordered before the async operation
 // (program order in the issuing thread, or a barrier between the two threads; across CTAs a cluster barrier).
 //
-// Happens-before among the threads of one CTA is tracked with vector clocks: a thread ticks its own clock at
-// each fence and at each barrier arrival; a completed bar.sync / named barrier / cluster barrier round gives
-// every participant the join of the arrivals' clocks. (mbarrier arrive/wait ordering is not tracked.)
-// Generic writes are tracked per shared-memory byte for the stores that go through the hal (stmatrix);
-// plain C++ stores through a pointer into shared memory are not seen.
+// Happens-before is that of hb.hpp (vector clocks); the fence must be ordered before the async read by program
+// order or a barrier (bar.sync / named / cluster). Generic writes are tracked per shared-memory byte: stmatrix
+// and the kernels' plain stores (instrument.hpp).
 #pragma once
 
 namespace dfg::sim::detail {
 
-inline void vc_join(std::vector<u32>& into, const std::vector<u32>& from) {
-    if (from.empty()) return;
-    if (into.size() < from.size()) into.resize(from.size(), 0);
-    for (size_t i = 0; i < from.size(); ++i) into[i] = from[i] > into[i] ? from[i] : into[i];
-}
-
-inline u32 tick(Thread& t) { return ++t.vc[t.tid]; }
-
 inline Thread& thread_at(u32 cta, u32 tid) { return *L().threads[size_t(cta) * L().cfg.block_x + tid]; }
 
-// Arrival of `t` in the current round of `b` (slot: its CTA's rank for the cluster barrier, else 0).
-inline void hb_arrive(ThreadBarrier& b, u32 slot, Thread& t) {
-    tick(t);
-    if (b.join.size() <= slot) b.join.resize(slot + 1);
-    vc_join(b.join[slot], t.vc);
-}
-
-// The round completed: what its arrivals had seen becomes visible to every participant.
-inline void hb_release(ThreadBarrier& b) {
-    b.released.swap(b.join);
-    for (auto& v : b.join) v.clear();
-}
-
-inline void hb_acquire(const ThreadBarrier& b, u32 slot, Thread& t) {
-    if (slot < b.released.size()) vc_join(t.vc, b.released[slot]);
-}
+// What thread `t` knows of the clock of thread `tid` of its own CTA.
+inline u32 known_clock(const Thread& t, u32 tid) { return t.clocks.strong.get(t.gcta, tid); }
 
 // ---------------------------------------------------------------- generic writes / async reads of shared memory
 
@@ -49,7 +25,7 @@ inline void generic_write(u32 cta, u32 offset, u32 bytes, const Thread& writer) 
     Cta& c = L().ctas[cta];
     for (u32 i = 0; i < bytes; ++i) {
         c.generic_writer[offset + i] = static_cast<u16>(writer.tid + 1);
-        c.generic_clock[offset + i] = writer.vc[writer.tid];
+        c.generic_clock[offset + i] = own_clock(writer);
     }
 }
 
@@ -77,23 +53,23 @@ inline void check_async_read(u32 offset, u32 bytes, const char* what) {
         if (fence == 0)
             fail(format("proxy: %s reads smem+%#x of cta %u, written through the generic proxy by thread %u (%s) with "
                         "no fence.proxy.async (fence_view_async_shared) by that thread after the write",
-                        what, offset + i, reader.cta, writer.tid, site_str(writer.generic_write_site).c_str()));
-        if (writer.tid != reader.tid && reader.vc[writer.tid] < fence)
+                        what, offset + i, reader.cta, writer.tid, site_text(writer.generic_write_site).c_str()));
+        if (writer.tid != reader.tid && known_clock(reader, writer.tid) < fence)
             fail(format("proxy: %s reads smem+%#x of cta %u, written through the generic proxy by thread %u (%s) and "
                         "fenced, but no barrier orders that fence before this thread's read",
-                        what, offset + i, reader.cta, writer.tid, site_str(writer.generic_write_site).c_str()));
+                        what, offset + i, reader.cta, writer.tid, site_text(writer.generic_write_site).c_str()));
     }
 }
 
 // fence.proxy.async.shared::cta by this thread.
-inline void fence_proxy_async() {
+DFG_SIM_API void fence_proxy_async() {
     Thread& t = me();
     t.fence_clocks.push_back(tick(t));
 }
 
 // fence.mbarrier_init.release.cluster or fence.proxy.async by this thread: its mbarrier.inits so far become
 // visible to the async proxy and (once a barrier orders the fence) to the cluster.
-inline void fence_mbarrier_inits() {
+DFG_SIM_API void fence_mbarrier_inits() {
     Thread& t = me();
     const u32 clock = tick(t);
     const u64 gen = L().clusters[t.cta / L().cfg.cluster_x].barrier.generation;
@@ -114,7 +90,7 @@ inline void check_mbarrier_visible(const Mbarrier& mb, u32 cta, u32 offset, cons
                     "fence.mbarrier_init.release.cluster / fence.proxy.async after the init",
                     use, offset, cta, mb.init_tid, site_str(mb.init_site).c_str()));
     if (cta == t.cta) {
-        if (t.tid != mb.init_tid && t.vc[mb.init_tid] < mb.fenced_clock)
+        if (t.tid != mb.init_tid && known_clock(t, mb.init_tid) < mb.fenced_clock)
             fail(format("proxy: %s uses the mbarrier at smem+%#x of cta %u before a barrier ordered its fenced "
                         "initialisation by thread %u (%s) before this thread",
                         use, offset, cta, mb.init_tid, site_str(mb.init_site).c_str()));

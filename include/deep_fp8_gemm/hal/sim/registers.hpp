@@ -36,7 +36,7 @@ inline u32 live_accumulator_registers(const Warpgroup& wg) {
     return live;
 }
 
-inline void setmaxnreg(u32 regs, bool increase) {
+DFG_SIM_API void setmaxnreg(u32 regs, bool increase) {
     const char* what = increase ? "setmaxnreg_inc" : "setmaxnreg_dec";
     Thread& t = me();
     Cta& c = my_cta();

@@ -59,7 +59,7 @@ inline void maybe_preempt() {
 }
 
 // Entry of every hal operation: records its call site, then an adversarial schedule may preempt the thread.
-inline void enter(const char* file, int line) {
+DFG_SIM_API void enter(const char* file, int line) {
     at(file, line);
     maybe_preempt();
 }

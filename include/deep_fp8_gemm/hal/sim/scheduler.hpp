@@ -18,6 +18,7 @@ inline bool ready(const Wait& w) {
         case WaitKind::SetmaxnregWarpgroup: return l.ctas[w.cta].warpgroups[w.key].setmaxnreg_generation != w.target;
         case WaitKind::RegisterPool: return l.ctas[w.cta].reg_free >= static_cast<i64>(w.target);
         case WaitKind::Yield: return true;
+        case WaitKind::GridDependency: return S().launches[w.key]->finished;
     }
     return true;
 }
@@ -67,6 +68,7 @@ inline std::string describe_wait(const Thread& t) {
                    register_pool_state(w.cta);
         }
         case WaitKind::Yield: return "preempted";
+        case WaitKind::GridDependency: return format("griddepcontrol.wait - kernel %u has not finished", w.key);
     }
     return "";
 }
@@ -77,62 +79,93 @@ inline std::string thread_range(u32 first, u32 last) {
     return s + format(" (warps %u-%u)", first / 32, last / 32);
 }
 
-// One line per run of consecutive threads of a CTA in the same state.
+// One line per run of consecutive threads of a CTA in the same state (per started launch of the stream).
 inline std::string deadlock_report() {
-    Launch& l = L();
+    Stream& st = S();
     std::string out = "deadlock: no thread can make progress\n";
-    const u32 block = l.cfg.block_x;
-    for (u32 c = 0; c < l.ctas.size(); ++c) {
-        u32 first = 0;
-        std::string state;
-        for (u32 tid = 0; tid <= block; ++tid) {
-            std::string s;
-            if (tid < block) {
-                const Thread& t = *l.threads[size_t(c) * block + tid];
-                s = t.done      ? std::string("exited")
-                    : t.blocked ? describe_wait(t) + " at " + site_str(t.site)
-                                : std::string("runnable");
-            }
-            if (tid == block || s != state) {
-                if (tid > 0) out += format("  cta %u %s: ", c, thread_range(first, tid - 1).c_str()) + state + "\n";
-                first = tid;
-                state = s;
+    for (const auto& lp : st.launches) {
+        Launch& l = *lp;
+        if (!l.started || l.finished) continue;
+        g_launch = &l;
+        const std::string kernel = st.launches.size() > 1 ? format("kernel %u ", l.index) : std::string();
+        const u32 block = l.cfg.block_x;
+        for (u32 c = 0; c < l.ctas.size(); ++c) {
+            u32 first = 0;
+            std::string state;
+            for (u32 tid = 0; tid <= block; ++tid) {
+                std::string s;
+                if (tid < block) {
+                    const Thread& t = *l.threads[size_t(c) * block + tid];
+                    s = t.done      ? std::string("exited")
+                        : t.blocked ? describe_wait(t) + " at " + site_str(t.site)
+                                    : std::string("runnable");
+                }
+                if (tid == block || s != state) {
+                    if (tid > 0)
+                        out += format("  %scta %u %s: ", kernel.c_str(), c, thread_range(first, tid - 1).c_str()) +
+                               state + "\n";
+                    first = tid;
+                    state = s;
+                }
             }
         }
     }
     return out;
 }
 
-// Checks that only make sense once every thread has returned.
-inline void final_checks() {
-    Launch& l = L();
+// Checks that only make sense once every thread of a launch has returned.
+inline void final_checks(Launch& l) {
+    Stream& s = S();
     const u32 block = l.cfg.block_x;
+    const std::string kernel = s.launches.size() > 1 ? format("kernel %u ", l.index) : std::string();
     for (u32 c = 0; c < l.ctas.size(); ++c) {
         for (u32 w = 0; w < l.ctas[c].warpgroups.size(); ++w)
             if (!l.ctas[c].warpgroups[w].groups.empty()) {
-                l.failed = true;
-                l.error = format("cta %u warpgroup %u: wgmma issued but never waited for (missing wgmma_wait)", c, w);
+                s.failed = true;
+                s.error = format("%scta %u warpgroup %u: wgmma issued but never waited for (missing wgmma_wait)",
+                                 kernel.c_str(), c, w);
                 return;
             }
         for (u32 tid = 0; tid < block; ++tid) {
             const Thread& t = *l.threads[size_t(c) * block + tid];
             if (!t.open_stores.empty() || !t.committed_stores.empty()) {
-                l.failed = true;
-                l.error = format("cta %u thread %u: exited with TMA stores not waited for (tma_store_wait_*)", c, tid);
+                s.failed = true;
+                s.error = format("%scta %u thread %u: exited with TMA stores not waited for (tma_store_wait_*)",
+                                 kernel.c_str(), c, tid);
                 return;
             }
         }
     }
 }
 
+// The last thread of a CTA of a programmatic dependent launch exits: one of its threads must have executed
+// griddepcontrol.wait, or the next kernel's wait (which waits for this one only) would no longer cover the
+// previous kernel; records what a dependent of this launch may assume at its start.
+inline void pdl_exit_check(Launch& l, Cta& c) {
+    if (!c.triggered) c.done_for_dependents = c.dependency_waited || !l.programmatic ? l.index : l.start_done;
+    if (l.programmatic && !c.dependency_waited)
+        fail(format("pdl: cta %u of kernel %u, a programmatic dependent launch, exits without any of its threads "
+                    "executing griddepcontrol.wait (hal::grid_dependency_wait): nothing orders its accesses after "
+                    "kernel %u, and a launch that depends on this one would not be ordered after kernel %u either",
+                    me().cta, l.index, l.index - 1, l.index - 1));
+}
+
 inline void fiber_main() {
+    Stream& s = S();
     Launch& l = L();
-    l.entry(l.params);
-    Thread& t = *l.current;
+    void (*entry)(const void*) = l.entry;
+    const void* params = l.params;
+    set_tracking(s.races);  // kernel code runs: its plain accesses are checked (instrument.hpp)
+    entry(params);
+    set_tracking(false);
+    Thread& t = *s.current;
     aligned_on_exit();
     t.done = true;
     Cta& cta = l.ctas[t.cta];
-    if (cta.live == 1) cta_exit_check();
+    if (cta.live == 1) {
+        cta_exit_check();
+        pdl_exit_check(l, cta);
+    }
     thread_barrier_release(cta.named[0], --cta.live);
     Launch::Cluster& cluster = l.clusters[t.cta / l.cfg.cluster_x];
     thread_barrier_release(cluster.barrier, --cluster.live);
@@ -146,7 +179,7 @@ inline std::string validate_config(const LaunchConfig& cfg, u32 max_threads) {
         return format("cluster_x=%u must be in 1..8 and divide grid_x=%u", cfg.cluster_x, cfg.grid_x);
     if (cfg.dynamic_smem_bytes > kMaxSmemBytes)
         return format("dynamic_smem_bytes=%u exceeds the sm_90 limit of %u", cfg.dynamic_smem_bytes, kMaxSmemBytes);
-    if (cfg.flags & ~(kFlagZeroSmem | kFlagExactMma)) return "unknown LaunchConfig flags";
+    if (cfg.flags & ~(kFlagZeroSmem | kFlagExactMma | kFlagNoRaces)) return "unknown LaunchConfig flags";
     if (cfg.launch_registers > 255 || cfg.launch_registers * u64(cfg.block_x) > 65536)
         return format("launch_registers=%u x block_x=%u exceeds the 64K register file", cfg.launch_registers,
                       cfg.block_x);
@@ -156,8 +189,8 @@ inline std::string validate_config(const LaunchConfig& cfg, u32 max_threads) {
 inline void release(Launch& l) {
     for (auto& t : l.threads)
         if (t->stack) munmap(t->stack, kFiberStackBytes + 4096);
-    for (Cta& c : l.ctas)
-        if (c.smem) munmap(c.smem, l.smem_alloc);
+    if (l.smem_base) munmap(l.smem_base, l.smem_alloc * l.ctas.size());
+    l.smem_base = nullptr;
 }
 
 // A fiber for thread `tid` of CTA `cta`, with a guard page below its stack (an overflow faults instead of
@@ -165,20 +198,25 @@ inline void release(Launch& l) {
 __attribute__((noinline)) inline void add_fiber(Launch& l, u32 cta, u32 tid) {
     void* p = mmap(nullptr, kFiberStackBytes + 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) {
-        l.failed = true;
-        l.error = "out of memory for fiber stacks";
+        S().failed = true;
+        S().error = "out of memory for fiber stacks";
         return;
     }
     mprotect(p, 4096, PROT_NONE);
     auto t = std::make_unique<Thread>();
     t->cta = cta;
     t->tid = tid;
+    t->kernel = l.index;
+    t->gcta = l.cta_base + cta;
+    t->gtid = u32(S().threads.size());
     t->stack = p;
     getcontext(&t->ctx);
     t->ctx.uc_stack.ss_sp = static_cast<u8*>(p) + 4096;
     t->ctx.uc_stack.ss_size = kFiberStackBytes;
-    t->ctx.uc_link = &l.scheduler;
+    t->ctx.uc_link = &S().scheduler;
     makecontext(&t->ctx, fiber_main, 0);
+    init_clocks(*t, l, l.start_done);
+    S().threads.push_back(t.get());
     l.threads.push_back(std::move(t));
 }
 
@@ -199,14 +237,14 @@ struct FaultGuard {
 inline FaultGuard* g_fault_guard = nullptr;
 
 inline void FaultGuard::on_fault(int sig, siginfo_t* info, void*) {
-    Launch* l = g_launch;
-    if (!l || !l->in_fiber) {
+    Stream* s = g_stream;
+    if (!s || !s->in_fiber) {
         sigaction(sig, sig == SIGSEGV ? &g_fault_guard->previous_segv : &g_fault_guard->previous_bus, nullptr);
         return;
     }
-    l->fault_signal = sig;
-    l->fault_address = info->si_addr;
-    setcontext(&l->scheduler);  // back into run(), as if the fiber had yielded
+    s->fault_signal = sig;
+    s->fault_address = info->si_addr;
+    setcontext(&s->scheduler);  // back into run(), as if the fiber had yielded
 }
 
 inline FaultGuard::FaultGuard() {
@@ -230,50 +268,38 @@ inline FaultGuard::~FaultGuard() {
     g_fault_guard = nullptr;
 }
 
-inline void report_fault(Launch& l) {
-    const Thread& t = *l.current;
-    l.failed = true;
-    const char* kind = l.fault_signal == SIGBUS ? "bus error" : "segmentation fault";
-    l.error = format("cta %u thread %u (warp %u lane %u): %s at address %p (a bad pointer, or more than %zu KiB of "
-                     "fiber stack)",
-                     t.cta, t.tid, t.tid / 32, t.tid % 32, kind, l.fault_address, kFiberStackBytes / 1024);
+inline void report_fault(Stream& s) {
+    const Thread& t = *s.current;
+    s.failed = true;
+    const char* kind = s.fault_signal == SIGBUS ? "bus error" : "segmentation fault";
+    s.error = thread_name(t) + format(": %s at address %p (a bad pointer, or more than %zu KiB of fiber stack)", kind,
+                                      s.fault_address, kFiberStackBytes / 1024);
 }
 
-// Runs one launch to completion; returns 0 or 1 (error in g_last_error).
-inline int run(const LaunchConfig& cfg, u32 max_threads, void (*entry)(const void*), const void* params,
-               size_t params_bytes = 0) {
-    g_last_error.clear();
-    if (g_launch) {
-        g_last_error = "a simulated launch is already running (launches are not reentrant)";
-        return 1;
-    }
-    const std::string bad = validate_config(cfg, max_threads);
-    if (!bad.empty()) {
-        g_last_error = "invalid launch: " + bad;
-        return 1;
-    }
-    Launch l;
-    l.cfg = cfg;
-    l.entry = entry;
-    l.params = params;
-    l.params_bytes = params_bytes;
+// Starts launch `l` of the stream: its shared memory (one mapping, page-aligned and so 1024-byte aligned per CTA
+// as the device's dynamic smem, poisoned) and its fibers, numbered after those of the launches before it.
+inline void start_launch(Stream& s, Launch& l) {
+    const LaunchConfig& cfg = l.cfg;
+    g_launch = &l;
+    l.started = true;
+    l.cta_base = u32(s.cta_launch.size());
     l.smem_alloc = (size_t(cfg.dynamic_smem_bytes) + 4095) / 4096 * 4096 + 4096;
     l.ctas.resize(cfg.grid_x);
     l.clusters.resize(cfg.grid_x / cfg.cluster_x);
     for (Launch::Cluster& c : l.clusters) c.live = cfg.cluster_x * cfg.block_x;
-    g_schedule = Schedule{};
-    g_schedule.init(cfg);
-    g_launch = &l;
-    for (Cta& c : l.ctas) {
-        // Page-aligned (so 1024-byte aligned, as the device's dynamic smem), poisoned.
-        void* p = mmap(nullptr, l.smem_alloc, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (p == MAP_FAILED) {
-            l.failed = true;
-            l.error = "out of memory for shared memory";
-            break;
-        }
-        c.smem = static_cast<u8*>(p);
-        std::memset(c.smem, (cfg.flags & kFlagZeroSmem) ? 0x00 : 0xFF, l.smem_alloc);
+    void* p = mmap(nullptr, l.smem_alloc * cfg.grid_x, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+        s.failed = true;
+        s.error = "out of memory for shared memory";
+        return;
+    }
+    l.smem_base = static_cast<u8*>(p);
+    std::memset(l.smem_base, (cfg.flags & kFlagZeroSmem) ? 0x00 : 0xFF, l.smem_alloc * cfg.grid_x);
+    for (u32 i = 0; i < cfg.grid_x; ++i) {
+        Cta& c = l.ctas[i];
+        c.smem = l.smem_base + i * l.smem_alloc;
+        c.gcta = l.cta_base + i;
+        s.cta_launch.push_back(&l);
         c.live = cfg.block_x;
         c.warps.resize((cfg.block_x + 31) / 32);
         c.warpgroups.resize((cfg.block_x + kWarpgroupThreads - 1) / kWarpgroupThreads);
@@ -288,58 +314,134 @@ inline int run(const LaunchConfig& cfg, u32 max_threads, void (*entry)(const voi
         c.remote_tid.assign(cfg.cluster_x, 0);
         c.remote_site.assign(cfg.cluster_x, Site{});
     }
-    for (u32 c = 0; c < cfg.grid_x && !l.failed; ++c)
-        for (u32 tid = 0; tid < cfg.block_x && !l.failed; ++tid) add_fiber(l, c, tid);
-    for (auto& t : l.threads) {
-        t->vc.assign(cfg.block_x, 0);
-        t->vc[t->tid] = 1;
+    l.thread_base = u32(s.threads.size());
+    for (u32 c = 0; c < cfg.grid_x && !s.failed; ++c)
+        for (u32 tid = 0; tid < cfg.block_x && !s.failed; ++tid) add_fiber(l, c, tid);
+}
+
+// Can launch k of the stream start? After launch k-1 ended; a programmatic dependent launch as soon as every CTA
+// of launch k-1 executed griddepcontrol.launch_dependents or exited. Its threads are then ordered after the
+// kernels every one of those CTAs was ordered after, never after launch k-1 itself, even if it has ended:
+// launch_dependents (explicit or at exit) is not a memory edge, griddepcontrol.wait is.
+inline bool may_start(Stream& s, u32 k) {
+    Launch& l = *s.launches[k];
+    if (k == 0) return true;
+    const Launch& prev = *s.launches[k - 1];
+    if (!prev.started) return false;
+    if (!l.programmatic) {
+        l.start_done = k;
+        return prev.finished;
     }
+    u32 done = k - 1;
+    for (const Cta& c : prev.ctas) {
+        if (!c.triggered && !c.exited) return false;
+        done = c.done_for_dependents < done ? c.done_for_dependents : done;
+    }
+    l.start_done = done;
+    return true;
+}
+
+// Runs the launches of `items` as one stream to completion; returns 0 or 1 (error in g_last_error). Stream-wide
+// settings (seed, step and time limits, kFlagNoRaces) are those of the first launch.
+DFG_SIM_API int run_stream(const StreamItem* items, u32 count) {
+    g_last_error.clear();
+    if (g_stream) {
+        g_last_error = "a simulated launch is already running (launches are not reentrant)";
+        return 1;
+    }
+    if (count == 0) {
+        g_last_error = "invalid launch: an empty stream";
+        return 1;
+    }
+    for (u32 k = 0; k < count; ++k) {
+        const std::string bad = validate_config(items[k].cfg, items[k].kernel->max_threads);
+        if (!bad.empty()) {
+            g_last_error = (count > 1 ? format("invalid launch %u: ", k) : std::string("invalid launch: ")) + bad;
+            return 1;
+        }
+        if (items[k].programmatic && k == 0) {
+            g_last_error = "invalid launch 0: the first launch of a stream has no predecessor to depend on";
+            return 1;
+        }
+    }
+    Stream s;
+    s.races = !(items[0].cfg.flags & kFlagNoRaces);
+    s.shadow.reset(new Shadow);
+    for (u32 k = 0; k < count; ++k) {
+        auto l = std::make_unique<Launch>();
+        l->cfg = items[k].cfg;
+        l->entry = items[k].kernel->body;
+        l->params = items[k].params;
+        l->params_bytes = items[k].kernel->params_bytes;
+        l->index = k;
+        l->programmatic = items[k].programmatic != 0;
+        s.launches.push_back(std::move(l));
+    }
+    const LaunchConfig& cfg = items[0].cfg;
+    g_schedule = Schedule{};
+    g_schedule.init(cfg);
+    g_sites = Sites{};
+    g_stream = &s;
 
     const FaultGuard fault_guard;
     const auto start = std::chrono::steady_clock::now();
     u64 steps = 0;
     Schedule& sched = g_schedule;
-    std::vector<u32> order(l.threads.size());
-    for (u32 i = 0; i < order.size(); ++i) order[i] = i;
+    std::vector<Thread*> order;  // threads of the started, unfinished launches
+    u32 next_launch = 0;
     u64 pass = 0;
     bool others_moved = true;  // a non-victim thread was resumed in the previous pass
-    // Resumes thread i if it can run; true if it did.
-    const auto resume = [&](u32 i) {
-        Thread& t = *l.threads[i];
+    // Resumes thread t if it can run; true if it did.
+    const auto resume = [&](Thread& t) {
         if (t.done) return false;
+        g_launch = s.launches[t.kernel].get();
         if (t.blocked) {
             if (!ready(t.wait)) return false;
             t.blocked = false;
         }
-        l.current = &t;
-        l.in_fiber = true;
-        swapcontext(&l.scheduler, &t.ctx);
-        l.in_fiber = false;
-        if (l.fault_signal) report_fault(l);
+        s.current = &t;
+        s.in_fiber = true;
+        set_tracking(false);  // a fiber resumes inside a hal function (fiber_main sets it for kernel code)
+        swapcontext(&s.scheduler, &t.ctx);
+        set_tracking(false);
+        s.in_fiber = false;
+        if (s.fault_signal) report_fault(s);
         ++steps;
         return true;
     };
-    while (!l.failed) {
+    while (!s.failed) {
+        bool started = false;
+        while (next_launch < count && may_start(s, next_launch)) {
+            start_launch(s, *s.launches[next_launch++]);
+            started = true;
+        }
+        if (s.failed) break;
+        if (started) {
+            order.clear();
+            for (const auto& lp : s.launches)
+                if (lp->started && !lp->finished)
+                    for (auto& t : lp->threads) order.push_back(t.get());
+        }
         bool resumed = false, all_done = true, moved = false, skipped = false;
         ++pass;
         if (sched.adversarial) {
             for (u32 i = u32(order.size()); i > 1; --i) std::swap(order[i - 1], order[sched.next() % i]);
             if (sched.victim_cta != ~0u && sched.victim_ahead) {  // the victim runs until it blocks, first
-                for (u32 round = 0; round < 64 && !l.failed; ++round) {
+                for (u32 round = 0; round < 64 && !s.failed; ++round) {
                     bool any = false;
-                    for (u32 i : order)
-                        if (sched.victim(*l.threads[i]) && resume(i)) {
+                    for (Thread* t : order)
+                        if (sched.victim(*t) && resume(*t)) {
                             any = resumed = true;
-                            if (l.failed) break;
+                            if (s.failed) break;
                         }
                     if (!any) break;
                 }
             }
         }
         const bool victim_may_run = !sched.adversarial || sched.victim_ahead || !others_moved || pass % 64 == 0;
-        for (u32 i : order) {
-            if (l.failed) break;
-            Thread& t = *l.threads[i];
+        for (Thread* tp : order) {
+            if (s.failed) break;
+            Thread& t = *tp;
             if (t.done) continue;
             all_done = false;
             const bool victim = sched.adversarial && sched.victim(t);
@@ -348,46 +450,65 @@ inline int run(const LaunchConfig& cfg, u32 max_threads, void (*entry)(const voi
                 continue;
             }
             if (victim && sched.victim_ahead) continue;  // ran above
-            if (!resume(i)) continue;
+            if (!resume(t)) continue;
             resumed = true;
             moved |= !victim;
         }
         others_moved = moved;
-        if (l.failed) break;
-        for (auto& tp : l.threads) all_done &= tp->done;
-        const bool landed = !l.pending_loads.empty();
-        const std::string error = land_tma_loads(!sched.adversarial || !resumed);
-        if (!error.empty()) {
-            l.failed = true;
-            l.error = error;
-            break;
+        if (s.failed) break;
+        bool landed = false, finished = false;
+        for (const auto& lp : s.launches) {
+            Launch& l = *lp;
+            if (!l.started || l.finished) continue;
+            g_launch = &l;
+            landed |= !l.pending_loads.empty();
+            const std::string error = land_tma_loads(!sched.adversarial || !resumed);
+            if (!error.empty()) {
+                s.failed = true;
+                s.error = (count > 1 ? format("kernel %u: ", l.index) : std::string()) + error;
+                break;
+            }
+            bool done = true;
+            for (auto& t : l.threads) done &= t->done;
+            if (done) {
+                final_checks(l);
+                l.finished = finished = true;
+            }
         }
-        if (all_done) {
-            final_checks();
-            break;
+        if (s.failed) break;
+        all_done = next_launch == count;
+        for (const auto& lp : s.launches) all_done &= lp->finished;
+        if (all_done) break;
+        if (finished) {
+            order.clear();
+            for (const auto& lp : s.launches)
+                if (lp->started && !lp->finished)
+                    for (auto& t : lp->threads) order.push_back(t.get());
         }
-        if (!resumed && !landed && !skipped) {
-            l.failed = true;
-            l.error = deadlock_report();
+        if (!resumed && !landed && !skipped && !started && !finished) {
+            s.failed = true;
+            s.error = deadlock_report();
             break;
         }
         if (cfg.max_steps && steps > cfg.max_steps) {
-            l.failed = true;
-            l.error = format("step limit: %llu fiber resumptions without finishing\n",
+            s.failed = true;
+            s.error = format("step limit: %llu fiber resumptions without finishing\n",
                              static_cast<unsigned long long>(cfg.max_steps)) + deadlock_report();
             break;
         }
         const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         if (cfg.timeout_s > 0 && elapsed > cfg.timeout_s) {
-            l.failed = true;
-            l.error = format("timeout: launch still running after %.1f s\n", elapsed) + deadlock_report();
+            s.failed = true;
+            s.error = format("timeout: launch still running after %.1f s\n", elapsed) + deadlock_report();
             break;
         }
     }
-    if (l.failed) g_last_error = l.error;
-    release(l);
+    if (s.failed) g_last_error = s.error;
+    for (const auto& lp : s.launches) release(*lp);
     g_launch = nullptr;
-    return l.failed ? 1 : 0;
+    g_stream = nullptr;
+    s.shadow.reset();
+    return s.failed ? 1 : 0;
 }
 
 }  // namespace dfg::sim::detail

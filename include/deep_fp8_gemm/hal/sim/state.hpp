@@ -22,6 +22,7 @@ enum class WaitKind : u8 {
     SetmaxnregWarpgroup,  // the other threads of a warpgroup while one performs its setmaxnreg
     RegisterPool,         // setmaxnreg.inc waiting for registers in the CTA's pool
     Yield,                // preempted by an adversarial schedule: always ready
+    GridDependency,       // griddepcontrol.wait: the preceding launch of the stream has not completed
 };
 
 // The call site of a hal operation in the kernel source (captured by default arguments of the hal
@@ -68,6 +69,9 @@ struct Mbarrier {
     Site init_site{};
     u32 fenced_clock = 0;        // init thread's clock at its fence (0: not fenced)
     u64 fence_cluster_gen = 0;   // cluster-barrier generation at that fence
+    // Happens-before (hb.hpp): arrivals (release) and TMA complete_tx of the current phase; what the last
+    // completed phase of each parity released, for its waiters (acquire).
+    SyncVar arrivals, released[2];
 };
 
 // bar.sync barriers (PTX ISA "bar, barrier") and the cluster barrier (PTX ISA "barrier.cluster").
@@ -78,9 +82,8 @@ struct ThreadBarrier {
     u32 expected = 0;  // thread count of the current round, kAllThreads, or 0 when idle
     u32 arrived = 0;
     u64 generation = 0;
-    // Happens-before (proxy.hpp): the arrivals' vector clocks of the current round and of the last
-    // completed one, per CTA of the barrier (one for a CTA's barriers, cluster_x for the cluster's).
-    std::vector<std::vector<u32>> join, released;
+    // Happens-before (hb.hpp): the join of the arrivals of the current round, and of the last completed one.
+    Clocks join, released;
     // bar.red.or (named_barrier_sync_or): the round's kind (0 idle, 1 bar.sync, 2 bar.red.or), the OR of the
     // current round's predicates, and the result of the last completed round.
     u32 red_kind = 0;
@@ -93,6 +96,7 @@ struct WarpRendezvous {
     u64 generation = 0;
     u32 row_offset[32];
     u32 regs[32][4];
+    Clocks join, released;  // bar.warp.sync orders the lanes' accesses (hb.hpp)
 };
 
 // One wgmma.mma_async of a warpgroup: identical descriptors from all 128 threads, one fragment each.
@@ -112,6 +116,7 @@ struct WgmmaOp {
 struct WgmmaGroup {
     std::vector<WgmmaOp> ops;
     u32 committed = 0;  // threads that have committed this group
+    Clocks join;        // the committing threads' clocks (hb.hpp)
 };
 
 struct Warpgroup {
@@ -123,6 +128,10 @@ struct Warpgroup {
     Site regs_site{};  // the setmaxnreg that set `regs` (none: the launch allocation)
     u32 setmaxnreg_arrived = 0;
     u64 setmaxnreg_generation = 0;
+    // Happens-before (hb.hpp): the commit joins of executed groups [retired_base, retired_base + size), kept
+    // until every thread of the warpgroup has acquired them at its wgmma_wait.
+    std::deque<Clocks> retired;
+    u64 retired_base = 0;
 };
 
 // Convergence of .aligned operations (convergence.hpp): the sequence of .aligned operations of a warp (or
@@ -142,24 +151,33 @@ struct AlignedLog {
 struct StoreRecord {
     u32 offset;                // smem source offset
     std::vector<u8> snapshot;  // the source bytes at issue
+    u32 site = 0;              // the store's call site id (hb.hpp)
 };
 
 struct Thread {
     ucontext_t ctx;
     void* stack = nullptr;
     u32 cta = 0, tid = 0;
+    u32 gcta = 0, gtid = 0;  // CTA and thread numbered across the launches of the stream (hb.hpp)
+    u32 kernel = 0;          // index of its launch in the stream
     bool done = false, blocked = false;
     Wait wait{};
     const char* wait_op = "";
     Site site{};  // call site of the hal operation in progress
     std::vector<const void*> tensormaps_acquired;  // fence.proxy.tensormap::generic.acquire'd maps (tma.hpp)
-    // Happens-before among the threads of this CTA (proxy.hpp): vc[t] = the last event of thread t this
-    // thread is ordered after; vc[tid] is this thread's own clock. fence_clocks: own clock at each
-    // fence.proxy.async. cluster_gen: cluster-barrier generation this thread last left.
-    std::vector<u32> vc;
+    // Happens-before (hb.hpp): what this thread is ordered after; clocks.strong.own[tid] is its own clock,
+    // which a release ticks. fence_clocks: own clock at each fence.proxy.async (proxy.hpp). cluster_gen:
+    // cluster-barrier generation this thread last left.
+    Clocks clocks;
     std::vector<u32> fence_clocks;
     u64 cluster_gen = 0;
-    Site generic_write_site{};  // its last generic-proxy shared-memory store (stmatrix)
+    u32 generic_write_site = 0;  // site id (hb.hpp) of its last generic-proxy smem store (stmatrix, plain store)
+    // Fences (hb.hpp): the clocks at this thread's last fence.acq_rel / fence.sc (a later relaxed atomic write
+    // releases them), and what its relaxed atomic reads observed since (a later fence acquires it).
+    std::unique_ptr<Clocks> fence_release;
+    Scope fence_release_scope = Scope::Cta;
+    std::vector<Observed> observed;
+    u64 wgmma_acquired = 0;  // wgmma groups whose commit join this thread has acquired
     // wgmma bookkeeping (PTX ISA "wgmma.fence", "wgmma.commit_group", "wgmma.wait_group")
     u64 wgmma_commits = 0;
     u32 wgmma_ops_in_open_group = 0;
@@ -171,6 +189,11 @@ struct Thread {
 
 struct Cta {
     u8* smem = nullptr;
+    u32 gcta = 0;
+    // Programmatic dependent launch (memory.hpp): a thread executed griddepcontrol.launch_dependents / .wait;
+    // the kernels wholly ordered before this CTA when it triggered or exited (what a dependent starts with).
+    bool triggered = false, dependency_waited = false;
+    u32 done_for_dependents = 0;
     std::unordered_map<u32, Mbarrier> mbarriers;  // keyed by smem offset
     ThreadBarrier named[16];
     u32 live = 0;  // threads not exited
@@ -196,6 +219,9 @@ struct PendingLoad {
     SimTensorMap map;  // a copy: the kernel may reuse the memory of its TensorMap
     i32 c[3];
     u32 first_cta, cta_mask, offset, bar_offset;
+    Clocks issuer;          // the issuing thread's clocks at the issue: complete_tx releases them (hb.hpp)
+    u64 epoch = 0;          // the issue, as an access epoch (shadow.hpp)
+    u32 site = 0;           // its call site id
 };
 
 struct Launch {
@@ -203,7 +229,13 @@ struct Launch {
     void (*entry)(const void*) = nullptr;
     const void* params = nullptr;
     size_t params_bytes = 0;  // sizeof the parameter struct: tensor maps outside it are in global memory (tma.hpp)
-    size_t smem_alloc = 0;
+    size_t smem_alloc = 0;    // bytes per CTA of the one mapping `smem_base` that holds every CTA's shared memory
+    u8* smem_base = nullptr;
+    // Place in the stream (scheduler.hpp): index, first global CTA / thread number, programmatic dependent
+    // launch (may start before the previous launch ends), started / finished.
+    u32 index = 0, cta_base = 0, thread_base = 0;
+    bool programmatic = false, started = false, finished = false;
+    u32 start_done = 0;  // kernels of the stream wholly ordered before its threads start (hb.hpp)
     std::vector<Cta> ctas;
     struct Cluster {
         ThreadBarrier barrier;
@@ -211,24 +243,38 @@ struct Launch {
     };
     std::vector<Cluster> clusters;
     std::vector<std::unique_ptr<Thread>> threads;
-    ucontext_t scheduler;
-    Thread* current = nullptr;
-    bool failed = false;
-    std::string error;
     std::vector<PendingLoad> pending_loads;
     std::vector<float> scratch;  // decoded wgmma operands
     std::vector<u32> scratch_mag, scratch_neg;  // the same as magnitude / sign integers (tensor-core model)
     std::vector<u8> scratch_nan;     // operand rows holding a NaN code
-    bool in_fiber = false;       // a fiber is running (the fault handler may abandon it)
-    int fault_signal = 0;
-    void* fault_address = nullptr;
 };
 
-inline Launch* g_launch = nullptr;
+struct Shadow;  // shadow.hpp
+
+// The launches of one run, in stream order (one for a plain launch). Fibers of every started launch are
+// scheduled together; what a failure, the scheduler and the happens-before model need is here.
+struct Stream {
+    std::vector<std::unique_ptr<Launch>> launches;
+    ucontext_t scheduler;
+    Thread* current = nullptr;
+    bool failed = false;
+    std::string error;
+    bool in_fiber = false;  // a fiber is running (the fault handler may abandon it)
+    int fault_signal = 0;
+    void* fault_address = nullptr;
+    std::vector<Thread*> threads;   // by global thread index (gtid)
+    std::vector<Launch*> cta_launch;  // by global CTA index (gcta)
+    bool races = true;              // the happens-before checks of plain and atomic accesses (kFlagNoRaces)
+    std::unique_ptr<Shadow> shadow;
+};
+
+inline Stream* g_stream = nullptr;
+inline Launch* g_launch = nullptr;  // the launch of the thread running (or of the work the scheduler does)
 inline std::string g_last_error;
 
+inline Stream& S() { return *g_stream; }
 inline Launch& L() { return *g_launch; }
-inline Thread& me() { return *g_launch->current; }
+inline Thread& me() { return *g_stream->current; }
 inline Cta& my_cta() { return g_launch->ctas[me().cta]; }
 
 inline std::string format(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -243,25 +289,30 @@ inline std::string format(const char* fmt, ...) {
 
 // Records the error for the current thread and abandons the launch: control returns to the scheduler and
 // this fiber is never resumed (its stack is unmapped with the others).
+// "cta 1 thread 37 (warp 1 lane 5)", with "kernel k " first when the stream has several launches.
+inline std::string thread_name(const Thread& t) {
+    const std::string kernel = S().launches.size() > 1 ? format("kernel %u ", t.kernel) : std::string();
+    return kernel + format("cta %u thread %u (warp %u lane %u)", t.cta, t.tid, t.tid / 32, t.tid % 32);
+}
+
 [[noreturn]] inline void fail(const std::string& what) {
-    Launch& l = L();
+    Stream& s = S();
     Thread& t = me();
-    l.failed = true;
-    l.error = format("cta %u thread %u (warp %u lane %u) at %s: ", t.cta, t.tid, t.tid / 32, t.tid % 32,
-                     site_str(t.site).c_str()) + what;
-    swapcontext(&t.ctx, &l.scheduler);
+    s.failed = true;
+    s.error = thread_name(t) + " at " + site_str(t.site) + ": " + what;
+    swapcontext(&t.ctx, &s.scheduler);
     __builtin_unreachable();
 }
 
 // Records the call site of the hal operation the current thread is executing.
-inline void at(const char* file, int line) { g_launch->current->site = Site{file, line}; }
+inline void at(const char* file, int line) { g_stream->current->site = Site{file, line}; }
 
 inline void block(const Wait& w, const char* op) {
     Thread& t = me();
     t.wait = w;
     t.wait_op = op;
     t.blocked = true;
-    swapcontext(&t.ctx, &L().scheduler);  // resumed only once ready(w) holds
+    swapcontext(&t.ctx, &S().scheduler);  // resumed only once ready(w) holds
 }
 
 }  // namespace dfg::sim::detail

@@ -6,7 +6,7 @@ namespace dfg::sim::detail {
 
 // ---------------------------------------------------------------- thread-facing operations (hal wraps them)
 
-inline void sync_threads() {
+DFG_SIM_API void sync_threads() {
     aligned("bar.sync 0 (sync_threads)");
     Cta& c = my_cta();
     thread_barrier_sync(c.named[0], kAllThreads, c.live, WaitKind::NamedBarrier, me().cta, 0, "sync_threads");
@@ -25,7 +25,7 @@ inline ThreadBarrier& named_barrier_round(u32 id, u32 num_threads, u32 kind, con
     return b;
 }
 
-inline void named_barrier_sync(u32 id, u32 num_threads) {
+DFG_SIM_API void named_barrier_sync(u32 id, u32 num_threads) {
     const char* what = "named_barrier_sync";
     ThreadBarrier& b = named_barrier_round(id, num_threads, 1, what);
     aligned("bar.sync (named_barrier_sync)");
@@ -34,7 +34,7 @@ inline void named_barrier_sync(u32 id, u32 num_threads) {
 }
 
 // The result is read when this thread resumes: the next round cannot complete before this thread arrives in it.
-inline bool named_barrier_sync_or(u32 id, u32 num_threads, bool pred) {
+DFG_SIM_API bool named_barrier_sync_or(u32 id, u32 num_threads, bool pred) {
     const char* what = "named_barrier_sync_or";
     ThreadBarrier& b = named_barrier_round(id, num_threads, 2, what);
     aligned("bar.red.or (named_barrier_sync_or)");
@@ -44,29 +44,15 @@ inline bool named_barrier_sync_or(u32 id, u32 num_threads, bool pred) {
     return b.red_result;
 }
 
-// atom.global.add.u32 on host memory standing for global memory.
-inline u32 atomic_add_global(u32* ptr, u32 value, const char* what) {
-    const Launch& l = L();
-    const u8* p = reinterpret_cast<const u8*>(ptr);
-    for (u32 c = 0; c < l.ctas.size(); ++c)
-        if (p >= l.ctas[c].smem && p < l.ctas[c].smem + l.cfg.dynamic_smem_bytes)
-            fail(format("%s: %p points into the shared memory of cta %u, not global memory", what, ptr, c));
-    if (ptr == nullptr || reinterpret_cast<uintptr_t>(ptr) % 4)
-        fail(format("%s: address %p is null or not 4-byte aligned", what, ptr));
-    const u32 old = *ptr;
-    *ptr = old + value;
-    return old;
-}
-
-inline void cluster_sync() {
+DFG_SIM_API void cluster_sync() {
     aligned("barrier.cluster (cluster_sync)");
     const u32 index = me().cta / L().cfg.cluster_x;
     Launch::Cluster& cluster = L().clusters[index];
     thread_barrier_sync(cluster.barrier, kAllThreads, cluster.live, WaitKind::ClusterBarrier, index, 0,
-                        "cluster_sync", me().cta % L().cfg.cluster_x);
+                        "cluster_sync");
 }
 
-inline void mbar_init(u64* bar, u32 arrive_count) {
+DFG_SIM_API void mbar_init(u64* bar, u32 arrive_count) {
     const u32 offset = mbarrier_offset(bar, "mbar_init");
     if (arrive_count == 0 || arrive_count > u32(kMaxTxCount))
         fail(format("mbar_init: arrive count %u must be in [1, 2^20-1]", arrive_count));
@@ -77,7 +63,7 @@ inline void mbar_init(u64* bar, u32 arrive_count) {
     std::memcpy(bar, &kMbarrierTag, 8);
 }
 
-inline void mbar_arrive_cluster(u64* bar, u32 cta_rank) {
+DFG_SIM_API void mbar_arrive_cluster(u64* bar, u32 cta_rank) {
     const u32 cluster_x = L().cfg.cluster_x;
     if (cta_rank >= cluster_x)
         fail(format("mbar_arrive_cluster: cta rank %u outside the cluster of %u CTAs", cta_rank, cluster_x));
@@ -91,39 +77,49 @@ inline void mbar_arrive_cluster(u64* bar, u32 cta_rank) {
     mbarrier_arrive(target, offset, 0, "mbar_arrive_cluster");
 }
 
-inline void mbar_wait(u64* bar, u32 parity, BarrierName name) {
+// mbarrier.try_wait.parity's default semantics are .acquire.cta: the waiter acquires what the completed phase's
+// arrivals released, where the scopes allow (hb.hpp).
+DFG_SIM_API void mbar_wait(u64* bar, u32 parity, BarrierName name) {
     const u32 offset = mbarrier_offset(bar, "mbar_wait");
+    if ((mbarrier_at(me().cta, offset, "mbar_wait").phase & 1) == (parity & 1))
+        block(Wait{WaitKind::Mbarrier, me().cta, offset, parity & 1, 0, name}, "mbar_wait");
     const Mbarrier& mb = mbarrier_at(me().cta, offset, "mbar_wait");
-    if ((mb.phase & 1) != (parity & 1)) return;
-    block(Wait{WaitKind::Mbarrier, me().cta, offset, parity & 1, 0, name}, "mbar_wait");
+    sync_acquire(me(), mb.released[parity & 1], Scope::Cta, true, "mbar_wait (.acquire.cta)", site_id(me().site));
 }
 
-inline void tma_store(const TensorMap* map, const void* src, i32 c0, i32 c1, i32 c2) {
+DFG_SIM_API void tma_store(const TensorMap* map, const void* src, i32 c0, i32 c1, i32 c2) {
     const char* what = "tma_store_3d";
     const Box box(tensor_map(map, what), c0, c1, c2);
     const u32 offset = smem_offset(src, what);
     box.check_smem(offset, what);
     check_async_read(offset, box.footprint, "a TMA store (async proxy)");
     const u8* smem = my_cta().smem;
+    Thread& t = me();
+    const u32 site = site_id(t.site);
+    if (S().races) async_access(t, uintptr_t(smem + offset), box.footprint, false, false, site, "a TMA store's read");
     for (u32 row = 0; row < box.rows; ++row) {
         u8* g = const_cast<u8*>(box.row_global(row));
         if (!g) continue;
+        if (S().races) {
+            const auto [lo, hi] = box.x_range();
+            if (hi > lo) async_access(t, uintptr_t(g + lo * box.eb), u32(hi - lo) * box.eb, true, true, site, "a TMA store");
+        }
         for (u32 x = 0; x < box.map.box_dims[0]; ++x) {
             if (!box.x_in_bounds(x)) continue;
             const u32 s = swizzle(offset + row * box.row_bytes + x * box.eb, box.swz);
             std::memcpy(g + (i64(c0) + x) * box.eb, smem + s, box.eb);
         }
     }
-    me().open_stores.push_back(StoreRecord{offset, std::vector<u8>(smem + offset, smem + offset + box.footprint)});
+    t.open_stores.push_back(StoreRecord{offset, std::vector<u8>(smem + offset, smem + offset + box.footprint), site});
 }
 
-inline void tma_store_commit() {
+DFG_SIM_API void tma_store_commit() {
     Thread& t = me();
     t.committed_stores.push_back(std::move(t.open_stores));
     t.open_stores.clear();
 }
 
-inline void tma_store_wait_read(u32 n) {
+DFG_SIM_API void tma_store_wait_read(u32 n) {
     Thread& t = me();
     while (t.committed_stores.size() > n) {
         for (const StoreRecord& r : t.committed_stores.front())
@@ -131,6 +127,9 @@ inline void tma_store_wait_read(u32 n) {
                 fail(format("shared-memory source [%#x, %#zx) of a TMA store was overwritten before "
                             "tma_store_wait_read / tma_store_wait_all released it",
                             r.offset, r.offset + r.snapshot.size()));
+        if (S().races)  // the async proxy is done reading the sources: later writes there must come after this
+            for (const StoreRecord& r : t.committed_stores.front())
+                async_read_done(t, uintptr_t(my_cta().smem + r.offset), u32(r.snapshot.size()), r.site);
         t.committed_stores.pop_front();
     }
 }
@@ -140,7 +139,7 @@ inline WgmmaGroup& wgmma_open_group(Warpgroup& wg, u64 g) {
     return wg.groups[g - wg.executed];
 }
 
-inline void wgmma_issue(u32 n, u64 desc_a, u64 desc_b, float* d, bool scale_d) {
+DFG_SIM_API void wgmma_issue(u32 n, u64 desc_a, u64 desc_b, float* d, bool scale_d) {
     Thread& t = me();
     aligned("wgmma.mma_async", true);
     Warpgroup& wg = my_warpgroup("wgmma");
@@ -186,12 +185,12 @@ inline void wgmma_issue(u32 n, u64 desc_a, u64 desc_b, float* d, bool scale_d) {
     ++op.issued;
 }
 
-inline void wgmma_fence() {
+DFG_SIM_API void wgmma_fence() {
     aligned("wgmma.fence", true);
     me().wgmma_fenced = true;
 }
 
-inline void wgmma_commit() {
+DFG_SIM_API void wgmma_commit() {
     aligned("wgmma.commit_group", true);
     Thread& t = me();
     Warpgroup& wg = my_warpgroup("wgmma_commit");
@@ -202,6 +201,7 @@ inline void wgmma_commit() {
                     t.wgmma_ops_in_open_group, static_cast<unsigned long long>(g), group.ops.size()));
     ++t.wgmma_commits;
     t.wgmma_ops_in_open_group = 0;
+    release_into(group.join, t);  // what each thread did before its commit precedes the group (hb.hpp)
     if (++group.committed < kWarpgroupThreads) return;
     for (u32 k = 0; k < group.ops.size(); ++k)  // a thread may have committed before others issued more
         if (group.ops[k].issued != kWarpgroupThreads)
@@ -210,7 +210,7 @@ inline void wgmma_commit() {
     wg.complete = g + 1;
 }
 
-inline void wgmma_wait(u32 n) {
+DFG_SIM_API void wgmma_wait(u32 n) {
     aligned("wgmma.wait_group", true);
     Thread& t = me();
     Warpgroup& wg = my_warpgroup("wgmma_wait");
@@ -224,27 +224,48 @@ inline void wgmma_wait(u32 n) {
             check_read_window(op, my_cta().smem);
             execute(op, my_cta().smem);
         }
+        wg.retired.push_back(std::move(wg.groups.front().join));
         wg.groups.pop_front();
         ++wg.executed;
+    }
+    // The retired groups' commits precede what this thread does next.
+    for (u64 g = t.wgmma_acquired > wg.retired_base ? t.wgmma_acquired : wg.retired_base; g < target; ++g)
+        acquire_from(t, wg.retired[g - wg.retired_base]);
+    t.wgmma_acquired = target > t.wgmma_acquired ? target : t.wgmma_acquired;
+    if (wg.retired.size() > 16) {  // drop what every thread of the warpgroup has acquired
+        u64 lowest = ~0ull;
+        for (u32 i = 0; i < kWarpgroupThreads; ++i) {
+            const u64 a = thread_at(t.cta, t.tid / kWarpgroupThreads * kWarpgroupThreads + i).wgmma_acquired;
+            lowest = a < lowest ? a : lowest;
+        }
+        while (wg.retired_base < lowest && !wg.retired.empty()) {
+            wg.retired.pop_front();
+            ++wg.retired_base;
+        }
     }
 }
 
 // bar.warp.sync 0xffffffff (PTX ISA "bar.warp.sync"): the 32 lanes meet (a warp rendezvous, like stmatrix's), so
 // each lane's memory accesses before it are ordered before every lane's after it.
-inline void warp_sync() {
+DFG_SIM_API void warp_sync() {
     aligned("bar.warp.sync");
     Thread& t = me();
     WarpRendezvous& w = my_cta().warps[t.tid / 32];
     const u64 generation = w.generation;
+    release_into(w.join, t);
     if (++w.arrived < 32) {
         block(Wait{WaitKind::StmatrixWarp, t.cta, t.tid / 32, 0, generation}, "bar.warp.sync");
+        acquire_from(t, w.released);  // no other rendezvous of the warp completes before every lane resumed
         return;
     }
+    w.released = std::move(w.join);
+    w.join.clear();
+    acquire_from(t, w.released);
     w.arrived = 0;
     ++w.generation;
 }
 
-inline void stmatrix_x4(void* row_ptr, const u32 (&regs)[4]) {
+DFG_SIM_API void stmatrix_x4(void* row_ptr, const u32 (&regs)[4]) {
     const char* what = "stmatrix_x4";
     aligned("stmatrix.sync.aligned");
     const u32 offset = smem_offset(row_ptr, what);
@@ -261,13 +282,16 @@ inline void stmatrix_x4(void* row_ptr, const u32 (&regs)[4]) {
         return;
     }
     u8* smem = my_cta().smem;
+    const u32 site = site_id(t.site);
     for (u32 l = 0; l < 32; ++l) {
         const u32 matrix = l / 8, row = l % 8;
         check_no_mbarrier_overlap(t.cta, w.row_offset[l], 16, what);
-        for (u32 c = 0; c < 4; ++c) std::memcpy(smem + w.row_offset[l] + 4 * c, &w.regs[row * 4 + c][matrix], 4);
         Thread& writer = thread_at(t.cta, t.tid / 32 * 32 + l);  // the lane that gave the row address
+        if (S().races)
+            fine_access(writer, uintptr_t(smem + w.row_offset[l]), 16, Access{"an stmatrix write", true, false, Scope::Cta, site});
+        for (u32 c = 0; c < 4; ++c) std::memcpy(smem + w.row_offset[l] + 4 * c, &w.regs[row * 4 + c][matrix], 4);
         generic_write(t.cta, w.row_offset[l], 16, writer);
-        writer.generic_write_site = t.site;  // all lanes execute the same stmatrix (convergence)
+        writer.generic_write_site = site;  // all lanes execute the same stmatrix (convergence)
     }
     w.arrived = 0;
     ++w.generation;

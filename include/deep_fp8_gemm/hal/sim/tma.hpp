@@ -6,7 +6,7 @@ namespace dfg::sim::detail {
 
 // ---------------------------------------------------------------- tensor maps / TMA
 
-inline const SimTensorMap& tensor_map(const TensorMap* map, const char* what) {
+DFG_SIM_API const SimTensorMap& tensor_map(const TensorMap* map, const char* what) {
     const auto* m = reinterpret_cast<const SimTensorMap*>(map);
     if (m->magic != kTensorMapMagic)
         fail(format("%s: tensor map at %p was not packed by deep_fp8_gemm.simulator.pack_tensor_map (magic %#x)",
@@ -52,6 +52,12 @@ struct Box {
                u64(z) * map.global_strides[1];
     }
     bool x_in_bounds(u32 x) const { return i64(c[0]) + x >= 0 && i64(c[0]) + x < i64(map.global_dims[0]); }
+    // The in-bounds elements of a row: global x indices [lo, hi) (lo >= hi: none).
+    std::pair<i64, i64> x_range() const {
+        const i64 lo = c[0] > 0 ? c[0] : 0;
+        const i64 end = i64(c[0]) + map.box_dims[0], dim = i64(map.global_dims[0]);
+        return {lo, end < dim ? end : dim};
+    }
 
     // PTX ISA "cp.async.bulk.tensor": the smem address must be 128-byte aligned; with a swizzle the pattern
     // is a function of address bits, so tiles are aligned to its repeat (256 / 512 / 1024 bytes) for the
@@ -70,7 +76,7 @@ struct Box {
 // A tensor map outside the kernel's parameter struct lives in global memory, where an earlier kernel put it; the
 // tensormap proxy may use it only after the using thread's fence.proxy.tensormap::generic.acquire on its address
 // (CUDA programming guide, TMA: a tensor map passed through global memory needs that fence in the kernel).
-inline void tensormap_acquire(const TensorMap* map) {
+DFG_SIM_API void tensormap_acquire(const TensorMap* map) {
     tensor_map(map, "tensormap_fence_acquire");
     if (reinterpret_cast<uintptr_t>(map) % 64)
         fail(format("tensormap_fence_acquire: tensor map at %p is not 64-byte aligned", static_cast<const void*>(map)));
@@ -92,14 +98,17 @@ inline SimTensorMap& tensormap_replace(TensorMap* map, const char* what) {
 
 // cuTensorMapEncodeTiled's rules hold for the replaced fields too: a dimension in [1, 2^32], a stride a multiple of
 // 16 below 2^40; global_dim ordinal < rank, global_stride ordinal < rank - 1 (dimension ordinal + 1's stride).
-inline void tensormap_replace_dim(TensorMap* map, u32 ordinal, u32 extent) {
+DFG_SIM_API void tensormap_replace_address(TensorMap* map, u64 address) {
+    tensormap_replace(map, "tensormap.replace.global_address").global_address = address;
+}
+DFG_SIM_API void tensormap_replace_dim(TensorMap* map, u32 ordinal, u32 extent) {
     SimTensorMap& m = tensormap_replace(map, "tensormap.replace.global_dim");
     if (ordinal >= m.rank || extent == 0)
         fail(format("tensormap.replace.global_dim: ordinal %u extent %u (rank %u; extents are non-zero)", ordinal,
                     extent, m.rank));
     m.global_dims[ordinal] = extent;
 }
-inline void tensormap_replace_stride(TensorMap* map, u32 ordinal, u64 bytes) {
+DFG_SIM_API void tensormap_replace_stride(TensorMap* map, u32 ordinal, u64 bytes) {
     SimTensorMap& m = tensormap_replace(map, "tensormap.replace.global_stride");
     if (ordinal + 1 >= m.rank || bytes % 16 != 0 || bytes >= (u64(1) << 40))
         fail(format("tensormap.replace.global_stride: ordinal %u stride %llu B (rank %u; strides are multiples of "
@@ -108,12 +117,15 @@ inline void tensormap_replace_stride(TensorMap* map, u32 ordinal, u64 bytes) {
 }
 
 // tensormap.cp_fenceproxy: the shared-memory map to a 64-byte-aligned global slot (each lane copies the same bytes).
-inline void tensormap_copy_out(TensorMap* gmem_map, const TensorMap* smem_map) {
+// The global write is a plain one for the race detector (a reader of those bytes needs a happens-before path),
+// recorded once, for lane 0: the lanes write the same bytes as one warp-collective operation.
+DFG_SIM_API void tensormap_copy_out(TensorMap* gmem_map, const TensorMap* smem_map) {
     const char* what = "tensormap.cp_fenceproxy";
     const u32 offset = smem_offset(smem_map, what);
     check_smem_range(offset, sizeof(TensorMap), what);
     if (reinterpret_cast<uintptr_t>(gmem_map) % 64)
         fail(format("%s: global tensor map at %p is not 64-byte aligned", what, static_cast<const void*>(gmem_map)));
+    if (me().tid % 32 == 0) hal_access(gmem_map, sizeof(TensorMap), true, what);
     std::memcpy(gmem_map, smem_map, sizeof(TensorMap));
 }
 
@@ -156,7 +168,7 @@ inline void check_no_wgmma_reader(u32 cta, u32 offset, u32 bytes, const char* wh
 // byte count is signalled as complete-tx on the barrier at the same offset in each destination CTA. Checked
 // here, at issue; the copy lands at the end of the scheduling pass (land_tma_loads), so a thread that reads
 // the stage without waiting for its barrier reads stale or poisoned bytes, as it may on the hardware.
-inline void tma_load(void* dst, const TensorMap* map, u64* bar, u32 cta_mask, bool multicast, i32 c0, i32 c1,
+DFG_SIM_API void tma_load(void* dst, const TensorMap* map, u64* bar, u32 cta_mask, bool multicast, i32 c0, i32 c1,
                      i32 c2, const char* what) {
     const Box box(tensor_map(map, what), c0, c1, c2);
     check_tensormap_acquired(map, what);
@@ -169,6 +181,8 @@ inline void tma_load(void* dst, const TensorMap* map, u64* bar, u32 cta_mask, bo
     if (box.map.oob_fill == 1 && box.map.dtype != 7 && box.map.dtype != 9)
         fail(format("%s: NaN out-of-bounds fill needs a floating-point dtype, got %u", what, box.map.dtype));
     const u32 first = me().cta / cluster_x * cluster_x;
+    Thread& t = me();
+    const u32 site = site_id(t.site);
     for (u32 rank = 0; rank < cluster_x; ++rank) {
         if (!(cta_mask >> rank & 1)) continue;
         remote_access(first + rank, multicast ? "a TMA multicast" : "a TMA load");
@@ -176,8 +190,24 @@ inline void tma_load(void* dst, const TensorMap* map, u64* bar, u32 cta_mask, bo
                                "TMA complete_tx (async proxy)");
         check_no_wgmma_reader(first + rank, offset, box.footprint, what);
         check_no_mbarrier_overlap(first + rank, offset, box.footprint, what);
+        // Plain accesses to the destination must be ordered before the issue: the copy may land any time after.
+        if (S().races)
+            async_access(t, uintptr_t(L().ctas[first + rank].smem + offset), box.footprint, true, false, site,
+                         multicast ? "a TMA multicast's write" : "a TMA load's write");
     }
-    L().pending_loads.push_back(PendingLoad{box.map, {c0, c1, c2}, first, cta_mask, offset, bar_offset});
+    if (S().races) {  // the global source, read by the async proxy between the issue and the landing
+        const auto [lo, hi] = box.x_range();
+        for (u32 row = 0; row < box.rows && hi > lo; ++row)
+            if (const u8* g = box.row_global(row))
+                async_access(t, uintptr_t(g + lo * box.eb), u32(hi - lo) * box.eb, false, true, site,
+                             "a TMA load's read");
+    }
+    PendingLoad load{box.map, {c0, c1, c2}, first, cta_mask, offset, bar_offset};
+    load.issuer = t.clocks;
+    load.epoch = epoch_of(t);
+    load.site = site;
+    tick(t);  // what the issuing thread does next is not ordered before the landing
+    L().pending_loads.push_back(std::move(load));
 }
 
 // Lands every issued TMA load: copy, then complete-tx. A wgmma not yet executed that reads the box was issued
@@ -219,7 +249,8 @@ inline std::string land_tma_loads(bool all = true) {
                 }
             }
             async_write(cta, load.offset, box.footprint);
-            const std::string error = mbarrier_complete_tx(cta, load.bar_offset, box.bytes);
+            if (S().races) async_landed(uintptr_t(smem + load.offset), box.footprint, load.epoch, load.site);
+            const std::string error = mbarrier_complete_tx(cta, load.bar_offset, box.bytes, load);
             if (!error.empty()) return error;
         }
     }
