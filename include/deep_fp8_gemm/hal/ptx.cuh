@@ -194,6 +194,21 @@ DFG_DEVICE void mbar_arrive_cluster(u64* bar, u32 cta_rank) {
         : "memory");
 }
 
+// mapa.shared::cluster.u32: the shared::cluster address of `smem_ptr`'s location in CTA `cta_rank` of this cluster.
+// A shared array has the same layout in every CTA (PTX's `mapa d, sh + imm, b` form maps an element as its array
+// plus the offset), so a loop over an array's elements maps its base once and adds element offsets. Not volatile:
+// a pure function of its operands, which ptxas may hoist.
+DFG_DEVICE u32 cluster_smem_address(const void* smem_ptr, u32 cta_rank) {
+    u32 remote;
+    asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_addr(smem_ptr)), "r"(cta_rank));
+    return remote;
+}
+
+// Arrive on the barrier at a shared::cluster address (cluster_smem_address), with mbar_arrive_cluster's semantics.
+DFG_DEVICE void mbar_arrive_cluster_address(u32 remote_bar) {
+    asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(remote_bar) : "memory");
+}
+
 // Arrive once and add `tx_bytes` to the transaction count the current phase waits for.
 DFG_DEVICE void mbar_arrive_expect_tx(u64* bar, u32 tx_bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(tx_bytes)

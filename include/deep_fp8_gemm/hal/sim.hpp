@@ -318,6 +318,16 @@ inline void mbar_arrive_cluster(u64* bar, u32 cta_rank, DFG_SIM_SITE) {
     DFG_SIM_ENTER;
     sd::mbar_arrive_cluster(bar, cta_rank);
 }
+// mapa.shared::cluster: the emulation's shared::cluster address is the CTA rank << 24 | the smem offset (sim/threads.hpp);
+// mbarrier.arrive.shared::cluster at such an address.
+inline u32 cluster_smem_address(const void* smem_ptr, u32 cta_rank, DFG_SIM_SITE) {
+    DFG_SIM_ENTER;
+    return sd::cluster_smem_address(smem_ptr, cta_rank);
+}
+inline void mbar_arrive_cluster_address(u32 remote_bar, DFG_SIM_SITE) {
+    DFG_SIM_ENTER;
+    sd::mbar_arrive_cluster_address(remote_bar);
+}
 inline void mbar_arrive_expect_tx(u64* bar, u32 tx_bytes, DFG_SIM_SITE) {
     DFG_SIM_ENTER;
     sd::mbarrier_arrive(sd::me().cta, sd::mbarrier_offset(bar, "mbar_arrive_expect_tx"), tx_bytes,

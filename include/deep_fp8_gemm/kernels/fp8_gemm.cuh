@@ -414,6 +414,7 @@ struct Fp8GemmKernel {
 
         float acc[kWavesM][kAccValues];
         float scratch[kMmaValues];
+        const u32 empty_peer = peer_empty_barriers(empty, lane);
 
         Scheduler scheduler(params.rows, params.grouped_layout, hal::block_idx(), hal::grid_dim());
         Pipe pipe;
@@ -469,11 +470,11 @@ struct Fp8GemmKernel {
                             if (last) {
                                 // Only lane 0 arrives: every lane's sB reads must be ordered before its release.
                                 hal::warp_sync();
-                                release_stage(empty, stage, lane);
+                                release_stage(empty, empty_peer, stage, lane);
                             }
                         } else {
                             if (last)
-                                release_stage(empty, stage, lane);
+                                release_stage(empty, empty_peer, stage, lane);
                             if constexpr (kSwapAB) {  // the wave's weight rows lie in one sB block: sb0
                                 promote_swap_ab<BLOCK_M>(acc[w], scratch, sb0, sa_cols);
                             } else if constexpr (kMmaChunks == 1) {
@@ -495,15 +496,24 @@ struct Fp8GemmKernel {
         Output::finish(me);
     }
 
-    // Lane r < kClusterSize of each math warp releases the stage on CTA r of the cluster.
-    static DFG_DEVICE void release_stage(u64* empty, u32 stage, u32 lane) {
+    // Lane r < kClusterSize of each math warp releases the stage on CTA r of the cluster: `empty_peer` is that CTA's
+    // empty[0] as a shared::cluster address (peer_empty_barriers), empty[stage] 8 * stage bytes on.
+    static DFG_DEVICE void release_stage(u64* empty, u32 empty_peer, u32 stage, u32 lane) {
         if constexpr (kClusterSize == 1) {
             if (lane == 0)
                 hal::mbar_arrive(&empty[stage]);
         } else {
             if (lane < kClusterSize)
-                hal::mbar_arrive_cluster(&empty[stage], lane);
+                hal::mbar_arrive_cluster_address(empty_peer + stage * static_cast<u32>(sizeof(u64)));
         }
+    }
+    // The mapa of release_stage, once per kernel instead of once per K block (lanes >= kClusterSize map rank 0 and
+    // never arrive). NOTES: issue 28 item 3, 2-3 instructions per K block in the cluster kernels.
+    static DFG_DEVICE u32 peer_empty_barriers(u64* empty, u32 lane) {
+        if constexpr (kClusterSize == 1)
+            return 0;
+        else
+            return hal::cluster_smem_address(empty, lane < kClusterSize ? lane : 0u);
     }
 };
 

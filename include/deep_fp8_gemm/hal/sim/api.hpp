@@ -63,6 +63,8 @@ DFG_SIM_API bool named_barrier_sync_or(u32 id, u32 num_threads, bool pred);
 DFG_SIM_API void cluster_sync();
 DFG_SIM_API void mbar_init(u64* bar, u32 arrive_count);
 DFG_SIM_API void mbar_arrive_cluster(u64* bar, u32 cta_rank);
+DFG_SIM_API u32 cluster_smem_address(const void* ptr, u32 cta_rank);
+DFG_SIM_API void mbar_arrive_cluster_address(u32 address);
 DFG_SIM_API void mbar_wait(u64* bar, u32 parity, BarrierName name);
 DFG_SIM_API void tma_store(const TensorMap* map, const void* src, i32 c0, i32 c1, i32 c2);
 DFG_SIM_API void tma_store_commit();

@@ -63,18 +63,48 @@ DFG_SIM_API void mbar_init(u64* bar, u32 arrive_count) {
     std::memcpy(bar, &kMbarrierTag, 8);
 }
 
-DFG_SIM_API void mbar_arrive_cluster(u64* bar, u32 cta_rank) {
+inline void check_cluster_rank(u32 cta_rank, const char* what) {
     const u32 cluster_x = L().cfg.cluster_x;
     if (cta_rank >= cluster_x)
-        fail(format("mbar_arrive_cluster: cta rank %u outside the cluster of %u CTAs", cta_rank, cluster_x));
+        fail(format("%s: cta rank %u outside the cluster of %u CTAs", what, cta_rank, cluster_x));
+}
+
+// The arrive of mbarrier.arrive.shared::cluster on the barrier at `offset` of CTA `cta_rank` of this cluster
+// (`remote`, `use`: how reports name the remote access and the arrive; string literals, kept by the reports).
+inline void arrive_in_cluster(u32 cta_rank, u32 offset, const char* what, const char* remote, const char* use) {
+    const u32 cluster_x = L().cfg.cluster_x;
     const u32 target = me().cta / cluster_x * cluster_x + cta_rank;
-    const u32 offset = mbarrier_offset(bar, "mbar_arrive_cluster");
     if (target != me().cta) {
-        remote_access(target, "mbar_arrive_cluster (remote arrive)");
-        check_mbarrier_visible(mbarrier_at(target, offset, "mbar_arrive_cluster"), target, offset,
-                               "a remote arrive (mbar_arrive_cluster)");
+        remote_access(target, remote);
+        check_mbarrier_visible(mbarrier_at(target, offset, what), target, offset, use);
     }
-    mbarrier_arrive(target, offset, 0, "mbar_arrive_cluster");
+    mbarrier_arrive(target, offset, 0, what);
+}
+
+DFG_SIM_API void mbar_arrive_cluster(u64* bar, u32 cta_rank) {
+    check_cluster_rank(cta_rank, "mbar_arrive_cluster");
+    arrive_in_cluster(cta_rank, mbarrier_offset(bar, "mbar_arrive_cluster"), "mbar_arrive_cluster",
+                      "mbar_arrive_cluster (remote arrive)", "a remote arrive (mbar_arrive_cluster)");
+}
+
+// The emulation's shared::cluster addresses: rank << 24 | offset (a CTA's shared memory is < 16 MiB), so an address
+// plus an element offset stays in its CTA, as mapa's result on the GPU.
+constexpr u32 kClusterRankShift = 24;
+
+DFG_SIM_API u32 cluster_smem_address(const void* ptr, u32 cta_rank) {
+    check_cluster_rank(cta_rank, "cluster_smem_address (mapa)");
+    return cta_rank << kClusterRankShift | smem_offset(ptr, "cluster_smem_address (mapa)");
+}
+
+DFG_SIM_API void mbar_arrive_cluster_address(u32 address) {
+    const char* what = "mbar_arrive_cluster_address";
+    const u32 offset = address & ((1u << kClusterRankShift) - 1);
+    check_cluster_rank(address >> kClusterRankShift, what);
+    if (offset % 8 || offset + 8 > L().cfg.dynamic_smem_bytes)
+        fail(format("%s: shared::cluster address %#x (offset %#x) is not an 8-byte-aligned barrier in shared memory",
+                    what, address, offset));
+    arrive_in_cluster(address >> kClusterRankShift, offset, what, "mbar_arrive_cluster_address (remote arrive)",
+                      "a remote arrive (mbar_arrive_cluster_address)");
 }
 
 // mbarrier.try_wait.parity's default semantics are .acquire.cta: the waiter acquires what the completed phase's
