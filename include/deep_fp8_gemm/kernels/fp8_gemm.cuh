@@ -87,7 +87,8 @@
 //
 // Math per 128-wide K block and m64 wave: 4 x wgmma m64nBLOCK_Nk32 into a scratch accumulator (scale-d = 0
 // on the first), wait, release the stage (after the last wave), then promote on the CUDA cores:
-// acc += scratch * sA[row] * sB[col block] (promotion.cuh; fp32 kinds: per column, policy_1d1d.cuh). The tensor
+// acc += scratch * sA[row] * sB[col block] (promotion.cuh; fp32 kinds: per column, policy_1d1d.cuh, their
+// scales read from the stage and multiplied, sA x sB, between the commit and the wait). The tensor
 // cores never sum more than 128 products, which keeps FP8 GEMMs accurate (their internal accumulator keeps ~14
 // bits of alignment; see ANCHORS.md, "two-level accumulation").
 //
@@ -189,9 +190,14 @@ struct Fp8GemmKernel {
     // BLOCK_N <= 128 + gcd(BLOCK_N, 128) (144 and 160 qualify, 176 does not). The promotion relies on it.
     static_assert(BLOCK_N <= 128 + gcd(BLOCK_N, 128u), "a block's columns must touch at most two sB blocks");
 
-    using Scheduler = typename Select<kKGrouped, KGroupedScheduler<SHAPE_N, BLOCK_M, BLOCK_N, kNumGroups, kBandWidth>,
+    using Scheduler = typename Select<kKGrouped,
+                                      KGroupedScheduler<SHAPE_N, BLOCK_M, BLOCK_N, kNumGroups, kBandWidth, true>,
                                       TileScheduler<kLayout, SHAPE_N, BLOCK_M, BLOCK_N, kNumGroups, kClusterM,
                                                     kClusterN, kBandWidth, kSplitK>>::type;
+    // The math warps' walk: the same tiles; the k-grouped one without the producer's K check (policy_k_grouped.cuh).
+    using MathScheduler = typename Select<kKGrouped,
+                                          KGroupedScheduler<SHAPE_N, BLOCK_M, BLOCK_N, kNumGroups, kBandWidth, false>,
+                                          Scheduler>::type;
     using Split = SplitK<kSplitK, kNumKBlocks, kLayout, kClusterM * kClusterN, kNumMathWarpgroups, kMmaRows, kMmaCols>;
     using Scales = ScaleColumns<BLOCK_N, kNumScaleBlocksN>;
     using Pipe = PipelineState<kNumStages>;
@@ -374,7 +380,7 @@ struct Fp8GemmKernel {
     // and the K loop's descriptors and barrier addresses in uniform registers. Every kind votes on "more
     // tiles" (all lanes compute it identically): with the loop's exit a vote, ptxas keeps the K loop's ring
     // cursor in uniform registers (the dense 64x64 kernel: 99 -> 83 instructions per K block).
-    static DFG_DEVICE bool next_tile(Scheduler& scheduler, TileInfo& tile) {
+    static DFG_DEVICE bool next_tile(MathScheduler& scheduler, TileInfo& tile) {
         const bool more = scheduler.next(tile);
         if constexpr (kLayout == GemmKind::Dense || kLayout == GemmKind::Dense1D1D) {
             return hal::warp_all(more);
@@ -415,7 +421,7 @@ struct Fp8GemmKernel {
         float acc[kWavesM][kAccValues];
         float scratch[kMmaValues];
 
-        Scheduler scheduler(params.rows, params.grouped_layout, hal::block_idx(), hal::grid_dim());
+        MathScheduler scheduler(params.rows, params.grouped_layout, hal::block_idx(), hal::grid_dim());
         Pipe pipe;
         TileInfo tile;
         while (next_tile(scheduler, tile)) {
@@ -441,11 +447,12 @@ struct Fp8GemmKernel {
                 SwapAbColumnScales<kSwapAB ? BLOCK_M : 8u> sa_cols;
                 if constexpr (kSwapAB)
                     sa_cols.load(sa, lane);
+                RowScalesB<kRowScaledB ? BLOCK_N : 16u> sb_cols;  // 1D1D: read once per K block, for every wave
                 DFG_UNROLL
                 for (u32 w = 0; w < kWavesM; ++w) {
-                    // Per-row sA (swap-AB: per column, read by promote_swap_ab).
-                    const float sa_lo = kSwapAB ? 0.0f : sa[frag_row + w * 64];
-                    const float sa_hi = kSwapAB ? 0.0f : sa[frag_row + w * 64 + 8];
+                    // Per-row sA (swap-AB: per column, read by promote_swap_ab; 1D1D: read under the wgmma).
+                    const float sa_lo = kSwapAB || kRowScaledB ? 0.0f : sa[frag_row + w * 64];
+                    const float sa_hi = kSwapAB || kRowScaledB ? 0.0f : sa[frag_row + w * 64 + 8];
                     DFG_UNROLL
                     for (u32 c = 0; c < kMmaChunks; ++c) {  // one chunk (the whole tile) but for the SwiGLU kinds
                         DFG_UNROLL
@@ -459,18 +466,27 @@ struct Fp8GemmKernel {
                                 desc_with_low_word(b_desc, b_lo + ((c * kMmaN * BLOCK_K + ks * kWgmmaK) >> 4)),
                                 scratch, ks > 0);
                         hal::wgmma_commit();
+                        // 1D1D: the wave's scales read (sB with the first wave) and multiplied, sA x sB, while
+                        // the tensor cores run; the stage is held until after the wait (policy_1d1d.cuh).
+                        WaveScales<kRowScaledB ? BLOCK_N : 16u> wave_scales;
+                        if constexpr (kRowScaledB) {
+                            if (w == 0)
+                                sb_cols.load(sb + 2 * (lane % 4));
+                            wave_scales.combine(sb_cols, sa[frag_row + w * 64], sa[frag_row + w * 64 + 8]);
+                        }
                         hal::wgmma_wait<0>();
                         DFG_UNROLL
                         for (u32 i = 0; i < kMmaValues; ++i)
                             hal::fence_operand(scratch[i]);
                         const bool last = w + 1 == kWavesM && c + 1 == kMmaChunks;
-                        if constexpr (kRowScaledB) {  // reads sB from the stage: release after it
-                            promote_row_scaled<BLOCK_N>(acc[w], scratch, sa_lo, sa_hi, sb, lane);
+                        if constexpr (kRowScaledB) {  // every scale is in registers: release, then promote
                             if (last) {
-                                // Only lane 0 arrives: every lane's sB reads must be ordered before its release.
+                                // Only lane 0 arrives: every lane's sA / sB reads must be ordered before its
+                                // release (its arrive releases its own accesses only).
                                 hal::warp_sync();
                                 release_stage(empty, stage, lane);
                             }
+                            promote_row_scaled<BLOCK_N>(acc[w], scratch, wave_scales);
                         } else {
                             if (last)
                                 release_stage(empty, stage, lane);
