@@ -193,6 +193,20 @@ DFG_DEVICE void mbar_arrive_cluster(u64* bar, u32 cta_rank) {
         : "memory");
 }
 
+// mapa.shared::cluster (PTX ISA "mapa"): the shared::cluster address of `ptr` in CTA `cta_rank` of the cluster.
+// A CTA's shared window is contiguous in that space: ptr + n maps to the result + n.
+DFG_DEVICE u32 cluster_map_shared(const void* ptr, u32 cta_rank) {
+    u32 remote;
+    asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_addr(ptr)), "r"(cta_rank));
+    return remote;
+}
+
+// mbar_arrive_cluster on a barrier given by its shared::cluster address (cluster_map_shared), so that a loop
+// over a CTA's barriers maps their base once instead of once per arrive.
+DFG_DEVICE void mbar_arrive_remote(u32 cluster_addr) {
+    asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(cluster_addr) : "memory");
+}
+
 // Arrive once and add `tx_bytes` to the transaction count the current phase waits for.
 DFG_DEVICE void mbar_arrive_expect_tx(u64* bar, u32 tx_bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(tx_bytes)

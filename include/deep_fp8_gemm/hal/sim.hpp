@@ -220,6 +220,17 @@ inline void mbar_arrive_cluster(u64* bar, u32 cta_rank, DFG_SIM_SITE) {
     DFG_SIM_ENTER;
     sd::mbar_arrive_cluster(bar, cta_rank);
 }
+// mapa.shared::cluster: here the shared::cluster address is (cta_rank << 24) | the shared-memory offset, so that
+// ptr + n maps to the result + n as on the GPU.
+inline u32 cluster_map_shared(const void* ptr, u32 cta_rank, DFG_SIM_SITE) {
+    DFG_SIM_ENTER;
+    return sd::cluster_map_shared(ptr, cta_rank);
+}
+// mbarrier.arrive.shared::cluster at a cluster_map_shared address.
+inline void mbar_arrive_remote(u32 cluster_addr, DFG_SIM_SITE) {
+    DFG_SIM_ENTER;
+    sd::mbar_arrive_remote(cluster_addr);
+}
 inline void mbar_arrive_expect_tx(u64* bar, u32 tx_bytes, DFG_SIM_SITE) {
     DFG_SIM_ENTER;
     sd::mbarrier_arrive(sd::me().cta, sd::mbarrier_offset(bar, "mbar_arrive_expect_tx"), tx_bytes,

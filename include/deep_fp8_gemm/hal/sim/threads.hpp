@@ -77,18 +77,36 @@ inline void mbar_init(u64* bar, u32 arrive_count) {
     std::memcpy(bar, &kMbarrierTag, 8);
 }
 
+inline u32 cluster_map_shared(const void* ptr, u32 cta_rank) {
+    const u32 cluster_x = L().cfg.cluster_x;
+    if (cta_rank >= cluster_x)
+        fail(format("cluster_map_shared: cta rank %u outside the cluster of %u CTAs", cta_rank, cluster_x));
+    const u32 offset = smem_offset(ptr, "cluster_map_shared");
+    if (offset >> 24) fail(format("cluster_map_shared: smem+%#x does not fit the simulator's 24-bit offsets", offset));
+    return cta_rank << 24 | offset;
+}
+
+inline void mbar_arrive_remote(u32 cluster_addr, const char* what = "mbar_arrive_remote") {
+    const u32 cta_rank = cluster_addr >> 24, offset = cluster_addr & 0xFFFFFFu;
+    const u32 cluster_x = L().cfg.cluster_x;
+    if (cta_rank >= cluster_x)
+        fail(format("%s: cta rank %u outside the cluster of %u CTAs", what, cta_rank, cluster_x));
+    if (offset % 8) fail(format("%s: mbarrier address smem+%#x is not 8-byte aligned", what, offset));
+    check_smem_range(offset, 8, what);
+    const u32 target = me().cta / cluster_x * cluster_x + cta_rank;
+    if (target != me().cta) {
+        remote_access(target, format("%s (remote arrive)", what).c_str());
+        check_mbarrier_visible(mbarrier_at(target, offset, what), target, offset,
+                               format("a remote arrive (%s)", what).c_str());
+    }
+    mbarrier_arrive(target, offset, 0, what);
+}
+
 inline void mbar_arrive_cluster(u64* bar, u32 cta_rank) {
     const u32 cluster_x = L().cfg.cluster_x;
     if (cta_rank >= cluster_x)
         fail(format("mbar_arrive_cluster: cta rank %u outside the cluster of %u CTAs", cta_rank, cluster_x));
-    const u32 target = me().cta / cluster_x * cluster_x + cta_rank;
-    const u32 offset = mbarrier_offset(bar, "mbar_arrive_cluster");
-    if (target != me().cta) {
-        remote_access(target, "mbar_arrive_cluster (remote arrive)");
-        check_mbarrier_visible(mbarrier_at(target, offset, "mbar_arrive_cluster"), target, offset,
-                               "a remote arrive (mbar_arrive_cluster)");
-    }
-    mbarrier_arrive(target, offset, 0, "mbar_arrive_cluster");
+    mbar_arrive_remote(cta_rank << 24 | mbarrier_offset(bar, "mbar_arrive_cluster"), "mbar_arrive_cluster");
 }
 
 inline void mbar_wait(u64* bar, u32 parity, BarrierName name) {
