@@ -260,6 +260,9 @@ def test_ceilings():
     assert kloop.overhead_per_wave(r["math"]) == 19 == r["math"]["overhead_per_k_block_per_wave"]
     assert kloop.check_ceilings("dense", 64, r, {"dense": {"overhead_per_k_block_per_wave": 19}}) == []
     assert "non-FFMA" in kloop.check_ceilings("dense", 64, r, {"dense": {"overhead_per_k_block_per_wave": 18}})[0]
+    # The listing drains 15 instructions (test_math_loop_counts_by_class): at the ceiling passes, one below fails.
+    assert kloop.check_ceilings("dense", 64, r, {"dense": {"drain_per_wave": 15}}) == []
+    assert "from a wgmma wait" in kloop.check_ceilings("dense", 64, r, {"dense": {"drain_per_wave": 14}})[0]
 
 
 def test_shipped_ceilings_cover_every_gemm_kind():
@@ -335,9 +338,9 @@ def test_issue_term_steers_the_heuristic(monkeypatch):
 
 
 def _check_fp32_accumulate_loops(kind: str, cfg) -> None:
-    """The wgrad kinds (per-row B scales): one FMUL and one FFMA per accumulator value, four TMA loads per K
-    block in the producer (A, B, sA and sB), within the kind's ceilings, and the heuristic's issue model within
-    10% of the compiled loop."""
+    """The wgrad kinds (per-row B scales): one FMUL (sA x sB, under the wgmma) and one FFMA per accumulator
+    value, four TMA loads per K block in the producer (A, B, sA and sB), within the kind's ceilings (drain
+    included), and the heuristic's issue model within 10% of the compiled loop."""
     from deep_fp8_gemm.config import math_issue_per_k_block
 
     r = _compiled_loops(cfg)

@@ -103,6 +103,31 @@ def test_k_grouped_params_carry_the_group_maps():
 # ---------------------------------------------------------------------------------------------- planted bugs
 PLANTED_CFG = (70, 48, [256, 384, 0, 128], 64, 16, 2, 2)  # 2 stages: groups of 2 / 3 / 0 / 1 K blocks
 
+def _at(indent: int, *lines: str) -> str:
+    return "".join(" " * indent + line + "\n" for line in lines)
+
+
+# kernels/fp8_gemm.cuh, the 1D1D wave from its wgmma commit to the release (24 spaces: the wave loop's body).
+_SCALES_READ = _at(24, "WaveScales<kRowScaledB ? BLOCK_N : 16u> wave_scales;",
+                   "if constexpr (kRowScaledB) {",
+                   "    if (w == 0)",
+                   "        sb_cols.load(sb + 2 * (lane % 4));",
+                   "    wave_scales.combine(sb_cols, sa[frag_row + w * 64], sa[frag_row + w * 64 + 8]);",
+                   "}")
+_WAIT = _at(24, "hal::wgmma_wait<0>();",
+            "DFG_UNROLL",
+            "for (u32 i = 0; i < kMmaValues; ++i)",
+            "    hal::fence_operand(scratch[i]);",
+            "const bool last = w + 1 == kWavesM && c + 1 == kMmaChunks;",
+            "if constexpr (kRowScaledB) {  // every scale is in registers: release, then promote",
+            "    if (last) {",
+            "        // Only lane 0 arrives: every lane's sA / sB reads must be ordered before its",
+            "        // release (its arrive releases its own accesses only).")
+_WARP_SYNC = _at(32, "hal::warp_sync();")
+_SCALES_UNDER_WGMMA = _SCALES_READ + _WAIT + _WARP_SYNC
+_SCALES_AFTER_WAIT = _WAIT.replace(_at(24, "if constexpr (kRowScaledB) {  // every scale is in registers: release, "
+                                           "then promote"), _SCALES_READ + _at(24, "if constexpr (kRowScaledB) {"))
+
 PLANTED = {
     # the scales' group offset (sA / sB column of the group's first K block) stuck at group 0
     "scale_column_group_offset": ("policy_k_grouped.cuh", "info.k_block0 = cur_k_block0;", "info.k_block0 = 0;"),
@@ -125,15 +150,18 @@ PLANTED = {
                                   ""),
     # TMA through a map in global memory without the acquire fence
     "tensormap_fence_missing": ("kernels/fp8_gemm.cuh", "                hal::tensormap_fence_acquire(map_b);\n", ""),
-    # lane 0 releases the stage while other lanes of its warp still read sB from it (adversarial schedules)
-    "stage_released_before_all_lanes_read_sb": ("kernels/fp8_gemm.cuh", "                            hal::warp_sync();\n",
-                                                ""),
+    # lane 0 releases the stage while other lanes of its warp still read sB from it (adversarial schedules): the
+    # scales read after the wgmma wait, as the promotion did before issue 28, and no bar.warp.sync before the
+    # release. (The kernel reads them between the commit and the wait, so that every lane has read them before
+    # any lane passes the wait in the simulator; the warp sync it keeps orders the lanes' reads before lane 0's
+    # arrive on the GPU, and deleting it alone goes unnoticed here.)
+    "stage_released_before_all_lanes_read_sb": ("kernels/fp8_gemm.cuh", _SCALES_UNDER_WGMMA, _SCALES_AFTER_WAIT),
 }
 # Schedules each bug is run under until one reports it (default: the round-robin schedule only). A race shows
 # under some interleavings and not others, and which ones depends on the whole kernel's code, so the race is
-# given several adversarial seeds (with the rolled K loop, seeds 5, 33, 35 and 48 of 0-63 catch it; seed 4
-# did with the unrolled ring and the elected-lane producer, seed 2 before that).
-PLANTED_SEEDS = {"stage_released_before_all_lanes_read_sb": (5, 33, 35, 48, 2, 4)}
+# given several adversarial seeds (with the scales read under the wgmma, the plant above is caught by seeds 10,
+# 12, 26, 33, 45, 59 and 62 of 0-63; the warp sync deleted from the old order was caught by 5, 33, 35 and 48).
+PLANTED_SEEDS = {"stage_released_before_all_lanes_read_sb": (10, 12, 26, 33)}
 
 
 def _run_planted(d, c):

@@ -34,8 +34,8 @@ PLANTED = {
     ),
     "wrong_row_scale": (
         "kernels/fp8_gemm.cuh",
-        "const float sa_hi = kSwapAB ? 0.0f : sa[frag_row + w * 64 + 8];",
-        "const float sa_hi = kSwapAB ? 0.0f : sa[frag_row + w * 64];",
+        "const float sa_hi = kSwapAB || kRowScaledB ? 0.0f : sa[frag_row + w * 64 + 8];",
+        "const float sa_hi = kSwapAB || kRowScaledB ? 0.0f : sa[frag_row + w * 64];",
         dict(m=64, n=128, k=256, block_m=64, block_n=64, cluster=(1, 1)),
     ),
     "wrong_barrier_arrive_count": (
@@ -64,10 +64,10 @@ PLANTED = {
     ),
     "stage_released_before_wgmma_wait": (
         "kernels/fp8_gemm.cuh",
-        "                        hal::wgmma_commit();\n                        hal::wgmma_wait<0>();",
+        "                        hal::wgmma_commit();\n",
         "                        hal::wgmma_commit();\n"
-        "                        if (w + 1 == kWavesM && c + 1 == kMmaChunks) release_stage(empty, stage, lane);\n"
-        "                        hal::wgmma_wait<0>();",
+        "                        if (w + 1 == kWavesM && c + 1 == kMmaChunks)\n"
+        "                            release_stage(empty, peer_window, stage, lane);\n",
         dict(m=64, n=128, k=1024, block_m=64, block_n=64, cluster=(1, 1), stages=2),
     ),
     "producer_run_by_every_lane": (

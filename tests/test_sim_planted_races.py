@@ -94,9 +94,9 @@ PLANTED = {
     # stage's sB (which come after the wgmma wait) before that release.
     "1d1d_stage_released_without_warp_sync": (
         "kernels/fp8_gemm.cuh",
-        "                            hal::warp_sync();\n                            release_stage(empty, stage, lane);\n",
-        "                            release_stage(empty, stage, lane);\n",
-        run_1d1d, "race", ("policy_1d1d.cuh", "const float s0 = sb[8 * j], s1 = sb[8 * j + 1];"),
+        "                                hal::warp_sync();\n                                release_stage(empty, peer_window, stage, lane);\n",
+        "                                release_stage(empty, peer_window, stage, lane);\n",
+        run_1d1d, "race", ("policy_1d1d.cuh", "pair[j] = *reinterpret_cast<const F32x2*>(sb_thread + 8 * j);"),
         ("kernels/fp8_gemm.cuh", "hal::tma_load_3d(sb, &params.tma_sb, bar, n0, static_cast<i32>(kb), 0);")),
     # Quantiser: the per-group amax read back from shared memory without the bar.sync after the partials.
     "quant_amax_read_without_barrier": (

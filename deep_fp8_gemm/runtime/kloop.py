@@ -372,7 +372,9 @@ def check_ceilings(kind: str, block_m: int, analysis: dict, ceilings: dict[str, 
     Ceiling keys: ``issue_per_tensor_cycle_m{64,128,256}`` (per BLOCK_M: small tiles have less tensor work to
     hide bookkeeping under), ``math_per_k_block`` and ``producer_per_k_block`` (total instructions per K block),
     ``overhead_per_k_block_per_wave`` (math instructions other than the promotion's FFMA, per K block and m64
-    wave: independent of BLOCK_N, so it catches bookkeeping growth in wide and narrow tiles alike).
+    wave: independent of BLOCK_N, so it catches bookkeeping growth in wide and narrow tiles alike),
+    ``drain_per_wave`` (the longest ``drain_to_wgmma`` gap: what a wave runs between its wgmma wait and the next
+    wgmma, which catches work moved out from under the tensor cores at an unchanged instruction count).
     A kind without an entry is not gated; a GEMM kernel without a math loop is a problem.
     """
     limits = ceilings.get(kind)
@@ -390,6 +392,10 @@ def check_ceilings(kind: str, block_m: int, analysis: dict, ceilings: dict[str, 
     if "overhead_per_k_block_per_wave" in limits and overhead > limits["overhead_per_k_block_per_wave"]:
         problems.append(f"math loop spends {overhead} non-FFMA instructions per K block per m64 wave > ceiling "
                         f"{limits['overhead_per_k_block_per_wave']} ({kind})")
+    drain = max(math.get("drain_to_wgmma") or [0])
+    if "drain_per_wave" in limits and drain > limits["drain_per_wave"]:
+        problems.append(f"math loop runs {drain} instructions from a wgmma wait to the next wgmma > ceiling "
+                        f"{limits['drain_per_wave']} ({kind})")
     if "math_per_k_block" in limits and math["per_k_block"]["total"] > limits["math_per_k_block"]:
         problems.append(f"math loop {math['per_k_block']['total']} instructions per K block > ceiling "
                         f"{limits['math_per_k_block']} ({kind})")

@@ -34,30 +34,57 @@ struct FamilyOf {
 };
 
 // Per-row (1x128) scales of B: the stage holds the K block's BLOCK_N values (TMA destination, 128-aligned).
+// In registers, the K block's scales of this thread's fragment columns 8j + 2 (lane % 4) + {0, 1}
+// (WgmmaFragment::col): BLOCK_N / 8 pairs, read with BLOCK_N / 8 8-byte shared loads once per K block for
+// every m64 wave (256x96: 12 loads, not 12 per wave).
 template <u32 BLOCK_N>
 struct RowScalesB {
     static constexpr u32 kSmemBytes = round_up(BLOCK_N * 4u, 128u);  // one stage
+    F32x2 pair[BLOCK_N / 8];
+    // sb_thread: the stage's sB slice + 2 (lane % 4), this thread's first column.
+    DFG_DEVICE void load(const float* sb_thread) {
+        DFG_UNROLL
+        for (u32 j = 0; j < BLOCK_N / 8; ++j)
+            pair[j] = *reinterpret_cast<const F32x2*>(sb_thread + 8 * j);
+    }
 };
 
-// Two-level accumulation with per-column B scales for one m64 wave: acc += (scratch * sB[col]) * sA[row].
-// The fragment's column group j holds this thread's columns 8j + 2 (lane % 4) + {0, 1} (WgmmaFragment::col),
-// whose scales are read from the stage's sB slice here, pair by pair, rather than held in BLOCK_N / 4
-// registers across the wave's wgmma (that made the one-warpgroup 64x128 kernel spill). So the stage must
-// not be released before the last wave's promotion (fp8_gemm.cuh releases it after, for this family).
-// One FMUL and one FFMA per value (the 1D2D promotion needs one FFMA: its B scale is one per 128 columns).
-template <u32 BLOCK_N, u32 kValues>
-DFG_DEVICE void promote_row_scaled(float (&acc)[kValues], const float (&scratch)[kValues], float sa_lo, float sa_hi,
-                                   const float* sb_stage, u32 lane) {
-    static_assert(kValues == BLOCK_N / 2, "fragment of m64nBLOCK_N");
-    const float* sb = sb_stage + 2 * (lane % 4);
-    DFG_UNROLL
-    for (u32 j = 0; j < BLOCK_N / 8; ++j) {
-        const float s0 = sb[8 * j], s1 = sb[8 * j + 1];
-        acc[4 * j + 0] += (scratch[4 * j + 0] * s0) * sa_lo;
-        acc[4 * j + 1] += (scratch[4 * j + 1] * s1) * sa_lo;
-        acc[4 * j + 2] += (scratch[4 * j + 2] * s0) * sa_hi;
-        acc[4 * j + 3] += (scratch[4 * j + 3] * s1) * sa_hi;
+// One m64 wave's combined scales sA[row] * sB[col], in the fragment's order (values 4j + {0, 1}: row r,
+// columns c, c + 1; 4j + {2, 3}: row r + 8, the same columns): BLOCK_N / 2 FMULs.
+template <u32 BLOCK_N>
+struct WaveScales {
+    float v[BLOCK_N / 2];
+    DFG_DEVICE void combine(const RowScalesB<BLOCK_N>& sb, float sa_lo, float sa_hi) {
+        DFG_UNROLL
+        for (u32 j = 0; j < BLOCK_N / 8; ++j) {
+            v[4 * j + 0] = sa_lo * sb.pair[j].x;
+            v[4 * j + 1] = sa_lo * sb.pair[j].y;
+            v[4 * j + 2] = sa_hi * sb.pair[j].x;
+            v[4 * j + 3] = sa_hi * sb.pair[j].y;
+        }
     }
+};
+
+// Two-level accumulation with per-column B scales for one m64 wave: acc += scratch * (sA[row] * sB[col]), one
+// FFMA per value. Order in the kernel (fp8_gemm.cuh): the wave's wgmmas are issued and committed, then the K
+// block's RowScalesB (with the first wave) and the wave's two sA values are read from the stage and multiplied
+// into WaveScales (BLOCK_N / 2 FMULs) while the tensor cores run, then the wait, the stage's release (nothing
+// reads it afterwards) and these FFMAs. So the drain from the wait to the next wgmma is the FFMAs and the loop's
+// bookkeeping (audit, 128x128: 84 instructions; 166 when sB was read pair by pair after the wait and multiplied
+// in twice, (scratch x sB) x sA, with the stage released after the last promotion; the reference design 117).
+// Live across the wgmma: acc, scratch and the wave's BLOCK_N / 2 products, with a second wave to come also the
+// BLOCK_N / 4 sB (128x128: 64 + 64 + 64 of setmaxnreg's 232; 256x96: 96 + 48 + 48 + 24). Every audited pick
+// compiles spill-free, the one-warpgroup 64x128 included (it spilled when an earlier version held sB across the
+// wgmma).
+// ptxas keeps the FMULs under the wgmma only while the math warps get setmaxnreg's registers: a trap reachable
+// from them holds them to the launch bound (KGroupedScheduler, policy_k_grouped.cuh).
+template <u32 BLOCK_N, u32 kValues>
+DFG_DEVICE void promote_row_scaled(float (&acc)[kValues], const float (&scratch)[kValues],
+                                   const WaveScales<BLOCK_N>& scale) {
+    static_assert(kValues == BLOCK_N / 2, "fragment of m64nBLOCK_N");
+    DFG_UNROLL
+    for (u32 i = 0; i < kValues; ++i)
+        acc[i] += scratch[i] * scale.v[i];
 }
 
 // fp32-accumulate epilogue of one warpgroup: D[row, col] = C[row, col] + acc for the thread's fragment

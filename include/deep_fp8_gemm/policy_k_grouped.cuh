@@ -37,8 +37,13 @@ namespace dfg {
 
 // Persistent scheduler of the k-grouped kind (same interface as TileScheduler; no clusters). `ks` is the
 // device array of the kNumGroups K_g values (ks_tensor). Fills TileInfo::num_k_blocks (K_g / 128) and
-// TileInfo::k_block0 (k_off_g / 128, the group's first column of sA / sB).
-template <u32 SHAPE_N, u32 BLOCK_M, u32 BLOCK_N, u32 kNumGroups, u32 kBandWidth>
+// TileInfo::k_block0 (k_off_g / 128, the group's first column of sA / sB). kChecksK: the producer's walk checks
+// each K_g (and traps); the math warps walk the same tiles without the check (the producer's trap ends the
+// launch for them too).
+// NOTES: a trap reachable from the math warps makes ptxas allocate their registers to the launch bound (168 with
+// two math warpgroups) instead of setmaxnreg's 232: the 128x128 K loop then had no room for the wave's combined
+// scales under the wgmma (policy_1d1d.cuh) and ptxas moved their FMULs after the wait (drain 146 instead of 83).
+template <u32 SHAPE_N, u32 BLOCK_M, u32 BLOCK_N, u32 kNumGroups, u32 kBandWidth, bool kChecksK>
 struct KGroupedScheduler {
     static constexpr u32 kNumNBlocks = ceil_div(SHAPE_N, BLOCK_N);
     static_assert(kBandWidth >= 1, "band width");
@@ -53,11 +58,11 @@ struct KGroupedScheduler {
     DFG_HOST_DEVICE KGroupedScheduler(u32 num_rows_, const i32* ks_, u32 block_idx, u32 grid_size)
         : ks(ks_), num_rows(num_rows_), next_tile(block_idx), stride(grid_size), cur_group(0), cur_k_block0(0) {}
 
-    // K blocks of group g; a value that is negative or not a multiple of 128 traps (it cannot match the
-    // host-built maps, which were checked against ks).
+    // K blocks of group g; with kChecksK, a value that is negative or not a multiple of 128 traps (it cannot
+    // match the device-built maps, whose builder traps on it too).
     DFG_HOST_DEVICE u32 k_blocks_of(u32 group) const {
         const i32 k = ks[group];
-        if (k < 0 || k % 128 != 0)
+        if (kChecksK && (k < 0 || k % 128 != 0))
             hal::trap("ks_tensor holds a K that is negative or not a multiple of 128");
         return static_cast<u32>(k) / 128u;
     }

@@ -87,7 +87,8 @@
 //
 // Math per 128-wide K block and m64 wave: 4 x wgmma m64nBLOCK_Nk32 into a scratch accumulator (scale-d = 0
 // on the first), wait, release the stage (after the last wave), then promote on the CUDA cores:
-// acc += scratch * sA[row] * sB[col block] (promotion.cuh; fp32 kinds: per column, policy_1d1d.cuh). The tensor
+// acc += scratch * sA[row] * sB[col block] (promotion.cuh; fp32 kinds: per column, policy_1d1d.cuh, their
+// scales read from the stage and multiplied, sA x sB, between the commit and the wait). The tensor
 // cores never sum more than 128 products, which keeps FP8 GEMMs accurate (their internal accumulator keeps ~14
 // bits of alignment; see ANCHORS.md, "two-level accumulation").
 //
@@ -189,9 +190,14 @@ struct Fp8GemmKernel {
     // BLOCK_N <= 128 + gcd(BLOCK_N, 128) (144 and 160 qualify, 176 does not). The promotion relies on it.
     static_assert(BLOCK_N <= 128 + gcd(BLOCK_N, 128u), "a block's columns must touch at most two sB blocks");
 
-    using Scheduler = typename Select<kKGrouped, KGroupedScheduler<SHAPE_N, BLOCK_M, BLOCK_N, kNumGroups, kBandWidth>,
+    using Scheduler = typename Select<kKGrouped,
+                                      KGroupedScheduler<SHAPE_N, BLOCK_M, BLOCK_N, kNumGroups, kBandWidth, true>,
                                       TileScheduler<kLayout, SHAPE_N, BLOCK_M, BLOCK_N, kNumGroups, kClusterM,
                                                     kClusterN, kBandWidth, kSplitK>>::type;
+    // The math warps' walk: the same tiles; the k-grouped one without the producer's K check (policy_k_grouped.cuh).
+    using MathScheduler = typename Select<kKGrouped,
+                                          KGroupedScheduler<SHAPE_N, BLOCK_M, BLOCK_N, kNumGroups, kBandWidth, false>,
+                                          Scheduler>::type;
     using Split = SplitK<kSplitK, kNumKBlocks, kLayout, kClusterM * kClusterN, kNumMathWarpgroups, kMmaRows, kMmaCols>;
     using Scales = ScaleColumns<BLOCK_N, kNumScaleBlocksN>;
     using Pipe = PipelineState<kNumStages>;
@@ -374,7 +380,7 @@ struct Fp8GemmKernel {
     // and the K loop's descriptors and barrier addresses in uniform registers. Every kind votes on "more
     // tiles" (all lanes compute it identically): with the loop's exit a vote, ptxas keeps the K loop's ring
     // cursor in uniform registers (the dense 64x64 kernel: 99 -> 83 instructions per K block).
-    static DFG_DEVICE bool next_tile(Scheduler& scheduler, TileInfo& tile) {
+    static DFG_DEVICE bool next_tile(MathScheduler& scheduler, TileInfo& tile) {
         const bool more = scheduler.next(tile);
         if constexpr (kLayout == GemmKind::Dense || kLayout == GemmKind::Dense1D1D) {
             return hal::warp_all(more);
@@ -412,11 +418,17 @@ struct Fp8GemmKernel {
         const u32 a_lo0 = hal::warp_broadcast(static_cast<u32>(a_desc));
         const u32 b_lo0 = hal::warp_broadcast(static_cast<u32>(b_desc));
 
+        // Cluster kernels: where the shared memory of the CTA this lane releases stages on (release_stage) lies in
+        // the shared::cluster window, relative to this CTA's shared addresses: mapped once here rather than by a
+        // mapa per release (3 instructions per K block; the sum below folds into the arrive's address operand).
+        const u32 peer_window = kClusterSize > 1
+                                    ? hal::cluster_smem_address(empty, lane % kClusterSize) - hal::smem_addr(empty)
+                                    : 0u;
+
         float acc[kWavesM][kAccValues];
         float scratch[kMmaValues];
-        const u32 empty_peer = peer_empty_barriers(empty, lane);
 
-        Scheduler scheduler(params.rows, params.grouped_layout, hal::block_idx(), hal::grid_dim());
+        MathScheduler scheduler(params.rows, params.grouped_layout, hal::block_idx(), hal::grid_dim());
         Pipe pipe;
         TileInfo tile;
         while (next_tile(scheduler, tile)) {
@@ -442,11 +454,12 @@ struct Fp8GemmKernel {
                 SwapAbColumnScales<kSwapAB ? BLOCK_M : 8u> sa_cols;
                 if constexpr (kSwapAB)
                     sa_cols.load(sa, lane);
+                RowScalesB<kRowScaledB ? BLOCK_N : 16u> sb_cols;  // 1D1D: read once per K block, for every wave
                 DFG_UNROLL
                 for (u32 w = 0; w < kWavesM; ++w) {
-                    // Per-row sA (swap-AB: per column, read by promote_swap_ab).
-                    const float sa_lo = kSwapAB ? 0.0f : sa[frag_row + w * 64];
-                    const float sa_hi = kSwapAB ? 0.0f : sa[frag_row + w * 64 + 8];
+                    // Per-row sA (swap-AB: per column, read by promote_swap_ab; 1D1D: read under the wgmma).
+                    const float sa_lo = kSwapAB || kRowScaledB ? 0.0f : sa[frag_row + w * 64];
+                    const float sa_hi = kSwapAB || kRowScaledB ? 0.0f : sa[frag_row + w * 64 + 8];
                     DFG_UNROLL
                     for (u32 c = 0; c < kMmaChunks; ++c) {  // one chunk (the whole tile) but for the SwiGLU kinds
                         DFG_UNROLL
@@ -460,21 +473,30 @@ struct Fp8GemmKernel {
                                 desc_with_low_word(b_desc, b_lo + ((c * kMmaN * BLOCK_K + ks * kWgmmaK) >> 4)),
                                 scratch, ks > 0);
                         hal::wgmma_commit();
+                        // 1D1D: the wave's scales read (sB with the first wave) and multiplied, sA x sB, while
+                        // the tensor cores run; the stage is held until after the wait (policy_1d1d.cuh).
+                        WaveScales<kRowScaledB ? BLOCK_N : 16u> wave_scales;
+                        if constexpr (kRowScaledB) {
+                            if (w == 0)
+                                sb_cols.load(sb + 2 * (lane % 4));
+                            wave_scales.combine(sb_cols, sa[frag_row + w * 64], sa[frag_row + w * 64 + 8]);
+                        }
                         hal::wgmma_wait<0>();
                         DFG_UNROLL
                         for (u32 i = 0; i < kMmaValues; ++i)
                             hal::fence_operand(scratch[i]);
                         const bool last = w + 1 == kWavesM && c + 1 == kMmaChunks;
-                        if constexpr (kRowScaledB) {  // reads sB from the stage: release after it
-                            promote_row_scaled<BLOCK_N>(acc[w], scratch, sa_lo, sa_hi, sb, lane);
+                        if constexpr (kRowScaledB) {  // every scale is in registers: release, then promote
                             if (last) {
-                                // Only lane 0 arrives: every lane's sB reads must be ordered before its release.
+                                // Only lane 0 arrives: every lane's sA / sB reads must be ordered before its
+                                // release (its arrive releases its own accesses only).
                                 hal::warp_sync();
-                                release_stage(empty, empty_peer, stage, lane);
+                                release_stage(empty, peer_window, stage, lane);
                             }
+                            promote_row_scaled<BLOCK_N>(acc[w], scratch, wave_scales);
                         } else {
                             if (last)
-                                release_stage(empty, empty_peer, stage, lane);
+                                release_stage(empty, peer_window, stage, lane);
                             if constexpr (kSwapAB) {  // the wave's weight rows lie in one sB block: sb0
                                 promote_swap_ab<BLOCK_M>(acc[w], scratch, sb0, sa_cols);
                             } else if constexpr (kMmaChunks == 1) {
@@ -496,24 +518,16 @@ struct Fp8GemmKernel {
         Output::finish(me);
     }
 
-    // Lane r < kClusterSize of each math warp releases the stage on CTA r of the cluster: `empty_peer` is that CTA's
-    // empty[0] as a shared::cluster address (peer_empty_barriers), empty[stage] 8 * stage bytes on.
-    static DFG_DEVICE void release_stage(u64* empty, u32 empty_peer, u32 stage, u32 lane) {
+    // Lane r < kClusterSize of each math warp releases the stage on CTA r of the cluster, whose shared memory
+    // lies at this CTA's shared addresses + peer_window in the shared::cluster window (consume).
+    static DFG_DEVICE void release_stage(u64* empty, u32 peer_window, u32 stage, u32 lane) {
         if constexpr (kClusterSize == 1) {
             if (lane == 0)
                 hal::mbar_arrive(&empty[stage]);
         } else {
             if (lane < kClusterSize)
-                hal::mbar_arrive_cluster_address(empty_peer + stage * static_cast<u32>(sizeof(u64)));
+                hal::mbar_arrive_cluster_address(hal::smem_addr(&empty[stage]) + peer_window);
         }
-    }
-    // The mapa of release_stage, once per kernel instead of once per K block (lanes >= kClusterSize map rank 0 and
-    // never arrive). NOTES: issue 28 item 3, 2-3 instructions per K block in the cluster kernels.
-    static DFG_DEVICE u32 peer_empty_barriers(u64* empty, u32 lane) {
-        if constexpr (kClusterSize == 1)
-            return 0;
-        else
-            return hal::cluster_smem_address(empty, lane < kClusterSize ? lane : 0u);
     }
 };
 
