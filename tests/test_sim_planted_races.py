@@ -2,9 +2,10 @@
 detector (hal/sim/hb.hpp, hal/sim/shadow.hpp) with its kind, both threads and both call sites, on every seed.
 
 Each of these ran clean and matched the reference before the detector existed: a sequentially consistent
-emulation makes every store visible at once, and on the GPU each is a rare wrong answer, not a crash. The
-patterns the kernels do not use yet (shared memory exchanged between warpgroups, programmatic dependent launch)
-are planted in small kernels in tests/test_sim_races.py.
+emulation makes every store visible at once, and on the GPU each is a rare wrong answer, not a crash. Programmatic
+dependent launch is planted here too (the GEMM without its griddepcontrol.wait, two launches of it as one stream);
+the patterns the kernels do not use (shared memory exchanged between warpgroups) are planted in small kernels in
+tests/test_sim_races.py, with PDL's other cases (a CTA exiting without the wait, reads before it).
 """
 
 from __future__ import annotations
@@ -133,3 +134,61 @@ def test_planted_ordering_bug_is_reported_with_both_sites(bug, tmp_path, monkeyp
         assert re.search(first_site, report) and re.search(second_site, report), (
             f"{bug}: the report does not name both call sites ({first_site}, {second_site}):\n{report[:3000]}")
         assert len(re.findall(r"cta \d+ thread \d+", report)) >= 2, f"{bug}: the report names one thread:\n{report}"
+
+
+# ---------------------------------------------------------------------------------------------- PDL in a real kernel
+def _dense_stream(seed, monkeypatch):
+    """The dense GEMM launched twice as one stream, the second a programmatic dependent launch of the first, both
+    writing the same D (what a chain of layers does to a reused output buffer): the simulator call of gemm.launch is
+    captured and replayed through launch_stream. Returns D and the float64 reference."""
+    import dataclasses
+
+    from deep_fp8_gemm import simulator
+
+    from ._operands import gemm64
+    from .test_sim_gemm import make_config, quantised_operands
+
+    captured = {}
+    monkeypatch.setattr(simulator, "launch", lambda name, source, params, **kw: captured.update(
+        name=name, source=source, params=params, **kw))
+    m, n, k = 100, 128, 512  # 2 m-blocks x 2 n-blocks on 2 CTAs, 4 K blocks through 2 stages
+    cfg = make_config("dense", n, k, 64, 64, stages=2, grid=2)
+    a, sa, b, sb = quantised_operands((m,), n, k, seed=3)
+    d = torch.full((m, n), float("nan"), dtype=torch.bfloat16)
+    gemm.launch_1d2d(cfg, a, get_col_major_tma_aligned_tensor(sa), b, sb, d, None, backend="sim")
+    first = simulator.StreamLaunch(captured["name"], captured["params"], captured["grid"], captured["block"],
+                                   captured["cluster"], captured["smem_bytes"], captured["registers"])
+    simulator.launch_stream(captured["source"], [first, dataclasses.replace(first, programmatic=True)], seed=seed)
+    return d, gemm64(a, sa, b, sb)
+
+
+@pytest.mark.parametrize("seed", (0, 1))
+def test_gemm_chained_by_pdl_runs_clean(seed, monkeypatch):
+    """The real GEMM's griddepcontrol.wait (both roles, before the first global access) orders the dependent launch's
+    TMA loads and D stores after the whole previous grid: no report, and D is the GEMM's."""
+    from ._operands import assert_within_one_bf16_ulp
+
+    monkeypatch.setenv("DFG_SIM_EXACT_MMA", "1")  # the float64 bound is for exact fp32 accumulation
+    d, expected = _dense_stream(seed, monkeypatch)
+    assert_within_one_bf16_ulp(d, expected)
+
+
+def test_planted_gemm_without_its_grid_dependency_waits_is_reported(tmp_path, monkeypatch):
+    """Both waits planted away (producer and math roles): the dependent GEMM's accesses run alongside the previous
+    grid (it launched once every CTA of that one executed launch_dependents) and are reported as `pdl`."""
+    producer_wait = "            hal::setmaxnreg_dec<kProducerRegisters>();\n            hal::grid_dependency_wait();\n"
+    math_wait = "            hal::setmaxnreg_inc<kMathRegisters>();\n            hal::grid_dependency_wait();\n"
+    mutated_headers(tmp_path, monkeypatch, "kernels/fp8_gemm.cuh", producer_wait,
+                    "            hal::setmaxnreg_dec<kProducerRegisters>();\n")
+    target = tmp_path / "include" / "deep_fp8_gemm" / "kernels" / "fp8_gemm.cuh"
+    text = target.read_text()
+    assert text.count(math_wait) == 1, "the math role's wait is no longer spelled this way: update this test"
+    target.write_text(text.replace(math_wait, "            hal::setmaxnreg_inc<kMathRegisters>();\n"))
+    for seed in SEEDS:
+        with pytest.raises(SimulationError) as e:
+            _dense_stream(seed, monkeypatch)
+        report = str(e.value)
+        assert re.search(r"\bpdl: ", report), f"seed {seed}: expected a pdl report:\n{report[:3000]}"
+        # both kernels' D stores (the only memory both write), with both threads and both call sites
+        assert len(re.findall(rf"{site_pattern(('epilogue.cuh', 'hal::tma_store_3d('))}", report)) >= 2 and \
+            len(re.findall(r"kernel [01] cta \d+ thread \d+", report)) >= 2, report[:3000]
