@@ -276,8 +276,10 @@ def smem_bytes(block_m: int, block_n: int, num_stages: int, kind: str = "dense",
     sa_stage = _round_up(block_m * 4, 128)
     # 1D2D: the K block's sB values of the tile's two scale blocks; 1D1D: the K block's BLOCK_N row scales of B.
     sb_stage = _round_up(block_n * 4, 128) if fp32_out else 16
-    barriers = 2 * num_stages * 8
-    return d_tile + num_stages * (a_stage + b_stage + sa_stage + sb_stage) + barriers
+    if fp32_out:  # stage records of sA and sB, then the full and empty barrier arrays
+        return d_tile + num_stages * (a_stage + b_stage + _round_up(sa_stage + sb_stage, 128) + 2 * 8)
+    # stage records of sA, sB, the stage's full and empty barriers
+    return d_tile + num_stages * (a_stage + b_stage + _round_up(sa_stage + sb_stage + 2 * 8, 128))
 
 
 def check_config(cfg: GemmConfig, smem_limit: int = SMEM_LIMIT) -> None:

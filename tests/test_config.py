@@ -110,8 +110,11 @@ def test_check_config_rejects(case):
 
 def test_base_config_is_legal_and_smem_formula():
     check_config(BASE)
-    # D tile 128x128 bf16 + 4 x (A 128x128 + B 128x128 + sA 512 + sB 16) + 8 barriers.
-    assert smem_bytes(128, 128, 4) == 32768 + 4 * (16384 + 16384 + 512 + 16) + 64 == BASE.smem_bytes
+    # D tile 128x128 bf16 + 4 x (A 128x128 + B 128x128 + the stage record: sA 512, sB 16, the full and empty
+    # barriers 16, padded to 640 for the next record's sA, a TMA destination).
+    assert smem_bytes(128, 128, 4) == 32768 + 4 * (16384 + 16384 + 640) == BASE.smem_bytes
+    # 1D1D: no D tile; records of sA 512 + sB 512, then the 2 x 6 barriers.
+    assert smem_bytes(128, 128, 6, "1d1d") == 6 * (16384 + 16384 + 512 + 512) + 96
 
 
 @pytest.mark.parametrize("bad", [dict(m=-1), dict(n=12), dict(k=8), dict(kind="sparse"), dict(num_groups=0)])

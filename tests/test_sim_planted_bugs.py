@@ -88,6 +88,12 @@ PLANTED = {
         "offset < 128u - k * kSegmentCols;",
         dict(m=64, n=336, k=256, block_m=64, block_n=112, cluster=(1, 1)),
     ),
+    "straddle_mask_low_half": (  # a mask of the low 16 bits: the pick keeps block0's sign, exponent, top mantissa
+        "promotion.cuh",
+        "hal::pin(cols.segment_second(k) ? ~0u : 0u)",
+        "hal::pin(cols.segment_second(k) ? 0x0000ffffu : 0u)",
+        dict(m=64, n=336, k=256, block_m=64, block_n=112, cluster=(1, 1)),
+    ),
     "ring_phase_not_carried_across_tiles": (  # the math warps restart the ring at stage 0, phase 0 per tile
         "kernels/fp8_gemm.cuh",
         "        Pipe pipe;\n        TileInfo tile;\n        while (next_tile(scheduler, tile)) {\n",

@@ -35,8 +35,8 @@ PROMOTE_EVERY_512 = [
      "const auto k_block = [&](u32 stage, u32 phase, u32 kb) {"),
     ("                                scratch, ks > 0);",
      "                                scratch, ks > 0 || kb % 4 != 0);"),
-    ("promote(acc[w], scratch, sa_lo, sa_hi, sb0, sb1, cols);",
-     "if (kb % 4 == 3 || kb + 1 == kNumKBlocks) promote(acc[w], scratch, sa_lo, sa_hi, sb0, sb1, cols);"),
+    ("promote(acc[w], scratch, sa_lo, sa_hi, sb0, sb1, masks);",
+     "if (kb % 4 == 3 || kb + 1 == kNumKBlocks) promote(acc[w], scratch, sa_lo, sa_hi, sb0, sb1, masks);"),
 ]
 
 

@@ -36,6 +36,9 @@ struct ScaleColumns {
         return s;
     }
 
+    // Whether segment k's block depends on n0 (otherwise segment 0 uses block0, segments from column 128 on block1).
+    DFG_HOST_DEVICE static constexpr bool segment_varies(u32 k) { return k > 0 && k * kSegmentCols < 128u; }
+
     // Whether segment k (a compile-time constant in the kernel's unrolled loops) uses block1.
     DFG_HOST_DEVICE constexpr bool segment_second(u32 k) const {
         return k == 0 ? false : k * kSegmentCols >= 128u ? true : offset >= 128u - k * kSegmentCols;

@@ -484,6 +484,11 @@ DFG_DEVICE void setmaxnreg_dec() {
 }
 
 // ---------------------------------------------------------------- conversions, loads, errors
+// Bitwise select: the bits of `second` where `mask` is 1, of `first` elsewhere (one LOP3). With a mask of all
+// zeros or all ones it picks one float exactly, and needs no predicate register (promotion.cuh SegmentMasks).
+DFG_DEVICE float select_bits(float first, float second, u32 mask) {
+    return __uint_as_float((__float_as_uint(first) & ~mask) | (__float_as_uint(second) & mask));
+}
 // Two floats -> two bf16 (round to nearest even) packed as {lo in bits 0..15, hi in bits 16..31}.
 DFG_DEVICE u32 pack_bf16x2(float lo, float hi) {
     u32 packed;

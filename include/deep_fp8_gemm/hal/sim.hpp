@@ -538,6 +538,17 @@ inline void setmaxnreg_dec(DFG_SIM_SITE) {
 }
 
 // ---------------------------------------------------------------- conversions, loads, errors
+// lop3 of the two floats' bits under `mask` (ptx.cuh): `second`'s bits where mask is 1.
+inline float select_bits(float first, float second, u32 mask) {
+    DFG_SIM_HAL;
+    u32 a, b;
+    std::memcpy(&a, &first, 4);
+    std::memcpy(&b, &second, 4);
+    const u32 bits = (a & ~mask) | (b & mask);
+    float out;
+    std::memcpy(&out, &bits, 4);
+    return out;
+}
 // cvt.rn.bf16x2.f32 / cvt.rn.satfinite.e4m3x2.f32 (PTX ISA "cvt"): lo in the low half.
 inline u32 pack_bf16x2(float lo, float hi) {
     DFG_SIM_HAL;

@@ -34,12 +34,13 @@
 //                                                   floats, TMA through tma_sb)          (TMA destination)
 //
 //   family       shared memory (dynamic, 1024-aligned; kSmem* offsets; = config.smem_bytes by static_assert)
-//   bf16 kinds   D tile (bf16, BLOCK_N/16 swizzled 16-column chunks) | A stages | B stages | sA stages | sB stages |
-//                barriers
-//   fp32 kinds   A stages | B stages | sA stages | sB stages | barriers (no D tile: D is written from registers)
+//   bf16 kinds   D tile (bf16, BLOCK_N/16 swizzled 16-column chunks) | A stages | B stages |
+//                per stage a record {sA | sB | full barrier | empty barrier} (128-byte multiple)
+//   fp32 kinds   A stages | B stages | per stage a record {sA | sB} | full barriers | empty barriers (no D tile:
+//                D is written from registers)
 //
 //   FP8 kinds    D tile (e4m3 [BLOCK_M][128], 128-byte swizzle) + amax partials ([math warps][2 kWavesM][32] u32) |
-//                A stages | B stages | sA stages | sB stages | barriers (the SwiGLU kinds: BLOCK_N = 256 B rows)
+//                A stages | B stages | records as the bf16 kinds (the SwiGLU kinds: BLOCK_N = 256 B rows)
 //
 //   family       epilogue (output.cuh)
 //   bf16 kinds   Bf16TmaStore: stmatrix into the D tile, one TMA store per 16-column chunk, awaited before the
@@ -94,13 +95,15 @@
 //
 // NOTES (issue per K block, measured by the audit's K-loop analysis, deep_fp8_gemm/runtime/kloop.py):
 // both K loops are one loop body per K block (PipelineState::for_each_use: an unrolled ring costs the
-// compiler ~0.03-0.1 s per stage); every stage-dependent address and descriptor word is one multiply-add of
-// the stage index, which ptxas keeps on the uniform datapath because the tile loop's exit is a warp vote
-// (next_tile) and the loop-invariant bases are pinned in registers (consume); descriptors are patched in
-// their low word only; sB sits in shared memory next to sA (copied by the producer with cp.async), so the
-// math loop has no global loads; which sB block a column uses is fixed at compile time except for at most
-// 128 / gcd(BLOCK_N, 128) - 1 segments (scales.cuh); the grouped kinds broadcast scheduler values from
-// lane 0 so that control flow and descriptors stay on the uniform datapath.
+// compiler ~0.03-0.1 s per stage; the ring is walked in passes of one phase, so the phase and the wrap are
+// per pass, not per K block); every stage-dependent address and descriptor word is one multiply-add of
+// the stage index (sA, sB and the 1D2D barriers share one: the stage records), which ptxas keeps on the
+// uniform datapath because the tile loop's exit is a warp vote (next_tile) and the loop-invariant bases are
+// pinned in registers (consume); descriptors are patched in their low word only; the scale-straddle segment
+// picks are bit masks (promotion.cuh SegmentMasks); sB sits in shared memory next to sA (copied by the
+// producer with cp.async), so the math loop has no global loads; which sB block a column uses is fixed at
+// compile time except for at most 128 / gcd(BLOCK_N, 128) - 1 segments (scales.cuh); the grouped kinds
+// broadcast scheduler values from lane 0 so that control flow and descriptors stay on the uniform datapath.
 #pragma once
 #include "../common.cuh"
 #include "../gemm_params.cuh"
@@ -220,15 +223,29 @@ struct Fp8GemmKernel {
     static constexpr u32 kSmemSBBytes = kRowScaledB ? RowScalesB<BLOCK_N>::kSmemBytes : 16u;
     static constexpr u32 kSmemA = kSmemD + kSmemDBytes;
     static constexpr u32 kSmemB = kSmemA + kNumStages * kSmemABytes;
-    static constexpr u32 kSmemSA = kSmemB + kNumStages * kSmemBBytes;
-    static constexpr u32 kSmemSB = kSmemSA + kNumStages * kSmemSABytes;
-    static constexpr u32 kSmemBarriers = kSmemSB + kNumStages * kSmemSBBytes;
+    // The rest of a stage is one record per stage, kSmemRecordBytes apart (a multiple of 128: sA is a TMA
+    // destination): sA, sB and, for the 1D2D kinds, the stage's full and empty barriers. Everything the K loop
+    // addresses per stage but the operand tiles is then one offset from one base: the 1D2D math loop derives
+    // one address per K block instead of three (2 instructions per K block). 1D1D keeps the barriers in arrays
+    // of their own after the records.
+    // NOTES: with the barriers in its records, ptxas re-formed the shared window's base (S2UR SR_CgaCtaId) in
+    // every K block of the 1D1D 128x128 kernel, 2 instructions more than it saved; sA and sB alone, both 512
+    // bytes there, already come from one address.
+    static constexpr bool kBarriersInRecord = !kRowScaledB;
+    static constexpr u32 kSmemSA = kSmemB + kNumStages * kSmemBBytes;  // stage 0's record
+    static constexpr u32 kSmemSB = kSmemSA + kSmemSABytes;
+    static constexpr u32 kSmemRecordBytes =
+        round_up(kSmemSABytes + kSmemSBBytes + (kBarriersInRecord ? 16u : 0u), 128u);
+    static constexpr u32 kSmemRecordsEnd = kSmemSA + kNumStages * kSmemRecordBytes;
+    static constexpr u32 kSmemFull = kBarriersInRecord ? kSmemSB + kSmemSBBytes : kSmemRecordsEnd;
+    static constexpr u32 kSmemEmpty = kSmemFull + (kBarriersInRecord ? 8u : kNumStages * 8u);
+    using Barriers = StageBarriers<kBarriersInRecord ? kSmemRecordBytes : 8u>;
     // The wgmma's operands: A (its M side) and B (its N side) stages; swap-AB reads the B stages as A and v.v.
     static constexpr u32 kSmemOpA = kSwapAB ? kSmemB : kSmemA;
     static constexpr u32 kSmemOpABytes = kSwapAB ? kSmemBBytes : kSmemABytes;
     static constexpr u32 kSmemOpB = kSwapAB ? kSmemA : kSmemB;
     static constexpr u32 kSmemOpBBytes = kSwapAB ? kSmemABytes : kSmemBBytes;
-    static constexpr u32 kSmemBytes = kSmemBarriers + 2 * kNumStages * 8;
+    static constexpr u32 kSmemBytes = kSmemRecordsEnd + (kBarriersInRecord ? 0u : 2 * kNumStages * 8u);
     static constexpr u32 kStageTxBytes = kSmemABytes + kSmemBBytes + BLOCK_M * 4 + (kRowScaledB ? BLOCK_N * 4 : 0u);
     static_assert(kSmemABytes % 1024 == 0 && kSmemBBytes % 1024 == 0, "stages keep 1024-byte alignment");
     static_assert(kSmemBytes <= 232448, "227 KB of shared memory per block");
@@ -239,8 +256,8 @@ struct Fp8GemmKernel {
     // ---------------------------------------------------------------- entry
     static DFG_DEVICE void run(const GemmParams& params) {
         u8* smem = hal::dynamic_smem();
-        u64* full = reinterpret_cast<u64*>(smem + kSmemBarriers);
-        u64* empty = full + kNumStages;
+        const Barriers full{smem + kSmemFull};
+        const Barriers empty{smem + kSmemEmpty};
         const u32 thread = hal::thread_idx();
         const u32 warp = hal::warp_idx();
         const u32 lane = hal::lane_idx();
@@ -299,7 +316,7 @@ struct Fp8GemmKernel {
     }
 
     // ---------------------------------------------------------------- producer (one thread)
-    static DFG_DEVICE void produce(const GemmParams& params, u8* smem, u64* full, u64* empty) {
+    static DFG_DEVICE void produce(const GemmParams& params, u8* smem, Barriers full, Barriers empty) {
         if constexpr (kKGrouped) {
             produce_k_grouped(params, smem, full, empty);
             return;
@@ -323,7 +340,7 @@ struct Fp8GemmKernel {
                 kb += tile.split * kKBlocksPerSplit;  // this split's K blocks (0 without split-K)
                 hal::mbar_wait(&empty[stage], phase ^ 1u, empty_barrier(stage));
                 u64* bar = &full[stage];
-                u8* sb = smem + kSmemSB + stage * kSmemSBBytes;
+                u8* sb = smem + kSmemSB + stage * kSmemRecordBytes;
                 if constexpr (kRowScaledB) {
                     hal::tma_load_3d(sb, &params.tma_sb, bar, n0, static_cast<i32>(kb), 0);
                 } else {
@@ -338,7 +355,7 @@ struct Fp8GemmKernel {
                                                              k0, row0, a_batch, rank);
                 tma_load_tile<BLOCK_N, BLOCK_K, kMulticastB>(smem + kSmemB + stage * kSmemBBytes, &params.tma_b, bar,
                                                              k0, n0, b_batch, rank, tile.multicast);
-                hal::tma_load_3d(smem + kSmemSA + stage * kSmemSABytes, &params.tma_sa, bar, row0,
+                hal::tma_load_3d(smem + kSmemSA + stage * kSmemRecordBytes, &params.tma_sa, bar, row0,
                                  static_cast<i32>(kb), a_batch);
             });
         }
@@ -346,7 +363,7 @@ struct Fp8GemmKernel {
 
     // The k-grouped kind's producer: per-group A_g / B_g maps (fenced once per group, see policy_k_grouped.cuh),
     // sA / sB columns k_block0 + kb, and the tile's run-time K-block count (0: nothing to load).
-    static DFG_DEVICE void produce_k_grouped(const GemmParams& params, u8* smem, u64* full, u64* empty) {
+    static DFG_DEVICE void produce_k_grouped(const GemmParams& params, u8* smem, Barriers full, Barriers empty) {
         Scheduler scheduler(params.rows, params.grouped_layout, hal::block_idx(), hal::grid_dim());
         Pipe pipe;
         TileInfo tile;
@@ -366,11 +383,11 @@ struct Fp8GemmKernel {
                 u64* bar = &full[stage];
                 const i32 k0 = static_cast<i32>(kb * BLOCK_K);
                 const i32 col = static_cast<i32>(tile.k_block0 + kb);
-                hal::tma_load_3d(smem + kSmemSB + stage * kSmemSBBytes, &params.tma_sb, bar, n0, col, 0);
+                hal::tma_load_3d(smem + kSmemSB + stage * kSmemRecordBytes, &params.tma_sb, bar, n0, col, 0);
                 hal::mbar_arrive_expect_tx(bar, kStageTxBytes);
                 hal::tma_load_3d(smem + kSmemA + stage * kSmemABytes, map_a, bar, k0, row0, 0);
                 hal::tma_load_3d(smem + kSmemB + stage * kSmemBBytes, map_b, bar, k0, n0, 0);
-                hal::tma_load_3d(smem + kSmemSA + stage * kSmemSABytes, &params.tma_sa, bar, row0, col, 0);
+                hal::tma_load_3d(smem + kSmemSA + stage * kSmemRecordBytes, &params.tma_sa, bar, row0, col, 0);
             });
         }
     }
@@ -395,7 +412,7 @@ struct Fp8GemmKernel {
     }
 
     // ---------------------------------------------------------------- math warpgroups
-    static DFG_DEVICE void consume(const GemmParams& params, u8* smem, u64* full, u64* empty, u32 warp, u32 lane) {
+    static DFG_DEVICE void consume(const GemmParams& params, u8* smem, Barriers full, Barriers empty, u32 warp, u32 lane) {
         const u32 wg = kNumMathWarpgroups == 1 ? 0u : warp / 4;  // a constant with one warpgroup
         const u32 warp_in_wg = warp % 4;
         const u32 wg_row0 = wg * kWgRows;
@@ -403,6 +420,9 @@ struct Fp8GemmKernel {
         // NOTES: pinned, or ptxas re-derives it from the thread index inside the K loop (5 instructions per K
         // block in the one-warpgroup kernels).
         const u32 frag_row = hal::pin(wg_row0 + warp_in_wg * 16 + lane / 4);
+        // This thread's first fragment column in a column group, 2 (lane % 4) (WgmmaFragment::col): the 1D1D sB
+        // reads' offset. NOTES: pinned for the same reason (2 instructions per K block at 1D1D 128x128).
+        const u32 frag_col = hal::pin(2 * (lane % 4));
         TileThread me{wg, warp_in_wg, lane, wg_row0, frag_row, 0};
         // Descriptors: the tile's A (this warpgroup's rows) / B in stage s, k32 slice ks start a_desc / b_desc
         // + s * stage stride + ks * 32 bytes; only the low word changes (desc_advance), by one multiply-add
@@ -422,7 +442,7 @@ struct Fp8GemmKernel {
         // the shared::cluster window, relative to this CTA's shared addresses: mapped once here rather than by a
         // mapa per release (3 instructions per K block; the sum below folds into the arrive's address operand).
         const u32 peer_window = kClusterSize > 1
-                                    ? hal::cluster_smem_address(empty, lane % kClusterSize) - hal::smem_addr(empty)
+                                    ? hal::cluster_smem_address(&empty[0], lane % kClusterSize) - hal::smem_addr(&empty[0])
                                     : 0u;
 
         float acc[kWavesM][kAccValues];
@@ -434,7 +454,7 @@ struct Fp8GemmKernel {
         while (next_tile(scheduler, tile)) {
             const u32 n0 = tile.n_block * BLOCK_N;
             me.n0 = n0;
-            const auto cols = Scales::of(n0);
+            const auto masks = SegmentMasks<BLOCK_N, kNumScaleBlocksN>::of(Scales::of(n0));
 
             DFG_UNROLL
             for (u32 w = 0; w < kWavesM; ++w)
@@ -447,10 +467,10 @@ struct Fp8GemmKernel {
                 const u32 b_lo = b_lo0 + stage * (kSmemOpBBytes >> 4);
                 hal::mbar_wait(&full[stage], phase, full_barrier(stage));
                 // Scales are read before the stage can be released.
-                const float* sb = reinterpret_cast<const float*>(smem + kSmemSB + stage * kSmemSBBytes);
+                const float* sb = reinterpret_cast<const float*>(smem + kSmemSB + stage * kSmemRecordBytes);
                 const float sb0 = kRowScaledB ? 0.0f : sb[0];
                 const float sb1 = Scales::kMayStraddle && !kRowScaledB ? sb[1] : sb0;
-                const float* sa = reinterpret_cast<const float*>(smem + kSmemSA + stage * kSmemSABytes);
+                const float* sa = reinterpret_cast<const float*>(smem + kSmemSA + stage * kSmemRecordBytes);
                 SwapAbColumnScales<kSwapAB ? BLOCK_M : 8u> sa_cols;
                 if constexpr (kSwapAB)
                     sa_cols.load(sa, lane);
@@ -478,7 +498,7 @@ struct Fp8GemmKernel {
                         WaveScales<kRowScaledB ? BLOCK_N : 16u> wave_scales;
                         if constexpr (kRowScaledB) {
                             if (w == 0)
-                                sb_cols.load(sb + 2 * (lane % 4));
+                                sb_cols.load(sb + frag_col);
                             wave_scales.combine(sb_cols, sa[frag_row + w * 64], sa[frag_row + w * 64 + 8]);
                         }
                         hal::wgmma_wait<0>();
@@ -500,11 +520,11 @@ struct Fp8GemmKernel {
                             if constexpr (kSwapAB) {  // the wave's weight rows lie in one sB block: sb0
                                 promote_swap_ab<BLOCK_M>(acc[w], scratch, sb0, sa_cols);
                             } else if constexpr (kMmaChunks == 1) {
-                                promote(acc[w], scratch, sa_lo, sa_hi, sb0, sb1, cols);
+                                promote(acc[w], scratch, sa_lo, sa_hi, sb0, sb1, masks);
                             } else {  // chunk c: columns [128 c, 128 c + 128), all in sB block c of the tile
                                 const float sbc = c == 0 ? sb0 : sb1;
                                 promote(*reinterpret_cast<float(*)[kMmaValues]>(&acc[w][c * kMmaValues]), scratch,
-                                        sa_lo, sa_hi, sbc, sbc, ScaleColumns<kMmaN, kNumScaleBlocksN>::of(n0));
+                                        sa_lo, sa_hi, sbc, sbc, SegmentMasks<kMmaN, kNumScaleBlocksN>{});
                             }
                         }
                     }
@@ -520,7 +540,7 @@ struct Fp8GemmKernel {
 
     // Lane r < kClusterSize of each math warp releases the stage on CTA r of the cluster, whose shared memory
     // lies at this CTA's shared addresses + peer_window in the shared::cluster window (consume).
-    static DFG_DEVICE void release_stage(u64* empty, u32 peer_window, u32 stage, u32 lane) {
+    static DFG_DEVICE void release_stage(Barriers empty, u32 peer_window, u32 stage, u32 lane) {
         if constexpr (kClusterSize == 1) {
             if (lane == 0)
                 hal::mbar_arrive(&empty[stage]);
