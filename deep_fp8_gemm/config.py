@@ -90,16 +90,17 @@ _HBM_BYTES_PER_CLK_PER_SM = 4.8e12 / MODEL_CLOCK_HZ / 132  # H200 datasheet HBM 
 _MMA_EFFICIENCY = {64: 0.70, 128: 0.85, 256: 0.90}
 _TILE_FIXED_CYCLES = 600  # NOTES: guess, calibrate on H200 — per-tile fixed cost: pipeline ramp, epilogue
 # Instruction issue per K block (NOTES: fitted to the audit's static K-loop analysis, runtime/kloop.py, NVRTC
-# 13.5 sm_90a, within ~7% of every loop `audit --kind all` compiles; see README "K-loop issue"). Per m64
-# wave of a math warp: BLOCK_N / 2 FFMA (promotion) + 4 QGMMA + sA loads + 2 FMUL + fence and drain; tiles
-# whose BLOCK_N does not divide 128 straddle two sB blocks (2 more FMUL, FSEL and predicates per segment);
-# per K block (the rolled K loop, pipeline.cuh): barrier wait and release, sB load, the stage's barrier,
-# scale and descriptor addresses (one multiply-add each), one descriptor add per wgmma, the ring cursor and
-# the loop counter; the producer warp (one thread) shares one SM sub-partition.
-_ISSUE_PER_WAVE = 7
-_ISSUE_STRADDLE = 21
-_ISSUE_PER_K_BLOCK = 29
-_ISSUE_PRODUCER = 70
+# 13.5 sm_90a, within 8% of every loop `audit --kind all` compiles (issue 28's last pass: refitted from 7 / 21 /
+# 29 / 70 when the loops lost 2-13 instructions per K block); see README "K-loop issue"). Per m64 wave of a
+# math warp: BLOCK_N / 2 FFMA (promotion) + 4 QGMMA + sA loads + 2 FMUL + fence and drain; tiles whose BLOCK_N
+# does not divide 128 straddle two sB blocks (2 more FMUL and a bit-mask select per segment); per K block (the
+# rolled K loop, pipeline.cuh): barrier wait and release, sB load, the stage record's and the descriptors'
+# addresses (one multiply-add each), one descriptor add per wgmma, the pass's counter; the producer warp (one
+# thread) shares one SM sub-partition.
+_ISSUE_PER_WAVE = 9
+_ISSUE_STRADDLE = 13
+_ISSUE_PER_K_BLOCK = 25
+_ISSUE_PRODUCER = 62
 # The second wgmma chunk of a wave (the SwiGLU kinds): its 4 QGMMA, fence / commit / wait, its descriptors and the
 # FMULs of its own sB block (audit: 188 per K block at 64x256 and 128x256, modelled 184).
 _ISSUE_PER_MMA_CHUNK = 20
