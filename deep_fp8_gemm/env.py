@@ -124,8 +124,9 @@ def sim_races() -> str:
     shared and global memory, ``hal/sim/hb.hpp``). ``1`` (default): on in every simulated launch; ``0``: off
     (its shadow memory costs ~24 bytes per byte the kernels touch with plain accesses, which large
     ``DFG_SIMULATE`` runs may not want); ``full``: on, and ``tests/test_sim_races.py``'s sweep of the real kernel
-    families runs the long seed list and the larger shapes instead of CI's selection. Returns ``"on"``,
-    ``"off"`` or ``"full"``.
+    families runs the long seed list and the larger shapes instead of CI's selection, and
+    ``tests/test_sim_exact_configs.py`` keeps the detector on for its exact binaries (off there otherwise).
+    Returns ``"on"``, ``"off"`` or ``"full"``.
 
     Raises:
         ValueError: another value.
