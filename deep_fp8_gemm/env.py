@@ -125,20 +125,21 @@ def sim_races() -> str:
     (its shadow memory costs ~24 bytes per byte the kernels touch with plain accesses, which large
     ``DFG_SIMULATE`` runs may not want); ``full``: on, and ``tests/test_sim_races.py``'s sweep of the real kernel
     families runs the long seed list and the larger shapes instead of CI's selection, and
-    ``tests/test_sim_exact_configs.py`` keeps the detector on for its exact binaries (off there otherwise).
+    ``tests/test_sim_exact_configs.py`` runs all of its exact binaries (one per tile template otherwise) with the
+    detector on (off there otherwise).
     Returns ``"on"``, ``"off"`` or ``"full"``.
 
     Raises:
         ValueError: another value.
     """
-    value = os.environ.get("DFG_SIM_RACES", "1").strip().lower()
-    if value in ("full",):
+    value = os.environ.get("DFG_SIM_RACES", "").strip()
+    if value == "full":
         return "full"
-    if value in ("", "1", "on", "true", "yes"):
+    if value in ("", "1"):
         return "on"
-    if value in _FALSE:
+    if value == "0":
         return "off"
-    raise ValueError(f"DFG_SIM_RACES must be 0, 1 or full, got {value!r}")
+    raise ValueError(f"DFG_SIM_RACES must be 1 (on, the default), 0 (off) or full, got DFG_SIM_RACES={value!r}")
 
 
 def sim_timeout_seconds() -> float:

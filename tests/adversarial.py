@@ -812,6 +812,9 @@ case("env/bad-DFG_CHECK_LAYOUTS", err(ValueError, "DFG_CHECK_LAYOUTS must be 1")
      _env_case("DFG_CHECK_LAYOUTS", "2", lambda: dfg.env.check_layouts()))
 case("env/bad-DFG_SIM_SEED", err(ValueError, "DFG_SIM_SEED"), _env_case("DFG_SIM_SEED", "x", lambda: dfg.env.sim_seed()))
 case("env/edge-DFG_SIMULATE-0", OK, _env_case("DFG_SIMULATE", "0", _SMALL))
+case("env/bad-DFG_SIM_RACES-off", err(ValueError, "DFG_SIM_RACES must be 1"),
+     _env_case("DFG_SIM_RACES", "off", lambda: dfg.env.sim_races()))
+case("env/edge-DFG_SIM_RACES-0", OK, _env_case("DFG_SIM_RACES", "0", lambda: expect(dfg.env.sim_races() == "off", "off")))
 
 
 # ---------------------------------------------------------------------------------------------- distributed, CLI

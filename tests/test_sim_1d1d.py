@@ -108,7 +108,7 @@ def test_1d1d_planted_bug_per_block_b_scales_is_caught():
 def test_1d1d_smem_map_and_config_rules():
     # no bf16 D tile; sB stage = round_up(BLOCK_N * 4, 128)
     assert smem_bytes(64, 64, 3, "1d1d") == 3 * (8192 + 8192 + 256 + 256) + 48
-    assert smem_bytes(64, 64, 3) == 8192 + 3 * (8192 + 8192 + 256 + 16) + 48
+    assert smem_bytes(64, 64, 3) == 8192 + 3 * (8192 + 8192 + 384)  # 1D2D: records of sA, sB, two barriers
     cfg = get_config(8192, 7168, 4096, 1, "1d1d", 132)
     assert cfg.cluster_size == 1 and cfg.kind == "1d1d"
     with pytest.raises(ValueError, match="1D1D kernel does not multicast"):
