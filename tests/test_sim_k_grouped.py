@@ -111,7 +111,7 @@ def _at(indent: int, *lines: str) -> str:
 _SCALES_READ = _at(24, "WaveScales<kRowScaledB ? BLOCK_N : 16u> wave_scales;",
                    "if constexpr (kRowScaledB) {",
                    "    if (w == 0)",
-                   "        sb_cols.load(sb + 2 * (lane % 4));",
+                   "        sb_cols.load(sb + frag_col);",
                    "    wave_scales.combine(sb_cols, sa[frag_row + w * 64], sa[frag_row + w * 64 + 8]);",
                    "}")
 _WAIT = _at(24, "hal::wgmma_wait<0>();",
