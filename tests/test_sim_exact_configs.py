@@ -3,7 +3,8 @@
 Same template constants as on the GPU (N, K, tiles, stages, cluster shape, band width): only the grid
 (4 CTAs instead of 132) and the row count (one or two m-blocks instead of thousands) are reduced, and
 neither is part of the binary. So the kernels the first GPU run will launch have already executed here,
-with their real N and K, against the reference (calc_diff < 1e-3, NaN-poisoned output).
+with their real N and K, against the reference (calc_diff < 1e-3, NaN-poisoned output): in CI one dense binary
+per tile template (_dense_cases), all of them with DFG_SIM_RACES=full.
 """
 
 from __future__ import annotations

@@ -37,10 +37,10 @@ struct PipelineState {
     // per K block than the unrolled ring, by the audit's K-loop analysis.
     // The uses run in passes over the ring, each at one phase (stages [stage, end)), the inner loop counting
     // down: the wrap test and the phase flip are once per pass, and ptxas keeps the pass's parity and count in
-    // registers. One loop over the uses, advancing the cursor by one, paid a stage compare-and-select, a phase select-and-
-    // flip and a use counter per K block (audit: dense 64x128 104 -> 100, 1D1D 128x128 182 -> 178 math
-    // instructions per K block; the same cold compile). A pass bounded by `s < end` instead of a count
-    // made ptxas re-derive `end` in every K block (103).
+    // registers. One loop over the uses, advancing the cursor by one, paid a stage compare-and-select, a phase
+    // select-and-flip and a use counter per K block (audit: dense 64x128 104 -> 100, 1D1D 128x128 182 -> 178
+    // math instructions per K block, for ~10% more cold compile: README, "Round three"). A pass bounded by
+    // `s < end` instead of a count made ptxas re-derive `end` in every K block (103).
     template <typename Body>
     DFG_HOST_DEVICE void for_each_use(u32 count, Body&& body) {
         u32 done = 0;

@@ -412,7 +412,8 @@ struct Fp8GemmKernel {
     }
 
     // ---------------------------------------------------------------- math warpgroups
-    static DFG_DEVICE void consume(const GemmParams& params, u8* smem, Barriers full, Barriers empty, u32 warp, u32 lane) {
+    static DFG_DEVICE void consume(const GemmParams& params, u8* smem, Barriers full, Barriers empty, u32 warp,
+                                   u32 lane) {
         const u32 wg = kNumMathWarpgroups == 1 ? 0u : warp / 4;  // a constant with one warpgroup
         const u32 warp_in_wg = warp % 4;
         const u32 wg_row0 = wg * kWgRows;
@@ -441,9 +442,9 @@ struct Fp8GemmKernel {
         // Cluster kernels: where the shared memory of the CTA this lane releases stages on (release_stage) lies in
         // the shared::cluster window, relative to this CTA's shared addresses: mapped once here rather than by a
         // mapa per release (3 instructions per K block; the sum below folds into the arrive's address operand).
-        const u32 peer_window = kClusterSize > 1
-                                    ? hal::cluster_smem_address(&empty[0], lane % kClusterSize) - hal::smem_addr(&empty[0])
-                                    : 0u;
+        const u32 peer_window =
+            kClusterSize > 1 ? hal::cluster_smem_address(&empty[0], lane % kClusterSize) - hal::smem_addr(&empty[0])
+                             : 0u;
 
         float acc[kWavesM][kAccValues];
         float scratch[kMmaValues];
