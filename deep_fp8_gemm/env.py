@@ -125,9 +125,8 @@ def sim_races() -> str:
     (its shadow memory costs ~24 bytes per byte the kernels touch with plain accesses, which large
     ``DFG_SIMULATE`` runs may not want); ``full``: on, and ``tests/test_sim_races.py``'s sweep of the real kernel
     families runs the long seed list and the larger shapes instead of CI's selection, and
-    ``tests/test_sim_exact_configs.py`` runs all of its exact binaries (one per tile template otherwise) with the
-    detector on (off there otherwise).
-    Returns ``"on"``, ``"off"`` or ``"full"``.
+    ``tests/test_sim_exact_configs.py`` runs all of its exact binaries with the detector on (otherwise one dense
+    binary per tile template, with the detector off). Returns ``"on"``, ``"off"`` or ``"full"``.
 
     Raises:
         ValueError: another value.

@@ -15,7 +15,7 @@ import shutil
 import pytest
 import torch
 
-from deep_fp8_gemm import calc_diff, env, reference
+from deep_fp8_gemm import calc_diff, ceil_div, env, reference
 from deep_fp8_gemm.config import get_config
 from deep_fp8_gemm.kernels.targets import DEEPSEEK_V3_DENSE, DEEPSEEK_V3_GROUPED
 
@@ -59,15 +59,17 @@ def _dense_cases():
         cfg = get_config(m, n, k, 1, "dense", 132)
         seen.setdefault(cfg.kernel_name(), (cfg, m, (m, n, k) in ODD_SHAPES))
     cases = sorted(seen.values(), key=lambda c: c[0].kernel_name())
-    if env.sim_races() != "full":
-        cost = lambda c: (c[0].shape_k // 128) * -(-c[0].shape_n // c[0].block_n)  # noqa: E731
-        cheapest = {}
-        for c in cases:
-            template = dataclasses.replace(c[0], shape_n=0, shape_k=0)
-            if template not in cheapest or cost(c) < cost(cheapest[template]):
-                cheapest[template] = c
-        cases = [c for c in cases if c[2] or cheapest[dataclasses.replace(c[0], shape_n=0, shape_k=0)] is c]
-    return [(cfg, m) for cfg, m, _ in cases]
+    if env.sim_races() == "full":
+        return [(cfg, m) for cfg, m, _ in cases]
+    cheapest = {}  # tile template -> its case with the fewest K blocks x N blocks
+    for case in cases:
+        cfg = case[0]
+        template = dataclasses.replace(cfg, shape_n=0, shape_k=0)
+        cost = ceil_div(cfg.shape_k, 128) * ceil_div(cfg.shape_n, cfg.block_n)
+        if template not in cheapest or cost < cheapest[template][0]:
+            cheapest[template] = (cost, case)
+    kept = {id(case) for _, case in cheapest.values()}
+    return [(case[0], case[1]) for case in cases if case[2] or id(case) in kept]
 
 
 @pytest.mark.parametrize("cfg,m", _dense_cases(), ids=lambda v: v.kernel_name() if hasattr(v, "kernel_name") else str(v))
