@@ -128,3 +128,57 @@ def test_get_config_type_errors():
     with pytest.raises(TypeError):
         get_config(128.0, 256, 256)
     assert math.isfinite(hash(BASE))
+
+
+# The reference design's picks for its published M = 64 / 128 rows (its early heuristic: fewest waves, then the
+# best last-wave utilisation, BLOCK_N 16..128 in steps of 8 plus 144 / 160; at most 8 stages), per (m, n, k).
+_REFERENCE_TILES = {
+    (64, 2112, 7168): (64, 16), (64, 24576, 1536): (64, 96), (64, 32768, 512): (64, 128),
+    (64, 7168, 16384): (64, 56), (64, 4096, 7168): (64, 32), (64, 7168, 2048): (64, 56),
+    (128, 2112, 7168): (64, 32), (128, 24576, 1536): (128, 96), (128, 32768, 512): (128, 128),
+    (128, 7168, 16384): (64, 112), (128, 4096, 7168): (64, 64), (128, 7168, 2048): (64, 112),
+}
+
+
+def _model_over_reference(shape, tflops, num_stages=None):
+    """The model's time for the reference's own kernel of ``shape`` on an H800 (3.35 TB/s) over its published
+    time. ``num_stages``: the ring depth the model assumes (default: the reference's, 8 or as many as fit)."""
+    from deep_fp8_gemm.config import _estimate_cycles, _max_stages, MODEL_CLOCK_HZ
+
+    block_m, block_n = _REFERENCE_TILES[(shape.m, shape.n, shape.k)]
+    stages = num_stages or min(8, _max_stages(block_m, block_n, SMEM_LIMIT))
+    cycles = _estimate_cycles("dense", shape.m, shape.n, shape.k, 1, block_m, block_n, 132, num_stages=stages,
+                              hbm_bytes_per_s=3.35e12)
+    return cycles / MODEL_CLOCK_HZ / (shape.flops() / (tflops * 1e12))
+
+
+def test_memory_latency_term_reproduces_the_reference_anchors():
+    """The memory side of the model (bytes / bandwidth + one latency per pass of the stage ring) against the
+    reference design's published H800 times of its 64- and 128-row kernels, which are memory-bound. Without the
+    latency term (an unbounded ring) the model put them all at the bandwidth floor, 0.56-0.80x their time."""
+    from bench.shapes import H800_PUBLISHED_DENSE
+
+    anchors = {shape: tflops for shape, (tflops, _) in H800_PUBLISHED_DENSE.items() if shape.m <= 128}
+    assert len(anchors) == len(_REFERENCE_TILES) == 12
+    ratios = {shape: _model_over_reference(shape, tflops) for shape, tflops in anchors.items()}
+    floor_only = {shape: _model_over_reference(shape, tflops, num_stages=10**9) for shape, tflops in anchors.items()}
+    assert all(r <= 0.80 for r in floor_only.values()), floor_only
+    long_k = [shape for shape in anchors if shape.k >= 7168 and shape.n >= 4096]  # one wave, many ring passes
+    assert len(long_k) == 4
+    assert all(0.95 <= ratios[shape] <= 1.05 for shape in long_k), ratios
+    # The others (two waves, or K <= 2048: few ring passes) stay under-predicted by a term not modelled.
+    assert all(0.68 <= r <= 1.05 for r in ratios.values()), ratios
+    geomean = math.exp(sum(map(math.log, ratios.values())) / len(ratios))
+    floor_geomean = math.exp(sum(map(math.log, floor_only.values())) / len(ratios))
+    assert geomean > 0.85 > 0.70 > floor_geomean
+
+
+def test_memory_latency_term_favours_deeper_rings_and_weight_heavy_stages():
+    """More stages hold more bytes in flight: the modelled time falls with the ring depth when memory binds
+    (m = 16, n = 4096, k = 7168), and not at all when the tensor cores bind (m = 4096)."""
+    from deep_fp8_gemm.config import _estimate_cycles
+
+    decode = [_estimate_cycles("dense", 16, 4096, 7168, 1, 64, 32, 132, num_stages=s) for s in (4, 8, 16)]
+    assert decode[0] > decode[1] > decode[2]
+    prefill = [_estimate_cycles("dense", 4096, 4096, 7168, 1, 128, 128, 132, num_stages=s) for s in (3, 5)]
+    assert prefill[0] == prefill[1]
