@@ -4,8 +4,7 @@
 
 For each shape of the reference design's tables: the config ``deep_fp8_gemm.config.get_config`` picks for
 132 SMs and the time its throughput model predicts (``config.estimate_seconds``: tensor-core time vs
-shared-memory bandwidth vs L2->shared fill per tile, waves, HBM bytes plus one memory latency per pass of
-the stage ring, at 1.83 GHz), next to the H800
+shared-memory bandwidth vs L2->shared fill per tile, waves, HBM floor, at 1.83 GHz), next to the H800
 published number and the H200 datasheet floor. When a GPU run lands, compare the measured column of
 bench/RESULTS.md with these: the gaps say which model constant to recalibrate (config.py, "Throughput model").
 """
@@ -158,10 +157,8 @@ def render() -> str:
         "",
         "The best config of each kernel for the DeepSeek-V3 dense shapes at small m (`get_config(..., swap_ab=False`",
         "/ `True)`), the model's µs, the gain of swap-AB over the plain kernel and the heuristic's pick (swap-AB where",
-        "it models at least 10% faster, `config.SWAP_AB_MARGIN`). The model puts both kernels near the HBM floor plus",
-        "one memory latency per pass of the stage ring (`config._MEMORY_LATENCY_CYCLES`); swap-AB's stages hold more",
-        "weight bytes (its token box is BLOCK_M rows, not a zero-filled 64), which the model values at 1-8%, and the",
-        "SMs bind the plain kernel only at n = 576 (few tiles, long K). The",
+        "it models at least 10% faster, `config.SWAP_AB_MARGIN`). The model puts both kernels at the HBM floor except",
+        "where the plain kernel's zero-filled 64-row A tile makes the SMs the bound (n = 576: few tiles, long K). The",
         "block-scaled cuBLAS column has no model: `bench.bench_dense --shapes decode` measures it next to both kernels",
         "(`deep_fp8_gemm_plain`, `deep_fp8_gemm_swap_ab`: each kernel's best config, forced).",
         "",

@@ -85,19 +85,9 @@ MODEL_CLOCK_HZ = 1.83e9  # SM clock the model's cycles are converted at (the FP8
 _MMA_FLOP_PER_CLK = 8192
 _SMEM_FILL_BYTES_PER_CLK = 96  # L2 -> shared memory through TMA
 _SMEM_BYTES_PER_CLK = 128  # shared-memory bandwidth: wgmma operand reads + TMA writes share it
-HBM_BYTES_PER_S = 4.8e12  # H200 datasheet HBM bandwidth, shared by the SMs
+_HBM_BYTES_PER_CLK_PER_SM = 4.8e12 / MODEL_CLOCK_HZ / 132  # H200 datasheet HBM bandwidth, shared by 132 SMs
 # NOTES: guess, calibrate on H200 — one warpgroup cannot hide its own promotion work.
 _MMA_EFFICIENCY = {64: 0.70, 128: 0.85, 256: 0.90}
-# Memory latency per pass of the stage ring (NOTES: fitted to the reference design's published H800 numbers, not
-# measured here). A CTA has at most num_stages loads in flight, so when many SMs stream bytes the loaded latency
-# is ~L0 + (bytes in flight) / bandwidth (Little's law), and a kernel takes bytes / bandwidth plus L0 for every
-# pass of its ring: (K blocks per SM) / num_stages passes. Without this term the model put every small-M kernel
-# at 100% of the datasheet bandwidth, where the reference's own 64-row kernels ran at 50-80% of it. With
-# L0 = 0.6 us (~1100 clocks) and 3.35 TB/s the model gives its four single-wave K >= 7168 anchors (M = 64 / 128,
-# its tiles, 8 stages) within 4% and the other eight at 0.70-0.93x (tests/test_config.py,
-# test_memory_latency_term_reproduces_the_reference_anchors). It is what makes the stages that hold weights count:
-# the plain kernel's 64-row A box takes smem from the ring, swap-AB's token box does not.
-_MEMORY_LATENCY_CYCLES = 0.6e-6 * MODEL_CLOCK_HZ
 _TILE_FIXED_CYCLES = 600  # NOTES: guess, calibrate on H200 — per-tile fixed cost: pipeline ramp, epilogue
 # Instruction issue per K block (NOTES: fitted to the audit's static K-loop analysis, runtime/kloop.py, NVRTC
 # 13.5 sm_90a, within 8% of every loop `audit --kind all` compiles (issue 28's last pass: refitted from 7 / 21 /
@@ -516,15 +506,11 @@ def issue_cycles_per_k_block(kind: str, block_m: int, block_n: int, swap_ab: boo
 
 
 def _estimate_cycles(kind: str, m: int, n: int, k: int, num_groups: int, block_m: int, block_n: int, num_sms: int,
-                     split_k: int = 1, swap_ab: bool = False, num_stages: int | None = None,
-                     hbm_bytes_per_s: float = HBM_BYTES_PER_S) -> float:
+                     split_k: int = 1, swap_ab: bool = False) -> float:
     """Modelled kernel time in SM clocks (for ranking configs only). ``split_k`` > 1: tiles x split_k work items
-    of k / split_k each, plus the fp32 partials and the last CTA's reduce (:func:`_split_k_cycles`).
-    ``num_stages`` (default: the most that fit): the ring's depth, which sets the memory-latency term
-    (:func:`_memory_cycles`); ``hbm_bytes_per_s``: the memory bandwidth (another GPU's, to compare with its
-    published numbers). ``swap_ab``: the same terms for the transposed tile (the wgmma's rows are the BLOCK_N
-    weight rows, its columns the BLOCK_M tokens; policy_swap_ab.cuh); the A box is BLOCK_M rows, not zero-filled
-    to 64."""
+    of k / split_k each, plus the fp32 partials and the last CTA's reduce (:func:`_split_k_cycles`). ``swap_ab``:
+    the same terms for the transposed tile (the wgmma's rows are the BLOCK_N weight rows, its columns the BLOCK_M
+    tokens; policy_swap_ab.cuh); the A box is BLOCK_M rows, not zero-filled to 64."""
     num_tiles = _num_m_blocks(kind, m, block_m, num_groups) * ceil_div(n, block_n)
     sm_waves = ceil_div(num_tiles * split_k, num_sms)
     k_padded = _round_up(k, BLOCK_K) // split_k
@@ -540,9 +526,6 @@ def _estimate_cycles(kind: str, m: int, n: int, k: int, num_groups: int, block_m
     tile = max(mma, fill) + _TILE_FIXED_CYCLES + epilogue_cycles(kind, block_m)
     if split_k > 1:
         tile += _split_k_cycles(block_m, block_n, split_k)
-    if num_stages is None:
-        num_stages = _max_stages(block_m, block_n, SMEM_LIMIT, kind)
-    ring_passes = sm_waves * (ceil_div(k, BLOCK_K) // split_k) / num_stages
     layout = LAYOUT_OF[kind]
     groups_touched = num_groups if layout != "dense" else 1
     rows = m * (num_groups if layout == "masked" else 1)
@@ -550,16 +533,10 @@ def _estimate_cycles(kind: str, m: int, n: int, k: int, num_groups: int, block_m
     if kind in FP32_ACCUMULATE_KINDS:  # fp32 C read + fp32 D written; per-row sB (k-grouped: per group, k per group)
         groups = num_groups if kind == K_GROUPED else 1
         hbm_bytes = groups * (rows * k + n * k + rows * n * 8 + 4 * (rows + n) * k_blocks)
-        return max(sm_waves * tile, _memory_cycles(hbm_bytes, ring_passes, hbm_bytes_per_s))
+        return max(sm_waves * tile, hbm_bytes / (_HBM_BYTES_PER_CLK_PER_SM * num_sms))
     hbm_bytes = (rows * k + groups_touched * n * k + output_bytes(kind, rows, n)  # A, B, D (+ sD)
                  + 4 * (rows * k_blocks + groups_touched * ceil_div(n, 128) * k_blocks))  # sA, sB
-    return max(sm_waves * tile, _memory_cycles(hbm_bytes, ring_passes, hbm_bytes_per_s))
-
-
-def _memory_cycles(hbm_bytes: float, ring_passes: float, hbm_bytes_per_s: float) -> float:
-    """The memory side of the model, in SM clocks: the bytes at the HBM bandwidth plus one memory latency for each
-    pass of the stage ring (``ring_passes``: K blocks per SM / stages; see ``_MEMORY_LATENCY_CYCLES``)."""
-    return hbm_bytes / hbm_bytes_per_s * MODEL_CLOCK_HZ + ring_passes * _MEMORY_LATENCY_CYCLES
+    return max(sm_waves * tile, hbm_bytes / (_HBM_BYTES_PER_CLK_PER_SM * num_sms))
 
 
 # The FP8 epilogue per output value and math thread (NOTES: counted from the kernel source, not yet measured; an
@@ -598,12 +575,11 @@ def _split_k_cycles(block_m: int, block_n: int, split_k: int) -> float:
     return partial * split_k + _SPLIT_K_ATOMIC_CYCLES
 
 
-def estimate_seconds(cfg: GemmConfig, m: int, num_sms: int = 132, hbm_bytes_per_s: float = HBM_BYTES_PER_S) -> float:
+def estimate_seconds(cfg: GemmConfig, m: int, num_sms: int = 132) -> float:
     """The heuristic's modelled time of ``cfg`` for ``m`` (dense rows, contiguous m_sum, masked rows per
-    group), on ``num_sms`` SMs with ``hbm_bytes_per_s`` of memory bandwidth (default: the H200's). A prediction
-    to compare with measurements (bench/predict.py), not a measurement."""
+    group). A prediction to compare with measurements (bench/predict.py), not a measurement."""
     cycles = _estimate_cycles(cfg.kind, max(m, 1), cfg.shape_n, cfg.shape_k, cfg.num_groups, cfg.block_m,
-                              cfg.block_n, num_sms, cfg.split_k, cfg.swap_ab, cfg.num_stages, hbm_bytes_per_s)
+                              cfg.block_n, num_sms, cfg.split_k, cfg.swap_ab)
     return cycles / MODEL_CLOCK_HZ
 
 
@@ -675,9 +651,8 @@ def get_config(
             except ValueError:
                 continue
             for split_k in _split_k_choices(kind, m_eff, n, k, block_m, block_n, num_sms):
-                cost = _estimate_cycles(kind, m_eff, n, k, num_groups, block_m, block_n, num_sms, split_k,
-                                        num_stages=num_stages)
-                if split_k > 1:  # uncalibrated model: split only on a clear win (not for n = 7168, k = 2048, m = 1: ~6%)
+                cost = _estimate_cycles(kind, m_eff, n, k, num_groups, block_m, block_n, num_sms, split_k)
+                if split_k > 1:  # uncalibrated model: split only on a clear win (not for n = 4096, m = 1: -1%)
                     cost *= 1 + SPLIT_K_MARGIN
                 # Ties: no split, then larger tiles (fewer, better-amortised), then larger BLOCK_M.
                 key = (round(cost), split_k, -block_m * block_n, -block_m)
@@ -741,8 +716,7 @@ def _best_swap_ab(m: int, n: int, k: int, num_sms: int, smem_limit: int) -> tupl
             except ValueError:
                 continue
             for split_k in _split_k_choices("dense", m, n, k, block_m, block_n, num_sms):
-                cost = _estimate_cycles("dense", m, n, k, 1, block_m, block_n, num_sms, split_k, swap_ab=True,
-                                        num_stages=num_stages)
+                cost = _estimate_cycles("dense", m, n, k, 1, block_m, block_n, num_sms, split_k, swap_ab=True)
                 cost *= (1 + SWAP_AB_MARGIN) * (1 + SPLIT_K_MARGIN if split_k > 1 else 1)
                 # Ties (the HBM floor): no split, the token tile with the fewest padding columns, wider weight tiles.
                 key = (round(cost), split_k, ceil_div(m, block_m) * block_m - m, -block_n)
