@@ -150,6 +150,9 @@ class GemmConfig:
     # Dense only, m <= 32: the tile computed transposed (policy_swap_ab.cuh): block_m (8..32) tokens on the wgmma's
     # N side, block_n (64 or 128) weight rows on its M side, one math warpgroup.
     swap_ab: bool = False
+    # The psum kinds (LAYOUT_OF "psum"): the layout's group-start alignment, 64 or 128 rows, a multiple of block_m
+    # (scheduler.cuh, psum_block_group; get_config sets the contiguous alignment); 128 for every other kind.
+    psum_alignment: int = DEFAULT_CONTIGUOUS_ALIGNMENT
 
     def __hash__(self) -> int:
         # Configs key the per-call kernel caches: hash the fields once, not on every launch.
@@ -235,6 +238,7 @@ class GemmConfig:
             "SPLIT_K": self.split_k,
             "USE_UE8M0": self.ue8m0,
             "SWAP_AB": self.swap_ab,
+            "PSUM_ALIGNMENT": self.psum_alignment,
         }
 
     def kernel_name(self) -> str:
@@ -244,6 +248,7 @@ class GemmConfig:
             f"_m{self.block_m}n{self.block_n}_s{self.num_stages}_c{self.cluster_m}x{self.cluster_n}_w{self.band_width}"
             + (f"_sk{self.split_k}" if self.split_k > 1 else "") + ("_ue8m0" if self.ue8m0 else "")
             + ("_swapab" if self.swap_ab else "")
+            + (f"_a{self.psum_alignment}" if self.psum_alignment != DEFAULT_CONTIGUOUS_ALIGNMENT else "")
         )
 
     def as_dict(self) -> dict:
@@ -316,6 +321,13 @@ def check_config(cfg: GemmConfig, smem_limit: int = SMEM_LIMIT) -> None:
     if not _block_m_fits_layout(cfg.kind, cfg.block_m, max(CONTIGUOUS_ALIGNMENTS)):
         problems.append(f"contiguous layout pads experts to at most {max(CONTIGUOUS_ALIGNMENTS)} rows: block_m <= "
                         f"{max(CONTIGUOUS_ALIGNMENTS)}, got {cfg.block_m}")
+    if LAYOUT_OF.get(cfg.kind) == "psum":
+        if cfg.psum_alignment not in CONTIGUOUS_ALIGNMENTS or cfg.psum_alignment % cfg.block_m:
+            problems.append(f"psum_alignment (group starts) must be one of {CONTIGUOUS_ALIGNMENTS} and a multiple of "
+                            f"block_m={cfg.block_m}, got {cfg.psum_alignment}")
+    elif cfg.psum_alignment != DEFAULT_CONTIGUOUS_ALIGNMENT:
+        problems.append(f"psum_alignment applies to the psum kinds only (keep {DEFAULT_CONTIGUOUS_ALIGNMENT}), got "
+                        f"{cfg.psum_alignment} for kind={cfg.kind!r}")
     if (cfg.cluster_m, cfg.cluster_n) not in ((1, 1), (1, 2), (2, 1)):
         problems.append(f"cluster must be 1x1, 1x2 or 2x1, got {cfg.cluster_m}x{cfg.cluster_n}")
     num_n_blocks = ceil_div(cfg.shape_n, cfg.block_n) if cfg.shape_n > 0 else 0
@@ -693,9 +705,11 @@ def get_config(
         if kind == K_GROUPED:
             cluster_tiles *= num_groups
         num_clusters = max(1, min(max_clusters, cluster_tiles * split_k))
+    psum_alignment = contiguous_alignment if layout == "psum" else DEFAULT_CONTIGUOUS_ALIGNMENT
     cfg = GemmConfig(kind=kind, shape_n=n, shape_k=shape_k, num_groups=num_groups, block_m=block_m, block_n=block_n,
                      num_stages=num_stages, cluster_m=cluster_m, cluster_n=cluster_n, band_width=band_width,
-                     grid_size=num_clusters * cluster_size, split_k=split_k, ue8m0=ue8m0, swap_ab=swap_ab)
+                     grid_size=num_clusters * cluster_size, split_k=split_k, ue8m0=ue8m0, swap_ab=swap_ab,
+                     psum_alignment=psum_alignment)
     check_config(cfg, smem_limit)
     return cfg
 

@@ -9,7 +9,8 @@ namespace {
 using Kernel = dfg::Fp8GemmKernel<static_cast<dfg::GemmKind>({{KIND}}), {{SHAPE_N}}, {{SHAPE_K}}, {{BLOCK_M}},
                                   {{BLOCK_N}}, {{NUM_STAGES}}, {{NUM_GROUPS}}, {{CLUSTER_M}}, {{CLUSTER_N}},
                                   {{NUM_MATH_WARPGROUPS}}, {{BAND_WIDTH}}, {{SMEM_BYTES}}, {{MATH_REGISTERS}},
-                                  {{PRODUCER_REGISTERS}}, {{SPLIT_K}}, {{USE_UE8M0}}, {{SWAP_AB}}>;
+                                  {{PRODUCER_REGISTERS}}, {{SPLIT_K}}, {{USE_UE8M0}}, {{SWAP_AB}},
+                                  {{PSUM_ALIGNMENT}}>;
 }  // namespace
 
 DFG_DEFINE_KERNEL({{KERNEL_NAME}}, Kernel::kNumThreads, dfg::GemmParams, Kernel::run)

@@ -505,11 +505,8 @@ def test_mismatch3_the_alignment_is_the_contiguous_block_m_and_the_layouts(align
     b = torch.empty(3, N, K, dtype=torch.float8_e4m3fn)
     for m_sum in (alignment, 4 * alignment, 64 * alignment):
         assert contiguous.plan(torch.empty(m_sum, K), b, None, 132).block_m == alignment
-    if alignment == 128:
-        assert psum.plan(a, b, None, 132).block_m == 128
-    else:  # scheduler.cuh's psum_block_group rounds group starts up to a fixed 128: refused, not miscomputed
-        with pytest.raises(NotImplementedError, match="psum_block_group"):
-            psum.plan(a, b, None, 132)
+    cfg = psum.plan(a, b, None, 132)  # the group starts' alignment is compiled in (scheduler.cuh, psum_block_group)
+    assert (cfg.block_m, cfg.psum_alignment) == (alignment, alignment)
     routed = layout.route_topk(torch.tensor([[0, 2], [2, -1], [0, 1]]), 3)
     assert routed.layout.alignment == alignment and routed.layout.m_sum == 3 * alignment
     assert layout.max_m_sum_bound(10, 4) == (10 + 4 * (alignment - 1) + alignment - 1) // alignment * alignment

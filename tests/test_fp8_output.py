@@ -315,20 +315,17 @@ def test_contiguous_block_m_is_the_alignment(alignment_64):
         assert module.plan(a, b, None, 132).block_m == 128, module.KIND
 
 
-def test_psum_fp8out_refuses_alignment_64_on_every_backend(monkeypatch, alignment_64):
-    """As psum: its kernel rounds group starts up to a fixed 128, so alignment 64 raises before anything runs, the
-    CPU reference included (what the CPU accepts, the GPU computes)."""
-    calls = _recording_launcher(monkeypatch)
-    call = _grouped_call("psum_fp8out")
-    ends = torch.tensor([64, 128], dtype=torch.int32)
+def test_psum_fp8out_at_alignment_64_plans_the_64_row_kernel(monkeypatch, alignment_64):
+    """As psum: group starts at 64-row multiples, BLOCK_M 64 and the kernel's compiled-in psum_alignment 64; the
+    simulator path launches that config (test_sim_fp8_output.py::test_psum_bits runs it)."""
+    calls = []
+    monkeypatch.setattr(gemm, "launch_fp8_output", lambda cfg, *args: calls.append(cfg))
+    monkeypatch.setenv("DFG_SIMULATE", "1")
     a, _, b, _ = _operands((128,), 128, 128, 2)
-    for simulate in ("0", "1"):
-        monkeypatch.setenv("DFG_SIMULATE", simulate)
-        with pytest.raises(NotImplementedError, match=r"get_m_alignment_for_contiguous_layout\(\)=64"):
-            call(ends)
-    with pytest.raises(NotImplementedError, match="psum"):
-        psum_fp8out.plan(a, b, None, 132)
-    assert calls == []
+    cfg = psum_fp8out.plan(a, b, None, 132)
+    assert (cfg.block_m, cfg.psum_alignment) == (64, 64) and cfg.kernel_name().endswith("_a64")
+    _grouped_call("psum_fp8out")(torch.tensor([40, 100], dtype=torch.int32))
+    assert [(c.kind, c.block_m, c.psum_alignment) for c in calls] == [("psum_fp8out", 64, 64)]
 
 
 def _quantised_rows(a, sa, w, sw, rows, swiglu):

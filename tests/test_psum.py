@@ -1,7 +1,8 @@
 """The prefix-sum ("psum") contiguous layout: scheduler (host build), kernel (simulator), reference, errors.
 
-Group g owns rows ``[start_g, ends[g])``, ``start_0 = 0``, ``start_g = round_up(ends[g-1], 128)``. The models
-here are written from that contract: a row -> group map built row by row in Python, compared against the
+Group g owns rows ``[start_g, ends[g])``, ``start_0 = 0``, ``start_g = round_up(ends[g-1], alignment)``, the
+alignment the contiguous one (128, or 64 after ``set_mk_alignment_for_contiguous_layout(64)``), which the kernel
+has compiled in (``GemmConfig.psum_alignment``, BLOCK_M dividing it). The models here are written from that contract: a row -> group map built row by row in Python, compared against the
 tiles the real scheduler code (include/deep_fp8_gemm/scheduler.cuh, GemmKind::GroupedContiguousPsum) visits,
 and against float64 GEMMs of the real kernel run by the CPU simulator with NaN-poisoned outputs.
 """
@@ -9,6 +10,7 @@ and against float64 GEMMs of the real kernel run by the CPU simulator with NaN-p
 from __future__ import annotations
 
 import collections
+import dataclasses
 import random
 import shutil
 
@@ -17,6 +19,7 @@ import torch
 
 import deep_fp8_gemm as dfg
 from deep_fp8_gemm import calc_diff
+from deep_fp8_gemm.config import check_config
 from deep_fp8_gemm.psum import check_psum_layout, m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum as psum_gemm
 from tests._gpu import requires_sm90
 from tests._operands import gemm64
@@ -36,12 +39,12 @@ def _ends_from_sizes(sizes, align=128):
     return ends
 
 
-def _row_groups(ends, rows):
+def _row_groups(ends, rows, align=128):
     """Group of each row (-1: padding), straight from the definition."""
     owner = [-1] * rows
     previous = 0
     for g, end in enumerate(ends):
-        start = 0 if g == 0 else (previous + 127) // 128 * 128
+        start = 0 if g == 0 else (previous + align - 1) // align * align
         for r in range(start, min(end, rows)):
             owner[r] = g
         previous = end
@@ -50,26 +53,29 @@ def _row_groups(ends, rows):
 
 # ---------------------------------------------------------------------------------------------- scheduler
 @needs_gxx
-@pytest.mark.parametrize("block_m,cluster_n", [(64, 1), (128, 1), (128, 2), (64, 2)])
-def test_scheduler_visits_each_group_block_once(tmp_path_factory, block_m, cluster_n):
+@pytest.mark.parametrize("block_m,cluster_n,align", [(64, 1, 128), (128, 1, 128), (128, 2, 128), (64, 2, 128),
+                                                     (64, 1, 64), (64, 2, 64)])
+def test_scheduler_visits_each_group_block_once(tmp_path_factory, block_m, cluster_n, align):
     from tests.test_scheduler import _build, _run
 
     shape_n, block_n, num_groups = 512, 128, 7
     exe = _build(tmp_path_factory.mktemp("psum_probe"), KIND=PSUM_KIND, SHAPE_N=shape_n, BLOCK_M=block_m,
-                 BLOCK_N=block_n, NUM_GROUPS=num_groups, CLUSTER_M=1, CLUSTER_N=cluster_n, BAND_WIDTH=2)
-    rng = random.Random(block_m * 10 + cluster_n)
+                 BLOCK_N=block_n, NUM_GROUPS=num_groups, CLUSTER_M=1, CLUSTER_N=cluster_n, BAND_WIDTH=2,
+                 PSUM_ALIGNMENT=align)
+    rng = random.Random(block_m * 10 + cluster_n + align)
     layouts = [
-        _ends_from_sizes([0] * num_groups),  # all empty: nothing scheduled
-        _ends_from_sizes([128, 256, 0, 0, 384, 128, 128]),  # multiples of 128, empty groups in the middle
-        _ends_from_sizes([0, 1, 64, 65, 127, 129, 0]),  # partial blocks, empty first / last groups
+        _ends_from_sizes([0] * num_groups, align),  # all empty: nothing scheduled
+        _ends_from_sizes([128, 256, 0, 0, 384, 128, 128], align),  # multiples of 128, empty groups in the middle
+        _ends_from_sizes([0, 1, 64, 65, 127, 129, 0], align),  # partial blocks, empty first / last groups
         [50, 60, 60, 300, 300, 301, 700],  # ends inside the previous group's padding = empty groups
-    ] + [_ends_from_sizes([rng.choice([0, 1, 63, 128, 200, rng.randint(0, 300)]) for _ in range(num_groups)])
-         for _ in range(4)]
+        [40, 100, 100, 190, 250, 250, 400],  # 64-row starts: groups 1, 3 and 6 exist at 64, not all at 128
+    ] + [_ends_from_sizes([rng.choice([0, 1, 63, 128, 200, rng.randint(0, 300)]) for _ in range(num_groups)],
+                          align) for _ in range(4)]
     for ends in layouts:
         rows = max(ends[-1] + rng.choice([0, 5, 128]), 1)  # the buffer may extend past the last group
         grid = cluster_n * rng.randint(1, 5)
         tiles, _ = _run(exe, rows, grid, ends)
-        owner = _row_groups(ends, rows)
+        owner = _row_groups(ends, rows, align)
         expected = {}
         for mb in range((rows + block_m - 1) // block_m):
             groups = {g for g in owner[mb * block_m:(mb + 1) * block_m] if g >= 0}
@@ -92,8 +98,8 @@ def _operands(m_sum, n, k, groups, seed):
     return a, sa, torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
 
 
-def _check_against_float64(out, a, sa, b, sb, ends, block_m=None):
-    owner = torch.tensor(_row_groups(ends, out.shape[0]))
+def _check_against_float64(out, a, sa, b, sb, ends, block_m=None, align=128):
+    owner = torch.tensor(_row_groups(ends, out.shape[0], align))
     for g in range(b.shape[0]):
         rows = (owner == g).nonzero().flatten()
         if rows.numel() == 0:
@@ -110,27 +116,37 @@ def _check_against_float64(out, a, sa, b, sb, ends, block_m=None):
 
 # ---------------------------------------------------------------------------------------------- simulator
 SIM_CASES = {
-    # name: (group sizes, block_m, cluster, extra rows after the last group)
-    "empty_groups_and_partial_blocks": ([70, 0, 128, 1], 128, (1, 1), 0),
-    "multiples_of_128_multicast_a": ([128, 0, 256, 128], 64, (1, 2), 128),
-    "all_empty_but_last": ([0, 0, 0, 200], 64, (1, 1), 56),
+    # name: (group sizes, block_m, cluster, extra rows after the last group, alignment)
+    "empty_groups_and_partial_blocks": ([70, 0, 128, 1], 128, (1, 1), 0, 128),
+    "multiples_of_128_multicast_a": ([128, 0, 256, 128], 64, (1, 2), 128, 128),
+    "all_empty_but_last": ([0, 0, 0, 200], 64, (1, 1), 56, 128),
+    "alignment_64_partial_blocks_multicast_a": ([40, 60, 0, 129, 1], 64, (1, 2), 64, 64),
 }
+
+
+def _psum_config(n, k, block_m, groups, cluster, align):
+    from tests.test_sim_gemm import make_config
+
+    cfg = dataclasses.replace(make_config("psum", n, k, block_m, 64, groups=groups, cluster=cluster,
+                                          grid=2 * cluster[1]), psum_alignment=align)
+    check_config(cfg)
+    return cfg
 
 
 @needs_gxx
 @pytest.mark.parametrize("case", sorted(SIM_CASES))
 def test_simulated_kernel_matches_float64(case):
-    from tests.test_sim_gemm import make_config, run_sim
+    from tests.test_sim_gemm import run_sim
 
-    sizes, block_m, cluster, extra = SIM_CASES[case]
+    sizes, block_m, cluster, extra, align = SIM_CASES[case]
     n, k, groups = 256, 256, len(sizes)
-    ends = _ends_from_sizes(sizes)
+    ends = _ends_from_sizes(sizes, align)
     m_sum = ends[-1] + extra
-    cfg = make_config("psum", n, k, block_m, 64, groups=groups, cluster=cluster, grid=2 * cluster[1])
+    cfg = _psum_config(n, k, block_m, groups, cluster, align)
     a, sa, b, sb = _operands(m_sum, n, k, groups, seed=len(case))
     d = torch.full((m_sum, n), float("nan"), dtype=torch.bfloat16)
     run_sim(cfg, a, sa, b, sb, d, torch.tensor(ends, dtype=torch.int32))
-    _check_against_float64(d, a, sa, b, sb, ends, block_m)
+    _check_against_float64(d, a, sa, b, sb, ends, block_m, align)
 
 
 @needs_gxx
@@ -149,6 +165,24 @@ def test_planted_scheduler_bug_is_caught(tmp_path, monkeypatch):
         _check_against_float64(d, a, sa, b, sb, ends, 64)
 
 
+@needs_gxx
+def test_planted_fixed_128_alignment_is_caught(tmp_path, monkeypatch):
+    """The kernel rounding group starts to a fixed 128 (as before the alignment was compiled in) under a 64-row
+    layout: group 1 of ends [40, 100] (rows 64..99) reads as empty, its rows left unwritten: must fail."""
+    from tests.test_sim_gemm import run_sim
+
+    original = "kGroupAlignment));"
+    mutated_headers(tmp_path, monkeypatch, "scheduler.cuh", original, "128u));")
+    ends = _ends_from_sizes([40, 36], 64)
+    assert ends == [40, 100]
+    cfg = _psum_config(128, 128, 64, 2, (1, 1), 64)
+    a, sa, b, sb = _operands(ends[-1], 128, 128, 2, seed=10)
+    d = torch.full((ends[-1], 128), float("nan"), dtype=torch.bfloat16)
+    run_sim(cfg, a, sa, b, sb, d, torch.tensor(ends, dtype=torch.int32))
+    with pytest.raises(AssertionError, match="group 1: rows left unwritten"):
+        _check_against_float64(d, a, sa, b, sb, ends, 64, 64)
+
+
 @pytest.mark.parametrize("simulate", (False, True))
 def test_public_op_cpu_and_simulator(simulate, monkeypatch):
     if simulate:
@@ -163,6 +197,33 @@ def test_public_op_cpu_and_simulator(simulate, monkeypatch):
     d = torch.full((m_sum, 128), float("nan"), dtype=torch.bfloat16)
     psum_gemm((a, sa), (b, sb), d, torch.tensor(ends, dtype=torch.int32), expected_m=128)
     _check_against_float64(d, a, sa, b, sb, ends)
+
+
+@pytest.mark.parametrize("simulate", (False, True))
+def test_public_op_at_alignment_64(simulate, monkeypatch):
+    """``set_mk_alignment_for_contiguous_layout(64)``: groups start at 64-row multiples, BLOCK_M 64 and the kernel's
+    psum_alignment 64 (the same ends give other groups at 128), on the CPU reference and the simulated kernel."""
+    if simulate:
+        if shutil.which("g++") is None:
+            pytest.skip("the simulator builds kernels with g++")
+        monkeypatch.setenv("DFG_SIMULATE", "1")
+        monkeypatch.setenv("DFG_SIM_NUM_SMS", "3")
+    sizes = [40, 0, 65, 1, 64]
+    ends = _ends_from_sizes(sizes, 64)
+    m_sum = ends[-1] + 30
+    a, sa, b, sb = _operands(m_sum, 128, 256, len(sizes), seed=6)
+    d = torch.full((m_sum, 128), float("nan"), dtype=torch.bfloat16)
+    previous = dfg.get_mk_alignment_for_contiguous_layout()
+    dfg.set_mk_alignment_for_contiguous_layout(64)
+    try:
+        from deep_fp8_gemm.ops import psum as psum_ops
+
+        cfg = psum_ops.plan(a, b, None, 132)
+        assert (cfg.block_m, cfg.psum_alignment) == (64, 64) and cfg.kernel_name().endswith("_a64")
+        psum_gemm((a, sa), (b, sb), d, torch.tensor(ends, dtype=torch.int32))
+    finally:
+        dfg.set_mk_alignment_for_contiguous_layout(previous)
+    _check_against_float64(d, a, sa, b, sb, ends, 64, 64)
 
 
 # ---------------------------------------------------------------------------------------------- errors
@@ -187,11 +248,21 @@ def test_bad_layouts_raise():
 
 
 # ---------------------------------------------------------------------------------------------- GPU
+@pytest.fixture
+def contiguous_alignment(request):
+    previous = dfg.get_mk_alignment_for_contiguous_layout()
+    dfg.set_mk_alignment_for_contiguous_layout(request.param)
+    yield request.param
+    dfg.set_mk_alignment_for_contiguous_layout(previous)
+
+
 @requires_sm90
 @pytest.mark.gpu
-def test_gpu_psum_matches_float64_and_is_graph_safe():
+@pytest.mark.parametrize("contiguous_alignment", [128, 64], indirect=True)
+def test_gpu_psum_matches_float64_and_is_graph_safe(contiguous_alignment):
+    align = contiguous_alignment
     sizes = [0, 300, 128, 0, 1, 512, 77, 0]
-    ends = _ends_from_sizes(sizes)
+    ends = _ends_from_sizes(sizes, align)
     m_sum = ends[-1] + 128
     a, sa, b, sb = _operands(m_sum, 512, 1024, len(sizes), seed=5)
     layout = torch.tensor(ends, dtype=torch.int32, device="cuda")
@@ -199,17 +270,17 @@ def test_gpu_psum_matches_float64_and_is_graph_safe():
     args = ((a.cuda(), sa.cuda()), (b.cuda(), sb.cuda()), d, layout)
     psum_gemm(*args, expected_m=128)
     torch.cuda.synchronize()
-    _check_against_float64(d.cpu(), a, sa, b, sb, ends, 128)
+    _check_against_float64(d.cpu(), a, sa, b, sb, ends, align, align)
     # Replay under a CUDA graph with new ends on the device: no host read of the layout.
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         psum_gemm(*args, expected_m=128)
-    new_ends = _ends_from_sizes([128, 0, 0, 0, 0, 0, 0, 10])
+    new_ends = _ends_from_sizes([128, 0, 0, 0, 0, 0, 0, 10], align)
     layout.copy_(torch.tensor(new_ends, dtype=torch.int32))
     d.fill_(float("nan"))
     graph.replay()
     torch.cuda.synchronize()
-    _check_against_float64(d.cpu(), a, sa, b, sb, new_ends, 128)
+    _check_against_float64(d.cpu(), a, sa, b, sb, new_ends, align, align)
 
 
 # ---------------------------------------------------------------------------------------------- custom op

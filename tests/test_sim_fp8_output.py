@@ -17,6 +17,7 @@ tests/test_sim_planted_fp8.py.
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 
 import pytest
@@ -189,19 +190,30 @@ def test_masked_bits(monkeypatch, block_m, m_max, rows):
     assert out[1][1].stride() == (1, m_max) and out[1].stride() == (m_max, 1, m_max)  # per-group M-major planes
 
 
-def test_psum_bits(monkeypatch):
+@pytest.mark.parametrize("align", [128, 64])
+def test_psum_bits(monkeypatch, align):
+    """Alignment 128: group 1 empty, group 2 = rows [128, 300), rows [100, 128) and [300, 384) padding of a group's
+    last block, computed with it. Alignment 64 (BLOCK_M 64, psum_alignment 64), the same ends: group 1 empty, group
+    2 = rows [128, 300) too, the padding computed is [100, 128) and [300, 320); rows [320, 384) are untouched."""
     monkeypatch.setenv("DFG_SIM_EXACT_MMA", "1")
     n, k, groups, m_sum = 128, 128, 3, 384
-    ends = torch.tensor([100, 100, 300], dtype=torch.int32)  # group 1 empty; group 2 = rows [128, 300)
-    cfg = make_config("psum_fp8out", n, k, 128, groups=groups)
+    ends = torch.tensor([100, 100, 300], dtype=torch.int32)
+    cfg = dataclasses.replace(make_config("psum_fp8out", n, k, align, groups=groups), psum_alignment=align)
+    check_config(cfg)
     a, sa, b, sb = exact_operands((m_sum,), n, k, groups=groups, seed=7)
     out = poisoned_out((), m_sum, n)
     run_sim(cfg, a, sa, b, sb, out, ends)
     ref = poisoned_out((), m_sum, n)
-    psum_fp8out.reference((a, sa), (b, sb), ref, ends)
-    # the whole output: rows [100, 128) and [300, 384) are padding of a group's last block, computed with it
+    set_mk_alignment_for_contiguous_layout(align)
+    try:
+        psum_fp8out.reference((a, sa), (b, sb), ref, ends)
+    finally:
+        set_mk_alignment_for_contiguous_layout(128)
     assert_same_poisoned_bits(out, ref, "psum")
-    assert not out[1].isnan().any()
+    if align == 128:
+        assert not out[1].isnan().any()
+    else:
+        assert not out[1][:320].isnan().any() and out[1][320:].isnan().all(), "rows past the last 64-row block"
 
 
 # ---------------------------------------------------------------------------------------------- SwiGLU

@@ -14,6 +14,9 @@ DEEPSEEK_V3_DENSE = ((2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (
 DEEPSEEK_V3_GROUPED = ((4096, 7168), (7168, 2048))
 DEFAULT_DENSE_MS = (1, 16, 64, 128, 256, 1024, 4096, 8192)
 CONTIGUOUS_EXPERTS = ((4, 8192), (8, 4096), (32, 256))  # (experts, rows per expert)
+#: The contiguous alignments (``set_mk_alignment_for_contiguous_layout``) the contiguous / psum kinds are audited at:
+#: each is their BLOCK_M, and the psum kinds compile it in (``GemmConfig.psum_alignment``).
+CONTIGUOUS_AUDIT_ALIGNMENTS = (128, 64)
 MASKED_GROUPS = (4, 8, 32)
 MASKED_EXPECTED_MS = (1, 32, 256, 1024)
 # 1D1D (weight gradients of the dense layers above): dW [N, K] = dY^T . X, i.e. m = N (out features), n = K (in
@@ -56,7 +59,8 @@ def _configs(kind: str, shapes: Sequence[tuple[int, int]], ms: Sequence[int] | N
             else:
                 pairs = [(g, m) for g, _ in CONTIGUOUS_EXPERTS for m in ms]
             for g, m in pairs:
-                configs.append(get_config(g * m, n, k, g, kind, num_sms))
+                for alignment in CONTIGUOUS_AUDIT_ALIGNMENTS:
+                    configs.append(get_config(g * m, n, k, g, kind, num_sms, contiguous_alignment=alignment))
         else:
             for g in ([num_groups] if num_groups else MASKED_GROUPS):
                 for m in ms or MASKED_EXPECTED_MS:
@@ -95,7 +99,8 @@ def audit_targets(kind: str, shapes: Sequence[tuple[int, int]] | None = None, ms
     """Every distinct kernel the heuristic picks for ``kind`` over shapes x M (deduplicated by binary).
 
     dense / 1d1d: ``ms`` are row counts (default 1..8192 / the wgrad out-feature counts); contiguous / psum:
-    ``ms`` are rows per expert (default the DeepSeek-V3 pairs of experts x rows); masked: ``ms`` are expected rows
+    ``ms`` are rows per expert (default the DeepSeek-V3 pairs of experts x rows), at both contiguous alignments
+    (:data:`CONTIGUOUS_AUDIT_ALIGNMENTS`); masked: ``ms`` are expected rows
     per group; k_grouped: ``ms`` are the out-feature counts, shapes ``(n, nominal K per group)``. The FP8-output and
     SwiGLU kinds take their layout kind's ``ms``; the SwiGLU kinds' shapes are ``(2I, H)`` (default DeepSeek-V3's
     up-projection, 4096 x 7168). Each target's ``gate_kloop`` says whether it is a kernel CI gates

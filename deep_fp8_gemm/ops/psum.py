@@ -4,14 +4,16 @@ by group ends, ``m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum``.
 This is the layout DeepEP v2's dispatch hands over (expanded, expert-sorted, padded rows) and the reference
 design's ``use_psum_layout=True``: instead of one expert id per row (``m_indices [m_sum]``), one int32 per
 group, ``grouped_layout[g]`` = the end row (exclusive) of group g. Group g owns rows
-``[start_g, grouped_layout[g])`` with ``start_0 = 0`` and ``start_g = round_up(grouped_layout[g-1], 128)``
+``[start_g, grouped_layout[g])`` with ``start_0 = 0`` and ``start_g = round_up(grouped_layout[g-1], alignment)``
 (the contiguous alignment, which is BLOCK_M); every other row is padding: the rows after a group's end up to
 its last block's end are computed with the group (as the kernel does, and the CPU reference), blocks holding
 only padding are skipped. An end at or before its group's start is an empty group.
 
-Alignment 64 (``set_mk_alignment_for_contiguous_layout(64)``) is not supported with this layout yet:
-``scheduler.cuh`` (``psum_block_group``) rounds group starts up to a fixed 128 instead of BLOCK_M, so every call
-raises ``NotImplementedError`` (on every backend: what the CPU accepts, the GPU computes).
+The alignment is the contiguous one (``get_m_alignment_for_contiguous_layout()``: 128, or 64 after
+``set_mk_alignment_for_contiguous_layout(64)``), read at every call, as the reference design rounds group starts to
+its BLOCK_M, the alignment: the same ends describe other groups under the other alignment (ends ``[40, 100]``:
+group 1 is rows 64..99 at 64, empty at 128). BLOCK_M is the alignment, and the kernel has it compiled in
+(``GemmConfig.psum_alignment``, ``scheduler.cuh`` ``psum_block_group``).
 
 What is checked where (the values live on the device and reading them would cost a synchronisation):
 
@@ -45,36 +47,23 @@ from .._core.family import GemmFamily, register_op
 from .._core.plans import GemmEntrySpec, gemm_entry
 from .._core.reference_math import dequantize_per_token, matmul_nt_bf16
 from ..config import GemmConfig, contiguous_block_m, get_config
-from ..constants import DEFAULT_CONTIGUOUS_ALIGNMENT
 from ..kernels import gemm as gemm_host
 from ..runtime import target
 from ..runtime.target import Backend
 from ..utils import get_m_alignment_for_contiguous_layout
 from .contiguous import check_m_grouped_operands
 
-#: The group-start alignment the psum kernel has compiled in (``scheduler.cuh``, ``psum_block_group``).
-KERNEL_GROUP_ALIGNMENT = DEFAULT_CONTIGUOUS_ALIGNMENT
-
-
-def check_alignment() -> int:
-    """The contiguous alignment, which the psum layout supports only at the kernel's fixed 128
-    (``NotImplementedError`` otherwise)."""
-    alignment = get_m_alignment_for_contiguous_layout()
-    if alignment != KERNEL_GROUP_ALIGNMENT:
-        raise NotImplementedError(
-            f"the psum layout with get_m_alignment_for_contiguous_layout()={alignment}: the psum kernel "
-            f"(scheduler.cuh, psum_block_group) rounds group starts up to a fixed {KERNEL_GROUP_ALIGNMENT} rows, not "
-            f"to BLOCK_M; use set_mk_alignment_for_contiguous_layout({KERNEL_GROUP_ALIGNMENT}) with psum layouts")
-    return alignment
+def group_alignment() -> int:
+    """The psum layout's group-start alignment: the contiguous alignment (64 or 128), which is also BLOCK_M and
+    the kernel's compiled-in ``psum_alignment``."""
+    return get_m_alignment_for_contiguous_layout()
 
 
 def check(a, sa, b, sb, out, grouped_layout, *, layout: bool = True, pointers: bool = True) -> Problem:
     """Shape checks: A ``[m_sum, k]`` e4m3, sA ``[m_sum, ceil(k/128)]`` fp32, B ``[G, n, k]``, sB
     ``[G, ceil(n/128), ceil(k/128)]``, out ``[m_sum, n]`` bf16, grouped_layout ``[G]`` int32. Returns
     ``Problem(m_sum, n, k, G)``; the values of grouped_layout are not read. ``m_sum`` need not be a multiple of
-    128 (the rows after the last group's end are padding). ``NotImplementedError`` under alignment 64
-    (:func:`check_alignment`)."""
-    check_alignment()
+    128 (the rows after the last group's end are padding)."""
     problem = check_m_grouped_operands(a, sa, b, sb, out)
     check_tensor(grouped_layout, "grouped_layout", INDEX_DTYPE, 1)
     if grouped_layout.shape[0] != problem.groups:
@@ -154,7 +143,7 @@ def reference_validated(a, sa, b, sb, out, grouped_layout) -> None:
     CPU call, before dispatch): per group, one matmul over its rows and one over the padding rows of its last block
     that the kernel computes with it (:func:`psum_computed_rows`), so a row's result does not depend on how much
     padding follows its group; the other padding rows are left untouched."""
-    for g, start, end, stop in psum_computed_rows(grouped_layout.tolist(), a.size(0), check_alignment()):
+    for g, start, end, stop in psum_computed_rows(grouped_layout.tolist(), a.size(0), group_alignment()):
         for lo, hi in ((start, end), (end, stop)):
             if hi > lo:
                 out[lo:hi] = matmul_nt_bf16(dequantize_per_token(a[lo:hi], sa[lo:hi]), b[g], sb[g])
@@ -184,7 +173,7 @@ def plan(a, b, expected_m: int | None, num_sms: int) -> GemmConfig:
     num_groups = b.shape[0]
     m_sum = a.shape[0] if expected_m is None else min(a.shape[0], int(expected_m) * num_groups)
     return get_config(max(m_sum, 1), b.shape[-2], b.shape[-1], num_groups, "psum", num_sms,
-                      contiguous_alignment=check_alignment())
+                      contiguous_alignment=group_alignment())
 
 
 def dispatch(a, sa, b, sb, out, grouped_layout, expected_m=None) -> None:
@@ -233,8 +222,8 @@ def m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum(
     """Grouped GEMM over expert rows given by group ends (the psum layout, see the module docstring).
 
     ``out[r] = bf16(dequant(A[r]) · dequant(B[g])ᵀ)`` for every row r of group g; the padding rows after a group's
-    end up to the end of its last 128-row block are computed with g too, other padding rows are left untouched
-    (every backend alike).
+    end up to the end of its last BLOCK_M-row block (BLOCK_M = the alignment) are computed with g too, other padding
+    rows are left untouched (every backend alike).
 
     Args:
         lhs: ``(A, sA)``: A ``[m_sum, k]`` float8_e4m3fn, K-major; sA ``[m_sum, ceil(k/128)]`` float32 (any

@@ -36,12 +36,14 @@
 //   GroupedContiguousPsum
 //                      rows = m_sum, grouped_layout = ends[G] (the "psum" layout DeepEP hands over):
 //                      group g owns rows [start_g, ends[g]) with start_0 = 0 and
-//                      start_g = round_up(ends[g-1], 128); rows outside every group are padding. Tiles
+//                      start_g = round_up(ends[g-1], kGroupAlignment) (the layout's alignment, 64 or
+//                      128); rows outside every group are padding. Tiles
 //                      are enumerated as for GroupedContiguous; a block's group is the first g with
 //                      ends[g] > its first row (binary search over the kNumGroups ends, ends
 //                      non-decreasing), and the block is padding-only, hence skipped, when that g does
-//                      not exist or starts after the block's first row. Group starts are multiples of
-//                      128 >= BLOCK_M, so a block never straddles two groups. Nothing is read on the host.
+//                      not exist or starts after the block's first row (possible only when BLOCK_M <
+//                      kGroupAlignment). Group starts are multiples of kGroupAlignment, a multiple of
+//                      BLOCK_M, so a block never straddles two groups. Nothing is read on the host.
 #pragma once
 #include "common.cuh"
 
@@ -57,8 +59,10 @@ struct TileInfo {
     u32 k_block0;      // k-grouped kind only: the group's first K block of the concatenated K axis
 };
 
+// kGroupAlignment (the psum kind only): the layout's group-start alignment, 64 or 128 rows (the contiguous
+// alignment the caller set; config.GemmConfig.psum_alignment), a multiple of BLOCK_M.
 template <GemmKind kKind, u32 SHAPE_N, u32 BLOCK_M, u32 BLOCK_N, u32 kNumGroups, u32 kClusterM, u32 kClusterN,
-          u32 kBandWidth, u32 kSplitK = 1>
+          u32 kBandWidth, u32 kSplitK = 1, u32 kGroupAlignment = 128>
 struct TileScheduler {
     static constexpr u32 kClusterSize = kClusterM * kClusterN;
     static constexpr u32 kNumNBlocks = ceil_div(SHAPE_N, BLOCK_N);
@@ -71,6 +75,9 @@ struct TileScheduler {
     // tile run on consecutive CTAs, at the same time (split_k.cuh).
     static_assert(kSplitK == 1 || (kKind == GemmKind::Dense && kClusterSize == 1), "split-K: dense, 1-CTA clusters");
     static constexpr u32 kNumClusterCols = kNumNBlocks / kClusterN;
+    static_assert(kKind != GemmKind::GroupedContiguousPsum ||
+                      ((kGroupAlignment == 64 || kGroupAlignment == 128) && kGroupAlignment % BLOCK_M == 0),
+                  "psum group starts: 64 or 128 rows, a multiple of BLOCK_M (so no block straddles two groups)");
 
     const i32* grouped_layout;
     u32 num_rows;           // dense: m; contiguous: m_sum; masked: m_max
@@ -139,7 +146,6 @@ struct TileScheduler {
 
     // Group of a psum-layout block, or -1 when the block holds only padding rows (see "Kinds").
     DFG_HOST_DEVICE i32 psum_block_group(u32 m_block) const {
-        constexpr u32 kGroupAlignment = 128;
         const i32 first = static_cast<i32>(m_block * BLOCK_M);
         u32 lo = 0, hi = kNumGroups;  // smallest g with ends[g] > first, in [lo, hi]
         while (lo < hi) {

@@ -12,6 +12,9 @@ using namespace dfg;
 #ifndef P_SPLIT_K
 #define P_SPLIT_K 1u
 #endif
+#ifndef P_PSUM_ALIGNMENT
+#define P_PSUM_ALIGNMENT 128u
+#endif
 
 int main() {
     unsigned rows = 0, grid = 0, num_layout = 0;
@@ -22,7 +25,7 @@ int main() {
         if (std::scanf("%d", &layout[i]) != 1)
             return 2;
     using Scheduler = TileScheduler<static_cast<GemmKind>(P_KIND), P_SHAPE_N, P_BLOCK_M, P_BLOCK_N, P_NUM_GROUPS,
-                                    P_CLUSTER_M, P_CLUSTER_N, P_BAND_WIDTH, P_SPLIT_K>;
+                                    P_CLUSTER_M, P_CLUSTER_N, P_BAND_WIDTH, P_SPLIT_K, P_PSUM_ALIGNMENT>;
     for (unsigned cta = 0; cta < grid; ++cta) {
         Scheduler scheduler(rows, layout.data(), cta, grid);
         TileInfo tile;

@@ -125,7 +125,7 @@ namespace dfg {
 template <GemmKind kKind, u32 SHAPE_N, u32 SHAPE_K, u32 BLOCK_M, u32 BLOCK_N, u32 kNumStages, u32 kNumGroups,
           u32 kClusterM, u32 kClusterN, u32 kNumMathWarpgroups, u32 kBandWidth, u32 kExpectedSmemBytes,
           u32 kExpectedMathRegisters, u32 kExpectedProducerRegisters, u32 kSplitK = 1, bool kUe8m0 = false,
-          bool kSwapAB = false>
+          bool kSwapAB = false, u32 kPsumAlignment = 128>
 struct Fp8GemmKernel {
     // ---------------------------------------------------------------- shape of the work
     static constexpr u32 BLOCK_K = 128;
@@ -196,7 +196,7 @@ struct Fp8GemmKernel {
     using Scheduler = typename Select<kKGrouped,
                                       KGroupedScheduler<SHAPE_N, BLOCK_M, BLOCK_N, kNumGroups, kBandWidth, true>,
                                       TileScheduler<kLayout, SHAPE_N, BLOCK_M, BLOCK_N, kNumGroups, kClusterM,
-                                                    kClusterN, kBandWidth, kSplitK>>::type;
+                                                    kClusterN, kBandWidth, kSplitK, kPsumAlignment>>::type;
     // The math warps' walk: the same tiles; the k-grouped one without the producer's K check (policy_k_grouped.cuh).
     using MathScheduler = typename Select<kKGrouped,
                                           KGroupedScheduler<SHAPE_N, BLOCK_M, BLOCK_N, kNumGroups, kBandWidth, false>,
