@@ -587,11 +587,20 @@ def _split_k_cycles(block_m: int, block_n: int, split_k: int) -> float:
     return partial * split_k + _SPLIT_K_ATOMIC_CYCLES
 
 
-def estimate_seconds(cfg: GemmConfig, m: int, num_sms: int = 132) -> float:
+def estimate_seconds(cfg: GemmConfig, m: int, num_sms: int = 132, k: int | None = None) -> float:
     """The heuristic's modelled time of ``cfg`` for ``m`` (dense rows, contiguous m_sum, masked rows per
-    group). A prediction to compare with measurements (bench/predict.py), not a measurement."""
-    cycles = _estimate_cycles(cfg.kind, max(m, 1), cfg.shape_n, cfg.shape_k, cfg.num_groups, cfg.block_m,
-                              cfg.block_n, num_sms, cfg.split_k, cfg.swap_ab)
+    group). A prediction to compare with measurements (bench/predict.py), not a measurement. ``k``: the k-grouped
+    kind's per-group K (required: its binary is compiled for shape_k = BLOCK_K whatever the ks, so the config
+    does not know it; ``ValueError`` without); the other kinds model their compiled shape_k (``k`` must be None
+    or equal to it)."""
+    if cfg.kind == K_GROUPED:
+        if k is None:
+            raise ValueError("estimate_seconds of a k-grouped config needs k= (the per-group K to model): its "
+                             f"binary is compiled for shape_k={BLOCK_K} whatever the ks")
+    elif k is not None and k != cfg.shape_k:
+        raise ValueError(f"k={k} differs from the config's compiled shape_k={cfg.shape_k} ({cfg.kind})")
+    cycles = _estimate_cycles(cfg.kind, max(m, 1), cfg.shape_n, cfg.shape_k if k is None else k, cfg.num_groups,
+                              cfg.block_m, cfg.block_n, num_sms, cfg.split_k, cfg.swap_ab)
     return cycles / MODEL_CLOCK_HZ
 
 

@@ -128,3 +128,22 @@ def test_get_config_type_errors():
     with pytest.raises(TypeError):
         get_config(128.0, 256, 256)
     assert math.isfinite(hash(BASE))
+
+
+def test_estimate_seconds_of_a_k_grouped_config_needs_its_per_group_k():
+    """The k-grouped binary has shape_k = BLOCK_K for any ks: modelling that K (only the fp32 C and D traffic
+    left) would be ~3x too fast at K = 4096, so the per-group K must be given, and it is what get_config ranked
+    with."""
+    from deep_fp8_gemm.config import _estimate_cycles, estimate_seconds, k_grouped_config
+
+    cfg = k_grouped_config(4096, 7168, 8, 132, 4096)
+    assert cfg.shape_k == 128
+    with pytest.raises(ValueError, match="needs k="):
+        estimate_seconds(cfg, 4096)
+    cycles = _estimate_cycles("k_grouped", 4096, 7168, 4096, 8, cfg.block_m, cfg.block_n, 132)
+    assert math.isclose(estimate_seconds(cfg, 4096, k=4096) * 1.83e9, cycles)
+    assert estimate_seconds(cfg, 4096, k=4096) > 3 * estimate_seconds(cfg, 4096, k=128)
+    dense = get_config(64, 4096, 7168)
+    assert estimate_seconds(dense, 64) == estimate_seconds(dense, 64, k=7168)
+    with pytest.raises(ValueError, match="differs from the config's compiled shape_k=7168"):
+        estimate_seconds(dense, 64, k=4096)
