@@ -53,6 +53,7 @@ from ..runtime.target import Backend
 from ..utils import get_m_alignment_for_contiguous_layout
 from .contiguous import check_m_grouped_operands
 
+
 def group_alignment() -> int:
     """The psum layout's group-start alignment: the contiguous alignment (64 or 128), which is also BLOCK_M and
     the kernel's compiled-in ``psum_alignment``."""
