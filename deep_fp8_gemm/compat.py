@@ -50,7 +50,7 @@ import dataclasses
 import torch
 
 from . import utils
-from ._core.checks import check_bool
+from ._core.checks import check_bool, check_expected_m
 from .constants import DEFAULT_CONTIGUOUS_ALIGNMENT
 from .ops.contiguous import m_grouped_gemm_fp8_fp8_bf16_nt_contiguous
 from .ops.dense import gemm_fp8_fp8_bf16_nt
@@ -233,6 +233,8 @@ def m_grouped_fp8_gemm_nt_contiguous(
     check_bool(ensure_zero_padding, "ensure_zero_padding")
     _check_output(d)
     if use_psum_layout:
+        if expected_m_for_psum_layout is not None:  # checked under its own name (the op calls it expected_m)
+            check_expected_m(expected_m_for_psum_layout, "expected_m_for_psum_layout")
         m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum(a, b, d, grouped_layout, expected_m_for_psum_layout)
         return
     if expected_m_for_psum_layout is not None:

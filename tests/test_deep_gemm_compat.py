@@ -339,6 +339,10 @@ def test_layout_and_psum_errors():
         call((a, sa), (w, ws), out, torch.tensor([100, 200, 300], dtype=torch.int32), use_psum_layout=True)
     with pytest.raises(ValueError, match="only meaningful with use_psum_layout=True"):
         call((a, sa), (w, ws), out, torch.zeros(256, dtype=torch.int32), expected_m_for_psum_layout=64)
+    for bad, error in ((0, ValueError), (-3, ValueError), (64.0, TypeError)):  # named as the caller named it
+        with pytest.raises(error, match="expected_m_for_psum_layout must be"):
+            call((a, sa), (w, ws), out, torch.tensor([0, 128], dtype=torch.int32), use_psum_layout=True,
+                 expected_m_for_psum_layout=bad)
     with pytest.raises(TypeError, match="use_psum_layout must be a bool"):
         call((a, sa), (w, ws), out, torch.zeros(256, dtype=torch.int32), use_psum_layout=1)
     with pytest.raises(ValueError, match="is_sfa"):

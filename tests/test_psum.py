@@ -245,6 +245,8 @@ def test_bad_layouts_raise():
         call(torch.tensor([1, 2, 3], dtype=torch.int32), expected_m=0)
     with pytest.raises(ValueError, match="non-decreasing"):
         check_psum_layout(torch.tensor([5, 4], dtype=torch.int32), 10)
+    with pytest.raises(ValueError, match=r"grouped_layout\[1\]=11 exceeds m_sum=10"):  # the caller's argument
+        check_psum_layout(torch.tensor([5, 11], dtype=torch.int32), 10)
 
 
 # ---------------------------------------------------------------------------------------------- GPU

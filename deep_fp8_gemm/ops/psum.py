@@ -85,8 +85,10 @@ def check(a, sa, b, sb, out, grouped_layout, *, layout: bool = True, pointers: b
 check_contiguous_psum = check
 
 
-def check_psum_values(ends: list[int], m_sum: int, name: str = "grouped_layout") -> None:
-    """Values of a psum layout: ``0 <= ends[0] <= ends[1] <= ... <= ends[G-1] <= m_sum`` (ValueError)."""
+def check_psum_values(ends: list[int], m_sum: int, name: str = "grouped_layout",
+                      rows: str = "the rows of lhs[0] (A), m_sum") -> None:
+    """Values of a psum layout: ``0 <= ends[0] <= ends[1] <= ... <= ends[G-1] <= m_sum`` (ValueError; ``rows``
+    names ``m_sum`` in the message)."""
     previous = 0
     for g, end in enumerate(ends):
         if end < previous:
@@ -94,7 +96,7 @@ def check_psum_values(ends: list[int], m_sum: int, name: str = "grouped_layout")
             raise ValueError(f"{name} (psum layout: end row of each group) must be {what}, got {name}[{g}]={end}")
         previous = end
     if ends and ends[-1] > m_sum:
-        raise ValueError(f"{name}[{len(ends) - 1}]={ends[-1]} exceeds the rows of lhs[0] (A), m_sum={m_sum}")
+        raise ValueError(f"{name}[{len(ends) - 1}]={ends[-1]} exceeds {rows}={m_sum}")
 
 
 def check_psum_layout(grouped_layout: torch.Tensor, m_sum: int) -> None:
@@ -104,7 +106,7 @@ def check_psum_layout(grouped_layout: torch.Tensor, m_sum: int) -> None:
     check_tensor(grouped_layout, "grouped_layout", INDEX_DTYPE, 1)
     if isinstance(m_sum, bool) or not isinstance(m_sum, int) or m_sum < 0:
         raise ValueError(f"m_sum must be a non-negative int (rows of lhs[0]), got {m_sum!r}")
-    check_psum_values(grouped_layout.tolist(), m_sum)
+    check_psum_values(grouped_layout.tolist(), m_sum, rows="m_sum")
 
 
 def check_psum_layout_values(grouped_layout: torch.Tensor, m_sum: int, num_groups: int | None = None) -> None:

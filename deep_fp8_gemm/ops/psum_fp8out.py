@@ -115,7 +115,8 @@ def m_grouped_gemm_fp8_fp8_fp8_nt_contiguous_psum(lhs: tuple[torch.Tensor, torch
         lhs, rhs, grouped_layout, expected_m: as :func:`deep_fp8_gemm.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum`.
         out: ``(D, sD)``: D ``[m_sum, n]`` float8_e4m3fn, sD ``[m_sum, ceil(n/128)]`` float32 M-major TMA-aligned, as
             :func:`deep_fp8_gemm.gemm_fp8_fp8_fp8_nt`; the padding rows after a group's end up to the end of its last
-            128-row block are computed with the group, other padding rows are left untouched (every backend alike).
+            BLOCK_M-row block (BLOCK_M = the contiguous alignment) are computed with the group, other padding rows
+            are left untouched (every backend alike).
         use_ue8m0: power-of-two scales.
     """
     a, sa, b, sb, d, sd = out_operands(lhs, rhs, out, (grouped_layout, "grouped_layout"))
