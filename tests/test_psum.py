@@ -183,47 +183,42 @@ def test_planted_fixed_128_alignment_is_caught(tmp_path, monkeypatch):
         _check_against_float64(d, a, sa, b, sb, ends, 64, 64)
 
 
-@pytest.mark.parametrize("simulate", (False, True))
-def test_public_op_cpu_and_simulator(simulate, monkeypatch):
-    if simulate:
-        if shutil.which("g++") is None:
-            pytest.skip("the simulator builds kernels with g++")
-        monkeypatch.setenv("DFG_SIMULATE", "1")
-        monkeypatch.setenv("DFG_SIM_NUM_SMS", "3")
-    sizes = [0, 256, 33, 0, 128]
-    ends = _ends_from_sizes(sizes)
-    m_sum = ends[-1] + 60  # m_sum need not be a multiple of 128
-    a, sa, b, sb = _operands(m_sum, 128, 384, len(sizes), seed=4)
-    d = torch.full((m_sum, 128), float("nan"), dtype=torch.bfloat16)
-    psum_gemm((a, sa), (b, sb), d, torch.tensor(ends, dtype=torch.int32), expected_m=128)
-    _check_against_float64(d, a, sa, b, sb, ends)
-
-
-@pytest.mark.parametrize("simulate", (False, True))
-def test_public_op_at_alignment_64(simulate, monkeypatch):
-    """``set_mk_alignment_for_contiguous_layout(64)``: groups start at 64-row multiples, BLOCK_M 64 and the kernel's
-    psum_alignment 64 (the same ends give other groups at 128), on the CPU reference and the simulated kernel."""
-    if simulate:
-        if shutil.which("g++") is None:
-            pytest.skip("the simulator builds kernels with g++")
-        monkeypatch.setenv("DFG_SIMULATE", "1")
-        monkeypatch.setenv("DFG_SIM_NUM_SMS", "3")
-    sizes = [40, 0, 65, 1, 64]
-    ends = _ends_from_sizes(sizes, 64)
-    m_sum = ends[-1] + 30
-    a, sa, b, sb = _operands(m_sum, 128, 256, len(sizes), seed=6)
-    d = torch.full((m_sum, 128), float("nan"), dtype=torch.bfloat16)
+@pytest.fixture
+def contiguous_alignment(request):
     previous = dfg.get_mk_alignment_for_contiguous_layout()
-    dfg.set_mk_alignment_for_contiguous_layout(64)
-    try:
-        from deep_fp8_gemm.ops import psum as psum_ops
+    dfg.set_mk_alignment_for_contiguous_layout(request.param)
+    yield request.param
+    dfg.set_mk_alignment_for_contiguous_layout(previous)
 
-        cfg = psum_ops.plan(a, b, None, 132)
-        assert (cfg.block_m, cfg.psum_alignment) == (64, 64) and cfg.kernel_name().endswith("_a64")
-        psum_gemm((a, sa), (b, sb), d, torch.tensor(ends, dtype=torch.int32))
-    finally:
-        dfg.set_mk_alignment_for_contiguous_layout(previous)
-    _check_against_float64(d, a, sa, b, sb, ends, 64, 64)
+
+# alignment -> (group sizes, rows after the last group, k)
+PUBLIC_CASES = {128: ([0, 256, 33, 0, 128], 60, 384), 64: ([40, 0, 65, 1, 64], 30, 256)}
+
+
+@pytest.mark.parametrize("contiguous_alignment", sorted(PUBLIC_CASES), indirect=True)
+@pytest.mark.parametrize("simulate", (False, True))
+def test_public_op_cpu_and_simulator(simulate, contiguous_alignment, monkeypatch):
+    """The public op on the CPU reference and the simulated kernel, at both contiguous alignments: at 64 groups
+    start at 64-row multiples, BLOCK_M and the kernel's psum_alignment are 64 (the same ends give other groups at
+    128). ``m_sum`` need not be a multiple of the alignment."""
+    if simulate:
+        if shutil.which("g++") is None:
+            pytest.skip("the simulator builds kernels with g++")
+        monkeypatch.setenv("DFG_SIMULATE", "1")
+        monkeypatch.setenv("DFG_SIM_NUM_SMS", "3")
+    align = contiguous_alignment
+    sizes, extra, k = PUBLIC_CASES[align]
+    ends = _ends_from_sizes(sizes, align)
+    m_sum = ends[-1] + extra
+    a, sa, b, sb = _operands(m_sum, 128, k, len(sizes), seed=4)
+    d = torch.full((m_sum, 128), float("nan"), dtype=torch.bfloat16)
+    from deep_fp8_gemm.ops import psum as psum_ops
+
+    cfg = psum_ops.plan(a, b, 128, 132)
+    assert (cfg.block_m, cfg.psum_alignment) == (align, align)
+    assert cfg.kernel_name().endswith("_a64") == (align == 64)
+    psum_gemm((a, sa), (b, sb), d, torch.tensor(ends, dtype=torch.int32), expected_m=128)
+    _check_against_float64(d, a, sa, b, sb, ends, align, align)
 
 
 # ---------------------------------------------------------------------------------------------- errors
@@ -250,14 +245,6 @@ def test_bad_layouts_raise():
 
 
 # ---------------------------------------------------------------------------------------------- GPU
-@pytest.fixture
-def contiguous_alignment(request):
-    previous = dfg.get_mk_alignment_for_contiguous_layout()
-    dfg.set_mk_alignment_for_contiguous_layout(request.param)
-    yield request.param
-    dfg.set_mk_alignment_for_contiguous_layout(previous)
-
-
 @requires_sm90
 @pytest.mark.gpu
 @pytest.mark.parametrize("contiguous_alignment", [128, 64], indirect=True)
