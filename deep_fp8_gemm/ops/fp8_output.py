@@ -31,7 +31,7 @@ from ..constants import GRAN_K, GRAN_MN_BLOCK
 from ..quant import per_token_cast_to_fp8_torch
 from ..utils import ceil_div, empty_m_major, m_major_strides
 from .contiguous import check_m_sum, reference_row_parts
-from .masked import check_masked_values
+from .masked import check_masked_operands, check_masked_values
 
 OUT_NAMES = ("out[0] (D)", "out[1] (sD)")
 
@@ -161,21 +161,6 @@ def check_operands_2d(a, sa, b, sb, grouped: bool, rows_name: str) -> tuple[int,
     return rows, n, k, groups or 1
 
 
-def check_operands_masked(a, sa, b, sb) -> tuple[int, int, int, int]:
-    """A ``[G, m_max, k]`` e4m3 + sA ``[G, m_max, ceil(k/128)]``, B ``[G, n, k]`` + sB, one device; returns
-    ``(m_max, n, k, G)``."""
-    check_tensor(a, "lhs[0] (A)", FP8, 3)
-    num_groups, m_max, k = a.shape
-    if k <= 0 or num_groups < 1:
-        raise ValueError(f"lhs[0] (A) must be [G, m_max, k] with G >= 1 and k >= 1, got shape={tuple(a.shape)}")
-    kb = ceil_div(k, GRAN_K)
-    check_tensor(sa, "lhs[1] (sA)", torch.float32, 3)
-    check_shape(sa, "lhs[1] (sA)", (num_groups, m_max, kb), "[G, m_max, ceil(k/128)]")
-    n = check_operand_b_blocks(b, sb, k, kb, num_groups)
-    check_same_device(a.device, ((sa, "lhs[1] (sA)"), (b, "rhs[0] (B)"), (sb, "rhs[1] (sB)")))
-    return m_max, n, k, num_groups
-
-
 def check_layout_and_pointers(a, sa, b, sb, d, sd, n: int, k: int, extra: tuple[tuple[torch.Tensor, str], ...],
                               layout: bool, pointers: bool) -> None:
     """The ``layout`` level (A / B K-major, TMA strides; the output pair's layout) and the ``pointers`` level
@@ -282,7 +267,7 @@ def check_masked(a, sa, b, sb, d, sd, masked_m, expected_m, swiglu: bool, layout
     ``[G, m_max, n_out]``, masked_m ``[G]`` int32 (values not read), expected_m a positive int. Returns
     ``Problem(m_max, n, k, G)``."""
     check_expected_m(expected_m)
-    m_max, n, k, groups = check_operands_masked(a, sa, b, sb)
+    m_max, n, k, groups = check_masked_operands(a, sa, b, sb)
     check_out((d, sd), (groups,), m_max, n_out_of(n, swiglu), a.device, "m_max")
     check_tensor(masked_m, "masked_m", INDEX_DTYPE, 1)
     check_shape(masked_m, "masked_m", (groups,), "[G]")

@@ -31,11 +31,10 @@ from ..runtime.target import Backend
 from ..utils import ceil_div
 
 
-def check(a, sa, b, sb, out, masked_m, expected_m, *, layout: bool = True, pointers: bool = True) -> Problem:
-    """A ``[G, m_max, k]``, sA ``[G, m_max, ceil(k/128)]``, B ``[G, n, k]``, sB ``[G, ceil(n/128), ceil(k/128)]``,
-    out ``[G, m_max, n]`` bf16, masked_m ``[G]`` int32, expected_m a positive int. Returns ``Problem(m_max, n, k,
-    G)``. The values of masked_m are not read."""
-    check_expected_m(expected_m)
+def check_masked_operands(a, sa, b, sb) -> tuple[int, int, int, int]:
+    """The input half of the masked layout, for this family and the FP8-output / SwiGLU ones: A ``[G, m_max, k]``
+    e4m3 + sA ``[G, m_max, ceil(k/128)]`` fp32, B ``[G, n, k]`` + sB ``[G, ceil(n/128), ceil(k/128)]``, one device;
+    returns ``(m_max, n, k, G)``."""
     check_tensor(a, "lhs[0] (A)", FP8, 3)
     num_groups, m_max, k = a.shape
     if k <= 0 or num_groups < 1:
@@ -44,12 +43,21 @@ def check(a, sa, b, sb, out, masked_m, expected_m, *, layout: bool = True, point
     check_tensor(sa, "lhs[1] (sA)", torch.float32, 3)
     check_shape(sa, "lhs[1] (sA)", (num_groups, m_max, kb), "[G, m_max, ceil(k/128)]")
     n = check_operand_b_blocks(b, sb, k, kb, num_groups)
+    check_same_device(a.device, ((sa, "lhs[1] (sA)"), (b, "rhs[0] (B)"), (sb, "rhs[1] (sB)")))
+    return m_max, n, k, num_groups
+
+
+def check(a, sa, b, sb, out, masked_m, expected_m, *, layout: bool = True, pointers: bool = True) -> Problem:
+    """A ``[G, m_max, k]``, sA ``[G, m_max, ceil(k/128)]``, B ``[G, n, k]``, sB ``[G, ceil(n/128), ceil(k/128)]``,
+    out ``[G, m_max, n]`` bf16, masked_m ``[G]`` int32, expected_m a positive int. Returns ``Problem(m_max, n, k,
+    G)``. The values of masked_m are not read."""
+    check_expected_m(expected_m)
+    m_max, n, k, num_groups = check_masked_operands(a, sa, b, sb)
     check_tensor(out, "out", torch.bfloat16, 3)
     check_shape(out, "out", (num_groups, m_max, n), "[G, m_max, n]")
     check_tensor(masked_m, "masked_m", INDEX_DTYPE, 1)
     check_shape(masked_m, "masked_m", (num_groups,), "[G]")
-    check_same_device(a.device, ((sa, "lhs[1] (sA)"), (b, "rhs[0] (B)"), (sb, "rhs[1] (sB)"), (out, "out"),
-                                 (masked_m, "masked_m")))
+    check_same_device(a.device, ((out, "out"), (masked_m, "masked_m")))
     if layout:
         check_tma_layout(a, b, out, n, k)
     if pointers:
