@@ -54,12 +54,6 @@ from ..utils import get_m_alignment_for_contiguous_layout
 from .contiguous import check_m_grouped_operands
 
 
-def group_alignment() -> int:
-    """The psum layout's group-start alignment: the contiguous alignment (64 or 128), which is also BLOCK_M and
-    the kernel's compiled-in ``psum_alignment``."""
-    return get_m_alignment_for_contiguous_layout()
-
-
 def check(a, sa, b, sb, out, grouped_layout, *, layout: bool = True, pointers: bool = True) -> Problem:
     """Shape checks: A ``[m_sum, k]`` e4m3, sA ``[m_sum, ceil(k/128)]`` fp32, B ``[G, n, k]``, sB
     ``[G, ceil(n/128), ceil(k/128)]``, out ``[m_sum, n]`` bf16, grouped_layout ``[G]`` int32. Returns
@@ -131,11 +125,13 @@ def psum_group_rows(ends: list[int], alignment: int | None = None) -> list[tuple
     return rows
 
 
-def psum_computed_rows(ends: list[int], m_sum: int, alignment: int) -> list[tuple[int, int, int, int]]:
+def psum_computed_rows(ends: list[int], m_sum: int, alignment: int | None = None) -> list[tuple[int, int, int, int]]:
     """``(g, start, end, stop)`` of each non-empty group g: the kernel computes rows ``[start, stop)`` with g, its
     rows ``[start, end)`` (:func:`psum_group_rows`) and the padding rows after them up to the end of its last
     BLOCK_M block (or of A), ``stop``; every other row is left untouched. The references' rows (this family's and
-    :mod:`.psum_fp8out`'s)."""
+    :mod:`.psum_fp8out`'s). ``alignment`` None: the contiguous alignment (BLOCK_M is the alignment)."""
+    if alignment is None:
+        alignment = get_m_alignment_for_contiguous_layout()
     block_m = contiguous_block_m(alignment)
     return [(g, start, end, min((end + block_m - 1) // block_m * block_m, m_sum))  # start: a multiple of block_m
             for g, (start, end) in enumerate(psum_group_rows(ends, alignment)) if end > start]
@@ -146,7 +142,7 @@ def reference_validated(a, sa, b, sb, out, grouped_layout) -> None:
     CPU call, before dispatch): per group, one matmul over its rows and one over the padding rows of its last block
     that the kernel computes with it (:func:`psum_computed_rows`), so a row's result does not depend on how much
     padding follows its group; the other padding rows are left untouched."""
-    for g, start, end, stop in psum_computed_rows(grouped_layout.tolist(), a.size(0), group_alignment()):
+    for g, start, end, stop in psum_computed_rows(grouped_layout.tolist(), a.size(0)):
         for lo, hi in ((start, end), (end, stop)):
             if hi > lo:
                 out[lo:hi] = matmul_nt_bf16(dequantize_per_token(a[lo:hi], sa[lo:hi]), b[g], sb[g])
@@ -176,7 +172,7 @@ def plan(a, b, expected_m: int | None, num_sms: int) -> GemmConfig:
     num_groups = b.shape[0]
     m_sum = a.shape[0] if expected_m is None else min(a.shape[0], int(expected_m) * num_groups)
     return get_config(max(m_sum, 1), b.shape[-2], b.shape[-1], num_groups, "psum", num_sms,
-                      contiguous_alignment=group_alignment())
+                      contiguous_alignment=get_m_alignment_for_contiguous_layout())
 
 
 def dispatch(a, sa, b, sb, out, grouped_layout, expected_m=None) -> None:

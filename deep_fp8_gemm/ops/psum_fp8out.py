@@ -3,11 +3,11 @@
 
 :func:`deep_fp8_gemm.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum` (``grouped_layout[g]`` = the end row of group g,
 group starts rounded up to the contiguous alignment) with the output of :func:`deep_fp8_gemm.gemm_fp8_fp8_fp8_nt`: D
-e4m3 ``[m_sum, n]`` with 1x128 scales (``ops.fp8_output``). The contract is :mod:`.psum`'s: group starts at multiples of the contiguous
-alignment (64 or 128, BLOCK_M, compiled into the kernel), the ends checked on every call of CPU tensors and on CUDA
-only with ``DFG_CHECK_LAYOUTS=1`` (or :func:`deep_fp8_gemm.check_psum_layout`), the padding rows of a group's last
-block computed with the group (D and sD), the other padding rows untouched, on every backend. Same layers as
-:mod:`.psum`.
+e4m3 ``[m_sum, n]`` with 1x128 scales (``ops.fp8_output``). The contract is :mod:`.psum`'s: group starts at
+multiples of the contiguous alignment (64 or 128, BLOCK_M, compiled into the kernel), the ends checked on every call
+of CPU tensors and on CUDA only with ``DFG_CHECK_LAYOUTS=1`` (or :func:`deep_fp8_gemm.check_psum_layout`), the
+padding rows of a group's last block computed with the group (D and sD), the other padding rows untouched, on every
+backend. Same layers as :mod:`.psum`.
 """
 
 from __future__ import annotations
@@ -22,9 +22,10 @@ from ..config import GemmConfig, get_config
 from ..kernels import gemm as gemm_host
 from ..runtime import target
 from ..runtime.target import Backend
+from ..utils import get_m_alignment_for_contiguous_layout
 from .fp8_output import (check_layout_and_pointers, check_operands_2d, check_out, out_operands,
                          reference_row_ranges)
-from .psum import check_psum_layout_values, check_psum_values, group_alignment, psum_computed_rows
+from .psum import check_psum_layout_values, check_psum_values, psum_computed_rows
 
 KIND = "psum_fp8out"
 
@@ -49,7 +50,7 @@ def reference_validated(a, sa, b, sb, d, sd, grouped_layout, use_ue8m0: bool = F
     (D and sD, as Fp8TmaStore stores every row of a tile) in another, so that a row's result does not depend on its
     group's padding (as :mod:`.contiguous_fp8out`); the other padding rows untouched."""
     parts = []
-    for g, start, end, stop in psum_computed_rows(grouped_layout.tolist(), a.size(0), group_alignment()):
+    for g, start, end, stop in psum_computed_rows(grouped_layout.tolist(), a.size(0)):
         parts += [(g, start, end), (g, end, stop)]
     reference_row_ranges(a, sa, b, sb, d, sd, parts, use_ue8m0)
 
@@ -65,12 +66,12 @@ def reference(lhs, rhs, out, grouped_layout, expected_m: int | None = None, use_
 
 
 def plan(a, b, expected_m: int | None, num_sms: int, use_ue8m0: bool = False) -> GemmConfig:
-    """The config: for ``expected_m`` rows per group when given, else for all ``m_sum`` rows, BLOCK_M = the alignment
-    :func:`.psum.group_alignment` (as :mod:`.psum`)."""
+    """The config: for ``expected_m`` rows per group when given, else for all ``m_sum`` rows, BLOCK_M = the contiguous
+    alignment (as :mod:`.psum`)."""
     num_groups = b.shape[0]
     m_sum = a.shape[0] if expected_m is None else min(a.shape[0], int(expected_m) * num_groups)
     return get_config(max(m_sum, 1), b.shape[-2], b.shape[-1], num_groups, KIND, num_sms,
-                      contiguous_alignment=group_alignment(), ue8m0=use_ue8m0)
+                      contiguous_alignment=get_m_alignment_for_contiguous_layout(), ue8m0=use_ue8m0)
 
 
 def dispatch(a, sa, b, sb, d, sd, grouped_layout, expected_m=None, use_ue8m0: bool = False) -> None:
