@@ -17,8 +17,8 @@
 #   2. OUTDIR/env.txt: nvidia-smi, clocks, versions.
 #   3. pip install --no-index --no-deps --no-build-isolation -e .  (falls back to PYTHONPATH if it fails,
 #      and says so).
-#   4. smoke (<= 60 s): DFG_WATCHDOG_SECONDS=5 python -m pytest -v -m gpu tests/test_gpu_smoke.py
-#      tests/test_gpu_jit.py::test_tma_round_trip --dfg-test-timeout 20: one TMA round trip per swizzle, one GEMM
+#   4. smoke (<= 60 s): DFG_WATCHDOG_SECONDS=5 python -m pytest -v -m gpu tests/gpu/test_gpu_smoke.py
+#      tests/gpu/test_gpu_jit.py::test_tma_round_trip --dfg-test-timeout 20: one TMA round trip per swizzle, one GEMM
 #      per kind (and per multicast variant) at a small shape, the quantisers, all in the watchdog build (an
 #      mbarrier wait longer than 5 s prints the kernel, block, thread, barrier and phase, then traps) and with a
 #      per-test timeout (stacks dumped, process ended): a hang is named in seconds, not at the end of the run.
@@ -100,7 +100,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 # The smoke step: small cases of every kernel family, watchdog build, per-test timeout (see step 4 above).
 SMOKE_WATCHDOG_SECONDS=5
 SMOKE_TEST_TIMEOUT=20
-SMOKE_TESTS="tests/test_gpu_smoke.py tests/test_gpu_jit.py::test_tma_round_trip"
+SMOKE_TESTS="tests/gpu/test_gpu_smoke.py tests/gpu/test_gpu_jit.py::test_tma_round_trip"
 
 # name | planned time limit (s) | command  (the command is eval'ed with $OUTDIR, $PY, $QUICK set)
 PLAN=(

@@ -8,7 +8,7 @@ Counting rules (used by every benchmark and by the published table):
 - FLOPs = ``2·m·n·k`` over *valid* rows only (grouped: padding rows and masked-out rows are not counted).
 - Bytes = A + B + scales + D, each read or written once: A ``m·k`` (e4m3, 1 B), sA ``m·ceil(k/128)·4``,
   B ``n·k`` (per group), sB ``ceil(n/128)·ceil(k/128)·4`` (per group), D ``m·n·2`` (bf16). The published GB/s
-  column matches this within ~1% (``tests/test_bench_cpu.py`` checks it).
+  column matches this within ~1% (``tests/runtime/test_bench_cpu.py`` checks it).
 """
 
 from __future__ import annotations

@@ -39,18 +39,17 @@ from .compat import (
     transform_sf_into_required_layout,
     wgrad_gemm_fp8_fp8_fp32_nt,
 )
-from .ops.contiguous import check_contiguous_layout, m_grouped_gemm_fp8_fp8_bf16_nt_contiguous
-from .ops.contiguous_fp8out import m_grouped_gemm_fp8_fp8_fp8_nt_contiguous
-from .ops.contiguous_swiglu import m_grouped_gemm_fp8_fp8_fp8_nt_contiguous_swiglu
-from .ops.dense import gemm_fp8_fp8_bf16_nt
-from .ops.dense_fp8out import gemm_fp8_fp8_fp8_nt
-from .ops.fp8_output import interleave_swiglu_weights
-from .ops.masked import check_masked_layout, m_grouped_gemm_fp8_fp8_bf16_nt_masked
-from .ops.masked_fp8out import m_grouped_gemm_fp8_fp8_fp8_nt_masked
-from .ops.masked_swiglu import m_grouped_gemm_fp8_fp8_fp8_nt_masked_swiglu
-from .ops.psum_fp8out import m_grouped_gemm_fp8_fp8_fp8_nt_contiguous_psum
 from ._core.plans import PreparedGemm, prepare_gemm
-from .ops.psum import check_psum_layout, m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum
+from .ops.contiguous import (check_contiguous_layout, m_grouped_gemm_fp8_fp8_bf16_nt_contiguous,
+                             m_grouped_gemm_fp8_fp8_fp8_nt_contiguous, m_grouped_gemm_fp8_fp8_fp8_nt_contiguous_swiglu)
+from .ops.dense import gemm_fp8_fp8_bf16_nt, gemm_fp8_fp8_fp8_nt
+from .ops.k_grouped import k_grouped_gemm_fp8_fp8_fp32_nt
+from .ops.masked import (check_masked_layout, m_grouped_gemm_fp8_fp8_bf16_nt_masked, m_grouped_gemm_fp8_fp8_fp8_nt_masked,
+                         m_grouped_gemm_fp8_fp8_fp8_nt_masked_swiglu)
+from .ops.outputs import interleave_swiglu_weights
+from .ops.wgrad_1d1d import gemm_fp8_fp8_fp32_nt_1d1d
+from .ops.psum import (check_psum_layout, m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum,
+                       m_grouped_gemm_fp8_fp8_fp8_nt_contiguous_psum)
 from .quant import per_block_cast_to_fp8, per_channel_cast_to_fp8, per_token_cast_to_fp8
 from .utils import (
     calc_diff,
@@ -81,6 +80,7 @@ __all__ = [
     "fp8_gemm_nt",
     "fp8_m_grouped_gemm_nt_masked",
     "gemm_fp8_fp8_bf16_nt",
+    "gemm_fp8_fp8_fp32_nt_1d1d",
     "gemm_fp8_fp8_fp8_nt",
     "get_col_major_tma_aligned_tensor",
     "get_k_alignment_for_contiguous_layout",
@@ -94,6 +94,7 @@ __all__ = [
     "get_tma_aligned_size",
     "interleave_swiglu_weights",
     "k_grouped_fp8_gemm_nt_contiguous",
+    "k_grouped_gemm_fp8_fp8_fp32_nt",
     "k_grouped_wgrad_gemm_fp8_fp8_fp32_nt",
     "layout",
     "m_grouped_fp8_fp4_gemm_nt_contiguous",

@@ -18,7 +18,7 @@ fake kernels, so ``torch.compile(fullgraph=True)`` traces them. They follow the 
 (``runtime.target.backend_of(device, "quant")``): on an sm_90 device (and in the simulator under
 ``DFG_SIMULATE``) they run the fused kernels of :mod:`deep_fp8_gemm.kernels.quant`; everywhere else the plain torch of
 :func:`deep_fp8_gemm.quant.per_token_cast_to_fp8_torch`, which defines the bits: the results are bit-identical
-to ``per_token_cast_to_fp8`` of the transposed tensors (tests/test_cast_transpose.py checks both paths).
+to ``per_token_cast_to_fp8`` of the transposed tensors (tests/ops/test_cast_transpose.py checks both paths).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``python -m deep_fp8_gemm {audit,precompile,cache,env,demo}``; all of it works without a GPU.
+"""``python -m deep_fp8_gemm {audit,precompile,cache,env,kinds,demo}``; all of it works without a GPU.
 
 * ``audit``: compile every distinct kernel the heuristic picks for the given shapes and M values and
   check registers, spills, local memory, required SASS and ptxas warnings, and the K-loop figures against
@@ -10,6 +10,8 @@
   serving GPU's ``--num-sms``).
 * ``cache info`` / ``cache clear``: the on-disk caches (cubins, simulator libraries, saved failing sources)
   and the result of their ownership checks; ``env``: versions and paths the JIT uses.
+* ``kinds``: the kinds table (each GEMM kind's point on the axes); ``kinds --header`` prints the C++ header generated
+  from it (``include/deep_fp8_gemm/kinds.cuh``).
 """
 
 from __future__ import annotations
@@ -23,8 +25,10 @@ import sys
 import time
 from collections.abc import Sequence
 
-GEMM_KINDS = ("dense", "contiguous", "masked", "psum", "1d1d", "k_grouped", "dense_fp8out", "contiguous_fp8out",
-              "masked_fp8out", "psum_fp8out", "contiguous_swiglu", "masked_swiglu")
+from .kinds import TABLE
+
+#: The GEMM kinds (the rows of the kinds table, torch-free) and the audit's other kernel families.
+GEMM_KINDS = TABLE.names
 ALL_KINDS = (*GEMM_KINDS, "quant")
 
 
@@ -81,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("action", choices=("info", "clear"))
 
     sub.add_parser("env", help="versions and paths the JIT uses")
+
+    p = sub.add_parser("kinds", help="the GEMM kinds table: each kind's axis values")
+    p.add_argument("--header", action="store_true", help="print the generated C++ header instead")
 
     # Listed for --help only: main() hands everything after "demo" to deep_fp8_gemm.demo untouched.
     sub.add_parser("demo", help="run the demo (deep_fp8_gemm.demo; its own options follow)", add_help=False)
@@ -258,6 +265,19 @@ def cmd_env(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_kinds(args: argparse.Namespace) -> int:
+    if args.header:
+        sys.stdout.write(TABLE.render_header())
+        return 0
+    axes = [axis.name for axis in TABLE.axes]
+    rows = [[row.name, *(row.point()[a] if a != "order" else ",".join(row.orders) for a in axes)]
+            for row in TABLE.rows]
+    widths = [max(len(x) for x in column) for column in zip(["kind", *axes], *rows)]
+    for line in [["kind", *axes], *rows]:
+        print("  ".join(x.ljust(w) for x, w in zip(line, widths)).rstrip())
+    return 0
+
+
 def cmd_demo(demo_argv: list[str]) -> int:
     try:
         demo = importlib.import_module("deep_fp8_gemm.demo")
@@ -266,7 +286,7 @@ def cmd_demo(demo_argv: list[str]) -> int:
     return int(demo.main(demo_argv) or 0)
 
 
-_COMMANDS = {"audit": cmd_audit, "precompile": cmd_precompile, "cache": cmd_cache, "env": cmd_env}
+_COMMANDS = {"audit": cmd_audit, "precompile": cmd_precompile, "cache": cmd_cache, "env": cmd_env, "kinds": cmd_kinds}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -18,56 +18,51 @@ import enum
 import functools
 import math
 
+from . import kinds
 from .constants import CONTIGUOUS_ALIGNMENTS, DEFAULT_CONTIGUOUS_ALIGNMENT, GRAN_K
 from .utils import ceil_div
 
 
-class GemmKind(enum.IntEnum):
-    """``dfg::GemmKind`` (common.cuh), same names and values; the config kinds below are their Python names."""
+#: The kinds table (``kinds.TABLE``): every kind set below is derived from it, none is written out by hand.
+_TABLE = kinds.TABLE
 
-    Dense = 0
-    GroupedContiguous = 1
-    GroupedMasked = 2
-    GroupedContiguousPsum = 3
-    Dense1D1D = 4
-    KGrouped1D1D = 5
-    DenseFp8Out = 6
-    GroupedContiguousFp8Out = 7
-    GroupedMaskedFp8Out = 8
-    GroupedContiguousPsumFp8Out = 9
-    GroupedContiguousSwiglu = 10
-    GroupedMaskedSwiglu = 11
-
+#: ``dfg::GemmKind`` (kinds.cuh, generated from the same table): same names and values.
+GemmKind = enum.IntEnum("GemmKind", [(row.cpp, row.id) for row in _TABLE.rows])
+GemmKind.__doc__ = "``dfg::GemmKind`` (kinds.cuh), same names and values; the config kinds are their Python names."
 
 #: The config kinds (the names used in kernel names, audit kinds and the op families), in GemmKind order.
-KINDS = ("dense", "contiguous", "masked", "psum", "1d1d", "k_grouped", "dense_fp8out", "contiguous_fp8out",
-         "masked_fp8out", "psum_fp8out", "contiguous_swiglu", "masked_swiglu")
-KIND_IDS = {kind: GemmKind(i) for i, kind in enumerate(KINDS)}
+KINDS = _TABLE.names
+KIND_IDS = {row.name: GemmKind(row.id) for row in _TABLE.rows}
+
+
+def _output_trait(kind: str, trait: str):
+    return _TABLE.traits(kind, "output")[trait]
+
+
 #: The FP8-output kinds (output.cuh Fp8TmaStore): e4m3 D with 1x128 per-row scales quantised from the fp32
 #: accumulators in the epilogue; tiles of one 128-column output group. The SwiGLU kinds are FP8-output kinds too.
-FP8_OUTPUT_KINDS = ("dense_fp8out", "contiguous_fp8out", "masked_fp8out", "psum_fp8out", "contiguous_swiglu",
-                    "masked_swiglu")
+FP8_OUTPUT_KINDS = tuple(kind for kind in KINDS if _output_trait(kind, "row_scales"))
 #: The SwiGLU up-projection kinds (policy_swiglu.cuh): B = w13 with gate / up interleaved in 128-row blocks, tiles of
 #: 256 columns (gate | up of one output group) computed as two m64n128 wgmma chunks, D [m, N / 2] e4m3.
-SWIGLU_KINDS = ("contiguous_swiglu", "masked_swiglu")
-#: How each kind's tiles are enumerated (``dfg::layout_of``): the bf16 kind whose scheduler, A / D addressing and
-#: grouped layout it shares.
-LAYOUT_OF = {**{kind: kind for kind in KINDS[:6]}, "dense_fp8out": "dense", "contiguous_fp8out": "contiguous",
-             "masked_fp8out": "masked", "psum_fp8out": "psum", "contiguous_swiglu": "contiguous",
-             "masked_swiglu": "masked"}
+SWIGLU_KINDS = _TABLE.kinds_where(output="swiglu_fp8")
+#: How each kind's tiles are enumerated (``dfg::layout_of``): the kind of the same point with its accumulation's base
+#: output, whose scheduler, A / D addressing and grouped layout it shares.
+LAYOUT_OF = {kind: _TABLE.layout_kind(kind) for kind in KINDS}
 #: Columns of one wgmma chunk of the SwiGLU kinds, and their tile width (gate | up).
 SWIGLU_MMA_N = 128
 SWIGLU_BLOCK_N = 2 * SWIGLU_MMA_N
 FP8_OUTPUT_BLOCK_N = 128  # one 1x128 scale group per tile
 #: Kinds of the 1D1D family (policy_1d1d.cuh): per-row sB (TMA-loaded per stage), fp32 D = C + A.B^T stored from
 #: the fragments (no shared-memory D tile), no clusters.
-FP32_ACCUMULATE_KINDS = ("1d1d", "k_grouped")
+FP32_ACCUMULATE_KINDS = _TABLE.kinds_where(accumulation="1d1d")
 #: The k-grouped kind (policy_k_grouped.cuh): G groups of run-time K_g, so its binary is compiled for shape_k = BLOCK_K
 #: whatever the ks; get_config's k is then only the per-group K the cost model assumes.
 K_GROUPED = "k_grouped"
 #: Kinds whose rows are expert segments padded to the contiguous alignment ("psum": the prefix-sum ends layout),
 #: their FP8-output and SwiGLU variants included.
-CONTIGUOUS_KINDS = tuple(kind for kind in KINDS if LAYOUT_OF[kind] in ("contiguous", "psum"))
+CONTIGUOUS_KINDS = _TABLE.kinds_where(layout=("contiguous", "psum"))
+#: Kinds a config may compute with swap-AB (the table's operand-order axis).
+SWAP_AB_KINDS = tuple(row.name for row in _TABLE.rows if "swap_ab" in row.orders)
 
 BLOCK_K = GRAN_K  # the kernels' K tile is one scale group: one sA / sB value per row (per block) per K block
 SMEM_LIMIT = 232_448  # bytes of shared memory one block may use on sm_90
@@ -349,7 +344,7 @@ def math_registers_needed(kind: str, block_m: int, block_n: int, swap_ab: bool =
     wgmma (MMA_N/2 floats: BLOCK_N, or the SwiGLU kinds' 128-column chunk), plus the measured overhead of the
     family (:data:`MATH_REGISTER_OVERHEAD`: addresses, scales, scheduler state; the 1D1D kinds hold the K block's
     per-column B scales of the thread's columns too, BLOCK_N / 4 more). Swap-AB: BLOCK_N / 64 waves of BLOCK_M / 2
-    floats, and the scratch of one m64nBLOCK_M wgmma. ``tests/test_register_model.py`` compiles the tiles on both
+    floats, and the scratch of one m64nBLOCK_M wgmma. ``tests/kernels/test_register_model.py`` compiles the tiles on both
     sides of the 232-register budget and checks that this model's verdict is ptxas's."""
     if swap_ab:
         return (block_n // 64 + 1) * block_m // 2 + MATH_REGISTER_OVERHEAD
@@ -360,7 +355,7 @@ def math_registers_needed(kind: str, block_m: int, block_n: int, swap_ab: bool =
 
 
 #: Registers per math thread beyond the accumulators, calibrated against ptxas (NVRTC 13.5, sm_90a, the 232-register
-#: budget of two math warpgroups; tests/test_register_model.py): 256 x 128 compiles spill-free (2 x 64 + 64 = 192
+#: budget of two math warpgroups; tests/kernels/test_register_model.py): 256 x 128 compiles spill-free (2 x 64 + 64 = 192
 #: accumulator registers, so the overhead is <= 40) in the dense, masked and FP8-output kinds and the SwiGLU kinds'
 #: 1 x 256 + 128 tile, while 256 x 144 spills (216: > 16) — 24 B (dense), 120 B (masked). 40 keeps every tile ptxas
 #: fits and rejects every tile it spills. (It was 56, from a masked 256 x 128 kernel of an earlier round that spilled
@@ -443,7 +438,7 @@ def contiguous_block_m(alignment: int) -> int:
     design's SM90 heuristic (its only block_m candidate for the M-grouped contiguous GEMMs). So the blocks of the
     kernels are the layout's segments' blocks: a block holds rows of one expert and, when the expert's rows end
     inside it, its tail of padding rows, which the kernels compute with the block's expert (the CPU reference
-    does the same, ``ops.contiguous.reference_validated``)."""
+    does the same, ``ops.contiguous.reference_row_parts``)."""
     if alignment not in CONTIGUOUS_ALIGNMENTS:
         raise ValueError(f"contiguous_alignment must be one of {CONTIGUOUS_ALIGNMENTS}, got {alignment!r}")
     return alignment

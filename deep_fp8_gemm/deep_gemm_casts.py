@@ -28,7 +28,7 @@ element NaN and an inf element ±448.
 
 Returned layouts are the reference's: scales row-major contiguous (``[m, ceil(k/128)]``, not the M-major layout
 of :func:`deep_fp8_gemm.per_token_cast_to_fp8`; the GEMMs accept either). ``deep_fp8_gemm``'s own quantisers
-keep their device-independent IEEE division (``tests/test_quant.py::test_torch_path_divides_by_tensors_only``).
+keep their device-independent IEEE division (``tests/ops/test_quant.py::test_torch_path_divides_by_tensors_only``).
 """
 
 from __future__ import annotations

@@ -94,16 +94,23 @@ def watchdog_ns() -> int:
     with ``-DDFG_WATCHDOG_NS=<N s in ns>`` (a separate binary and cache entry): an mbarrier wait that lasts
     longer prints the kernel, block, thread, barrier (full/empty + stage) and parity, then traps. Unset, empty
     or 0: the plain build (0 is returned)."""
-    value = os.environ.get("DFG_WATCHDOG_SECONDS", "").strip()
+    seconds = _seconds("DFG_WATCHDOG_SECONDS", 0.0, lambda s: 0 <= s < 2**63 / 1e9, ">= 0 seconds")
+    return int(seconds * 1e9)
+
+
+def _seconds(name: str, default: float, valid, rule: str) -> float:
+    """The float number of seconds in variable ``name`` (``default`` when unset or empty); ``ValueError`` naming it
+    for a non-number, NaN, or a value ``valid`` refuses (``rule`` says what is valid)."""
+    value = os.environ.get(name, "").strip()
     if not value:
-        return 0
+        return default
     try:
         seconds = float(value)
     except ValueError:
-        raise ValueError(f"DFG_WATCHDOG_SECONDS must be a number of seconds, got {value!r}") from None
-    if not 0 <= seconds < 2**63 / 1e9 or seconds != seconds:
-        raise ValueError(f"DFG_WATCHDOG_SECONDS must be >= 0 seconds, got {value!r}")
-    return int(seconds * 1e9)
+        raise ValueError(f"{name} must be a number of seconds, got {value!r}") from None
+    if seconds != seconds or not valid(seconds):
+        raise ValueError(f"{name} must be {rule}, got {value!r}")
+    return seconds
 
 
 def sim_seed() -> int:
@@ -123,9 +130,9 @@ def sim_races() -> str:
     """``DFG_SIM_RACES``: the simulator's race detector (happens-before checks of plain and atomic accesses to
     shared and global memory, ``hal/sim/hb.hpp``). ``1`` (default): on in every simulated launch; ``0``: off
     (its shadow memory costs ~24 bytes per byte the kernels touch with plain accesses, which large
-    ``DFG_SIMULATE`` runs may not want); ``full``: on, and ``tests/test_sim_races.py``'s sweep of the real kernel
+    ``DFG_SIMULATE`` runs may not want); ``full``: on, and ``tests/kernels/test_sim_races.py``'s sweep of the real kernel
     families runs the long seed list and the larger shapes instead of CI's selection, and
-    ``tests/test_sim_exact_configs.py`` runs all of its exact binaries with the detector on (otherwise one dense
+    ``tests/kernels/test_sim_exact_configs.py`` runs all of its exact binaries with the detector on (otherwise one dense
     binary per tile template, with the detector off). Returns ``"on"``, ``"off"`` or ``"full"``.
 
     Raises:
@@ -145,16 +152,7 @@ def sim_timeout_seconds() -> float:
     """``DFG_SIM_TIMEOUT_SECONDS`` (default 600): wall-clock bound of one simulated launch. A deadlock is reported
     as soon as no thread can make progress, whatever this is; the bound only stops a livelock, so it is generous:
     a big simulated GEMM on a loaded 2-core machine takes over a minute."""
-    value = os.environ.get("DFG_SIM_TIMEOUT_SECONDS", "").strip()
-    if not value:
-        return 600.0
-    try:
-        seconds = float(value)
-    except ValueError:
-        raise ValueError(f"DFG_SIM_TIMEOUT_SECONDS must be a number of seconds, got {value!r}") from None
-    if not seconds > 0 or seconds != seconds:
-        raise ValueError(f"DFG_SIM_TIMEOUT_SECONDS must be > 0, got {value!r}")
-    return seconds
+    return _seconds("DFG_SIM_TIMEOUT_SECONDS", 600.0, lambda s: s > 0, "> 0")
 
 
 def sim_exact_mma() -> bool:

@@ -73,18 +73,9 @@ from ._core.checks import check_expected_m, layout_values_checked
 __all__ = ["FP8MoE", "fp8_moe_forward", "fp8_moe_forward_masked", "silu_mul_quant"]
 
 
-def fp8_moe_forward(
-    hidden: torch.Tensor,
-    topk_ids: torch.Tensor,
-    topk_weights: torch.Tensor,
-    w13: torch.Tensor,
-    w13_scale: torch.Tensor,
-    w2: torch.Tensor,
-    w2_scale: torch.Tensor,
-    *,
-    max_m_sum: int | None = None,
-    w13_swiglu: tuple[torch.Tensor, torch.Tensor] | None = None,
-) -> torch.Tensor:
+def fp8_moe_forward(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w13: torch.Tensor,
+                    w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor, *, max_m_sum: int | None = None,
+                    w13_swiglu: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """FP8 MoE forward over routed tokens (module docstring: math and pipeline).
 
     Args:
@@ -129,17 +120,10 @@ def fp8_moe_forward(
 
 
 # ---------------------------------------------------------------------------------------------- masked path
-def fp8_moe_forward_masked(
-    hidden_per_expert: torch.Tensor,
-    counts: torch.Tensor,
-    w13: torch.Tensor,
-    w13_scale: torch.Tensor,
-    w2: torch.Tensor,
-    w2_scale: torch.Tensor,
-    *,
-    expected_m: int | None = None,
-    w13_swiglu: tuple[torch.Tensor, torch.Tensor] | None = None,
-) -> torch.Tensor:
+def fp8_moe_forward_masked(hidden_per_expert: torch.Tensor, counts: torch.Tensor, w13: torch.Tensor,
+                           w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor, *,
+                           expected_m: int | None = None,
+                           w13_swiglu: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """Expert FFNs over tokens already dispatched per expert (decode; CUDA-graph capturable).
 
     Args:

@@ -1,15 +1,18 @@
-"""The exact reference of every public GEMM op, under the op's own name and signature (old path: each reference
-lives in its family's module of :mod:`deep_fp8_gemm.ops`, next to the op it defines).
+"""The exact reference of every public GEMM op, under the op's own name and signature: one per row of the kinds
+table (``deep_fp8_gemm.kinds.TABLE``), each its family's ``reference`` (``ops.FAMILIES``), so a kind the table gains
+has its reference here too.
 
 The references check types, dtypes, ranks, exact shapes and devices like the ops do, but accept any strides and
 any ``n`` / ``k`` / ``m_sum``, and they *do* read ``m_indices`` / ``masked_m`` / group ends on the host (the ops'
-CUDA path never does): out-of-range values raise ``ValueError`` here. What they compute, per family:
+CUDA path never does): out-of-range values raise ``ValueError`` here. What they compute, per output:
 
-* bf16-output kinds (dense, contiguous, masked, psum): ``out[r, c] = bf16(Σ_k (A[r,k]·sA[r,k//128]) ·
+* bf16 output (``gemm_fp8_fp8_bf16_nt`` and the grouped forms): ``out[r, c] = bf16(Σ_k (A[r,k]·sA[r,k//128]) ·
   (B[c,k]·sB[c//128,k//128]))``, operands dequantised to float32, float32 accumulation, one rounding to bf16
   (within one bf16 ulp of float64). Rows the op leaves unspecified (padding, rows past ``masked_m``) are left
-  untouched.
-* fp32-accumulating kinds (1D1D, k-grouped): ``d = c + A·Bᵀ`` with 1x128 scales on both operands, dequantised,
+  untouched; padding rows the kernels compute (sharing a block with valid rows) are computed the same way.
+* FP8 output (``gemm_fp8_fp8_fp8_nt`` and the grouped forms): the same float32 sums, quantised per row and 128
+  columns by ``per_token_cast_to_fp8``'s rules; SwiGLU (``*_swiglu``): ``SiLU(gate) * up`` of them, then quantised.
+* fp32 accumulation (1D1D, k-grouped): ``d = c + A·Bᵀ`` with 1x128 scales on both operands, dequantised,
   multiplied, summed and added to ``c`` in float64, rounded once to float32 (``c=None``: ``d = A·Bᵀ``; ``c`` may
   be ``d``).
 
@@ -18,15 +21,12 @@ The math they share is :mod:`deep_fp8_gemm._core.reference_math` (``dequantize_p
 """
 
 from ._core.reference_math import dequantize_per_block, dequantize_per_token
-from .ops.contiguous import reference as m_grouped_gemm_fp8_fp8_bf16_nt_contiguous
-from .ops.dense import reference as gemm_fp8_fp8_bf16_nt
-from .ops.k_grouped import reference as k_grouped_gemm_fp8_fp8_fp32_nt
-from .ops.masked import reference as m_grouped_gemm_fp8_fp8_bf16_nt_masked
+from .ops import FAMILIES
 from .ops.psum import check_psum_values, psum_group_rows
-from .ops.psum import reference as m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum
-from .ops.wgrad_1d1d import reference as gemm_fp8_fp8_fp32_nt_1d1d
 
-__all__ = ["check_psum_values", "dequantize_per_block", "dequantize_per_token", "gemm_fp8_fp8_bf16_nt",
-           "gemm_fp8_fp8_fp32_nt_1d1d", "k_grouped_gemm_fp8_fp8_fp32_nt", "m_grouped_gemm_fp8_fp8_bf16_nt_contiguous",
-           "m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum", "m_grouped_gemm_fp8_fp8_bf16_nt_masked",
-           "psum_group_rows"]
+#: public op name -> its reference, for every family.
+REFERENCES = {family.public.__name__: family.reference for family in FAMILIES.values()}
+globals().update(REFERENCES)
+
+__all__ = ["REFERENCES", "check_psum_values", "dequantize_per_block", "dequantize_per_token", "psum_group_rows",
+           *sorted(REFERENCES)]

@@ -70,3 +70,30 @@ def assert_within_one_bf16_ulp(out: torch.Tensor, expected: Gemm64) -> None:
         f"{int(bad.sum())} of {bad.size} elements off by more than one bf16 ulp; "
         f"worst {float((err / ulp).max()):.2f} ulp"
     )
+
+
+def gemm_operands(m_shape: tuple[int, ...], n: int, k: int, groups: int | None = None, seed: int = 0
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The 1D2D GEMMs' operands: A ``[*m_shape, k]`` with 1x128 scales (:func:`quantised_activations`), B ``[n, k]``
+    (``groups``: ``[G, n, k]``) with 128x128 block scales (:func:`quantised_weights`)."""
+    a, sa = quantised_activations((*m_shape, k), seed)
+    b, sb = quantised_weights(((groups,) if groups else ()) + (n, k), seed + 1)
+    return a, sa, b, sb
+
+
+def wgrad_operands(m: int, n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, ...]:
+    """The 1D1D (weight-gradient) GEMM's operands: A ``[m, k]`` and B ``[n, k]`` with 1x128 per-row scales, and a C
+    ``[m, n]`` fp32 to accumulate into."""
+    a, sa = quantised_activations((m, k), seed)
+    b, sb = quantised_activations((n, k), seed + 1)
+    c = torch.randn(m, n, generator=torch.Generator().manual_seed(seed + 2)) * 4
+    return a, sa, b, sb, c
+
+
+def gemm64_batched(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor) -> torch.Tensor:
+    """float64 ``dequant(A) · dequant(B)ᵀ`` (torch) for A ``[..., m, k]`` with 1x128 scales and B ``[..., n, k]`` with
+    128x128 block scales, batched over the leading dims."""
+    k = a.shape[-1]
+    a64 = a.double() * sa.double().repeat_interleave(128, -1)[..., :k]
+    b64 = b.double() * sb.double().repeat_interleave(128, -2)[..., :b.shape[-2], :].repeat_interleave(128, -1)[..., :k]
+    return a64 @ b64.transpose(-1, -2)

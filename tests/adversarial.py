@@ -1,7 +1,7 @@
 """Adversarial run over the public API: bad and edge inputs, each classified by what the library does with it.
 
 ``python -m tests.adversarial [--json PATH|-] [--no-world]`` runs every case (CPU; a gloo world of 2 processes for
-the expert-parallel ones) and prints the figures; ``tests/test_adversarial.py`` runs it in child processes (so a
+the expert-parallel ones) and prints the figures; ``tests/ops/test_adversarial.py`` runs it in child processes (so a
 process crash is caught and blamed on its case) and requires 0 silent wrong results, 0 crashes, 0 misleading
 errors and 0 refused valid inputs.
 
@@ -114,7 +114,7 @@ def _dense(m=64, n=64, k=256, seed=0):
 
 
 # ---------------------------------------------------------------------------------------------- GEMM tables
-# The bad-input table of tests/test_validation.py (dense, contiguous, masked x common + specific mutations).
+# The bad-input table of tests/ops/test_validation.py (dense, contiguous, masked x common + specific mutations).
 for _kind, _cid, _mutate, _exc, _text in GEMM_TABLE:
     case(f"{_kind}/{_cid}", err(_exc, _text),
          lambda kind=_kind, mutate=_mutate: call_gemm(kind, mutate(BUILDERS[kind]())))

@@ -198,30 +198,39 @@ def test_a_module_outside_the_table_is_caught():
     assert f"{PACKAGE}.stray is in no row of ARCHITECTURE.md's layer table" in layer_problems(sources)
 
 
-def test_every_gemm_kind_has_exactly_one_family_module():
-    """Each kind of config.KINDS: one module holding its GemmFamily record (check, reference, dispatch, plan,
-    custom op), and that module is where those functions are defined."""
+def test_every_gemm_kind_has_exactly_one_family():
+    """Each row of the kinds table: one family record in ops.FAMILIES. A 1D2D kind's family is composed from the
+    layout module of its layout value and the output policy of its output value (nothing per kind); an
+    fp32-accumulating kind's is its own module's FAMILY. No other module of ops builds a family record."""
     import importlib
     import pkgutil
 
     import deep_fp8_gemm
+    from deep_fp8_gemm import ops
     from deep_fp8_gemm._core.family import GemmFamily
-    from deep_fp8_gemm.config import KINDS
+    from deep_fp8_gemm.kinds import TABLE
+    from deep_fp8_gemm.ops.outputs import POLICIES
 
-    found: dict[str, list[str]] = {}
-    for info in pkgutil.walk_packages(deep_fp8_gemm.__path__, prefix=f"{PACKAGE}."):
-        if info.name.endswith("__main__"):  # importing it runs the CLI
-            continue
+    assert list(ops.FAMILIES) == list(TABLE.names)
+    holders: dict[str, list[str]] = {}
+    for info in pkgutil.walk_packages(ops.__path__, prefix=f"{PACKAGE}.ops."):
         module = importlib.import_module(info.name)
-        for value in vars(module).values():
-            if isinstance(value, GemmFamily) and getattr(module, "FAMILY", None) is value:
-                found.setdefault(value.kind, []).append(info.name)
-    assert {kind: len(modules) for kind, modules in found.items()} == {kind: 1 for kind in KINDS}, found
-    for kind, (name,) in found.items():
-        family = importlib.import_module(name).FAMILY
-        for field in ("check", "reference", "dispatch", "plan", "public"):
-            assert getattr(family, field).__module__ == name, (kind, field)
-        assert str(family.op).startswith(f"{PACKAGE}."), (kind, family.op)
+        records = [v for v in vars(module).values() if isinstance(v, GemmFamily)]
+        table = getattr(module, "FAMILIES", None)
+        records += [v for v in table.values() if isinstance(v, GemmFamily)] if isinstance(table, dict) else []
+        for family in {id(f): f for f in records}.values():
+            holders.setdefault(family.kind, []).append(info.name)
+    for row in TABLE.rows:
+        family = ops.FAMILIES[row.name]
+        assert family.kind == row.name
+        if row.accumulation == "1d2d":
+            module = importlib.import_module(f"{PACKAGE}.ops.{row.layout}")
+            assert holders[row.name] == [module.__name__], (row.name, holders[row.name])
+            assert family.layout is module.LAYOUT and family.output is POLICIES[row.output]
+        else:
+            assert len(holders[row.name]) == 1, (row.name, holders[row.name])
+        assert str(family.op).startswith(f"{PACKAGE}."), (row.name, family.op)
+        assert family.public.__module__ == holders[row.name][0], row.name
 
 
 @pytest.mark.parametrize("kind", ["dense", "contiguous", "masked", "psum", "1d1d", "k_grouped"])

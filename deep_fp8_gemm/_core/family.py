@@ -1,7 +1,9 @@
-"""What every GEMM family module provides, and the one way custom ops are registered.
+"""What every GEMM op family provides, and the one way custom ops are registered.
 
-A family (one kind of ``config.KINDS``: dense, contiguous, masked, psum, 1d1d, k_grouped) lives in one module of
-:mod:`deep_fp8_gemm.ops` and fills in a :class:`GemmFamily` at module level:
+A family is one kind of ``config.KINDS`` (a row of the kinds table, ``deep_fp8_gemm.kinds``). The 1D2D families are
+composed from their layout and output policy (``ops.gemm_family.make_family``: a layout module of
+:mod:`deep_fp8_gemm.ops` builds its kinds' families), the fp32-accumulating ones (1d1d, k_grouped) are modules of their
+own; each is a :class:`GemmFamily` record, collected in ``ops.FAMILIES``:
 
 * ``check(*op tensors, layout=True, pointers=True) -> Problem``: every argument rule (``_core.checks`` levels);
 * ``reference``: the exact reference, same signature as the public op;
@@ -11,7 +13,10 @@ A family (one kind of ``config.KINDS``: dense, contiguous, masked, psum, 1d1d, k
   general path and the per-call fast path share before packing (``kernels.gemm``);
 * ``op``: the ``torch.ops.deep_fp8_gemm`` custom op (schema, impl, fake kernel), made by :func:`register_op`.
 
-``tests/test_layering.py`` checks that every kind has exactly one such record.
+* ``call``: the public entry (the 1D2D families: ``call(lhs, rhs, out, grouped_layout=None, expected_m=None,
+  *options)``; ``public`` the documented function that wraps it).
+
+``tests/ops/test_kinds.py`` checks that every kind of the table has exactly one such record.
 """
 
 from __future__ import annotations
@@ -32,12 +37,15 @@ class GemmFamily:
     seam where a test records a family's calls (``monkeypatch.setattr(ops.FAMILIES[kind], "dispatch", ...)``)."""
 
     kind: str
-    public: Callable
+    public: Callable | None
     check: Callable
     reference: Callable
     dispatch: Callable
     plan: Callable
     op: object
+    call: Callable | None = None
+    layout: object = None  # the 1D2D families' layout (ops.gemm_family.GemmLayout) and output policy (ops.outputs)
+    output: object = None
 
 
 def register_op(name: str, schema: str, impl: Callable, fake: Callable, keys: tuple[str, ...] = ("CPU", "CUDA")):

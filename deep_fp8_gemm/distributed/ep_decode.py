@@ -171,19 +171,10 @@ def _check_buffers(buffers: object, shape, device: torch.device, expected_m: obj
         raise ValueError(f"expected_m must be a positive int (host hint of rows per expert), got {expected_m=!r}")
 
 
-def ep_moe_forward_decode(
-    hidden: torch.Tensor,
-    topk_ids: torch.Tensor,
-    topk_weights: torch.Tensor,
-    w13: torch.Tensor,
-    w13_scale: torch.Tensor,
-    w2: torch.Tensor,
-    w2_scale: torch.Tensor,
-    buffers: EPDecodeBuffers,
-    expected_m: int,
-    group: dist.ProcessGroup | None = None,
-    w13_swiglu: tuple[torch.Tensor, torch.Tensor] | None = None,
-) -> torch.Tensor:
+def ep_moe_forward_decode(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w13: torch.Tensor,
+                          w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor, buffers: EPDecodeBuffers,
+                          expected_m: int, group: dist.ProcessGroup | None = None,
+                          w13_swiglu: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """Expert-parallel MoE forward without host synchronisation (module docstring: steps, exactness, costs).
 
     Args:

@@ -67,17 +67,10 @@ def _first_true(mask: torch.Tensor, count: int) -> torch.Tensor:
     return torch.sort((~mask).to(torch.uint8), stable=True).indices[:count]
 
 
-def ep_moe_forward(
-    hidden: torch.Tensor,
-    topk_ids: torch.Tensor,
-    topk_weights: torch.Tensor,
-    w13: torch.Tensor,
-    w13_scale: torch.Tensor,
-    w2: torch.Tensor,
-    w2_scale: torch.Tensor,
-    group: dist.ProcessGroup | None = None,
-    w13_swiglu: tuple[torch.Tensor, torch.Tensor] | None = None,
-) -> torch.Tensor:
+def ep_moe_forward(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w13: torch.Tensor,
+                   w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor,
+                   group: dist.ProcessGroup | None = None,
+                   w13_swiglu: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """Expert-parallel :func:`deep_fp8_gemm.moe.fp8_moe_forward` (module docstring: steps, exactness, bytes).
 
     Args:

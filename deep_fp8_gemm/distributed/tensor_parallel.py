@@ -96,6 +96,25 @@ def _agree(what: str, group, device, error: BaseException | None, **fields) -> N
     agree(what, fields, group, collective_device(group, device if error is None else None), error)
 
 
+def _from_linear(cls, linear, group, setup, load, **options):
+    """``cls.from_linear``: a module of ``cls`` set up (``setup(module, linear)``) and loaded with this rank's share of
+    a full ``nn.Linear`` (``load(module, linear)``, without autograd); every rank agrees on the sizes and ``options``
+    (and raises together) before any returns."""
+    module = cls.__new__(cls)
+    nn.Module.__init__(module)
+    group_size(group)
+    error = None
+    try:
+        linear = _check_linear(linear)
+        setup(module, linear)
+        with torch.no_grad():
+            load(module, linear)
+    except (TypeError, ValueError, RuntimeError) as exc:  # raised by every rank, after the agreement
+        error = exc
+    _agree(f"{cls.__name__}.from_linear", group, None, error, **_linear_sizes(linear), **options)
+    return module
+
+
 class ColumnParallelFP8Linear(nn.Module):
     """``y = x · Wᵀ + b`` with ``W``'s output features split over the ranks (module docstring).
 
@@ -135,23 +154,13 @@ class ColumnParallelFP8Linear(nn.Module):
     def from_linear(cls, linear: nn.Linear, *, gather_output: bool = False, sequence_parallel: bool = False,
                     group: dist.ProcessGroup | None = None) -> ColumnParallelFP8Linear:
         """Keeps (and quantises) this rank's rows of a full ``nn.Linear``'s weight and bias."""
-        module = cls.__new__(cls)
-        nn.Module.__init__(module)
-        group_size(group)
-        error = None
-        try:
-            linear = _check_linear(linear)
-            module._setup(linear.in_features, linear.out_features, gather_output, sequence_parallel, group)
-            rows = slice(module.rank * module.out_features_per_rank,
-                         (module.rank + 1) * module.out_features_per_rank)
-            with torch.no_grad():
-                bias = None if linear.bias is None else linear.bias[rows]
-                module.linear = _fp8_linear(linear.weight[rows], bias)
-        except (TypeError, ValueError, RuntimeError) as exc:
-            error = exc
-        _agree("ColumnParallelFP8Linear.from_linear", group, None, error, **_linear_sizes(linear),
-               gather_output=gather_output, sequence_parallel=sequence_parallel)
-        return module
+        def load(module, linear) -> None:
+            rows = slice(module.rank * module.out_features_per_rank, (module.rank + 1) * module.out_features_per_rank)
+            module.linear = _fp8_linear(linear.weight[rows], None if linear.bias is None else linear.bias[rows])
+
+        return _from_linear(cls, linear, group, lambda module, linear: module._setup(
+            linear.in_features, linear.out_features, gather_output, sequence_parallel, group), load,
+            gather_output=gather_output, sequence_parallel=sequence_parallel)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x [..., K]`` bf16 (``[T/world, ..., K]`` with ``sequence_parallel``) -> ``[..., N]`` bf16
@@ -228,27 +237,18 @@ class RowParallelFP8Linear(FP8StateModule):
                     reduce_dtype: torch.dtype = torch.float32,
                     group: dist.ProcessGroup | None = None) -> RowParallelFP8Linear:
         """Keeps (and quantises) this rank's columns of a full ``nn.Linear``'s weight; the bias is kept whole."""
-        module = cls.__new__(cls)
-        nn.Module.__init__(module)
-        group_size(group)
-        error = None
-        try:
-            linear = _check_linear(linear)
-            module._setup(linear.in_features, linear.out_features, input_is_parallel, sequence_parallel,
-                          reduce_dtype, group)
+        def load(module, linear) -> None:
             cols = slice(module.rank * module.in_features_per_rank, (module.rank + 1) * module.in_features_per_rank)
-            with torch.no_grad():
-                module.linear = _fp8_linear(linear.weight[:, cols], None)
-                if linear.bias is None:
-                    module.register_parameter("bias", None)
-                else:
-                    module.bias = nn.Parameter(linear.bias.detach().to(torch.bfloat16).clone(), requires_grad=False)
-        except (TypeError, ValueError, RuntimeError) as exc:
-            error = exc
-        _agree("RowParallelFP8Linear.from_linear", group, None, error, **_linear_sizes(linear),
-               input_is_parallel=input_is_parallel, sequence_parallel=sequence_parallel,
-               reduce_dtype=_REDUCE_DTYPES.index(reduce_dtype) if reduce_dtype in _REDUCE_DTYPES else -1)
-        return module
+            module.linear = _fp8_linear(linear.weight[:, cols], None)
+            if linear.bias is None:
+                module.register_parameter("bias", None)
+            else:
+                module.bias = nn.Parameter(linear.bias.detach().to(torch.bfloat16).clone(), requires_grad=False)
+
+        return _from_linear(cls, linear, group, lambda module, linear: module._setup(
+            linear.in_features, linear.out_features, input_is_parallel, sequence_parallel, reduce_dtype, group), load,
+            input_is_parallel=input_is_parallel, sequence_parallel=sequence_parallel,
+            reduce_dtype=_REDUCE_DTYPES.index(reduce_dtype) if reduce_dtype in _REDUCE_DTYPES else -1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x [..., K/world]`` (``input_is_parallel``) or ``[..., K]`` bf16 -> ``[..., N]`` bf16, or this rank's

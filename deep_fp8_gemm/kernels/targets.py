@@ -6,7 +6,8 @@ from __future__ import annotations
 import functools
 from typing import Sequence
 
-from ..config import FP32_ACCUMULATE_KINDS, KINDS, LAYOUT_OF, GemmConfig, get_config, k_grouped_config
+from ..config import FP32_ACCUMULATE_KINDS, KINDS, GemmConfig, get_config, k_grouped_config
+from ..kinds import TABLE
 from .gemm import render_source
 
 # Dense (N, K) and grouped (N, K).
@@ -31,9 +32,20 @@ K_GROUPED_GROUPS = (8, 32)
 
 # The SwiGLU kinds (the MoE up-projection): w13 of DeepSeek-V3's experts, N = 2I = 4096 gate and up columns, K = H.
 DEEPSEEK_V3_SWIGLU = ((4096, 7168),)
-_DEFAULT_SHAPES = {"dense": DEEPSEEK_V3_DENSE, "1d1d": DEEPSEEK_V3_WGRAD, "k_grouped": DEEPSEEK_V3_K_GROUPED,
-                   "dense_fp8out": DEEPSEEK_V3_DENSE, "contiguous_swiglu": DEEPSEEK_V3_SWIGLU,
-                   "masked_swiglu": DEEPSEEK_V3_SWIGLU}
+
+
+def default_shapes(kind: str) -> tuple[tuple[int, int], ...]:
+    """The DeepSeek-V3 (N, K) table a kind is audited on, from its axis values: the SwiGLU output the up-projection's
+    w13, the 1D1D dense kernel the weight gradients, the k-grouped layout the experts' weight gradients, the dense
+    layout the dense projections, every other grouped layout the experts' GEMMs."""
+    row = TABLE.row(kind)
+    if row.output == "swiglu_fp8":
+        return DEEPSEEK_V3_SWIGLU
+    if row.layout == "k_grouped":
+        return DEEPSEEK_V3_K_GROUPED
+    if row.layout == "dense":
+        return DEEPSEEK_V3_WGRAD if row.accumulation == "1d1d" else DEEPSEEK_V3_DENSE
+    return DEEPSEEK_V3_GROUPED
 #: The SM count CI audits for (``audit --kind all``'s default ``--num-sms``).
 GATED_NUM_SMS = 132
 
@@ -42,16 +54,16 @@ def _configs(kind: str, shapes: Sequence[tuple[int, int]], ms: Sequence[int] | N
              num_groups: int | None) -> list[GemmConfig]:
     """The heuristic's pick for every problem of ``kind`` over ``shapes`` x ``ms`` (see :func:`audit_targets`)."""
     configs: list[GemmConfig] = []
-    layout = LAYOUT_OF[kind]
+    row = TABLE.row(kind)
     for n, k in shapes:
-        if layout in ("dense", "1d1d"):
-            for m in ms or (DEFAULT_DENSE_MS if layout == "dense" else WGRAD_MS):
+        if row.layout == "dense":
+            for m in ms or (DEFAULT_DENSE_MS if row.accumulation == "1d2d" else WGRAD_MS):
                 configs.append(get_config(m, n, k, 1, kind, num_sms))
-        elif kind == "k_grouped":  # k: the nominal per-group K of the cost model (the binary has none)
+        elif row.layout == "k_grouped":  # k: the nominal per-group K of the cost model (the binary has none)
             for g in ([num_groups] if num_groups else K_GROUPED_GROUPS):
                 for m in ms or K_GROUPED_MS:
                     configs.append(k_grouped_config(m, n, g, num_sms, k))
-        elif layout in ("contiguous", "psum"):
+        elif row.layout in ("contiguous", "psum"):
             if not ms:
                 pairs = list(CONTIGUOUS_EXPERTS)
             elif num_groups:
@@ -90,7 +102,7 @@ def gated_kernel_names(kind: str) -> frozenset[str]:
     """The kernels CI gates on the K-loop ceilings (``kloop_ceilings.json``): what ``audit --kind all`` picks for
     the DeepSeek-V3 tables at :data:`GATED_NUM_SMS` SMs. The ceilings were set ~10% above the worst of these; a
     kernel the heuristic picks for other shapes is reported against them, not failed."""
-    shapes = _DEFAULT_SHAPES.get(kind, DEEPSEEK_V3_GROUPED)
+    shapes = default_shapes(kind)
     return frozenset(cfg.kernel_name() for cfg in _configs(kind, shapes, None, GATED_NUM_SMS, None))
 
 
@@ -110,8 +122,7 @@ def audit_targets(kind: str, shapes: Sequence[tuple[int, int]] | None = None, ms
 
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
-    configs = _configs(kind, tuple(shapes) if shapes else _DEFAULT_SHAPES.get(kind, DEEPSEEK_V3_GROUPED), ms,
-                       num_sms, num_groups)
+    configs = _configs(kind, tuple(shapes) if shapes else default_shapes(kind), ms, num_sms, num_groups)
     gated = gated_kernel_names(kind)
     targets, seen = [], set()
     for cfg in configs:
@@ -121,7 +132,7 @@ def audit_targets(kind: str, shapes: Sequence[tuple[int, int]] | None = None, ms
         seen.add(name)
         targets.append(AuditTarget(kind=kind, config=cfg.as_dict(), name=name, source=render_source(cfg),
                                    gate_kloop=name in gated, **sass_rules(cfg)))
-    if kind == "k_grouped":  # every k-grouped call launches the map builder first (one binary for all configs)
+    if TABLE.row(kind).layout == "k_grouped":  # every k-grouped call launches the map builder first (one binary for all configs)
         from . import group_maps
 
         targets.append(group_maps.audit_target())

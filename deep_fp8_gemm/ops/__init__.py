@@ -1,42 +1,35 @@
-"""The GEMM op families, one module each: every family's checks, exact reference, dispatch (CPU reference |
-simulator | sm_90 kernel), config rule (``plan``), custom op and public function live in its module.
+"""The GEMM op families, one per row of the kinds table (``deep_fp8_gemm.kinds.TABLE``), each the product of a layout
+family and an output policy:
 
-=============  ====================  =========================================================================
-kind           module                public function
-=============  ====================  =========================================================================
-dense          :mod:`.dense`         ``gemm_fp8_fp8_bf16_nt`` (split-K for decode shapes)
-contiguous     :mod:`.contiguous`    ``m_grouped_gemm_fp8_fp8_bf16_nt_contiguous`` (m_indices)
-masked         :mod:`.masked`        ``m_grouped_gemm_fp8_fp8_bf16_nt_masked`` (masked_m, expected_m)
-psum           :mod:`.psum`          ``m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum`` (group ends)
-1d1d           :mod:`.wgrad_1d1d`    ``gemm_fp8_fp8_fp32_nt_1d1d`` (fp32 D = C + A·Bᵀ, per-row B scales)
-k_grouped      :mod:`.k_grouped`     ``k_grouped_gemm_fp8_fp8_fp32_nt`` (MoE weight gradients, run-time K_g)
-dense_fp8out   :mod:`.dense_fp8out`  ``gemm_fp8_fp8_fp8_nt`` (e4m3 D + 1x128 scales quantised in the epilogue)
-contiguous_    :mod:`.contiguous_    ``m_grouped_gemm_fp8_fp8_fp8_nt_contiguous``
-fp8out         fp8out`
-masked_fp8out  :mod:`.masked_fp8out` ``m_grouped_gemm_fp8_fp8_fp8_nt_masked``
-psum_fp8out    :mod:`.psum_fp8out`   ``m_grouped_gemm_fp8_fp8_fp8_nt_contiguous_psum``
-contiguous_    :mod:`.contiguous_    ``m_grouped_gemm_fp8_fp8_fp8_nt_contiguous_swiglu`` (MoE up-projection:
-swiglu         swiglu`               SiLU(gate)·up + FP8 quantisation in the epilogue, interleaved w13)
-masked_swiglu  :mod:`.masked_swiglu` ``m_grouped_gemm_fp8_fp8_fp8_nt_masked_swiglu``
-=============  ====================  =========================================================================
+=============  ===========================================================================================
+module         public functions (bf16 / FP8 / SwiGLU·FP8 output, ``ops.outputs``)
+=============  ===========================================================================================
+:mod:`.dense`       ``gemm_fp8_fp8_bf16_nt`` (split-K and swap-AB for decode), ``gemm_fp8_fp8_fp8_nt``
+:mod:`.contiguous`  ``m_grouped_gemm_fp8_fp8_{bf16,fp8}_nt_contiguous``, ``m_grouped_gemm_fp8_fp8_fp8_nt_contiguous_swiglu``
+:mod:`.psum`        ``m_grouped_gemm_fp8_fp8_{bf16,fp8}_nt_contiguous_psum`` (group ends)
+:mod:`.masked`      ``m_grouped_gemm_fp8_fp8_{bf16,fp8}_nt_masked``, ``m_grouped_gemm_fp8_fp8_fp8_nt_masked_swiglu``
+:mod:`.wgrad_1d1d`  ``gemm_fp8_fp8_fp32_nt_1d1d`` (fp32 D = C + A·Bᵀ, per-row B scales)
+:mod:`.k_grouped`   ``k_grouped_gemm_fp8_fp8_fp32_nt`` (MoE weight gradients, run-time K_g)
+=============  ===========================================================================================
 
-:mod:`.fp8_output` holds what the FP8-output families share (the output pair, the quantisation step of their
-references, the SwiGLU weight layout); :mod:`.moe` the MoE pipeline over the grouped families.
+:mod:`.gemm_family` composes a layout (``GemmLayout``) and an output policy (:mod:`.outputs`) into a family: checks,
+exact reference, dispatch (CPU reference | simulator | sm_90 kernel), config rule (``plan``), custom op and public
+entry. :mod:`.moe` holds the MoE pipeline over the grouped families.
 
 Importing this package registers their ``torch.ops.deep_fp8_gemm`` custom ops. The names below are also the old
 paths ``deep_fp8_gemm.ops.gemm_fp8_fp8_bf16_nt`` etc. (the three 1.x GEMMs).
 """
 
-from . import (contiguous, contiguous_fp8out, contiguous_swiglu, dense, dense_fp8out, k_grouped, masked,
-               masked_fp8out, masked_swiglu, psum, psum_fp8out, wgrad_1d1d)
+from ..kinds import TABLE
+from . import contiguous, dense, k_grouped, masked, psum, wgrad_1d1d
 from .contiguous import m_grouped_gemm_fp8_fp8_bf16_nt_contiguous
 from .dense import gemm_fp8_fp8_bf16_nt
 from .masked import m_grouped_gemm_fp8_fp8_bf16_nt_masked
 
-#: kind -> its family record (``_core.family.GemmFamily``), in ``config.KINDS`` order.
-FAMILIES = {m.FAMILY.kind: m.FAMILY for m in (dense, contiguous, masked, psum, wgrad_1d1d, k_grouped, dense_fp8out,
-                                              contiguous_fp8out, masked_fp8out, psum_fp8out, contiguous_swiglu,
-                                              masked_swiglu)}
+_BUILT = {**dense.FAMILIES, **contiguous.FAMILIES, **psum.FAMILIES, **masked.FAMILIES,
+          "1d1d": wgrad_1d1d.FAMILY, "k_grouped": k_grouped.FAMILY}
+#: kind -> its family record (``_core.family.GemmFamily``), in the kinds table's order; every row has one.
+FAMILIES = {row.name: _BUILT[row.name] for row in TABLE.rows}
 
 __all__ = ["FAMILIES", "gemm_fp8_fp8_bf16_nt", "m_grouped_gemm_fp8_fp8_bf16_nt_contiguous",
            "m_grouped_gemm_fp8_fp8_bf16_nt_masked"]

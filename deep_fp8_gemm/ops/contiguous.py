@@ -1,15 +1,15 @@
-"""The M-grouped contiguous GEMM family (kind ``"contiguous"``): ``m_grouped_gemm_fp8_fp8_bf16_nt_contiguous``.
+"""The M-grouped contiguous layout (``layout = "contiguous"`` of the kinds table):
+``m_grouped_gemm_fp8_fp8_bf16_nt_contiguous`` (bf16 out), ``m_grouped_gemm_fp8_fp8_fp8_nt_contiguous`` (FP8 out) and
+``m_grouped_gemm_fp8_fp8_fp8_nt_contiguous_swiglu`` (the MoE up-projection, SwiGLU·FP8 out).
 
 MoE prefill / training: the experts' rows concatenated in A ``[m_sum, k]``, each expert's segment padded to
 ``get_m_alignment_for_contiguous_layout()`` rows (64 or 128, process-wide; it is the kernels' BLOCK_M),
 ``m_indices[r]`` the expert of row r (-1: padding), B ``[G, n, k]`` the experts' weights;
-``out[r] = bf16(dequant(A[r]) · dequant(B[m_indices[r]])ᵀ)``. The kernels skip BLOCK_M blocks made only of
-padding and compute the padding rows that share a block with valid rows with the block's expert; a block's
-expert is read from its first and last rows (kind ``GroupedContiguous`` of ``scheduler.cuh``). The CPU
-reference does exactly the same, so a whole output compares equal across backends (the reference design's
-tests zero A's padding rows and compare everything). Same layers as :mod:`.dense`: checks, reference,
-dispatch, plan, the custom op ``torch.ops.deep_fp8_gemm.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous``, the public
-function.
+``out[r] = dequant(A[r]) · dequant(B[m_indices[r]])ᵀ`` as the output policy stores it (``ops.outputs``). The kernels
+skip BLOCK_M blocks made only of padding and compute the padding rows that share a block with valid rows with the
+block's expert; a block's expert is read from its first and last rows (kind ``GroupedContiguous`` of
+``scheduler.cuh``). The CPU reference does exactly the same (:func:`reference_row_parts`), so a whole output compares
+equal across backends (the reference design's tests zero A's padding rows and compare everything).
 
 The layout rule the kernels rely on (:func:`check_contiguous_values`): every BLOCK_M-row block (BLOCK_M =
 ``config.contiguous_block_m(get_m_alignment_for_contiguous_layout())``, the alignment itself) holds rows of at
@@ -26,48 +26,25 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .._core.checks import (INDEX_DTYPE, Problem, check_is_tensor, check_operand_a_2d, check_operand_b_blocks,
-                            check_pointers, check_same_device, check_shape, check_tensor, check_tma_layout,
-                            layout_values_checked, unpack_pair)
-from .._core.dispatch import eager, normalise_scales, operands
-from .._core.family import GemmFamily, register_op
-from .._core.plans import GemmEntrySpec, gemm_entry
-from .._core.reference_math import dequantize_per_token, matmul_nt_bf16
-from ..config import GemmConfig, contiguous_block_m, get_config
-from ..kernels import gemm as gemm_host
-from ..runtime import target
-from ..runtime.target import Backend
+from .._core.checks import (INDEX_DTYPE, check_is_tensor, check_operand_a_2d, check_operand_b_blocks,
+                            check_same_device, check_shape, check_tensor)
+from ..config import contiguous_block_m
 from ..utils import get_m_alignment_for_contiguous_layout
+from .gemm_family import GemmLayout, families_of
 
-def check_m_grouped_operands(a, sa, b, sb, out) -> Problem:
+
+def check_m_grouped_operands(a, sa, b, sb) -> tuple[int, int, int, int]:
     """The operand checks every M-grouped contiguous layout shares (contiguous, psum): A ``[m_sum, k]`` e4m3, sA
-    ``[m_sum, ceil(k/128)]`` fp32, B ``[G, n, k]``, sB ``[G, ceil(n/128), ceil(k/128)]``, out ``[m_sum, n]`` bf16.
-    Returns ``Problem(m_sum, n, k, G)``."""
+    ``[m_sum, ceil(k/128)]`` fp32, B ``[G, n, k]``, sB ``[G, ceil(n/128), ceil(k/128)]``, one device. Returns
+    ``(m_sum, n, k, G)``."""
     m_sum, k, kb = check_operand_a_2d(a, sa, "m_sum")
     check_is_tensor(b, "rhs[0] (B)")
     if b.dim() != 3 or b.size(0) < 1:
         raise ValueError(f"rhs[0] (B) must be 3-D [G, n, k] with G >= 1, got rhs[0] (B).shape={tuple(b.shape)}")
     num_groups = b.size(0)
     n = check_operand_b_blocks(b, sb, k, kb, num_groups)
-    check_tensor(out, "out", torch.bfloat16, 2)
-    check_shape(out, "out", (m_sum, n), "[m_sum, n]")
-    return Problem(m_sum, n, k, num_groups)
-
-
-def check(a, sa, b, sb, out, m_indices, *, layout: bool = True, pointers: bool = True) -> Problem:
-    """:func:`check_m_grouped_operands` plus m_indices ``[m_sum]`` int32 on the same device, and (``layout``)
-    ``m_sum`` a multiple of the contiguous alignment. The values of m_indices are not read."""
-    problem = check_m_grouped_operands(a, sa, b, sb, out)
-    check_tensor(m_indices, "m_indices", INDEX_DTYPE, 1)
-    check_shape(m_indices, "m_indices", (problem.m,), "[m_sum]")
-    check_same_device(a.device, ((sa, "lhs[1] (sA)"), (b, "rhs[0] (B)"), (sb, "rhs[1] (sB)"), (out, "out"),
-                                 (m_indices, "m_indices")))
-    if layout:
-        check_m_sum(problem.m)
-        check_tma_layout(a, b, out, problem.n, problem.k)
-    if pointers:
-        check_pointers(a, sa, b, sb, out, ((m_indices, "m_indices"),))
-    return problem
+    check_same_device(a.device, ((sa, "lhs[1] (sA)"), (b, "rhs[0] (B)"), (sb, "rhs[1] (sB)")))
+    return m_sum, n, k, num_groups
 
 
 def check_contiguous_values(m_indices: torch.Tensor, m_sum: int, num_groups: int, name: str = "m_indices") -> None:
@@ -192,83 +169,59 @@ def reference_row_parts(m_indices: torch.Tensor, num_groups: int, device: torch.
             # The expert's own rows in a matmul of their own, its blocks' padding rows in another: float32 matmuls
             # may sum in another order for another row count, and a row's result must not depend on how much
             # padding its expert has (the masked path and the expert-parallel layers compute the same rows
-            # without it: bit-identical, tests/test_distributed.py).
+            # without it: bit-identical, tests/model/test_distributed.py).
             is_own = own[rows] >= 0
             parts += [(g, part) for part in (rows[is_own], rows[~is_own]) if part.numel()]
             start += count
     return parts
 
 
-def reference_validated(a, sa, b, sb, out, m_indices) -> None:
-    """The reference on checked tensors: one matmul per part of :func:`reference_row_parts` (an expert's rows, the
-    padding rows of its blocks); padding-only blocks are left untouched. Reads ``m_indices`` on the host
-    (``ValueError`` for values outside ``[-1, G)``)."""
-    parts = reference_row_parts(m_indices, b.size(0), a.device)
-    if not parts:
-        return
-    a_deq = dequantize_per_token(a, sa)
-    for g, rows in parts:
-        out[rows] = matmul_nt_bf16(a_deq[rows], b[g], sb[g])
+class MGroupedLayout(GemmLayout):
+    """What the M-grouped layouts over a 2-D A share (contiguous, psum): A ``[m_sum, k]``, B ``[G, n, k]``, planned
+    for ``m_sum`` rows at BLOCK_M = the contiguous alignment."""
+
+    rows_name = "m_sum"
+
+    def check_inputs(self, a, sa, b, sb):
+        return check_m_grouped_operands(a, sa, b, sb)
+
+    def plan_problem(self, a, b, expected_m):
+        """The heuristic for ``m_sum`` rows over ``G`` experts, BLOCK_M = the contiguous alignment."""
+        return (a.shape[0], b.shape[-2], b.shape[-1], b.shape[0],
+                {"contiguous_alignment": get_m_alignment_for_contiguous_layout()})
 
 
-def reference(lhs: tuple[torch.Tensor, torch.Tensor], rhs: tuple[torch.Tensor, torch.Tensor], out: torch.Tensor,
-              m_indices: torch.Tensor) -> None:
-    """Reference of the contiguous grouped GEMM: ``out[r] = A[r]·B[m_indices[r]]ᵀ`` (dequantised).
+class ContiguousLayout(MGroupedLayout):
+    """``m_indices [m_sum]`` int32; ``m_sum`` a multiple of the alignment (layout level); the values' block rule
+    (:func:`check_contiguous_values`); the rows of :func:`reference_row_parts`."""
 
-    Args:
-        lhs: ``(A [m_sum, k] float8_e4m3fn, sA [m_sum, ceil(k/128)] float32)``.
-        rhs: ``(B [G, n, k] float8_e4m3fn, sB [G, ceil(n/128), ceil(k/128)] float32)``.
-        out: ``[m_sum, n]`` bfloat16, written in place.
-        m_indices: ``[m_sum]`` int32, values in ``[-1, G)``; rows with -1 are padding: computed with their
-            block's expert when their BLOCK_M block (BLOCK_M = the contiguous alignment) holds valid rows, as the
-            kernels do, else left untouched.
-    """
-    a, sa = unpack_pair(lhs, "lhs")
-    b, sb = unpack_pair(rhs, "rhs")
-    check(a, sa, b, sb, out, m_indices, layout=False, pointers=False)
-    reference_validated(a, sa, b, sb, out, m_indices)
+    name, grouped, op_template = "contiguous", "m_indices", "m_grouped_gemm_fp8_fp8_{}_nt_contiguous"
+    schema = ", Tensor m_indices"
 
+    def check_grouped(self, gl, problem, device):
+        check_tensor(gl, "m_indices", INDEX_DTYPE, 1)
+        check_shape(gl, "m_indices", (problem.m,), "[m_sum]")
+        check_same_device(device, ((gl, "m_indices"),))
 
-def plan(a, b, expected_m, num_sms: int) -> GemmConfig:
-    """The config: the heuristic for ``m_sum`` rows over ``G`` experts, BLOCK_M = the contiguous alignment."""
-    return get_config(a.shape[0], b.shape[-2], b.shape[-1], b.shape[0], "contiguous", num_sms,
-                      contiguous_alignment=get_m_alignment_for_contiguous_layout())
+    def check_rows(self, rows):
+        check_m_sum(rows)
+
+    def values_check(self, gl, rows, groups):
+        check_contiguous_values(gl, rows, groups)
+
+    def reference_parts(self, a, gl, groups):
+        return reference_row_parts(gl, groups, a.device)
 
 
-def dispatch(a, sa, b, sb, out, m_indices, expected_m=None) -> None:
-    """Run a checked, non-empty call on its backend (the reference, the simulator or the sm_90 kernel)."""
-    backend = target.backend_of(a.device, "gemm")
-    if backend is Backend.REFERENCE:
-        reference_validated(a, sa, b, sb, out, m_indices)
-        return
-    cfg = plan(a, b, None, gemm_host.num_sms_for(backend))
-    gemm_host.launch_1d2d(cfg, a, normalise_scales(sa), b, sb.contiguous(), out, m_indices.contiguous(), backend)
+#: The layout, and kind -> family of every contiguous 1D2D kind of the kinds table.
+LAYOUT = ContiguousLayout()
+FAMILIES = families_of(LAYOUT)
+_BF16, _FP8, _SWIGLU = (FAMILIES[k].call for k in ("contiguous", "contiguous_fp8out", "contiguous_swiglu"))
 
 
-def impl(a, sa, b, sb, out, m_indices) -> None:
-    """Check (the layout's values too on CPU tensors, and on CUDA with ``DFG_CHECK_LAYOUTS=1``) and dispatch (the
-    custom op's kernel for CPU and CUDA)."""
-    problem = check(a, sa, b, sb, out, m_indices)
-    if layout_values_checked(a.device):
-        check_contiguous_values(m_indices, problem.m, problem.groups)
-    if not problem.empty:
-        FAMILY.dispatch(a, sa, b, sb, out, m_indices)
-
-
-def _fake(a, sa, b, sb, out, m_indices) -> None:
-    check(a, sa, b, sb, out, m_indices, pointers=False)
-
-
-OP = register_op("m_grouped_gemm_fp8_fp8_bf16_nt_contiguous",
-                 "(Tensor a, Tensor sa, Tensor b, Tensor sb, Tensor(a!) out, Tensor m_indices) -> ()", impl, _fake)
-
-
-def m_grouped_gemm_fp8_fp8_bf16_nt_contiguous(
-    lhs: tuple[torch.Tensor, torch.Tensor],
-    rhs: tuple[torch.Tensor, torch.Tensor],
-    out: torch.Tensor,
-    m_indices: torch.Tensor,
-) -> None:
+def m_grouped_gemm_fp8_fp8_bf16_nt_contiguous(lhs: tuple[torch.Tensor, torch.Tensor],
+                                              rhs: tuple[torch.Tensor, torch.Tensor], out: torch.Tensor,
+                                              m_indices: torch.Tensor) -> None:
     """Grouped GEMM over experts whose rows are concatenated (MoE prefill / training).
 
     ``out[r] = bf16(dequant(A[r]) · dequant(B[m_indices[r]])ᵀ)`` for every row with ``m_indices[r] >= 0``.
@@ -291,15 +244,57 @@ def m_grouped_gemm_fp8_fp8_bf16_nt_contiguous(
 
     Same alignment rules, errors and dispatch as :func:`deep_fp8_gemm.gemm_fp8_fp8_bf16_nt`.
     """
-    a, sa = lhs if type(lhs) is tuple and len(lhs) == 2 else unpack_pair(lhs, "lhs")
-    b, sb = rhs if type(rhs) is tuple and len(rhs) == 2 else unpack_pair(rhs, "rhs")
-    if _entry(a, sa, b, sb, out, m_indices):  # eager: checks cached per tensor signature (_core.plans)
-        return
-    a, sa, b, sb = operands(lhs, rhs, out, (m_indices, "m_indices"))
-    (impl if eager(a, sa, b, sb, out, m_indices) else OP)(a, sa, b, sb, out, m_indices)
+    _BF16(lhs, rhs, out, m_indices)
 
 
-FAMILY = GemmFamily(kind="contiguous", public=m_grouped_gemm_fp8_fp8_bf16_nt_contiguous, check=check,
-                    reference=reference, dispatch=dispatch, plan=plan, op=OP)
-_entry = gemm_entry(GemmEntrySpec(FAMILY, lambda a, sa, b, sb, out, gl, em: check(a, sa, b, sb, out, gl), "m_indices",
-                                  "none", check_contiguous_values))
+def m_grouped_gemm_fp8_fp8_fp8_nt_contiguous(lhs: tuple[torch.Tensor, torch.Tensor],
+                                             rhs: tuple[torch.Tensor, torch.Tensor],
+                                             out: tuple[torch.Tensor, torch.Tensor], m_indices: torch.Tensor,
+                                             use_ue8m0: bool = False) -> None:
+    """Grouped GEMM over experts whose rows are concatenated, FP8 output.
+
+    ``out[r] = per_token_cast_to_fp8(dequant(A[r]) · dequant(B[m_indices[r]])ᵀ)`` for every row with
+    ``m_indices[r] >= 0``; a padding row (-1) is computed with its block's expert when the block has valid rows, left
+    untouched in a block of padding only (every backend alike).
+
+    Args:
+        lhs, rhs, m_indices: as :func:`m_grouped_gemm_fp8_fp8_bf16_nt_contiguous` (the same layout rule, checked as
+            there: CPU tensors on every call, CUDA tensors with ``DFG_CHECK_LAYOUTS=1``).
+        out: ``(D, sD)``: D ``[m_sum, n]`` float8_e4m3fn row-major (``n % 16 == 0``), sD ``[m_sum, ceil(n/128)]``
+            float32 M-major TMA-aligned (``deep_fp8_gemm.utils.empty_m_major``), as
+            :func:`deep_fp8_gemm.gemm_fp8_fp8_fp8_nt`.
+        use_ue8m0: power-of-two scales.
+    """
+    _FP8(lhs, rhs, out, m_indices, None, use_ue8m0)
+
+
+def m_grouped_gemm_fp8_fp8_fp8_nt_contiguous_swiglu(lhs: tuple[torch.Tensor, torch.Tensor],
+                                                    rhs: tuple[torch.Tensor, torch.Tensor],
+                                                    out: tuple[torch.Tensor, torch.Tensor], m_indices: torch.Tensor,
+                                                    use_ue8m0: bool = False) -> None:
+    """The SwiGLU up-projection of the experts' rows: ``out[r] = per_token_cast_to_fp8(SiLU(g) * u)`` with
+    ``[g | u] = dequant(A[r]) · dequant(W13[m_indices[r]])ᵀ`` in fp32, for every row with ``m_indices[r] >= 0``; a
+    padding row (-1) is computed with its block's expert when the block has valid rows, left untouched in a block of
+    padding only (every backend alike).
+
+    Args:
+        lhs, m_indices: as :func:`m_grouped_gemm_fp8_fp8_bf16_nt_contiguous` (A ``[m_sum, H]``; the same layout rule,
+            checked as there).
+        rhs: ``(W, sW)`` = :func:`deep_fp8_gemm.interleave_swiglu_weights` of the experts' ``(w13, w13_scale)``: W
+            ``[G, 2I, H]`` e4m3 (gate / up 128-row blocks alternating), sW ``[G, 2I/128, ceil(H/128)]``;
+            ``I % 128 == 0``.
+        out: ``(D, sD)``: D ``[m_sum, I]`` float8_e4m3fn row-major, sD ``[m_sum, I/128]`` float32 M-major TMA-aligned
+            (``deep_fp8_gemm.utils.empty_m_major``): the ``lhs`` of the down projection, as ``silu_mul_quant``
+            returns it.
+        use_ue8m0: power-of-two scales.
+
+    Numerics: ``silu_mul_quant``'s (``SiLU(x) = x / (1 + e^-x)``, the product and the 1x128 quantisation in fp32)
+    applied to the fp32 GEMM result instead of its bf16 rounding.
+    """
+    _SWIGLU(lhs, rhs, out, m_indices, None, use_ue8m0)
+
+
+for _kind, _public in (("contiguous", m_grouped_gemm_fp8_fp8_bf16_nt_contiguous),
+                       ("contiguous_fp8out", m_grouped_gemm_fp8_fp8_fp8_nt_contiguous),
+                       ("contiguous_swiglu", m_grouped_gemm_fp8_fp8_fp8_nt_contiguous_swiglu)):
+    FAMILIES[_kind].public = _public

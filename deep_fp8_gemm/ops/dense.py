@@ -1,106 +1,58 @@
-"""The dense GEMM family (kind ``"dense"``): ``gemm_fp8_fp8_bf16_nt``, with split-K for decode shapes.
+"""The dense layout (``layout = "dense"`` of the kinds table): ``gemm_fp8_fp8_bf16_nt`` (bf16 out, split-K and
+swap-AB for decode shapes) and ``gemm_fp8_fp8_fp8_nt`` (FP8 out).
 
-``out = bf16(dequant(A) · dequant(B)ᵀ)``: A ``[m, k]`` e4m3 with 1x128 per-token scales, B ``[n, k]`` e4m3 with
-128x128 block scales, both K-major ("NT"), out ``[m, n]`` bf16. Everything the family is lives here: the
-checks, the exact reference, the dispatch, the config rule (``plan``), the custom op and the public function.
+``D = dequant(A) · dequant(B)ᵀ``: A ``[m, k]`` e4m3 with 1x128 per-token scales, B ``[n, k]`` e4m3 with 128x128 block
+scales, both K-major ("NT"); D as the output policy says (``ops.outputs``: bf16 ``[m, n]``, or e4m3 ``[m, n]`` with
+1x128 scales). The layout (:class:`DenseLayout`) checks the operands and plans for ``m`` rows; the families are built
+from it and the output policies (``ops.gemm_family``).
 
 Dispatch (after the checks): ``m == 0`` (or ``n == 0``) is a no-op; otherwise ``runtime.target.backend_of``: CPU
-tensors run :func:`reference_validated` (or, with ``DFG_SIMULATE=1``, the real kernel in the CPU simulator),
-sm_90 tensors the JIT kernel, any other GPU raises ``RuntimeError``. Before a kernel launch sA is converted to the
-M-major TMA-aligned layout (a copy unless it already is; ``per_token_cast_to_fp8`` returns it so) and sB made
-contiguous (no copy when it is). Split-K (``kernels/split_k.py``) is the heuristic's choice for problems with
-fewer output tiles than SMs.
+tensors run the exact reference (or, with ``DFG_SIMULATE=1``, the real kernel in the CPU simulator), sm_90 tensors
+the JIT kernel, any other GPU raises ``RuntimeError``. Before a kernel launch sA is converted to the M-major
+TMA-aligned layout (a copy unless it already is; ``per_token_cast_to_fp8`` returns it so) and sB made contiguous (no
+copy when it is). Split-K (``kernels/split_k.py``) and swap-AB are the heuristic's choices for problems with fewer
+output tiles than SMs.
 
-Eager calls (plain tensors, not tracing) go through the per-call fast path (``_core.plans``: the same checks and
-dispatch, run once per tensor signature); traced calls and dispatch modes run the custom op
-``torch.ops.deep_fp8_gemm.gemm_fp8_fp8_bf16_nt(a, sa, b, sb, out)`` (fake kernel: the layout checks at trace
-time), so compiled model code sees one node per GEMM.
+Eager bf16 calls go through the per-call fast path (``_core.plans``: the same checks and dispatch, run once per tensor
+signature); traced calls and dispatch modes run the custom ops ``torch.ops.deep_fp8_gemm.gemm_fp8_fp8_bf16_nt(a, sa,
+b, sb, out)`` / ``gemm_fp8_fp8_fp8_nt(a, sa, b, sb, d, sd, use_ue8m0=False)`` (fake kernels: the layout checks at
+trace time), so compiled model code sees one node per GEMM.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .._core.checks import (Problem, check_operand_a_2d, check_operand_b_blocks, check_pointers, check_same_device,
-                            check_shape, check_tensor, check_tma_layout, unpack_pair)
-from .._core.dispatch import eager, normalise_scales, operands
-from .._core.family import GemmFamily, register_op
-from .._core.plans import GemmEntrySpec, gemm_entry
-from .._core.reference_math import dequantize_per_token, matmul_nt_bf16
-from ..config import GemmConfig, get_config
-from ..kernels import gemm as gemm_host
-from ..runtime import target
-from ..runtime.target import Backend
+from .._core.checks import check_operand_a_2d, check_operand_b_blocks, check_same_device
+from .gemm_family import GemmLayout, families_of
 
 
-def check(a, sa, b, sb, out, *, layout: bool = True, pointers: bool = True) -> Problem:
-    """A ``[m, k]`` e4m3, sA ``[m, ceil(k/128)]`` fp32, B ``[n, k]`` e4m3, sB ``[ceil(n/128), ceil(k/128)]`` fp32,
-    out ``[m, n]`` bf16, one device (``_core.checks``: the levels ``layout`` and ``pointers``)."""
-    m, k, kb = check_operand_a_2d(a, sa, "m")
-    n = check_operand_b_blocks(b, sb, k, kb, None)
-    check_tensor(out, "out", torch.bfloat16, 2)
-    check_shape(out, "out", (m, n), "[m, n]")
-    check_same_device(a.device, ((sa, "lhs[1] (sA)"), (b, "rhs[0] (B)"), (sb, "rhs[1] (sB)"), (out, "out")))
-    if layout:
-        check_tma_layout(a, b, out, n, k)
-    if pointers:
-        check_pointers(a, sa, b, sb, out)
-    return Problem(m, n, k)
+class DenseLayout(GemmLayout):
+    """A ``[m, k]``, sA ``[m, ceil(k/128)]``, B ``[n, k]``, sB ``[ceil(n/128), ceil(k/128)]``; every row computed."""
+
+    name, op_template = "dense", "gemm_fp8_fp8_{}_nt"
+
+    def check_inputs(self, a, sa, b, sb):
+        m, k, kb = check_operand_a_2d(a, sa, "m")
+        n = check_operand_b_blocks(b, sb, k, kb, None)
+        check_same_device(a.device, ((sa, "lhs[1] (sA)"), (b, "rhs[0] (B)"), (sb, "rhs[1] (sB)")))
+        return m, n, k, 1
+
+    def reference_parts(self, a, gl, groups):
+        return [(None, slice(None))]  # one matmul over all rows
+
+    def plan_problem(self, a, b, expected_m):
+        return a.shape[0], b.shape[0], b.shape[1], 1, {}
 
 
-def reference_validated(a, sa, b, sb, out) -> None:
-    """The reference on checked tensors (what the op runs on CPU tensors): one float32 matmul."""
-    out.copy_(matmul_nt_bf16(dequantize_per_token(a, sa), b, sb))
+#: The layout, and kind -> family of every dense 1D2D kind of the kinds table.
+LAYOUT = DenseLayout()
+FAMILIES = families_of(LAYOUT)
+_BF16, _FP8 = FAMILIES["dense"].call, FAMILIES["dense_fp8out"].call
 
 
-def reference(lhs: tuple[torch.Tensor, torch.Tensor], rhs: tuple[torch.Tensor, torch.Tensor], out: torch.Tensor
-              ) -> None:
-    """Reference of :func:`gemm_fp8_fp8_bf16_nt`: ``out = A·Bᵀ`` of the dequantised operands (float32
-    accumulation, one rounding to bf16; any strides, any n / k).
-
-    Args:
-        lhs: ``(A [m, k] float8_e4m3fn, sA [m, ceil(k/128)] float32)``.
-        rhs: ``(B [n, k] float8_e4m3fn, sB [ceil(n/128), ceil(k/128)] float32)``.
-        out: ``[m, n]`` bfloat16, written in place.
-    """
-    a, sa = unpack_pair(lhs, "lhs")
-    b, sb = unpack_pair(rhs, "rhs")
-    check(a, sa, b, sb, out, layout=False, pointers=False)
-    reference_validated(a, sa, b, sb, out)
-
-
-def plan(a, b, expected_m, num_sms: int) -> GemmConfig:
-    """The config: the heuristic for ``m`` rows of A (dense takes no ``expected_m``)."""
-    return get_config(a.shape[0], b.shape[0], b.shape[1], 1, "dense", num_sms)
-
-
-def dispatch(a, sa, b, sb, out, grouped_layout=None, expected_m=None) -> None:
-    """Run a checked, non-empty call on its backend (the reference, the simulator or the sm_90 kernel)."""
-    backend = target.backend_of(a.device, "gemm")
-    if backend is Backend.REFERENCE:
-        reference_validated(a, sa, b, sb, out)
-        return
-    cfg = plan(a, b, None, gemm_host.num_sms_for(backend))
-    gemm_host.launch_1d2d(cfg, a, normalise_scales(sa), b, sb.contiguous(), out, None, backend)
-
-
-def impl(a, sa, b, sb, out) -> None:
-    """Check and dispatch (the custom op's kernel for CPU and CUDA)."""
-    if not check(a, sa, b, sb, out).empty:
-        FAMILY.dispatch(a, sa, b, sb, out)
-
-
-def _fake(a, sa, b, sb, out) -> None:
-    check(a, sa, b, sb, out, pointers=False)
-
-
-OP = register_op("gemm_fp8_fp8_bf16_nt", "(Tensor a, Tensor sa, Tensor b, Tensor sb, Tensor(a!) out) -> ()",
-                 impl, _fake)
-
-
-def gemm_fp8_fp8_bf16_nt(
-    lhs: tuple[torch.Tensor, torch.Tensor], rhs: tuple[torch.Tensor, torch.Tensor], out: torch.Tensor
-) -> None:
+def gemm_fp8_fp8_bf16_nt(lhs: tuple[torch.Tensor, torch.Tensor], rhs: tuple[torch.Tensor, torch.Tensor],
+                         out: torch.Tensor) -> None:
     """``out = bf16(dequant(A) · dequant(B)ᵀ)`` with fine-grained FP8 scales; both operands K-major ("NT").
 
     Args:
@@ -120,14 +72,32 @@ def gemm_fp8_fp8_bf16_nt(
         TypeError: a non-tensor argument or a wrong dtype. ValueError: a wrong rank, shape, stride, alignment
         or device.
     """
-    a, sa = lhs if type(lhs) is tuple and len(lhs) == 2 else unpack_pair(lhs, "lhs")
-    b, sb = rhs if type(rhs) is tuple and len(rhs) == 2 else unpack_pair(rhs, "rhs")
-    if _entry(a, sa, b, sb, out):  # eager: checks cached per tensor signature (_core.plans)
-        return
-    a, sa, b, sb = operands(lhs, rhs, out)
-    (impl if eager(a, sa, b, sb, out) else OP)(a, sa, b, sb, out)
+    _BF16(lhs, rhs, out)
 
 
-FAMILY = GemmFamily(kind="dense", public=gemm_fp8_fp8_bf16_nt, check=check, reference=reference, dispatch=dispatch,
-                    plan=plan, op=OP)
-_entry = gemm_entry(GemmEntrySpec(FAMILY, lambda a, sa, b, sb, out, gl, em: check(a, sa, b, sb, out), None, "none"))
+def gemm_fp8_fp8_fp8_nt(lhs: tuple[torch.Tensor, torch.Tensor], rhs: tuple[torch.Tensor, torch.Tensor],
+                        out: tuple[torch.Tensor, torch.Tensor], use_ue8m0: bool = False) -> None:
+    """``out = per_token_cast_to_fp8(dequant(A) · dequant(B)ᵀ)``: an FP8 GEMM whose output is FP8 again.
+
+    Args:
+        lhs: ``(A, sA)`` as :func:`gemm_fp8_fp8_bf16_nt` (A ``[m, k]`` e4m3 K-major, sA ``[m, ceil(k/128)]`` fp32, any
+            strides: converted to M-major TMA-aligned, a copy unless it already is).
+        rhs: ``(B, sB)``: B ``[n, k]`` e4m3 K-major, sB ``[ceil(n/128), ceil(k/128)]`` fp32.
+        out: ``(D, sD)``, written in place: D ``[m, n]`` float8_e4m3fn, row-major, 16-byte-aligned rows
+            (``n % 16 == 0``); sD ``[m, ceil(n/128)]`` float32 in the M-major TMA-aligned layout that
+            :func:`deep_fp8_gemm.per_token_cast_to_fp8` returns (strides ``(1, get_tma_aligned_size(m, 4))``; make it
+            with ``deep_fp8_gemm.utils.empty_m_major``). Neither may overlap an input or the other.
+        use_ue8m0: power-of-two scales (:func:`deep_fp8_gemm.quant.ceil_to_ue8m0`), as ``per_token_cast_to_fp8``'s.
+
+    Per row r and 128-column group j of the fp32 product ``y``: ``sD[r, j] = max(max|y[r, group]|, 1e-4) / 448``
+    and ``D[r, c] = e4m3(clamp(y[r, c] / sD[r, j], ±448))`` (nearest even): ``per_token_cast_to_fp8``'s rules on the
+    fp32 accumulator (a partial last group as if zero-padded). CPU: the exact reference (float32 sums);
+    ``DFG_SIMULATE=1``: the kernel in the simulator; CUDA: sm_90 only.
+
+    Raises:
+        TypeError / ValueError: as :func:`gemm_fp8_fp8_bf16_nt`, naming ``out[0] (D)`` / ``out[1] (sD)``.
+    """
+    _FP8(lhs, rhs, out, None, None, use_ue8m0)
+
+
+FAMILIES["dense"].public, FAMILIES["dense_fp8out"].public = gemm_fp8_fp8_bf16_nt, gemm_fp8_fp8_fp8_nt

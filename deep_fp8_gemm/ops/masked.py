@@ -1,10 +1,13 @@
-"""The M-grouped masked GEMM family (kind ``"masked"``): ``m_grouped_gemm_fp8_fp8_bf16_nt_masked``.
+"""The M-grouped masked layout (``layout = "masked"`` of the kinds table): ``m_grouped_gemm_fp8_fp8_bf16_nt_masked``
+(bf16 out), ``m_grouped_gemm_fp8_fp8_fp8_nt_masked`` (FP8 out) and ``m_grouped_gemm_fp8_fp8_fp8_nt_masked_swiglu`` (the
+MoE up-projection, SwiGLU·FP8 out).
 
 MoE decode under CUDA graphs: a fixed-size buffer per expert, A ``[G, m_max, k]``, ``masked_m[g]`` valid rows of
 group g, read by the kernel on the device only (never by the host: a graph replays with new counts);
 ``expected_m`` is a host hint of the typical count, used only to choose the kernel configuration. The kernels
 write rows up to the end of the last BLOCK_M block of each group, never past ``m_max``, and do not touch groups
-with ``masked_m[g] == 0`` (kind ``GroupedMasked`` of ``scheduler.cuh``). Same layers as :mod:`.dense`.
+with ``masked_m[g] == 0`` (kind ``GroupedMasked`` of ``scheduler.cuh``). The families are built from
+:class:`MaskedLayout` and the output policies (``ops.gemm_family``).
 
 The layout rule: ``0 <= masked_m[g] <= m_max`` (the kernel clamps a count to ``[0, m_max]``, so another value
 computes something other than the op's definition). Checked on every call of CPU tensors (the reference and
@@ -16,19 +19,10 @@ from __future__ import annotations
 
 import torch
 
-from .._core.checks import (FP8, INDEX_DTYPE, Problem, check_expected_m, check_operand_b_blocks, check_pointers,
-                            check_same_device, check_shape, check_tensor, check_tma_layout, layout_values_checked,
-                            unpack_pair)
-from .._core.dispatch import eager, normalise_scales, operands
-from .._core.family import GemmFamily, register_op
-from .._core.plans import GemmEntrySpec, gemm_entry
-from .._core.reference_math import dequantize_per_token, matmul_nt_bf16
-from ..config import GemmConfig, get_config
+from .._core.checks import (FP8, INDEX_DTYPE, check_operand_b_blocks, check_same_device, check_shape, check_tensor)
 from ..constants import GRAN_K
-from ..kernels import gemm as gemm_host
-from ..runtime import target
-from ..runtime.target import Backend
 from ..utils import ceil_div
+from .gemm_family import GemmLayout, families_of
 
 
 def check_masked_operands(a, sa, b, sb) -> tuple[int, int, int, int]:
@@ -45,24 +39,6 @@ def check_masked_operands(a, sa, b, sb) -> tuple[int, int, int, int]:
     n = check_operand_b_blocks(b, sb, k, kb, num_groups)
     check_same_device(a.device, ((sa, "lhs[1] (sA)"), (b, "rhs[0] (B)"), (sb, "rhs[1] (sB)")))
     return m_max, n, k, num_groups
-
-
-def check(a, sa, b, sb, out, masked_m, expected_m, *, layout: bool = True, pointers: bool = True) -> Problem:
-    """A ``[G, m_max, k]``, sA ``[G, m_max, ceil(k/128)]``, B ``[G, n, k]``, sB ``[G, ceil(n/128), ceil(k/128)]``,
-    out ``[G, m_max, n]`` bf16, masked_m ``[G]`` int32, expected_m a positive int. Returns ``Problem(m_max, n, k,
-    G)``. The values of masked_m are not read."""
-    check_expected_m(expected_m)
-    m_max, n, k, num_groups = check_masked_operands(a, sa, b, sb)
-    check_tensor(out, "out", torch.bfloat16, 3)
-    check_shape(out, "out", (num_groups, m_max, n), "[G, m_max, n]")
-    check_tensor(masked_m, "masked_m", INDEX_DTYPE, 1)
-    check_shape(masked_m, "masked_m", (num_groups,), "[G]")
-    check_same_device(a.device, ((out, "out"), (masked_m, "masked_m")))
-    if layout:
-        check_tma_layout(a, b, out, n, k)
-    if pointers:
-        check_pointers(a, sa, b, sb, out, ((masked_m, "masked_m"),))
-    return Problem(m_max, n, k, num_groups)
 
 
 def check_masked_values(masked_m: torch.Tensor, m_max: int, num_groups: int | None = None,
@@ -100,77 +76,43 @@ def check_masked_layout(masked_m: torch.Tensor, m_max: int) -> None:
     check_masked_values(masked_m, m_max)
 
 
-def reference_validated(a, sa, b, sb, out, masked_m) -> None:
-    """The reference on checked tensors: one matmul per group over its valid rows; reads ``masked_m`` on the host
-    (``ValueError`` for a count outside ``[0, m_max]``); the other rows are left untouched."""
-    m_max = a.size(1)
-    counts = masked_m.tolist()
-    for g, count in enumerate(counts):
-        if not 0 <= count <= m_max:
-            raise ValueError(f"masked_m[{g}] must be in [0, m_max={m_max}], got {count}")
-        if count:
-            out[g, :count] = matmul_nt_bf16(dequantize_per_token(a[g, :count], sa[g, :count]), b[g], sb[g])
+class MaskedLayout(GemmLayout):
+    """A ``[G, m_max, k]``, B ``[G, n, k]``, outputs ``[G, m_max, ...]``, ``masked_m [G]`` int32, ``expected_m`` a
+    positive int (the heuristic's rows per group); rows ``< masked_m[g]`` of each group computed."""
+
+    name, grouped, expected_m, rows_name, batched = "masked", "masked_m", "required", "m_max", True
+    op_template, schema = "m_grouped_gemm_fp8_fp8_{}_nt_masked", ", Tensor masked_m, int expected_m"
+
+    def check_inputs(self, a, sa, b, sb):
+        return check_masked_operands(a, sa, b, sb)
+
+    def check_grouped(self, gl, problem, device):
+        check_tensor(gl, "masked_m", INDEX_DTYPE, 1)
+        check_shape(gl, "masked_m", (problem.groups,), "[G]")
+        check_same_device(device, ((gl, "masked_m"),))
+
+    def values_check(self, gl, rows, groups):
+        check_masked_values(gl, rows)
+
+    def reference_parts(self, a, gl, groups):
+        """One matmul per group over its valid rows (read on the host: ``ValueError`` for a count outside
+        ``[0, m_max]``); the other rows are left untouched."""
+        check_masked_values(gl, a.size(1))
+        return [(g, (g, slice(0, count))) for g, count in enumerate(gl.tolist()) if count]
+
+    def plan_problem(self, a, b, expected_m):
+        """The heuristic for ``expected_m`` rows per group (the counts live on the device)."""
+        return int(expected_m), b.shape[-2], b.shape[-1], b.shape[0], {}
 
 
-def reference(lhs: tuple[torch.Tensor, torch.Tensor], rhs: tuple[torch.Tensor, torch.Tensor], out: torch.Tensor,
-              masked_m: torch.Tensor, expected_m: int) -> None:
-    """Reference of the masked grouped GEMM: ``out[g, :masked_m[g]] = A[g, :masked_m[g]]·B[g]ᵀ`` (dequantised).
-
-    Args:
-        lhs: ``(A [G, m_max, k] float8_e4m3fn, sA [G, m_max, ceil(k/128)] float32)``.
-        rhs: ``(B [G, n, k] float8_e4m3fn, sB [G, ceil(n/128), ceil(k/128)] float32)``.
-        out: ``[G, m_max, n]`` bfloat16; rows ``>= masked_m[g]`` are unspecified by the op (this reference
-            leaves them untouched).
-        masked_m: ``[G]`` int32, values in ``[0, m_max]``.
-        expected_m: positive int, a performance hint only (unused here).
-    """
-    a, sa = unpack_pair(lhs, "lhs")
-    b, sb = unpack_pair(rhs, "rhs")
-    check(a, sa, b, sb, out, masked_m, expected_m, layout=False, pointers=False)
-    reference_validated(a, sa, b, sb, out, masked_m)
+#: The layout, and kind -> family of every masked 1D2D kind of the kinds table.
+LAYOUT = MaskedLayout()
+FAMILIES = families_of(LAYOUT)
+_BF16, _FP8, _SWIGLU = (FAMILIES[k].call for k in ("masked", "masked_fp8out", "masked_swiglu"))
 
 
-def plan(a, b, expected_m: int, num_sms: int) -> GemmConfig:
-    """The config: the heuristic for ``expected_m`` rows per group (the counts live on the device)."""
-    return get_config(int(expected_m), b.shape[-2], b.shape[-1], b.shape[0], "masked", num_sms)
-
-
-def dispatch(a, sa, b, sb, out, masked_m, expected_m) -> None:
-    """Run a checked, non-empty call on its backend (the reference, the simulator or the sm_90 kernel)."""
-    backend = target.backend_of(a.device, "gemm")
-    if backend is Backend.REFERENCE:
-        reference_validated(a, sa, b, sb, out, masked_m)
-        return
-    cfg = plan(a, b, expected_m, gemm_host.num_sms_for(backend))
-    gemm_host.launch_1d2d(cfg, a, normalise_scales(sa), b, sb.contiguous(), out, masked_m.contiguous(), backend)
-
-
-def impl(a, sa, b, sb, out, masked_m, expected_m) -> None:
-    """Check (the counts too on CPU tensors, and on CUDA with ``DFG_CHECK_LAYOUTS=1``) and dispatch (the custom
-    op's kernel for CPU and CUDA)."""
-    problem = check(a, sa, b, sb, out, masked_m, expected_m)
-    if layout_values_checked(a.device):
-        check_masked_values(masked_m, problem.m)
-    if not problem.empty:
-        FAMILY.dispatch(a, sa, b, sb, out, masked_m, expected_m)
-
-
-def _fake(a, sa, b, sb, out, masked_m, expected_m) -> None:
-    check(a, sa, b, sb, out, masked_m, expected_m, pointers=False)
-
-
-OP = register_op("m_grouped_gemm_fp8_fp8_bf16_nt_masked",
-                 "(Tensor a, Tensor sa, Tensor b, Tensor sb, Tensor(a!) out, Tensor masked_m, int expected_m) -> ()",
-                 impl, _fake)
-
-
-def m_grouped_gemm_fp8_fp8_bf16_nt_masked(
-    lhs: tuple[torch.Tensor, torch.Tensor],
-    rhs: tuple[torch.Tensor, torch.Tensor],
-    out: torch.Tensor,
-    masked_m: torch.Tensor,
-    expected_m: int,
-) -> None:
+def m_grouped_gemm_fp8_fp8_bf16_nt_masked(lhs: tuple[torch.Tensor, torch.Tensor], rhs: tuple[torch.Tensor, torch.Tensor],
+                                          out: torch.Tensor, masked_m: torch.Tensor, expected_m: int) -> None:
     """Grouped GEMM over a fixed-size buffer per expert (MoE decode, CUDA-graph friendly).
 
     ``out[g, r] = bf16(dequant(A[g, r]) · dequant(B[g])ᵀ)`` for ``r < masked_m[g]``.
@@ -188,16 +130,44 @@ def m_grouped_gemm_fp8_fp8_bf16_nt_masked(
 
     Same alignment rules, errors and dispatch as :func:`deep_fp8_gemm.gemm_fp8_fp8_bf16_nt`.
     """
-    a, sa = lhs if type(lhs) is tuple and len(lhs) == 2 else unpack_pair(lhs, "lhs")
-    b, sb = rhs if type(rhs) is tuple and len(rhs) == 2 else unpack_pair(rhs, "rhs")
-    if _entry(a, sa, b, sb, out, masked_m, expected_m):  # eager: checks cached per tensor signature (_core.plans)
-        return
-    a, sa, b, sb = operands(lhs, rhs, out, (masked_m, "masked_m"))
-    check_expected_m(expected_m)
-    (impl if eager(a, sa, b, sb, out, masked_m) else OP)(a, sa, b, sb, out, masked_m, expected_m)
+    _BF16(lhs, rhs, out, masked_m, expected_m)
 
 
-FAMILY = GemmFamily(kind="masked", public=m_grouped_gemm_fp8_fp8_bf16_nt_masked, check=check, reference=reference,
-                    dispatch=dispatch, plan=plan, op=OP)
-_entry = gemm_entry(GemmEntrySpec(FAMILY, lambda a, sa, b, sb, out, gl, em: check(a, sa, b, sb, out, gl, em),
-                                  "masked_m", "required", check_masked_values))
+def m_grouped_gemm_fp8_fp8_fp8_nt_masked(lhs: tuple[torch.Tensor, torch.Tensor], rhs: tuple[torch.Tensor, torch.Tensor],
+                                         out: tuple[torch.Tensor, torch.Tensor], masked_m: torch.Tensor,
+                                         expected_m: int, use_ue8m0: bool = False) -> None:
+    """Masked grouped GEMM (MoE decode, CUDA-graph friendly), FP8 output.
+
+    ``out[g, r] = per_token_cast_to_fp8(dequant(A[g, r]) · dequant(B[g])ᵀ)`` for ``r < masked_m[g]``.
+
+    Args:
+        lhs, rhs, masked_m, expected_m: as :func:`m_grouped_gemm_fp8_fp8_bf16_nt_masked`.
+        out: ``(D, sD)``: D ``[G, m_max, n]`` float8_e4m3fn row-major (``n % 16 == 0``), sD ``[G, m_max, ceil(n/128)]``
+            float32 M-major TMA-aligned per group (``deep_fp8_gemm.utils.empty_m_major``); rows ``>= masked_m[g]``
+            unspecified.
+        use_ue8m0: power-of-two scales.
+    """
+    _FP8(lhs, rhs, out, masked_m, expected_m, use_ue8m0)
+
+
+def m_grouped_gemm_fp8_fp8_fp8_nt_masked_swiglu(lhs: tuple[torch.Tensor, torch.Tensor],
+                                                rhs: tuple[torch.Tensor, torch.Tensor],
+                                                out: tuple[torch.Tensor, torch.Tensor], masked_m: torch.Tensor,
+                                                expected_m: int, use_ue8m0: bool = False) -> None:
+    """The SwiGLU up-projection on per-expert buffers: ``out[g, r] = per_token_cast_to_fp8(SiLU(gate) * up)`` of
+    ``dequant(A[g, r]) · dequant(W13[g])ᵀ`` in fp32, for ``r < masked_m[g]``.
+
+    Args:
+        lhs, masked_m, expected_m: as :func:`m_grouped_gemm_fp8_fp8_bf16_nt_masked`.
+        rhs: the interleaved ``(W, sW)`` of :func:`deep_fp8_gemm.m_grouped_gemm_fp8_fp8_fp8_nt_contiguous_swiglu`.
+        out: ``(D, sD)``: D ``[G, m_max, I]`` float8_e4m3fn, sD ``[G, m_max, I/128]`` float32 M-major TMA-aligned per
+            group; rows ``>= masked_m[g]`` unspecified.
+        use_ue8m0: power-of-two scales.
+    """
+    _SWIGLU(lhs, rhs, out, masked_m, expected_m, use_ue8m0)
+
+
+for _kind, _public in (("masked", m_grouped_gemm_fp8_fp8_bf16_nt_masked),
+                       ("masked_fp8out", m_grouped_gemm_fp8_fp8_fp8_nt_masked),
+                       ("masked_swiglu", m_grouped_gemm_fp8_fp8_fp8_nt_masked_swiglu)):
+    FAMILIES[_kind].public = _public

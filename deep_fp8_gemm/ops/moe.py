@@ -36,11 +36,9 @@ from ..quant import per_block_cast_to_fp8, silu_mul_quant
 from ..runtime import target
 from ..runtime.target import Backend
 from ..utils import ceil_div, get_col_major_tma_aligned_tensor, get_m_alignment_for_contiguous_layout
-from .contiguous import m_grouped_gemm_fp8_fp8_bf16_nt_contiguous
-from .contiguous_swiglu import m_grouped_gemm_fp8_fp8_fp8_nt_contiguous_swiglu
-from .fp8_output import empty_out, interleave_swiglu_weights
-from .masked import m_grouped_gemm_fp8_fp8_bf16_nt_masked
-from .masked_swiglu import m_grouped_gemm_fp8_fp8_fp8_nt_masked_swiglu
+from .contiguous import m_grouped_gemm_fp8_fp8_bf16_nt_contiguous, m_grouped_gemm_fp8_fp8_fp8_nt_contiguous_swiglu
+from .masked import m_grouped_gemm_fp8_fp8_bf16_nt_masked, m_grouped_gemm_fp8_fp8_fp8_nt_masked_swiglu
+from .outputs import empty_out, interleave_swiglu_weights
 
 FP8 = torch.float8_e4m3fn
 #: Integer dtypes accepted for ``topk_ids``.
@@ -146,7 +144,7 @@ def route(topk_ids: torch.Tensor, num_experts: int, max_m_sum: int | None) -> Ro
 
 
 def swiglu_weights(w13: torch.Tensor, w13_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """The fused up-projection's weights (:func:`deep_fp8_gemm.ops.fp8_output.interleave_swiglu_weights`: a copy
+    """The fused up-projection's weights (:func:`deep_fp8_gemm.interleave_swiglu_weights`: a copy
     of ``w13`` with gate and up interleaved in 128-row blocks), or None where the fused path is illegal
     (``I % 128 != 0``)."""
     if w13.shape[1] % (2 * GRAN_K):

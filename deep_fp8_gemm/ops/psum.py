@@ -1,5 +1,6 @@
-"""The prefix-sum ("psum") contiguous GEMM family (kind ``"psum"``): the grouped GEMM over expert rows described
-by group ends, ``m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum``.
+"""The prefix-sum ("psum") contiguous layout (``layout = "psum"`` of the kinds table): the grouped GEMMs over expert
+rows described by group ends, ``m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum`` (bf16 out) and
+``m_grouped_gemm_fp8_fp8_fp8_nt_contiguous_psum`` (FP8 out).
 
 This is the layout DeepEP v2's dispatch hands over (expanded, expert-sorted, padded rows) and the reference
 design's ``use_psum_layout=True``: instead of one expert id per row (``m_indices [m_sum]``), one int32 per
@@ -33,50 +34,19 @@ straddles two groups), and rows of a block past its group's end are padding.
 
 The kernel is the ``GroupedContiguousPsum`` kind of ``include/deep_fp8_gemm/scheduler.cuh``; the 2.x entry point
 ``m_grouped_fp8_gemm_nt_contiguous(..., use_psum_layout=True)`` of :mod:`deep_fp8_gemm.compat` calls
-:func:`m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum`. Same layers as :mod:`.dense`.
+:func:`m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum`. The families are built from :class:`PsumLayout` and the output
+policies (``ops.gemm_family``).
 """
 
 from __future__ import annotations
 
 import torch
 
-from .._core.checks import (INDEX_DTYPE, Problem, check_expected_m, check_pointers, check_same_device, check_tensor,
-                            check_tma_layout, layout_values_checked, unpack_pair)
-from .._core.dispatch import eager, normalise_scales, operands
-from .._core.family import GemmFamily, register_op
-from .._core.plans import GemmEntrySpec, gemm_entry
-from .._core.reference_math import dequantize_per_token, matmul_nt_bf16
-from ..config import GemmConfig, contiguous_block_m, get_config
-from ..kernels import gemm as gemm_host
-from ..runtime import target
-from ..runtime.target import Backend
+from .._core.checks import INDEX_DTYPE, check_same_device, check_tensor
+from ..config import contiguous_block_m
 from ..utils import get_m_alignment_for_contiguous_layout
-from .contiguous import check_m_grouped_operands
-
-
-def check(a, sa, b, sb, out, grouped_layout, *, layout: bool = True, pointers: bool = True) -> Problem:
-    """Shape checks: A ``[m_sum, k]`` e4m3, sA ``[m_sum, ceil(k/128)]`` fp32, B ``[G, n, k]``, sB
-    ``[G, ceil(n/128), ceil(k/128)]``, out ``[m_sum, n]`` bf16, grouped_layout ``[G]`` int32. Returns
-    ``Problem(m_sum, n, k, G)``; the values of grouped_layout are not read. ``m_sum`` need not be a multiple of
-    128 (the rows after the last group's end are padding)."""
-    problem = check_m_grouped_operands(a, sa, b, sb, out)
-    check_tensor(grouped_layout, "grouped_layout", INDEX_DTYPE, 1)
-    if grouped_layout.shape[0] != problem.groups:
-        raise ValueError(
-            f"grouped_layout (psum layout: one end row per group) must have G={problem.groups} entries (G = "
-            f"rhs[0].shape[0]), got grouped_layout.shape={tuple(grouped_layout.shape)}"
-        )
-    check_same_device(a.device, ((sa, "lhs[1] (sA)"), (b, "rhs[0] (B)"), (sb, "rhs[1] (sB)"), (out, "out"),
-                                 (grouped_layout, "grouped_layout")))
-    if layout:
-        check_tma_layout(a, b, out, problem.n, problem.k)
-    if pointers:
-        check_pointers(a, sa, b, sb, out, ((grouped_layout, "grouped_layout"),))
-    return problem
-
-
-#: The old name of :func:`check` (``deep_fp8_gemm.psum.check_contiguous_psum``).
-check_contiguous_psum = check
+from .contiguous import MGroupedLayout
+from .gemm_family import families_of
 
 
 def check_psum_values(ends: list[int], m_sum: int, name: str = "grouped_layout",
@@ -111,6 +81,17 @@ def check_psum_layout_values(grouped_layout: torch.Tensor, m_sum: int, num_group
     check_psum_values(grouped_layout.tolist(), m_sum)
 
 
+def check_grouped_layout(grouped_layout, num_groups: int, device: torch.device) -> None:
+    """A psum layout's tensor (values not read): 1-D int32 of length ``G = rhs[0].shape[0]`` on ``device``."""
+    check_tensor(grouped_layout, "grouped_layout", INDEX_DTYPE, 1)
+    if grouped_layout.shape[0] != num_groups:
+        raise ValueError(
+            f"grouped_layout (psum layout: one end row per group) must have G={num_groups} entries (G = "
+            f"rhs[0].shape[0]), got grouped_layout.shape={tuple(grouped_layout.shape)}"
+        )
+    check_same_device(device, ((grouped_layout, "grouped_layout"),))
+
+
 def psum_group_rows(ends: list[int], alignment: int | None = None) -> list[tuple[int, int]]:
     """``[(start, end)]`` of each group of the psum layout: group g owns rows ``[start_g, end_g)`` with
     ``start_0 = 0``, ``start_g = round_up(ends[g-1], alignment)`` and ``end_g = max(ends[g], start_g)`` (an end
@@ -137,87 +118,49 @@ def psum_computed_rows(ends: list[int], m_sum: int, alignment: int | None = None
             for g, (start, end) in enumerate(psum_group_rows(ends, alignment)) if end > start]
 
 
-def reference_validated(a, sa, b, sb, out, grouped_layout) -> None:
-    """The reference on checked tensors whose ends passed :func:`check_psum_values` (the ops check them once per
-    CPU call, before dispatch): per group, one matmul over its rows and one over the padding rows of its last block
-    that the kernel computes with it (:func:`psum_computed_rows`), so a row's result does not depend on how much
-    padding follows its group; the other padding rows are left untouched."""
-    for g, start, end, stop in psum_computed_rows(grouped_layout.tolist(), a.size(0)):
-        for lo, hi in ((start, end), (end, stop)):
-            if hi > lo:
-                out[lo:hi] = matmul_nt_bf16(dequantize_per_token(a[lo:hi], sa[lo:hi]), b[g], sb[g])
+class PsumLayout(MGroupedLayout):
+    """Any ``m_sum``; ``grouped_layout [G]`` int32 group ends, an optional ``expected_m``; the ends' rules
+    (:func:`check_psum_values`); the rows of :func:`psum_computed_rows`."""
+
+    name, grouped, expected_m = "psum", "grouped_layout", "optional"
+    op_template, schema = "m_grouped_gemm_fp8_fp8_{}_nt_contiguous_psum", ", Tensor grouped_layout, int? expected_m=None"
+
+    def check_grouped(self, gl, problem, device):
+        check_grouped_layout(gl, problem.groups, device)
+
+    def values_check(self, gl, rows, groups):
+        check_psum_layout_values(gl, rows)
+
+    def reference_check(self, gl, rows):
+        check_psum_values(gl.tolist(), rows)
+
+    def reference_parts(self, a, gl, groups):
+        """Per group, one matmul over its rows and one over the padding rows of its last block that the kernel
+        computes with it (:func:`psum_computed_rows`), so that a row's result does not depend on how much padding
+        follows its group; the other padding rows are left untouched. The ends passed :func:`check_psum_values`."""
+        parts = []
+        for g, start, end, stop in psum_computed_rows(gl.tolist(), a.size(0)):
+            parts += [(g, slice(lo, hi)) for lo, hi in ((start, end), (end, stop)) if hi > lo]
+        return parts
+
+    def plan_problem(self, a, b, expected_m):
+        """For ``expected_m`` rows per group when given (``m_sum`` is often a worst-case buffer far larger than the
+        rows in use), else for all ``m_sum`` rows; BLOCK_M = the contiguous alignment."""
+        num_groups = b.shape[0]
+        m_sum = a.shape[0] if expected_m is None else min(a.shape[0], int(expected_m) * num_groups)
+        return (max(m_sum, 1), b.shape[-2], b.shape[-1], num_groups,
+                {"contiguous_alignment": get_m_alignment_for_contiguous_layout()})
 
 
-def reference(lhs: tuple[torch.Tensor, torch.Tensor], rhs: tuple[torch.Tensor, torch.Tensor], out: torch.Tensor,
-              grouped_layout: torch.Tensor, expected_m: int | None = None) -> None:
-    """Reference of :func:`m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum`: ``out[r] = A[r]·B[g]ᵀ`` (dequantised)
-    for every row r of group g and the padding rows of its blocks, as the kernel (other padding rows untouched).
-
-    Args:
-        lhs, rhs, out: as the op (any strides); grouped_layout: ``[G]`` int32 group ends, read and checked here;
-        expected_m: a performance hint only (checked, unused).
-    """
-    a, sa = unpack_pair(lhs, "lhs")
-    b, sb = unpack_pair(rhs, "rhs")
-    check(a, sa, b, sb, out, grouped_layout, layout=False, pointers=False)
-    if expected_m is not None:
-        check_expected_m(expected_m)
-    check_psum_values(grouped_layout.tolist(), a.size(0))
-    reference_validated(a, sa, b, sb, out, grouped_layout)
+#: The layout, and kind -> family of every psum 1D2D kind of the kinds table.
+LAYOUT = PsumLayout()
+FAMILIES = families_of(LAYOUT)
+_BF16, _FP8 = FAMILIES["psum"].call, FAMILIES["psum_fp8out"].call
 
 
-def plan(a, b, expected_m: int | None, num_sms: int) -> GemmConfig:
-    """The config: for ``expected_m`` rows per group when given (``m_sum`` is often a worst-case buffer far larger
-    than the rows in use), else for all ``m_sum`` rows."""
-    num_groups = b.shape[0]
-    m_sum = a.shape[0] if expected_m is None else min(a.shape[0], int(expected_m) * num_groups)
-    return get_config(max(m_sum, 1), b.shape[-2], b.shape[-1], num_groups, "psum", num_sms,
-                      contiguous_alignment=get_m_alignment_for_contiguous_layout())
-
-
-def dispatch(a, sa, b, sb, out, grouped_layout, expected_m=None) -> None:
-    """Run a checked, non-empty call on its backend (the reference, the simulator or the sm_90 kernel)."""
-    backend = target.backend_of(a.device, "gemm")
-    if backend is Backend.REFERENCE:
-        reference_validated(a, sa, b, sb, out, grouped_layout)
-        return
-    cfg = plan(a, b, expected_m, gemm_host.num_sms_for(backend))
-    gemm_host.launch_1d2d(cfg, a, normalise_scales(sa), b, sb.contiguous(), out, grouped_layout.contiguous(),
-                          backend)
-
-
-def _full_check(a, sa, b, sb, out, grouped_layout, expected_m) -> Problem:
-    problem = check(a, sa, b, sb, out, grouped_layout)
-    if expected_m is not None:
-        check_expected_m(expected_m)
-    return problem
-
-
-def impl(a, sa, b, sb, out, grouped_layout, expected_m) -> None:
-    """Check and dispatch (the custom op's kernel for CPU and CUDA)."""
-    problem = _full_check(a, sa, b, sb, out, grouped_layout, expected_m)
-    if layout_values_checked(a.device):
-        check_psum_layout_values(grouped_layout, problem.m)
-    if not problem.empty:
-        FAMILY.dispatch(a, sa, b, sb, out, grouped_layout, expected_m)
-
-
-def _fake(a, sa, b, sb, out, grouped_layout, expected_m) -> None:
-    check(a, sa, b, sb, out, grouped_layout, pointers=False)
-
-
-OP = register_op("m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum",
-                 "(Tensor a, Tensor sa, Tensor b, Tensor sb, Tensor(a!) out, Tensor grouped_layout, "
-                 "int? expected_m=None) -> ()", impl, _fake)
-
-
-def m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum(
-    lhs: tuple[torch.Tensor, torch.Tensor],
-    rhs: tuple[torch.Tensor, torch.Tensor],
-    out: torch.Tensor,
-    grouped_layout: torch.Tensor,
-    expected_m: int | None = None,
-) -> None:
+def m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum(lhs: tuple[torch.Tensor, torch.Tensor],
+                                                   rhs: tuple[torch.Tensor, torch.Tensor], out: torch.Tensor,
+                                                   grouped_layout: torch.Tensor, expected_m: int | None = None) -> None:
     """Grouped GEMM over expert rows given by group ends (the psum layout, see the module docstring).
 
     ``out[r] = bf16(dequant(A[r]) · dequant(B[g])ᵀ)`` for every row r of group g; the padding rows after a group's
@@ -236,14 +179,27 @@ def m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum(
     Same alignment rules (``n % 8 == 0``, ``k % 16 == 0``), errors and dispatch as
     :func:`deep_fp8_gemm.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous`; ``m_sum`` may be any value.
     """
-    a, sa = lhs if type(lhs) is tuple and len(lhs) == 2 else unpack_pair(lhs, "lhs")
-    b, sb = rhs if type(rhs) is tuple and len(rhs) == 2 else unpack_pair(rhs, "rhs")
-    if _entry(a, sa, b, sb, out, grouped_layout, expected_m):  # eager: checks cached per signature (_core.plans)
-        return
-    a, sa, b, sb = operands(lhs, rhs, out, (grouped_layout, "grouped_layout"))
-    (impl if eager(a, sa, b, sb, out, grouped_layout) else OP)(a, sa, b, sb, out, grouped_layout, expected_m)
+    _BF16(lhs, rhs, out, grouped_layout, expected_m)
 
 
-FAMILY = GemmFamily(kind="psum", public=m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum, check=check,
-                    reference=reference, dispatch=dispatch, plan=plan, op=OP)
-_entry = gemm_entry(GemmEntrySpec(FAMILY, _full_check, "grouped_layout", "optional", check_psum_layout_values))
+def m_grouped_gemm_fp8_fp8_fp8_nt_contiguous_psum(lhs: tuple[torch.Tensor, torch.Tensor],
+                                                  rhs: tuple[torch.Tensor, torch.Tensor],
+                                                  out: tuple[torch.Tensor, torch.Tensor], grouped_layout: torch.Tensor,
+                                                  expected_m: int | None = None, use_ue8m0: bool = False) -> None:
+    """Grouped GEMM over expert rows given by group ends (the psum layout), FP8 output.
+
+    Args:
+        lhs, rhs, grouped_layout, expected_m: as :func:`m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum`.
+        out: ``(D, sD)``: D ``[m_sum, n]`` float8_e4m3fn, sD ``[m_sum, ceil(n/128)]`` float32 M-major TMA-aligned, as
+            :func:`deep_fp8_gemm.gemm_fp8_fp8_fp8_nt`; the padding rows after a group's end up to the end of its last
+            BLOCK_M-row block (BLOCK_M = the contiguous alignment) are computed with the group, other padding rows
+            are left untouched (every backend alike).
+        use_ue8m0: power-of-two scales.
+    """
+    _FP8(lhs, rhs, out, grouped_layout, expected_m, use_ue8m0)
+
+
+FAMILIES["psum"].public = m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum
+FAMILIES["psum_fp8out"].public = m_grouped_gemm_fp8_fp8_fp8_nt_contiguous_psum
+#: The old name of the psum check (``deep_fp8_gemm.psum.check_contiguous_psum``).
+check_contiguous_psum = FAMILIES["psum"].check

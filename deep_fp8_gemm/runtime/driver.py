@@ -364,7 +364,7 @@ def encode_tensor_map(spec: TensorMapSpec) -> bytes:
     The driver API requires the output ``tensorMap`` to be 64-byte aligned. The binding's own
     ``cuTensorMapEncodeTiled`` writes into a ``CUtensorMap`` object that CPython allocates 16-byte
     aligned, so the call always goes through ctypes into a 128-byte-aligned per-thread buffer
-    (tests/test_gpu_jit.py checks on the GPU that the bytes equal the binding's).
+    (tests/gpu/test_gpu_jit.py checks on the GPU that the bytes equal the binding's).
 
     Raises:
         ValueError: ``spec.validate()`` rejects the spec.

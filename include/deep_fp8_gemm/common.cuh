@@ -93,34 +93,4 @@ DFG_HOST_DEVICE constexpr BarrierName full_barrier(u32 stage) { return BarrierNa
 DFG_HOST_DEVICE constexpr BarrierName empty_barrier(u32 stage) { return BarrierName{"empty", stage}; }
 #define DFG_MBAR_WAIT_FORMAT "mbar_wait(%s[%u] @smem+%#x, parity %u)"
 
-// The GEMM kinds one kernel template serves (same values as deep_fp8_gemm.config.GemmKind).
-enum class GemmKind : int {
-    Dense = 0,               // D[m, n] = A[m, k] . B[n, k]^T
-    GroupedContiguous = 1,   // rows of A grouped by expert; m_indices[row] = expert or -1 (padding)
-    GroupedMasked = 2,       // A[G, m_max, k]; only rows < masked_m[g] of group g are defined
-    GroupedContiguousPsum = 3,  // rows of A grouped by expert; ends[G]: group g = [round_up(ends[g-1], 128), ends[g])
-    Dense1D1D = 4,           // D[m, n] fp32 = C + A[m, k] . B[n, k]^T, both with 1x128 scales (policy_1d1d.cuh)
-    KGrouped1D1D = 5,        // D[g] fp32 = C[g] + A_g[m, K_g] . B_g[n, K_g]^T per group, 1D1D (policy_k_grouped.cuh)
-    // FP8 output (output.cuh Fp8TmaStore): D e4m3 + 1x128 per-row scales quantised from the fp32 accumulators; the
-    // tiles are enumerated as by the kind named first (layout_of).
-    DenseFp8Out = 6,                  // as Dense
-    GroupedContiguousFp8Out = 7,      // as GroupedContiguous
-    GroupedMaskedFp8Out = 8,          // as GroupedMasked
-    GroupedContiguousPsumFp8Out = 9,  // as GroupedContiguousPsum
-    // SwiGLU up-projection (policy_swiglu.cuh): B = the gate / up rows interleaved in 128-row blocks, D[m, N / 2]
-    // e4m3 = quant(SiLU(gate) * up) with 1x128 scales.
-    GroupedContiguousSwiglu = 10,     // as GroupedContiguous
-    GroupedMaskedSwiglu = 11,         // as GroupedMasked
-};
-
-// How a kind's tiles are enumerated and its A / D addressed (scheduler.cuh): one of the first four kinds (the 1D1D
-// kinds are their own). What differs between a kind and its layout kind is the output (FamilyOf, output.cuh).
-DFG_HOST_DEVICE constexpr GemmKind layout_of(GemmKind kind) {
-    return kind == GemmKind::DenseFp8Out                                                            ? GemmKind::Dense
-           : kind == GemmKind::GroupedContiguousFp8Out || kind == GemmKind::GroupedContiguousSwiglu ? GemmKind::GroupedContiguous
-           : kind == GemmKind::GroupedMaskedFp8Out || kind == GemmKind::GroupedMaskedSwiglu         ? GemmKind::GroupedMasked
-           : kind == GemmKind::GroupedContiguousPsumFp8Out ? GemmKind::GroupedContiguousPsum
-                                                           : kind;
-}
-
 }  // namespace dfg

@@ -19,6 +19,7 @@
 // entry points; a new output is one more policy here.
 #pragma once
 #include "common.cuh"
+#include "kinds.cuh"
 #include "epilogue.cuh"
 #include "epilogue_fp8.cuh"
 #include "gemm_params.cuh"

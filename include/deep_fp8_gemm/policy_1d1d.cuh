@@ -12,25 +12,27 @@
 // their layout kind's sB and tiles and change only the output (output.cuh Fp8TmaStore, policy_swiglu.cuh).
 #pragma once
 #include "common.cuh"
+#include "kinds.cuh"
 #include "hal.cuh"
 
 namespace dfg {
 
 template <GemmKind kKind>
 struct FamilyOf {
+    // From the kind's point on the axes (kinds.cuh, generated from deep_fp8_gemm/kinds.py). kind_axes() is called
+    // per trait rather than kept as a static member: a static constexpr object is emitted into the cubin as a symbol.
     // per-row sB, TMA-loaded per stage
-    static constexpr bool kRowScaledB = kKind == GemmKind::Dense1D1D || kKind == GemmKind::KGrouped1D1D;
-    static constexpr bool kFp32Accumulate = kRowScaledB;  // D = C + A . B^T in fp32
-    static constexpr bool kKGrouped = kKind == GemmKind::KGrouped1D1D;  // policy_k_grouped.cuh
-    // Tile enumeration, A / D batch addressing and the sB policy: those of this kind (common.cuh layout_of).
+    static constexpr bool kRowScaledB = kind_axes(kKind).accumulation == KindAccumulation::Promote1D1D;
+    // D = C + A . B^T in fp32
+    static constexpr bool kFp32Accumulate = kind_axes(kKind).output == KindOutput::Fp32Accumulate;
+    static constexpr bool kKGrouped = kind_axes(kKind).layout == KindLayout::KGrouped;  // policy_k_grouped.cuh
+    // Tile enumeration, A / D batch addressing and the sB policy: those of this kind (kinds.cuh layout_of).
     static constexpr GemmKind kLayout = layout_of(kKind);
     // SiLU(gate) * up of the tile's two 128-column halves, then FP8 (policy_swiglu.cuh).
-    static constexpr bool kSwiglu = kKind == GemmKind::GroupedContiguousSwiglu || kKind == GemmKind::GroupedMaskedSwiglu;
+    static constexpr bool kSwiglu = kind_axes(kKind).output == KindOutput::SwigluFp8;
     // e4m3 D with 1x128 per-row scales quantised from the fp32 accumulators (output.cuh Fp8TmaStore).
-    static constexpr bool kFp8Output = kSwiglu || kKind == GemmKind::DenseFp8Out ||
-                                       kKind == GemmKind::GroupedContiguousFp8Out ||
-                                       kKind == GemmKind::GroupedMaskedFp8Out ||
-                                       kKind == GemmKind::GroupedContiguousPsumFp8Out;
+    static constexpr bool kFp8Output = kSwiglu || kind_axes(kKind).output == KindOutput::Fp8;
+    static_assert(kRowScaledB == kFp32Accumulate, "the 1D1D kernels are the fp32-accumulating ones (kinds.py RULES)");
 };
 
 // Per-row (1x128) scales of B: the stage holds the K block's BLOCK_N values (TMA destination, 128-aligned).

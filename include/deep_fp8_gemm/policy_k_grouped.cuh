@@ -29,6 +29,7 @@
 // K blocks start where the previous tile's ended in the ring (PipelineState::for_each_use).
 #pragma once
 #include "common.cuh"
+#include "kinds.cuh"
 #include "hal.cuh"
 #include "pipeline.cuh"
 #include "scheduler.cuh"

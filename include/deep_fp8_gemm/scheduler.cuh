@@ -46,6 +46,7 @@
 //                      BLOCK_M, so a block never straddles two groups. Nothing is read on the host.
 #pragma once
 #include "common.cuh"
+#include "kinds.cuh"
 
 namespace dfg {
 

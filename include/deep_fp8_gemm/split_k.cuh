@@ -27,6 +27,7 @@
 //   partials  f32 [num_tiles][kSplitK][kNumMathWarpgroups][kWgRows * BLOCK_N]; num_tiles = m-blocks x n-blocks.
 #pragma once
 #include "common.cuh"
+#include "kinds.cuh"
 #include "hal.cuh"
 #include "mma.cuh"
 

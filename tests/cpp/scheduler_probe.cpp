@@ -1,4 +1,4 @@
-// Host build of the kernel's index math (scheduler + scale-column selection), driven by tests/test_scheduler.py.
+// Host build of the kernel's index math (scheduler + scale-column selection), driven by tests/kernels/test_scheduler.py.
 // Template constants come from -DP_<NAME> flags; stdin: rows grid num_layout layout...; stdout: one line per
 // (CTA, iteration): "tile <cta> <iter> <m_block> <n_block> <group> <multicast>", then "scale <n_block> <block per 8-col group...>".
 #include <deep_fp8_gemm/scales.cuh>

@@ -1,7 +1,7 @@
-// GPU test kernel (tests/test_gpu_jit.py): checks the cluster launch attribute.
+// GPU test kernel (tests/gpu/test_gpu_jit.py): checks the cluster launch attribute.
 // Thread 0 of block b writes out[2b] = %cluster_ctarank and out[2b + 1] = %cluster_nctarank.
 // Launched with cluster = 2: ranks 0,1,0,1,... and 2 CTAs per cluster; cluster = 1: 0 and 1.
-// The parameter struct is mirrored by ClusterParams in tests/test_gpu_jit.py.
+// The parameter struct is mirrored by ClusterParams in tests/gpu/test_gpu_jit.py.
 #include <deep_fp8_gemm/hal.cuh>
 
 namespace dfg_test {
@@ -10,7 +10,7 @@ using namespace dfg;
 struct ClusterParams {
     u32* out;  // offset 0, 2 * gridDim.x entries
 };
-static_assert(sizeof(ClusterParams) == 8, "mirrored by ClusterParams in tests/test_gpu_jit.py");
+static_assert(sizeof(ClusterParams) == 8, "mirrored by ClusterParams in tests/gpu/test_gpu_jit.py");
 
 DFG_DEVICE u32 cluster_num_ctas() {
     u32 n;

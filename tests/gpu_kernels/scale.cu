@@ -1,6 +1,6 @@
-// GPU test kernel (tests/test_gpu_jit.py): the smallest launch through the JIT + driver path.
+// GPU test kernel (tests/gpu/test_gpu_jit.py): the smallest launch through the JIT + driver path.
 // out[i] = a[i] * 2 + blockIdx.x for i < n; 128 threads per block, one element per thread.
-// Its parameter struct is mirrored by ScaleParams in tests/test_gpu_jit.py.
+// Its parameter struct is mirrored by ScaleParams in tests/gpu/test_gpu_jit.py.
 #include <deep_fp8_gemm/hal.cuh>
 
 namespace dfg_test {
@@ -11,7 +11,7 @@ struct ScaleParams {
     float* out;      // offset 8
     u32 n;           // offset 16
 };
-static_assert(sizeof(ScaleParams) == 24, "mirrored by ScaleParams in tests/test_gpu_jit.py");
+static_assert(sizeof(ScaleParams) == 24, "mirrored by ScaleParams in tests/gpu/test_gpu_jit.py");
 
 DFG_DEVICE void scale_body(const ScaleParams& params) {
     const u32 i = hal::block_idx() * 128 + hal::thread_idx();

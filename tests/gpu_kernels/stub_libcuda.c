@@ -1,4 +1,4 @@
-// A stand-in libcuda.so.1 for CPU tests (tests/test_driver.py, not a GPU kernel): it lets the REAL
+// A stand-in libcuda.so.1 for CPU tests (tests/runtime/test_driver.py, not a GPU kernel): it lets the REAL
 // cuda.bindings marshal deep_fp8_gemm.runtime.driver's calls into C, and records what arrives, so the
 // argument passing (kernelParams void**, CUlaunchConfig, cluster attribute, tensor-map arrays) is
 // checked without a GPU. cuda.bindings resolves every entry point through cuGetProcAddress_v2.

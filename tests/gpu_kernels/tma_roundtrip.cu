@@ -1,4 +1,4 @@
-// GPU test kernel (tests/test_gpu_jit.py): validates encode_tensor_map against torch.
+// GPU test kernel (tests/gpu/test_gpu_jit.py): validates encode_tensor_map against torch.
 // Block b handles box b of a 3-D tensor (boxes enumerated innermost dimension first):
 //   thread 0: mbarrier init (arrive count 1) -> arrive.expect_tx(box_bytes) -> TMA load of the box
 //   all 128 threads: wait on the barrier (phase 0), copy the raw shared-memory image of the box to
@@ -7,7 +7,7 @@
 // Shared memory: the box at offset 0 (1024-byte aligned, as 128-byte swizzling needs), the mbarrier
 // after it at the next 1024-byte boundary. A box reaching past the tensor edge loads zeros there
 // (OOB fill NONE) and its out-of-bounds part is not stored.
-// The parameter struct is mirrored by TmaParams in tests/test_gpu_jit.py.
+// The parameter struct is mirrored by TmaParams in tests/gpu/test_gpu_jit.py.
 #include <deep_fp8_gemm/hal.cuh>
 
 namespace dfg_test {
@@ -24,7 +24,7 @@ struct TmaParams {
     u32 box1;             // offset 280
     u32 box2;             // offset 284
 };  // 288 bytes of fields, padded to the 64-byte alignment of TensorMap
-static_assert(sizeof(TmaParams) == 320, "mirrored by TmaParams in tests/test_gpu_jit.py");
+static_assert(sizeof(TmaParams) == 320, "mirrored by TmaParams in tests/gpu/test_gpu_jit.py");
 static_assert(alignof(TmaParams) == 64, "TensorMap alignment");
 
 DFG_DEVICE void tma_roundtrip_body(const TmaParams& params) {

@@ -1,4 +1,4 @@
-// Planted bugs, one per `mode`, for tests/test_sim_failures.py (one warpgroup; tensor map: a 64 x 128 e4m3
+// Planted bugs, one per `mode`, for tests/kernels/test_sim_failures.py (one warpgroup; tensor map: a 64 x 128 e4m3
 // tile, box (128, 64, 1), 128B swizzle). Each mode must make the launch fail with a specific report.
 //   barrier `bar` at smem+0 (arrive count 1 unless the mode says otherwise), tile at smem+1024
 #include <deep_fp8_gemm/hal.cuh>

@@ -1,4 +1,4 @@
-// Programmatic dependent launch, for tests/test_sim_races.py: `primary` writes `buffer`, `dependent` (the next
+// Programmatic dependent launch, for tests/kernels/test_sim_races.py: `primary` writes `buffer`, `dependent` (the next
 // launch of the stream, programmatic) reads it; `mode` says where the dependent waits (griddepcontrol.wait),
 // `trigger` where the primary executes griddepcontrol.launch_dependents (0 first, 1 between its writes, 2 never:
 // its CTAs' exits let the dependent start). 128 threads, one float of each buffer per thread of the grid.

@@ -1,4 +1,4 @@
-// Memory ordering between threads and CTAs, for tests/test_sim_races.py: one `mode` per pattern, each either
+// Memory ordering between threads and CTAs, for tests/kernels/test_sim_races.py: one `mode` per pattern, each either
 // correct (the simulator must stay silent) or a planted bug (it must report the kind and both call sites).
 // 256 threads (two warpgroups); shared memory: an mbarrier at smem+0, a 1 KiB exchange area at smem+1024.
 // Global: `data` (one float per thread of the grid), `counter` (zero before the launch), `flag`, `out`.

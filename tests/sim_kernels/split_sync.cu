@@ -1,4 +1,4 @@
-// The hal operations of split-K (split_k.cuh) on their own, for tests/test_sim_split_sync.py: 256 threads, grid of
+// The hal operations of split-K (split_k.cuh) on their own, for tests/kernels/test_sim_split_sync.py: 256 threads, grid of
 // `Params::grid` CTAs.
 //   mode 0: every thread of every CTA does atomic_add_acq_rel_gpu(counter, 1) and stores the old value; then two
 //           named bar.red.or rounds per warpgroup (barrier 1 + warpgroup, 128 threads): the first with

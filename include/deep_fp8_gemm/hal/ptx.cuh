@@ -3,7 +3,7 @@
 // Every hardware-specific operation a kernel uses lives behind this interface. hal/sim.hpp
 // implements the same functions, with the same signatures and semantics, for the CPU simulator;
 // kernel logic above this layer is identical in both builds. When adding an operation, add it to
-// both files; tests/test_hal_parity.py checks that they declare the same operations.
+// both files; tests/kernels/test_hal_parity.py checks that they declare the same operations.
 //
 // Sources: PTX ISA 8.x, sections "mbarrier", "cp.async.bulk.tensor", "wgmma", "stmatrix",
 // "setmaxnreg", "fence.proxy.async"; the PTX strings match CUTLASS/CuTe's cute/arch/*.hpp and
@@ -29,7 +29,7 @@ static_assert(sizeof(TensorMap) == 128, "CUtensorMap is 128 bytes");
 // Set by the JIT from DFG_WATCHDOG_SECONDS (deep_fp8_gemm/env.py): every mbarrier wait gives up after
 // DFG_WATCHDOG_NS nanoseconds of %globaltimer, prints who waited on what and traps, so a hang becomes
 // CUDA_ERROR_LAUNCH_FAILED with a message in the process's stdout instead of a silent stall. Without the
-// macro (or with 0) none of this is compiled and the kernels are the plain build (tests/test_watchdog.py).
+// macro (or with 0) none of this is compiled and the kernels are the plain build (tests/kernels/test_watchdog.py).
 // printf goes through the device runtime's vprintf (NVRTC has no <cstdio>): format + packed argument buffer.
 #if defined(DFG_WATCHDOG_NS) && DFG_WATCHDOG_NS > 0
 #define DFG_WATCHDOG 1

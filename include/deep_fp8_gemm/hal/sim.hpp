@@ -114,7 +114,7 @@
 //
 // Sources: PTX ISA 8.x, sections cited by title per operation; layouts cross-checked against CuTe
 // (cute/arch/mma_sm90_desc.hpp, cute/atom/mma_traits_sm90_gmma.hpp, cute/atom/copy_traits_sm90*.hpp)
-// by tests/test_sim_groundtruth.py.
+// by tests/kernels/test_sim_groundtruth.py.
 #pragma once
 #include "../common.cuh"
 #include "memory_order.cuh"

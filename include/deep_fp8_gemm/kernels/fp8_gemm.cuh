@@ -108,6 +108,7 @@
 #include "../common.cuh"
 #include "../gemm_params.cuh"
 #include "../hal.cuh"
+#include "../kinds.cuh"
 #include "../mma.cuh"
 #include "../output.cuh"
 #include "../pipeline.cuh"

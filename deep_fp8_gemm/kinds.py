@@ -1,0 +1,358 @@
+"""The GEMM kinds as axes: one torch-free table of legal rows, and one legality predicate.
+
+A kernel kind is a point of the product of the axes below (what A and B hold, how they are scaled and promoted,
+how the tiles are enumerated, what the epilogue writes). The axes are not orthogonal — SwiGLU only for the
+contiguous and masked layouts, FP8 output only for the 1D2D kinds, swap-AB only for the dense bf16 kernel — so
+the table lists the legal points as rows (:data:`TABLE`), and :func:`KindTable.conflict` (one predicate, made of
+pairwise :data:`RULES`) refuses every other point, naming the two axis values that conflict.
+``tests/ops/test_kinds.py`` walks the whole product and checks that each point is a row or refused, and that the
+rows pass the predicate: the rows and the rules are two independent statements of the same set.
+
+Everything else is derived from :data:`TABLE`: ``config.KINDS`` / ``config.GemmKind`` and the kind sets the config
+rules use, the CLI's ``--kind`` choices, the audit's kernel list (``kernels.targets``), the op families and their
+``torch.library`` registration (``ops.FAMILIES``: a layout family plus an output policy per row), and the kernel
+template's compile-time switches through the generated header ``include/deep_fp8_gemm/kinds.cuh``
+(:meth:`KindTable.render_header`; ``python -m deep_fp8_gemm kinds --header`` prints it, a test compiles it with NVRTC
+and fails when the checked-in file and this table disagree).
+
+Adding a value (a scale recipe, a weight format, an operand type, an output) is: the value on its axis (with the
+traits the config rules read), the rules it obeys, the rows it makes legal, and its policy where the value needs
+code (an output policy in ``ops.outputs``, a kernel policy header). Nothing else names the kinds one by one.
+
+Kernels that are not GEMMs of this product (the quantisers, the DeepSeek-V3.2 indexer) are not rows: they live
+beside the op families as their own modules (``quant``, ``kernels.quant``) with their own audit kinds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from typing import Iterator, Mapping
+
+
+@dataclasses.dataclass(frozen=True)
+class AxisValue:
+    """One value of an axis: its name (Python, kernel names), its C++ enumerator and what it means. ``traits``: the
+    per-value facts the config rules read (e.g. an output's fixed tile width), so that a new value brings its own."""
+
+    name: str
+    cpp: str
+    doc: str
+    traits: Mapping[str, object] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "traits", dict(self.traits))
+
+
+@dataclasses.dataclass(frozen=True)
+class Axis:
+    """An axis: its name, its C++ enum and its values, in the order of the enum."""
+
+    name: str
+    cpp: str
+    doc: str
+    values: tuple[AxisValue, ...]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(v.name for v in self.values)
+
+    def value(self, name: str) -> AxisValue:
+        for v in self.values:
+            if v.name == name:
+                return v
+        raise ValueError(f"{self.name} must be one of {self.names}, got {name!r}")
+
+
+#: Traits of the output values (read by ``config``): ``block_n`` a fixed tile width (None: the heuristic picks),
+#: ``mma_n`` the columns of one wgmma when a tile is computed in chunks, ``columns_divisor`` D has n / it columns,
+#: ``d_bytes`` bytes per D element, ``row_scales`` D carries 1x128 scales, ``reads_c`` D = C + A·Bᵀ,
+#: ``epilogue_issue_per_value`` issue slots per output value beyond the bf16 store (a model term).
+_BF16 = dict(block_n=None, mma_n=None, columns_divisor=1, d_bytes=2, row_scales=False, reads_c=False,
+             epilogue_issue_per_value=0)
+
+AXES: tuple[Axis, ...] = (
+    Axis("layout", "KindLayout", "how the tiles are enumerated and A / D addressed (scheduler.cuh)", (
+        AxisValue("dense", "Dense", "D[m, n] = A[m, k] . B[n, k]^T"),
+        AxisValue("contiguous", "Contiguous", "rows of A grouped by expert, m_indices[row] = expert or -1"),
+        AxisValue("psum", "Psum", "rows of A grouped by expert, group ends (prefix sums) per group"),
+        AxisValue("masked", "Masked", "A[G, m_max, k], masked_m[g] valid rows of group g"),
+        AxisValue("k_grouped", "KGrouped", "G groups of run-time K_g (weight gradients)"),
+    )),
+    Axis("operand", "KindOperand", "the type of A and B as the tensor core reads them", (
+        AxisValue("e4m3", "E4m3", "float8_e4m3fn, promoted to fp32 every 128 K"),
+    )),
+    Axis("accumulation", "KindAccumulation", "how the tensor core's partial sums are promoted into fp32", (
+        AxisValue("1d2d", "Promote1D2D", "per 128 K: sA per row x sB per 128x128 block (promotion.cuh)"),
+        AxisValue("1d1d", "Promote1D1D", "per 128 K: sA per row x sB per column (policy_1d1d.cuh)"),
+    )),
+    Axis("granularity", "KindScaleGranularity", "the scale blocks of A and B", (
+        AxisValue("1x128/128x128", "Block128", "A 1x128 per token, B 128x128 per block (recipe (1, 128, 128))"),
+        AxisValue("1x128/1x128", "Row128", "A and B 1x128 per row (recipe (1, 1, 128))"),
+    )),
+    Axis("scale_dtype", "KindScaleDtype", "how the scales are stored", (
+        AxisValue("fp32", "Fp32", "float32 scale factors"),
+    )),
+    Axis("packing", "KindWeightPacking", "how B's values are stored in memory", (
+        AxisValue("e4m3", "E4m3", "one float8_e4m3fn per byte"),
+    )),
+    Axis("output", "KindOutput", "what the epilogue writes (output.cuh)", (
+        AxisValue("bf16", "Bf16", "bf16 D (TMA store)", _BF16),
+        AxisValue("fp32_acc", "Fp32Accumulate", "fp32 D = C + A . B^T (fragments, 8-byte accesses)",
+                  dict(_BF16, d_bytes=4, reads_c=True)),
+        AxisValue("fp8", "Fp8", "e4m3 D + 1x128 per-row scales quantised from the accumulators (epilogue_fp8.cuh)",
+                  dict(_BF16, block_n=128, d_bytes=1, row_scales=True, epilogue_issue_per_value=10)),
+        AxisValue("swiglu_fp8", "SwigluFp8", "SiLU(gate) * up of interleaved gate / up blocks, then as fp8 "
+                  "(policy_swiglu.cuh)", dict(_BF16, block_n=256, mma_n=128, columns_divisor=2, d_bytes=1,
+                                             row_scales=True, epilogue_issue_per_value=22)),
+    )),
+    Axis("order", "KindOperandOrder", "which operand is the wgmma's M side (a config choice within a kind)", (
+        AxisValue("ab", "AB", "A's rows on the wgmma's M side"),
+        AxisValue("swap_ab", "SwapAB", "B's rows on the M side, tokens on N (policy_swap_ab.cuh; decode, m <= 32)"),
+    )),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """``axis = value`` is legal only with ``other`` in ``allowed``; ``why`` says so in the message."""
+
+    axis: str
+    value: str
+    other: str
+    allowed: tuple[str, ...]
+    why: str
+
+
+#: The legality relation, pairwise. A point obeying every rule is a row of the table, and every row obeys them.
+RULES: tuple[Rule, ...] = (
+    Rule("accumulation", "1d2d", "granularity", ("1x128/128x128",), "the 1D2D promotion multiplies by B's 128x128 "
+         "block scale"),
+    Rule("accumulation", "1d1d", "granularity", ("1x128/1x128",), "the 1D1D promotion multiplies by B's per-row "
+         "scales"),
+    Rule("accumulation", "1d1d", "output", ("fp32_acc",), "the 1D1D kernels accumulate into fp32 D = C + A.B^T"),
+    Rule("output", "fp32_acc", "accumulation", ("1d1d",), "fp32 accumulation is the 1D1D (weight-gradient) "
+         "epilogue"),
+    Rule("accumulation", "1d1d", "layout", ("dense", "k_grouped"), "the 1D1D recipe serves weight gradients: dense "
+         "or k-grouped"),
+    Rule("layout", "k_grouped", "accumulation", ("1d1d",), "the k-grouped layout runs the 1D1D kernel"),
+    Rule("output", "swiglu_fp8", "layout", ("contiguous", "masked"), "SwiGLU is the MoE up-projection (M-grouped "
+         "contiguous or masked)"),
+    Rule("order", "swap_ab", "layout", ("dense",), "swap-AB is the dense decode kernel"),
+    Rule("order", "swap_ab", "output", ("bf16",), "swap-AB stores the transposed tile in bf16"),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class KindRow:
+    """A legal kind: its name (``config.KINDS``, kernel names, audit kinds), its ``dfg::GemmKind`` enumerator and
+    value, its point on the axes, and the operand orders a config of it may take."""
+
+    name: str
+    cpp: str
+    id: int
+    layout: str
+    accumulation: str
+    granularity: str
+    output: str
+    operand: str = "e4m3"
+    scale_dtype: str = "fp32"
+    packing: str = "e4m3"
+    orders: tuple[str, ...] = ("ab",)
+
+    def point(self, order: str = "ab") -> dict[str, str]:
+        """The row as an axis point (``order`` one of :attr:`orders`)."""
+        return {"layout": self.layout, "operand": self.operand, "accumulation": self.accumulation,
+                "granularity": self.granularity, "scale_dtype": self.scale_dtype, "packing": self.packing,
+                "output": self.output, "order": order}
+
+
+_E4M3_1D2D = dict(accumulation="1d2d", granularity="1x128/128x128")
+_E4M3_1D1D = dict(accumulation="1d1d", granularity="1x128/1x128", output="fp32_acc")
+
+#: The kinds, in ``dfg::GemmKind`` order (the ids are the enum's values; kernel names use the names).
+ROWS: tuple[KindRow, ...] = (
+    KindRow("dense", "Dense", 0, "dense", output="bf16", orders=("ab", "swap_ab"), **_E4M3_1D2D),
+    KindRow("contiguous", "GroupedContiguous", 1, "contiguous", output="bf16", **_E4M3_1D2D),
+    KindRow("masked", "GroupedMasked", 2, "masked", output="bf16", **_E4M3_1D2D),
+    KindRow("psum", "GroupedContiguousPsum", 3, "psum", output="bf16", **_E4M3_1D2D),
+    KindRow("1d1d", "Dense1D1D", 4, "dense", **_E4M3_1D1D),
+    KindRow("k_grouped", "KGrouped1D1D", 5, "k_grouped", **_E4M3_1D1D),
+    KindRow("dense_fp8out", "DenseFp8Out", 6, "dense", output="fp8", **_E4M3_1D2D),
+    KindRow("contiguous_fp8out", "GroupedContiguousFp8Out", 7, "contiguous", output="fp8", **_E4M3_1D2D),
+    KindRow("masked_fp8out", "GroupedMaskedFp8Out", 8, "masked", output="fp8", **_E4M3_1D2D),
+    KindRow("psum_fp8out", "GroupedContiguousPsumFp8Out", 9, "psum", output="fp8", **_E4M3_1D2D),
+    KindRow("contiguous_swiglu", "GroupedContiguousSwiglu", 10, "contiguous", output="swiglu_fp8", **_E4M3_1D2D),
+    KindRow("masked_swiglu", "GroupedMaskedSwiglu", 11, "masked", output="swiglu_fp8", **_E4M3_1D2D),
+)
+
+#: The output each accumulation produces without an epilogue of its own: a kind's "layout kind" (the kernel whose
+#: scheduler, A / D addressing and sB it shares) is the row of the same point with this output.
+BASE_OUTPUT = {"1d2d": "bf16", "1d1d": "fp32_acc"}
+
+
+class KindTable:
+    """The axes, the rules and the rows, checked against each other on construction; every derived view."""
+
+    def __init__(self, axes: tuple[Axis, ...], rules: tuple[Rule, ...], rows: tuple[KindRow, ...]):
+        self.axes, self.rules, self.rows = tuple(axes), tuple(rules), tuple(rows)
+        self._axes = {a.name: a for a in self.axes}
+        self._rows = {r.name: r for r in self.rows}
+        problems = []
+        if len(self._rows) != len(self.rows) or len({r.cpp for r in self.rows}) != len(self.rows):
+            problems.append("kind names and enumerators must be unique")
+        if [r.id for r in self.rows] != list(range(len(self.rows))):
+            problems.append("row ids must be 0, 1, ... in table order")
+        for rule in self.rules:
+            for axis, values in ((rule.axis, (rule.value,)), (rule.other, rule.allowed)):
+                for v in values:
+                    self.axis(axis).value(v)
+        for row in self.rows:
+            for order in row.orders:
+                message = self.conflict(row.point(order))
+                if message:
+                    problems.append(f"row {row.name!r} ({order}): {message}")
+        if problems:
+            raise ValueError("inconsistent kinds table: " + "; ".join(problems))
+
+    # ------------------------------------------------------------------------------------------ lookup
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(r.name for r in self.rows)
+
+    def axis(self, name: str) -> Axis:
+        try:
+            return self._axes[name]
+        except KeyError:
+            raise ValueError(f"axis must be one of {tuple(self._axes)}, got {name!r}") from None
+
+    def row(self, name: str) -> KindRow:
+        try:
+            return self._rows[name]
+        except KeyError:
+            raise ValueError(f"kind must be one of {self.names}, got {name!r}") from None
+
+    def traits(self, kind: str, axis: str) -> Mapping[str, object]:
+        """The traits of ``kind``'s value on ``axis``."""
+        row = self.row(kind)
+        return self.axis(axis).value(row.point()[axis]).traits
+
+    def kinds_where(self, **values: str | tuple[str, ...]) -> tuple[str, ...]:
+        """The kinds whose axis values match (a value or a tuple of allowed values per axis), in table order."""
+        wanted = {a: (v,) if isinstance(v, str) else tuple(v) for a, v in values.items()}
+        return tuple(r.name for r in self.rows if all(r.point()[a] in vs for a, vs in wanted.items()))
+
+    def layout_kind(self, kind: str) -> str:
+        """The kind whose tiles, A / D addressing and sB ``kind`` shares: the same point with its accumulation's
+        base output (``dfg::layout_of``)."""
+        row = self.row(kind)
+        for other in self.rows:
+            if other.point() == dict(row.point(), output=BASE_OUTPUT[row.accumulation]):
+                return other.name
+        raise ValueError(f"kind {kind!r} has no base kind with output {BASE_OUTPUT[row.accumulation]!r}")
+
+    # ------------------------------------------------------------------------------------------ legality
+    def conflict(self, point: Mapping[str, str]) -> str | None:
+        """None for a legal point, else why not: the first rule it breaks, naming the two axis values."""
+        for axis in self.axes:
+            if axis.name not in point:
+                return f"the point names no {axis.name}"
+            if point[axis.name] not in axis.names:
+                return f"{axis.name} must be one of {axis.names}, got {point[axis.name]!r}"
+        for rule in self.rules:
+            if point[rule.axis] == rule.value and point[rule.other] not in rule.allowed:
+                return (f"{rule.axis}={rule.value} conflicts with {rule.other}={point[rule.other]}: {rule.why} "
+                        f"({rule.other} one of {rule.allowed})")
+        return None
+
+    def check(self, **point: str) -> None:
+        """``ValueError`` naming the two conflicting axis values when ``point`` is not legal."""
+        message = self.conflict(point)
+        if message:
+            raise ValueError(f"illegal kernel kind: {message}")
+
+    def find(self, point: Mapping[str, str]) -> KindRow | None:
+        """The row of a legal point (its order among the row's), or None."""
+        for row in self.rows:
+            if point.get("order", "ab") in row.orders and row.point(point.get("order", "ab")) == dict(point):
+                return row
+        return None
+
+    def product(self) -> Iterator[dict[str, str]]:
+        """Every point of the axes' product."""
+        for values in itertools.product(*(a.names for a in self.axes)):
+            yield dict(zip((a.name for a in self.axes), values))
+
+    # ------------------------------------------------------------------------------------------ extension
+    def extended(self, *, values: Mapping[str, tuple[AxisValue, ...]] = {}, rules: tuple[Rule, ...] = (),
+                 rows: tuple[KindRow, ...] = ()) -> KindTable:
+        """A new table with more values on some axes, more rules and more rows (each row's id the next one)."""
+        axes = tuple(dataclasses.replace(a, values=a.values + tuple(values.get(a.name, ()))) for a in self.axes)
+        return KindTable(axes, self.rules + tuple(rules), self.rows + tuple(rows))
+
+    # ------------------------------------------------------------------------------------------ C++
+    def render_header(self) -> str:
+        """``include/deep_fp8_gemm/kinds.cuh``: the axes as enums, ``GemmKind``, ``kind_axes(kind)`` and
+        ``layout_of(kind)`` as constexpr functions — the template's compile-time switches."""
+        out = [
+            "// Generated from deep_fp8_gemm/kinds.py by `python -m deep_fp8_gemm kinds --header`: do not edit by hand.",
+            "// tests/ops/test_kinds.py fails when this file and the Python table differ, and compiles it for sm_90a.",
+            "//",
+            "// The GEMM kinds as axes: each kind one legal point (the table's rows); the kernel template reads a",
+            "// kind's axis values through kind_axes() and its layout kind (the kind whose scheduler, A / D",
+            "// addressing and sB it shares) through layout_of().",
+            "#pragma once",
+            '#include "common.cuh"',
+            "",
+            "namespace dfg {",
+            "",
+        ]
+        for axis in self.axes:
+            out.append(f"// {axis.name}: {axis.doc}")
+            out.append(f"enum class {axis.cpp} : int {{")
+            for i, v in enumerate(axis.values):
+                out.append(f"    {v.cpp} = {i},  // {v.name}: {v.doc}")
+            out += ["};", ""]
+        out.append("// The kinds (deep_fp8_gemm.config.GemmKind: same names and values).")
+        out.append("enum class GemmKind : int {")
+        for row in self.rows:
+            out.append(f"    {row.cpp} = {row.id},  // {row.name}")
+        # A function, not a constexpr variable: a namespace-scope or static-member constexpr object is emitted into
+        # every cubin as a symbol (.nv.global.init), so adding one would change every kernel's bytes.
+        out += ["};", f"DFG_HOST_DEVICE constexpr int num_gemm_kinds() {{ return {len(self.rows)}; }}", ""]
+        fields = [(a.name, a.cpp) for a in self.axes if a.name != "order"]
+        out.append("// A kind's point on the axes (operand orders: supports_order).")
+        out.append("struct KindAxes {")
+        for name, cpp in fields:
+            out.append(f"    {cpp} {name};")
+        out += ["};", ""]
+        out.append("DFG_HOST_DEVICE constexpr KindAxes kind_axes(GemmKind kind) {")
+        out.append("    switch (kind) {")
+        for row in self.rows:
+            point = row.point()
+            args = ", ".join(f"{cpp}::{self.axis(name).value(point[name]).cpp}" for name, cpp in fields)
+            out.append(f"        case GemmKind::{row.cpp}: return KindAxes{{{args}}};")
+        out.append("        default: return KindAxes{};  // unreachable: every enumerator has a case")
+        out += ["    }", "}", ""]
+        out.append("// The kind whose scheduler, A / D addressing and sB a kind shares (same point, base output).")
+        out.append("DFG_HOST_DEVICE constexpr GemmKind layout_of(GemmKind kind) {")
+        out.append("    switch (kind) {")
+        for row in self.rows:
+            out.append(f"        case GemmKind::{row.cpp}: return GemmKind::{self.row(self.layout_kind(row.name)).cpp};")
+        out.append("        default: return kind;")
+        out += ["    }", "}", ""]
+        order = self.axis("order")
+        out.append("// Whether a config of the kind may take an operand order.")
+        out.append(f"DFG_HOST_DEVICE constexpr bool supports_order(GemmKind kind, {order.cpp} order) {{")
+        out.append("    switch (kind) {")
+        for row in self.rows:
+            cond = " || ".join(f"order == {order.cpp}::{order.value(o).cpp}" for o in row.orders)
+            out.append(f"        case GemmKind::{row.cpp}: return {cond};")
+        out.append("        default: return false;")
+        out += ["    }", "}", "", "}  // namespace dfg", ""]
+        return "\n".join(out)
+
+
+#: The library's table.
+TABLE = KindTable(AXES, RULES, ROWS)
+

@@ -1,0 +1,146 @@
+// Generated from deep_fp8_gemm/kinds.py by `python -m deep_fp8_gemm kinds --header`: do not edit by hand.
+// tests/ops/test_kinds.py fails when this file and the Python table differ, and compiles it for sm_90a.
+//
+// The GEMM kinds as axes: each kind one legal point (the table's rows); the kernel template reads a
+// kind's axis values through kind_axes() and its layout kind (the kind whose scheduler, A / D
+// addressing and sB it shares) through layout_of().
+#pragma once
+#include "common.cuh"
+
+namespace dfg {
+
+// layout: how the tiles are enumerated and A / D addressed (scheduler.cuh)
+enum class KindLayout : int {
+    Dense = 0,  // dense: D[m, n] = A[m, k] . B[n, k]^T
+    Contiguous = 1,  // contiguous: rows of A grouped by expert, m_indices[row] = expert or -1
+    Psum = 2,  // psum: rows of A grouped by expert, group ends (prefix sums) per group
+    Masked = 3,  // masked: A[G, m_max, k], masked_m[g] valid rows of group g
+    KGrouped = 4,  // k_grouped: G groups of run-time K_g (weight gradients)
+};
+
+// operand: the type of A and B as the tensor core reads them
+enum class KindOperand : int {
+    E4m3 = 0,  // e4m3: float8_e4m3fn, promoted to fp32 every 128 K
+};
+
+// accumulation: how the tensor core's partial sums are promoted into fp32
+enum class KindAccumulation : int {
+    Promote1D2D = 0,  // 1d2d: per 128 K: sA per row x sB per 128x128 block (promotion.cuh)
+    Promote1D1D = 1,  // 1d1d: per 128 K: sA per row x sB per column (policy_1d1d.cuh)
+};
+
+// granularity: the scale blocks of A and B
+enum class KindScaleGranularity : int {
+    Block128 = 0,  // 1x128/128x128: A 1x128 per token, B 128x128 per block (recipe (1, 128, 128))
+    Row128 = 1,  // 1x128/1x128: A and B 1x128 per row (recipe (1, 1, 128))
+};
+
+// scale_dtype: how the scales are stored
+enum class KindScaleDtype : int {
+    Fp32 = 0,  // fp32: float32 scale factors
+};
+
+// packing: how B's values are stored in memory
+enum class KindWeightPacking : int {
+    E4m3 = 0,  // e4m3: one float8_e4m3fn per byte
+};
+
+// output: what the epilogue writes (output.cuh)
+enum class KindOutput : int {
+    Bf16 = 0,  // bf16: bf16 D (TMA store)
+    Fp32Accumulate = 1,  // fp32_acc: fp32 D = C + A . B^T (fragments, 8-byte accesses)
+    Fp8 = 2,  // fp8: e4m3 D + 1x128 per-row scales quantised from the accumulators (epilogue_fp8.cuh)
+    SwigluFp8 = 3,  // swiglu_fp8: SiLU(gate) * up of interleaved gate / up blocks, then as fp8 (policy_swiglu.cuh)
+};
+
+// order: which operand is the wgmma's M side (a config choice within a kind)
+enum class KindOperandOrder : int {
+    AB = 0,  // ab: A's rows on the wgmma's M side
+    SwapAB = 1,  // swap_ab: B's rows on the M side, tokens on N (policy_swap_ab.cuh; decode, m <= 32)
+};
+
+// The kinds (deep_fp8_gemm.config.GemmKind: same names and values).
+enum class GemmKind : int {
+    Dense = 0,  // dense
+    GroupedContiguous = 1,  // contiguous
+    GroupedMasked = 2,  // masked
+    GroupedContiguousPsum = 3,  // psum
+    Dense1D1D = 4,  // 1d1d
+    KGrouped1D1D = 5,  // k_grouped
+    DenseFp8Out = 6,  // dense_fp8out
+    GroupedContiguousFp8Out = 7,  // contiguous_fp8out
+    GroupedMaskedFp8Out = 8,  // masked_fp8out
+    GroupedContiguousPsumFp8Out = 9,  // psum_fp8out
+    GroupedContiguousSwiglu = 10,  // contiguous_swiglu
+    GroupedMaskedSwiglu = 11,  // masked_swiglu
+};
+DFG_HOST_DEVICE constexpr int num_gemm_kinds() { return 12; }
+
+// A kind's point on the axes (operand orders: supports_order).
+struct KindAxes {
+    KindLayout layout;
+    KindOperand operand;
+    KindAccumulation accumulation;
+    KindScaleGranularity granularity;
+    KindScaleDtype scale_dtype;
+    KindWeightPacking packing;
+    KindOutput output;
+};
+
+DFG_HOST_DEVICE constexpr KindAxes kind_axes(GemmKind kind) {
+    switch (kind) {
+        case GemmKind::Dense: return KindAxes{KindLayout::Dense, KindOperand::E4m3, KindAccumulation::Promote1D2D, KindScaleGranularity::Block128, KindScaleDtype::Fp32, KindWeightPacking::E4m3, KindOutput::Bf16};
+        case GemmKind::GroupedContiguous: return KindAxes{KindLayout::Contiguous, KindOperand::E4m3, KindAccumulation::Promote1D2D, KindScaleGranularity::Block128, KindScaleDtype::Fp32, KindWeightPacking::E4m3, KindOutput::Bf16};
+        case GemmKind::GroupedMasked: return KindAxes{KindLayout::Masked, KindOperand::E4m3, KindAccumulation::Promote1D2D, KindScaleGranularity::Block128, KindScaleDtype::Fp32, KindWeightPacking::E4m3, KindOutput::Bf16};
+        case GemmKind::GroupedContiguousPsum: return KindAxes{KindLayout::Psum, KindOperand::E4m3, KindAccumulation::Promote1D2D, KindScaleGranularity::Block128, KindScaleDtype::Fp32, KindWeightPacking::E4m3, KindOutput::Bf16};
+        case GemmKind::Dense1D1D: return KindAxes{KindLayout::Dense, KindOperand::E4m3, KindAccumulation::Promote1D1D, KindScaleGranularity::Row128, KindScaleDtype::Fp32, KindWeightPacking::E4m3, KindOutput::Fp32Accumulate};
+        case GemmKind::KGrouped1D1D: return KindAxes{KindLayout::KGrouped, KindOperand::E4m3, KindAccumulation::Promote1D1D, KindScaleGranularity::Row128, KindScaleDtype::Fp32, KindWeightPacking::E4m3, KindOutput::Fp32Accumulate};
+        case GemmKind::DenseFp8Out: return KindAxes{KindLayout::Dense, KindOperand::E4m3, KindAccumulation::Promote1D2D, KindScaleGranularity::Block128, KindScaleDtype::Fp32, KindWeightPacking::E4m3, KindOutput::Fp8};
+        case GemmKind::GroupedContiguousFp8Out: return KindAxes{KindLayout::Contiguous, KindOperand::E4m3, KindAccumulation::Promote1D2D, KindScaleGranularity::Block128, KindScaleDtype::Fp32, KindWeightPacking::E4m3, KindOutput::Fp8};
+        case GemmKind::GroupedMaskedFp8Out: return KindAxes{KindLayout::Masked, KindOperand::E4m3, KindAccumulation::Promote1D2D, KindScaleGranularity::Block128, KindScaleDtype::Fp32, KindWeightPacking::E4m3, KindOutput::Fp8};
+        case GemmKind::GroupedContiguousPsumFp8Out: return KindAxes{KindLayout::Psum, KindOperand::E4m3, KindAccumulation::Promote1D2D, KindScaleGranularity::Block128, KindScaleDtype::Fp32, KindWeightPacking::E4m3, KindOutput::Fp8};
+        case GemmKind::GroupedContiguousSwiglu: return KindAxes{KindLayout::Contiguous, KindOperand::E4m3, KindAccumulation::Promote1D2D, KindScaleGranularity::Block128, KindScaleDtype::Fp32, KindWeightPacking::E4m3, KindOutput::SwigluFp8};
+        case GemmKind::GroupedMaskedSwiglu: return KindAxes{KindLayout::Masked, KindOperand::E4m3, KindAccumulation::Promote1D2D, KindScaleGranularity::Block128, KindScaleDtype::Fp32, KindWeightPacking::E4m3, KindOutput::SwigluFp8};
+        default: return KindAxes{};  // unreachable: every enumerator has a case
+    }
+}
+
+// The kind whose scheduler, A / D addressing and sB a kind shares (same point, base output).
+DFG_HOST_DEVICE constexpr GemmKind layout_of(GemmKind kind) {
+    switch (kind) {
+        case GemmKind::Dense: return GemmKind::Dense;
+        case GemmKind::GroupedContiguous: return GemmKind::GroupedContiguous;
+        case GemmKind::GroupedMasked: return GemmKind::GroupedMasked;
+        case GemmKind::GroupedContiguousPsum: return GemmKind::GroupedContiguousPsum;
+        case GemmKind::Dense1D1D: return GemmKind::Dense1D1D;
+        case GemmKind::KGrouped1D1D: return GemmKind::KGrouped1D1D;
+        case GemmKind::DenseFp8Out: return GemmKind::Dense;
+        case GemmKind::GroupedContiguousFp8Out: return GemmKind::GroupedContiguous;
+        case GemmKind::GroupedMaskedFp8Out: return GemmKind::GroupedMasked;
+        case GemmKind::GroupedContiguousPsumFp8Out: return GemmKind::GroupedContiguousPsum;
+        case GemmKind::GroupedContiguousSwiglu: return GemmKind::GroupedContiguous;
+        case GemmKind::GroupedMaskedSwiglu: return GemmKind::GroupedMasked;
+        default: return kind;
+    }
+}
+
+// Whether a config of the kind may take an operand order.
+DFG_HOST_DEVICE constexpr bool supports_order(GemmKind kind, KindOperandOrder order) {
+    switch (kind) {
+        case GemmKind::Dense: return order == KindOperandOrder::AB || order == KindOperandOrder::SwapAB;
+        case GemmKind::GroupedContiguous: return order == KindOperandOrder::AB;
+        case GemmKind::GroupedMasked: return order == KindOperandOrder::AB;
+        case GemmKind::GroupedContiguousPsum: return order == KindOperandOrder::AB;
+        case GemmKind::Dense1D1D: return order == KindOperandOrder::AB;
+        case GemmKind::KGrouped1D1D: return order == KindOperandOrder::AB;
+        case GemmKind::DenseFp8Out: return order == KindOperandOrder::AB;
+        case GemmKind::GroupedContiguousFp8Out: return order == KindOperandOrder::AB;
+        case GemmKind::GroupedMaskedFp8Out: return order == KindOperandOrder::AB;
+        case GemmKind::GroupedContiguousPsumFp8Out: return order == KindOperandOrder::AB;
+        case GemmKind::GroupedContiguousSwiglu: return order == KindOperandOrder::AB;
+        case GemmKind::GroupedMaskedSwiglu: return order == KindOperandOrder::AB;
+        default: return false;
+    }
+}
+
+}  // namespace dfg

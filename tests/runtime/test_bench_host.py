@@ -1,0 +1,58 @@
+"""bench/bench_host.py end to end on the CPU: the stub driver is built, the child really launches through it,
+and the JSON has one row per op with the documented fields (timings are not asserted: shared machine)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="no C compiler for the stub")
+def test_bench_host_json_rows():
+    run = subprocess.run([sys.executable, "-m", "bench.bench_host", "--quick", "--ops", "dense,masked,psum,per_token",
+                          "--json", "-"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    result = json.loads(run.stdout)
+    rows = {row["op"]: row for row in result["ops"] if row["device"] == "stub"}
+    assert set(rows) == {"dense", "masked", "psum", "per_token"}  # --ops filters
+    assert [rows[op]["args"] for op in ("dense", "masked", "psum", "per_token")] == [5, 7, 6, 3]
+    for row in rows.values():
+        assert row["call_us"] > 0 and row["launch_floor_us"] > 0
+        assert row["ratio"] == pytest.approx(row["call_us"] / row["launch_floor_us"], rel=0.01)
+    assert rows["per_token"]["alloc_us"] > 0
+
+
+def test_bench_host_cuda_rows_without_a_gpu_exit_3():
+    """``--device cuda`` (device_check.sh's bench-host step) refuses to report nothing: no sm_90 GPU, exit 3."""
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0):
+        pytest.skip("an sm_90 GPU is present")
+    run = subprocess.run([sys.executable, "-m", "bench.bench_host", "--quick", "--device", "cuda", "--json", "-"],
+                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 3 and "sm_90" in run.stderr and not run.stdout
+
+
+def test_gpu_rows_measure_cuda_tensors_synchronised(monkeypatch):
+    """The GPU rows' wiring, checked here with torch.cuda faked: CUDA device, label "cuda", a synchronise
+    before every timed batch, no stub launch counter (the real driver launches)."""
+    import torch
+
+    from bench import bench_host
+
+    seen = {}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    monkeypatch.setattr(bench_host, "measure", lambda device, **kw: seen.update(device=device, **kw) or ["row"])
+    assert bench_host.gpu_rows(7, 3, {"psum"}) == ["row"]
+    assert seen["device"].type == "cuda" and seen["label"] == "cuda" and seen["sync"] is torch.cuda.synchronize
+    assert (seen["calls"], seen["repeats"], seen["only"]) == (7, 3, {"psum"}) and seen.get("launched") is None
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (8, 0))
+    assert bench_host.gpu_rows(7, 3, None) == []
