@@ -1,6 +1,12 @@
-"""Old path of the per-call fast path's public face (:mod:`deep_fp8_gemm._core.plans`, where the plans and their
-documentation live): :func:`prepare_gemm`, :class:`PreparedGemm`, and :func:`clear` / :func:`stats` for tests."""
+"""Deprecated old path of the per-call fast path's public face (one more release): :func:`prepare_gemm` and
+:class:`PreparedGemm` are exported by :mod:`deep_fp8_gemm`; ``clear`` / ``stats`` (for tests) live in
+``deep_fp8_gemm._core.plans``."""
 
-from ._core.plans import PreparedGemm, clear, prepare_gemm, stats
+import warnings
+
+warnings.warn("deep_fp8_gemm.prepared is deprecated and goes in the next release: import prepare_gemm and PreparedGemm "
+              "from deep_fp8_gemm", DeprecationWarning, stacklevel=2)
+
+from ._core.plans import PreparedGemm, clear, prepare_gemm, stats  # noqa: E402
 
 __all__ = ["PreparedGemm", "clear", "prepare_gemm", "stats"]

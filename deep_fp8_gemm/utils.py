@@ -179,18 +179,23 @@ def _num_sms_of_index(index: int) -> int:
 
 
 def set_num_sms(num_sms: int) -> None:
-    """Limit the persistent kernels to ``num_sms`` SMs (process-wide).
+    """Limit the persistent kernels to ``num_sms`` SMs (process-wide), as the reference's ``set_num_sms``.
 
-    ``num_sms`` must be an int in ``[1, device SM count]`` (the upper bound is checked only when a CUDA
-    device is visible). Useful to leave SMs to a concurrent communication kernel.
+    ``num_sms`` must be an int in ``[0, device SM count]``; 0 means every SM of the device (the default). With no
+    CUDA device visible the upper bound is 132 (H100 / H200). Useful to leave SMs to a concurrent communication
+    kernel (DeepEP).
+
+    Raises:
+        TypeError: not an int. ValueError: outside ``[0, device SM count]``.
     """
     if isinstance(num_sms, bool) or not isinstance(num_sms, int):
         raise TypeError(f"num_sms must be an int, got {type(num_sms).__name__} ({num_sms!r})")
     device_sms = _device_num_sms()
-    if num_sms < 1 or (device_sms is not None and num_sms > device_sms):
-        upper = "the device's SM count" if device_sms is None else device_sms
-        raise ValueError(f"num_sms must be in [1, {upper}], got {num_sms=} ({device_sms=})")
-    PROCESS_SETTINGS.update(num_sms_override=num_sms)
+    upper = DEFAULT_NUM_SMS if device_sms is None else device_sms
+    if not 0 <= num_sms <= upper:
+        where = "the device's" if device_sms is not None else "no CUDA device visible: an H100 / H200's"
+        raise ValueError(f"num_sms must be in [0, {upper}] ({where} SM count; 0 = every SM), got {num_sms}")
+    PROCESS_SETTINGS.update(num_sms_override=num_sms or None)
 
 
 def get_num_sms() -> int:

@@ -336,7 +336,7 @@ def _psum_call(ends, m_sum=256, expected_m=None):
 def _psum_ok(ends, m_sum=256, expected_m=None):
     def run():
         a, sa, b, sb, out = _psum_call(ends, m_sum, expected_m)
-        for g, (start, end) in enumerate(dfg.psum.psum_group_rows(ends)):
+        for g, (start, end) in enumerate(dfg.ops.psum.psum_group_rows(ends)):
             if end > start:
                 _close_bf16(out[start:end], a[start:end], sa[start:end], b[g], sb[g], f"group {g}")
     return run
@@ -374,7 +374,7 @@ def _wgrad_ok(c_kind):
         d = torch.full((128, 64), 0.5)
         c = {"none": None, "d": d, "separate": torch.full((128, 64), 2.0)}[c_kind]
         base = {"none": 0.0, "d": 0.5, "separate": 2.0}[c_kind]
-        dfg.wgrad.gemm_fp8_fp8_fp32_nt_1d1d((a, sa), (b, sb), d, c)
+        dfg.gemm_fp8_fp8_fp32_nt_1d1d((a, sa), (b, sb), d, c)
         want = _wgrad_model(a, sa, b, sb) + base
         expect(bool(torch.allclose(d.double(), want, rtol=1e-5, atol=1e-5)), f"1d1d c={c_kind}")
     return run
@@ -383,21 +383,21 @@ def _wgrad_ok(c_kind):
 for _c in ("none", "d", "separate"):
     case(f"1d1d/edge-c-{_c}", OK, _wgrad_ok(_c))
 case("1d1d/bad-d-bf16", err(TypeError, "d must be torch.float32"),
-     lambda: dfg.wgrad.gemm_fp8_fp8_fp32_nt_1d1d(_wgrad()[0:2], _wgrad()[2:4], torch.zeros(128, 64, dtype=BF16)))
+     lambda: dfg.gemm_fp8_fp8_fp32_nt_1d1d(_wgrad()[0:2], _wgrad()[2:4], torch.zeros(128, 64, dtype=BF16)))
 case("1d1d/bad-d-shape", err(ValueError, "d"),
-     lambda: dfg.wgrad.gemm_fp8_fp8_fp32_nt_1d1d(_wgrad()[0:2], _wgrad()[2:4], torch.zeros(128, 32)))
+     lambda: dfg.gemm_fp8_fp8_fp32_nt_1d1d(_wgrad()[0:2], _wgrad()[2:4], torch.zeros(128, 32)))
 case("1d1d/bad-c-shape", err(ValueError, "c must have d's shape"),
-     lambda: dfg.wgrad.gemm_fp8_fp8_fp32_nt_1d1d(_wgrad()[0:2], _wgrad()[2:4], torch.zeros(128, 64),
+     lambda: dfg.gemm_fp8_fp8_fp32_nt_1d1d(_wgrad()[0:2], _wgrad()[2:4], torch.zeros(128, 64),
                                                  torch.zeros(64, 64)))
 case("1d1d/bad-sB-block-scales", err(ValueError, "rhs[1] (sB)"),
-     lambda: dfg.wgrad.gemm_fp8_fp8_fp32_nt_1d1d(_wgrad()[0:2], (_wgrad()[2], torch.ones(1, 2)), torch.zeros(128, 64)))
+     lambda: dfg.gemm_fp8_fp8_fp32_nt_1d1d(_wgrad()[0:2], (_wgrad()[2], torch.ones(1, 2)), torch.zeros(128, 64)))
 
 
 def _wgrad_c_overlaps_d():
     a, sa, b, sb = _wgrad()
     buf = torch.zeros(129 * 64)
     d, c = buf[:128 * 64].view(128, 64), buf[64:64 + 128 * 64].view(128, 64)
-    dfg.wgrad.gemm_fp8_fp8_fp32_nt_1d1d((a, sa), (b, sb), d, c)
+    dfg.gemm_fp8_fp8_fp32_nt_1d1d((a, sa), (b, sb), d, c)
 
 
 case("1d1d/bad-c-partly-overlaps-d", err(ValueError, "d must not overlap c"), _wgrad_c_overlaps_d)
@@ -408,7 +408,7 @@ def _wgrad_d_overlaps_a():
     buf = torch.zeros(128 * 64 * 4, dtype=torch.uint8)
     alias = buf[:a.numel()].view(FP8).view(a.shape)
     alias.copy_(a)
-    dfg.wgrad.gemm_fp8_fp8_fp32_nt_1d1d((alias, sa), (b, sb), buf.view(torch.float32).view(128, 64))
+    dfg.gemm_fp8_fp8_fp32_nt_1d1d((alias, sa), (b, sb), buf.view(torch.float32).view(128, 64))
 
 
 case("1d1d/bad-d-overlaps-A", err(ValueError, "d must not overlap lhs[0] (A)"), _wgrad_d_overlaps_a)

@@ -1,4 +1,4 @@
-"""The drop-in's casts (``deep_fp8_gemm.deep_gemm_casts``, exported as ``deep_gemm.utils.*``) give the reference
+"""The drop-in's casts (``deep_fp8_gemm.compat.casts``, exported as ``deep_gemm.utils.*``) give the reference
 design's bits on each device (issue 23, mismatch 6).
 
 DeepGEMM 2.6.1's ``deep_gemm/utils/math.py`` computes ``sf = amax / 448.0`` and ``x * (1.0 / sf)``. Its bits are
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from deep_fp8_gemm import deep_gemm_casts as dgc
+from deep_fp8_gemm.compat import casts as dgc
 from deep_fp8_gemm import quant
 from tests._gpu import requires_sm90
 

@@ -23,7 +23,8 @@ import pytest
 import torch
 
 import deep_fp8_gemm
-from deep_fp8_gemm import compat, deep_gemm_casts
+from deep_fp8_gemm import compat
+from deep_fp8_gemm.compat import casts as deep_gemm_casts
 
 REPO = Path(__file__).resolve().parents[2]
 DROPIN = REPO / "dropin" / "deep_gemm_dropin"

@@ -2,7 +2,7 @@
 
 A GPU test that is illegal fails only on the GPU, whose runs are short and rare; here, without a GPU:
   * GEMMs (tests/gpu/test_gpu_gemm.py ``launch_cases``, tests/gpu/test_gpu_smoke.py, bench/shapes.py tables): the
-    operand checks of the public op (deep_fp8_gemm.validation), the config (the heuristic's, or the forced
+    operand checks of the public op (its family's ``check``), the config (the heuristic's, or the forced
     one) through ``config.check_config``, every tensor map through ``TensorMapSpec.validate`` (the driver's
     cuTensorMapEncodeTiled rules), and the launch shape through the driver layer's launch-config checks;
   * TMA round trips (tests/gpu/test_gpu_jit.py ``TMA_CASES``): both tensor maps, the launch, and that the
@@ -23,7 +23,7 @@ import inspect
 import pytest
 import torch
 
-from deep_fp8_gemm import ops, validation
+from deep_fp8_gemm import ops
 from deep_fp8_gemm.config import FP8_OUTPUT_KINDS, LAYOUT_OF, SMEM_LIMIT, GemmConfig, check_config, output_columns
 from deep_fp8_gemm.config import k_grouped_config
 from deep_fp8_gemm.kernels import gemm, group_maps
@@ -70,11 +70,11 @@ def check_gemm_case(case: dict) -> GemmConfig:
                  else (torch.empty(groups, dtype=torch.int32), expected_m))
         ops.FAMILIES[kind].check(a, sa, b, sb, out, sd, *extra)
     elif kind == "dense":
-        validation.check_dense(a, sa, b, sb, out)
+        ops.FAMILIES["dense"].check(a, sa, b, sb, out)
     elif kind == "contiguous":
-        validation.check_contiguous(a, sa, b, sb, out, torch.empty(a_shape[0], dtype=torch.int32))
+        ops.FAMILIES["contiguous"].check(a, sa, b, sb, out, torch.empty(a_shape[0], dtype=torch.int32))
     else:
-        validation.check_masked(a, sa, b, sb, out, torch.empty(groups, dtype=torch.int32), expected_m)
+        ops.FAMILIES["masked"].check(a, sa, b, sb, out, torch.empty(groups, dtype=torch.int32), expected_m)
     cfg = case.get("config") or ops.FAMILIES[kind].plan(a, b, expected_m, NUM_SMS)
     check_config(cfg)
     for spec in gemm.tensor_map_specs_1d2d(cfg, a, get_col_major_tma_aligned_tensor(sa), b, out):
@@ -85,14 +85,12 @@ def check_gemm_case(case: dict) -> GemmConfig:
 
 def check_k_grouped_case(case: tuple) -> None:
     """A k-grouped GEMM (m, n, ks): the public op's checks, the config, every per-group and scale map, the launch."""
-    from deep_fp8_gemm import wgrad
-
     m, n, ks = case
     k_sum = sum(ks)
     a, b = torch.empty(m * k_sum, dtype=FP8), torch.empty(n * k_sum, dtype=FP8)
     sa, sb = torch.empty(m, k_sum // 128), torch.empty(n, k_sum // 128)
     d, c = torch.empty(len(ks), m, n), torch.empty(len(ks), m, n)
-    wgrad.check_k_grouped(a, sa, b, sb, d, ks, torch.tensor(ks, dtype=torch.int32), c)
+    ops.FAMILIES["k_grouped"].check(a, sa, b, sb, d, ks, torch.tensor(ks, dtype=torch.int32), c)
     cfg = k_grouped_config(m, n, len(ks), NUM_SMS)
     check_config(cfg)
     templates = group_maps.template_map_args(cfg, a, b, m, n)

@@ -11,7 +11,8 @@ import shutil
 import pytest
 import torch
 
-from deep_fp8_gemm import get_col_major_tma_aligned_tensor, wgrad
+import deep_fp8_gemm as dfg
+from deep_fp8_gemm import get_col_major_tma_aligned_tensor
 from deep_fp8_gemm.ops import k_grouped
 from deep_fp8_gemm.config import GemmConfig, get_config, k_grouped_config
 from deep_fp8_gemm.kernels import gemm, targets
@@ -101,7 +102,7 @@ def test_odd_element_views_are_refused_by_the_ops(which):
     else:
         c = _odd((m, n))
     with pytest.raises(ValueError, match=rf"{which}\.data_ptr\(\) must be 16-byte aligned"):
-        wgrad.gemm_fp8_fp8_fp32_nt_1d1d((a, sa), (b, sb), d, c)
+        dfg.gemm_fp8_fp8_fp32_nt_1d1d((a, sa), (b, sb), d, c)
     ks, kg_m, kg_n = [128, 256], 64, 64
     a2, sa2 = quantised_activations((kg_m, sum(ks)), 7)
     b2, sb2 = quantised_activations((kg_n, sum(ks)), 8)

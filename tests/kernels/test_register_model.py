@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from deep_fp8_gemm.config import (FP32_ACCUMULATE_KINDS, SMEM_LIMIT, GemmConfig, _max_stages, check_config,
+from deep_fp8_gemm.config import (FP32_ACCUMULATE_KINDS, SMEM_LIMIT, GemmConfig, max_stages, check_config,
                                   math_registers_needed)
 from deep_fp8_gemm.kernels.gemm import render_source
 from deep_fp8_gemm.runtime.compiler import compile_kernel
@@ -29,7 +29,7 @@ TILES = [
 
 
 def _config(kind, n, k, groups, block_m, block_n):
-    stages = _max_stages(block_m, block_n, SMEM_LIMIT, kind)
+    stages = max_stages(block_m, block_n, SMEM_LIMIT, kind)
     return GemmConfig(kind=kind, shape_n=n, shape_k=k, num_groups=groups, block_m=block_m, block_n=block_n,
                       num_stages=stages, cluster_m=1, cluster_n=1, band_width=16, grid_size=132)
 

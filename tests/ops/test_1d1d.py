@@ -1,4 +1,4 @@
-"""The public 1D1D GEMM (``fp8_gemm_nt(..., recipe=(1, 1, 128))`` and ``wgrad.gemm_fp8_fp8_fp32_nt_1d1d``):
+"""The public 1D1D GEMM (``fp8_gemm_nt(..., recipe=(1, 1, 128))`` and ``deep_gemm.gemm_fp8_fp8_fp32_nt_1d1d``):
 CPU reference and the real kernel in the simulator (``DFG_SIMULATE=1``) against an independent float64 model,
 accumulation into a nonzero C held in d (in place) and in another tensor (d NaN-poisoned), errors naming the
 argument, and the GPU path (skipped without an sm_90 device)."""
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import deep_fp8_gemm as deep_gemm
-from deep_fp8_gemm import reference, wgrad
+from deep_fp8_gemm import reference
 from tests._gpu import requires_sm90
 from tests._operands import wgrad_operands
 
@@ -69,7 +69,7 @@ def test_1d1d_without_c_is_the_plain_product(path):
     m, n, k = 64, 48, 256
     a, sa, b, sb, _ = operands(m, n, k, seed=4)
     d = torch.full((m, n), float("nan"))
-    wgrad.gemm_fp8_fp8_fp32_nt_1d1d((a, sa), (b, sb), d)
+    deep_gemm.gemm_fp8_fp8_fp32_nt_1d1d((a, sa), (b, sb), d)
     np.testing.assert_allclose(d.double().numpy(), model64(a, sa, b, sb, None), rtol=1e-5, atol=1e-4)
 
 
@@ -98,10 +98,10 @@ def test_1d1d_errors_name_the_argument():
         call((a, sa), (b, sb), torch.zeros(8, 8), c=torch.zeros(8, 8), recipe=(1, 1, 128))
     with pytest.raises(ValueError, match="must not overlap c"):
         big = torch.zeros(8, 32)
-        wgrad.gemm_fp8_fp8_fp32_nt_1d1d((a, sa), (b, sb), big[:, :16], big[:, 8:24])
+        deep_gemm.gemm_fp8_fp8_fp32_nt_1d1d((a, sa), (b, sb), big[:, :16], big[:, 8:24])
     with pytest.raises(ValueError, match=r"d's leading strides must be positive multiples of 16 bytes"):
         wide = torch.zeros(8, 20).as_strided((8, 16), (17, 1))
-        wgrad.gemm_fp8_fp8_fp32_nt_1d1d((a, sa), (b, sb), wide, wide)
+        deep_gemm.gemm_fp8_fp8_fp32_nt_1d1d((a, sa), (b, sb), wide, wide)
     with pytest.raises(NotImplementedError, match="1D1D"):  # no M-grouped 1D1D kernel
         deep_gemm.m_grouped_fp8_gemm_nt_contiguous((a, sa), (b, sb), torch.zeros(8, 16, dtype=torch.bfloat16),
                                                    torch.zeros(8, dtype=torch.int32), recipe=(1, 1, 128))
@@ -131,7 +131,7 @@ def test_1d1d_is_a_custom_op_that_torch_compile_traces():
 
     def separate(a, sa, b, sb, c):
         d = torch.empty_like(c)
-        wgrad.gemm_fp8_fp8_fp32_nt_1d1d((a, sa), (b, sb), d, c)
+        deep_gemm.gemm_fp8_fp8_fp32_nt_1d1d((a, sa), (b, sb), d, c)
         return d
 
     expected = torch.from_numpy(model64(a, sa, b, sb, c)).float()

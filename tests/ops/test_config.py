@@ -134,13 +134,13 @@ def test_estimate_seconds_of_a_k_grouped_config_needs_its_per_group_k():
     """The k-grouped binary has shape_k = BLOCK_K for any ks: modelling that K (only the fp32 C and D traffic
     left) would be ~3x too fast at K = 4096, so the per-group K must be given, and it is what get_config ranked
     with."""
-    from deep_fp8_gemm.config import _estimate_cycles, estimate_seconds, k_grouped_config
+    from deep_fp8_gemm.config import estimate_cycles, estimate_seconds, k_grouped_config
 
     cfg = k_grouped_config(4096, 7168, 8, 132, 4096)
     assert cfg.shape_k == 128
     with pytest.raises(ValueError, match="needs k="):
         estimate_seconds(cfg, 4096)
-    cycles = _estimate_cycles("k_grouped", 4096, 7168, 4096, 8, cfg.block_m, cfg.block_n, 132)
+    cycles = estimate_cycles("k_grouped", 4096, 7168, 4096, 8, cfg.block_m, cfg.block_n, 132)
     assert math.isclose(estimate_seconds(cfg, 4096, k=4096) * 1.83e9, cycles)
     assert estimate_seconds(cfg, 4096, k=4096) > 3 * estimate_seconds(cfg, 4096, k=128)
     dense = get_config(64, 4096, 7168)

@@ -81,9 +81,9 @@ def test_meta_tensors_take_the_shape_only_path():
     dfg.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum((a, sa), (bg, sbg), out, _meta(2, dtype=torch.int32))
     dfg.m_grouped_gemm_fp8_fp8_bf16_nt_masked((_meta(2, 32, 256, dtype=FP8), _meta(2, 32, 2)), (bg, sbg),
                                              _meta(2, 32, 64, dtype=torch.bfloat16), _meta(2, dtype=torch.int32), 16)
-    dfg.wgrad.gemm_fp8_fp8_fp32_nt_1d1d((a, sa), (b, _meta(64, 2)), _meta(128, 64))
+    dfg.gemm_fp8_fp8_fp32_nt_1d1d((a, sa), (b, _meta(64, 2)), _meta(128, 64))
     d = _meta(128, 64)
-    dfg.wgrad.gemm_fp8_fp8_fp32_nt_1d1d((a, sa), (b, _meta(64, 2)), d, d)
+    dfg.gemm_fp8_fp8_fp32_nt_1d1d((a, sa), (b, _meta(64, 2)), d, d)
     dfg.k_grouped_fp8_gemm_nt_contiguous((_meta(128 * 256, dtype=FP8), _meta(128, 2)),
                                          (_meta(64 * 256, dtype=FP8), _meta(64, 2)), _meta(2, 128, 64), [128, 128],
                                          _meta(2, dtype=torch.int32))
@@ -159,7 +159,7 @@ def test_weight_gradient_overlap_errors_name_d():
     a_alias.copy_(a)
     d = buf.view(torch.float32).view(128, 64)
     with pytest.raises(ValueError, match=r"^d must not overlap lhs\[0\] \(A\)"):
-        dfg.wgrad.gemm_fp8_fp8_fp32_nt_1d1d((a_alias, sa), (b, sb), d)
+        dfg.gemm_fp8_fp8_fp32_nt_1d1d((a_alias, sa), (b, sb), d)
     with pytest.raises(ValueError, match=r"^d must not overlap lhs\[0\] \(A\)"):
         dfg.fp8_gemm_nt((a_alias, sa), (b, sb), d, c=d, recipe=(1, 1, 128))
     ks = [128, 128]

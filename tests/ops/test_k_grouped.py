@@ -1,5 +1,5 @@
 """The public k-grouped weight-gradient GEMM (``k_grouped_fp8_gemm_nt_contiguous`` and
-``wgrad.k_grouped_gemm_fp8_fp8_fp32_nt``) against an independent numpy float64 model: several groups with
+``deep_gemm.k_grouped_gemm_fp8_fp8_fp32_nt``) against an independent numpy float64 model: several groups with
 different K_g including 0, odd m, n not a multiple of the tile, accumulation into a nonzero C held in d (in place)
 and in another tensor (d NaN-poisoned), c=None, errors naming the argument, and tracing under torch.compile."""
 
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import deep_fp8_gemm as deep_gemm
-from deep_fp8_gemm import reference, wgrad
+from deep_fp8_gemm import reference
 from tests._gpu import requires_sm90
 from tests._operands import quantised_activations
 
@@ -105,7 +105,7 @@ def test_k_grouped_without_c_is_the_plain_product(path):
     m, n, ks = 64, 48, [128, 0, 256]
     a, sa, b, sb, _ = k_grouped_operands(m, n, ks, seed=4)
     d = torch.full((3, m, n), float("nan"))
-    wgrad.k_grouped_gemm_fp8_fp8_fp32_nt((a, sa), (b, sb), d, ks)  # ks_tensor built when None
+    deep_gemm.k_grouped_gemm_fp8_fp8_fp32_nt((a, sa), (b, sb), d, ks)  # ks_tensor built when None
     assert torch.equal(d[1], torch.zeros(m, n))
     np.testing.assert_allclose(d.double().numpy(), model64(a, sa, b, sb, None, ks, m, n), rtol=1e-5, atol=1e-4)
     assert len(path[1]) == (path[0] == "simulator")
@@ -115,7 +115,7 @@ def test_k_grouped_all_groups_empty(path):
     m, n, ks = 8, 16, [0, 0]
     a, sa, b, sb, c = k_grouped_operands(m, n, ks, seed=5)
     d = torch.full((2, m, n), float("nan"))
-    wgrad.k_grouped_gemm_fp8_fp8_fp32_nt((a, sa), (b, sb), d, ks, torch.zeros(2, dtype=torch.int32), c)
+    deep_gemm.k_grouped_gemm_fp8_fp8_fp32_nt((a, sa), (b, sb), d, ks, torch.zeros(2, dtype=torch.int32), c)
     assert torch.equal(d, c)
     assert path[1] == []  # nothing to multiply: D = C on the host
 
@@ -133,7 +133,7 @@ def test_reference_group_offsets_are_not_interchangeable():
     m, n, ks = 16, 16, [128, 256]
     a, sa, b, sb, c = k_grouped_operands(m, n, ks, seed=7)
     d = torch.empty(2, m, n)
-    wgrad.k_grouped_gemm_fp8_fp8_fp32_nt((a, sa), (b, sb), d, ks, None, c)
+    deep_gemm.k_grouped_gemm_fp8_fp8_fp32_nt((a, sa), (b, sb), d, ks, None, c)
     wrong = model64(a, sa, b, sb, c, ks[::-1], m, n)
     assert not np.allclose(d.double().numpy(), wrong, rtol=1e-3)
 
@@ -180,15 +180,15 @@ def test_k_grouped_errors_name_the_argument():
         call((a, sa), (b, sb), d, ks, kst, d, recipe=(1, 128, 128))
     with pytest.raises(ValueError, match="must not overlap c"):
         big = torch.zeros(3 * m * n)
-        wgrad.k_grouped_gemm_fp8_fp8_fp32_nt((a, sa), (b, sb), big[:2 * m * n].view(2, m, n), ks, kst,
+        deep_gemm.k_grouped_gemm_fp8_fp8_fp32_nt((a, sa), (b, sb), big[:2 * m * n].view(2, m, n), ks, kst,
                                              big[m * n:].view(2, m, n))
     with pytest.raises(ValueError, match=r"n must be a multiple of 8"):
         n12 = 12
         a2, sa2, b2, sb2, _ = k_grouped_operands(m, n12, ks, seed=9)
-        wgrad.k_grouped_gemm_fp8_fp8_fp32_nt((a2, sa2), (b2, sb2), torch.zeros(2, m, n12), ks, kst)
+        deep_gemm.k_grouped_gemm_fp8_fp8_fp32_nt((a2, sa2), (b2, sb2), torch.zeros(2, m, n12), ks, kst)
     with pytest.raises(ValueError, match=r"d must be contiguous \[G, m, n\]"):
         wide = torch.zeros(2, m, 2 * n)[..., :n]
-        wgrad.k_grouped_gemm_fp8_fp8_fp32_nt((a, sa), (b, sb), wide, ks, kst)
+        deep_gemm.k_grouped_gemm_fp8_fp8_fp32_nt((a, sa), (b, sb), wide, ks, kst)
 
 
 def test_k_grouped_is_a_custom_op_that_torch_compile_traces():
@@ -203,7 +203,7 @@ def test_k_grouped_is_a_custom_op_that_torch_compile_traces():
 
     def separate(a, sa, b, sb, kst, c):
         d = torch.empty_like(c)
-        wgrad.k_grouped_gemm_fp8_fp8_fp32_nt((a, sa), (b, sb), d, ks, kst, c)
+        deep_gemm.k_grouped_gemm_fp8_fp8_fp32_nt((a, sa), (b, sb), d, ks, kst, c)
         return d
 
     expected = torch.from_numpy(model64(a, sa, b, sb, c, ks, m, n)).float()

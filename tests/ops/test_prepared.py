@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import deep_fp8_gemm as dfg
-from deep_fp8_gemm import ops, prepared, utils
+from deep_fp8_gemm import ops, utils
 from deep_fp8_gemm._core import plans
 from deep_fp8_gemm.kernels import gemm, group_maps
 from deep_fp8_gemm.kernels import quant as kq
@@ -77,9 +77,9 @@ CASES = _VALIDATION_CASES + [("psum", *case) for case in COMMON + _PSUM_CASES]
 
 @pytest.fixture(autouse=True)
 def _fresh_plans():
-    prepared.clear()
+    plans.clear()
     yield
-    prepared.clear()
+    plans.clear()
 
 
 def _canonical(args: dict) -> dict:
@@ -97,7 +97,7 @@ def test_a_changed_argument_is_caught_after_a_cached_call(kind, case_id, mutate,
     bad = mutate(dict(baseline))
     with pytest.raises(exc) as warm:
         _call(kind, dict(bad))
-    prepared.clear()
+    plans.clear()
     with pytest.raises(exc) as cold:
         _call(kind, dict(bad))
     assert str(warm.value) == str(cold.value)
@@ -111,7 +111,7 @@ def test_each_kind_of_change_is_caught_on_the_fast_path(kind, change):
     alignment (and overlap). Pointer-only changes hit the cached plan (no new plan) and still raise."""
     args = BUILDERS[kind]()
     _call(kind, dict(args))
-    assert prepared.stats()[kind][0] == 1
+    assert plans.stats()[kind][0] == 1
     out = args["out"]
     changed = {
         "shape": out[..., :8],  # [.., 8] instead of [.., N]
@@ -125,7 +125,7 @@ def test_each_kind_of_change_is_caught_on_the_fast_path(kind, change):
     with pytest.raises(error, match="out"):
         _call(kind, dict(args, out=changed))
     if change in ("alignment", "overlap"):
-        assert prepared.stats()[kind][0] == 1, "a pointer-only change must be checked on the cached plan"
+        assert plans.stats()[kind][0] == 1, "a pointer-only change must be checked on the cached plan"
     _call(kind, dict(args))  # and the cached plan still serves valid calls
 
 
@@ -133,7 +133,7 @@ def test_each_kind_of_change_is_caught_on_the_fast_path(kind, change):
 def test_cached_calls_compute_the_reference(kind):
     args = BUILDERS[kind]()
     expected = args["out"].clone()
-    prepared.clear()
+    plans.clear()
     _call(kind, dict(args, out=expected))
     for _ in range(2):  # cached plan, fresh output buffer and fresh inputs of the same signature
         out = torch.full_like(args["out"], 7.0)
@@ -150,7 +150,7 @@ def test_set_num_sms_is_part_of_the_signature():
         _call("dense", dict(args))
     finally:
         utils.reset_num_sms()
-    assert prepared.stats()["dense"][0] == 2
+    assert plans.stats()["dense"][0] == 2
 
 
 def test_guard_index_serves_several_signatures_per_weight():
@@ -166,7 +166,7 @@ def test_guard_index_serves_several_signatures_per_weight():
             out = torch.full_like(ref, 3.0)
             _call("dense", dict(base, out=out))
             assert torch.equal(out, ref)
-    assert prepared.stats()["dense"][0] == 2 and len(plans.GEMM_ENTRIES["dense"].index[id(args["b"])]) == 2
+    assert plans.stats()["dense"][0] == 2 and len(plans.GEMM_ENTRIES["dense"].index[id(args["b"])]) == 2
 
 
 def test_guard_entry_of_another_signature_is_never_used():
@@ -193,7 +193,7 @@ def test_without_torch_guards_the_signature_dict_serves(monkeypatch):
     args = BUILDERS["masked"]()
     _call("masked", dict(args))
     _call("masked", dict(args))
-    assert prepared.stats()["masked"] == (1, 0)
+    assert plans.stats()["masked"] == (1, 0)
     with pytest.raises(ValueError, match="out"):
         _call("masked", dict(args, out=args["out"][..., :8]))
 
@@ -224,8 +224,8 @@ def test_psum_plan_checks_the_group_ends_before_running_on_a_cpu(monkeypatch, en
     monkeypatch.setattr(ops.FAMILIES["psum"], "dispatch", lambda *a, **k: pytest.fail("bad group ends reached the kernel"))
     with pytest.raises(ValueError, match="grouped_layout") as warm:
         _call("psum", dict(bad))
-    assert prepared.stats()["psum"][0] == 1
-    prepared.clear()
+    assert plans.stats()["psum"][0] == 1
+    plans.clear()
     with pytest.raises(ValueError) as cold:
         _call("psum", dict(bad))
     assert str(warm.value) == str(cold.value)
@@ -235,7 +235,7 @@ def test_psum_expected_m_is_part_of_the_signature():
     args = BUILDERS["psum"]()
     for expected_m in (None, 64, None, 64):
         _call("psum", dict(args, expected_m=expected_m))
-    assert prepared.stats()["psum"][0] == 2
+    assert plans.stats()["psum"][0] == 2
 
 
 def test_quantiser_options_are_checked_and_keyed():
@@ -409,7 +409,7 @@ def test_plan_reencodes_only_new_pointers(fake_gpu, kind):
     assert len(fake_gpu.specs) == encoded + 1 and fake_gpu.specs[-1].global_address == out2.data_ptr()
     _uncached_launch(kind, args, out2)
     assert fake_gpu.launches[-1]["params"] == fake_gpu.launches[-2]["params"]
-    assert sum(prepared.stats()[k][0] for k in ("dense", "contiguous", "masked", "psum")) == 1
+    assert sum(plans.stats()[k][0] for k in ("dense", "contiguous", "masked", "psum")) == 1
 
 
 def test_psum_plan_never_reads_the_group_ends_on_a_gpu(fake_gpu, monkeypatch):
@@ -420,7 +420,7 @@ def test_psum_plan_never_reads_the_group_ends_on_a_gpu(fake_gpu, monkeypatch):
     _call("psum", dict(args))
     monkeypatch.setattr(torch.Tensor, "tolist", lambda self: pytest.fail("the group ends were read"))
     _call("psum", dict(args, grouped_layout=torch.tensor([100, 50], dtype=torch.int32)))
-    assert len(fake_gpu.launches) == 2 and prepared.stats()["psum"][0] == 1
+    assert len(fake_gpu.launches) == 2 and plans.stats()["psum"][0] == 1
 
 
 _BAD_LAYOUTS = {  # per grouped kind: a layout the kernels compute wrongly (m_sum = 128, m_max = 32, G = 2)
@@ -544,7 +544,7 @@ def test_quantiser_change_after_a_cached_call_behaves_as_uncached(name, change):
     fn(x)  # the second call hits the plan
     changed = _QUANT_CHANGES[change](x)
     warm = _outcome(fn, changed)
-    prepared.clear()
+    plans.clear()
     cold = _outcome(fn, changed)
     assert len(warm) == len(cold)
     for w, c in zip(warm, cold):
@@ -597,7 +597,7 @@ def test_quant_plan_packs_each_calls_pointers_on_any_thread(fake_gpu, name, kind
         assert got[3:] == want[3:]
         addresses.add(results[i, "launch"]["params_address"])
     assert len(addresses) == 2  # the plan's block (main thread) and the other thread's slot
-    assert prepared.stats()["quant"][0] == 1
+    assert plans.stats()["quant"][0] == 1
 
 
 @pytest.mark.parametrize("name", list(_QUANTISERS))
@@ -682,7 +682,7 @@ def test_quant_fast_path_checks_context_device_stream_alignment_and_errors(fake_
 
     scalar = quant(x_odd)["function"]  # misaligned input of the vectorised plan: the scalar kernel
     assert scalar != vectorized and quant(x)["function"] == vectorized
-    assert prepared.stats()["quant"][0] == 1
+    assert plans.stats()["quant"][0] == 1
 
     fake_gpu.fail["cuLaunchKernelEx"] = INVALID_VALUE
     with pytest.raises(drv.CudaDriverError, match=r"cuLaunchKernelEx\("):

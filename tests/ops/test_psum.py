@@ -20,7 +20,7 @@ import torch
 import deep_fp8_gemm as dfg
 from deep_fp8_gemm import calc_diff
 from deep_fp8_gemm.config import check_config
-from deep_fp8_gemm.psum import check_psum_layout, m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum as psum_gemm
+from deep_fp8_gemm import check_psum_layout, m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum as psum_gemm
 from tests._gpu import requires_sm90
 from tests._operands import gemm64, gemm_operands
 

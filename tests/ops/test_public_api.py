@@ -167,5 +167,43 @@ def test_public_name_is_importable_from_its_old_path(module, name):
 def test_package_all_keeps_every_old_name():
     import deep_fp8_gemm
 
-    old = {n for m, n in PUBLIC_API if m == "deep_fp8_gemm"}
+    old = {n for m, n in PUBLIC_API if m == "deep_fp8_gemm"} - set(DEPRECATED_PATHS)  # those: attributes only
     assert old <= set(deep_fp8_gemm.__all__), sorted(old - set(deep_fp8_gemm.__all__))
+
+
+#: The old paths kept one more release, and the new path each one's warning must name.
+DEPRECATED_PATHS = {"psum": "from deep_fp8_gemm", "validation": "deep_fp8_gemm.ops.FAMILIES[kind].check",
+                    "wgrad": "from deep_fp8_gemm", "prepared": "from deep_fp8_gemm"}
+
+
+def test_old_paths_warn_exactly_once_naming_the_new_path():
+    """``import deep_fp8_gemm`` warns about nothing; each old path warns once per process (however it is reached:
+    an import statement, ``importlib``, an attribute of the package), with a DeprecationWarning naming the new
+    path; ``deep_fp8_gemm.reference`` (the references' public module) does not warn."""
+    import json
+    import subprocess
+    import sys
+
+    script = f"""
+import importlib, json, warnings
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    import deep_fp8_gemm
+    import deep_fp8_gemm.reference
+    at_import = [str(w.message) for w in caught if issubclass(w.category, DeprecationWarning)]
+    counts = {{}}
+    for name in {sorted(DEPRECATED_PATHS)!r}:
+        before = len(caught)
+        importlib.import_module("deep_fp8_gemm." + name)
+        getattr(deep_fp8_gemm, name)
+        exec("import deep_fp8_gemm." + name)
+        counts[name] = [str(w.message) for w in caught[before:] if issubclass(w.category, DeprecationWarning)]
+print(json.dumps({{"at_import": at_import, "counts": counts}}))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["at_import"] == [], got["at_import"]
+    for name, new_path in DEPRECATED_PATHS.items():
+        messages = got["counts"][name]
+        assert len(messages) == 1, (name, messages)
+        assert f"deep_fp8_gemm.{name} is deprecated" in messages[0] and new_path in messages[0], messages[0]

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from deep_fp8_gemm.config import (GemmConfig, _estimate_cycles, check_config, estimate_seconds, get_config,
+from deep_fp8_gemm.config import (GemmConfig, estimate_cycles, check_config, estimate_seconds, get_config,
                                   split_k_workspace)
 
 
@@ -23,7 +23,7 @@ def test_few_tile_decode_shape_gets_split_k_and_it_wins_in_the_model(m):
     assert cfg.split_k > 1 and 56 % cfg.split_k == 0
     tiles = -(-m // cfg.block_m) * -(-576 // cfg.block_n)
     assert cfg.grid_size == min(132, tiles * cfg.split_k)
-    unsplit = min(_estimate_cycles("dense", m, 576, 7168, 1, bm, bn, 132) for bm in (64, 128) for bn in range(16, 161, 16))
+    unsplit = min(estimate_cycles("dense", m, 576, 7168, 1, bm, bn, 132) for bm in (64, 128) for bn in range(16, 161, 16))
     assert estimate_seconds(cfg, m) * 1.83e9 < unsplit
     check_config(cfg)
 
@@ -70,7 +70,7 @@ def test_a_marginal_model_win_does_not_split():
 
     cfg = get_config(1, 4096, 7168)
     assert cfg.split_k == 1
-    split = min(_estimate_cycles("dense", 1, 4096, 7168, 1, 64, bn, 132, 2) for bn in range(16, 161, 16))
+    split = min(estimate_cycles("dense", 1, 4096, 7168, 1, 64, bn, 132, 2) for bn in range(16, 161, 16))
     assert split < estimate_seconds(cfg, 1) * 1.83e9 < split * (1 + SPLIT_K_MARGIN)
 
 

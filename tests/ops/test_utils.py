@@ -77,14 +77,33 @@ def test_num_sms(restore_num_sms):
         assert default == 132
     dfg.set_num_sms(7)
     assert dfg.get_num_sms() == 7
-    with pytest.raises(ValueError, match="num_sms=0"):
-        dfg.set_num_sms(0)
+    dfg.set_num_sms(0)  # the reference's meaning: every SM of the device
+    assert dfg.get_num_sms() == default
+    dfg.set_num_sms(7)
+    upper = default  # the device's SM count, or 132 with no device
+    with pytest.raises(ValueError, match=rf"num_sms must be in \[0, {upper}\].*got {upper + 1}"):
+        dfg.set_num_sms(upper + 1)
+    with pytest.raises(ValueError, match=r"got -1"):
+        dfg.set_num_sms(-1)
     for bad in (True, 1.5, "8"):
         with pytest.raises(TypeError, match="num_sms"):
             dfg.set_num_sms(bad)
     assert dfg.get_num_sms() == 7  # failed calls change nothing
+    dfg.set_num_sms(upper)
+    assert dfg.get_num_sms() == upper
     utils.reset_num_sms()
     assert dfg.get_num_sms() == default
+
+
+def test_the_package_and_the_2x_surface_agree():
+    """One 2.x surface: every name both deep_fp8_gemm and deep_fp8_gemm.compat export is the same object, but the
+    three casts (the package's own, device-independent; compat's, the reference's bits); the knobs included."""
+    from deep_fp8_gemm import compat
+
+    shared = set(dfg.__all__) & set(compat.__all__)
+    assert {"set_num_sms", "get_num_sms", "set_pdl", "fp8_gemm_nt"} <= shared
+    differ = {name for name in shared if getattr(dfg, name) is not getattr(compat, name)}
+    assert differ == {"per_token_cast_to_fp8", "per_block_cast_to_fp8", "per_channel_cast_to_fp8"}, differ
 
 
 def test_calc_diff():

@@ -16,7 +16,8 @@ import pytest
 import torch
 
 import deep_fp8_gemm as dfg
-from deep_fp8_gemm import prepared, utils
+from deep_fp8_gemm import utils
+from deep_fp8_gemm._core import plans
 from deep_fp8_gemm.config import get_config
 from deep_fp8_gemm.kernels import gemm, group_maps
 from deep_fp8_gemm.kernels import quant as kq
@@ -37,9 +38,9 @@ GPU_CASE_TABLES = (PDL_CHAIN_MS,)
 @pytest.fixture(autouse=True)
 def _fresh_plans():
     """Plans bind the driver they were made with: each test makes its own (as tests/ops/test_prepared.py)."""
-    prepared.clear()
+    plans.clear()
     yield
-    prepared.clear()
+    plans.clear()
 
 
 @pytest.fixture

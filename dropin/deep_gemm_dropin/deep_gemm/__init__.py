@@ -1,38 +1,20 @@
 """deep_gemm: DeepGEMM 2.6.1's SM90 FP8 GEMM API on deep_fp8_gemm (distribution ``deep-fp8-gemm-dropin``).
 
-Every name here is deep_fp8_gemm's implementation of the reference design's name of the same spelling
-(``deep_fp8_gemm.compat``, ``deep_fp8_gemm.deep_gemm_casts``): the same arguments, defaults and positional
-order, SM90 semantics, and the CPU reference / ``DFG_SIMULATE=1`` simulator on CPU tensors. Names outside that
-scope (BF16 GEMMs, einsum, the V3.2 indexer, ``tf32_hc_prenorm_gemm``, cuBLASLt, the SM100 layouts) are absent, so
-``hasattr`` / ``getattr`` probes see them missing; the few a loader insists on (Hugging Face transformers') exist
-and raise ``NotImplementedError``. The deep_fp8_gemm README, "Using it as ``deep_gemm``", lists every name.
+A re-export of :mod:`deep_fp8_gemm.compat`, the one place the 2.x surface is implemented (its API, the reference's
+casts bit for bit, its runtime knobs): the same arguments, defaults and positional order, SM90 semantics, and the
+CPU reference / ``DFG_SIMULATE=1`` simulator on CPU tensors. Names outside that scope (BF16 GEMMs, einsum, the V3.2
+indexer, ``tf32_hc_prenorm_gemm``, cuBLASLt, the SM100 layouts) are absent, so ``hasattr`` / ``getattr`` probes see
+them missing; the few a loader insists on (Hugging Face transformers') exist and raise ``NotImplementedError``.
+docs/dropin.md lists every name.
 """
-
-from __future__ import annotations
 
 import deep_fp8_gemm as _dfg
 from deep_fp8_gemm import compat as _compat
-from deep_fp8_gemm.compat import (
-    fp8_fp4_gemm_nt,
-    fp8_gemm_nt,
-    fp8_m_grouped_gemm_nt_masked,
-    get_num_sms,
-    get_pdl,
-    get_tc_util,
-    k_grouped_fp8_gemm_nt_contiguous,
-    k_grouped_wgrad_gemm_fp8_fp8_fp32_nt,
-    m_grouped_fp8_fp4_gemm_nt_contiguous,
-    m_grouped_fp8_fp4_gemm_nt_masked,
-    m_grouped_fp8_gemm_nt_contiguous,
-    m_grouped_fp8_gemm_nt_masked,
-    set_block_size_multiple_of,
-    set_ignore_compile_dims,
-    set_num_sms,
-    set_pdl,
-    set_tc_util,
-    transform_sf_into_required_layout,
-    wgrad_gemm_fp8_fp8_fp32_nt,
-)
+
+#: deep_fp8_gemm.compat's helpers that are not names of the reference (not re-exported).
+_NOT_REFERENCE_NAMES = {"LOADER_REQUIRED_ENTRIES", "RUNTIME_KNOBS", "RuntimeKnobs", "check_compiled_dims",
+                        "check_recipe", "unsupported_entry"}
+globals().update({name: getattr(_compat, name) for name in _compat.__all__ if name not in _NOT_REFERENCE_NAMES})
 
 from . import testing, utils
 from .utils import *  # noqa: F401,F403 - the reference exports its utils at the top level
@@ -79,12 +61,5 @@ def _warn_if_shadowing() -> None:
 
 _warn_if_shadowing()
 
-__all__ = sorted([
-    "__version__", "testing", "utils",
-    "fp8_fp4_gemm_nt", "fp8_gemm_nt", "fp8_m_grouped_gemm_nt_masked", "get_num_sms", "get_pdl", "get_tc_util",
-    "k_grouped_fp8_gemm_nt_contiguous", "k_grouped_wgrad_gemm_fp8_fp8_fp32_nt", "m_grouped_fp8_fp4_gemm_nt_contiguous",
-    "m_grouped_fp8_fp4_gemm_nt_masked", "m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_masked",
-    "set_block_size_multiple_of", "set_ignore_compile_dims", "set_num_sms", "set_pdl", "set_tc_util",
-    "transform_sf_into_required_layout", "wgrad_gemm_fp8_fp8_fp32_nt",
-    *_compat.LOADER_REQUIRED_ENTRIES, *_utils_all,
-])
+__all__ = sorted({"__version__", "testing", "utils", *_compat.__all__, *_compat.LOADER_REQUIRED_ENTRIES, *_utils_all}
+                 - _NOT_REFERENCE_NAMES)

@@ -1,7 +1,6 @@
 """deep_gemm.testing: the reference's test helpers (``calc_diff``, ``count_bytes``, ``assert_bitwise_equal``,
 ``get_arch_major``, ``test_filter``, ``ignore_env``, the CUDA benchmarks ``bench`` / ``bench_kineto``)."""
 
-from __future__ import annotations
 
 from . import bench, numeric, utils
 from .bench import *  # noqa: F401,F403

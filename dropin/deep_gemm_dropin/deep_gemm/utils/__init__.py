@@ -2,7 +2,6 @@
 level of ``deep_gemm``. Its ``dist`` helpers (``init_dist``, ``uneven_all_gather``: NCCL test scaffolding) are not
 provided."""
 
-from __future__ import annotations
 
 from . import layout, math
 from .layout import *  # noqa: F401,F403

@@ -1,5 +1,6 @@
-"""The reference design's 2.x API names (DeepGEMM 2.6, SM90 semantics), so ``import deep_fp8_gemm as deep_gemm``
-works in code written against it (vLLM's ``vllm/utils/deep_gemm.py``, SGLang's ``deep_gemm_wrapper``, torchao).
+"""The reference design's 2.x GEMM and layout names (DeepGEMM 2.6, SM90 semantics): the API part of
+:mod:`deep_fp8_gemm.compat`, the 2.x surface the ``deep_gemm`` drop-in re-exports (vLLM's ``vllm/utils/deep_gemm.py``,
+SGLang's ``deep_gemm_wrapper``, torchao call it).
 
 Every entry point validates the 2.x-only arguments here and then calls the op of its family in
 :mod:`deep_fp8_gemm.ops`, so the numerics, dispatch (CPU reference / ``DFG_SIMULATE=1`` simulator /
@@ -32,12 +33,7 @@ The NN / TN / TT layouts (SM100-only in the reference) are deliberately *not* de
 :data:`LOADER_REQUIRED_ENTRIES` lists the few names a loader insists on (Hugging Face transformers' list); the
 ``deep_gemm`` drop-in distribution (``dropin/deep_gemm_dropin``) defines them as :func:`unsupported_entry` raisers.
 
-Runtime knobs (process-wide, as in the reference): ``set_num_sms`` / ``get_num_sms`` (0 restores the device's
-count), ``set_mk_alignment_for_contiguous_layout`` (64 or 128: the contiguous kernels' BLOCK_M, see
-:func:`deep_fp8_gemm.utils.set_mk_alignment_for_contiguous_layout`), ``set_pdl`` / ``get_pdl`` (a flag held for
-the PDL launches to come; no launch reads it yet), and ``set_tc_util`` / ``get_tc_util``,
-``set_ignore_compile_dims``, ``set_block_size_multiple_of``, validated as the reference does and held in
-:data:`RUNTIME_KNOBS` without effect on this library's heuristic (it has its own cost model; see the README).
+Runtime knobs are :mod:`.knobs`, the reference's casts :mod:`.casts`.
 
 The 1.x weight-gradient names :func:`wgrad_gemm_fp8_fp8_fp32_nt` and :func:`k_grouped_wgrad_gemm_fp8_fp8_fp32_nt`
 keep their 1.x argument layouts (``out`` accumulated, scales ``[mn, kb]`` or K-block-major ``[kb, mn]``).
@@ -45,21 +41,16 @@ keep their 1.x argument layouts (``out`` accumulated, scales ``[mn, kb]`` or K-b
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 
-from . import utils
-from ._core.checks import check_bool, check_expected_m
-from .constants import DEFAULT_CONTIGUOUS_ALIGNMENT
-from .ops.contiguous import m_grouped_gemm_fp8_fp8_bf16_nt_contiguous
-from .ops.dense import gemm_fp8_fp8_bf16_nt
-from .ops.k_grouped import k_grouped_gemm_fp8_fp8_fp32_nt
-from .ops.masked import m_grouped_gemm_fp8_fp8_bf16_nt_masked
-from .ops.psum import m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum
-from .ops.wgrad_1d1d import gemm_fp8_fp8_fp32_nt_1d1d
-from .utils import (get_col_major_tma_aligned_tensor, get_m_alignment_for_contiguous_layout, get_pdl,
-                    set_mk_alignment_for_contiguous_layout, set_pdl)
+from .._core.checks import check_bool, check_expected_m
+from ..ops.contiguous import m_grouped_gemm_fp8_fp8_bf16_nt_contiguous
+from ..ops.dense import gemm_fp8_fp8_bf16_nt
+from ..ops.k_grouped import k_grouped_gemm_fp8_fp8_fp32_nt
+from ..ops.masked import m_grouped_gemm_fp8_fp8_bf16_nt_masked
+from ..ops.psum import m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum
+from ..ops.wgrad_1d1d import gemm_fp8_fp8_fp32_nt_1d1d
+from ..utils import get_col_major_tma_aligned_tensor
 
 _DEFAULT_RECIPE = (1, 128, 128)
 _ONE_D_ONE_D = "the 1D1D weight-gradient kernel (per-channel B scales, fp32 D accumulated into C)"
@@ -68,7 +59,7 @@ _FP4_DTYPES = tuple(getattr(torch, name) for name in ("float4_e2m1fn_x2",) if ha
 
 
 # ---------------------------------------------------------------------------------------------- argument checks
-def _int_tuple(value: object, length: int, name: str) -> tuple[int, ...]:
+def int_tuple(value: object, length: int, name: str) -> tuple[int, ...]:
     if not isinstance(value, (tuple, list)) or len(value) != length or not all(
             isinstance(v, int) and not isinstance(v, bool) for v in value):
         raise TypeError(f"{name} must be a tuple of {length} ints, got {value!r}")
@@ -102,11 +93,11 @@ def check_recipe(recipe: object = None, recipe_a: object = None, recipe_b: objec
     if (recipe_a is None) != (recipe_b is None):
         raise ValueError(f"recipe_a and recipe_b go together, got {recipe_a=} {recipe_b=}")
     if recipe is not None:
-        gm, gn, gk = _int_tuple(recipe, 3, "recipe")
+        gm, gn, gk = int_tuple(recipe, 3, "recipe")
         return _check_granularity(gm, gn, gk, f"recipe={tuple(recipe)}", allow_1d1d)
     elif recipe_a is not None:
-        gm, gka = _int_tuple(recipe_a, 2, "recipe_a")
-        gn, gkb = _int_tuple(recipe_b, 2, "recipe_b")
+        gm, gka = int_tuple(recipe_a, 2, "recipe_a")
+        gn, gkb = int_tuple(recipe_b, 2, "recipe_b")
         if gka != gkb:
             raise ValueError(f"recipe_a and recipe_b must share gran_k, got {recipe_a=} {recipe_b=}")
         return _check_granularity(gm, gn, gka, f"recipe_a={tuple(recipe_a)}, recipe_b={tuple(recipe_b)}",
@@ -380,85 +371,6 @@ def k_grouped_wgrad_gemm_fp8_fp8_fp32_nt(lhs: tuple[torch.Tensor, torch.Tensor],
         a_offset, b_offset, kb_offset = a_offset + m * k, b_offset + n * k, kb_offset + kb
 
 
-# ---------------------------------------------------------------------------------------------- layout helpers
-def get_mk_alignment_for_contiguous_layout() -> int:
-    """Rows (M-grouped) each group of a contiguous layout is aligned to: 128, or 64 after
-    ``set_mk_alignment_for_contiguous_layout(64)`` (the contiguous kernels' BLOCK_M)."""
-    return get_m_alignment_for_contiguous_layout()
-
-
-#: The K-grouped spelling of the same alignment (the reference's 2.0 name).
-get_k_alignment_for_contiguous_layout = get_mk_alignment_for_contiguous_layout
-
-
-def get_theoretical_mk_alignment_for_contiguous_layout(expected_m: int | None = None) -> int:
-    """The alignment the reference recommends for ``expected_m`` rows per group: on SM90 always 128 (its value
-    there; the SM100 kernels shrink it with ``expected_m``). ``set_mk_alignment_for_contiguous_layout(64)``
-    is still available here and halves the worst-case padding per expert. One optional argument, as in
-    DeepGEMM 2.6.1 (vLLM passes ``num_groups`` too and falls back on the ``TypeError``)."""
-    if expected_m is not None and (isinstance(expected_m, bool) or not isinstance(expected_m, int)):
-        raise TypeError(f"expected_m must be an int or None, got {type(expected_m).__name__} ({expected_m!r})")
-    return DEFAULT_CONTIGUOUS_ALIGNMENT
-
-
-# ---------------------------------------------------------------------------------------------- runtime knobs
-@dataclasses.dataclass
-class RuntimeKnobs:
-    """The reference's runtime knobs that change nothing here, validated and held (process-wide)."""
-
-    tc_util: int = 0
-    ignore_compile_dims: bool = False
-    block_size_multiple_of: tuple[int, int] = (1, 1)
-
-
-#: The one instance.
-RUNTIME_KNOBS = RuntimeKnobs()
-
-
-def set_num_sms(num_sms: int) -> None:
-    """The reference's ``set_num_sms``: ``num_sms`` in ``[0, device SM count]``; 0 restores the device's count
-    (:func:`deep_fp8_gemm.utils.reset_num_sms`), anything else is :func:`deep_fp8_gemm.set_num_sms`."""
-    if num_sms == 0 and type(num_sms) is int:
-        utils.reset_num_sms()
-    else:
-        utils.set_num_sms(num_sms)
-
-
-def get_num_sms() -> int:
-    """SMs the kernels use (:func:`deep_fp8_gemm.get_num_sms`)."""
-    return utils.get_num_sms()
-
-
-def set_tc_util(tc_util: int) -> None:
-    """The reference's tensor-core utilisation hint, an int in ``[0, 100]``; held, no effect here."""
-    if isinstance(tc_util, bool) or not isinstance(tc_util, int):
-        raise TypeError(f"tc_util must be an int, got {type(tc_util).__name__} ({tc_util!r})")
-    if not 0 <= tc_util <= 100:
-        raise ValueError(f"tc_util must be in [0, 100], got {tc_util}")
-    RUNTIME_KNOBS.tc_util = tc_util
-
-
-def get_tc_util() -> int:
-    """The value :func:`set_tc_util` holds (0 by default)."""
-    return RUNTIME_KNOBS.tc_util
-
-
-def set_ignore_compile_dims(value: bool) -> None:
-    """The reference's switch to compile no dims into its kernels; held, no effect here (N and K are always
-    compiled in, M never: ``compiled_dims`` is a hint in this library)."""
-    RUNTIME_KNOBS.ignore_compile_dims = check_bool(value, "value")
-
-
-def set_block_size_multiple_of(value: int | tuple[int, int]) -> None:
-    """The reference's constraint on its heuristic's BLOCK_M / BLOCK_N (an int for both, or a pair); validated
-    (positive ints) and held, no effect on this library's heuristic."""
-    pair = (value, value) if isinstance(value, int) and not isinstance(value, bool) else value
-    pair = _int_tuple(pair, 2, "value")
-    if min(pair) < 1:
-        raise ValueError(f"block size multiples must be positive, got {value!r}")
-    RUNTIME_KNOBS.block_size_multiple_of = pair
-
-
 # ---------------------------------------------------------------------------------------------- absent names
 #: Names Hugging Face transformers' DeepGEMM loader requires to exist before it uses the module
 #: (``integrations/finegrained_fp8.py``), with what they are; none is provided by this library.
@@ -539,12 +451,12 @@ def transform_sf_into_required_layout(
     if isinstance(recipe, (tuple, list)) and len(recipe) == 3:
         if not isinstance(is_sfa, bool):
             raise ValueError(f"a 3-element recipe needs is_sfa=True (A's scales) or False (B's), got {is_sfa=}")
-        gran_m, gran_n, gran_k = _int_tuple(recipe, 3, "recipe")
+        gran_m, gran_n, gran_k = int_tuple(recipe, 3, "recipe")
         gran_mn = gran_m if is_sfa else gran_n
     else:
         if is_sfa is not None:
             raise ValueError(f"a 2-element recipe (gran_mn, gran_k) takes is_sfa=None, got {is_sfa=}")
-        gran_mn, gran_k = _int_tuple(recipe, 2, "recipe")
+        gran_mn, gran_k = int_tuple(recipe, 2, "recipe")
     if gran_k == 32:
         raise NotImplementedError("gran_k 32 (MXFP8 scale groups) exists only on the reference's SM100 kernels")
     if gran_k != 128 or gran_mn not in (1, 128):
@@ -564,32 +476,18 @@ def transform_sf_into_required_layout(
 
 __all__ = [
     "LOADER_REQUIRED_ENTRIES",
-    "RUNTIME_KNOBS",
-    "RuntimeKnobs",
     "check_compiled_dims",
     "check_recipe",
     "fp8_fp4_gemm_nt",
     "fp8_gemm_nt",
     "fp8_m_grouped_gemm_nt_masked",
-    "get_k_alignment_for_contiguous_layout",
-    "get_mk_alignment_for_contiguous_layout",
     "get_mn_major_tma_aligned_tensor",
-    "get_num_sms",
-    "get_pdl",
-    "get_tc_util",
-    "get_theoretical_mk_alignment_for_contiguous_layout",
     "k_grouped_fp8_gemm_nt_contiguous",
     "k_grouped_wgrad_gemm_fp8_fp8_fp32_nt",
     "m_grouped_fp8_fp4_gemm_nt_contiguous",
     "m_grouped_fp8_fp4_gemm_nt_masked",
     "m_grouped_fp8_gemm_nt_contiguous",
     "m_grouped_fp8_gemm_nt_masked",
-    "set_block_size_multiple_of",
-    "set_ignore_compile_dims",
-    "set_mk_alignment_for_contiguous_layout",
-    "set_num_sms",
-    "set_pdl",
-    "set_tc_util",
     "transform_sf_into_required_layout",
     "unsupported_entry",
     "wgrad_gemm_fp8_fp8_fp32_nt",

@@ -1,4 +1,5 @@
-"""The reference design's casts bit for bit: what the ``deep_gemm`` drop-in's ``deep_gemm.utils`` exports.
+"""The reference design's casts bit for bit, the casts part of :mod:`deep_fp8_gemm.compat` (what the ``deep_gemm``
+drop-in's ``deep_gemm.utils`` exports).
 
 DeepGEMM 2.6.1's ``per_token_cast_to_fp8`` / ``per_block_cast_to_fp8`` / ``per_channel_cast_to_fp8`` /
 ``per_custom_dims_cast_to_fp8`` (``deep_gemm/utils/math.py``) compute, per scale group, ``amax = max(max|x|,
@@ -35,20 +36,21 @@ from __future__ import annotations
 
 import torch
 
-from ._core.checks import check_bool
-from .constants import AMAX_FLOOR, FP8_E4M3_MAX, GRAN_K
-from .kernels import quant as quant_host
-from .quant import ceil_to_ue8m0, check_input, check_sm100_options, kernel_launcher
-from .utils import ceil_div
+from .._core.checks import check_bool
+from ..constants import AMAX_FLOOR, FP8_E4M3_MAX, GRAN_K
+from ..kernels import quant as quant_host
+from ..quant import ceil_to_ue8m0 as _ceil_to_ue8m0_f32
+from ..quant import check_input, check_sm100_options, kernel_launcher
+from ..utils import ceil_div
 
 _NUMERICS = quant_host.Numerics.DEEP_GEMM_CUDA
 
 
 def _scale(amax: torch.Tensor, use_ue8m0: bool) -> torch.Tensor:
     """``amax / 448.0`` with a Python-float divisor (ATen's device-dependent arithmetic, as the reference),
-    then ``ceil_to_ue8m0(|sf|)`` for UE8M0 scales."""
+    then ``_ceil_to_ue8m0_f32(|sf|)`` for UE8M0 scales."""
     sf = amax / FP8_E4M3_MAX
-    return ceil_to_ue8m0(sf.abs()) if use_ue8m0 else sf
+    return _ceil_to_ue8m0_f32(sf.abs()) if use_ue8m0 else sf
 
 
 def per_token_cast_to_fp8_torch(x: torch.Tensor, use_ue8m0: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -145,7 +147,21 @@ def per_custom_dims_cast_to_fp8(x: torch.Tensor, dims: tuple[int, ...], use_ue8m
     return (x * (1.0 / sf)).to(torch.float8_e4m3fn), sf.squeeze()
 
 
+def align(x: int, y: int) -> int:
+    """``x`` rounded up to a multiple of ``y`` (the reference's ``deep_gemm.utils.align``)."""
+    return ceil_div(x, y) * y
+
+
+def ceil_to_ue8m0(x: torch.Tensor) -> torch.Tensor:
+    """``2^ceil(log2(|x|))`` as float32, exactly (exponent field plus one when any mantissa bit is set, clamped to
+    ``[1, 254]``): the reference's UE8M0 rounding (``deep_gemm.utils.ceil_to_ue8m0``)."""
+    return _ceil_to_ue8m0_f32(x.abs().float())
+
+
 __all__ = [
+    "align",
+    "ceil_div",
+    "ceil_to_ue8m0",
     "per_block_cast_to_fp8",
     "per_channel_cast_to_fp8",
     "per_custom_dims_cast_to_fp8",
