@@ -1,4 +1,4 @@
-"""``python -m deep_fp8_gemm {audit,precompile,cache,env,kinds,demo}``; all of it works without a GPU.
+"""``python -m deep_fp8_gemm {audit,precompile,cache,env,kinds,bench,demo}``; all of it works without a GPU.
 
 * ``audit``: compile every distinct kernel the heuristic picks for the given shapes and M values and
   check registers, spills, local memory, required SASS and ptxas warnings, and the K-loop figures against
@@ -10,6 +10,7 @@
   serving GPU's ``--num-sms``).
 * ``cache info`` / ``cache clear``: the on-disk caches (cubins, simulator libraries, saved failing sources)
   and the result of their ownership checks; ``env``: versions and paths the JIT uses.
+* ``bench``: the benchmarks of a checkout's ``bench/`` (listed; ``bench NAME ARGS`` runs one).
 * ``kinds``: the kinds table (each GEMM kind's point on the axes); ``kinds --header`` prints the C++ header generated
   from it (``include/deep_fp8_gemm/kinds.cuh``).
 """
@@ -21,6 +22,8 @@ import concurrent.futures
 import importlib
 import json
 import multiprocessing
+import os
+import re
 import sys
 import time
 from collections.abc import Sequence
@@ -30,6 +33,11 @@ from .kinds import TABLE
 #: The GEMM kinds (the rows of the kinds table, torch-free) and the audit's other kernel families.
 GEMM_KINDS = TABLE.names
 ALL_KINDS = (*GEMM_KINDS, "quant")
+
+
+def plain(text: str) -> str:
+    """A docstring line for ``--help``: RST markup removed (````x```` and ``:func:`x``` read as ``x``)."""
+    return re.sub(r":\w+:`~?([^`]+)`", r"\1", text).replace("``", "")
 
 
 class CliError(Exception):
@@ -70,7 +78,10 @@ def _add_kernel_selection(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``python -m deep_fp8_gemm``."""
-    parser = argparse.ArgumentParser(prog="python -m deep_fp8_gemm", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m deep_fp8_gemm", description=plain(__doc__.split("\n")[0]),
+        epilog="Benchmarks (a checkout's bench/ folder): python -m deep_fp8_gemm bench lists them; on a GPU, "
+               "bash bench/device_check.sh OUTDIR runs the tests and the benchmarks.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("audit", help="compile and statically check kernels (no GPU needed)")
@@ -85,6 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("action", choices=("info", "clear"))
 
     sub.add_parser("env", help="versions and paths the JIT uses")
+
+    p = sub.add_parser("bench", help="list the benchmarks (bench/ of a checkout), or run one: bench NAME [ARGS]",
+                       add_help=False)
 
     p = sub.add_parser("kinds", help="the GEMM kinds table: each kind's axis values")
     p.add_argument("--header", action="store_true", help="print the generated C++ header instead")
@@ -132,9 +146,23 @@ def _targets_from_args(args: argparse.Namespace) -> list:
 
 
 # ---------------------------------------------------------------------------------------- commands
+def _check_json_path(path: str | None) -> None:
+    """A ``--json`` file must be writable where it is named, checked before anything is compiled."""
+    if path in (None, "-"):
+        return
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise CliError(f"--json {path}: the directory {parent} does not exist")
+    if os.path.isdir(path):
+        raise CliError(f"--json {path} is a directory; name a file")
+    if not os.access(parent, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise CliError(f"--json {path}: not writable")
+
+
 def cmd_audit(args: argparse.Namespace) -> int:
     from .runtime.audit import audit, format_table
 
+    _check_json_path(args.json)
     records = audit(_targets_from_args(args), progress=True)
     if args.json == "-":
         json.dump(records, sys.stdout, indent=1)
@@ -216,9 +244,12 @@ def cmd_cache(args: argparse.Namespace) -> int:
 
 def env_report() -> dict:
     """What ``env`` prints, as a dict (each probe reports its own failure instead of raising)."""
-    from . import env
+    import platform
 
-    report: dict[str, str] = {}
+    from . import __version__, env
+
+    report: dict[str, str] = {"deep_fp8_gemm": __version__,
+                              "python": f"{platform.python_version()} ({platform.python_implementation()})"}
     try:
         import torch
 
@@ -278,6 +309,29 @@ def cmd_kinds(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(argv: list[str]) -> int:
+    """``bench``: the benchmarks of ``bench/`` (importable from a checkout or an editable install), listed with their
+    first docstring line; ``bench NAME ARGS`` runs ``python -m bench.bench_NAME ARGS``."""
+    import pkgutil
+
+    try:
+        bench = importlib.import_module("bench")
+    except ImportError:
+        raise CliError("the benchmarks live in the repository's bench/ folder, which this installation does not "
+                       "have: run them from a checkout (python -m bench.bench_dense ...)") from None
+    names = sorted(info.name[len("bench_"):] for info in pkgutil.iter_modules(bench.__path__)
+                   if info.name.startswith("bench_"))
+    if not argv or argv[0] in ("-h", "--help"):
+        print("benchmarks (python -m deep_fp8_gemm bench NAME [ARGS], or python -m bench.bench_NAME [ARGS]):")
+        for name in names:
+            doc = importlib.import_module(f"bench.bench_{name}").__doc__ or ""
+            print(f"  {name:<10} {plain(doc.strip().splitlines()[0]) if doc.strip() else ''}")
+        return 0
+    if argv[0] not in names:
+        raise CliError(f"no benchmark {argv[0]!r}; choose one of {', '.join(names)}")
+    return int(importlib.import_module(f"bench.bench_{argv[0]}").main(argv[1:]) or 0)
+
+
 def cmd_demo(demo_argv: list[str]) -> int:
     try:
         demo = importlib.import_module("deep_fp8_gemm.demo")
@@ -295,6 +349,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if argv[:1] == ["demo"]:  # the demo parses its own options
             return cmd_demo(argv[1:])
+        if argv[:1] == ["bench"]:  # so does each benchmark
+            return cmd_bench(argv[1:])
+        # argparse reads a token starting with "-" as an option unless it is a plain negative number: give a
+        # negative shape or M list ("-128,256") a leading space, so that it reaches its own value check.
+        argv = [" " + a if "," in a and re.fullmatch(r"-\d[\d,-]*", a) else a for a in argv]
         args = build_parser().parse_args(argv)
         return _COMMANDS[args.command](args)
     except CliError as exc:

@@ -162,10 +162,14 @@ def float64_einsum(call: dict) -> torch.Tensor:
     a, b = deq_a(call["a"], call["sa"]), deq_b(call["b"], call["sb"])
     if call["kind"] == "dense":
         return torch.einsum("mk,nk->mn", a, b)
-    if call["kind"] == "contiguous":
+    if call["kind"] == "contiguous":  # per expert: a gather of B per row would be rows x n x k float64
         idx = call["m_indices"].long()
         rows = idx >= 0
-        return torch.einsum("rk,rnk->rn", a[rows], b[idx[rows]])
+        out = torch.empty(int(rows.sum()), b.shape[-2], dtype=torch.float64, device=a.device)
+        for g in range(b.shape[0]):
+            mine = idx[rows] == g
+            out[mine] = a[rows][mine] @ b[g].T
+        return out
     return torch.cat([torch.einsum("mk,nk->mn", a[g, :c], b[g]) for g, c in enumerate(call["counts"])])
 
 
@@ -348,22 +352,58 @@ def simulate_calls(calls: list[dict]) -> int:
     return status
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def check_memory(reduce: int) -> None:
+    """``ValueError`` when the no-GPU path's float64 check at ``--reduce`` needs more memory than this machine has
+    (its largest operand: the dequantised B of a grouped call, G x N x K float64, a few times over), naming the
+    smallest ``--reduce`` that fits."""
+    def need(r: int) -> int:
+        calls_b = [(c["num_groups"], c["n"], c["k"]) for c in (MOE_CONTIGUOUS, MOE_MASKED)] + [(1, n, k) for n, k in
+                                                                                           LAYER_DENSE]
+        red = (lambda x: x if r == 1 else max(128, (x // r) // 128 * 128) + x % 128)
+        return 4 * max(g * red(n) * red(k) * 8 for g, n, k in calls_b)  # B in float64, its scales, a copy, margin
+
+    try:
+        available = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # not a POSIX sysconf: do not guess
+        return
+    if need(reduce) > available // 2:
+        fits = next((r for r in range(reduce + 1, 1025) if need(r) <= available // 2), None)
+        raise ValueError(f"--reduce {reduce}: the float64 check of the reduced layer needs ~{need(reduce) / 2**30:.1f} "
+                         f"GiB, more than half this machine's {available / 2**30:.1f} GiB; use --reduce "
+                         f"{fits} or more")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m deep_fp8_gemm demo", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--m", type=int, default=128, help="token count of the dense calls (default 128)")
+    parser.add_argument("--m", type=_positive_int, default=128, help="token count of the dense calls (default 128)")
     parser.add_argument("--cpu", action="store_true", help="take the no-GPU path even when a GPU is present")
     parser.add_argument("--no-audit", action="store_true", help="no-GPU path: skip compiling/auditing kernels")
     parser.add_argument("--no-sim", action="store_true",
                         help="no-GPU path: skip running the kernels in the CPU simulator")
-    parser.add_argument("--reduce", type=int, default=8, metavar="F",
-                        help="no-GPU path: divide N and K by F for the CPU reference run (default 8)")
+    parser.add_argument("--reduce", type=_positive_int, default=8, metavar="F",
+                        help="no-GPU path: divide N and K by F for the CPU reference run (default 8; 1: full size, "
+                             "refused where the float64 check would not fit in memory)")
     args = parser.parse_args(argv)
     start = time.perf_counter()
     sm90, _ = _print_env()
     if sm90 and not args.cpu:
         status = gpu_demo(args.m)
     else:
-        status = cpu_demo(args.m, not args.no_audit, max(1, args.reduce), not args.no_sim)
+        try:
+            check_memory(args.reduce)
+        except ValueError as exc:
+            parser.error(str(exc))  # exit status 2, with the usage line
+        status = cpu_demo(args.m, not args.no_audit, args.reduce, not args.no_sim)
     print(f"\ndemo finished in {time.perf_counter() - start:.1f} s")
     return status
 

@@ -68,9 +68,14 @@ from .ops.moe import (check_expert_sizes, check_routed_inputs, check_same_device
                       swiglu_weights)
 from .quant import per_token_cast_to_fp8, silu_mul_quant
 from .ops.masked import check_masked_values
+from .ops.outputs import SwigluWeights
 from ._core.checks import check_expected_m, layout_values_checked
 
 __all__ = ["FP8MoE", "fp8_moe_forward", "fp8_moe_forward_masked", "silu_mul_quant"]
+
+#: The token dtypes the inference forward takes: quantised per token as they are, the output in the same dtype (the
+#: layer's FP8 weights stay FP8 under ``.half()``, ``FP8StateModule``).
+_TOKEN_DTYPES = (torch.bfloat16, torch.float16)
 
 
 def fp8_moe_forward(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w13: torch.Tensor,
@@ -79,7 +84,8 @@ def fp8_moe_forward(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: 
     """FP8 MoE forward over routed tokens (module docstring: math and pipeline).
 
     Args:
-        hidden: ``[T, H]`` bfloat16 (any strides).
+        hidden: ``[T, H]`` bfloat16 or float16 (any strides; the output has its dtype, fp16 values beyond 65504
+            becoming ±inf as an fp16 layer's would).
         topk_ids: ``[T, top_k]`` integer; expert of each slot in ``[0, E)``, or -1 for a dropped slot.
         topk_weights: ``[T, top_k]`` float32 (bf16 / fp16 accepted and widened); weight of each slot.
         w13: ``[E, 2I, H]`` float8_e4m3fn; rows ``[0, I)`` the gate projection W1, ``[I, 2I)`` the up projection W3.
@@ -97,7 +103,7 @@ def fp8_moe_forward(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: 
             up-projection"). None: the unfused path.
 
     Returns:
-        ``[T, H]`` bfloat16, a new tensor. A token whose slots are all dropped gets zeros; ``T == 0`` gives an
+        ``[T, H]`` of hidden's dtype, a new tensor. A token whose slots are all dropped gets zeros; ``T == 0`` gives an
         empty ``[0, H]``. All tensors must be on one device (CPU, or an sm_90 GPU).
 
     Raises:
@@ -105,7 +111,7 @@ def fp8_moe_forward(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: 
             H or I not multiples of 16, expert ids out of range (CPU; a device assert on GPU).
     """
     num_experts, hidden_size, inter, num_tokens = check_routed_inputs(hidden, topk_ids, topk_weights, w13,
-                                                                      w13_scale, w2, w2_scale)
+                                                                      w13_scale, w2, w2_scale, _TOKEN_DTYPES)
     check_swiglu_weights(w13_swiglu, w13, w13_scale)
     top_k = topk_ids.shape[1]
     out_shape = (num_tokens, hidden_size)
@@ -116,7 +122,7 @@ def fp8_moe_forward(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: 
         return hidden.new_zeros(out_shape)
     x_fp8, x_scales = per_token_cast_to_fp8(hidden)
     _, down = experts_contiguous(x_fp8, x_scales, routed, w13, w13_scale, w2, w2_scale, w13_swiglu)
-    return combine(down, routed.scatter_index, topk_weights)
+    return combine(down, routed.scatter_index, topk_weights, hidden.dtype)
 
 
 # ---------------------------------------------------------------------------------------------- masked path
@@ -260,9 +266,10 @@ class FP8MoE(FP8StateModule):
         self.w13_swiglu, self.w13_swiglu_scale = (None, None) if pair is None else pair
 
     @property
-    def swiglu_pair(self) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """``(w13_swiglu, w13_swiglu_scale)`` for :func:`fp8_moe_forward`'s ``w13_swiglu``, or None (unfused)."""
-        return None if self.w13_swiglu is None else (self.w13_swiglu, self.w13_swiglu_scale)
+    def swiglu_pair(self) -> SwigluWeights | None:
+        """``SwigluWeights(w13_swiglu, w13_swiglu_scale)`` for :func:`fp8_moe_forward`'s ``w13_swiglu``, or None
+        (unfused)."""
+        return None if self.w13_swiglu is None else SwigluWeights(self.w13_swiglu, self.w13_swiglu_scale)
 
     @classmethod
     def from_weights(cls, w13: torch.Tensor, w2: torch.Tensor, *,

@@ -156,10 +156,13 @@ class FP8Linear(FP8StateModule):
         return module
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``x [..., K]`` bfloat16 (any leading dims, any strides) -> ``[..., N]`` bfloat16, a new tensor.
+        """``x [..., K]`` bfloat16 or float16 (any leading dims, any strides) -> ``[..., N]`` of x's dtype, a new
+        tensor.
 
-        ``y = bf16(bf16(dequant(per_token(x)) · dequant(W)ᵀ) + b)``: the GEMM output is rounded to bf16, the
-        bias added in fp32. A training layer (``master_dtype``) runs :func:`deep_fp8_gemm.autograd.fp8_linear`
+        ``y = dtype(bf16(dequant(per_token(x)) · dequant(W)ᵀ) + b)``: x quantised per token as it is (an fp16 input
+        is not rounded to bf16 first), the GEMM output rounded to bf16, the bias added in fp32, one rounding to x's
+        dtype (an fp16 output: values beyond 65504 become ±inf, as ``nn.Linear`` in fp16 would give; the layer's
+        e4m3 weights stay e4m3 after ``.half()``, :class:`FP8StateModule`). A training layer (``master_dtype``) runs :func:`deep_fp8_gemm.autograd.fp8_linear`
         on its master weight (the same values for the same weight); an inference layer whose input (or bias)
         requires grad runs :func:`deep_fp8_gemm.autograd.fp8_linear_frozen` (the same values, with an FP8 input
         gradient).
@@ -168,13 +171,16 @@ class FP8Linear(FP8StateModule):
             return fp8_linear(x, self.weight, self.bias)
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
-        if x.dtype != torch.bfloat16:
-            raise TypeError(f"x must be bfloat16, got x.dtype={x.dtype}")
+        if x.dtype not in (torch.bfloat16, torch.float16):
+            raise TypeError(f"x must be bfloat16 or float16, got x.dtype={x.dtype}")
         if x.dim() < 1 or x.shape[-1] != self.in_features:
             raise ValueError(f"x must be [..., in_features={self.in_features}], got x.shape={tuple(x.shape)}")
         if x.device != self.weight_fp8.device:
             raise ValueError(f"x is on {x.device} but the layer's weight is on {self.weight_fp8.device}")
         if torch.is_grad_enabled() and (x.requires_grad or (self.bias is not None and self.bias.requires_grad)):
+            if x.dtype != torch.bfloat16:
+                raise TypeError(f"x must be bfloat16 when it requires grad (the FP8 input gradient is bf16), got "
+                                f"x.dtype={x.dtype}")
             return fp8_linear_frozen(x, self.weight_fp8, self.weight_scale, self.bias)
         leading = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
@@ -183,8 +189,8 @@ class FP8Linear(FP8StateModule):
             x_fp8, x_scales = per_token_cast_to_fp8(x2)
             gemm_fp8_fp8_bf16_nt((x_fp8, x_scales), (self.weight_fp8, self.weight_scale), out)
             if self.bias is not None:
-                out = (out.float() + self.bias.float()).to(torch.bfloat16)
-        return out.view(*leading, self.out_features)
+                out = (out.float() + self.bias.float()).to(x.dtype)
+        return out.to(x.dtype).view(*leading, self.out_features)
 
     def extra_repr(self) -> str:
         master = "" if self.master_dtype is None else f", master_dtype={self.master_dtype}"

@@ -64,7 +64,9 @@ def get_tma_aligned_size(x: int, element_size: int) -> int:
     """
     if element_size <= 0 or 16 % element_size != 0:
         raise ValueError(f"element_size must divide 16 bytes, got {element_size=}")
-    if isinstance(x, (bool, float)) or not hasattr(x, "__index__"):
+    # ints (a SymInt too: a row count traced by torch.compile(dynamic=True), on which hasattr does not trace) are
+    # tested first; numpy integers have __index__.
+    if isinstance(x, (bool, float)) or not (isinstance(x, (int, torch.SymInt)) or hasattr(x, "__index__")):
         raise TypeError(f"x must be an int (a row count), got {type(x).__name__} ({x!r})")
     if x < 0:
         raise ValueError(f"x must be a non-negative row count, got {x=}")

@@ -120,3 +120,63 @@ SPECIFIC = {
     ],
 }
 CASES = [(kind, *case) for kind in BUILDERS for case in COMMON + SPECIFIC.get(kind, [])]
+
+
+# ---------------------------------------------------------------------------------------------- every kind
+def family_call(kind: str, seed: int = 0, device: str = "cpu"):
+    """A valid call of ``kind``'s public op (operands of a small problem, made on the CPU and moved to ``device``, e.g.
+    ``"meta"``): ``(call, outputs, names)`` where ``call(outputs)`` runs the op with those output tensors (in place of
+    the defaults) and ``names`` are their names in messages. Built from the kind's axis values, so every row of the
+    kinds table has one."""
+    from deep_fp8_gemm import ops
+    from deep_fp8_gemm.kinds import TABLE
+    from deep_fp8_gemm.ops.outputs import empty_out
+
+    row, family = TABLE.row(kind), ops.FAMILIES[kind]
+    n = 512  # the SwiGLU output's I = 256: two 128-column scale groups
+    move = (lambda t: t.to(device) if isinstance(t, torch.Tensor) else t)
+    if row.layout == "k_grouped":
+        ks = [128, 256]
+        a, sa = quantised_activations((64, sum(ks)), seed)
+        b, sb = quantised_activations((n, sum(ks)), seed + 1)
+        lhs, rhs, outs, extra, names = (a.view(-1), sa), (b.view(-1), sb), (torch.zeros(len(ks), 64, n),), (ks,), ("d",)
+    elif row.accumulation == "1d1d":
+        a, sa = quantised_activations((64, K), seed)
+        b, sb = quantised_activations((n, K), seed + 1)
+        lhs, rhs, outs, extra, names = (a, sa), (b, sb), (torch.zeros(64, n),), (), ("d",)
+    else:
+        groups = None if row.layout == "dense" else 2
+        lead, rows = ((groups,), 32) if row.layout == "masked" else ((), 128)
+        lhs = quantised_activations((*lead, rows, K), seed)
+        rhs = quantised_weights(((groups,) if groups else ()) + (n, K), seed + 1)
+        extra = {"dense": (), "contiguous": (torch.zeros(rows, dtype=torch.int32),),
+                 "psum": (torch.tensor([100, 128], dtype=torch.int32),),
+                 "masked": (torch.tensor([3, 32], dtype=torch.int32), 16)}[row.layout]
+        policy, names = family.output, family.output.names
+        outs = ((torch.zeros(*lead, rows, n, dtype=torch.bfloat16),) if policy.arity == 1 else  # rows a kind leaves: 0
+                tuple(t.zero_() for t in empty_out(lead, rows, policy.n_out(n), "cpu")))
+    lhs, rhs, extra = tuple(map(move, lhs)), tuple(map(move, rhs)), tuple(map(move, extra))
+    pair = len(names) == 2
+
+    def call(outputs) -> None:
+        family.public(lhs, rhs, tuple(outputs) if pair else outputs[0], *extra)
+
+    return call, tuple(map(move, outs)), names
+
+
+def self_overlapping_like(t: torch.Tensor) -> torch.Tensor:
+    """A view of ``t``'s shape and dtype whose elements overlap while every stride stays a TMA-legal multiple of 16
+    bytes: its second-innermost dimension (or the M-major scales' outer one) steps 16 bytes, inside the rows."""
+    strides = list(t.stride())
+    inner = max(range(t.dim()), key=lambda d: (t.shape[d] > 1 and strides[d] == 1, -d))  # the unit-stride dim
+    outer = max((d for d in range(t.dim()) if d != inner and t.shape[d] > 1), key=lambda d: -strides[d])
+    strides[outer] = 16 // t.element_size()
+    size = 1 + sum((s - 1) * st for s, st in zip(t.shape, strides))
+    return torch.zeros(size, dtype=t.dtype).as_strided(t.shape, strides)
+
+
+def column_slice_like(t: torch.Tensor) -> torch.Tensor:
+    """A legal non-contiguous view of ``t``'s shape: a column slice of a buffer 16 bytes wider per row (what serving
+    stacks pass: the first ``n`` columns of a fused output)."""
+    wide = torch.zeros(*t.shape[:-1], t.shape[-1] + 16 // t.element_size(), dtype=t.dtype)
+    return wide[..., : t.shape[-1]]

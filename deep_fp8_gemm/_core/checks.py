@@ -129,6 +129,23 @@ def check_row_major_tma(t: torch.Tensor, name: str) -> None:
             )
 
 
+def check_not_self_overlapping(t: torch.Tensor, name: str) -> None:
+    """No two elements of the output ``t`` share memory (a layout-level rule: strides only, no pointer). Sorting the
+    dimensions of size > 1 by stride, each stride must be at least one past the extent of the dimensions inside it:
+    ``stride >= 1 + Σ (size - 1) · stride`` over the smaller-stride ones (a zero stride is an overlap). torch's own
+    ``out=`` ops accept such views and keep the last write; a kernel writing tiles in parallel gives a race."""
+    dims = sorted((stride, size, d) for d, (size, stride) in enumerate(zip(t.shape, t.stride())) if size > 1)
+    extent = 0  # elements spanned by the dimensions already seen, minus one
+    for stride, size, d in dims:
+        if stride <= extent:
+            raise ValueError(
+                f"{name} overlaps itself: with shape {tuple(t.shape)} and strides {t.stride()}, dim {d} (stride "
+                f"{stride}) steps inside the {extent + 1} elements its inner dims span, so outputs would share "
+                f"memory; pass a tensor whose elements are distinct (a contiguous tensor, or a column slice of a "
+                f"wider buffer)")
+        extent += (size - 1) * stride
+
+
 def check_divisibility(n: int, k: int) -> None:
     """``n % 8 == 0`` and ``k % 16 == 0``: 16-byte rows of the contiguous bf16 D / fp8 A and B (TMA)."""
     if n % 8 != 0 or k % 16 != 0:

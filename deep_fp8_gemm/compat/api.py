@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import torch
 
-from .._core.checks import check_bool, check_expected_m
+from .._core.checks import check_bool, check_expected_m, unpack_pair
 from ..ops.contiguous import m_grouped_gemm_fp8_fp8_bf16_nt_contiguous
 from ..ops.dense import gemm_fp8_fp8_bf16_nt
 from ..ops.k_grouped import k_grouped_gemm_fp8_fp8_fp32_nt
@@ -165,7 +165,7 @@ def fp8_gemm_nt(
     1D1D (``recipe=(1, 1, 128)`` or ``recipe_a=(1, 128), recipe_b=(1, 128)``): sB ``[n, ceil(k/128)]`` per-row,
     ``d`` and ``c`` fp32 ``[m, n]``; ``c`` is required (``c=d`` accumulates in place into a main-grad buffer;
     another tensor is read and d only written). Everything else is
-    :func:`deep_fp8_gemm.wgrad.gemm_fp8_fp8_fp32_nt_1d1d`.
+    :func:`deep_fp8_gemm.gemm_fp8_fp8_fp32_nt_1d1d`.
     The other 2.x arguments as in the module docstring.
     """
     one_d_one_d = _common_checks(a, b, recipe, recipe_a, recipe_b, compiled_dims, disable_ue8m0_cast,
@@ -211,7 +211,7 @@ def m_grouped_fp8_gemm_nt_contiguous(
     be None (``ValueError``, as the reference).
     ``use_psum_layout=True``: ``grouped_layout`` is ``[G]`` int32 group ends (group g = rows
     ``[round_up(grouped_layout[g-1], 128), grouped_layout[g])``, the first from row 0; see
-    :mod:`deep_fp8_gemm.psum` for what is checked where), read on the device only; ``expected_m_for_psum_layout``
+    :mod:`deep_fp8_gemm.ops.psum` for what is checked where), read on the device only; ``expected_m_for_psum_layout``
     (rows per group, optional) picks the kernel configuration.
     Positional order as the reference's: ``..., disable_ue8m0_cast, use_psum_layout, ensure_zero_padding,
     expected_m_for_psum_layout``. ``ensure_zero_padding`` (the reference passes it to its SM100 kernels only) is
@@ -276,7 +276,7 @@ def k_grouped_fp8_gemm_nt_contiguous(
     ``use_psum_layout`` must be False (``NotImplementedError`` for True: the reference's SM90 NT form has no psum
     layout either; its SM100 TN form does). The reference's argument names: ``ks_cpu`` (the Python ints K_g) and
     ``grouped_layout`` (the same values as an int32 tensor). Everything else is
-    :func:`deep_fp8_gemm.wgrad.k_grouped_gemm_fp8_fp8_fp32_nt`. The K alignment is 128 whatever
+    :func:`deep_fp8_gemm.k_grouped_gemm_fp8_fp8_fp32_nt`. The K alignment is 128 whatever
     ``set_mk_alignment_for_contiguous_layout`` says (as the reference's SM90 NT form)."""
     ks, ks_tensor = ks_cpu, grouped_layout
     if check_bool(use_psum_layout, "use_psum_layout"):
@@ -324,10 +324,10 @@ def wgrad_gemm_fp8_fp8_fp32_nt(lhs: tuple[torch.Tensor, torch.Tensor], rhs: tupl
 
     ``lhs = (A [m, k] e4m3 K-major, sA)``, ``rhs = (B [n, k] e4m3 K-major, sB)`` with 1x128 scales in either 1.x
     layout, ``[m, ceil(k/128)]`` or K-block-major ``[ceil(k/128), m]`` (likewise for B); ``out`` fp32 ``[m, n]``.
-    ``k == 0`` leaves ``out`` unchanged. The 1D1D kernel (:func:`deep_fp8_gemm.wgrad.gemm_fp8_fp8_fp32_nt_1d1d`
-    with ``c=out``)."""
-    a, sa = lhs
-    b, sb = rhs
+    ``k == 0`` leaves ``out`` unchanged. The 1D1D kernel (:func:`deep_fp8_gemm.gemm_fp8_fp8_fp32_nt_1d1d` with
+    ``c=out``)."""
+    a, sa = unpack_pair(lhs, "lhs")
+    b, sb = unpack_pair(rhs, "rhs")
     for t, name in ((a, "lhs[0]"), (b, "rhs[0]"), (out, "out")):
         if not isinstance(t, torch.Tensor) or t.dim() != 2:
             raise ValueError(f"{name} must be a 2-D tensor, got {getattr(t, 'shape', type(t).__name__)}")
@@ -347,12 +347,15 @@ def k_grouped_wgrad_gemm_fp8_fp8_fp32_nt(lhs: tuple[torch.Tensor, torch.Tensor],
     ``rhs`` likewise with n; ``out`` fp32 ``[G, m, n]``; ``batch_sizes`` the Python ints k_g. With every k_g a
     multiple of 128 this is one launch of the k-grouped kernel (:func:`k_grouped_fp8_gemm_nt_contiguous` with
     ``c=out``); otherwise (1.x allowed any k_g) one 1D1D launch per group, as 1.x did."""
-    a, sa = lhs
-    b, sb = rhs
+    a, sa = unpack_pair(lhs, "lhs")
+    b, sb = unpack_pair(rhs, "rhs")
     if not isinstance(out, torch.Tensor) or out.dim() != 3:
         raise ValueError(f"out must be a 3-D [G, m, n] tensor, got {getattr(out, 'shape', type(out).__name__)}")
     num_groups, m, n = out.shape
-    ks = [int(k) for k in batch_sizes]
+    if not isinstance(batch_sizes, (list, tuple)) or not all(type(k) is int for k in batch_sizes):
+        raise TypeError(f"batch_sizes must be a list of Python ints (K of each group; not floats, bools or tensors), "
+                        f"got {batch_sizes!r}")
+    ks = list(batch_sizes)
     if len(ks) != num_groups or any(k < 0 for k in ks):
         raise ValueError(f"batch_sizes must be {num_groups} non-negative ints (one K per group of out), got "
                          f"{batch_sizes!r}")

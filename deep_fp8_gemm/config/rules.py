@@ -397,6 +397,11 @@ def problem_rules(kind: str, n: int, k: int, num_groups: int) -> list[str]:
         problems.append(f"{kind} GEMM takes num_groups=1, got num_groups={num_groups}")
     if num_groups < 1:
         problems.append(f"num_groups must be >= 1, got num_groups={num_groups}")
+    if kind in SWIGLU_KINDS and n % SWIGLU_BLOCK_N:
+        problems.append(f"{kind}: n = 2I (gate and up) with I a multiple of 128, got n={n}")
+    if kind in FP8_OUTPUT_KINDS and n > 0 and output_columns(kind, n) % 16:
+        problems.append(f"{kind}: D's e4m3 rows must be 16-byte multiples (n_out % 16 == 0), got n_out="
+                        f"{output_columns(kind, n)}")
     return problems
 
 

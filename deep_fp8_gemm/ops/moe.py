@@ -38,7 +38,7 @@ from ..runtime.target import Backend
 from ..utils import ceil_div, get_col_major_tma_aligned_tensor, get_m_alignment_for_contiguous_layout
 from .contiguous import m_grouped_gemm_fp8_fp8_bf16_nt_contiguous, m_grouped_gemm_fp8_fp8_fp8_nt_contiguous_swiglu
 from .masked import m_grouped_gemm_fp8_fp8_bf16_nt_masked, m_grouped_gemm_fp8_fp8_fp8_nt_masked_swiglu
-from .outputs import empty_out, interleave_swiglu_weights
+from .outputs import SwigluWeights, empty_out, interleave_swiglu_weights
 
 FP8 = torch.float8_e4m3fn
 #: Integer dtypes accepted for ``topk_ids``.
@@ -107,9 +107,10 @@ def check_weights(w13, w13_scale, w2, w2_scale) -> tuple[int, int, int]:
     return num_experts, hidden, inter
 
 
-def check_tokens(hidden, topk_ids, topk_weights, hidden_size: int, device: torch.device) -> int:
-    """``hidden`` ``[T, H]`` bf16, ``topk_ids`` / ``topk_weights`` ``[T, top_k]`` on ``device``; returns T."""
-    check_tensor_of(hidden, "hidden", (torch.bfloat16,), 2)
+def check_tokens(hidden, topk_ids, topk_weights, hidden_size: int, device: torch.device,
+                 dtypes: tuple[torch.dtype, ...] = (torch.bfloat16,)) -> int:
+    """``hidden`` ``[T, H]`` of ``dtypes``, ``topk_ids`` / ``topk_weights`` ``[T, top_k]`` on ``device``; returns T."""
+    check_tensor_of(hidden, "hidden", dtypes, 2)
     check_tensor_of(topk_ids, "topk_ids", INDEX_DTYPES, 2)
     check_tensor_of(topk_weights, "topk_weights", WEIGHT_DTYPES, 2)
     num_tokens = hidden.shape[0]
@@ -124,11 +125,13 @@ def check_tokens(hidden, topk_ids, topk_weights, hidden_size: int, device: torch
     return num_tokens
 
 
-def check_routed_inputs(hidden, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale) -> tuple[int, int, int, int]:
-    """Checks shared by every routed MoE forward (single-process and expert-parallel): dtypes, ranks, shapes
-    and one device. Returns ``(num_experts of w13, H, I, T)``; expert-id ranges are the caller's."""
+def check_routed_inputs(hidden, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale,
+                        dtypes: tuple[torch.dtype, ...] = (torch.bfloat16,)) -> tuple[int, int, int, int]:
+    """Checks shared by every routed MoE forward (single-process and expert-parallel): dtypes (``hidden`` one of
+    ``dtypes``), ranks, shapes and one device. Returns ``(num_experts of w13, H, I, T)``; expert-id ranges are the
+    caller's."""
     num_experts, hidden_size, inter = check_weights(w13, w13_scale, w2, w2_scale)
-    num_tokens = check_tokens(hidden, topk_ids, topk_weights, hidden_size, w13.device)
+    num_tokens = check_tokens(hidden, topk_ids, topk_weights, hidden_size, w13.device, dtypes)
     return num_experts, hidden_size, inter, num_tokens
 
 
@@ -143,7 +146,7 @@ def route(topk_ids: torch.Tensor, num_experts: int, max_m_sum: int | None) -> Ro
     return route_topk(topk_ids, num_experts, alignment, max_m_sum=max_m_sum)
 
 
-def swiglu_weights(w13: torch.Tensor, w13_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+def swiglu_weights(w13: torch.Tensor, w13_scale: torch.Tensor) -> SwigluWeights | None:
     """The fused up-projection's weights (:func:`deep_fp8_gemm.interleave_swiglu_weights`: a copy
     of ``w13`` with gate and up interleaved in 128-row blocks), or None where the fused path is illegal
     (``I % 128 != 0``)."""
@@ -153,13 +156,16 @@ def swiglu_weights(w13: torch.Tensor, w13_scale: torch.Tensor) -> tuple[torch.Te
 
 
 def check_swiglu_weights(w13_swiglu: object, w13: torch.Tensor, w13_scale: torch.Tensor) -> None:
-    """``w13_swiglu`` is None or a pair shaped like ``(w13, w13_scale)`` (same dtypes, shapes and device): what
-    :func:`swiglu_weights` returns for them. Its values are not compared (that would cost a pass over the weights)."""
+    """``w13_swiglu`` is None or what :func:`swiglu_weights` returns for ``(w13, w13_scale)``: a
+    :class:`~deep_fp8_gemm.ops.outputs.SwigluWeights` (the interleaved layout is in its type: a plain pair, such as
+    the checkpoint's ``(w13, w13_scale)``, has the same shapes but other columns, so it is refused) of the same
+    dtypes, shapes and device. Its values are not compared (that would cost a pass over the weights)."""
     if w13_swiglu is None:
         return
-    if not isinstance(w13_swiglu, (tuple, list)) or len(w13_swiglu) != 2:
-        raise TypeError(f"w13_swiglu must be None or the pair swiglu_weights(w13, w13_scale) returns, got "
-                        f"{type(w13_swiglu).__name__}")
+    if not isinstance(w13_swiglu, SwigluWeights):
+        raise TypeError(f"w13_swiglu must be None or what swiglu_weights(w13, w13_scale) returns (a SwigluWeights: "
+                        f"gate / up blocks interleaved), got {type(w13_swiglu).__name__}; a plain pair such as the "
+                        "checkpoint's (w13, w13_scale) would compute the wrong columns")
     for got, want, name in zip(w13_swiglu, (w13, w13_scale), ("w13_swiglu[0]", "w13_swiglu[1]")):
         check_tensor_of(got, name, (want.dtype,), want.dim())
         if got.shape != want.shape or got.device != want.device:
@@ -225,9 +231,10 @@ def experts_contiguous(x_fp8, x_scales, routed: RoutedLayout, w13, w13_scale, w2
     return gate_up, down
 
 
-def combine(down: torch.Tensor, scatter_index: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
+def combine(down: torch.Tensor, scatter_index: torch.Tensor, topk_weights: torch.Tensor,
+            dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
     """``out[t] = sum_j w[t, j] * down[scatter_index[t, j]]`` in fp32, slot order j = 0, 1, ... (deterministic,
-    no atomics), rounded once to bf16.
+    no atomics), rounded once to ``dtype`` (bf16; fp16 for an fp16 layer).
 
     ``down`` is ``[m_sum + 1, H]`` whose last row is zeros; dropped slots (-1) read that row, so a non-finite
     padding row of the GEMM output can never leak in.
@@ -245,7 +252,7 @@ def combine(down: torch.Tensor, scatter_index: torch.Tensor, topk_weights: torch
     acc = gathered[:, 0].float() * weights[:, :1]
     for j in range(1, top_k):  # top_k is small and static; no loop over tokens
         acc.addcmul_(gathered[:, j], weights[:, j: j + 1])
-    return acc.to(torch.bfloat16)
+    return acc.to(dtype)
 
 
 def experts_masked(a, a_scales, counts, w13, w13_scale, w2, w2_scale, expected_m: int, w13_swiglu=None

@@ -22,11 +22,13 @@ launches the kernel with its fields. :data:`POLICIES` maps the output values to 
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 
-from .._core.checks import (FP8, check_aligned_ptr, check_bool, check_no_overlap, check_row_major_tma,
-                            check_same_device, check_shape, check_tensor, unpack_pair)
+from .._core.checks import (FP8, check_aligned_ptr, check_bool, check_no_overlap, check_not_self_overlapping,
+                            check_row_major_tma, check_same_device, check_shape, check_tensor, unpack_pair)
 from ..constants import GRAN_K, GRAN_MN_BLOCK
 from ..kernels import gemm as gemm_host
 from ..quant import per_token_cast_to_fp8_torch
@@ -105,6 +107,7 @@ class Bf16Output(OutputPolicy):
 
     def check_layout(self, outs):
         check_row_major_tma(outs[0], "out")
+        check_not_self_overlapping(outs[0], "out")
 
     def check_pointers(self, outs, inputs):
         check_aligned_ptr(outs[0], "out")
@@ -142,6 +145,8 @@ def check_out_layout(d: torch.Tensor, sd: torch.Tensor) -> None:
         raise ValueError(f"{OUT_NAMES[0]} needs 16-byte rows (n_out % 16 == 0 e4m3 columns), got "
                          f"{OUT_NAMES[0]}.shape={tuple(d.shape)}")
     check_row_major_tma(d, OUT_NAMES[0])
+    check_not_self_overlapping(d, OUT_NAMES[0])
+    check_not_self_overlapping(sd, OUT_NAMES[1])
     want = m_major_strides(tuple(sd.shape))
     if sd.numel() and sd.stride() != want:
         raise ValueError(f"{OUT_NAMES[1]} must be M-major and TMA-aligned (as per_token_cast_to_fp8 returns, "
@@ -233,7 +238,26 @@ def check_swiglu_inter(n: int, name: str = "rhs[0] (B)") -> int:
     return n // 2
 
 
-def interleave_swiglu_weights(w13: torch.Tensor, w13_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+class SwigluWeights(NamedTuple):
+    """The SwiGLU kinds' B: ``w13`` and its block scales with the gate / up 128-row blocks interleaved, as
+    :func:`interleave_swiglu_weights` makes it. A pair of its own type, so that the MoE layers can refuse a plain
+    ``(w13, w13_scale)`` pair in the checkpoint's layout (same shapes, other columns) instead of computing the
+    wrong columns; the layout is in the type, not in a tensor attribute that ``.to()`` or ``load_state_dict``
+    would drop. Unpacks as ``(weight, scale)``."""
+
+    weight: torch.Tensor
+    scale: torch.Tensor
+
+    def to(self, device: torch.device | str) -> SwigluWeights:
+        """The same pair on ``device`` (the layout kept)."""
+        return SwigluWeights(self.weight.to(device), self.scale.to(device))
+
+    def experts(self, index: slice) -> SwigluWeights:
+        """The pair of the experts ``index`` selects (an expert-parallel rank's share)."""
+        return SwigluWeights(self.weight[index], self.scale[index])
+
+
+def interleave_swiglu_weights(w13: torch.Tensor, w13_scale: torch.Tensor) -> SwigluWeights:
     """The SwiGLU kinds' B layout of a gate/up weight (include/deep_fp8_gemm/policy_swiglu.cuh): exact, a copy.
 
     Args:
@@ -242,7 +266,8 @@ def interleave_swiglu_weights(w13: torch.Tensor, w13_scale: torch.Tensor) -> tup
         w13_scale: ``[E, 2I/128, ceil(H/128)]`` float32, its 128x128 block scales.
 
     Returns:
-        ``(w, s)`` of the same shapes, contiguous: 128-row blocks reordered gate block c, up block c, ...
+        :class:`SwigluWeights` ``(w, s)`` of the same shapes, contiguous: 128-row blocks reordered gate block c,
+        up block c, ...
         (``w[e, 256c + r] = w13[e, 128c + r]``, ``w[e, 256c + 128 + r] = w13[e, I + 128c + r]``), the block
         scales moved with their blocks.
     """
@@ -256,7 +281,7 @@ def interleave_swiglu_weights(w13: torch.Tensor, w13_scale: torch.Tensor) -> tup
     w = (w13.view(torch.uint8).view(num_experts, 2, blocks, GRAN_MN_BLOCK, hidden).transpose(1, 2).contiguous()
          .view(num_experts, two_i, hidden).view(FP8))
     s = w13_scale.view(num_experts, 2, blocks, -1).transpose(1, 2).contiguous().view(num_experts, 2 * blocks, -1)
-    return w, s
+    return SwigluWeights(w, s)
 
 
 def deinterleave_swiglu_columns(x: torch.Tensor) -> torch.Tensor:

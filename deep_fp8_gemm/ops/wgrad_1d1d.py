@@ -20,8 +20,8 @@ from __future__ import annotations
 import torch
 
 from .._core.checks import (FP8, Problem, check_aligned_ptr, check_c_layout, check_divisibility, check_fp32_c,
-                            check_fp32_out, check_no_overlap, check_row_major_tma, check_same_device, check_shape, is_meta,
-                            check_tensor, unpack_pair)
+                            check_fp32_out, check_no_overlap, check_not_self_overlapping, check_row_major_tma,
+                            check_same_device, check_shape, check_tensor, is_meta, unpack_pair)
 from .._core.dispatch import accumulates_in_place, accumulator, eager, normalise_scales, operands
 from .._core.family import GemmFamily, register_op
 from .._core.reference_math import dequantize_per_row_f64
@@ -58,8 +58,10 @@ def check(a, sa, b, sb, d, c, *, layout: bool = True, pointers: bool = True) -> 
         check_row_major_tma(a, "lhs[0] (A)")
         check_row_major_tma(b, "rhs[0] (B)")
         check_row_major_tma(d, "d")
+        check_not_self_overlapping(d, "d")
         if c is not None:
             check_row_major_tma(c, "c")
+            check_not_self_overlapping(c, "c")
     if pointers and not is_meta(a):  # meta tensors: no pointers (the shape-only path)
         check_aligned_ptr(a, "lhs[0] (A)")
         check_aligned_ptr(b, "rhs[0] (B)")

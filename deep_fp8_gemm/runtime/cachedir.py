@@ -166,9 +166,19 @@ def _open_dir(directory: str, create: bool) -> tuple[int, str]:
     except FileNotFoundError:
         if not create:
             raise
-    _make_dirs(os.path.abspath(directory))
+    except NotADirectoryError:  # the path (or an ancestor) is a file: say which setting points there
+        raise UnsafeCacheDirError(_not_a_directory(directory)) from None
+    try:
+        _make_dirs(os.path.abspath(directory))
+    except NotADirectoryError:
+        raise UnsafeCacheDirError(_not_a_directory(directory)) from None
     real = _RESOLVED[directory] = os.path.realpath(directory)
     return os.open(real, _OPEN_DIR), real
+
+
+def _not_a_directory(directory: str) -> str:
+    return (f"the cache directory {directory} cannot be made: it, or one of its parents, is not a directory (a file "
+            f"is in the way); set DFG_JIT_CACHE_DIR (or XDG_CACHE_HOME) to a directory you own, or DFG_JIT_DISABLE_CACHE=1")
 
 
 def _make_dirs(path: str) -> None:

@@ -85,7 +85,7 @@ def _moe_worker(rank: int, world: int) -> list[str]:
         shard = (full.w13[lo:hi], full.w13_scale[lo:hi], full.w2[lo:hi], full.w2_scale[lo:hi])
         # the interleaved layout is per expert: a slice of experts is this rank's interleaved weights
         got = ep_moe_forward(hidden[mine], ids[mine], weights[mine], *shard,
-                             w13_swiglu=(full.w13_swiglu[lo:hi], full.w13_swiglu_scale[lo:hi]))
+                             w13_swiglu=full.swiglu_pair.experts(slice(lo, hi)))
         assert got.dtype == torch.bfloat16 and got.shape == (tokens[rank], H)
         assert torch.equal(got, expected), f"{case}: ep_moe_forward differs, max |error| " \
             f"{(got.float() - expected.float()).abs().max()}"
@@ -185,7 +185,7 @@ def _agreement_worker(rank: int, world: int) -> dict[str, str]:
                                          buffers, 4))
     # The world is still in step: good calls after all of that, bit for bit (with the fused up-projection, FP8MoE's
     # and EPMoE's default).
-    fused = (full.w13_swiglu[lo:hi], full.w13_swiglu_scale[lo:hi])
+    fused = full.swiglu_pair.experts(slice(lo, hi))
     assert torch.equal(ep_moe_forward(hidden[mine], ids[mine], weights[mine], *mine_w, w13_swiglu=fused), expected)
     assert torch.equal(layer(hidden[mine], ids[mine], weights[mine]), expected)
     assert torch.equal(layer.forward_decode(hidden[mine], ids[mine], weights[mine], buffers, expected_m=4), expected)

@@ -23,6 +23,8 @@ import numpy as np
 import pytest
 import torch
 
+from deep_fp8_gemm.ops.outputs import SwigluWeights
+
 import deep_fp8_gemm
 from deep_fp8_gemm.moe import FP8MoE, fp8_moe_forward, fp8_moe_forward_masked
 from deep_fp8_gemm.ops.moe import swiglu_weights
@@ -136,10 +138,16 @@ def test_masked_fused_equals_contiguous_fused(layer):
 def test_swiglu_weight_errors(layer):
     hidden, ids, weights = _routed(4, seed=4)
     w13_swiglu = layer.swiglu_pair
-    with pytest.raises(TypeError, match="w13_swiglu must be None or the pair"):
+    with pytest.raises(TypeError, match="w13_swiglu must be None or what swiglu_weights"):
         fp8_moe_forward(hidden, ids, weights, *_weights(layer), w13_swiglu=w13_swiglu[0])
     with pytest.raises(ValueError, match=r"w13_swiglu\[1\] must match w13_scale"):
-        fp8_moe_forward(hidden, ids, weights, *_weights(layer), w13_swiglu=(w13_swiglu[0], w13_swiglu[1][:, :1]))
+        fp8_moe_forward(hidden, ids, weights, *_weights(layer),
+                        w13_swiglu=SwigluWeights(w13_swiglu[0], w13_swiglu[1][:, :1]))
+    # The checkpoint's own pair has the interleaved pair's shapes but other columns: refused, not computed.
+    with pytest.raises(TypeError, match="would compute the wrong columns"):
+        fp8_moe_forward(hidden, ids, weights, *_weights(layer), w13_swiglu=(layer.w13, layer.w13_scale))
+    assert isinstance(w13_swiglu.to("cpu"), SwigluWeights) and isinstance(w13_swiglu.experts(slice(0, 1)),
+                                                                           SwigluWeights)
     small = FP8MoE.from_weights(torch.randn(2, 2 * 64, H), torch.randn(2, H, 64))  # I = 64: no fused path
     assert swiglu_weights(small.w13, small.w13_scale) is None and small.swiglu_pair is None
 
