@@ -114,7 +114,7 @@ def swap_ab_row(shape: DenseShape) -> str:
     their modelled µs, the gain, the heuristic's pick (swap-AB where it models >= 10% faster) and the floor."""
     plain = get_config(shape.m, shape.n, shape.k, 1, "dense", 132, swap_ab=False)
     swap = get_config(shape.m, shape.n, shape.k, 1, "dense", 132, swap_ab=True)
-    pick = get_config(shape.m, shape.n, shape.k, 1, "dense", 132)
+    pick = get_config(shape.m, shape.n, shape.k, 1, "dense", 132, batch_invariant=False)  # the fast mode's
     t_plain, t_swap = estimate_seconds(plain, shape.m), estimate_seconds(swap, shape.m)
     floor = max(shape.flops() / (H200_FP8_TFLOPS * 1e12), shape.bytes() / H200_HBM_BYTES_PER_S)
     return (f"| {shape.label} | {_tile(plain)} | {t_plain * 1e6:.2f} | {_tile(swap)} | {t_swap * 1e6:.2f} | "
@@ -124,6 +124,28 @@ def swap_ab_row(shape: DenseShape) -> str:
 
 def swap_ab_predictions() -> list[str]:
     return [swap_ab_row(DenseShape(m, n, k)) for n, k in DEEPSEEK_V3_NK for m in SMALL_MS]
+
+
+#: The decode rows of the batch-invariance table (issue 37).
+DECODE_MS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+def _pick(cfg) -> str:
+    return _tile(cfg) + (" swap-AB" if cfg.swap_ab else "")
+
+
+def invariance_rows() -> list[str]:
+    """Per DeepSeek-V3 dense shape and decode m: the fast mode's pick and the batch-invariant pick (no split-K, no
+    swap-AB), their modelled µs and what invariance costs."""
+    rows = []
+    for n, k in DEEPSEEK_V3_NK:
+        for m in DECODE_MS:
+            fast = get_config(m, n, k, 1, "dense", 132, batch_invariant=False)
+            inv = get_config(m, n, k, 1, "dense", 132)
+            t_fast, t_inv = estimate_seconds(fast, m), estimate_seconds(inv, m)
+            rows.append(f"| {m}x{n}x{k} | {_pick(fast)} | {t_fast * 1e6:.2f} | {_pick(inv)} | {t_inv * 1e6:.2f} | "
+                        f"{(t_inv / t_fast - 1) * 100:+.0f}% |")
+    return rows
 
 
 def render() -> str:
@@ -166,7 +188,20 @@ def render() -> str:
         "| cuBLAS block-scaled |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    return "\n".join(head + predictions() + moe + up_projection_predictions() + swap + swap_ab_predictions()) + "\n"
+    invariance = [
+        "",
+        "## Decode: the batch-invariant picks vs the fast mode (issue 37)",
+        "",
+        "The default mode (`deep_fp8_gemm.set_batch_invariant(True)`) never splits K or swaps A and B, so a token's",
+        "bits do not depend on its batch; the fast mode (`set_batch_invariant(False)`) weighs both for each problem.",
+        "Model µs of each mode's pick for the DeepSeek-V3 dense shapes at decode m; the last column is what invariance",
+        "costs in the model (docs/batch-invariance.md).",
+        "",
+        "| shape | fast-mode pick | model µs | invariant pick | model µs | invariance costs |",
+        "|---|---|---|---|---|---|",
+    ]
+    return "\n".join(head + predictions() + moe + up_projection_predictions() + swap + swap_ab_predictions()
+                     + invariance + invariance_rows()) + "\n"
 
 
 def main(argv=None) -> int:

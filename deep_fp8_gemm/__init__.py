@@ -60,6 +60,8 @@ from .utils import (
     get_num_sms,
     get_pdl,
     get_tma_aligned_size,
+    is_batch_invariant,
+    set_batch_invariant,
     set_mk_alignment_for_contiguous_layout,
     set_num_sms,
     set_pdl,

@@ -15,8 +15,8 @@ from .constants import CONTIGUOUS_ALIGNMENTS, DEFAULT_CONTIGUOUS_ALIGNMENT, DEFA
 
 class ProcessSettings:
     """Process-wide settings that change which kernel a call runs or how its arguments are laid out: the
-    :func:`set_num_sms` override, the contiguous layout's alignment (:func:`set_mk_alignment_for_contiguous_layout`)
-    and the PDL flag (:func:`set_pdl`).
+    :func:`set_num_sms` override, the contiguous layout's alignment (:func:`set_mk_alignment_for_contiguous_layout`),
+    the PDL flag (:func:`set_pdl`) and the batch-invariant mode (:func:`set_batch_invariant`).
 
     ``key`` is a tuple of every field, rebuilt whenever one changes and interned (equal settings give the same
     tuple object): the per-call fast path reads it once per call as part of a plan's signature and compares it
@@ -27,22 +27,24 @@ class ProcessSettings:
     while another thread is inside a grouped GEMM or a MoE layer, as with the reference design's setter).
     """
 
-    __slots__ = ("num_sms_override", "contiguous_alignment", "pdl", "key", "_interned")
+    __slots__ = ("num_sms_override", "contiguous_alignment", "pdl", "batch_invariant", "key", "_interned")
+    FIELDS = ("num_sms_override", "contiguous_alignment", "pdl", "batch_invariant")
 
     def __init__(self) -> None:
         self._interned: dict[tuple, tuple] = {}
         self.num_sms_override: int | None = None
         self.contiguous_alignment = DEFAULT_CONTIGUOUS_ALIGNMENT
         self.pdl = env.pdl()
+        self.batch_invariant = True
         self.update()
 
     def update(self, **fields) -> None:
-        """Set the named fields (``num_sms_override``, ``contiguous_alignment``, ``pdl``) and rebuild ``key``."""
+        """Set the named fields (:data:`FIELDS`) and rebuild ``key``."""
         for name, value in fields.items():
-            if name not in ("num_sms_override", "contiguous_alignment", "pdl"):
+            if name not in self.FIELDS:
                 raise TypeError(f"ProcessSettings has no field {name!r}")
             setattr(self, name, value)
-        key = (self.num_sms_override, self.contiguous_alignment, self.pdl)
+        key = tuple(getattr(self, name) for name in self.FIELDS)
         self.key = self._interned.setdefault(key, key)
 
 
@@ -166,6 +168,23 @@ def set_pdl(enabled: bool) -> None:
 def get_pdl() -> bool:
     """The flag :func:`set_pdl` holds."""
     return PROCESS_SETTINGS.pdl
+
+
+def set_batch_invariant(enabled: bool) -> None:
+    """The batch-invariant mode (process-wide; on by default): every GEMM's output row depends only on its own row
+    of A (and scales), on B (its group's B) — not on M, the other rows or groups, padding, the tile the heuristic
+    picks, PDL, graph capture or the device's SM count (docs/batch-invariance.md). On, the heuristic never splits K
+    and never swaps A and B on its own (the choices that change a row's arithmetic). False: the fast mode, where
+    split-K and swap-AB are weighed for each problem (decode shapes of few rows run faster in the cost model, and a
+    token's bits then depend on its batch)."""
+    if not isinstance(enabled, bool):
+        raise TypeError(f"enabled must be a bool, got {type(enabled).__name__} ({enabled!r})")
+    PROCESS_SETTINGS.update(batch_invariant=enabled)
+
+
+def is_batch_invariant() -> bool:
+    """Whether the batch-invariant mode is on (:func:`set_batch_invariant`; True by default)."""
+    return PROCESS_SETTINGS.batch_invariant
 
 
 def _device_num_sms() -> int | None:

@@ -391,11 +391,12 @@ class PreparedGemm:
     ``set_mk_alignment_for_contiguous_layout`` changed it, it raises ``RuntimeError`` (prepare it again).
     """
 
-    __slots__ = ("kind", "expected_m", "_plan", "_key", "_alignment")
+    __slots__ = ("kind", "expected_m", "_plan", "_key", "_alignment", "_invariant")
 
     def __init__(self, kind: str, plan: GemmPlan, key: tuple, expected_m: int | None):
         self.kind, self._plan, self._key, self.expected_m = kind, plan, key, expected_m
         self._alignment = PROCESS_SETTINGS.contiguous_alignment if kind in ("contiguous", "psum") else None
+        self._invariant = PROCESS_SETTINGS.batch_invariant
 
     def __call__(self, lhs, rhs, out, grouped_layout=None) -> None:
         if self._alignment is not None and PROCESS_SETTINGS.contiguous_alignment != self._alignment:
@@ -403,6 +404,10 @@ class PreparedGemm:
                 f"this PreparedGemm({self.kind!r}) was prepared for get_m_alignment_for_contiguous_layout()="
                 f"{self._alignment} (its kernel's BLOCK_M), now {PROCESS_SETTINGS.contiguous_alignment}: prepare it "
                 "again")
+        if PROCESS_SETTINGS.batch_invariant is not self._invariant:
+            raise RuntimeError(f"this PreparedGemm({self.kind!r}) was prepared with is_batch_invariant()="
+                               f"{self._invariant} (its kernel's split-K and swap-AB choice), now "
+                               f"{PROCESS_SETTINGS.batch_invariant}: prepare it again")
         try:
             a, sa = lhs
             b, sb = rhs

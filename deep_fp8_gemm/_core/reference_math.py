@@ -1,15 +1,22 @@
-"""The math the exact references are built from (plain torch, any device).
+"""The math the exact references are built from (plain torch, any device): batch-invariant by construction.
 
-What the bf16-output kinds compute, for every output element::
+The 1D2D kinds (:func:`gemm_nt_promoted`) follow the kernels' structure in a fixed order of their own, for every
+output element ``(r, c)``::
 
-    out[r, c] = bf16( Σ_k  (A[r, k] · sA[r, k // 128]) · (B[c, k] · sB[c // 128, k // 128]) )
+    p_j = Σ_{k in K block j} A[r, k] · B[c, k]             in float64: exact (see below), rounded once to fp32
+    acc = fp32(acc + p_j · fp32(sA[r, j] · sB[c // 128, j]))   for j = 0, 1, ... in order, from acc = 0
 
-both operands dequantised to float32 (one rounding per product of value and scale), the products summed with
-float32 accumulation (summation order unspecified), the sum rounded once to bfloat16 (nearest even); against a
-float64 evaluation that is within one bf16 ulp. The FP8-output kinds quantise the same float32 sums (not rounded to
-bf16) with the per-token quantiser's rules (``ops.fp8_output``). The fp32-accumulating kinds (1D1D, k-grouped) are evaluated in
-float64 (dequantise, multiply, sum, add C) and rounded once to float32, so the kernels' fp32 accumulation
-differs from them by fp32 rounding only.
+The e4m3 products are multiples of 2^-18 below 2^18, so the 128 of a K block sum exactly in float64 in any order:
+the partial does not depend on how a BLAS blocks the matmul, hence not on M, on the other rows or on the
+device. The promotion is elementwise, in K-block order (the product of two fp32 is exact in float64, the sum
+rounded once to float64, then to fp32). So output row r depends only on row r of A and its scales and on B (a
+group's B), never on the batch: the CPU path is batch-invariant by construction, though not bit-equal to the tensor
+cores, whose K-block partial keeps ~13-14 bits (ANCHORS.md section 8). Within one bf16 ulp of float64. The output
+policies finish from ``acc``: rounded to bf16, or quantised per row and 128 columns (``ops.outputs``).
+
+The fp32-accumulating kinds (1D1D, k-grouped; :func:`gemm_nt_row_scaled_f64`) keep float64 to the end: the same
+exact block partials, promoted in float64 with the per-row scales, C added, rounded once to float32, so the
+kernels' fp32 accumulation differs from them by fp32 rounding only; elementwise in a fixed order, so invariant too.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from __future__ import annotations
 import torch
 
 from ..constants import GRAN_K, GRAN_MN_BLOCK
+from ..utils import ceil_div
 
 
 def dequantize_per_token(x_fp8: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
@@ -41,13 +49,33 @@ def dequantize_per_row_f64(x_fp8: torch.Tensor, scales: torch.Tensor) -> torch.T
     return x_fp8.double() * scales.double().repeat_interleave(GRAN_K, dim=-1)[:, :k]
 
 
-def matmul_nt_f32(a_deq: torch.Tensor, b_fp8: torch.Tensor, sb: torch.Tensor) -> torch.Tensor:
-    """``a_deq @ dequant(B)ᵀ`` in float32 (float32 accumulation, not rounded further): what the FP8-output kinds
-    quantise; ``a_deq`` ``[r, k]`` float32, B ``[n, k]`` e4m3 with 128x128 block scales ``sb``."""
-    return a_deq @ dequantize_per_block(b_fp8, sb).t()
+def block_partials(a_fp8: torch.Tensor, b_fp8: torch.Tensor):
+    """``(j, P_j)`` for every K block j: ``P_j [r, n] = A[:, block j] · B[:, block j]ᵀ`` of the e4m3 values in float64,
+    exact whatever the summation order (module docstring). A ``[r, k]``, B ``[n, k]`` e4m3."""
+    a64, b64 = a_fp8.to(torch.float64), b_fp8.to(torch.float64)
+    for j in range(ceil_div(a_fp8.shape[-1], GRAN_K)):
+        block = slice(j * GRAN_K, (j + 1) * GRAN_K)
+        yield j, a64[:, block] @ b64[:, block].t()
 
 
-def matmul_nt_bf16(a_deq: torch.Tensor, b_fp8: torch.Tensor, sb: torch.Tensor) -> torch.Tensor:
-    """``bf16(a_deq @ dequant(B)ᵀ)`` with float32 accumulation; ``a_deq`` ``[r, k]`` float32, B ``[n, k]`` e4m3 with
-    128x128 block scales ``sb``."""
-    return matmul_nt_f32(a_deq, b_fp8, sb).to(torch.bfloat16)
+def gemm_nt_promoted(a_fp8: torch.Tensor, sa: torch.Tensor, b_fp8: torch.Tensor, sb: torch.Tensor) -> torch.Tensor:
+    """The 1D2D kinds' float32 result ``[r, n]`` (module docstring: exact block partials rounded to fp32, promoted in
+    K-block order): A ``[r, k]`` e4m3 with 1x128 scales ``sa [r, ceil(k/128)]``, B ``[n, k]`` e4m3 with 128x128
+    block scales ``sb [ceil(n/128), ceil(k/128)]``."""
+    n = b_fp8.shape[0]
+    sb_cols = sb.float().repeat_interleave(GRAN_MN_BLOCK, 0)[:n]  # [n, kb]: each column's block scale
+    acc = torch.zeros(a_fp8.shape[0], n, dtype=torch.float64, device=a_fp8.device)
+    for j, partial in block_partials(a_fp8, b_fp8):
+        scale = sa[:, j: j + 1].float() * sb_cols[:, j][None, :]  # fp32 sA * sB, as the kernels form it
+        acc = (acc + partial.float().double() * scale.double()).float().double()
+    return acc.float()
+
+
+def gemm_nt_row_scaled_f64(a_fp8: torch.Tensor, sa: torch.Tensor, b_fp8: torch.Tensor, sb: torch.Tensor
+                           ) -> torch.Tensor:
+    """The fp32-accumulating kinds' float64 ``A·Bᵀ`` ``[r, n]`` with 1x128 per-row scales on both operands (module
+    docstring): exact block partials promoted with ``sA[r, j] · sB[c, j]`` in float64, in K-block order."""
+    acc = torch.zeros(a_fp8.shape[0], b_fp8.shape[0], dtype=torch.float64, device=a_fp8.device)
+    for j, partial in block_partials(a_fp8, b_fp8):
+        acc += partial * (sa[:, j: j + 1].double() * sb[:, j].double()[None, :])
+    return acc

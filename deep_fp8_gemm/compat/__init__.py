@@ -28,7 +28,8 @@ from .knobs import (RUNTIME_KNOBS, RuntimeKnobs, get_k_alignment_for_contiguous_
                     get_m_alignment_for_contiguous_layout, get_mk_alignment_for_contiguous_layout, get_num_sms, get_pdl,
                     get_tc_util, get_tma_aligned_size,
                     get_theoretical_mk_alignment_for_contiguous_layout, set_block_size_multiple_of,
-                    set_ignore_compile_dims, set_mk_alignment_for_contiguous_layout, set_num_sms, set_pdl, set_tc_util)
+                    set_ignore_compile_dims, set_mk_alignment_for_contiguous_layout, set_num_sms, set_pdl, set_tc_util,
+                    use_deterministic_algorithms)
 
 #: The names the 2.x surface exports (the drop-in's ``deep_gemm`` re-exports each, ``deep_gemm.utils`` the casts and
 #: layout helpers).

@@ -8,6 +8,8 @@
   alignment, which the reference keeps at 128 on SM90 whatever the setting.
 * ``set_pdl`` / ``get_pdl``: programmatic dependent launch of every GEMM, quantiser and map-builder launch (each
   kernel waits on its predecessor with ``griddepcontrol.wait`` either way).
+* ``use_deterministic_algorithms`` (DeepGEMM 2.8's setter): ``True`` turns the batch-invariant mode on
+  (:func:`deep_fp8_gemm.set_batch_invariant`, the default); ``False`` is accepted and changes nothing.
 * ``set_tc_util`` / ``get_tc_util``, ``set_ignore_compile_dims``, ``set_block_size_multiple_of``: validated as the
   reference does and held in :data:`RUNTIME_KNOBS` without effect on this library's heuristic (it has its own
   cost model).
@@ -20,7 +22,7 @@ import dataclasses
 from .._core.checks import check_bool
 from ..constants import DEFAULT_CONTIGUOUS_ALIGNMENT
 from ..utils import (get_m_alignment_for_contiguous_layout, get_num_sms, get_pdl, get_tma_aligned_size,
-                     set_mk_alignment_for_contiguous_layout, set_num_sms, set_pdl)
+                     set_batch_invariant, set_mk_alignment_for_contiguous_layout, set_num_sms, set_pdl)
 from .api import int_tuple
 
 
@@ -59,6 +61,16 @@ class RuntimeKnobs:
 RUNTIME_KNOBS = RuntimeKnobs()
 
 
+def use_deterministic_algorithms(enabled: bool = True) -> None:
+    """DeepGEMM 2.8's setter (its 2.8.1 exports only this, no getter). ``True``: the batch-invariant mode
+    (:func:`deep_fp8_gemm.set_batch_invariant`; on by default here): no split-K, no swap-AB, so results are
+    deterministic and a row does not depend on its batch. ``False`` is validated and changes nothing: the reference's
+    documented meaning for it could not be cited (2.8 made ``False`` its default and sent BF16 GEMMs to cuBLASLt),
+    so this library's fast mode is only ``deep_fp8_gemm.set_batch_invariant(False)``."""
+    if check_bool(enabled, "enabled"):
+        set_batch_invariant(True)
+
+
 def set_tc_util(tc_util: int) -> None:
     """The reference's tensor-core utilisation hint, an int in ``[0, 100]``; held, no effect here."""
     if isinstance(tc_util, bool) or not isinstance(tc_util, int):
@@ -93,4 +105,5 @@ __all__ = ["RUNTIME_KNOBS", "RuntimeKnobs", "get_k_alignment_for_contiguous_layo
            "get_tma_aligned_size",
            "get_mk_alignment_for_contiguous_layout", "get_num_sms", "get_pdl", "get_tc_util",
            "get_theoretical_mk_alignment_for_contiguous_layout", "set_block_size_multiple_of", "set_ignore_compile_dims",
-           "set_mk_alignment_for_contiguous_layout", "set_num_sms", "set_pdl", "set_tc_util"]
+           "set_mk_alignment_for_contiguous_layout", "set_num_sms", "set_pdl", "set_tc_util",
+           "use_deterministic_algorithms"]

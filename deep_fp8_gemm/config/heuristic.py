@@ -57,6 +57,7 @@ def get_config(
     contiguous_alignment: int = CONTIGUOUS_ALIGNMENT,
     ue8m0: bool = False,
     swap_ab: bool | None = None,
+    batch_invariant: bool = True,
 ) -> GemmConfig:
     """The config for a problem. ``m``: rows (dense), m_sum (contiguous) or expected rows per group (masked).
     ``kind="k_grouped"``: ``m`` / ``n`` of every group, ``k`` the per-group K the cost model assumes (the config's
@@ -66,6 +67,12 @@ def get_config(
     ``swap_ab`` (dense, ``m <= SWAP_AB_MAX_M``): None lets the model choose (swap-AB where it models at least
     ``SWAP_AB_MARGIN`` faster than the best plain config), False never, True the best swap-AB config (benchmarks
     and the predictions table compare both; ``ValueError`` where swap-AB does not apply).
+
+    ``batch_invariant`` (the default; ``deep_fp8_gemm.set_batch_invariant``): no split-K and no swap-AB unless
+    ``swap_ab=True`` asks for it, so the choices that change a row's arithmetic (a split's partial sums, the
+    transposed tile) never depend on ``m`` or ``num_sms``; the tile, cluster, multicast and stages still follow
+    them (they do not change an element's arithmetic: docs/batch-invariance.md). False: the fast mode, split-K and
+    swap-AB weighed by the model for each problem.
 
     Pure and cached: the same arguments always give the same config.
     """
@@ -86,7 +93,8 @@ def get_config(
                 check_config(candidate, smem_limit)
             except ValueError:
                 continue
-            for split_k in _split_k_choices(kind, m_eff, n, k, block_m, block_n, num_sms):
+            splits = (1,) if batch_invariant else _split_k_choices(kind, m_eff, n, k, block_m, block_n, num_sms)
+            for split_k in splits:
                 cost = estimate_cycles(kind, m_eff, n, k, num_groups, block_m, block_n, num_sms, split_k)
                 if split_k > 1:  # uncalibrated model: split only on a clear win (not for n = 4096, m = 1: -1%)
                     cost *= 1 + SPLIT_K_MARGIN
@@ -99,7 +107,8 @@ def get_config(
     swap_applies = kind in SWAP_AB_KINDS and m_eff <= SWAP_AB_MAX_M
     if swap_ab and not swap_applies:
         raise ValueError(f"swap_ab=True needs the dense kind and m <= {SWAP_AB_MAX_M}, got {kind=} {m=}")
-    swap = _best_swap_ab(m_eff, n, k, num_sms, smem_limit) if swap_applies and swap_ab is not False else None
+    weigh_swap = swap_ab if swap_ab is not None else not batch_invariant  # invariant: only when asked for
+    swap = _best_swap_ab(m_eff, n, k, num_sms, smem_limit, batch_invariant) if swap_applies and weigh_swap else None
     if swap is not None and (swap_ab or swap[0][0] < best[0][0]):
         best = swap
     _, block_m, block_n, num_stages, split_k, swap_ab = best
@@ -138,7 +147,7 @@ def get_config(
     return cfg
 
 
-def _best_swap_ab(m: int, n: int, k: int, num_sms: int, smem_limit: int) -> tuple | None:
+def _best_swap_ab(m: int, n: int, k: int, num_sms: int, smem_limit: int, batch_invariant: bool) -> tuple | None:
     """The best swap-AB candidate of a dense problem of ``m <= SWAP_AB_MAX_M`` rows, as ``get_config``'s ``best``
     tuple, its key's cost raised by ``SWAP_AB_MARGIN`` (a new, uncalibrated kernel: it must model a clear win over
     the plain kernel to be picked); None if no candidate is legal."""
@@ -153,7 +162,8 @@ def _best_swap_ab(m: int, n: int, k: int, num_sms: int, smem_limit: int) -> tupl
                 check_config(candidate, smem_limit)
             except ValueError:
                 continue
-            for split_k in _split_k_choices("dense", m, n, k, block_m, block_n, num_sms):
+            splits = (1,) if batch_invariant else _split_k_choices("dense", m, n, k, block_m, block_n, num_sms)
+            for split_k in splits:
                 cost = estimate_cycles("dense", m, n, k, 1, block_m, block_n, num_sms, split_k, swap_ab=True)
                 cost *= (1 + SWAP_AB_MARGIN) * (1 + SPLIT_K_MARGIN if split_k > 1 else 1)
                 # Ties (the HBM floor): no split, the token tile with the fewest padding columns, wider weight tiles.

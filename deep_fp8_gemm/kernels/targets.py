@@ -58,7 +58,9 @@ def _configs(kind: str, shapes: Sequence[tuple[int, int]], ms: Sequence[int] | N
     for n, k in shapes:
         if row.layout == "dense":
             for m in ms or (DEFAULT_DENSE_MS if row.accumulation == "1d2d" else WGRAD_MS):
-                configs.append(get_config(m, n, k, 1, kind, num_sms))
+                # Both modes' picks: the default batch-invariant one, and the fast mode's (split-K, swap-AB).
+                for invariant in (True, False):
+                    configs.append(get_config(m, n, k, 1, kind, num_sms, batch_invariant=invariant))
         elif row.layout == "k_grouped":  # k: the nominal per-group K of the cost model (the binary has none)
             for g in ([num_groups] if num_groups else K_GROUPED_GROUPS):
                 for m in ms or K_GROUPED_MS:
@@ -110,7 +112,9 @@ def audit_targets(kind: str, shapes: Sequence[tuple[int, int]] | None = None, ms
                   num_sms: int = GATED_NUM_SMS, num_groups: int | None = None) -> list:
     """Every distinct kernel the heuristic picks for ``kind`` over shapes x M (deduplicated by binary).
 
-    dense / 1d1d: ``ms`` are row counts (default 1..8192 / the wgrad out-feature counts); contiguous / psum:
+    dense / 1d1d: ``ms`` are row counts (default 1..8192 / the wgrad out-feature counts), the picks of both the
+    batch-invariant mode (the default) and the fast mode (``set_batch_invariant(False)``: split-K, swap-AB);
+    contiguous / psum:
     ``ms`` are rows per expert (default the DeepSeek-V3 pairs of experts x rows), at both contiguous alignments
     (:data:`CONTIGUOUS_AUDIT_ALIGNMENTS`); masked: ``ms`` are expected rows
     per group; k_grouped: ``ms`` are the out-feature counts, shapes ``(n, nominal K per group)``. The FP8-output and

@@ -65,8 +65,11 @@ def gemm_fp8_fp8_bf16_nt(lhs: tuple[torch.Tensor, torch.Tensor], rhs: tuple[torc
             must not overlap any input.
 
     Requires ``n % 8 == 0``, ``k % 16 == 0``, ``k >= 16``; every tensor on one device. ``m == 0`` is a no-op.
-    CPU: exact reference (float32 accumulation of dequantised products, one rounding to bf16).
-    CUDA: sm_90 only (``RuntimeError`` otherwise).
+    CPU: the exact reference (K-block partials of the e4m3 products exact in float64, promoted in fp32 in K-block
+    order, one rounding to bf16). CUDA: sm_90 only (``RuntimeError`` otherwise).
+
+    Batch-invariant: row r of out depends only on row r of A (and sA) and on B, never on m, the other rows or the
+    kernel the heuristic picks (by default: ``deep_fp8_gemm.set_batch_invariant``, docs/batch-invariance.md).
 
     Raises:
         TypeError: a non-tensor argument or a wrong dtype. ValueError: a wrong rank, shape, stride, alignment

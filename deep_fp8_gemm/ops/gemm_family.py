@@ -15,6 +15,12 @@ entry (bf16 outputs with the per-call fast path of ``_core.plans``). The layout 
 with :func:`families_of` and wrap ``call`` in the documented public functions; a row the table gains is an op without
 another line here.
 
+Batch invariance (every family, every backend; docs/batch-invariance.md): output row r depends only on row r of A and
+its scales and on B (a group's B), not on M, the other rows or groups, padding, the tile or PDL, and in the default
+batch-invariant mode (``deep_fp8_gemm.set_batch_invariant``) not on the SM count: the plans pass the mode to
+``get_config``, which then never splits K or swaps A and B; the references promote exact K-block partials in a fixed
+order (``_core.reference_math``).
+
 The flat argument order every generated function takes is the custom op's: ``a, sa, b, sb, *outputs,
 *layout arguments, *output options`` (e.g. ``a, sa, b, sb, d, sd, masked_m, expected_m, use_ue8m0``).
 """
@@ -30,11 +36,12 @@ from .._core.checks import (Problem, check_aligned_ptr, check_divisibility, chec
 from .._core.dispatch import eager, normalise_scales, operands
 from .._core.family import GemmFamily, register_op
 from .._core.plans import GemmEntrySpec, gemm_entry
-from .._core.reference_math import dequantize_per_token, matmul_nt_f32
+from .._core.reference_math import gemm_nt_promoted
 from ..config import GemmConfig, get_config
 from ..kernels import gemm as gemm_host
 from ..kinds import TABLE, KindRow
 from ..runtime import target
+from ..utils import PROCESS_SETTINGS
 from ..runtime.target import Backend
 from .outputs import POLICIES, OutputPolicy
 
@@ -156,12 +163,12 @@ def make_family(row: KindRow, lay: GemmLayout, output: OutputPolicy) -> GemmFami
         return problem
 
     def reference_validated(a, sa, b, sb, *rest) -> None:
-        """The reference on checked tensors: one float32 matmul of the dequantised operands per part of the layout's
+        """The reference on checked tensors: the float32 result (``_core.reference_math.gemm_nt_promoted``: exact
+        K-block partials promoted in a fixed order, batch-invariant) of each part of the layout's
         :meth:`GemmLayout.reference_parts`, finished by the output policy."""
         outs, gl, _, options = _uniform(output, rest, {})
         for g, rows in lay.reference_parts(a, gl, b.size(0) if b.dim() == 3 else 1):
-            acc = matmul_nt_f32(dequantize_per_token(a[rows], sa[rows]), b if g is None else b[g],
-                                sb if g is None else sb[g])
+            acc = gemm_nt_promoted(a[rows], sa[rows], b if g is None else b[g], sb if g is None else sb[g])
             output.store(outs, rows, acc, options)
 
     def reference(lhs, rhs, out, *args, **kwargs) -> None:
@@ -177,7 +184,8 @@ def make_family(row: KindRow, lay: GemmLayout, output: OutputPolicy) -> GemmFami
     def plan(a, b, expected_m, num_sms: int, *options) -> GemmConfig:
         m, n, k, groups, extra = lay.plan_problem(a, b, expected_m)
         options = options or tuple(o[2] for o in output.options)
-        return get_config(m, n, k, groups, kind, num_sms, **extra, **output.config_options(options))
+        return get_config(m, n, k, groups, kind, num_sms, **extra, **output.config_options(options),
+                          batch_invariant=PROCESS_SETTINGS.batch_invariant)
 
     def dispatch(a, sa, b, sb, *rest, **kwargs) -> None:
         """Run a checked, non-empty call on its backend (the reference, the simulator or the sm_90 kernel); the

@@ -26,6 +26,7 @@ from .._core.checks import (FP8, Problem, check_aligned_ptr, check_c_layout, che
                             layout_values_checked, unpack_pair)
 from .._core.dispatch import accumulates_in_place, accumulator, eager, normalise_scales, operands
 from .._core.family import GemmFamily, register_op
+from .._core.reference_math import gemm_nt_row_scaled_f64
 from ..config import GemmConfig, k_grouped_config
 from ..constants import GRAN_K, K_GROUP_ALIGNMENT
 from ..kernels import gemm as gemm_host
@@ -109,17 +110,17 @@ def check(a, sa, b, sb, d, ks, ks_tensor, c, *, layout: bool = True, pointers: b
 
 
 def reference_validated(a, sa, b, sb, d, ks, c) -> None:
-    """The reference on checked tensors: per group, dequantised, multiplied, summed and added to C in float64,
-    rounded once to float32 (``K_g = 0``: ``d[g] = c[g]``, 0 when ``c`` is None; ``c`` may be ``d``)."""
+    """The reference on checked tensors: per group, the exact K-block partials promoted with the per-row scales in
+    float64 (``_core.reference_math.gemm_nt_row_scaled_f64``), added to C, rounded once to float32 (``K_g = 0``:
+    ``d[g] = c[g]``, 0 when ``c`` is None; ``c`` may be ``d``)."""
     m, n = d.shape[1], d.shape[2]
     k_off = 0
     for g, k in enumerate(ks):
         acc = torch.zeros(m, n, dtype=torch.float64, device=d.device) if c is None else c[g].double()
         if k:
             blocks = slice(k_off // GRAN_K, (k_off + k) // GRAN_K)
-            a64 = a[m * k_off: m * (k_off + k)].view(m, k).double() * sa[:, blocks].double().repeat_interleave(GRAN_K, 1)
-            b64 = b[n * k_off: n * (k_off + k)].view(n, k).double() * sb[:, blocks].double().repeat_interleave(GRAN_K, 1)
-            acc = acc + a64 @ b64.T
+            acc = acc + gemm_nt_row_scaled_f64(a[m * k_off: m * (k_off + k)].view(m, k), sa[:, blocks],
+                                               b[n * k_off: n * (k_off + k)].view(n, k), sb[:, blocks])
         d[g].copy_(acc)
         k_off += k
 

@@ -24,7 +24,7 @@ from .._core.checks import (FP8, Problem, check_aligned_ptr, check_c_layout, che
                             check_same_device, check_shape, check_tensor, is_meta, unpack_pair)
 from .._core.dispatch import accumulates_in_place, accumulator, eager, normalise_scales, operands
 from .._core.family import GemmFamily, register_op
-from .._core.reference_math import dequantize_per_row_f64
+from .._core.reference_math import gemm_nt_row_scaled_f64
 from ..config import GemmConfig, get_config
 from ..constants import GRAN_K
 from ..kernels import gemm as gemm_host
@@ -74,7 +74,7 @@ def check(a, sa, b, sb, d, c, *, layout: bool = True, pointers: bool = True) -> 
 def reference_validated(a, sa, b, sb, d, c) -> None:
     """The reference on checked tensors: dequantised, multiplied and summed in float64, ``c`` added in float64
     (``c`` may be ``d`` or None), rounded once to float32 into ``d``."""
-    prod = dequantize_per_row_f64(a, sa) @ dequantize_per_row_f64(b, sb).T
+    prod = gemm_nt_row_scaled_f64(a, sa, b, sb)
     if c is not None:
         prod += c.double()
     d.copy_(prod)

@@ -126,7 +126,7 @@ def _check_kloop(record: dict, target: AuditTarget, sass: str, ceilings: dict) -
         return
     record["kloop"] = analysis
     ceiling_kind = target.kind + ("_swap_ab" if cfg.get("swap_ab") else "")
-    over = kloop.check_ceilings(ceiling_kind, rows, analysis, ceilings)
+    over = kloop.check_ceilings(ceiling_kind, rows, analysis, ceilings, cols)
     record["kloop_gated"] = target.gate_kloop and not record["watchdog"]
     if record["kloop_gated"]:
         record["problems"] += over

@@ -366,11 +366,12 @@ def overhead_per_wave(math: dict) -> float:
     return round((per["total"] - per.get("FFMA", 0)) / waves, 2)
 
 
-def check_ceilings(kind: str, block_m: int, analysis: dict, ceilings: dict[str, dict[str, float]]) -> list[str]:
+def check_ceilings(kind: str, block_m: int, analysis: dict, ceilings: dict[str, dict[str, float]],
+                   block_n: int | None = None) -> list[str]:
     """Problems (empty: fine) where a kernel's loop figures exceed its kind's ceilings.
 
     Ceiling keys: ``issue_per_tensor_cycle_m{64,128,256}`` (per BLOCK_M: small tiles have less tensor work to
-    hide bookkeeping under), ``math_per_k_block`` and ``producer_per_k_block`` (total instructions per K block),
+    hide bookkeeping under; ``issue_per_tensor_cycle_m{M}n{N}``, where present, for one tile: the narrowest), ``math_per_k_block`` and ``producer_per_k_block`` (total instructions per K block),
     ``overhead_per_k_block_per_wave`` (math instructions other than the promotion's FFMA, per K block and m64
     wave: independent of BLOCK_N, so it catches bookkeeping growth in wide and narrow tiles alike),
     ``drain_per_wave`` (the longest ``drain_to_wgmma`` gap: what a wave runs between its wgmma wait and the next
@@ -384,10 +385,12 @@ def check_ceilings(kind: str, block_m: int, analysis: dict, ceilings: dict[str, 
     math, producer = analysis.get("math"), analysis.get("producer")
     if math is None:
         return ["K-loop analysis found no math loop (no conditional backward branch around QGMMA)"]
-    issue_limit = limits.get(f"issue_per_tensor_cycle_m{block_m}")
+    tile_key = f"issue_per_tensor_cycle_m{block_m}n{block_n}"
+    issue_limit = limits.get(tile_key, limits.get(f"issue_per_tensor_cycle_m{block_m}"))
     if issue_limit is not None and analysis["issue_per_tensor_cycle"] > issue_limit:
+        where = f"BLOCK_M {block_m}" + (f" x BLOCK_N {block_n}" if tile_key in limits else "")
         problems.append(f"math loop issues {analysis['issue_per_tensor_cycle']} slots per tensor cycle "
-                        f"> ceiling {issue_limit} ({kind}, BLOCK_M {block_m})")
+                        f"> ceiling {issue_limit} ({kind}, {where})")
     overhead = overhead_per_wave(math)
     if "overhead_per_k_block_per_wave" in limits and overhead > limits["overhead_per_k_block_per_wave"]:
         problems.append(f"math loop spends {overhead} non-FFMA instructions per K block per m64 wave > ceiling "

@@ -86,7 +86,7 @@ DFG_DEVICE void promote_row_scaled(float (&acc)[kValues], const float (&scratch)
     static_assert(kValues == BLOCK_N / 2, "fragment of m64nBLOCK_N");
     DFG_UNROLL
     for (u32 i = 0; i < kValues; ++i)
-        acc[i] += scratch[i] * scale.v[i];
+        acc[i] = hal::fma_rn(scratch[i], scale.v[i], acc[i]);
 }
 
 // fp32-accumulate epilogue of one warpgroup: D[row, col] = C[row, col] + acc for the thread's fragment

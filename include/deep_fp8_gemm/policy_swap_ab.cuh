@@ -50,10 +50,10 @@ DFG_DEVICE void promote_swap_ab(float (&acc)[kValues], const float (&scratch)[kV
     DFG_UNROLL
     for (u32 j = 0; j < BLOCK_M / 8; ++j) {
         const float s0 = sa.pair[j].x * sb, s1 = sa.pair[j].y * sb;
-        acc[4 * j + 0] += scratch[4 * j + 0] * s0;
-        acc[4 * j + 1] += scratch[4 * j + 1] * s1;
-        acc[4 * j + 2] += scratch[4 * j + 2] * s0;
-        acc[4 * j + 3] += scratch[4 * j + 3] * s1;
+        acc[4 * j + 0] = hal::fma_rn(scratch[4 * j + 0], s0, acc[4 * j + 0]);
+        acc[4 * j + 1] = hal::fma_rn(scratch[4 * j + 1], s1, acc[4 * j + 1]);
+        acc[4 * j + 2] = hal::fma_rn(scratch[4 * j + 2], s0, acc[4 * j + 2]);
+        acc[4 * j + 3] = hal::fma_rn(scratch[4 * j + 3], s1, acc[4 * j + 3]);
     }
 }
 

@@ -55,10 +55,10 @@ DFG_DEVICE void promote(float (&acc)[kValues], const float (&scratch)[kValues], 
         const float hi = varies ? hal::select_bits(hi0, hi1, masks.second[k]) : k == 0 ? hi0 : hi1;
         DFG_UNROLL
         for (u32 j = k * Cols::kGroupsPerSegment; j < (k + 1) * Cols::kGroupsPerSegment; ++j) {
-            acc[4 * j + 0] += scratch[4 * j + 0] * lo;
-            acc[4 * j + 1] += scratch[4 * j + 1] * lo;
-            acc[4 * j + 2] += scratch[4 * j + 2] * hi;
-            acc[4 * j + 3] += scratch[4 * j + 3] * hi;
+            acc[4 * j + 0] = hal::fma_rn(scratch[4 * j + 0], lo, acc[4 * j + 0]);
+            acc[4 * j + 1] = hal::fma_rn(scratch[4 * j + 1], lo, acc[4 * j + 1]);
+            acc[4 * j + 2] = hal::fma_rn(scratch[4 * j + 2], hi, acc[4 * j + 2]);
+            acc[4 * j + 3] = hal::fma_rn(scratch[4 * j + 3], hi, acc[4 * j + 3]);
         }
     }
 }

@@ -32,12 +32,13 @@ from deep_fp8_gemm.runtime import driver as drv
 from deep_fp8_gemm.runtime.tensor_map import TensorMapSpec, TmaDtype, TmaSwizzle
 from deep_fp8_gemm.utils import get_col_major_tma_aligned_tensor
 from deep_fp8_gemm.ops import outputs
-from tests.gpu import test_gpu_fp8_output, test_gpu_gemm, test_gpu_jit, test_gpu_smoke, test_gpu_swap_ab
+from tests.gpu import (test_gpu_batch_invariance, test_gpu_fp8_output, test_gpu_gemm, test_gpu_jit, test_gpu_smoke,
+                       test_gpu_swap_ab)
 from tests.kernels import test_cast_transpose_kernels, test_quant_kernels
 from tests.ops import test_k_grouped, test_quant
 
 GPU_MODULES = (test_gpu_gemm, test_gpu_jit, test_gpu_smoke, test_quant, test_quant_kernels, test_k_grouped,
-               test_cast_transpose_kernels, test_gpu_fp8_output, test_gpu_swap_ab)
+               test_cast_transpose_kernels, test_gpu_fp8_output, test_gpu_swap_ab, test_gpu_batch_invariance)
 NUM_SMS = 132  # H100 / H200
 FP8 = torch.float8_e4m3fn
 
@@ -245,6 +246,7 @@ FAMILIES = {
     "bench": lambda: _problems(bench_gemm_cases(), check_gemm_case, _gemm_label),
     "fp8_output": lambda: _problems(test_gpu_fp8_output.launch_cases(), check_gemm_case, _gemm_label),
     "swap_ab": lambda: _problems(test_gpu_swap_ab.launch_cases(), check_gemm_case, _gemm_label),
+    "batch_invariance": lambda: _problems(test_gpu_batch_invariance.launch_cases(), check_gemm_case, _gemm_label),
     "k_grouped": lambda: _problems(test_k_grouped.K_GROUPED_GPU_CASES, check_k_grouped_case,
                                    lambda c: f"k-grouped (m, n, ks) = {c}"),
     "tma": lambda: _problems(test_gpu_jit.TMA_CASES, check_tma_case, lambda c: f"TMA case {c}"),

@@ -484,6 +484,10 @@ DFG_DEVICE void setmaxnreg_dec() {
 }
 
 // ---------------------------------------------------------------- conversions, loads, errors
+// a * b + c rounded once (fma.rn.f32, SASS FFMA): what `acc += x * s` compiles to under NVRTC's default
+// --fmad=true, spelled out so that the simulator's host compiler, which contracts nothing in ISO C++ mode,
+// computes the same bits (the promotions: promotion.cuh, policy_1d1d.cuh, policy_swap_ab.cuh).
+DFG_DEVICE float fma_rn(float a, float b, float c) { return __fmaf_rn(a, b, c); }
 // Bitwise select: the bits of `second` where `mask` is 1, of `first` elsewhere (one LOP3). With a mask of all
 // zeros or all ones it picks one float exactly, and needs no predicate register (promotion.cuh SegmentMasks).
 DFG_DEVICE float select_bits(float first, float second, u32 mask) {

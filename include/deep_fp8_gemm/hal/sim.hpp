@@ -538,6 +538,9 @@ inline void setmaxnreg_dec(DFG_SIM_SITE) {
 }
 
 // ---------------------------------------------------------------- conversions, loads, errors
+// fma.rn.f32 (ptx.cuh): one rounding, as the GPU's FFMA; std::fma is correctly rounded (glibc picks the CPU's FMA
+// instruction where it has one). Registers only: no guard needed.
+inline float fma_rn(float a, float b, float c) { return std::fma(a, b, c); }
 // lop3 of the two floats' bits under `mask` (ptx.cuh): `second`'s bits where mask is 1.
 inline float select_bits(float first, float second, u32 mask) {
     DFG_SIM_HAL;
