@@ -685,7 +685,7 @@ def _moe_ok(ids=None, t=8):
                 # the layer's up-projection path (fused SwiGLU, FP8MoE's default): the same rounding of h
                 single = dfg.moe.fp8_moe_forward(hidden[row:row + 1], torch.tensor([[e]], dtype=torch.int32),
                                                  torch.ones(1, 1), layer.w13, layer.w13_scale, layer.w2, layer.w2_scale,
-                                                 w13_swiglu=(layer.w13_swiglu, layer.w13_swiglu_scale))
+                                                 w13_swiglu=layer.swiglu_pair)
                 acc += w[row, j] * single[0].float()
             expect(bool(torch.allclose(out[row].float(), acc, rtol=2e-2, atol=2e-2)), f"token {row}")
     return run
@@ -782,10 +782,24 @@ case("layout/edge-documented-example", OK, _layout_ok)
 
 
 # ---------------------------------------------------------------------------------------------- utilities, env
+def _num_sms_zero():
+    """0 means every SM of the device (132 without one), as the reference's set_num_sms (issue 35)."""
+    dfg.utils.reset_num_sms()
+    every = dfg.get_num_sms()
+    try:
+        dfg.set_num_sms(7)
+        dfg.set_num_sms(0)
+        expect(dfg.get_num_sms() == every, f"every SM ({every})")
+    finally:
+        dfg.utils.reset_num_sms()
+
+
 case("utils/bad-tma-aligned-negative", err(ValueError, "x=-5"), lambda: dfg.get_tma_aligned_size(-5, 4))
 case("utils/bad-tma-aligned-element-size", err(ValueError, "element_size"), lambda: dfg.get_tma_aligned_size(5, 3))
 case("utils/bad-ceil-div-zero", err(ValueError, "divisor"), lambda: dfg.ceil_div(1, 0))
-case("utils/bad-set-num-sms-zero", err(ValueError, "num_sms"), lambda: dfg.set_num_sms(0))
+case("utils/bad-set-num-sms-negative", err(ValueError, "num_sms"), lambda: dfg.set_num_sms(-1))
+case("utils/bad-set-num-sms-above-the-device", err(ValueError, "num_sms"), lambda: dfg.set_num_sms(100_000))
+case("utils/edge-set-num-sms-zero-is-every-sm", OK, _num_sms_zero)
 case("utils/bad-set-num-sms-float", err(TypeError, "num_sms"), lambda: dfg.set_num_sms(1.5))
 case("utils/bad-calc-diff-shapes", err(ValueError, "same shape"), lambda: dfg.calc_diff(torch.zeros(2), torch.zeros(3)))
 case("utils/bad-col-major-non-tensor", err(TypeError, "s must be"), lambda: dfg.get_col_major_tma_aligned_tensor([1]))

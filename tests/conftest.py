@@ -1,6 +1,8 @@
 """Shared pytest setup: tests marked ``gpu`` are skipped, with the reason, without an sm_90 device.
 
 Use ``@pytest.mark.gpu`` (or ``from tests._gpu import requires_sm90``) on tests that need the device.
+``fast_mode``: a fixture for tests of the split-K / swap-AB picks, which the heuristic makes only with
+``set_batch_invariant(False)`` (docs/batch-invariance.md); the default mode is restored after the test.
 ``--dfg-test-timeout SECONDS``: a test running longer dumps every thread's stack and ends the process (a
 hung kernel cannot be interrupted from Python); bench/device_check.sh's smoke step uses it.
 """
@@ -23,6 +25,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("gpu") is not None:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def fast_mode():
+    import deep_fp8_gemm as dfg
+
+    before = dfg.is_batch_invariant()
+    dfg.set_batch_invariant(False)
+    try:
+        yield
+    finally:
+        dfg.set_batch_invariant(before)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -140,7 +140,7 @@ class DiskCache:
             with cachedir.opened(self.directory) as d:
                 meta = json.loads(d.read(f"{key}.json"))
                 cubin = d.read(f"{key}.cubin")
-        except FileNotFoundError:
+        except (FileNotFoundError, cachedir.NotADirectoryCacheError):  # nothing there (lock() says why if it matters)
             return None
         # Unreadable, a link, not a file of the user's (or root's) alone, truncated or non-UTF-8 / non-JSON metadata.
         except (OSError, ValueError):

@@ -60,6 +60,10 @@ class UnsafeCacheDirError(RuntimeError):
     """A cache directory that someone other than the user or root owns or can write into (or an ancestor)."""
 
 
+class NotADirectoryCacheError(UnsafeCacheDirError):
+    """The cache directory's path runs through a file; unusable, not unsafe: the compiler warns and builds uncached."""
+
+
 class UntrustedEntryError(OSError):
     """A cache entry that is not a regular file owned by the user or root and writable by nobody else."""
 
@@ -167,11 +171,11 @@ def _open_dir(directory: str, create: bool) -> tuple[int, str]:
         if not create:
             raise
     except NotADirectoryError:  # the path (or an ancestor) is a file: say which setting points there
-        raise UnsafeCacheDirError(_not_a_directory(directory)) from None
+        raise NotADirectoryCacheError(_not_a_directory(directory)) from None
     try:
         _make_dirs(os.path.abspath(directory))
     except NotADirectoryError:
-        raise UnsafeCacheDirError(_not_a_directory(directory)) from None
+        raise NotADirectoryCacheError(_not_a_directory(directory)) from None
     real = _RESOLVED[directory] = os.path.realpath(directory)
     return os.open(real, _OPEN_DIR), real
 

@@ -245,7 +245,8 @@ def _load_or_compile(name: str, source: str, arch: str, options: tuple, key: str
                 entry = disk.load(key, repair=True)
                 if entry is None:
                     return _compile(name, source, arch, options, key, disk=disk)
-        except OSError as exc:  # read-only or full cache directory: still compile, just do not cache
+        except (OSError, cachedir.NotADirectoryCacheError) as exc:  # read-only, full, or a file in the way: still
+            # compile, just do not cache
             warnings.warn(f"deep_fp8_gemm JIT cache {disk.directory} is unusable ({exc}); compiling "
                           "without it (set DFG_JIT_CACHE_DIR to a writable directory)", RuntimeWarning, stacklevel=3)
             return _compile(name, source, arch, options, key, disk=None)

@@ -17,15 +17,8 @@ from deep_fp8_gemm.kernels import gemm
 
 from tests.gpu.test_gpu_gemm import nan_like, operands
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("fast_mode")]  # split-K / swap-AB picks: issue 37
 
-
-@pytest.fixture(autouse=True)
-def fast_mode():
-    """The heuristic picks split-K and swap-AB only in the fast mode (``set_batch_invariant(False)``; issue 37)."""
-    dfg.set_batch_invariant(False)
-    yield
-    dfg.set_batch_invariant(True)
 
 # (m, n, k, split_k, block_m, block_n)
 FORCED_SPLITS = [(7, 576, 7168, 2, 64, 32), (130, 2112, 7168, 4, 128, 64), (64, 576, 7168, 7, 64, 32),

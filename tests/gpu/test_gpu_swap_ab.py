@@ -18,15 +18,8 @@ from deep_fp8_gemm.kernels import gemm
 from tests._gpu import requires_sm90
 from tests.gpu.test_gpu_gemm import nan_like, operands
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("fast_mode")]  # split-K / swap-AB picks: issue 37
 
-
-@pytest.fixture(autouse=True)
-def fast_mode():
-    """The heuristic picks split-K and swap-AB only in the fast mode (``set_batch_invariant(False)``; issue 37)."""
-    dfg.set_batch_invariant(False)
-    yield
-    dfg.set_batch_invariant(True)
 
 # (m, n, k, block_m, block_n, split_k)
 SWAP_AB_FORCED = [(1, 576, 7168, 8, 64, 14), (5, 200, 896, 8, 64, 1), (13, 2112, 7168, 16, 64, 4),

@@ -320,12 +320,13 @@ def test_issue_term_steers_the_heuristic(monkeypatch):
     """With the issue model inflated (the pre-diet loops issued 2-3x more), the heuristic must avoid the
     narrow tiles whose bookkeeping no longer hides under their tensor work."""
     from deep_fp8_gemm import config
+    from deep_fp8_gemm.config import cost
 
     config.get_config.cache_clear()
     try:
         # n = 2112 (a 128-row pick today; n = 7168's is already 256 x 128, the largest tile)
         lean = config.get_config(4096, 2112, 7168, 1, "dense", 132)
-        monkeypatch.setattr(config, "_ISSUE_PER_K_BLOCK", 400)
+        monkeypatch.setattr(cost, "_ISSUE_PER_K_BLOCK", 400)
         config.get_config.cache_clear()
         heavy = config.get_config(4096, 2112, 7168, 1, "dense", 132)
         # The pick moves to a tile with more waves per K block (the fixed per-K-block cost is shared), and

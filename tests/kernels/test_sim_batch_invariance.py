@@ -18,7 +18,7 @@ import shutil
 import pytest
 import torch
 
-from deep_fp8_gemm import ops, set_mk_alignment_for_contiguous_layout
+from deep_fp8_gemm import get_mk_alignment_for_contiguous_layout, ops, set_mk_alignment_for_contiguous_layout
 from deep_fp8_gemm.config import GemmConfig, check_config, get_config
 from deep_fp8_gemm.kinds import TABLE
 from tests._invariance import cancelling_operands, random_rows, run_rows
@@ -62,8 +62,8 @@ def picks(kind: str) -> list[GemmConfig]:
     out = {}
     for m in PICK_MS:
         m_arg = m * big_groups if row.layout in ("contiguous", "psum") else m
-        cfg = forced(get_config(m_arg, big_n if row.output != "swiglu_fp8" else 4096, big_k, big_groups, kind),
-                     n, k, groups)
+        cfg = forced(get_config(m_arg, big_n if row.output != "swiglu_fp8" else 4096, big_k, big_groups, kind,
+                                contiguous_alignment=get_mk_alignment_for_contiguous_layout()), n, k, groups)
         out[cfg.kernel_name()] = cfg
     return list(out.values())
 

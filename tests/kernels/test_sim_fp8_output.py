@@ -240,9 +240,9 @@ def swiglu_float64(a, sa, w8, ws):
 
 def unfused(a, sa, w8, ws):
     """The unfused path of one group's rows: the bf16 GEMM (its exact reference), then silu_mul_quant."""
-    from deep_fp8_gemm._core.reference_math import dequantize_per_token, matmul_nt_bf16
+    from deep_fp8_gemm._core.reference_math import gemm_nt_promoted
 
-    gate_up = matmul_nt_bf16(dequantize_per_token(a, sa), w8, ws)
+    gate_up = gemm_nt_promoted(a, sa, w8, ws).to(torch.bfloat16)
     q, s = silu_mul_quant_torch(gate_up)
     return dequantised(q, s)
 

@@ -102,11 +102,14 @@ def test_config_rules():
 
 
 def test_heuristic_picks_swap_ab_only_where_the_model_says_it_pays():
-    """The pick rule: dense, m <= 32, modelled >= 10% faster than the best plain config (config.heuristic._best_swap_ab)."""
-    narrow = get_config(1, 576, 7168, 1, "dense", 132)
+    """The fast mode's pick rule: dense, m <= 32, modelled >= 10% faster than the best plain config
+    (config.heuristic._best_swap_ab); the batch-invariant mode never picks it."""
+    fast = dict(batch_invariant=False)
+    narrow = get_config(1, 576, 7168, 1, "dense", 132, **fast)
     assert narrow.swap_ab and narrow.block_m == 8
-    assert not get_config(64, 576, 7168, 1, "dense", 132).swap_ab  # m > 32: never
-    assert not get_config(16, 4096, 7168, 1, "dense", 132).swap_ab  # both at the model's HBM floor (< 1% apart)
+    assert not get_config(1, 576, 7168, 1, "dense", 132).swap_ab  # invariant (the default)
+    assert not get_config(64, 576, 7168, 1, "dense", 132, **fast).swap_ab  # m > 32: never
+    assert not get_config(16, 4096, 7168, 1, "dense", 132, **fast).swap_ab  # both at the model's HBM floor (< 1% apart)
 
 
 # ---------------------------------------------------------------------------------------------- planted bugs

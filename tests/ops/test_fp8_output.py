@@ -16,14 +16,16 @@ import torch.nn.functional as F
 
 import deep_fp8_gemm as dfg
 from deep_fp8_gemm import calc_diff
+from deep_fp8_gemm._core.reference_math import gemm_nt_promoted
 from deep_fp8_gemm.config import (FP8_OUTPUT_KINDS, GemmConfig, check_config, fused_swiglu_wins, get_config,
                                   output_bytes, up_projection_seconds)
 from deep_fp8_gemm.kernels import gemm
 from deep_fp8_gemm.ops import FAMILIES, outputs
 from deep_fp8_gemm.ops.moe import quantise_experts
-from tests._operands import gemm64_batched, gemm_operands
 from deep_fp8_gemm.quant import per_token_cast_to_fp8_torch
 from deep_fp8_gemm.utils import empty_m_major
+
+from tests._operands import gemm64_batched, gemm_operands
 
 FP8 = torch.float8_e4m3fn
 
@@ -36,14 +38,12 @@ def _deq(d, sd):
     return d.float() * sd.repeat_interleave(128, -1)[..., :d.shape[-1]]
 
 
-def test_dense_reference_is_the_quantiser_on_the_fp32_gemm():
+def test_dense_reference_is_the_quantiser_on_the_promoted_fp32_gemm():
     m, n, k = 70, 320, 384  # a partial last scale group (320 = 2.5 groups)
     a, sa, b, sb = _operands((m,), n, k)
     d, sd = outputs.empty_out((), m, n, "cpu")
     dfg.gemm_fp8_fp8_fp8_nt((a, sa), (b, sb), (d, sd))
-    y32 = (a.float() * sa.repeat_interleave(128, 1)) @ (b.float() * sb.repeat_interleave(128, 0)
-                                                       .repeat_interleave(128, 1)[:n, :k]).t()
-    q, s = per_token_cast_to_fp8_torch(y32)
+    q, s = per_token_cast_to_fp8_torch(gemm_nt_promoted(a, sa, b, sb))  # the bf16 kind's fp32 accumulator
     assert torch.equal(d.view(torch.uint8), q.view(torch.uint8)) and torch.equal(sd, s)
     assert sd.stride() == (1, 72)  # M-major, rows rounded up to 4: what per_token_cast_to_fp8 returns
     # against float64: one e4m3 rounding of the output on top of the bf16 kind's error
@@ -83,15 +83,14 @@ def test_grouped_references():
     assert torch.equal(sd3[1], sd[128:])
 
 
-def test_swiglu_reference_is_silu_mul_quant_of_the_fp32_gemm():
+def test_swiglu_reference_is_silu_mul_quant_of_the_promoted_fp32_gemm():
     hidden, inter, groups = 256, 256, 2
     a, sa, w, sw = _operands((128,), 2 * inter, hidden, groups, seed=2)
     wi, swi = dfg.interleave_swiglu_weights(w, sw)
     m_indices = torch.tensor([1] * 128, dtype=torch.int32)
     d, sd = outputs.empty_out((), 128, inter, "cpu")
     dfg.m_grouped_gemm_fp8_fp8_fp8_nt_contiguous_swiglu((a, sa), (wi, swi), (d, sd), m_indices)
-    gate_up = (a.float() * sa.repeat_interleave(128, 1)) @ (w[1].float() * sw[1].repeat_interleave(128, 0)
-                                                           .repeat_interleave(128, 1)).t()
+    gate_up = gemm_nt_promoted(a, sa, w[1], sw[1])
     q, s = per_token_cast_to_fp8_torch(F.silu(gate_up[:, :inter]) * gate_up[:, inter:])
     assert torch.equal(d.view(torch.uint8), q.view(torch.uint8)) and torch.equal(sd, s)
     # masked: the same rows
@@ -319,10 +318,9 @@ def test_psum_fp8out_at_alignment_64_plans_the_64_row_kernel(monkeypatch, alignm
 
 
 def _quantised_rows(a, sa, w, sw, rows, swiglu):
-    """``per_token_cast_to_fp8_torch`` of the float32 GEMM of these rows alone (one matmul; checkpoint-order w13)."""
-    k = a.shape[-1]
-    acc = (a[rows].float() * sa[rows].repeat_interleave(128, 1)[:, :k]) @ (
-        w.float() * sw.repeat_interleave(128, 0).repeat_interleave(128, 1)[:w.shape[0], :k]).t()
+    """``per_token_cast_to_fp8_torch`` of the float32 GEMM of these rows alone (the promoted reference of
+    _core.reference_math; checkpoint-order w13)."""
+    acc = gemm_nt_promoted(a[rows], sa[rows], w, sw)
     if swiglu:
         acc = F.silu(acc[:, :acc.shape[1] // 2]) * acc[:, acc.shape[1] // 2:]
     return per_token_cast_to_fp8_torch(acc)

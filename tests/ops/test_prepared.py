@@ -689,6 +689,7 @@ def test_quant_fast_path_checks_context_device_stream_alignment_and_errors(fake_
         dfg.per_token_cast_to_fp8(x)
 
 
+@pytest.mark.usefixtures("fast_mode")
 def test_split_k_plan_packs_the_workspace_of_its_stream(fake_gpu, monkeypatch):
     """A few-tile dense shape (split-K, deep_fp8_gemm/kernels/split_k.py): the plan launches the same params as the
     uncached path, the workspace's counter and partial addresses at offset 560, one workspace per stream."""
@@ -701,7 +702,7 @@ def test_split_k_plan_packs_the_workspace_of_its_stream(fake_gpu, monkeypatch):
     b, sb = dfg.per_block_cast_to_fp8(torch.randn(n, k))
     sa = utils.get_col_major_tma_aligned_tensor(sa)
     out = torch.zeros(m, n, dtype=torch.bfloat16)
-    cfg = dfg.config.get_config(m, n, k, 1, "dense", 132)
+    cfg = dfg.config.get_config(m, n, k, 1, "dense", 132, batch_invariant=False)
     assert cfg.split_k > 1
     fake_gpu.on()
     dfg.gemm_fp8_fp8_bf16_nt((a, sa), (b, sb), out)
@@ -721,6 +722,7 @@ def test_split_k_plan_packs_the_workspace_of_its_stream(fake_gpu, monkeypatch):
     utils.reset_num_sms()
 
 
+@pytest.mark.usefixtures("fast_mode")
 def test_split_k_launch_captured_into_a_graph_gets_its_own_workspace(fake_gpu, monkeypatch):
     """A split-K launch captured into a CUDA graph bakes its workspace's addresses into the graph, which may be
     replayed after later eager calls have grown (and freed) the per-stream cached pair, or on another stream
@@ -735,7 +737,7 @@ def test_split_k_launch_captured_into_a_graph_gets_its_own_workspace(fake_gpu, m
     b, sb = dfg.per_block_cast_to_fp8(torch.randn(n, k))
     sa = utils.get_col_major_tma_aligned_tensor(sa)
     out = torch.zeros(m, n, dtype=torch.bfloat16)
-    cfg = dfg.config.get_config(m, n, k, 1, "dense", 132)
+    cfg = dfg.config.get_config(m, n, k, 1, "dense", 132, batch_invariant=False)
     assert cfg.split_k > 1
     fake_gpu.on()
     dfg.gemm_fp8_fp8_bf16_nt((a, sa), (b, sb), out)  # eager: the plan's pair is the stream's cached one
