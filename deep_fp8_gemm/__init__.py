@@ -43,7 +43,7 @@ from .compat import (
 from ._core.plans import PreparedGemm, prepare_gemm
 from .ops.contiguous import (check_contiguous_layout, m_grouped_gemm_fp8_fp8_bf16_nt_contiguous,
                              m_grouped_gemm_fp8_fp8_fp8_nt_contiguous, m_grouped_gemm_fp8_fp8_fp8_nt_contiguous_swiglu)
-from .ops.dense import gemm_fp8_fp8_bf16_nt, gemm_fp8_fp8_fp8_nt
+from .ops.dense import gemm_fp8_fp8_bf16_nt, gemm_fp8_fp8_bf16_nt_block32, gemm_fp8_fp8_fp8_nt
 from .ops.k_grouped import k_grouped_gemm_fp8_fp8_fp32_nt
 from .ops.masked import (check_masked_layout, m_grouped_gemm_fp8_fp8_bf16_nt_masked, m_grouped_gemm_fp8_fp8_fp8_nt_masked,
                          m_grouped_gemm_fp8_fp8_fp8_nt_masked_swiglu)

@@ -64,6 +64,8 @@ class Axis:
         raise ValueError(f"{self.name} must be one of {self.names}, got {name!r}")
 
 
+#: Traits of the granularity values: ``gran_k`` K elements per scale of A and B (the promotion interval),
+#: ``gran_n`` B rows per scale (1: per row), ``op_suffix`` the op names' suffix (``gemm_fp8_fp8_bf16_nt_block32``).
 #: Traits of the output values (read by ``config``): ``block_n`` a fixed tile width (None: the heuristic picks),
 #: ``mma_n`` the columns of one wgmma when a tile is computed in chunks, ``columns_divisor`` D has n / it columns,
 #: ``d_bytes`` bytes per D element, ``row_scales`` D carries 1x128 scales, ``reads_c`` D = C + A·Bᵀ,
@@ -87,8 +89,12 @@ AXES: tuple[Axis, ...] = (
         AxisValue("1d1d", "Promote1D1D", "per 128 K: sA per row x sB per column (policy_1d1d.cuh)"),
     )),
     Axis("granularity", "KindScaleGranularity", "the scale blocks of A and B", (
-        AxisValue("1x128/128x128", "Block128", "A 1x128 per token, B 128x128 per block (recipe (1, 128, 128))"),
-        AxisValue("1x128/1x128", "Row128", "A and B 1x128 per row (recipe (1, 1, 128))"),
+        AxisValue("1x128/128x128", "Block128", "A 1x128 per token, B 128x128 per block (recipe (1, 128, 128))",
+                  dict(gran_k=128, gran_n=128, op_suffix="")),
+        AxisValue("1x128/1x128", "Row128", "A and B 1x128 per row (recipe (1, 1, 128))",
+                  dict(gran_k=128, gran_n=1, op_suffix="")),
+        AxisValue("1x32/32x32", "Block32", "A 1x32 per token, B 32x32 per block (recipe (1, 32, 32), DeepSeek-V4.1; "
+                  "promoted every 32 K, policy_block32.cuh)", dict(gran_k=32, gran_n=32, op_suffix="_block32")),
     )),
     Axis("scale_dtype", "KindScaleDtype", "how the scales are stored", (
         AxisValue("fp32", "Fp32", "float32 scale factors"),
@@ -126,8 +132,14 @@ class Rule:
 
 #: The legality relation, pairwise. A point obeying every rule is a row of the table, and every row obeys them.
 RULES: tuple[Rule, ...] = (
-    Rule("accumulation", "1d2d", "granularity", ("1x128/128x128",), "the 1D2D promotion multiplies by B's 128x128 "
-         "block scale"),
+    Rule("accumulation", "1d2d", "granularity", ("1x128/128x128", "1x32/32x32"), "the 1D2D promotion multiplies "
+         "by B's block scale (128x128, or 32x32 every 32 K)"),
+    Rule("granularity", "1x32/32x32", "layout", ("dense",), "the 32x32 recipe is DeepSeek-V4.1's dense projections "
+         "this round (its experts: docs/block32.md)"),
+    Rule("granularity", "1x32/32x32", "output", ("bf16",), "the 32x32 kernel stores bf16 (an FP8 output would need "
+         "1x32 output scales, not the epilogue's 1x128)"),
+    Rule("granularity", "1x32/32x32", "order", ("ab",), "swap-AB promotes per 128 K; the 32x32 kernel has no "
+         "transposed tile"),
     Rule("accumulation", "1d1d", "granularity", ("1x128/1x128",), "the 1D1D promotion multiplies by B's per-row "
          "scales"),
     Rule("accumulation", "1d1d", "output", ("fp32_acc",), "the 1D1D kernels accumulate into fp32 D = C + A.B^T"),
@@ -184,11 +196,15 @@ ROWS: tuple[KindRow, ...] = (
     KindRow("psum_fp8out", "GroupedContiguousPsumFp8Out", 9, "psum", output="fp8", **_E4M3_1D2D),
     KindRow("contiguous_swiglu", "GroupedContiguousSwiglu", 10, "contiguous", output="swiglu_fp8", **_E4M3_1D2D),
     KindRow("masked_swiglu", "GroupedMaskedSwiglu", 11, "masked", output="swiglu_fp8", **_E4M3_1D2D),
+    KindRow("dense_block32", "DenseBlock32", 12, "dense", output="bf16", accumulation="1d2d",
+            granularity="1x32/32x32"),
 )
 
-#: The output each accumulation produces without an epilogue of its own: a kind's "layout kind" (the kernel whose
-#: scheduler, A / D addressing and sB it shares) is the row of the same point with this output.
+#: The output each accumulation produces without an epilogue of its own, and its base scale granularity: a kind's
+#: "layout kind" (the kernel whose scheduler and A / D addressing it shares) is the row of the same point with this
+#: output and granularity.
 BASE_OUTPUT = {"1d2d": "bf16", "1d1d": "fp32_acc"}
+BASE_GRANULARITY = {"1d2d": "1x128/128x128", "1d1d": "1x128/1x128"}
 
 
 class KindTable:
@@ -243,13 +259,15 @@ class KindTable:
         return tuple(r.name for r in self.rows if all(r.point()[a] in vs for a, vs in wanted.items()))
 
     def layout_kind(self, kind: str) -> str:
-        """The kind whose tiles, A / D addressing and sB ``kind`` shares: the same point with its accumulation's
-        base output (``dfg::layout_of``)."""
+        """The kind whose tiles and A / D addressing ``kind`` shares: the same point with its accumulation's base
+        output and base granularity (``dfg::layout_of``; B's scales follow the kind's own granularity)."""
         row = self.row(kind)
+        base = dict(row.point(), output=BASE_OUTPUT[row.accumulation], granularity=BASE_GRANULARITY[row.accumulation])
         for other in self.rows:
-            if other.point() == dict(row.point(), output=BASE_OUTPUT[row.accumulation]):
+            if other.point() == base:
                 return other.name
-        raise ValueError(f"kind {kind!r} has no base kind with output {BASE_OUTPUT[row.accumulation]!r}")
+        raise ValueError(f"kind {kind!r} has no base kind with output {BASE_OUTPUT[row.accumulation]!r} and "
+                         f"granularity {BASE_GRANULARITY[row.accumulation]!r}")
 
     # ------------------------------------------------------------------------------------------ legality
     def conflict(self, point: Mapping[str, str]) -> str | None:
@@ -299,8 +317,8 @@ class KindTable:
             "// tests/ops/test_kinds.py fails when this file and the Python table differ, and compiles it for sm_90a.",
             "//",
             "// The GEMM kinds as axes: each kind one legal point (the table's rows); the kernel template reads a",
-            "// kind's axis values through kind_axes() and its layout kind (the kind whose scheduler, A / D",
-            "// addressing and sB it shares) through layout_of().",
+            "// kind's axis values through kind_axes() and its layout kind (the kind whose scheduler and A / D",
+            "// addressing it shares) through layout_of().",
             "#pragma once",
             '#include "common.cuh"',
             "",
@@ -334,7 +352,8 @@ class KindTable:
             out.append(f"        case GemmKind::{row.cpp}: return KindAxes{{{args}}};")
         out.append("        default: return KindAxes{};  // unreachable: every enumerator has a case")
         out += ["    }", "}", ""]
-        out.append("// The kind whose scheduler, A / D addressing and sB a kind shares (same point, base output).")
+        out.append("// The kind whose scheduler and A / D addressing a kind shares (same point, base output and "
+                   "granularity).")
         out.append("DFG_HOST_DEVICE constexpr GemmKind layout_of(GemmKind kind) {")
         out.append("    switch (kind) {")
         for row in self.rows:

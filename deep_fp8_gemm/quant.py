@@ -1,8 +1,9 @@
 """FP8 (e4m3) quantisation with DeepSeek-V3's fine-grained scales.
 
-* :func:`per_token_cast_to_fp8` — activations: one fp32 scale per row per 128 K-elements ("1x128").
-* :func:`per_block_cast_to_fp8` — weights: one fp32 scale per 128x128 block.
-* :func:`per_channel_cast_to_fp8` — one fp32 scale per column per 128 rows (the reference design's helper).
+* :func:`per_token_cast_to_fp8` — activations: one fp32 scale per row per 128 K-elements ("1x128"), or per 32
+  (``gran_k=32``: DeepSeek-V4.1's 1x32 recipe, the A operand of ``gemm_fp8_fp8_bf16_nt_block32``).
+* :func:`per_block_cast_to_fp8` — weights: one fp32 scale per 128x128 block (``gran_k=32``: per 32x32 block).
+* :func:`per_channel_cast_to_fp8` — one fp32 scale per column per 128 (or 32) rows (the reference design's helper).
 
 ``use_ue8m0=True`` (all three) rounds every scale up to a power of two, :func:`ceil_to_ue8m0` (the
 reference design's UE8M0 recipe; on Hopper the GEMMs read such scales as ordinary fp32 values).
@@ -33,6 +34,8 @@ from .utils import ceil_div, empty_m_major, get_col_major_tma_aligned_tensor
 
 #: Elements per scale group along K (and along N for weight blocks): :data:`deep_fp8_gemm.constants.GRAN_K`.
 GROUP = GRAN_K
+#: The scale-group sizes the quantisers offer (``gran_k``): DeepSeek-V3's 128 and the 1x32 / 32x32 recipe's 32.
+GRAN_KS = (GRAN_K, 32)
 
 INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -88,29 +91,32 @@ def _amax_to_scale(amax: torch.Tensor) -> torch.Tensor:
     return amax / torch.full_like(amax, FP8_E4M3_MAX)
 
 
-def per_token_cast_to_fp8_torch(x: torch.Tensor, use_ue8m0: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """Plain-torch :func:`per_token_cast_to_fp8` (any device); the scales come back row-major ``[m, kb]``."""
+def per_token_cast_to_fp8_torch(x: torch.Tensor, use_ue8m0: bool = False, group: int = GROUP
+                                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Plain-torch :func:`per_token_cast_to_fp8` (any device; ``group`` 128 or 32 elements per scale); the scales
+    come back row-major ``[m, kb]``."""
     m, k = x.shape
-    kb = ceil_div(k, GROUP)
-    padded = F.pad(x.float(), (0, kb * GROUP - k))  # zero padding never raises an amax
-    groups = padded.view(m, kb, GROUP)
+    kb = ceil_div(k, group)
+    padded = F.pad(x.float(), (0, kb * group - k))  # zero padding never raises an amax
+    groups = padded.view(m, kb, group)
     scale = _amax_to_scale(groups.abs().amax(dim=-1).clamp_min_(AMAX_FLOOR))  # [m, kb]
     if use_ue8m0:
         scale = ceil_to_ue8m0(scale)
-    x_fp8 = _quantise_groups(groups, scale.unsqueeze(-1)).view(m, kb * GROUP)[:, :k].contiguous()
+    x_fp8 = _quantise_groups(groups, scale.unsqueeze(-1)).view(m, kb * group)[:, :k].contiguous()
     return x_fp8, scale
 
 
-def per_block_cast_to_fp8_torch(w: torch.Tensor, use_ue8m0: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """Plain-torch :func:`per_block_cast_to_fp8` (any device)."""
+def per_block_cast_to_fp8_torch(w: torch.Tensor, use_ue8m0: bool = False, group: int = GROUP
+                                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Plain-torch :func:`per_block_cast_to_fp8` (any device; ``group`` x ``group`` blocks, 128 or 32)."""
     n, k = w.shape
-    nb, kb = ceil_div(n, GROUP), ceil_div(k, GROUP)
-    padded = F.pad(w.float(), (0, kb * GROUP - k, 0, nb * GROUP - n))
-    blocks = padded.view(nb, GROUP, kb, GROUP)
+    nb, kb = ceil_div(n, group), ceil_div(k, group)
+    padded = F.pad(w.float(), (0, kb * group - k, 0, nb * group - n))
+    blocks = padded.view(nb, group, kb, group)
     scale = _amax_to_scale(blocks.abs().amax(dim=(1, 3)).clamp_min_(AMAX_FLOOR))  # [nb, kb]
     if use_ue8m0:
         scale = ceil_to_ue8m0(scale)
-    w_fp8 = _quantise_groups(blocks, scale.view(nb, 1, kb, 1)).view(nb * GROUP, kb * GROUP)[:n, :k].contiguous()
+    w_fp8 = _quantise_groups(blocks, scale.view(nb, 1, kb, 1)).view(nb * group, kb * group)[:n, :k].contiguous()
     return w_fp8, scale
 
 
@@ -130,6 +136,23 @@ def _per_token_impl(x: torch.Tensor, use_ue8m0: bool = False) -> tuple[torch.Ten
     return x_fp8, get_col_major_tma_aligned_tensor(scales)
 
 
+def _per_token_32_impl(x: torch.Tensor, use_ue8m0: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    check_input(x, "x")
+    launch = kernel_launcher(x)
+    if launch is not None:
+        return quant_host.run_per_token(x, quant_host.QuantKind.PER_TOKEN_32, "x", launch, ue8m0=use_ue8m0)
+    x_fp8, scales = per_token_cast_to_fp8_torch(x, use_ue8m0, 32)
+    return x_fp8, get_col_major_tma_aligned_tensor(scales)
+
+
+def _per_block_32_impl(w: torch.Tensor, use_ue8m0: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """32x32 weight blocks: plain torch on every device (a checkpoint conversion, off the hot path; no fused
+    kernel)."""
+    check_input(w, "w")
+    w_fp8, scales = per_block_cast_to_fp8_torch(w, use_ue8m0, 32)
+    return w_fp8, scales.contiguous()
+
+
 def _per_block_impl(w: torch.Tensor, use_ue8m0: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     check_input(w, "w")
     launch = kernel_launcher(w)
@@ -141,6 +164,7 @@ def _per_block_impl(w: torch.Tensor, use_ue8m0: bool = False) -> tuple[torch.Ten
 
 _per_token_eager = plans.quantiser("per_token", _check_x, _per_token_impl)
 _per_block_eager = plans.quantiser("per_block", _check_w, _per_block_impl)
+_per_token_32_eager = plans.quantiser("per_token_32", _check_x, _per_token_32_impl)
 
 
 def _per_token_fake(x: torch.Tensor, use_ue8m0: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -157,25 +181,38 @@ def _per_block_fake(w: torch.Tensor, use_ue8m0: bool = False) -> tuple[torch.Ten
     )
 
 
+def _per_token_32_fake(x: torch.Tensor, use_ue8m0: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    check_input(x, "x")
+    m, k = x.shape
+    return x.new_empty((m, k), dtype=torch.float8_e4m3fn), empty_m_major((m, ceil_div(k, 32)), x.device)
+
+
+def _per_block_32_fake(w: torch.Tensor, use_ue8m0: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    check_input(w, "w")
+    n, k = w.shape
+    return w.new_empty((n, k), dtype=torch.float8_e4m3fn), w.new_empty((ceil_div(n, 32), ceil_div(k, 32)),
+                                                                       dtype=torch.float32)
+
+
 def per_token_cast_to_fp8(
     x: torch.Tensor, use_ue8m0: bool = False, gran_k: int = 128, use_packed_ue8m0: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Quantise activations to e4m3 with one scale per row per 128 K-elements.
+    """Quantise activations to e4m3 with one scale per row per 128 (or 32) K-elements.
 
     Args:
         x: ``[m, k]`` bfloat16 / float16 / float32, any strides, CPU or CUDA; ``k >= 1``, ``m >= 0``.
         use_ue8m0: round every scale up to a power of two (:func:`ceil_to_ue8m0`), as the reference
             design's ``per_token_cast_to_fp8(x, use_ue8m0)`` (positional or keyword).
-        gran_k: K-elements per scale; only 128 (gran_k 32 is the reference's SM100-only MXFP8 recipe:
-            ``NotImplementedError``).
+        gran_k: K-elements per scale, 128 or 32 (the 1x32 recipe: ``sA`` of :func:`gemm_fp8_fp8_bf16_nt_block32`;
+            a fused kernel of its own on sm_90); anything else ``ValueError``.
         use_packed_ue8m0: the reference's SM100-only int32-packed scales: ``NotImplementedError`` if True.
 
     Returns:
-        ``(x_fp8, scales)``: ``x_fp8`` ``[m, k]`` float8_e4m3fn, contiguous; ``scales`` ``[m, ceil(k/128)]``
+        ``(x_fp8, scales)``: ``x_fp8`` ``[m, k]`` float8_e4m3fn, contiguous; ``scales`` ``[m, ceil(k/gran_k)]``
         float32 in the M-major TMA-aligned layout of :func:`get_col_major_tma_aligned_tensor`
         (strides ``(1, get_tma_aligned_size(m, 4))``), i.e. ready to be ``sA`` of a GEMM without a copy.
 
-    For each row ``r`` and group ``j`` (columns ``[128j, 128j+128)``; a partial last group is treated as
+    For each row ``r`` and group ``j`` (columns ``[gj, gj+g)``, ``g = gran_k``; a partial last group is treated as
     zero-padded): ``amax = max(max|x[r, group]|, 1e-4)``, ``scales[r, j] = amax / 448`` and
     ``x_fp8[r, c] = e4m3(clamp(x[r, c] / scales[r, j], -448, 448))`` (round to nearest even), all in float32
     (with ``use_ue8m0`` the scale is ``ceil_to_ue8m0(amax / 448)``). Dequantisation is ``x_fp8.float() *
@@ -184,31 +221,34 @@ def per_token_cast_to_fp8(
     ``use_ue8m0`` the scale becomes ``2^127``, finite elements 0, NaN stays NaN, inf saturates to ±448
     (README, "Errors and non-finite values"; ``tests/ops/test_nonfinite.py``).
     """
-    if type(use_ue8m0) is bool and type(gran_k) is int and gran_k == GROUP and use_packed_ue8m0 is False:
-        result = _per_token_eager(x, use_ue8m0)  # eager: cached checks (deep_fp8_gemm._core.plans)
+    if type(use_ue8m0) is bool and type(gran_k) is int and gran_k in GRAN_KS and use_packed_ue8m0 is False:
+        # eager: cached checks (deep_fp8_gemm._core.plans)
+        result = (_per_token_eager if gran_k == GROUP else _per_token_32_eager)(x, use_ue8m0)
         if result is not None:
             return result
     check_input(x, "x")
     check_sm100_options(gran_k, use_packed_ue8m0)
-    return torch.ops.deep_fp8_gemm.per_token_cast_to_fp8.default(x, check_bool(use_ue8m0, "use_ue8m0"))
+    op = torch.ops.deep_fp8_gemm.per_token_cast_to_fp8 if gran_k == GROUP else torch.ops.deep_fp8_gemm.per_token_cast_to_fp8_1x32
+    return op.default(x, check_bool(use_ue8m0, "use_ue8m0"))
 
 
 def per_block_cast_to_fp8(
     w: torch.Tensor, use_ue8m0: bool = False, gran_k: int = 128
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Quantise weights to e4m3 with one scale per 128x128 block.
+    """Quantise weights to e4m3 with one scale per 128x128 (or 32x32) block.
 
     Args:
         w: ``[n, k]`` bfloat16 / float16 / float32, any strides, CPU or CUDA; ``k >= 1``, ``n >= 0``.
         use_ue8m0: power-of-two scales (:func:`ceil_to_ue8m0`), positional or keyword as in the reference.
-        gran_k: block edge; only 128 (``NotImplementedError`` otherwise).
+        gran_k: block edge, 128 or 32 (the 32x32 recipe's ``sB``; plain torch on every device, a checkpoint
+            conversion); anything else ``ValueError``.
 
     Returns:
         ``(w_fp8, scales)``: ``w_fp8`` ``[n, k]`` float8_e4m3fn, contiguous; ``scales``
-        ``[ceil(n/128), ceil(k/128)]`` float32, contiguous.
+        ``[ceil(n/gran_k), ceil(k/gran_k)]`` float32, contiguous.
 
-    Same arithmetic as :func:`per_token_cast_to_fp8` with the amax taken over each 128x128 block
-    (partial edge blocks treated as zero-padded).
+    Same arithmetic as :func:`per_token_cast_to_fp8` with the amax taken over each block (partial edge blocks
+    treated as zero-padded).
     """
     if type(use_ue8m0) is bool and type(gran_k) is int and gran_k == GROUP:
         result = _per_block_eager(w, use_ue8m0)  # eager: cached checks (deep_fp8_gemm._core.plans)
@@ -216,19 +256,18 @@ def per_block_cast_to_fp8(
             return result
     check_input(w, "w")
     check_sm100_options(gran_k, False)
-    return torch.ops.deep_fp8_gemm.per_block_cast_to_fp8.default(w, check_bool(use_ue8m0, "use_ue8m0"))
+    op = torch.ops.deep_fp8_gemm.per_block_cast_to_fp8 if gran_k == GROUP else torch.ops.deep_fp8_gemm.per_block_cast_to_fp8_32x32
+    return op.default(w, check_bool(use_ue8m0, "use_ue8m0"))
 
 
 def check_sm100_options(gran_k: object, use_packed_ue8m0: object) -> None:
-    """``gran_k`` must be 128 and ``use_packed_ue8m0`` False: the other values are the reference design's
-    SM100-only recipes (``NotImplementedError`` naming them)."""
+    """``gran_k`` must be 128 or 32 (:data:`GRAN_KS`) and ``use_packed_ue8m0`` False (the reference design's
+    SM100-only packed scales: ``NotImplementedError``)."""
     if isinstance(gran_k, bool) or not isinstance(gran_k, int):
         raise TypeError(f"gran_k must be an int, got {type(gran_k).__name__} ({gran_k!r})")
-    if gran_k != GROUP:
-        raise NotImplementedError(
-            f"gran_k={gran_k}: only 128-element scale groups exist on Hopper (gran_k 32 is the reference "
-            "design's SM100-only MXFP8 recipe)"
-        )
+    if gran_k not in GRAN_KS:
+        raise ValueError(f"gran_k must be one of {GRAN_KS} (DeepSeek-V3's 1x128 / 128x128 recipe or the 1x32 / 32x32 "
+                         f"one), got gran_k={gran_k}")
     if check_bool(use_packed_ue8m0, "use_packed_ue8m0"):
         raise NotImplementedError(
             "use_packed_ue8m0=True: int32-packed UE8M0 scales are read only by the reference design's SM100 "
@@ -242,24 +281,24 @@ def per_channel_cast_to_fp8(
     """Quantise with one scale per column per 128 rows (the reference design's ``per_channel_cast_to_fp8``).
 
     Args:
-        x: ``[m, n]`` bfloat16 / float16 / float32, any strides, any device, ``m % 128 == 0``.
+        x: ``[m, n]`` bfloat16 / float16 / float32, any strides, any device, ``m % gran_k == 0``.
         use_ue8m0: power-of-two scales (:func:`ceil_to_ue8m0`).
-        gran_k: rows per scale; only 128.
+        gran_k: rows per scale, 128 or 32.
 
     Returns:
-        ``(x_fp8, scales)``: ``x_fp8`` ``[m, n]`` float8_e4m3fn, contiguous; ``scales`` ``[m / 128, n]``
-        float32, contiguous; ``scales[i, c] = max(max|x[128i:128i+128, c]|, 1e-4) / 448`` and
-        ``x_fp8[r, c] = e4m3(clamp(x[r, c] / scales[r // 128, c], -448, 448))`` in float32. Plain torch on
+        ``(x_fp8, scales)``: ``x_fp8`` ``[m, n]`` float8_e4m3fn, contiguous; ``scales`` ``[m / gran_k, n]``
+        float32, contiguous; ``scales[i, c] = max(max|x[gi:gi+g, c]|, 1e-4) / 448`` (``g = gran_k``) and
+        ``x_fp8[r, c] = e4m3(clamp(x[r, c] / scales[r // g, c], -448, 448))`` in float32. Plain torch on
         every device (no fused kernel: it prepares operands of the weight-gradient recipe, off the hot path).
     """
     check_input(x, "x")
     check_sm100_options(gran_k, False)
     use_ue8m0 = check_bool(use_ue8m0, "use_ue8m0")
     m, n = x.shape
-    if m % GROUP != 0:
-        raise ValueError(f"x must have a multiple of {GROUP} rows for per-channel scales, got x.shape={tuple(x.shape)}")
-    groups = x.float().reshape(m // GROUP, GROUP, n)
-    scale = _amax_to_scale(groups.abs().amax(dim=1).clamp_min_(AMAX_FLOOR))  # [m / 128, n]
+    if m % gran_k != 0:
+        raise ValueError(f"x must have a multiple of {gran_k} rows for per-channel scales, got x.shape={tuple(x.shape)}")
+    groups = x.float().reshape(m // gran_k, gran_k, n)
+    scale = _amax_to_scale(groups.abs().amax(dim=1).clamp_min_(AMAX_FLOOR))  # [m / gran_k, n]
     if use_ue8m0:
         scale = ceil_to_ue8m0(scale)
     x_fp8 = _quantise_groups(groups, scale.unsqueeze(1)).reshape(m, n).contiguous()
@@ -334,3 +373,7 @@ register_op("per_token_cast_to_fp8", "(Tensor x, bool use_ue8m0=False) -> (Tenso
 register_op("per_block_cast_to_fp8", "(Tensor w, bool use_ue8m0=False) -> (Tensor, Tensor)", _per_block_impl,
             _per_block_fake)
 register_op("silu_mul_quant", "(Tensor x) -> (Tensor, Tensor)", _silu_mul_quant_impl, _silu_mul_quant_fake)
+register_op("per_token_cast_to_fp8_1x32", "(Tensor x, bool use_ue8m0=False) -> (Tensor, Tensor)", _per_token_32_impl,
+            _per_token_32_fake)
+register_op("per_block_cast_to_fp8_32x32", "(Tensor w, bool use_ue8m0=False) -> (Tensor, Tensor)",
+            _per_block_32_impl, _per_block_32_fake)

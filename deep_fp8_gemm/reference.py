@@ -6,18 +6,20 @@ The references check types, dtypes, ranks, exact shapes and devices like the ops
 any ``n`` / ``k`` / ``m_sum``, and they *do* read ``m_indices`` / ``masked_m`` / group ends on the host (the ops'
 CUDA path never does): out-of-range values raise ``ValueError`` here. What they compute, per output:
 
-* bf16 output (``gemm_fp8_fp8_bf16_nt`` and the grouped forms): ``out[r, c] = bf16(Σ_k (A[r,k]·sA[r,k//128]) ·
-  (B[c,k]·sB[c//128,k//128]))``, operands dequantised to float32, float32 accumulation, one rounding to bf16
-  (within one bf16 ulp of float64). Rows the op leaves unspecified (padding, rows past ``masked_m``) are left
-  untouched; padding rows the kernels compute (sharing a block with valid rows) are computed the same way.
-* FP8 output (``gemm_fp8_fp8_fp8_nt`` and the grouped forms): the same float32 sums, quantised per row and 128
+* bf16 output (``gemm_fp8_fp8_bf16_nt`` and the grouped forms): ``out[r, c] = bf16(acc)`` where ``acc`` promotes the
+  exact partial of each K group ``j`` (128 wide; 32 for ``gemm_fp8_fp8_bf16_nt_block32``), rounded to fp32, with
+  ``fp32(sA[r, j] · sB[c // 128, j])`` (32x32 blocks: ``c // 32``) in fp32, in K order, as the kernels do
+  (``_core.reference_math.gemm_nt_promoted``; batch-invariant, within one bf16 ulp of float64). Rows the op leaves
+  unspecified (padding, rows past ``masked_m``) are left untouched; padding rows the kernels compute (sharing a
+  block with valid rows) are computed the same way.
+* FP8 output (``gemm_fp8_fp8_fp8_nt`` and the grouped forms): the same fp32 ``acc``, quantised per row and 128
   columns by ``per_token_cast_to_fp8``'s rules; SwiGLU (``*_swiglu``): ``SiLU(gate) * up`` of them, then quantised.
 * fp32 accumulation (1D1D, k-grouped): ``d = c + A·Bᵀ`` with 1x128 scales on both operands, dequantised,
   multiplied, summed and added to ``c`` in float64, rounded once to float32 (``c=None``: ``d = A·Bᵀ``; ``c`` may
   be ``d``).
 
-The math they share is :mod:`deep_fp8_gemm._core.reference_math` (``dequantize_per_token``,
-``dequantize_per_block``).
+The math they share is :mod:`deep_fp8_gemm._core.reference_math` (``gemm_nt_promoted``, ``gemm_nt_row_scaled_f64``,
+``dequantize_per_token``, ``dequantize_per_block``).
 """
 
 from ._core.reference_math import dequantize_per_block, dequantize_per_token

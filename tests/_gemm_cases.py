@@ -147,8 +147,9 @@ def family_call(kind: str, seed: int = 0, device: str = "cpu"):
     else:
         groups = None if row.layout == "dense" else 2
         lead, rows = ((groups,), 32) if row.layout == "masked" else ((), 128)
-        lhs = quantised_activations((*lead, rows, K), seed)
-        rhs = quantised_weights(((groups,) if groups else ()) + (n, K), seed + 1)
+        gran_k = TABLE.traits(kind, "granularity")["gran_k"]  # 128, or 32 for the 1x32 / 32x32 recipe
+        lhs = quantised_activations((*lead, rows, K), seed, gran_k=gran_k)
+        rhs = quantised_weights(((groups,) if groups else ()) + (n, K), seed + 1, gran_k=gran_k)
         extra = {"dense": (), "contiguous": (torch.zeros(rows, dtype=torch.int32),),
                  "psum": (torch.tensor([100, 128], dtype=torch.int32),),
                  "masked": (torch.tensor([3, 32], dtype=torch.int32), 16)}[row.layout]

@@ -14,32 +14,35 @@ import torch
 import deep_fp8_gemm as dfg
 
 
-def quantised_activations(shape: tuple[int, ...], seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """A ``[..., m, k]`` e4m3 with sA ``[..., m, ceil(k/128)]`` fp32 (random values, row-major scales)."""
+def quantised_activations(shape: tuple[int, ...], seed: int, gran_k: int = 128, use_ue8m0: bool = False
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """A ``[..., m, k]`` e4m3 with sA ``[..., m, ceil(k/gran_k)]`` fp32 (random values, row-major scales)."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(shape, generator=g, dtype=torch.float32) * torch.rand(shape[:-1] + (1,), generator=g).add(0.1)
     k = shape[-1]
-    a, sa = dfg.per_token_cast_to_fp8(x.reshape(-1, k))
+    a, sa = dfg.per_token_cast_to_fp8(x.reshape(-1, k), use_ue8m0, gran_k=gran_k)
     return a.view(shape), sa.contiguous().view(shape[:-1] + (sa.size(-1),))
 
 
-def quantised_weights(shape: tuple[int, ...], seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """B ``[..., n, k]`` e4m3 with sB ``[..., ceil(n/128), ceil(k/128)]`` fp32."""
+def quantised_weights(shape: tuple[int, ...], seed: int, gran_k: int = 128, use_ue8m0: bool = False
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """B ``[..., n, k]`` e4m3 with sB ``[..., ceil(n/gran_k), ceil(k/gran_k)]`` fp32."""
     g = torch.Generator().manual_seed(seed)
     w = torch.randn(shape, generator=g, dtype=torch.float32)
     flat = w.reshape(-1, shape[-2], shape[-1])
-    pairs = [dfg.per_block_cast_to_fp8(flat[i]) for i in range(flat.size(0))]
+    pairs = [dfg.per_block_cast_to_fp8(flat[i], use_ue8m0, gran_k=gran_k) for i in range(flat.size(0))]
     b = torch.stack([p[0] for p in pairs]).view(shape)
     sb = torch.stack([p[1] for p in pairs])
     return b, sb.view(shape[:-2] + sb.shape[-2:])
 
 
-def dequant64(x: torch.Tensor, s: torch.Tensor, rows_per_scale: int) -> np.ndarray:
-    """float64 ``x · s`` with one scale per ``rows_per_scale`` rows and per 128 columns (last two dims)."""
+def dequant64(x: torch.Tensor, s: torch.Tensor, rows_per_scale: int, cols_per_scale: int = 128) -> np.ndarray:
+    """float64 ``x · s`` with one scale per ``rows_per_scale`` rows and per ``cols_per_scale`` columns (last two
+    dims)."""
     xv = x.float().double().numpy()
     sv = s.double().numpy()
     rows, cols = xv.shape[-2:]
-    sv = np.repeat(np.repeat(sv, rows_per_scale, axis=-2)[..., :rows, :], 128, axis=-1)[..., :cols]
+    sv = np.repeat(np.repeat(sv, rows_per_scale, axis=-2)[..., :rows, :], cols_per_scale, axis=-1)[..., :cols]
     return xv * sv
 
 
@@ -51,9 +54,10 @@ class Gemm64(NamedTuple):
     accumulation_bound: np.ndarray
 
 
-def gemm64(a, sa, b, sb) -> Gemm64:
-    """float64 ``dequant(A) · dequant(B)ᵀ`` for A ``[m, k]`` and B ``[n, k]``."""
-    da, db = dequant64(a, sa, 1), dequant64(b, sb, 128)
+def gemm64(a, sa, b, sb, gran: int = 128) -> Gemm64:
+    """float64 ``dequant(A) · dequant(B)ᵀ`` for A ``[m, k]`` and B ``[n, k]`` (``gran``: 128 for 1x128 / 128x128
+    scales, 32 for 1x32 / 32x32)."""
+    da, db = dequant64(a, sa, 1, gran), dequant64(b, sb, gran, gran)
     bound = (da.shape[-1] + 2) * 2.0**-24 * np.einsum("mk,nk->mn", np.abs(da), np.abs(db))
     return Gemm64(np.einsum("mk,nk->mn", da, db), bound)
 

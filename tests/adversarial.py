@@ -480,8 +480,10 @@ for _x, _exc, _cid in ((np.zeros((4, 4)), TypeError, "numpy"), (torch.zeros(4, 1
     case(f"quant/per_block-bad-{_cid}", err(_exc, "w"), lambda x=_x: dfg.per_block_cast_to_fp8(x))
 case("quant/per_token-bad-ue8m0-int", err(TypeError, "use_ue8m0"),
      lambda: dfg.per_token_cast_to_fp8(torch.zeros(4, 128), use_ue8m0=1))
-case("quant/per_token-bad-gran_k-32", err(NotImplementedError, "gran_k"),
-     lambda: dfg.per_token_cast_to_fp8(torch.zeros(4, 128), gran_k=32))
+case("quant/per_token-bad-gran_k-64", err(ValueError, "gran_k"),
+     lambda: dfg.per_token_cast_to_fp8(torch.zeros(4, 128), gran_k=64))
+case("quant/per_token-edge-gran_k-32", OK,
+     lambda: expect(dfg.per_token_cast_to_fp8(torch.ones(4, 96), gran_k=32)[1].shape == (4, 3), "[4, 3] scales"))
 
 
 def _block_ok(shape):
@@ -594,6 +596,8 @@ case("compat/bad-disable-ue8m0-cast", err(TypeError, "disable_ue8m0_cast"),
      lambda: dfg.fp8_gemm_nt(*_compat_args(), disable_ue8m0_cast="yes"))
 case("compat/bad-gran-k-32", err(NotImplementedError, "gran_k"),
      lambda: dfg.fp8_gemm_nt(*_compat_args(), recipe=(1, 128, 32)))
+case("compat/bad-block32-scales-for-1-32-32", err(ValueError, "ceil(k/32)"),
+     lambda: dfg.fp8_gemm_nt(*_compat_args(), recipe=(1, 32, 32)))
 case("compat/bad-psum-decreasing", err(ValueError, "non-decreasing"),
      lambda: dfg.m_grouped_fp8_gemm_nt_contiguous(_contiguous(_rows((0, 256)))[0:2], _contiguous(_rows((0, 256)))[2:4],
                                                  _contiguous(_rows((0, 256)))[4], torch.tensor([200, 100],

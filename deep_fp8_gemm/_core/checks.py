@@ -188,22 +188,40 @@ def check_no_overlap(out: torch.Tensor, named: tuple[tuple[torch.Tensor, str], .
                              f"[{t_lo:#x}, {t_hi:#x})")
 
 
-def check_operand_a_2d(a: torch.Tensor, sa: torch.Tensor, rows: str) -> tuple[int, int, int]:
-    """A ``[rows, k]`` e4m3 and sA ``[rows, ceil(k/128)]`` fp32 (``rows`` names the row count in messages);
-    returns ``(rows, k, ceil(k/128))``."""
+class Granularity(NamedTuple):
+    """A kind's scale blocks (the kinds table's granularity traits): ``k`` K elements per scale of A and B, ``n``
+    rows of B per scale block."""
+
+    k: int
+    n: int
+
+    def dims(self, what: str) -> str:
+        """``ceil(what/k)`` (or ``ceil(what/n)`` for ``what == "n"``) as the shape messages spell it."""
+        return f"ceil({what}/{self.n if what == 'n' else self.k})"
+
+
+#: DeepSeek-V3's recipe (1, 128, 128): 1x128 per-token scales on A, 128x128 block scales on B.
+BLOCK128 = Granularity(GRAN_K, GRAN_K)
+
+
+def check_operand_a_2d(a: torch.Tensor, sa: torch.Tensor, rows: str, gran: Granularity = BLOCK128
+                       ) -> tuple[int, int, int]:
+    """A ``[rows, k]`` e4m3 and sA ``[rows, ceil(k/gran.k)]`` fp32 (``rows`` names the row count in messages);
+    returns ``(rows, k, ceil(k/gran.k))``."""
     check_tensor(a, "lhs[0] (A)", FP8, 2)
     num_rows, k = a.shape
     if k <= 0:
         raise ValueError(f"k must be positive, got lhs[0] (A).shape={tuple(a.shape)}")
-    kb = ceil_div(k, GRAN_K)
+    kb = ceil_div(k, gran.k)
     check_tensor(sa, "lhs[1] (sA)", torch.float32, 2)
-    check_shape(sa, "lhs[1] (sA)", (num_rows, kb), f"[{rows}, ceil(k/128)]")
+    check_shape(sa, "lhs[1] (sA)", (num_rows, kb), f"[{rows}, {gran.dims('k')}]")
     return num_rows, k, kb
 
 
-def check_operand_b_blocks(b: torch.Tensor, sb: torch.Tensor, k: int, kb: int, num_groups: int | None) -> int:
-    """B ``[n, k]`` / ``[G, n, k]`` e4m3 with 128x128 block scales sB ``[ceil(n/128), kb]`` /
-    ``[G, ceil(n/128), kb]``; returns n."""
+def check_operand_b_blocks(b: torch.Tensor, sb: torch.Tensor, k: int, kb: int, num_groups: int | None,
+                           gran: Granularity = BLOCK128) -> int:
+    """B ``[n, k]`` / ``[G, n, k]`` e4m3 with block scales sB ``[ceil(n/gran.n), kb]`` / ``[G, ceil(n/gran.n), kb]``
+    (128x128 blocks, or 32x32 for the 1x32/32x32 recipe); returns n."""
     rank = 2 if num_groups is None else 3
     check_tensor(b, "rhs[0] (B)", FP8, rank)
     check_tensor(sb, "rhs[1] (sB)", torch.float32, rank)
@@ -211,9 +229,9 @@ def check_operand_b_blocks(b: torch.Tensor, sb: torch.Tensor, k: int, kb: int, n
     lead = () if num_groups is None else (num_groups,)
     dims = "[n, k]" if num_groups is None else "[G, n, k]"
     check_shape(b, "rhs[0] (B)", lead + (n, k), dims)
-    nb = ceil_div(n, GRAN_K)
-    sdims = "[ceil(n/128), ceil(k/128)]" if num_groups is None else "[G, ceil(n/128), ceil(k/128)]"
-    check_shape(sb, "rhs[1] (sB)", lead + (nb, kb), sdims)
+    nb = ceil_div(n, gran.n)
+    sdims = f"[{gran.dims('n')}, {gran.dims('k')}]"
+    check_shape(sb, "rhs[1] (sB)", lead + (nb, kb), sdims if num_groups is None else "[G, " + sdims[1:])
     return n
 
 

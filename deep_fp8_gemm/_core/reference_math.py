@@ -3,8 +3,10 @@
 The 1D2D kinds (:func:`gemm_nt_promoted`) follow the kernels' structure in a fixed order of their own, for every
 output element ``(r, c)``::
 
-    p_j = Σ_{k in K block j} A[r, k] · B[c, k]             in float64: exact (see below), rounded once to fp32
+    p_j = Σ_{k in K group j} A[r, k] · B[c, k]             in float64: exact (see below), rounded once to fp32
     acc = fp32(acc + p_j · fp32(sA[r, j] · sB[c // 128, j]))   for j = 0, 1, ... in order, from acc = 0
+
+(K groups of 128, or of 32 with 32-row sB blocks for the 1x32/32x32 recipe, whose kernel promotes every 32 K.)
 
 The e4m3 products are multiples of 2^-18 below 2^18, so the 128 of a K block sum exactly in float64 in any order:
 the partial does not depend on how a BLAS blocks the matmul, hence not on M, on the other rows or on the
@@ -25,6 +27,7 @@ import torch
 
 from ..constants import GRAN_K, GRAN_MN_BLOCK
 from ..utils import ceil_div
+from .checks import BLOCK128, Granularity
 
 
 def dequantize_per_token(x_fp8: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
@@ -49,23 +52,25 @@ def dequantize_per_row_f64(x_fp8: torch.Tensor, scales: torch.Tensor) -> torch.T
     return x_fp8.double() * scales.double().repeat_interleave(GRAN_K, dim=-1)[:, :k]
 
 
-def block_partials(a_fp8: torch.Tensor, b_fp8: torch.Tensor):
-    """``(j, P_j)`` for every K block j: ``P_j [r, n] = A[:, block j] · B[:, block j]ᵀ`` of the e4m3 values in float64,
-    exact whatever the summation order (module docstring). A ``[r, k]``, B ``[n, k]`` e4m3."""
+def block_partials(a_fp8: torch.Tensor, b_fp8: torch.Tensor, gran_k: int = GRAN_K):
+    """``(j, P_j)`` for every K group j of ``gran_k`` elements: ``P_j [r, n] = A[:, group j] · B[:, group j]ᵀ`` of the
+    e4m3 values in float64, exact whatever the summation order (module docstring). A ``[r, k]``, B ``[n, k]`` e4m3."""
     a64, b64 = a_fp8.to(torch.float64), b_fp8.to(torch.float64)
-    for j in range(ceil_div(a_fp8.shape[-1], GRAN_K)):
-        block = slice(j * GRAN_K, (j + 1) * GRAN_K)
+    for j in range(ceil_div(a_fp8.shape[-1], gran_k)):
+        block = slice(j * gran_k, (j + 1) * gran_k)
         yield j, a64[:, block] @ b64[:, block].t()
 
 
-def gemm_nt_promoted(a_fp8: torch.Tensor, sa: torch.Tensor, b_fp8: torch.Tensor, sb: torch.Tensor) -> torch.Tensor:
-    """The 1D2D kinds' float32 result ``[r, n]`` (module docstring: exact block partials rounded to fp32, promoted in
-    K-block order): A ``[r, k]`` e4m3 with 1x128 scales ``sa [r, ceil(k/128)]``, B ``[n, k]`` e4m3 with 128x128
-    block scales ``sb [ceil(n/128), ceil(k/128)]``."""
+def gemm_nt_promoted(a_fp8: torch.Tensor, sa: torch.Tensor, b_fp8: torch.Tensor, sb: torch.Tensor,
+                     gran: Granularity = BLOCK128) -> torch.Tensor:
+    """The 1D2D kinds' float32 result ``[r, n]`` (module docstring: exact partials of each K group rounded to fp32,
+    promoted in K order): A ``[r, k]`` e4m3 with 1 x ``gran.k`` scales ``sa [r, ceil(k/gran.k)]``, B ``[n, k]`` e4m3
+    with ``gran.n`` x ``gran.k`` block scales ``sb [ceil(n/gran.n), ceil(k/gran.k)]`` (DeepSeek-V3's 1x128 / 128x128,
+    or the 1x32 / 32x32 recipe, promoted every 32 K as its kernel does: policy_block32.cuh)."""
     n = b_fp8.shape[0]
-    sb_cols = sb.float().repeat_interleave(GRAN_MN_BLOCK, 0)[:n]  # [n, kb]: each column's block scale
+    sb_cols = sb.float().repeat_interleave(gran.n, 0)[:n]  # [n, kb]: each column's block scale
     acc = torch.zeros(a_fp8.shape[0], n, dtype=torch.float64, device=a_fp8.device)
-    for j, partial in block_partials(a_fp8, b_fp8):
+    for j, partial in block_partials(a_fp8, b_fp8, gran.k):
         scale = sa[:, j: j + 1].float() * sb_cols[:, j][None, :]  # fp32 sA * sB, as the kernels form it
         acc = (acc + partial.float().double() * scale.double()).float().double()
     return acc.float()

@@ -9,13 +9,16 @@ sm_90 kernel) and tensor checks are exactly those of the 1.x names, which stay.
 Argument semantics, as the reference applies them on SM90 (``csrc/apis/gemm.hpp``, ``csrc/apis/layout.hpp``):
 
 * operands are ``(data, scales)`` pairs, both K-major ("NT"); scales are float32 (sA one per row per 128 K,
-  sB one per 128x128 block); power-of-two (UE8M0) fp32 scales are ordinary scales here.
+  sB one per 128x128 block; per 32 / 32x32 with recipe (1, 32, 32)); power-of-two (UE8M0) fp32 scales are
+  ordinary scales here.
 * ``recipe`` ``(gran_m_of_A, gran_n_of_B, gran_k)``, or the pair ``recipe_a=(gran_m, gran_k)``,
   ``recipe_b=(gran_n, gran_k)``; ``None`` = ``(1, 128, 128)``, the 1D2D kernel this library implements.
   ``(1, 1, 128)`` (per-row B scales: the 1D1D weight-gradient kernel, fp32 ``D = C + A·Bᵀ``) is accepted by
   :func:`fp8_gemm_nt` and is the only recipe of :func:`k_grouped_fp8_gemm_nt_contiguous` (``NotImplementedError``
   for the M-grouped GEMMs, which have no 1D1D kernel);
-  ``gran_k == 32`` (MXFP8) is SM100-only (``NotImplementedError``); any other recipe is a ``ValueError``.
+  ``(1, 32, 32)`` (DeepSeek-V4.1's 1x32 / 32x32 recipe, as SGLang calls the ``sgl-deep-gemm`` fork) is accepted by
+  :func:`fp8_gemm_nt` (the dense block32 kernel); the other ``gran_k == 32`` recipes (MXFP8) are SM100-only
+  (``NotImplementedError``); any other recipe is a ``ValueError``.
 * ``compiled_dims``: which of m / n / k the reference bakes into the binary. Validated (a string of distinct
   letters from ``"mnk"``) and otherwise a hint: this library always compiles N and K and keeps M a run-time
   value, the reference's default ``"nk"``.
@@ -26,7 +29,7 @@ Argument semantics, as the reference applies them on SM90 (``csrc/apis/gemm.hpp`
   and a silent extra pass would differ from it in both rounding and cost). ``alpha`` (SM100) raises
   ``NotImplementedError`` unless None.
 * SM100-only inputs raise ``NotImplementedError`` naming the option: FP4 operands (packed ``int8`` /
-  ``uint8`` / ``float4_e2m1fn_x2`` data), packed UE8M0 ``int32`` scales, ``gran_k`` 32.
+  ``uint8`` / ``float4_e2m1fn_x2`` data), packed UE8M0 ``int32`` scales, ``gran_k`` 32 but in (1, 32, 32).
 
 The NN / TN / TT layouts (SM100-only in the reference) are deliberately *not* defined: consumers probe
 ``hasattr(deep_gemm, name)`` to choose a code path, and a name that always raises would steer them wrong.
@@ -45,7 +48,7 @@ import torch
 
 from .._core.checks import check_bool, check_expected_m, unpack_pair
 from ..ops.contiguous import m_grouped_gemm_fp8_fp8_bf16_nt_contiguous
-from ..ops.dense import gemm_fp8_fp8_bf16_nt
+from ..ops.dense import gemm_fp8_fp8_bf16_nt, gemm_fp8_fp8_bf16_nt_block32
 from ..ops.k_grouped import k_grouped_gemm_fp8_fp8_fp32_nt
 from ..ops.masked import m_grouped_gemm_fp8_fp8_bf16_nt_masked
 from ..ops.psum import m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum
@@ -66,27 +69,41 @@ def int_tuple(value: object, length: int, name: str) -> tuple[int, ...]:
     return tuple(value)
 
 
-def _check_granularity(gran_mn_a: int, gran_mn_b: int, gran_k: int, what: str, allow_1d1d: bool) -> bool:
-    """Accept the 1D2D recipe (returns False) and, where ``allow_1d1d``, the 1D1D one (returns True); name what
-    the others are."""
+#: The recipes :func:`check_recipe` tells apart: the 1D2D kernel (1, 128, 128), the 1D1D one (1, 1, 128) and the
+#: 1x32 / 32x32 one (1, 32, 32) of DeepSeek-V4.1's dense layers (``gemm_fp8_fp8_bf16_nt_block32``).
+RECIPE_1D2D, RECIPE_1D1D, RECIPE_BLOCK32 = "1d2d", "1d1d", "block32"
+_BLOCK32_RECIPE = (1, 32, 32)
+
+
+def _check_granularity(gran_mn_a: int, gran_mn_b: int, gran_k: int, what: str, allow_1d1d: bool,
+                       allow_block32: bool) -> str:
+    """The recipe a granularity selects (:data:`RECIPE_1D2D`, or where allowed :data:`RECIPE_1D1D` /
+    :data:`RECIPE_BLOCK32`); name what the others are."""
+    if (gran_mn_a, gran_mn_b, gran_k) == _BLOCK32_RECIPE:
+        if allow_block32:
+            return RECIPE_BLOCK32
+        raise NotImplementedError(f"{what} (the 1x32 / 32x32 recipe) exists only as fp8_gemm_nt (dense) on Hopper; "
+                                  "the M-grouped GEMMs use recipe (1, 128, 128)")
     if gran_k == 32:
-        raise NotImplementedError(f"{what}: gran_k 32 (MXFP8 scale groups) exists only on the reference's SM100 "
-                                  "kernels; Hopper kernels use gran_k 128")
+        raise NotImplementedError(f"{what}: gran_k 32 with these block sizes (MXFP8 scale groups) exists only on the "
+                                  "reference's SM100 kernels; Hopper kernels take (1, 128, 128), (1, 1, 128) or "
+                                  "(1, 32, 32)")
     if (gran_mn_a, gran_k) == (1, 128) and gran_mn_b == 1:
         if allow_1d1d:
-            return True
+            return RECIPE_1D1D
         raise NotImplementedError(f"{what} selects {_ONE_D_ONE_D}, which exists only as fp8_gemm_nt (dense); "
                                   "the M-grouped GEMMs use recipe (1, 128, 128) with 128x128 B scales")
     if (gran_mn_a, gran_mn_b, gran_k) != _DEFAULT_RECIPE:
         raise ValueError(f"{what} is not a recipe of the Hopper kernels: supported (1, 128, 128) (1x128 A scales, "
-                         "128x128 B scales); (1, 1, 128) is the 1D1D kernel")
-    return False
+                         "128x128 B scales); (1, 1, 128) is the 1D1D kernel, (1, 32, 32) the 1x32 / 32x32 one")
+    return RECIPE_1D2D
 
 
 def check_recipe(recipe: object = None, recipe_a: object = None, recipe_b: object = None, *,
-                 allow_1d1d: bool = False) -> bool:
+                 allow_1d1d: bool = False, allow_block32: bool = False) -> str:
     """Validate the reference's ``recipe`` / ``recipe_a`` + ``recipe_b`` arguments (see the module docstring);
-    True when they select the 1D1D kernel (only with ``allow_1d1d``)."""
+    returns the recipe they select: :data:`RECIPE_1D2D` (the default), :data:`RECIPE_1D1D` (only with
+    ``allow_1d1d``) or :data:`RECIPE_BLOCK32` (only with ``allow_block32``)."""
     if recipe is not None and (recipe_a is not None or recipe_b is not None):
         raise ValueError(f"pass either recipe or the recipe_a / recipe_b pair, not both: {recipe=} {recipe_a=} "
                          f"{recipe_b=}")
@@ -94,15 +111,15 @@ def check_recipe(recipe: object = None, recipe_a: object = None, recipe_b: objec
         raise ValueError(f"recipe_a and recipe_b go together, got {recipe_a=} {recipe_b=}")
     if recipe is not None:
         gm, gn, gk = int_tuple(recipe, 3, "recipe")
-        return _check_granularity(gm, gn, gk, f"recipe={tuple(recipe)}", allow_1d1d)
+        return _check_granularity(gm, gn, gk, f"recipe={tuple(recipe)}", allow_1d1d, allow_block32)
     elif recipe_a is not None:
         gm, gka = int_tuple(recipe_a, 2, "recipe_a")
         gn, gkb = int_tuple(recipe_b, 2, "recipe_b")
         if gka != gkb:
             raise ValueError(f"recipe_a and recipe_b must share gran_k, got {recipe_a=} {recipe_b=}")
         return _check_granularity(gm, gn, gka, f"recipe_a={tuple(recipe_a)}, recipe_b={tuple(recipe_b)}",
-                                  allow_1d1d)
-    return False
+                                  allow_1d1d, allow_block32)
+    return RECIPE_1D2D
 
 
 def check_compiled_dims(compiled_dims: object) -> None:
@@ -128,12 +145,13 @@ def _check_sm100_operands(a: object, b: object) -> None:
                                       "from per_token_cast_to_fp8(x, use_ue8m0=True) are fine)")
 
 
-def _common_checks(a, b, recipe, recipe_a, recipe_b, compiled_dims, disable_ue8m0_cast, allow_1d1d=False) -> bool:
+def _common_checks(a, b, recipe, recipe_a, recipe_b, compiled_dims, disable_ue8m0_cast, dense=False) -> str:
+    """The 2.x arguments every GEMM checks; returns the recipe (``dense``: fp8_gemm_nt's 1D1D and 1x32 ones too)."""
     _check_sm100_operands(a, b)
-    one_d_one_d = check_recipe(recipe, recipe_a, recipe_b, allow_1d1d=allow_1d1d)
+    selected = check_recipe(recipe, recipe_a, recipe_b, allow_1d1d=dense, allow_block32=dense)
     check_compiled_dims(compiled_dims)
     check_bool(disable_ue8m0_cast, "disable_ue8m0_cast")
-    return one_d_one_d
+    return selected
 
 
 def _check_output(d: object) -> None:
@@ -156,8 +174,8 @@ def fp8_gemm_nt(
     disable_ue8m0_cast: bool = False,
     alpha: float | None = None,
 ) -> None:
-    """``d = bf16(dequant(A) · dequant(B)ᵀ)`` (recipe (1, 128, 128), the default) or ``d = c + dequant(A) ·
-    dequant(B)ᵀ`` in fp32 (recipe (1, 1, 128)): the reference's ``fp8_gemm_nt`` with SM90 semantics.
+    """``d = bf16(dequant(A) · dequant(B)ᵀ)`` (recipe (1, 128, 128), the default, or (1, 32, 32)) or ``d = c +
+    dequant(A) · dequant(B)ᵀ`` in fp32 (recipe (1, 1, 128)): the reference's ``fp8_gemm_nt`` with SM90 semantics.
 
     1D2D: ``a = (A [m, k] e4m3 K-major, sA [m, ceil(k/128)] fp32)``, ``b = (B [n, k] e4m3 K-major,
     sB [ceil(n/128), ceil(k/128)] fp32)``, ``d`` ``[m, n]`` bf16 written in place. ``c`` must be None
@@ -166,13 +184,17 @@ def fp8_gemm_nt(
     ``d`` and ``c`` fp32 ``[m, n]``; ``c`` is required (``c=d`` accumulates in place into a main-grad buffer;
     another tensor is read and d only written). Everything else is
     :func:`deep_fp8_gemm.gemm_fp8_fp8_fp32_nt_1d1d`.
+    1x32 / 32x32 (``recipe=(1, 32, 32)`` or ``recipe_a=(1, 32), recipe_b=(32, 32)``: DeepSeek-V4.1's dense layers,
+    as SGLang calls the ``sgl-deep-gemm`` fork): sA ``[m, ceil(k/32)]`` fp32 in any layout (M-major TMA-aligned as
+    SGLang's quantiser writes it, or row-major, e.g. a UE8M0 checkpoint's power-of-two values: re-laid out on the
+    host, one small copy), sB ``[ceil(n/32), ceil(k/32)]`` fp32, bf16 ``d``, no ``c``; the fork's N % 8 / K % 32
+    rules are this library's N % 8 / K % 16. Everything else is :func:`deep_fp8_gemm.gemm_fp8_fp8_bf16_nt_block32`.
     The other 2.x arguments as in the module docstring.
     """
-    one_d_one_d = _common_checks(a, b, recipe, recipe_a, recipe_b, compiled_dims, disable_ue8m0_cast,
-                                 allow_1d1d=True)
+    selected = _common_checks(a, b, recipe, recipe_a, recipe_b, compiled_dims, disable_ue8m0_cast, dense=True)
     if alpha is not None:
         raise NotImplementedError(f"alpha={alpha!r}: the output scale exists only on the reference's SM100 kernels")
-    if one_d_one_d:
+    if selected == RECIPE_1D1D:
         if c is None:
             raise ValueError("c is required with recipe (1, 1, 128): the 1D1D kernel computes D = C + A·Bᵀ; pass "
                              "c=d to accumulate into d in place (zero d first for a plain product)")
@@ -181,13 +203,14 @@ def fp8_gemm_nt(
                             f"d.dtype={d.dtype}")
         gemm_fp8_fp8_fp32_nt_1d1d(a, b, d, c)
         return
+    named = "(1, 32, 32)" if selected == RECIPE_BLOCK32 else "(1, 128, 128)"
     if isinstance(d, torch.Tensor) and d.dtype == torch.float32:
-        raise TypeError("d.dtype=torch.float32 needs recipe=(1, 1, 128) (the 1D1D kernel, per-row B scales, "
-                        "D = C + A·Bᵀ); the default recipe (1, 128, 128) writes a bfloat16 d")
+        raise TypeError(f"d.dtype=torch.float32 needs recipe=(1, 1, 128) (the 1D1D kernel, per-row B scales, "
+                        f"D = C + A·Bᵀ); recipe {named} writes a bfloat16 d")
     if c is not None:
-        raise ValueError("c (D = C + A·Bᵀ) is not supported with recipe (1, 128, 128) and a bfloat16 d: the SM90 "
-                         "1D2D kernel has no C input (as in the reference); add C yourself, e.g. d += c")
-    gemm_fp8_fp8_bf16_nt(a, b, d)
+        raise ValueError(f"c (D = C + A·Bᵀ) is not supported with recipe {named} and a bfloat16 d: the SM90 "
+                         "kernel has no C input (as in the reference); add C yourself, e.g. d += c")
+    (gemm_fp8_fp8_bf16_nt_block32 if selected == RECIPE_BLOCK32 else gemm_fp8_fp8_bf16_nt)(a, b, d)
 
 
 def m_grouped_fp8_gemm_nt_contiguous(
@@ -285,7 +308,7 @@ def k_grouped_fp8_gemm_nt_contiguous(
     _check_sm100_operands(a, b)
     if recipe is None:
         recipe = (1, 1, 128)
-    if not check_recipe(recipe, allow_1d1d=True):
+    if check_recipe(recipe, allow_1d1d=True) != RECIPE_1D1D:
         raise ValueError(f"recipe={tuple(recipe)}: the k-grouped GEMM exists only with recipe (1, 1, 128) "
                          "(1x128 scales on A and B, fp32 D = C + A·Bᵀ)")
     check_compiled_dims(compiled_dims)
@@ -430,12 +453,13 @@ def transform_sf_into_required_layout(
         psum_layout: accepted for signature compatibility (the reference uses it only to pack SM100 scales).
 
     Returns:
-        gran ``(1, 128)`` (per-token A scales, or the 1D1D recipe's per-row B scales): :func:`get_mn_major_tma_aligned_tensor` of ``sf`` (M-major,
-        TMA-aligned; no copy when it already is). gran ``(128, 128)`` (block B scales): ``sf`` contiguous (no
-        copy when it already is). Power-of-two (UE8M0) fp32 values pass through unchanged.
+        gran ``(1, 128)`` or ``(1, 32)`` (per-token A scales, or the 1D1D recipe's per-row B scales):
+        :func:`get_mn_major_tma_aligned_tensor` of ``sf`` (M-major, TMA-aligned; no copy when it already is). gran
+        ``(128, 128)`` or ``(32, 32)`` (block B scales): ``sf`` contiguous (no copy when it already is).
+        Power-of-two (UE8M0) fp32 values pass through unchanged.
 
     Raises:
-        NotImplementedError: int32 (packed UE8M0) scales, gran_k 32.
+        NotImplementedError: int32 (packed UE8M0) scales, gran_k 32 with other block sizes (SM100 MXFP8).
         TypeError / ValueError: wrong types, shapes, or an is_sfa that does not fit the recipe's form.
     """
     if not isinstance(sf, torch.Tensor):
@@ -460,19 +484,20 @@ def transform_sf_into_required_layout(
         if is_sfa is not None:
             raise ValueError(f"a 2-element recipe (gran_mn, gran_k) takes is_sfa=None, got {is_sfa=}")
         gran_mn, gran_k = int_tuple(recipe, 2, "recipe")
-    if gran_k == 32:
-        raise NotImplementedError("gran_k 32 (MXFP8 scale groups) exists only on the reference's SM100 kernels")
-    if gran_k != 128 or gran_mn not in (1, 128):
+    if (gran_mn, gran_k) not in ((1, 128), (128, 128), (1, 32), (32, 32)):
+        if gran_k == 32:
+            raise NotImplementedError(f"scale granularity ({gran_mn}, 32) (MXFP8 scale groups) exists only on the "
+                                      "reference's SM100 kernels; Hopper's 1x32 recipe reads (1, 32) and (32, 32)")
         raise ValueError(f"recipe {tuple(recipe)} gives scale granularity ({gran_mn}, {gran_k}); the Hopper kernels "
-                         "read (1, 128) A scales and (128, 128) B scales")
+                         "read (1, 128) A scales and (128, 128) B scales, or (1, 32) and (32, 32)")
     lead = () if num_groups is None else (num_groups,)
     if num_groups is not None and (isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < 1):
         raise TypeError(f"num_groups must be a positive int or None, got {num_groups!r}")
-    expected = lead + ((mn + gran_mn - 1) // gran_mn, (k + 127) // 128)
+    expected = lead + ((mn + gran_mn - 1) // gran_mn, (k + gran_k - 1) // gran_k)
     if tuple(sf.shape) != expected:
         raise ValueError(f"sf must have shape {expected} for {mn=} {k=} granularity ({gran_mn}, {gran_k}) "
                          f"{num_groups=}, got sf.shape={tuple(sf.shape)}")
-    if gran_mn == 1:  # A's 1x128 scales, or B's per-row scales of the 1D1D recipe: the same layout
+    if gran_mn == 1:  # A's 1x128 / 1x32 scales, or B's per-row scales of the 1D1D recipe: the same layout
         return get_mn_major_tma_aligned_tensor(sf)
     return sf if sf.is_contiguous() else sf.contiguous()
 

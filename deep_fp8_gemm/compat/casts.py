@@ -27,7 +27,7 @@ the scale inf, the group's finite elements code 0 and the inf element NaN (``inf
 NaN / inf scale becomes ``2^127`` (the exponent clamp of ``ceil_to_ue8m0``), the finite elements code 0, a NaN
 element NaN and an inf element ±448.
 
-Returned layouts are the reference's: scales row-major contiguous (``[m, ceil(k/128)]``, not the M-major layout
+Returned layouts are the reference's: scales row-major contiguous (``[m, ceil(k/gran_k)]``, not the M-major layout
 of :func:`deep_fp8_gemm.per_token_cast_to_fp8`; the GEMMs accept either). ``deep_fp8_gemm``'s own quantisers
 keep their device-independent IEEE division (``tests/ops/test_quant.py::test_torch_path_divides_by_tensors_only``).
 """
@@ -53,24 +53,35 @@ def _scale(amax: torch.Tensor, use_ue8m0: bool) -> torch.Tensor:
     return _ceil_to_ue8m0_f32(sf.abs()) if use_ue8m0 else sf
 
 
-def per_token_cast_to_fp8_torch(x: torch.Tensor, use_ue8m0: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _check_gran_k(gran_k: object) -> int:
+    """The reference's casts take any group size (its torch code): a positive int."""
+    if isinstance(gran_k, bool) or not isinstance(gran_k, int):
+        raise TypeError(f"gran_k must be an int, got {type(gran_k).__name__} ({gran_k!r})")
+    if gran_k <= 0:
+        raise ValueError(f"gran_k must be positive, got gran_k={gran_k}")
+    return gran_k
+
+
+def per_token_cast_to_fp8_torch(x: torch.Tensor, use_ue8m0: bool, gran_k: int = GRAN_K
+                                ) -> tuple[torch.Tensor, torch.Tensor]:
     """The reference's ATen sequence of :func:`per_token_cast_to_fp8` on ``x``'s device."""
     m, k = x.shape
-    padded_k = ceil_div(k, GRAN_K) * GRAN_K
+    padded_k = ceil_div(k, gran_k) * gran_k
     padded = x.new_zeros((m, padded_k))
     padded[:, :k] = x
-    view = padded.view(m, padded_k // GRAN_K, GRAN_K)
+    view = padded.view(m, padded_k // gran_k, gran_k)
     sf = _scale(view.abs().float().amax(dim=2).clamp(AMAX_FLOOR), use_ue8m0)
     x_fp8 = (view * (1.0 / sf.unsqueeze(2))).to(torch.float8_e4m3fn).view(m, padded_k)[:, :k].contiguous()
     return x_fp8, sf
 
 
-def per_block_cast_to_fp8_torch(x: torch.Tensor, use_ue8m0: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def per_block_cast_to_fp8_torch(x: torch.Tensor, use_ue8m0: bool, gran_k: int = GRAN_K
+                                ) -> tuple[torch.Tensor, torch.Tensor]:
     """The reference's ATen sequence of :func:`per_block_cast_to_fp8` on ``x``'s device."""
     m, n = x.shape
-    padded = x.new_zeros((ceil_div(m, GRAN_K) * GRAN_K, ceil_div(n, GRAN_K) * GRAN_K))
+    padded = x.new_zeros((ceil_div(m, gran_k) * gran_k, ceil_div(n, gran_k) * gran_k))
     padded[:m, :n] = x
-    view = padded.view(-1, GRAN_K, padded.size(1) // GRAN_K, GRAN_K)
+    view = padded.view(-1, gran_k, padded.size(1) // gran_k, gran_k)
     sf = _scale(view.abs().float().amax(dim=(1, 3), keepdim=True).clamp(AMAX_FLOOR), use_ue8m0)
     x_fp8 = (view * (1.0 / sf)).to(torch.float8_e4m3fn)
     return x_fp8.view_as(padded)[:m, :n].contiguous(), sf.view(view.size(0), view.size(2))
@@ -78,56 +89,62 @@ def per_block_cast_to_fp8_torch(x: torch.Tensor, use_ue8m0: bool) -> tuple[torch
 
 def per_token_cast_to_fp8(x: torch.Tensor, use_ue8m0: bool, gran_k: int = 128,
                           use_packed_ue8m0: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """The reference's ``per_token_cast_to_fp8``: one scale per row per 128 K-elements, its bits on each device.
+    """The reference's ``per_token_cast_to_fp8``: one scale per row per ``gran_k`` K-elements, its bits on each
+    device.
 
     Args:
         x: ``[m, k]`` bfloat16 / float16 / float32, any strides, ``k >= 1``.
         use_ue8m0: required, as in the reference (positional or keyword): power-of-two scales.
-        gran_k: 128 (32, the SM100 MXFP8 recipe: ``NotImplementedError``).
+        gran_k: any positive group size, as the reference's torch code (128 and 32, the 1x32 recipe SGLang runs
+            for DeepSeek-V4.1, have fused kernels; others run the ATen sequence on every device).
         use_packed_ue8m0: False (True, the SM100 int32 packing: ``NotImplementedError``).
 
     Returns:
-        ``(x_fp8 [m, k] float8_e4m3fn contiguous, sf [m, ceil(k/128)] float32 contiguous)``; see the module
+        ``(x_fp8 [m, k] float8_e4m3fn contiguous, sf [m, ceil(k/gran_k)] float32 contiguous)``; see the module
         docstring for the arithmetic per device and for non-finite inputs.
     """
     check_input(x, "x")
-    check_sm100_options(gran_k, use_packed_ue8m0)
+    gran_k = _check_gran_k(gran_k)
+    if check_bool(use_packed_ue8m0, "use_packed_ue8m0"):
+        check_sm100_options(GRAN_K, True)  # NotImplementedError: the SM100 packing
     use_ue8m0 = check_bool(use_ue8m0, "use_ue8m0")
-    launch = kernel_launcher(x)
+    launch = kernel_launcher(x) if gran_k in (GRAN_K, 32) else None
     if launch is None:
-        return per_token_cast_to_fp8_torch(x, use_ue8m0)
-    x_fp8, sf = quant_host.run_per_token(x, quant_host.QuantKind.PER_TOKEN, "x", launch, ue8m0=use_ue8m0,
-                                         numerics=_NUMERICS)
+        return per_token_cast_to_fp8_torch(x, use_ue8m0, gran_k)
+    kind = quant_host.QuantKind.PER_TOKEN if gran_k == GRAN_K else quant_host.QuantKind.PER_TOKEN_32
+    x_fp8, sf = quant_host.run_per_token(x, kind, "x", launch, ue8m0=use_ue8m0, numerics=_NUMERICS)
     return x_fp8, sf.contiguous()
 
 
 def per_block_cast_to_fp8(x: torch.Tensor, use_ue8m0: bool, gran_k: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
-    """The reference's ``per_block_cast_to_fp8``: one scale per 128x128 block, its bits on each device.
+    """The reference's ``per_block_cast_to_fp8``: one scale per ``gran_k`` x ``gran_k`` block, its bits on each
+    device.
 
-    ``x`` ``[n, k]`` (partial edge blocks zero-padded) -> ``(x_fp8 [n, k] contiguous, sf [ceil(n/128),
-    ceil(k/128)] contiguous)``; ``use_ue8m0`` required; ``gran_k`` 128 only.
+    ``x`` ``[n, k]`` (partial edge blocks zero-padded) -> ``(x_fp8 [n, k] contiguous, sf [ceil(n/gran_k),
+    ceil(k/gran_k)] contiguous)``; ``use_ue8m0`` required; any positive ``gran_k`` (128: the fused kernel on
+    sm_90; others the ATen sequence on every device).
     """
     check_input(x, "x")
-    check_sm100_options(gran_k, False)
+    gran_k = _check_gran_k(gran_k)
     use_ue8m0 = check_bool(use_ue8m0, "use_ue8m0")
-    launch = kernel_launcher(x)
+    launch = kernel_launcher(x) if gran_k == GRAN_K else None
     if launch is None:
-        return per_block_cast_to_fp8_torch(x, use_ue8m0)
+        return per_block_cast_to_fp8_torch(x, use_ue8m0, gran_k)
     return quant_host.run_per_block(x, launch, ue8m0=use_ue8m0, numerics=_NUMERICS)
 
 
 def per_channel_cast_to_fp8(x: torch.Tensor, use_ue8m0: bool, gran_k: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
-    """The reference's ``per_channel_cast_to_fp8``: one scale per column per 128 rows (ATen on every device).
+    """The reference's ``per_channel_cast_to_fp8``: one scale per column per ``gran_k`` rows (ATen on every device).
 
-    ``x`` ``[m, n]``, ``m % 128 == 0`` -> ``(x_fp8 [m, n] contiguous, sf [m / 128, n] contiguous)``.
+    ``x`` ``[m, n]``, ``m % gran_k == 0`` -> ``(x_fp8 [m, n] contiguous, sf [m / gran_k, n] contiguous)``.
     """
     check_input(x, "x")
-    check_sm100_options(gran_k, False)
+    gran_k = _check_gran_k(gran_k)
     use_ue8m0 = check_bool(use_ue8m0, "use_ue8m0")
     m, n = x.shape
-    if m % GRAN_K:
-        raise ValueError(f"x must have a multiple of {GRAN_K} rows for per-channel scales, got x.shape={tuple(x.shape)}")
-    view = x.reshape(-1, GRAN_K, n)
+    if m % gran_k:
+        raise ValueError(f"x must have a multiple of {gran_k} rows for per-channel scales, got x.shape={tuple(x.shape)}")
+    view = x.reshape(-1, gran_k, n)
     sf = _scale(view.abs().float().amax(dim=1).view(-1, n).clamp(AMAX_FLOOR), use_ue8m0)
     return (view * (1.0 / sf.unsqueeze(1))).to(torch.float8_e4m3fn).view(m, n), sf
 

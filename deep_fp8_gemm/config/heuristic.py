@@ -14,10 +14,11 @@ import functools
 from ..constants import DEFAULT_CONTIGUOUS_ALIGNMENT
 from ..utils import ceil_div
 from .cost import estimate_cycles, estimate_seconds, num_m_blocks, silu_mul_quant_seconds
-from .rules import (BAND_BLOCKS, BLOCK_K, BLOCK_M_CHOICES, BLOCK_N_CHOICES, CONTIGUOUS_ALIGNMENT, CONTIGUOUS_KINDS,
-                    FP8_OUTPUT_BLOCK_N, FP8_OUTPUT_KINDS, FP32_ACCUMULATE_KINDS, K_GROUPED, LAYOUT_OF, MULTICAST_MIN_M,
-                    SMEM_LIMIT, SWAP_AB_BLOCK_M, SWAP_AB_BLOCK_N, SWAP_AB_MARGIN, SWAP_AB_MAX_M, SWAP_AB_KINDS, SWIGLU_BLOCK_N,
-                    SWIGLU_KINDS, GemmConfig, check_config, contiguous_block_m, max_stages, problem_rules)
+from .rules import (BAND_BLOCKS, BLOCK32_BLOCK_M, BLOCK32_BLOCK_N, BLOCK32_KINDS, BLOCK_K, BLOCK_M_CHOICES,
+                    BLOCK_N_CHOICES, CONTIGUOUS_ALIGNMENT, CONTIGUOUS_KINDS, FP8_OUTPUT_BLOCK_N, FP8_OUTPUT_KINDS,
+                    FP32_ACCUMULATE_KINDS, K_GROUPED, LAYOUT_OF, MULTICAST_MIN_M, SMEM_LIMIT, SWAP_AB_BLOCK_M,
+                    SWAP_AB_BLOCK_N, SWAP_AB_KINDS, SWAP_AB_MARGIN, SWAP_AB_MAX_M, SWIGLU_BLOCK_N, SWIGLU_KINDS,
+                    GemmConfig, check_config, contiguous_block_m, max_stages, problem_rules)
 
 def _validate_problem(m: int, n: int, k: int, num_groups: int, kind: str, num_sms: int) -> None:
     for name, value in (("m", m), ("n", n), ("k", k), ("num_groups", num_groups), ("num_sms", num_sms)):
@@ -39,7 +40,7 @@ def _split_k_choices(kind: str, m: int, n: int, k: int, block_m: int, block_n: i
     (few rows, narrow N, long K: decode) the divisors of the K block count up to MAX_SPLIT_K that keep the work
     items within one wave (more would only add partial traffic)."""
     tiles = ceil_div(m, block_m) * ceil_div(n, block_n)
-    if LAYOUT_OF[kind] != "dense" or m >= MULTICAST_MIN_M or tiles * 2 > num_sms or block_m > 128:
+    if LAYOUT_OF[kind] != "dense" or kind in BLOCK32_KINDS or m >= MULTICAST_MIN_M or tiles * 2 > num_sms or block_m > 128:
         return (1,)
     k_blocks = ceil_div(k, BLOCK_K)
     return (1, *(s for s in range(2, MAX_SPLIT_K + 1) if k_blocks % s == 0 and tiles * s <= num_sms))
@@ -79,7 +80,8 @@ def get_config(
     _validate_problem(m, n, k, num_groups, kind, num_sms)
     m_eff = max(m, 1)
     shape_k = BLOCK_K if kind == K_GROUPED else k
-    block_ms = (contiguous_block_m(contiguous_alignment),) if kind in CONTIGUOUS_KINDS else BLOCK_M_CHOICES
+    block_ms = ((contiguous_block_m(contiguous_alignment),) if kind in CONTIGUOUS_KINDS
+                else BLOCK32_BLOCK_M if kind in BLOCK32_KINDS else BLOCK_M_CHOICES)
     best = None
     for block_m in block_ms:
         if block_m > 64 and m_eff <= 64 and kind not in CONTIGUOUS_KINDS:
@@ -174,11 +176,14 @@ def _best_swap_ab(m: int, n: int, k: int, num_sms: int, smem_limit: int, batch_i
 
 
 def block_n_choices(kind: str) -> tuple[int, ...]:
-    """BLOCK_N values the heuristic weighs: 16..160, or the one tile of the FP8-output (128) and SwiGLU (256) kinds."""
+    """BLOCK_N values the heuristic weighs: 16..160, the one tile of the FP8-output (128) and SwiGLU (256) kinds, or
+    the 1x32 recipe's whole 32-column scale blocks (32..128)."""
     if kind in SWIGLU_KINDS:
         return (SWIGLU_BLOCK_N,)
     if kind in FP8_OUTPUT_KINDS:
         return (FP8_OUTPUT_BLOCK_N,)
+    if kind in BLOCK32_KINDS:
+        return BLOCK32_BLOCK_N
     return BLOCK_N_CHOICES
 
 

@@ -58,6 +58,13 @@ K_GROUPED = "k_grouped"
 CONTIGUOUS_KINDS = _TABLE.kinds_where(layout=("contiguous", "psum"))
 #: Kinds a config may compute with swap-AB (the table's operand-order axis).
 SWAP_AB_KINDS = tuple(row.name for row in _TABLE.rows if "swap_ab" in row.orders)
+#: The 1x32/32x32 recipe's kinds (policy_block32.cuh): per 128-K stage four k32 wgmmas, each into a fresh partial
+#: bank (two alternate) promoted with sA x sB products the producer's scale warps write into the stage; one m64
+#: wave per math warpgroup (acc + two banks fill the register budget at BLOCK_N 128), BLOCK_N a multiple of the
+#: 32-column scale blocks.
+BLOCK32_KINDS = _TABLE.kinds_where(granularity="1x32/32x32")
+BLOCK32_BLOCK_M = (64, 128)
+BLOCK32_BLOCK_N = (32, 64, 96, 128)
 
 BLOCK_K = GRAN_K  # the kernels' K tile is one scale group: one sA / sB value per row (per block) per K block
 SMEM_LIMIT = 232_448  # bytes of shared memory one block may use on sm_90
@@ -173,6 +180,16 @@ class GemmConfig:
         return self.mma_cols // self.mma_n
 
     @property
+    def gran_k(self) -> int:
+        """K elements per scale of A and B (the kind's granularity: 128, or 32)."""
+        return int(_TABLE.traits(self.kind, "granularity")["gran_k"])
+
+    @property
+    def scale_groups_per_k_block(self) -> int:
+        """sA columns one 128-K stage reads (the sA tensor map's box width): 1, or 4 for the 1x32 recipe."""
+        return BLOCK_K // self.gran_k
+
+    @property
     def math_registers(self) -> int:
         return 240 if self.num_math_warpgroups == 1 else 232
 
@@ -230,6 +247,7 @@ class GemmConfig:
             mma_chunks=self.mma_chunks,
             mma_rows=self.mma_rows,
             mma_cols=self.mma_cols,
+            scale_groups_per_k_block=self.scale_groups_per_k_block,
         )
         return d
 
@@ -245,6 +263,8 @@ def smem_bytes(block_m: int, block_n: int, num_stages: int, kind: str = "dense",
         d_tile = 0 if fp32_out else round_up(block_m * block_n * 2, 1024)  # bf16 D tile, 16-column swizzled chunks
     a_stage = block_m * BLOCK_K
     b_stage = block_n * BLOCK_K
+    if kind in BLOCK32_KINDS:  # records of sA [4][BLOCK_M], the scale products, the full / empty / scales barriers
+        return d_tile + num_stages * (a_stage + b_stage + block32_record_bytes(block_m, block_n))
     sa_stage = round_up(block_m * 4, 128)
     # 1D2D: the K block's sB values of the tile's two scale blocks; 1D1D: the K block's BLOCK_N row scales of B.
     sb_stage = round_up(block_n * 4, 128) if fp32_out else 16
@@ -252,6 +272,37 @@ def smem_bytes(block_m: int, block_n: int, num_stages: int, kind: str = "dense",
         return d_tile + num_stages * (a_stage + b_stage + round_up(sa_stage + sb_stage, 128) + 2 * 8)
     # stage records of sA, sB, the stage's full and empty barriers
     return d_tile + num_stages * (a_stage + b_stage + round_up(sa_stage + sb_stage + 2 * 8, 128))
+
+
+def block32_product_floats(block_n: int) -> int:
+    """Floats of one row pair's sA x sB products per k32 in a stage (policy_block32.cuh Block32Products): the two
+    rows' ``block_n / 32`` column-block products, padded to whole 16-byte loads (8 bytes for one column block)."""
+    groups = block_n // 32
+    return 2 if groups == 1 else round_up(2 * groups, 4)
+
+
+def block32_record_bytes(block_m: int, block_n: int) -> int:
+    """A 1x32-recipe stage's record: sA ``[4][BLOCK_M]`` fp32 (TMA), the products ``[4][BLOCK_M / 2][floats]``, each
+    scale warp's (``BLOCK_M / 64``) 64-byte sB staging, the producer's 16-byte header, three barriers (full, empty,
+    scales), rounded to 128 bytes (policy_block32.cuh)."""
+    return round_up(block_m * 16 + 4 * (block_m // 2) * block32_product_floats(block_n) * 4 + (block_m // 64) * 64
+                    + 16 + 3 * 8, 128)
+
+
+def _block32_problems(cfg: GemmConfig) -> list[str]:
+    """The 1x32/32x32 recipe's rules (policy_block32.cuh)."""
+    if cfg.kind not in BLOCK32_KINDS:
+        return []
+    problems = []
+    if cfg.block_m not in BLOCK32_BLOCK_M:
+        problems.append(f"{cfg.kind}: one m64 wave per math warpgroup (the accumulator and two partial banks fill the "
+                        f"register budget): block_m must be one of {BLOCK32_BLOCK_M}, got {cfg.block_m}")
+    if cfg.block_n not in BLOCK32_BLOCK_N:
+        problems.append(f"{cfg.kind}: block_n must be one of {BLOCK32_BLOCK_N} (whole 32-column scale blocks, at most "
+                        f"128 for the registers), got {cfg.block_n}")
+    if cfg.split_k != 1 or cfg.swap_ab:
+        problems.append(f"{cfg.kind}: no split-K or swap-AB, got split_k={cfg.split_k} swap_ab={cfg.swap_ab}")
+    return problems
 
 
 def check_config(cfg: GemmConfig, smem_limit: int = SMEM_LIMIT) -> None:
@@ -278,6 +329,7 @@ def check_config(cfg: GemmConfig, smem_limit: int = SMEM_LIMIT) -> None:
     if not 2 <= cfg.num_stages <= MAX_STAGES:
         problems.append(f"num_stages must be in [2, {MAX_STAGES}], got {cfg.num_stages}")
     problems += _fp8_output_problems(cfg)
+    problems += _block32_problems(cfg)
     if cfg.kind in FP32_ACCUMULATE_KINDS and cfg.cluster_size != 1:
         problems.append(f"the 1D1D kernel does not multicast (its sB slice is per CTA): cluster 1x1, got "
                         f"{cfg.cluster_m}x{cfg.cluster_n}")
@@ -319,6 +371,8 @@ def math_registers_needed(kind: str, block_m: int, block_n: int, swap_ab: bool =
     sides of the 232-register budget and checks that this model's verdict is ptxas's."""
     if swap_ab:
         return (block_n // 64 + 1) * block_m // 2 + MATH_REGISTER_OVERHEAD
+    if kind in BLOCK32_KINDS:  # the accumulator and two partial banks of one m64 wave
+        return 3 * block_n // 2 + MATH_REGISTER_OVERHEAD
     accumulators = waves_m(block_m) * block_n // 2 + mma_n(kind, block_n) // 2
     if kind in FP32_ACCUMULATE_KINDS:
         return accumulators + FP32_ACCUMULATE_REGISTER_OVERHEAD + block_n // 4

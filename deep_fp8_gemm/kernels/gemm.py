@@ -129,7 +129,8 @@ def tensor_map_args_1d2d(cfg: GemmConfig, a: torch.Tensor, sa: torch.Tensor, b: 
     """The four rank-3 tensor maps of the bf16-output and FP8-output kinds (dims innermost first), as plain tuples.
 
     Shapes: A ``[rows, k]`` or ``[G, rows, k]`` (masked) e4m3; sA M-major ``[rows, kb]`` / ``[G, rows, kb]``
-    with ``stride(-2) == 1``; B ``[n, k]`` or ``[G, n, k]``; D ``[rows, n]`` / ``[G, rows, n]`` bf16, or for the
+    with ``stride(-2) == 1`` (kb = ceil(k/128), or ceil(k/32) for the 1x32 recipe, whose box is the stage's four
+    columns); B ``[n, k]`` or ``[G, n, k]``; D ``[rows, n]`` / ``[G, rows, n]`` bf16, or for the
     FP8-output kinds e4m3 ``[rows, n_out]`` / ``[G, rows, n_out]`` (``n_out`` = n, SwiGLU n / 2).
     A 2-D operand gets a unit batch dimension (its batch stride is then never used). Plain tuples
     because this runs on every new pointer set: they hash and compare faster than spec objects.
@@ -166,7 +167,7 @@ def tensor_map_args_1d2d(cfg: GemmConfig, a: torch.Tensor, sa: torch.Tensor, b: 
         (TmaDtype.UINT8, b.data_ptr(), (k, n, b_batch), (b.stride(-2), b_batch_stride), (BLOCK_K, b_rows_per_load, 1),
          TmaSwizzle.B128),
         (TmaDtype.FLOAT32, sa.data_ptr(), (rows, kb, a_batch), (sa.stride(-1) * 4, sa_batch_stride),
-         (cfg.block_m, 1, 1), TmaSwizzle.NONE),
+         (cfg.block_m, cfg.scale_groups_per_k_block, 1), TmaSwizzle.NONE),
         d_map,
     )
 

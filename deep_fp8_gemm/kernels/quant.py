@@ -54,6 +54,12 @@ class QuantKind(enum.IntEnum):
     SILU_MUL_PER_TOKEN = 2
     CAST_TRANSPOSE = 3
     K_GROUPED_TRANSPOSE = 4
+    PER_TOKEN_32 = 5  # PER_TOKEN with 1x32 groups (DeepSeek-V4.1's recipe, the block32 GEMM's A)
+
+
+#: Elements per scale group of a per-token kind (``dfg::quant::group_size_of``).
+def group_size_of(kind: QuantKind) -> int:
+    return 32 if kind == QuantKind.PER_TOKEN_32 else GROUP
 
 
 #: Kinds of the shared-memory tiled transpose (``TransposeParams``, 256 threads, one CTA per 128 x 128 tile).
@@ -108,7 +114,8 @@ class QuantKernelConfig:
     numerics: Numerics = Numerics.IEEE
 
     def __post_init__(self) -> None:
-        if self.numerics is not Numerics.IEEE and self.kind not in (QuantKind.PER_TOKEN, QuantKind.PER_BLOCK):
+        if self.numerics is not Numerics.IEEE and self.kind not in (QuantKind.PER_TOKEN, QuantKind.PER_TOKEN_32,
+                                                                    QuantKind.PER_BLOCK):
             raise ValueError(f"numerics={self.numerics.value!r} exists for the per-token and per-block kinds only, "
                              f"got kind={self.kind.name}")
 
@@ -269,7 +276,7 @@ def audit_targets() -> list:
                for kind in QuantKind for input_type in InputType for vectorized in (True, False)]
     # UE8M0 changes only the scale computation: one vectorised bf16 variant per quantiser that offers it.
     configs += [QuantKernelConfig(kind, InputType.BF16, True, ue8m0=True)
-                for kind in (QuantKind.PER_TOKEN, QuantKind.PER_BLOCK, *TRANSPOSE_KINDS)]
+                for kind in (QuantKind.PER_TOKEN, QuantKind.PER_TOKEN_32, QuantKind.PER_BLOCK, *TRANSPOSE_KINDS)]
     # The reference design's arithmetic (the deep_gemm drop-in's casts): one vectorised bf16 variant per kind.
     configs += [QuantKernelConfig(kind, InputType.BF16, True, numerics=Numerics.DEEP_GEMM_CUDA)
                 for kind in (QuantKind.PER_TOKEN, QuantKind.PER_BLOCK)]
@@ -378,11 +385,12 @@ class QuantLaunchPlan:
 
 
 #: The fast path's quantiser names -> kernel kinds.
-QUANT_KINDS = {"per_token": QuantKind.PER_TOKEN, "silu": QuantKind.SILU_MUL_PER_TOKEN, "per_block": QuantKind.PER_BLOCK}
+QUANT_KINDS = {"per_token": QuantKind.PER_TOKEN, "silu": QuantKind.SILU_MUL_PER_TOKEN, "per_block": QuantKind.PER_BLOCK,
+               "per_token_32": QuantKind.PER_TOKEN_32}
 
 
 def plan_quant(x: torch.Tensor, kind: QuantKind, ue8m0: bool = False) -> QuantLaunchPlan:
-    """The launch plan of ``kind`` (PER_TOKEN, SILU_MUL_PER_TOKEN or PER_BLOCK) for inputs of ``x``'s signature;
+    """The launch plan of ``kind`` (PER_TOKEN, PER_TOKEN_32, SILU_MUL_PER_TOKEN or PER_BLOCK) for inputs of ``x``'s signature;
     checks ``x`` (:func:`check_input`) and its shape, with the quantisers' messages."""
     name = "w" if kind == QuantKind.PER_BLOCK else "x"
     check_input(x, name, (2, 3))
@@ -405,7 +413,8 @@ def _plan_per_token(x: torch.Tensor, kind: QuantKind, name: str, ue8m0: bool) ->
         raise ValueError(f"{name} must have at least one output column, got {name}.shape={tuple(x.shape)}")
     batch = x.shape[0] if x.dim() == 3 else 1
     m = x.shape[-2]
-    groups = (cols + GROUP - 1) // GROUP
+    group = group_size_of(kind)
+    groups = (cols + group - 1) // group
     am = aligned_m(m)
     out_shape = (*x.shape[:-1], cols)
     if x.dim() == 3:
@@ -418,7 +427,7 @@ def _plan_per_token(x: torch.Tensor, kind: QuantKind, name: str, ue8m0: bool) ->
         _check_size(units, rows, cols, name)
     fields = dict(input_row_stride=_row_stride(x), output_row_stride=cols, up_offset=up_offset,
                   scale_batch_stride=am * groups, num_rows=rows, num_cols=cols, rows_per_batch=m, scale_row_stride=am)
-    units_per_block = NUM_THREADS // 8
+    units_per_block = NUM_THREADS // (group // 16)  # 16 elements per thread
     return QuantLaunchPlan(kind, _INPUT_TYPES[x.dtype], ue8m0, out_shape, _contiguous_strides(out_shape), scale_shape,
                            scale_strides, fields, (units + units_per_block - 1) // units_per_block,
                            _vectorizable_layout(x, cols, up_offset), False, rows == 0)

@@ -33,12 +33,23 @@ K_GROUPED_GROUPS = (8, 32)
 # The SwiGLU kinds (the MoE up-projection): w13 of DeepSeek-V3's experts, N = 2I = 4096 gate and up columns, K = H.
 DEEPSEEK_V3_SWIGLU = ((4096, 7168),)
 
+# The 1x32 / 32x32 recipe (kind dense_block32): DeepSeek-V4.1's dense FP8 projections (N, K). V4.1's own config.json
+# was not in the sources this library could read; these are DeepSeek-V4-Pro's published dimensions (hidden 7168,
+# q_lora_rank 1536, 128 heads of 512 with one KV head, o_lora_rank 1024 x 16 groups, a shared expert of intermediate
+# 2048; the indexer's 64 heads of 128), the head-sharded ones at tensor-parallel 8 as SGLang runs them: wq_a
+# (1536, 7168), wkv (512, 7168), wq_b / 8 and the indexer's wq_b (8192, 1536), wo_b / 8 and the shared expert's w2
+# (7168, 2048), the shared expert's w13 (4096, 7168), the indexer's wk (128, 7168). docs/block32.md.
+DEEPSEEK_V41_DENSE_BLOCK32 = ((4096, 7168), (7168, 2048), (1536, 7168), (512, 7168), (8192, 1536), (128, 7168))
+
 
 def default_shapes(kind: str) -> tuple[tuple[int, int], ...]:
-    """The DeepSeek-V3 (N, K) table a kind is audited on, from its axis values: the SwiGLU output the up-projection's
+    """The (N, K) table a kind is audited on, from its axis values: the 1x32 recipe DeepSeek-V4.1's dense
+    projections; otherwise DeepSeek-V3's: the SwiGLU output the up-projection's
     w13, the 1D1D dense kernel the weight gradients, the k-grouped layout the experts' weight gradients, the dense
     layout the dense projections, every other grouped layout the experts' GEMMs."""
     row = TABLE.row(kind)
+    if row.granularity == "1x32/32x32":
+        return DEEPSEEK_V41_DENSE_BLOCK32
     if row.output == "swiglu_fp8":
         return DEEPSEEK_V3_SWIGLU
     if row.layout == "k_grouped":

@@ -4,7 +4,7 @@ family and an output policy:
 =============  ===========================================================================================
 module         public functions (bf16 / FP8 / SwiGLU·FP8 output, ``ops.outputs``)
 =============  ===========================================================================================
-:mod:`.dense`       ``gemm_fp8_fp8_bf16_nt`` (split-K and swap-AB for decode), ``gemm_fp8_fp8_fp8_nt``
+:mod:`.dense`       ``gemm_fp8_fp8_bf16_nt`` (split-K and swap-AB for decode), ``gemm_fp8_fp8_fp8_nt``, ``..._bf16_nt_block32``
 :mod:`.contiguous`  ``m_grouped_gemm_fp8_fp8_{bf16,fp8}_nt_contiguous``, ``m_grouped_gemm_fp8_fp8_fp8_nt_contiguous_swiglu``
 :mod:`.psum`        ``m_grouped_gemm_fp8_fp8_{bf16,fp8}_nt_contiguous_psum`` (group ends)
 :mod:`.masked`      ``m_grouped_gemm_fp8_fp8_{bf16,fp8}_nt_masked``, ``m_grouped_gemm_fp8_fp8_fp8_nt_masked_swiglu``

@@ -26,23 +26,23 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .._core.checks import (INDEX_DTYPE, check_is_tensor, check_operand_a_2d, check_operand_b_blocks,
+from .._core.checks import (BLOCK128, INDEX_DTYPE, check_is_tensor, check_operand_a_2d, check_operand_b_blocks,
                             check_same_device, check_shape, check_tensor)
 from ..config import contiguous_block_m
 from ..utils import get_m_alignment_for_contiguous_layout
 from .gemm_family import GemmLayout, families_of
 
 
-def check_m_grouped_operands(a, sa, b, sb) -> tuple[int, int, int, int]:
+def check_m_grouped_operands(a, sa, b, sb, gran=BLOCK128) -> tuple[int, int, int, int]:
     """The operand checks every M-grouped contiguous layout shares (contiguous, psum): A ``[m_sum, k]`` e4m3, sA
     ``[m_sum, ceil(k/128)]`` fp32, B ``[G, n, k]``, sB ``[G, ceil(n/128), ceil(k/128)]``, one device. Returns
     ``(m_sum, n, k, G)``."""
-    m_sum, k, kb = check_operand_a_2d(a, sa, "m_sum")
+    m_sum, k, kb = check_operand_a_2d(a, sa, "m_sum", gran)
     check_is_tensor(b, "rhs[0] (B)")
     if b.dim() != 3 or b.size(0) < 1:
         raise ValueError(f"rhs[0] (B) must be 3-D [G, n, k] with G >= 1, got rhs[0] (B).shape={tuple(b.shape)}")
     num_groups = b.size(0)
-    n = check_operand_b_blocks(b, sb, k, kb, num_groups)
+    n = check_operand_b_blocks(b, sb, k, kb, num_groups, gran)
     check_same_device(a.device, ((sa, "lhs[1] (sA)"), (b, "rhs[0] (B)"), (sb, "rhs[1] (sB)")))
     return m_sum, n, k, num_groups
 
@@ -182,8 +182,8 @@ class MGroupedLayout(GemmLayout):
 
     rows_name = "m_sum"
 
-    def check_inputs(self, a, sa, b, sb):
-        return check_m_grouped_operands(a, sa, b, sb)
+    def check_inputs(self, a, sa, b, sb, gran=BLOCK128):
+        return check_m_grouped_operands(a, sa, b, sb, gran)
 
     def plan_problem(self, a, b, expected_m):
         """The heuristic for ``m_sum`` rows over ``G`` experts, BLOCK_M = the contiguous alignment."""

@@ -1,5 +1,6 @@
 """The dense layout (``layout = "dense"`` of the kinds table): ``gemm_fp8_fp8_bf16_nt`` (bf16 out, split-K and
-swap-AB for decode shapes) and ``gemm_fp8_fp8_fp8_nt`` (FP8 out).
+swap-AB for decode shapes), ``gemm_fp8_fp8_fp8_nt`` (FP8 out) and ``gemm_fp8_fp8_bf16_nt_block32`` (the 1x32 / 32x32
+scale recipe, bf16 out).
 
 ``D = dequant(A) · dequant(B)ᵀ``: A ``[m, k]`` e4m3 with 1x128 per-token scales, B ``[n, k]`` e4m3 with 128x128 block
 scales, both K-major ("NT"); D as the output policy says (``ops.outputs``: bf16 ``[m, n]``, or e4m3 ``[m, n]`` with
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from .._core.checks import check_operand_a_2d, check_operand_b_blocks, check_same_device
+from .._core.checks import BLOCK128, check_operand_a_2d, check_operand_b_blocks, check_same_device
 from .gemm_family import GemmLayout, families_of
 
 
@@ -32,9 +33,9 @@ class DenseLayout(GemmLayout):
 
     name, op_template = "dense", "gemm_fp8_fp8_{}_nt"
 
-    def check_inputs(self, a, sa, b, sb):
-        m, k, kb = check_operand_a_2d(a, sa, "m")
-        n = check_operand_b_blocks(b, sb, k, kb, None)
+    def check_inputs(self, a, sa, b, sb, gran=BLOCK128):
+        m, k, kb = check_operand_a_2d(a, sa, "m", gran)
+        n = check_operand_b_blocks(b, sb, k, kb, None, gran)
         check_same_device(a.device, ((sa, "lhs[1] (sA)"), (b, "rhs[0] (B)"), (sb, "rhs[1] (sB)")))
         return m, n, k, 1
 
@@ -48,7 +49,7 @@ class DenseLayout(GemmLayout):
 #: The layout, and kind -> family of every dense 1D2D kind of the kinds table.
 LAYOUT = DenseLayout()
 FAMILIES = families_of(LAYOUT)
-_BF16, _FP8 = FAMILIES["dense"].call, FAMILIES["dense_fp8out"].call
+_BF16, _FP8, _BLOCK32 = FAMILIES["dense"].call, FAMILIES["dense_fp8out"].call, FAMILIES["dense_block32"].call
 
 
 def gemm_fp8_fp8_bf16_nt(lhs: tuple[torch.Tensor, torch.Tensor], rhs: tuple[torch.Tensor, torch.Tensor],
@@ -103,4 +104,31 @@ def gemm_fp8_fp8_fp8_nt(lhs: tuple[torch.Tensor, torch.Tensor], rhs: tuple[torch
     _FP8(lhs, rhs, out, None, None, use_ue8m0)
 
 
+def gemm_fp8_fp8_bf16_nt_block32(lhs: tuple[torch.Tensor, torch.Tensor], rhs: tuple[torch.Tensor, torch.Tensor],
+                                 out: torch.Tensor) -> None:
+    """``out = bf16(dequant(A) · dequant(B)ᵀ)`` with the 1x32 / 32x32 recipe (DeepSeek-V4.1's dense FP8 checkpoints,
+    ``weight_block_size [32, 32]``): the reference design's ``recipe=(1, 32, 32)``.
+
+    Args:
+        lhs: ``(A, sA)``: A ``[m, k]`` float8_e4m3fn, K-major (as :func:`gemm_fp8_fp8_bf16_nt`); sA ``[m, ceil(k/32)]``
+            float32, one scale per row per 32 K-elements, any strides (converted to M-major TMA-aligned, a copy
+            unless it already is: ``per_token_cast_to_fp8(x, gran_k=32)`` returns it so). Power-of-two (UE8M0)
+            values are ordinary fp32 scales here.
+        rhs: ``(B, sB)``: B ``[n, k]`` float8_e4m3fn, K-major; sB ``[ceil(n/32), ceil(k/32)]`` float32, one scale
+            per 32x32 block (``per_block_cast_to_fp8(w, gran_k=32)``).
+        out: ``[m, n]`` bfloat16, row-major, 16-byte-aligned rows, written in place; must not overlap any input.
+
+    Requires ``n % 8 == 0``, ``k % 16 == 0`` (TMA's 16-byte rows; a partial last 32-group reads as zero-padded);
+    every tensor on one device; ``m == 0`` is a no-op. The products of each 32-wide K group are promoted into the
+    fp32 accumulator with ``sA[r, j] · sB[c / 32, j]`` in K order (the kernel: policy_block32.cuh; the CPU
+    reference: the same order with exact group partials, ``_core.reference_math.gemm_nt_promoted``); within 1e-3
+    ``calc_diff`` of float64. Batch-invariant as every GEMM here (docs/batch-invariance.md). CUDA: sm_90 only.
+
+    Raises:
+        TypeError / ValueError: as :func:`gemm_fp8_fp8_bf16_nt`, with the 1x32 / 32x32 scale shapes.
+    """
+    _BLOCK32(lhs, rhs, out)
+
+
 FAMILIES["dense"].public, FAMILIES["dense_fp8out"].public = gemm_fp8_fp8_bf16_nt, gemm_fp8_fp8_fp8_nt
+FAMILIES["dense_block32"].public = gemm_fp8_fp8_bf16_nt_block32

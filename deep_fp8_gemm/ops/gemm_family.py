@@ -31,8 +31,8 @@ from typing import Callable
 
 import torch
 
-from .._core.checks import (Problem, check_aligned_ptr, check_divisibility, check_expected_m, check_row_major_tma,
-                            is_meta, layout_values_checked, unpack_pair)
+from .._core.checks import (BLOCK128, Granularity, Problem, check_aligned_ptr, check_divisibility, check_expected_m,
+                            check_row_major_tma, is_meta, layout_values_checked, unpack_pair)
 from .._core.dispatch import eager, normalise_scales, operands
 from .._core.family import GemmFamily, register_op
 from .._core.plans import GemmEntrySpec, gemm_entry
@@ -62,8 +62,9 @@ class GemmLayout:
     op_template: str
     schema: str = ""
 
-    def check_inputs(self, a, sa, b, sb) -> tuple[int, int, int, int]:
-        """A, sA, B, sB (types, shapes, one device); returns ``(rows, n, k, groups)``."""
+    def check_inputs(self, a, sa, b, sb, gran: Granularity = BLOCK128) -> tuple[int, int, int, int]:
+        """A, sA, B, sB (types, shapes, one device) with the scale blocks ``gran`` of the kind's granularity;
+        returns ``(rows, n, k, groups)``."""
         raise NotImplementedError
 
     def check_grouped(self, gl, problem: Problem, device: torch.device) -> None:
@@ -132,6 +133,8 @@ def _uniform(output: OutputPolicy, rest: tuple, kwargs: dict) -> tuple[tuple, ob
 def make_family(row: KindRow, lay: GemmLayout, output: OutputPolicy) -> GemmFamily:
     """The op family of ``row`` (a 1D2D kind of the layout ``lay`` and ``output``), its custom op registered."""
     kind = row.name
+    traits = TABLE.traits(kind, "granularity")
+    gran = Granularity(traits["gran_k"], traits["gran_n"])
     lead_of = (lambda problem: (problem.groups,)) if lay.batched else (lambda problem: ())
     grouped_name = lay.grouped
 
@@ -143,7 +146,7 @@ def make_family(row: KindRow, lay: GemmLayout, output: OutputPolicy) -> GemmFami
         outs, gl, expected_m, _ = _split(output, lay, rest, kwargs)
         if lay.expected_m == "required":
             check_expected_m(expected_m)
-        rows, n, k, groups = lay.check_inputs(a, sa, b, sb)
+        rows, n, k, groups = lay.check_inputs(a, sa, b, sb, gran)
         problem = Problem(rows, n, k, groups)
         output.check(outs, lead_of(problem), rows, n, a.device, lay.rows_name)
         lay.check_grouped(gl, problem, a.device)
@@ -164,11 +167,11 @@ def make_family(row: KindRow, lay: GemmLayout, output: OutputPolicy) -> GemmFami
 
     def reference_validated(a, sa, b, sb, *rest) -> None:
         """The reference on checked tensors: the float32 result (``_core.reference_math.gemm_nt_promoted``: exact
-        K-block partials promoted in a fixed order, batch-invariant) of each part of the layout's
+        partials of each scale group of K promoted in a fixed order, batch-invariant) of each part of the layout's
         :meth:`GemmLayout.reference_parts`, finished by the output policy."""
         outs, gl, _, options = _uniform(output, rest, {})
         for g, rows in lay.reference_parts(a, gl, b.size(0) if b.dim() == 3 else 1):
-            acc = gemm_nt_promoted(a[rows], sa[rows], b if g is None else b[g], sb if g is None else sb[g])
+            acc = gemm_nt_promoted(a[rows], sa[rows], b if g is None else b[g], sb if g is None else sb[g], gran)
             output.store(outs, rows, acc, options)
 
     def reference(lhs, rhs, out, *args, **kwargs) -> None:
@@ -216,7 +219,7 @@ def make_family(row: KindRow, lay: GemmLayout, output: OutputPolicy) -> GemmFami
         check(a, sa, b, sb, *flat, pointers=False)
 
     options_schema = "".join(f", {t} {name}={'False' if d is False else d}" for name, t, d in output.options)
-    op_name = lay.op_template.format(output.dtype_name) + output.suffix
+    op_name = lay.op_template.format(output.dtype_name) + traits["op_suffix"] + output.suffix
     op = register_op(op_name, f"(Tensor a, Tensor sa, Tensor b, Tensor sb, {output.schema}{lay.schema}"
                               f"{options_schema}) -> ()", impl, fake)
     family = GemmFamily(kind=kind, public=None, check=check, reference=reference, dispatch=dispatch, plan=plan,

@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import torch
 
-from .._core.checks import (FP8, INDEX_DTYPE, check_operand_b_blocks, check_same_device, check_shape, check_tensor)
-from ..constants import GRAN_K
+from .._core.checks import (BLOCK128, FP8, INDEX_DTYPE, check_operand_b_blocks, check_same_device, check_shape, check_tensor)
 from ..utils import ceil_div
 from .gemm_family import GemmLayout, families_of
 
 
-def check_masked_operands(a, sa, b, sb) -> tuple[int, int, int, int]:
+def check_masked_operands(a, sa, b, sb, gran=BLOCK128) -> tuple[int, int, int, int]:
     """The input half of the masked layout, for this family and the FP8-output / SwiGLU ones: A ``[G, m_max, k]``
     e4m3 + sA ``[G, m_max, ceil(k/128)]`` fp32, B ``[G, n, k]`` + sB ``[G, ceil(n/128), ceil(k/128)]``, one device;
     returns ``(m_max, n, k, G)``."""
@@ -33,10 +32,10 @@ def check_masked_operands(a, sa, b, sb) -> tuple[int, int, int, int]:
     num_groups, m_max, k = a.shape
     if k <= 0 or num_groups < 1:
         raise ValueError(f"lhs[0] (A) must be [G, m_max, k] with G >= 1 and k >= 1, got shape={tuple(a.shape)}")
-    kb = ceil_div(k, GRAN_K)
+    kb = ceil_div(k, gran.k)
     check_tensor(sa, "lhs[1] (sA)", torch.float32, 3)
-    check_shape(sa, "lhs[1] (sA)", (num_groups, m_max, kb), "[G, m_max, ceil(k/128)]")
-    n = check_operand_b_blocks(b, sb, k, kb, num_groups)
+    check_shape(sa, "lhs[1] (sA)", (num_groups, m_max, kb), f"[G, m_max, {gran.dims('k')}]")
+    n = check_operand_b_blocks(b, sb, k, kb, num_groups, gran)
     check_same_device(a.device, ((sa, "lhs[1] (sA)"), (b, "rhs[0] (B)"), (sb, "rhs[1] (sB)")))
     return m_max, n, k, num_groups
 
@@ -83,8 +82,8 @@ class MaskedLayout(GemmLayout):
     name, grouped, expected_m, rows_name, batched = "masked", "masked_m", "required", "m_max", True
     op_template, schema = "m_grouped_gemm_fp8_fp8_{}_nt_masked", ", Tensor masked_m, int expected_m"
 
-    def check_inputs(self, a, sa, b, sb):
-        return check_masked_operands(a, sa, b, sb)
+    def check_inputs(self, a, sa, b, sb, gran=BLOCK128):
+        return check_masked_operands(a, sa, b, sb, gran)
 
     def check_grouped(self, gl, problem, device):
         check_tensor(gl, "masked_m", INDEX_DTYPE, 1)

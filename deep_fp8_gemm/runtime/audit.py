@@ -120,7 +120,9 @@ def _check_kloop(record: dict, target: AuditTarget, sass: str, ceilings: dict) -
         rows, cols = cfg.get("mma_rows", cfg["block_m"]), cfg.get("mma_cols", cfg["block_n"])
         analysis = kloop.analyse_sass(sass, block_m=rows, block_n=cols,
                                       num_math_warpgroups=cfg["num_math_warpgroups"], function=target.name,
-                                      mma_chunks=cfg.get("mma_chunks", 1))
+                                      mma_chunks=cfg.get("mma_chunks", 1),
+                                      scale_slices=cfg.get("scale_groups_per_k_block", 1) if
+                                      cfg.get("scale_groups_per_k_block", 1) > 1 else 0)
     except ValueError as exc:
         record["problems"].append(f"K-loop analysis: {exc}")
         return

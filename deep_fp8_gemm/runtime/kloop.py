@@ -45,9 +45,11 @@ import re
 from collections import Counter
 from pathlib import Path
 
-# Instruction classes, in report order. ``uniform``: uniform-datapath ops (U-prefixed, TMA excluded);
+# Instruction classes, in report order. ``WARPGROUP``: wgmma.fence / wait_group (``WARPGROUP.ARRIVE`` /
+# ``.DEPBAR``); ``uniform``: uniform-datapath ops (U-prefixed, TMA excluded);
 # ``lds_ldg``: shared/global/constant loads; ``branch``: control flow.
-CLASSES = ("QGMMA", "FFMA", "FMUL", "FSEL", "uniform", "R2UR", "SYNCS", "lds_ldg", "branch", "other", "total")
+CLASSES = ("QGMMA", "WARPGROUP", "FFMA", "FMUL", "FSEL", "uniform", "R2UR", "SYNCS", "lds_ldg", "branch", "other",
+           "total")
 _BRANCH_OPS = frozenset({"BRA", "BRX", "JMP", "JMX", "CALL", "RET", "EXIT", "BSSY", "BSYNC", "WARPSYNC", "BREAK",
                          "ELECT", "YIELD", "NOP"})
 _LOAD_OPS = frozenset({"LDS", "LDG", "LDSM", "LDC", "ULDC", "LD", "LDGSTS"})
@@ -241,7 +243,7 @@ def _innermost_holding(loops: list[Loop], instrs: list[Instruction], opcode: str
 def classify(ins: Instruction) -> str:
     """The class (one of :data:`CLASSES` but ``total``) an instruction is counted in."""
     base = ins.base
-    if base in ("QGMMA", "FFMA", "FMUL", "FSEL", "R2UR", "SYNCS"):
+    if base in ("QGMMA", "WARPGROUP", "FFMA", "FMUL", "FSEL", "R2UR", "SYNCS"):
         return base
     if base in _LOAD_OPS:
         return "lds_ldg"
@@ -288,14 +290,43 @@ def _loop_report(body: list[Instruction], k_blocks: float) -> dict:
     }
 
 
+def _scale_warp_report(loops: list[Loop], instrs: list[Instruction], slices: int) -> dict | None:
+    """The 1x32 recipe's scale warps (policy_block32.cuh): per stage, a wait on the stage's scales barrier (an mbarrier
+    wait followed by ``FMUL`` products, not in a ``QGMMA`` loop), the sB staging, the products of the stage's
+    ``slices`` k32 slices and their ``STS``, an arrive on the full barrier. Per K block: the instructions laid out
+    from that wait to the first branch after the arrive, plus ``slices - 1`` more passes over a slice loop the
+    compiler kept rolled (the innermost loop inside holding both ``FMUL`` and ``STS``)."""
+    for i, ins in enumerate(instrs):
+        if not _is_barrier_wait(ins):
+            continue
+        arrive = next((j for j in range(i + 1, len(instrs)) if instrs[j].base == "SYNCS"), None)
+        if arrive is None or ".ARRIVE" not in instrs[arrive].opcode:
+            continue
+        section = range(i, arrive)
+        if not any(instrs[j].base == "FMUL" for j in section) or any(instrs[j].base == "QGMMA" for j in section):
+            continue
+        end = next((j for j in range(arrive, len(instrs)) if instrs[j].base == "BRA"), len(instrs) - 1)
+        inside = [lp for lp in loops if i < lp.start and lp.end < arrive
+                  and any(instrs[j].base == "FMUL" for j in lp.body) and any(instrs[j].base == "STS" for j in lp.body)]
+        rolled = min(inside, key=lambda lp: len(lp.body)) if inside else None
+        stage = end - i + 1
+        extra = (slices - 1) * len(rolled.body) if rolled else 0
+        body = [instrs[j] for j in range(i, end + 1)]
+        return {"per_k_block": stage + extra, "slice_loop": len(rolled.body) if rolled else 0,
+                "per_k_block_by_class": class_counts(body)}
+    return None
+
+
 def analyse_function(instrs: list[Instruction], labels: dict[str, int], *, block_m: int, block_n: int,
-                     num_math_warpgroups: int, mma_chunks: int = 1) -> dict:
+                     num_math_warpgroups: int, mma_chunks: int = 1, scale_slices: int = 0) -> dict:
     """The math and producer loop reports of one function (see the module docstring).
 
     Returns ``{"math": {...} | None, "producer": {...} | None, "issue_per_tensor_cycle": float | None}``;
     a loop report has ``body_instructions, k_blocks_per_iteration, per_k_block`` (class -> count),
     ``qgmma, utmaldg`` and, for the math loop, ``drain_to_wgmma`` (list per drain),
     ``drain_to_wgmma_per_k_block`` and ``overhead_per_k_block_per_wave`` (:func:`overhead_per_wave`).
+    ``scale_slices`` (the 1x32 recipe: 4): also ``"scale_warps"``, the scale warps' instructions per K block
+    (:func:`_scale_warp_report`), which share the SM sub-partitions with the math warps.
     """
     if block_m % (64 * num_math_warpgroups):
         raise ValueError(f"block_m={block_m} is not a multiple of 64 x num_math_warpgroups={num_math_warpgroups}")
@@ -329,11 +360,13 @@ def analyse_function(instrs: list[Instruction], labels: dict[str, int], *, block
         # both the multicast and the unicast loads of its tail row: 5 static, 3 or 4 executed).
         waits = sum(_is_barrier_wait(ins) for ins in body)
         result["producer"] = _loop_report(body, float(max(waits, 1)))
+    if scale_slices:
+        result["scale_warps"] = _scale_warp_report(loops, instrs, scale_slices)
     return result
 
 
 def analyse_sass(sass: str, *, block_m: int, block_n: int, num_math_warpgroups: int,
-                 function: str | None = None, mma_chunks: int = 1) -> dict:
+                 function: str | None = None, mma_chunks: int = 1, scale_slices: int = 0) -> dict:
     """:func:`analyse_function` on one function of a disassembly (``function`` = its name; default: the
     only function, or the first one holding ``QGMMA``)."""
     functions = parse_functions(sass)
@@ -345,7 +378,7 @@ def analyse_sass(sass: str, *, block_m: int, block_n: int, num_math_warpgroups: 
         chosen = next((f for f in functions.values() if any(i.base == "QGMMA" for i in f[0])), None)
         instrs, labels = chosen or next(iter(functions.values()))
     return analyse_function(instrs, labels, block_m=block_m, block_n=block_n, num_math_warpgroups=num_math_warpgroups,
-                            mma_chunks=mma_chunks)
+                            mma_chunks=mma_chunks, scale_slices=scale_slices)
 
 
 # ---------------------------------------------------------------------------------------- CI ceilings
@@ -375,7 +408,8 @@ def check_ceilings(kind: str, block_m: int, analysis: dict, ceilings: dict[str, 
     ``overhead_per_k_block_per_wave`` (math instructions other than the promotion's FFMA, per K block and m64
     wave: independent of BLOCK_N, so it catches bookkeeping growth in wide and narrow tiles alike),
     ``drain_per_wave`` (the longest ``drain_to_wgmma`` gap: what a wave runs between its wgmma wait and the next
-    wgmma, which catches work moved out from under the tensor cores at an unchanged instruction count).
+    wgmma, which catches work moved out from under the tensor cores at an unchanged instruction count),
+    ``scale_warps_per_k_block`` (the 1x32 recipe's scale warps, :func:`_scale_warp_report`).
     A kind without an entry is not gated; a GEMM kernel without a math loop is a problem.
     """
     limits = ceilings.get(kind)
@@ -406,4 +440,11 @@ def check_ceilings(kind: str, block_m: int, analysis: dict, ceilings: dict[str, 
             producer["per_k_block"]["total"] > limits["producer_per_k_block"]:
         problems.append(f"producer loop {producer['per_k_block']['total']} instructions per K block > ceiling "
                         f"{limits['producer_per_k_block']} ({kind})")
+    if "scale_warps_per_k_block" in limits:
+        scale = analysis.get("scale_warps")
+        if scale is None:
+            problems.append(f"K-loop analysis found no scale-warp stage (products and their stores) ({kind})")
+        elif scale["per_k_block"] > limits["scale_warps_per_k_block"]:
+            problems.append(f"scale warps issue {scale['per_k_block']} instructions per K block > ceiling "
+                            f"{limits['scale_warps_per_k_block']} ({kind})")
     return problems

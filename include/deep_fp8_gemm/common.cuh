@@ -86,11 +86,12 @@ struct alignas(8) F32x2 {
 // barrier's shared-memory offset and the parity waited for, e.g. "mbar_wait(full[3] @smem+0x1c040, parity 1)".
 // Kernels name their ring's barriers full_barrier(s) / empty_barrier(s); a bare hal::mbar_wait is "mbarrier[0]".
 struct BarrierName {
-    const char* role;  // "full", "empty", "mbarrier"
+    const char* role;  // "full", "empty", "scales" (policy_block32.cuh), "mbarrier"
     u32 index;         // stage
 };
 DFG_HOST_DEVICE constexpr BarrierName full_barrier(u32 stage) { return BarrierName{"full", stage}; }
 DFG_HOST_DEVICE constexpr BarrierName empty_barrier(u32 stage) { return BarrierName{"empty", stage}; }
+DFG_HOST_DEVICE constexpr BarrierName scales_barrier(u32 stage) { return BarrierName{"scales", stage}; }
 #define DFG_MBAR_WAIT_FORMAT "mbar_wait(%s[%u] @smem+%#x, parity %u)"
 
 }  // namespace dfg

@@ -2,8 +2,8 @@
 // tests/ops/test_kinds.py fails when this file and the Python table differ, and compiles it for sm_90a.
 //
 // The GEMM kinds as axes: each kind one legal point (the table's rows); the kernel template reads a
-// kind's axis values through kind_axes() and its layout kind (the kind whose scheduler, A / D
-// addressing and sB it shares) through layout_of().
+// kind's axis values through kind_axes() and its layout kind (the kind whose scheduler and A / D
+// addressing it shares) through layout_of().
 #pragma once
 #include "common.cuh"
 
@@ -33,6 +33,7 @@ enum class KindAccumulation : int {
 enum class KindScaleGranularity : int {
     Block128 = 0,  // 1x128/128x128: A 1x128 per token, B 128x128 per block (recipe (1, 128, 128))
     Row128 = 1,  // 1x128/1x128: A and B 1x128 per row (recipe (1, 1, 128))
+    Block32 = 2,  // 1x32/32x32: A 1x32 per token, B 32x32 per block (recipe (1, 32, 32), DeepSeek-V4.1; promoted every 32 K, policy_block32.cuh)
 };
 
 // scale_dtype: how the scales are stored
@@ -73,8 +74,9 @@ enum class GemmKind : int {
     GroupedContiguousPsumFp8Out = 9,  // psum_fp8out
     GroupedContiguousSwiglu = 10,  // contiguous_swiglu
     GroupedMaskedSwiglu = 11,  // masked_swiglu
+    DenseBlock32 = 12,  // dense_block32
 };
-DFG_HOST_DEVICE constexpr int num_gemm_kinds() { return 12; }
+DFG_HOST_DEVICE constexpr int num_gemm_kinds() { return 13; }
 
 // A kind's point on the axes (operand orders: supports_order).
 struct KindAxes {
@@ -101,11 +103,12 @@ DFG_HOST_DEVICE constexpr KindAxes kind_axes(GemmKind kind) {
         case GemmKind::GroupedContiguousPsumFp8Out: return KindAxes{KindLayout::Psum, KindOperand::E4m3, KindAccumulation::Promote1D2D, KindScaleGranularity::Block128, KindScaleDtype::Fp32, KindWeightPacking::E4m3, KindOutput::Fp8};
         case GemmKind::GroupedContiguousSwiglu: return KindAxes{KindLayout::Contiguous, KindOperand::E4m3, KindAccumulation::Promote1D2D, KindScaleGranularity::Block128, KindScaleDtype::Fp32, KindWeightPacking::E4m3, KindOutput::SwigluFp8};
         case GemmKind::GroupedMaskedSwiglu: return KindAxes{KindLayout::Masked, KindOperand::E4m3, KindAccumulation::Promote1D2D, KindScaleGranularity::Block128, KindScaleDtype::Fp32, KindWeightPacking::E4m3, KindOutput::SwigluFp8};
+        case GemmKind::DenseBlock32: return KindAxes{KindLayout::Dense, KindOperand::E4m3, KindAccumulation::Promote1D2D, KindScaleGranularity::Block32, KindScaleDtype::Fp32, KindWeightPacking::E4m3, KindOutput::Bf16};
         default: return KindAxes{};  // unreachable: every enumerator has a case
     }
 }
 
-// The kind whose scheduler, A / D addressing and sB a kind shares (same point, base output).
+// The kind whose scheduler and A / D addressing a kind shares (same point, base output and granularity).
 DFG_HOST_DEVICE constexpr GemmKind layout_of(GemmKind kind) {
     switch (kind) {
         case GemmKind::Dense: return GemmKind::Dense;
@@ -120,6 +123,7 @@ DFG_HOST_DEVICE constexpr GemmKind layout_of(GemmKind kind) {
         case GemmKind::GroupedContiguousPsumFp8Out: return GemmKind::GroupedContiguousPsum;
         case GemmKind::GroupedContiguousSwiglu: return GemmKind::GroupedContiguous;
         case GemmKind::GroupedMaskedSwiglu: return GemmKind::GroupedMasked;
+        case GemmKind::DenseBlock32: return GemmKind::Dense;
         default: return kind;
     }
 }
@@ -139,6 +143,7 @@ DFG_HOST_DEVICE constexpr bool supports_order(GemmKind kind, KindOperandOrder or
         case GemmKind::GroupedContiguousPsumFp8Out: return order == KindOperandOrder::AB;
         case GemmKind::GroupedContiguousSwiglu: return order == KindOperandOrder::AB;
         case GemmKind::GroupedMaskedSwiglu: return order == KindOperandOrder::AB;
+        case GemmKind::DenseBlock32: return order == KindOperandOrder::AB;
         default: return false;
     }
 }

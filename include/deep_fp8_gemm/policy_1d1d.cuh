@@ -32,6 +32,8 @@ struct FamilyOf {
     static constexpr bool kSwiglu = kind_axes(kKind).output == KindOutput::SwigluFp8;
     // e4m3 D with 1x128 per-row scales quantised from the fp32 accumulators (output.cuh Fp8TmaStore).
     static constexpr bool kFp8Output = kSwiglu || kind_axes(kKind).output == KindOutput::Fp8;
+    // 1x32 / 32x32 scales, promoted every 32 K with products from the scale warps (policy_block32.cuh).
+    static constexpr bool kBlock32 = kind_axes(kKind).granularity == KindScaleGranularity::Block32;
     static_assert(kRowScaledB == kFp32Accumulate, "the 1D1D kernels are the fp32-accumulating ones (kinds.py RULES)");
 };
 

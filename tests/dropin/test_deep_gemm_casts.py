@@ -114,8 +114,10 @@ def test_layouts_and_arguments_are_the_references():
     assert_bits_equal(dgc.per_channel_cast_to_fp8(x, False), per_channel_model(x, False, "cpu"))
     with pytest.raises(TypeError):
         dgc.per_token_cast_to_fp8(x)  # use_ue8m0 is required, as in the reference
-    with pytest.raises(NotImplementedError, match="gran_k"):
-        dgc.per_token_cast_to_fp8(x, False, gran_k=32)
+    codes, sf = dgc.per_token_cast_to_fp8(x, False, gran_k=32)  # the 1x32 recipe (SGLang's DeepSeek-V4.1 path)
+    assert sf.shape == (256, 10) and sf.is_contiguous()
+    with pytest.raises(ValueError, match="gran_k must be positive"):
+        dgc.per_token_cast_to_fp8(x, False, gran_k=0)
     with pytest.raises(NotImplementedError, match="use_packed_ue8m0"):
         dgc.per_token_cast_to_fp8(x, True, 128, True)
     # per_custom_dims_cast_to_fp8(x, dims=(0,)): one scale per row, the amax over the other dims.

@@ -27,18 +27,20 @@ from deep_fp8_gemm import ops
 from deep_fp8_gemm.config import FP8_OUTPUT_KINDS, LAYOUT_OF, SMEM_LIMIT, GemmConfig, check_config, output_columns
 from deep_fp8_gemm.config import k_grouped_config
 from deep_fp8_gemm.kernels import gemm, group_maps
+from deep_fp8_gemm.kinds import TABLE
 from deep_fp8_gemm.kernels import quant as kq
 from deep_fp8_gemm.runtime import driver as drv
 from deep_fp8_gemm.runtime.tensor_map import TensorMapSpec, TmaDtype, TmaSwizzle
 from deep_fp8_gemm.utils import get_col_major_tma_aligned_tensor
 from deep_fp8_gemm.ops import outputs
-from tests.gpu import (test_gpu_batch_invariance, test_gpu_fp8_output, test_gpu_gemm, test_gpu_jit, test_gpu_smoke,
-                       test_gpu_swap_ab)
+from tests.gpu import (test_gpu_batch_invariance, test_gpu_block32, test_gpu_fp8_output, test_gpu_gemm, test_gpu_jit,
+                       test_gpu_smoke, test_gpu_swap_ab)
 from tests.kernels import test_cast_transpose_kernels, test_quant_kernels
 from tests.ops import test_k_grouped, test_quant
 
 GPU_MODULES = (test_gpu_gemm, test_gpu_jit, test_gpu_smoke, test_quant, test_quant_kernels, test_k_grouped,
-               test_cast_transpose_kernels, test_gpu_fp8_output, test_gpu_swap_ab, test_gpu_batch_invariance)
+               test_cast_transpose_kernels, test_gpu_fp8_output, test_gpu_swap_ab, test_gpu_batch_invariance,
+               test_gpu_block32)
 NUM_SMS = 132  # H100 / H200
 FP8 = torch.float8_e4m3fn
 
@@ -56,12 +58,13 @@ def check_gemm_case(case: dict) -> GemmConfig:
     through the op's validation, the config through check_config, the tensor maps and the launch."""
     kind, a_shape, n, k = case["kind"], tuple(case["a_shape"]), case["n"], case["k"]
     groups, expected_m = case.get("groups"), case.get("expected_m")
-    kb = -(-k // 128)
+    gran = TABLE.traits(kind, "granularity")  # 128 x 128, or the 1x32 / 32x32 recipe's 32 x 32
+    kb = -(-k // gran["gran_k"])
     a = torch.empty(a_shape, dtype=FP8)
     sa = torch.empty((*a_shape[:-1], kb), dtype=torch.float32)
     b_lead = () if LAYOUT_OF[kind] == "dense" else (groups,)
     b = torch.empty((*b_lead, n, k), dtype=FP8)
-    sb = torch.empty((*b_lead, -(-n // 128), kb), dtype=torch.float32)
+    sb = torch.empty((*b_lead, -(-n // gran["gran_n"]), kb), dtype=torch.float32)
     out = torch.empty((*a_shape[:-1], n), dtype=torch.bfloat16)
     if kind in FP8_OUTPUT_KINDS:  # the output pair of the FP8-output and SwiGLU kinds (issue 27)
         out, sd = outputs.empty_out(a_shape[:-2], a_shape[-2], output_columns(kind, n), "cpu")
@@ -70,8 +73,8 @@ def check_gemm_case(case: dict) -> GemmConfig:
                  else (torch.empty(groups, dtype=torch.int32),) if layout == "psum"
                  else (torch.empty(groups, dtype=torch.int32), expected_m))
         ops.FAMILIES[kind].check(a, sa, b, sb, out, sd, *extra)
-    elif kind == "dense":
-        ops.FAMILIES["dense"].check(a, sa, b, sb, out)
+    elif LAYOUT_OF[kind] == "dense":  # dense, dense_block32
+        ops.FAMILIES[kind].check(a, sa, b, sb, out)
     elif kind == "contiguous":
         ops.FAMILIES["contiguous"].check(a, sa, b, sb, out, torch.empty(a_shape[0], dtype=torch.int32))
     else:
@@ -247,6 +250,7 @@ FAMILIES = {
     "fp8_output": lambda: _problems(test_gpu_fp8_output.launch_cases(), check_gemm_case, _gemm_label),
     "swap_ab": lambda: _problems(test_gpu_swap_ab.launch_cases(), check_gemm_case, _gemm_label),
     "batch_invariance": lambda: _problems(test_gpu_batch_invariance.launch_cases(), check_gemm_case, _gemm_label),
+    "block32": lambda: _problems(test_gpu_block32.launch_cases(), check_gemm_case, _gemm_label),
     "k_grouped": lambda: _problems(test_k_grouped.K_GROUPED_GPU_CASES, check_k_grouped_case,
                                    lambda c: f"k-grouped (m, n, ks) = {c}"),
     "tma": lambda: _problems(test_gpu_jit.TMA_CASES, check_tma_case, lambda c: f"TMA case {c}"),

@@ -244,8 +244,10 @@ def test_quantiser_options_are_checked_and_keyed():
     assert torch.equal(pow2[1], dfg.quant.ceil_to_ue8m0(plain[1]))  # not the cached plain plan
     with pytest.raises(TypeError, match="use_ue8m0"):
         dfg.per_token_cast_to_fp8(x, use_ue8m0=1)
-    with pytest.raises(NotImplementedError, match="gran_k"):
-        dfg.per_token_cast_to_fp8(x, gran_k=32)
+    with pytest.raises(ValueError, match="gran_k"):
+        dfg.per_token_cast_to_fp8(x, gran_k=64)
+    one32 = dfg.per_token_cast_to_fp8(x, gran_k=32)  # its own plan (deep_fp8_gemm.quant: per_token_32)
+    assert one32[1].shape == (8, 8) and not torch.equal(one32[0].view(torch.uint8), plain[0].view(torch.uint8))
     with pytest.raises(NotImplementedError, match="use_packed_ue8m0"):
         dfg.per_token_cast_to_fp8(x, use_packed_ue8m0=True)
 

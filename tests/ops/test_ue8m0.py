@@ -106,12 +106,12 @@ def test_per_channel_cast_to_fp8():
 
 def test_sm100_only_cast_options_and_bad_flags():
     x = torch.randn(4, 128)
-    with pytest.raises(NotImplementedError, match="gran_k=32"):
-        dfg.per_token_cast_to_fp8(x, True, gran_k=32)
     with pytest.raises(NotImplementedError, match="use_packed_ue8m0"):
         dfg.per_token_cast_to_fp8(x, True, use_packed_ue8m0=True)
-    with pytest.raises(NotImplementedError, match="gran_k=64"):
+    with pytest.raises(ValueError, match="gran_k=64"):
         dfg.per_block_cast_to_fp8(x, False, 64)
+    with pytest.raises(ValueError, match="gran_k=16"):
+        dfg.per_token_cast_to_fp8(x, True, gran_k=16)
     with pytest.raises(TypeError, match="use_ue8m0 must be a bool"):
         dfg.per_token_cast_to_fp8(x, 1)
 

@@ -113,6 +113,7 @@
 #include "../output.cuh"
 #include "../pipeline.cuh"
 #include "../policy_1d1d.cuh"
+#include "../policy_block32.cuh"
 #include "../policy_k_grouped.cuh"
 #include "../policy_swap_ab.cuh"
 #include "../promotion.cuh"
@@ -155,6 +156,11 @@ struct Fp8GemmKernel {
     static constexpr GemmKind kLayout = FamilyOf<kKind>::kLayout;    // how tiles are enumerated (common.cuh)
     static constexpr bool kFp8Output = FamilyOf<kKind>::kFp8Output;  // e4m3 D + 1x128 scales (output.cuh)
     static constexpr bool kSwiglu = FamilyOf<kKind>::kSwiglu;        // SiLU(gate) * up first (policy_swiglu.cuh)
+    static constexpr bool kBlock32 = FamilyOf<kKind>::kBlock32;      // 1x32 / 32x32 scales (policy_block32.cuh)
+    // The 1x32 recipe's tile constants (a placeholder instantiation for the other kinds).
+    using B32 = typename Select<kBlock32, Block32<BLOCK_M, BLOCK_N>, Block32<64, 32>>::type;
+    static constexpr u32 kNumScaleBlocksN32 = ceil_div(SHAPE_N, 32u);  // sB rows of the 1x32 recipe
+    static constexpr u32 kNumSlicesK = ceil_div(SHAPE_K, 32u);        // sA / sB columns of the 1x32 recipe
     // Columns of one wgmma: the whole tile, or a chunk of it (the SwiGLU kinds: gate, then up; policy_swiglu.cuh).
     static constexpr u32 kMmaN = kSwiglu ? kSwigluMmaN : kMmaCols;
     static constexpr u32 kMmaChunks = kMmaCols / kMmaN;
@@ -185,6 +191,8 @@ struct Fp8GemmKernel {
                   "SwiGLU: N = 2I with I % 128 == 0; one m64 wave per warpgroup (register budget, see above)");
     static_assert(!kUe8m0 || kFp8Output, "power-of-two scales are an FP8-output option");
     static_assert(kNumStages >= 2, "at least two stages to overlap loads with math");
+    static_assert(!kBlock32 || (kSplitK == 1 && !kSwapAB && kWavesM == 1 && kMmaChunks == 1 && !kFp8Output),
+                  "the 1x32 recipe: bf16 out, no split-K or swap-AB, one m64 wave per math warpgroup");
     static_assert(kProducerRegisters * 128 + kMathRegisters * kNumMathThreads <= 65536, "register file is 64K");
     static_assert(kMathRegisters == kExpectedMathRegisters && kProducerRegisters == kExpectedProducerRegisters,
                   "the setmaxnreg split disagrees with deep_fp8_gemm/config.py (math_registers, PRODUCER_REGISTERS)");
@@ -219,9 +227,12 @@ struct Fp8GemmKernel {
     static constexpr u32 kSmemDBytes = Output::kSmemBytes;  // the output's shared tile (0 for the fp32 kinds)
     static constexpr u32 kSmemABytes = BLOCK_M * BLOCK_K;  // one stage; 1024-byte multiple
     static constexpr u32 kSmemBBytes = BLOCK_N * BLOCK_K;
-    static constexpr u32 kSmemSABytes = round_up(BLOCK_M * 4u, 128u);
-    // 1D2D: sB of scale blocks block0 and block1 (8 bytes used); 1D1D: the K block's BLOCK_N row scales of B.
-    static constexpr u32 kSmemSBBytes = kRowScaledB ? RowScalesB<BLOCK_N>::kSmemBytes : 16u;
+    // 1x32 recipe: the stage's four sA columns (policy_block32.cuh).
+    static constexpr u32 kSmemSABytes = kBlock32 ? B32::kSmemSABytes : round_up(BLOCK_M * 4u, 128u);
+    // 1D2D: sB of scale blocks block0 and block1 (8 bytes used); 1D1D: the K block's BLOCK_N row scales of B; the
+    // 1x32 recipe: the scale warps' sA x sB products.
+    static constexpr u32 kSmemSBBytes =
+        kRowScaledB ? RowScalesB<BLOCK_N>::kSmemBytes : kBlock32 ? B32::kSmemProductBytes : 16u;
     static constexpr u32 kSmemA = kSmemD + kSmemDBytes;
     static constexpr u32 kSmemB = kSmemA + kNumStages * kSmemABytes;
     // The rest of a stage is one record per stage, kSmemRecordBytes apart (a multiple of 128: sA is a TMA
@@ -235,11 +246,18 @@ struct Fp8GemmKernel {
     static constexpr bool kBarriersInRecord = !kRowScaledB;
     static constexpr u32 kSmemSA = kSmemB + kNumStages * kSmemBBytes;  // stage 0's record
     static constexpr u32 kSmemSB = kSmemSA + kSmemSABytes;
-    static constexpr u32 kSmemRecordBytes =
-        round_up(kSmemSABytes + kSmemSBBytes + (kBarriersInRecord ? 16u : 0u), 128u);
+    // 1x32: the scale warps' staging and the producer's header (Block32Header), then the full, empty and scales
+    // barriers.
+    static constexpr u32 kRecordBarrierBytes =
+        kBarriersInRecord ? (kBlock32 ? B32::kStagingBytes + B32::kHeaderBytes + 24u : 16u) : 0u;
+    static constexpr u32 kSmemRecordBytes = round_up(kSmemSABytes + kSmemSBBytes + kRecordBarrierBytes, 128u);
     static constexpr u32 kSmemRecordsEnd = kSmemSA + kNumStages * kSmemRecordBytes;
-    static constexpr u32 kSmemFull = kBarriersInRecord ? kSmemSB + kSmemSBBytes : kSmemRecordsEnd;
+    static constexpr u32 kSmemHeader = kSmemSB + kSmemSBBytes + B32::kStagingBytes;  // the 1x32 recipe's Block32Header
+    static constexpr u32 kSmemFull =
+        kBarriersInRecord ? kSmemSB + kSmemSBBytes + (kBlock32 ? B32::kStagingBytes + B32::kHeaderBytes : 0u)
+                          : kSmemRecordsEnd;
     static constexpr u32 kSmemEmpty = kSmemFull + (kBarriersInRecord ? 8u : kNumStages * 8u);
+    static constexpr u32 kSmemScales = kSmemEmpty + 8u;  // the 1x32 recipe's scales barrier (in the record)
     using Barriers = StageBarriers<kBarriersInRecord ? kSmemRecordBytes : 8u>;
     // The wgmma's operands: A (its M side) and B (its N side) stages; swap-AB reads the B stages as A and v.v.
     static constexpr u32 kSmemOpA = kSwapAB ? kSmemB : kSmemA;
@@ -247,8 +265,14 @@ struct Fp8GemmKernel {
     static constexpr u32 kSmemOpB = kSwapAB ? kSmemA : kSmemB;
     static constexpr u32 kSmemOpBBytes = kSwapAB ? kSmemABytes : kSmemBBytes;
     static constexpr u32 kSmemBytes = kSmemRecordsEnd + (kBarriersInRecord ? 0u : 2 * kNumStages * 8u);
-    static constexpr u32 kStageTxBytes = kSmemABytes + kSmemBBytes + BLOCK_M * 4 + (kRowScaledB ? BLOCK_N * 4 : 0u);
+    // The full barrier's bytes (the 1x32 recipe's sA arrives on the scales barrier, B32::kSATxBytes).
+    static constexpr u32 kStageTxBytes =
+        kSmemABytes + kSmemBBytes + (kBlock32 ? 0u : BLOCK_M * 4) + (kRowScaledB ? BLOCK_N * 4 : 0u);
     static_assert(kSmemABytes % 1024 == 0 && kSmemBBytes % 1024 == 0, "stages keep 1024-byte alignment");
+    static_assert(!kBlock32 || (kSmemSB == kSmemSA + B32::kSmemSABytes &&
+                                kSmemFull == kSmemSA + B32::kRecordBytesBeforeBarriers),
+                  "the 1x32 record: sA, the products, the staging, the header (Block32::write_products addresses them "
+                  "from the record)");
     static_assert(kSmemBytes <= 232448, "227 KB of shared memory per block");
     static_assert(kSmemBytes + 1024 <= kMaxSmemWindow, "desc_advance needs shared addresses below 2^18");
     static_assert(kSmemBytes == kExpectedSmemBytes,
@@ -259,6 +283,7 @@ struct Fp8GemmKernel {
         u8* smem = hal::dynamic_smem();
         const Barriers full{smem + kSmemFull};
         const Barriers empty{smem + kSmemEmpty};
+        const Barriers scales{smem + kSmemScales};  // the 1x32 recipe only
         const u32 thread = hal::thread_idx();
         const u32 warp = hal::warp_idx();
         const u32 lane = hal::lane_idx();
@@ -277,8 +302,11 @@ struct Fp8GemmKernel {
             hal::tma_prefetch(&params.tma_sa);
             hal::tma_prefetch(kRowScaledB ? &params.tma_sb : &params.tma_d);
             for (u32 s = 0; s < kNumStages; ++s) {
-                hal::mbar_init(&full[s], kRowScaledB ? 1 : 2);  // 1D1D: no cp.async arrive
+                // 1D1D: no cp.async arrive; 1x32: the TMA arrive and one per scale warp
+                hal::mbar_init(&full[s], kRowScaledB ? 1 : kBlock32 ? 1 + B32::kScaleWarps : 2);
                 hal::mbar_init(&empty[s], kClusterSize * kNumMathWarps);
+                if constexpr (kBlock32)
+                    hal::mbar_init(&scales[s], 1);
             }
             // Barrier initialisation visible to the async proxy (TMA complete_tx) and to the cluster.
             hal::fence_view_async_shared();
@@ -300,15 +328,22 @@ struct Fp8GemmKernel {
             // One lane runs the producer, picked by elect.sync rather than by thread index: ptxas then knows
             // a single thread issues each TMA / cp.async and emits no ELECT waterfall around them.
             if (warp == kNumMathWarps && hal::elect_one_sync()) {
-                produce(params, smem, full, empty);
+                produce(params, smem, full, empty, scales);
                 // Every load of this CTA is issued: the next kernel of the stream may launch (its own wait still
                 // waits for this grid to finish), so its launch and prologue overlap this CTA's last tiles.
                 hal::launch_dependents();
             }
+            if constexpr (kBlock32) {  // the scale warps (policy_block32.cuh)
+                if (warp > kNumMathWarps && warp <= kNumMathWarps + B32::kScaleWarps)
+                    produce_scales(params, smem, full, scales, warp - kNumMathWarps - 1, lane);
+            }
         } else {
             hal::setmaxnreg_inc<kMathRegisters>();
             hal::grid_dependency_wait();
-            consume(params, smem, full, empty, warp, lane);
+            if constexpr (kBlock32)
+                consume_block32(params, smem, full, empty, warp, lane);
+            else
+                consume(params, smem, full, empty, warp, lane);
         }
 
         // No CTA may exit while its peer can still multicast into it or arrive on its barriers.
@@ -317,7 +352,7 @@ struct Fp8GemmKernel {
     }
 
     // ---------------------------------------------------------------- producer (one thread)
-    static DFG_DEVICE void produce(const GemmParams& params, u8* smem, Barriers full, Barriers empty) {
+    static DFG_DEVICE void produce(const GemmParams& params, u8* smem, Barriers full, Barriers empty, Barriers scales) {
         if constexpr (kKGrouped) {
             produce_k_grouped(params, smem, full, empty);
             return;
@@ -342,7 +377,15 @@ struct Fp8GemmKernel {
                 hal::mbar_wait(&empty[stage], phase ^ 1u, empty_barrier(stage));
                 u64* bar = &full[stage];
                 u8* sb = smem + kSmemSB + stage * kSmemRecordBytes;
-                if constexpr (kRowScaledB) {
+                if constexpr (kBlock32) {  // the stage's header and four sA columns, for the scale warps
+                    u64* scales_bar = &scales[stage];
+                    const u32 col_block0 = static_cast<u32>(n0) / B32::kGran;
+                    *reinterpret_cast<Block32Header*>(smem + kSmemHeader + stage * kSmemRecordBytes) = Block32Header{
+                        tile.group * kNumScaleBlocksN32 * kNumSlicesK, col_block0, kb * B32::kSlices, 0u};
+                    hal::mbar_arrive_expect_tx(scales_bar, B32::kSATxBytes);  // releases the header store
+                    hal::tma_load_3d(smem + kSmemSA + stage * kSmemRecordBytes, &params.tma_sa, scales_bar, row0,
+                                     static_cast<i32>(kb * B32::kSlices), a_batch);
+                } else if constexpr (kRowScaledB) {
                     hal::tma_load_3d(sb, &params.tma_sb, bar, n0, static_cast<i32>(kb), 0);
                 } else {
                     hal::cp_async_4(sb, sb_row0 + kb);
@@ -356,8 +399,17 @@ struct Fp8GemmKernel {
                                                              k0, row0, a_batch, rank);
                 tma_load_tile<BLOCK_N, BLOCK_K, kMulticastB>(smem + kSmemB + stage * kSmemBBytes, &params.tma_b, bar,
                                                              k0, n0, b_batch, rank, tile.multicast);
-                hal::tma_load_3d(smem + kSmemSA + stage * kSmemRecordBytes, &params.tma_sa, bar, row0,
-                                 static_cast<i32>(kb), a_batch);
+                if constexpr (!kBlock32)
+                    hal::tma_load_3d(smem + kSmemSA + stage * kSmemRecordBytes, &params.tma_sa, bar, row0,
+                                     static_cast<i32>(kb), a_batch);
+            });
+        }
+        if constexpr (kBlock32) {  // the scale warps' walk ends at the next stage's header
+            pipe.for_each_use(1, [&](u32 stage, u32 phase, u32) {
+                hal::mbar_wait(&empty[stage], phase ^ 1u, empty_barrier(stage));
+                *reinterpret_cast<Block32Header*>(smem + kSmemHeader + stage * kSmemRecordBytes) =
+                    Block32Header{0u, Block32Header::kDone, 0u, 0u};
+                hal::mbar_arrive(&scales[stage]);
             });
         }
     }
@@ -534,6 +586,124 @@ struct Fp8GemmKernel {
             };
             // The tile's K blocks (k-grouped: the group's, 0 gives D_g = C_g + 0).
             pipe.for_each_use(kKGrouped ? tile.num_k_blocks : kKBlocksPerSplit, k_block);
+
+            Output::store(params, smem + kSmemD, tile, me, acc);
+        }
+        Output::finish(me);
+    }
+
+    // ---------------------------------------------------------------- the 1x32 recipe (policy_block32.cuh)
+    // Scale warp `scale_warp` (of B32::kScaleWarps after the producer warp): for each stage use the producer
+    // announces (Block32Header), wait for its sA columns, write row pair (32 scale_warp + lane)'s products into the
+    // stage, then arrive on the stage's full barrier (lane 0, after bar.warp.sync orders the warp's stores before
+    // it); a kDone header ends the walk.
+    static DFG_DEVICE void produce_scales(const GemmParams& params, u8* smem, Barriers full, Barriers scales,
+                                          u32 scale_warp, u32 lane) {
+        u32 stage = 0, phase = 0;
+        DFG_NO_UNROLL
+        while (true) {
+            hal::mbar_wait(&scales[stage], phase, scales_barrier(stage));
+            u8* record = smem + kSmemSA + stage * kSmemRecordBytes;
+            const Block32Header header = *reinterpret_cast<const Block32Header*>(smem + kSmemHeader +
+                                                                                   stage * kSmemRecordBytes);
+            if (header.col_block0 == Block32Header::kDone)
+                break;
+            B32::template write_products<kNumScaleBlocksN32, kNumSlicesK>(record, params.sb, header, scale_warp, lane);
+            hal::warp_sync();
+            if (lane == 0)
+                hal::mbar_arrive(&full[stage]);
+            if (++stage == kNumStages) {
+                stage = 0;
+                phase ^= 1u;
+            }
+        }
+    }
+
+    // The math warpgroups of the 1x32 recipe: per stage four k32 wgmmas into alternating banks, each bank promoted
+    // while the next slice runs (policy_block32.cuh, "Math per stage").
+    static DFG_DEVICE void consume_block32(const GemmParams& params, u8* smem, Barriers full, Barriers empty, u32 warp,
+                                           u32 lane) {
+        using Products = Block32Products<B32::kColBlocks, B32::kProductFloats>;
+        const u32 wg = kNumMathWarpgroups == 1 ? 0u : warp / 4;
+        const u32 warp_in_wg = warp % 4;
+        const u32 wg_row0 = wg * kWgRows;
+        const u32 frag_row = hal::pin(wg_row0 + warp_in_wg * 16 + lane / 4);
+        TileThread me{wg, warp_in_wg, lane, wg_row0, frag_row, 0};
+        // This thread's row pair's products in stage 0's record; slice s is s * kSliceProductBytes further.
+        const u32 products0 =
+            hal::pin(kSmemSB + B32::row_pair(wg, warp_in_wg, lane) * B32::kProductFloats * 4u);
+        // Descriptors as consume(): low words patched per stage and slice.
+        const u64 smem_desc = make_k_major_sw128_desc(hal::smem_addr(smem));
+        const u64 a_desc = desc_advance(smem_desc, kSmemOpA + wg_row0 * BLOCK_K) | (static_cast<u64>(warp >> 5) << 32);
+        const u64 b_desc = desc_advance(smem_desc, kSmemOpB) | (static_cast<u64>(warp >> 6) << 32);
+        const u32 a_lo0 = hal::warp_broadcast(static_cast<u32>(a_desc));
+        const u32 b_lo0 = hal::warp_broadcast(static_cast<u32>(b_desc));
+        const u32 peer_window =
+            kClusterSize > 1 ? hal::cluster_smem_address(&empty[0], lane % kClusterSize) - hal::smem_addr(&empty[0])
+                             : 0u;
+
+        float acc[1][kAccValues];
+        float bank[2][kAccValues];
+
+        MathScheduler scheduler(params.rows, params.grouped_layout, hal::block_idx(), hal::grid_dim());
+        Pipe pipe;
+        TileInfo tile;
+        while (next_tile(scheduler, tile)) {
+            me.n0 = tile.n_block * BLOCK_N;
+            DFG_UNROLL
+            for (u32 i = 0; i < kAccValues; ++i)
+                acc[0][i] = 0.0f;
+
+            // acc += bank * products of `slice` in `stage` (its wgmma retired: a wgmma_wait before): the register
+            // fence on the bank after the wait, the products' shared loads, one FFMA per value.
+            const auto promote_slice = [&](float (&b)[kAccValues], u32 stage, u32 slice) {
+                DFG_UNROLL
+                for (u32 i = 0; i < kAccValues; ++i)
+                    hal::fence_operand(b[i]);
+                Products pr;
+                pr.load(reinterpret_cast<const float*>(smem + products0 + stage * kSmemRecordBytes +
+                                                       slice * B32::kSliceProductBytes));
+                promote_block32<BLOCK_N>(acc[0], b, pr);
+            };
+            const auto k_block = [&](u32 stage, u32 phase, u32 /*kb*/) {
+                const u32 a_lo = a_lo0 + stage * (kSmemOpABytes >> 4);
+                const u32 b_lo = b_lo0 + stage * (kSmemOpBBytes >> 4);
+                hal::mbar_wait(&full[stage], phase, full_barrier(stage));
+                DFG_UNROLL
+                for (u32 ks = 0; ks < B32::kSlices; ++ks) {
+                    float (&into)[kAccValues] = bank[ks % 2];
+                    DFG_UNROLL
+                    for (u32 i = 0; i < kAccValues; ++i)
+                        hal::fence_operand(into[i]);
+                    hal::wgmma_fence();
+                    hal::WgmmaFp8<BLOCK_N>::mma(desc_with_low_word(a_desc, a_lo + ((ks * kWgmmaK) >> 4)),
+                                                desc_with_low_word(b_desc, b_lo + ((ks * kWgmmaK) >> 4)), into, false);
+                    hal::wgmma_commit();
+                    if (ks > 0) {  // the slice before retires while this one runs
+                        hal::wgmma_wait<1>();
+                        promote_slice(bank[(ks - 1) % 2], stage, ks - 1);
+                    }
+                }
+                // The stage's last slice, after a full wait: then the stage is free.
+                // NOTES: the last slice is not promoted under the next stage's first wgmma, which would leave a
+                // wgmma in flight across the loop's back edge: ptxas cannot prove that a wait_group 1 in the next
+                // iteration retires it and serialises every wgmma of the kernel (C7514), whatever the group count
+                // at the loop's entry. The other math warpgroup's wgmmas cover this warpgroup's drain (as in
+                // FlashAttention-3's intra-warpgroup overlap, which also ends each iteration with wait_group 0).
+                hal::wgmma_wait<0>();
+                float (&last)[kAccValues] = bank[(B32::kSlices - 1) % 2];
+                DFG_UNROLL
+                for (u32 i = 0; i < kAccValues; ++i)
+                    hal::fence_operand(last[i]);
+                Products pr;
+                pr.load(reinterpret_cast<const float*>(smem + products0 + stage * kSmemRecordBytes +
+                                                       (B32::kSlices - 1) * B32::kSliceProductBytes));
+                // Lane 0 (lane r < cluster size) arrives for the warp: every lane's product reads before it.
+                hal::warp_sync();
+                release_stage(empty, peer_window, stage, lane);
+                promote_block32<BLOCK_N>(acc[0], last, pr);
+            };
+            pipe.for_each_use(kKBlocksPerSplit, k_block);
 
             Output::store(params, smem + kSmemD, tile, me, acc);
         }

@@ -56,6 +56,7 @@ enum class QuantKind : int {
     SiluMulPerToken = 2,
     CastTranspose = 3,      // see "Cast-transpose kinds" below
     KGroupedTranspose = 4,
+    PerToken32 = 5,         // PerToken with 1x32 groups (DeepSeek-V4.1's recipe; kernels/fp8_gemm.cuh's block32 A)
 };
 
 enum class InputType : int {
@@ -65,6 +66,8 @@ enum class InputType : int {
 };
 
 constexpr u32 kGroupSize = 128;
+// Elements per scale group of a per-token kind: 128, or 32 for PerToken32.
+DFG_HOST_DEVICE constexpr u32 group_size_of(QuantKind kind) { return kind == QuantKind::PerToken32 ? 32u : kGroupSize; }
 constexpr u32 kElemsPerThread = 16;
 constexpr u32 kThreadsPerGroup = kGroupSize / kElemsPerThread;
 constexpr float kE4m3Max = 448.0f;
@@ -91,6 +94,9 @@ static_assert(sizeof(QuantParams) == 72, "QuantParams layout is mirrored on the 
 
 struct alignas(16) Vec16B {
     u32 w[4];
+};
+struct alignas(8) Vec8B {
+    u32 w[2];
 };
 
 template <u32 kNumThreads>
@@ -220,22 +226,25 @@ DFG_DEVICE float amax_to_scale(u32 amax_bits) {
 
 DFG_DEVICE float silu(float x) { return x / (1.0f + expf(-x)); }
 
-// PerToken and SiluMulPerToken: see the file comment.
+// PerToken, PerToken32 and SiluMulPerToken: see the file comment (PerToken32: a group is 2 threads of 16 elements).
 template <QuantKind kKind, InputType kType, bool kVectorized, u32 kNumThreads, u32 kVariant = 0u>
 DFG_DEVICE void per_token_body(const QuantParams& p) {
-    static_assert(kKind == QuantKind::PerToken || kKind == QuantKind::SiluMulPerToken, "per-token kinds");
-    static_assert(kKind == QuantKind::PerToken || (kVariant & kDeepGemmCuda) == 0u,
+    static_assert(kKind == QuantKind::PerToken || kKind == QuantKind::PerToken32 || kKind == QuantKind::SiluMulPerToken,
+                  "per-token kinds");
+    static_assert(kKind != QuantKind::SiluMulPerToken || (kVariant & kDeepGemmCuda) == 0u,
                   "the reference design's arithmetic is a variant of the per-token and per-block casts only");
     static_assert(kNumThreads % 32 == 0 && kNumThreads <= 1024, "whole warps, at most 1024 threads");
-    constexpr u32 kUnitsPerBlock = kNumThreads / kThreadsPerGroup;
+    constexpr u32 kGroup = group_size_of(kKind);
+    constexpr u32 kThreads = kGroup / kElemsPerThread;  // threads per group: 8, or 2 for PerToken32
+    constexpr u32 kUnitsPerBlock = kNumThreads / kThreads;
 
     const u32 tid = hal::thread_idx();
-    const u32 num_groups = ceil_div(p.num_cols, kGroupSize);
-    const u32 unit = hal::block_idx() * kUnitsPerBlock + tid / kThreadsPerGroup;
+    const u32 num_groups = ceil_div(p.num_cols, kGroup);
+    const u32 unit = hal::block_idx() * kUnitsPerBlock + tid / kThreads;
     const bool active = unit < p.num_rows * num_groups;  // host guarantees the product fits in 31 bits
     const u32 group = active ? unit / p.num_rows : 0;
     const u32 row = active ? unit % p.num_rows : 0;
-    const u32 col = group * kGroupSize + (tid % kThreadsPerGroup) * kElemsPerThread;
+    const u32 col = group * kGroup + (tid % kThreads) * kElemsPerThread;
     const u32 valid = (active && col < p.num_cols) ? min_of(kElemsPerThread, p.num_cols - col) : 0;
 
     float v[kElemsPerThread];
@@ -253,12 +262,19 @@ DFG_DEVICE void per_token_body(const QuantParams& p) {
     u32* partial = reinterpret_cast<u32*>(hal::dynamic_smem());
     partial[tid] = abs_max_bits(v);
     hal::sync_threads();
-    const Vec16B* mine = reinterpret_cast<const Vec16B*>(partial + (tid / kThreadsPerGroup) * kThreadsPerGroup);
-    const u32 amax_bits = max_of(max_of_vec(mine[0]), max_of_vec(mine[1]));
+    u32 amax_bits;
+    if constexpr (kThreads == 8) {  // two 16-byte broadcast loads
+        const Vec16B* mine = reinterpret_cast<const Vec16B*>(partial + (tid / kThreads) * kThreads);
+        amax_bits = max_of(max_of_vec(mine[0]), max_of_vec(mine[1]));
+    } else {  // PerToken32: the pair's two partials, one 8-byte load
+        static_assert(kThreads == 2, "1x32 groups: two threads");
+        const Vec8B pair = *reinterpret_cast<const Vec8B*>(partial + (tid / kThreads) * kThreads);
+        amax_bits = max_of(pair.w[0], pair.w[1]);
+    }
 
     const float scale = amax_to_scale<kVariant>(amax_bits);
     quantize_store16<kVectorized, kVariant>(p.output + u64(row) * p.output_row_stride + col, valid, v, scale);
-    if (active && tid % kThreadsPerGroup == 0) {
+    if (active && tid % kThreads == 0) {
         const u32 batch = row / p.rows_per_batch;
         const u32 row_in_batch = row - batch * p.rows_per_batch;
         p.scales[u64(batch) * p.scale_batch_stride + u64(group) * p.scale_row_stride + row_in_batch] = scale;
