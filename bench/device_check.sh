@@ -6,7 +6,7 @@
 # --dry-run prints the plan and runs nothing; --full runs the benchmarks without --quick (needs a larger
 # --budget); --no-install uses PYTHONPATH instead of pip; --no-precompile leaves the JIT to the first
 # calls; --skip leaves out named steps (smoke, gpu-tests, bench-dense, bench-decode, bench-contiguous,
-# bench-masked, bench-quant, bench-moe, bench-wgrad, bench-host, bench-kgrouped, bench-train), e.g. for a short rerun; --allow-no-gpu goes on without a CUDA device
+# bench-masked, bench-quant, bench-moe, bench-wgrad, bench-host, bench-kgrouped, bench-train, bench-block32), e.g. for a short rerun; --allow-no-gpu goes on without a CUDA device
 # (only to exercise this script's plumbing on a CPU machine).
 #
 # Steps (each with its own time limit, all inside one deadline, default 530 s < 9 minutes; every step writes its
@@ -41,6 +41,8 @@
 #      bench.report's families), its table in logs/bench-host.log and in the summary.
 #      Then, best-effort likewise, bench-kgrouped (<= 30 s, issue 15): the k-grouped MoE weight gradient (one launch)
 #      vs a per-expert loop of the 1D1D kernel and of bf16 matmuls (bench.bench_wgrad --family k_grouped).
+#      Then, best-effort, bench-block32 (<= 30 s, issue 39): the 1x32 / 32x32 recipe on DeepSeek-V4.1's dense shapes
+#      against the 128 recipe, bf16 and the sgl-deep-gemm fork where installed (bits compared) -> results/block32.*.
 #      Then, best-effort, bench-train (<= 40 s, issue 15): a training step (forward + backward, FP8 weight
 #      gradients into fp32 main_grad) of a 32-expert MoE layer vs the bf16 layer under autograd, on what is left.
 #      A best-effort step left with less than half its planned limit is recorded "SKIPPED (deadline,
@@ -73,8 +75,8 @@ while [ $# -gt 0 ]; do
         --skip) shift; [ $# -gt 0 ] || usage
                 for name in ${1//,/ }; do
                     case "$name" in
-                        smoke|gpu-tests|bench-dense|bench-decode|bench-contiguous|bench-masked|bench-quant|bench-moe|bench-wgrad|bench-host|bench-kgrouped|bench-train) SKIP="$SKIP$name," ;;
-                        *) echo "error: --skip takes smoke, gpu-tests, bench-dense, bench-decode, bench-contiguous, bench-masked, bench-quant, bench-moe, bench-wgrad, bench-host, bench-kgrouped, bench-train; got '$name'" >&2; exit 2 ;;
+                        smoke|gpu-tests|bench-dense|bench-decode|bench-contiguous|bench-masked|bench-quant|bench-moe|bench-wgrad|bench-host|bench-kgrouped|bench-train|bench-block32) SKIP="$SKIP$name," ;;
+                        *) echo "error: --skip takes smoke, gpu-tests, bench-dense, bench-decode, bench-contiguous, bench-masked, bench-quant, bench-moe, bench-wgrad, bench-host, bench-kgrouped, bench-train, bench-block32; got '$name'" >&2; exit 2 ;;
                     esac
                 done ;;
         --allow-no-gpu) ALLOW_NO_GPU=1 ;;
@@ -118,6 +120,7 @@ PLAN=(
     "bench-host|40|$PY -m bench.bench_host $QUICK --device cuda --json OUTDIR/results/host/bench_host.json"
     "bench-kgrouped|30|$PY -m bench.bench_wgrad --family k_grouped $QUICK --out OUTDIR/results"
     "bench-train|40|$PY -m bench.bench_train $QUICK --out OUTDIR/results"
+    "bench-block32|30|$PY -m bench.bench_block32 $QUICK --out OUTDIR/results"
     "report|20|$PY -m bench.report --results OUTDIR/results --summary OUTDIR/RESULTS.md --print"
 )
 
@@ -132,7 +135,7 @@ if [ "$DRY_RUN" = 1 ]; then
         fi
         case "$SKIP" in *",$name,"*) printf '  %-16s skipped (--skip)\n' "$name"; continue ;; esac
         case "$name" in bench-host) ;; bench-*) cmd="$cmd --time-budget LIMIT-25" ;; esac
-        case "$name" in bench-quant|bench-moe|bench-wgrad|bench-host|bench-kgrouped|bench-train) cmd="$cmd   (best-effort: what is left of the deadline)" ;; esac
+        case "$name" in bench-quant|bench-moe|bench-wgrad|bench-host|bench-kgrouped|bench-train|bench-block32) cmd="$cmd   (best-effort: what is left of the deadline)" ;; esac
         printf '  %-16s <=%4ss  %s\n' "$name" "$limit" "${cmd//OUTDIR/$OUTDIR}"
     done
     echo "  summary          $OUTDIR/summary.txt (printed last)"
@@ -328,6 +331,7 @@ run_step bench-host 40 20 "$PY" -m bench.bench_host $QUICK --device cuda --json 
     || FAILED=1
 bench bench-kgrouped 30 20 bench.bench_wgrad --family k_grouped
 bench bench-train 40 20 bench.bench_train
+bench bench-block32 30 20 bench.bench_block32
 BEST_EFFORT=0
 
 # --- 8. report and summary --------------------------------------------------------------------------------

@@ -9,8 +9,9 @@ time)``; a config costs ``SM waves x tile cost`` bounded below by HBM traffic.
 from __future__ import annotations
 
 from ..utils import ceil_div
-from .rules import (BLOCK_K, FP8_OUTPUT_BLOCK_N, FP8_OUTPUT_KINDS, FP32_ACCUMULATE_KINDS, K_GROUPED, LAYOUT_OF,
-                    SWIGLU_KINDS, GemmConfig, num_math_warpgroups, output_columns, round_up, waves_m)
+from .rules import (BLOCK32_KINDS, BLOCK_K, FP8_OUTPUT_BLOCK_N, FP8_OUTPUT_KINDS, FP32_ACCUMULATE_KINDS, K_GROUPED,
+                    LAYOUT_OF, SWIGLU_KINDS, GemmConfig, block32_product_floats, num_math_warpgroups, output_columns,
+                    round_up, waves_m)
 
 # Throughput model of one SM (H100/H200 class), used to rank configs and for bench/predict.py.
 MODEL_CLOCK_HZ = 1.83e9  # SM clock the model's cycles are converted at (the FP8 peak's clock, ANCHORS.md)
@@ -36,6 +37,12 @@ _ISSUE_PRODUCER = 62
 # The second wgmma chunk of a wave (the SwiGLU kinds): its 4 QGMMA, fence / commit / wait, its descriptors and the
 # FMULs of its own sB block (audit: 188 per K block at 64x256 and 128x256, modelled 184).
 _ISSUE_PER_MMA_CHUNK = 20
+# The 1x32 recipe (policy_block32.cuh), per K block per math warp: 4 slices x BLOCK_N / 2 FFMA, the products' 16-byte
+# loads (4 or 8) and the fixed rest (4 QGMMA, 8 WARPGROUP, the barrier, descriptors, loop: 37); the audit: 105 / 169
+# / 237 / 301 at BLOCK_N 32 / 64 / 96 / 128, exactly. Its scale warps (one per 64 rows, each on a sub-partition of
+# its own) issue ~55 + BLOCK_N / 4 per K block (audit: 59-87).
+_ISSUE_BLOCK32_FIXED = 37
+_ISSUE_BLOCK32_SCALE_WARP = 55
 
 
 def num_m_blocks(kind: str, m: int, block_m: int, num_groups: int) -> int:
@@ -50,6 +57,9 @@ def math_issue_per_k_block(kind: str, block_m: int, block_n: int, swap_ab: bool 
     and the wave's fixed part; per K block the BLOCK_M / 8 sA pair loads."""
     if swap_ab:
         return block_n // 64 * (block_m / 2 + block_m / 4 + _ISSUE_PER_WAVE) + block_m / 8 + _ISSUE_PER_K_BLOCK
+    if kind in BLOCK32_KINDS:  # one wave: a promotion per 32 K
+        loads = 4 * -(-block32_product_floats(block_n) // 4)
+        return 2 * block_n + loads + _ISSUE_BLOCK32_FIXED
     waves = waves_m(block_m)
     if kind in FP32_ACCUMULATE_KINDS:  # per-column B scales: FMUL + FFMA per value, BLOCK_N / 8 sB load pairs
         return waves * (block_n + _ISSUE_PER_WAVE - 2) + block_n / 8 + _ISSUE_PER_K_BLOCK
@@ -66,6 +76,9 @@ def issue_cycles_per_k_block(kind: str, block_m: int, block_n: int, swap_ab: boo
     ``issue_per_tensor_cycle``."""
     if swap_ab:  # one math warpgroup
         return math_issue_per_k_block(kind, block_m, block_n, True) + _ISSUE_PRODUCER
+    if kind in BLOCK32_KINDS:  # the busiest sub-partition: the producer's, or a scale warp's (no sub-partition has both)
+        extra = max(_ISSUE_PRODUCER, _ISSUE_BLOCK32_SCALE_WARP + block_n / 4)
+        return math_issue_per_k_block(kind, block_m, block_n) * num_math_warpgroups(block_m) + extra
     return math_issue_per_k_block(kind, block_m, block_n) * num_math_warpgroups(block_m) + _ISSUE_PRODUCER
 
 
@@ -98,8 +111,11 @@ def estimate_cycles(kind: str, m: int, n: int, k: int, num_groups: int, block_m:
         groups = num_groups if kind == K_GROUPED else 1
         hbm_bytes = groups * (rows * k + n * k + rows * n * 8 + 4 * (rows + n) * k_blocks)
         return max(sm_waves * tile, hbm_bytes / (_HBM_BYTES_PER_CLK_PER_SM * num_sms))
-    hbm_bytes = (rows * k + groups_touched * n * k + output_bytes(kind, rows, n)  # A, B, D (+ sD)
-                 + 4 * (rows * k_blocks + groups_touched * ceil_div(n, 128) * k_blocks))  # sA, sB
+    if kind in BLOCK32_KINDS:  # 1x32 / 32x32 scales
+        scale_bytes = 4 * ceil_div(k, 32) * (rows + groups_touched * ceil_div(n, 32))
+    else:
+        scale_bytes = 4 * (rows * k_blocks + groups_touched * ceil_div(n, 128) * k_blocks)  # sA, sB
+    hbm_bytes = rows * k + groups_touched * n * k + output_bytes(kind, rows, n) + scale_bytes  # A, B, D (+ sD), scales
     return max(sm_waves * tile, hbm_bytes / (_HBM_BYTES_PER_CLK_PER_SM * num_sms))
 
 

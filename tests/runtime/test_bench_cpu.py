@@ -188,6 +188,7 @@ def test_summary_without_and_with_results(tmp_path):
     ("bench.bench_grouped", ["--kind", "contiguous", "--smoke"]),
     ("bench.bench_wgrad", ["--smoke"]),
     ("bench.bench_wgrad", ["--family", "k_grouped", "--smoke"]),
+    ("bench.bench_block32", ["--smoke"]),
 ])
 def test_cpu_smoke_pipeline(tmp_path, entry, argv):
     pytest.importorskip("deep_fp8_gemm")
