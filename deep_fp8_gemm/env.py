@@ -1,7 +1,8 @@
 """Every ``DFG_*`` environment variable, read here and nowhere else.
 
 Values are read on each call (an ``os.environ`` lookup, well under a microsecond), so tests and
-long-running processes can change them. The README's "Environment variables" table mirrors this module.
+long-running processes can change them. docs/configuration.md's "Environment variables" table mirrors this module
+(``tests/test_docs.py`` checks the variables and their defaults).
 """
 
 from __future__ import annotations

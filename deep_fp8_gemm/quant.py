@@ -219,7 +219,7 @@ def per_token_cast_to_fp8(
     scales`` per group. Non-finite inputs, as the reference design's casts: a NaN makes its group's scale and
     codes NaN; an inf makes the scale inf, the group's finite elements 0 and the inf element NaN; with
     ``use_ue8m0`` the scale becomes ``2^127``, finite elements 0, NaN stays NaN, inf saturates to ±448
-    (README, "Errors and non-finite values"; ``tests/ops/test_nonfinite.py``).
+    (docs/api.md, "Errors and non-finite values"; ``tests/ops/test_nonfinite.py``).
     """
     if type(use_ue8m0) is bool and type(gran_k) is int and gran_k in GRAN_KS and use_packed_ue8m0 is False:
         # eager: cached checks (deep_fp8_gemm._core.plans)

@@ -1,5 +1,7 @@
 """Shared pytest setup: tests marked ``gpu`` are skipped, with the reason, without an sm_90 device.
 
+The run ends with one line per skip reason (``pytest_terminal_summary``), e.g. ``N GPU tests skipped: no sm_90
+device (no CUDA driver/device)``, so the README's plain ``python -m pytest -q tests`` says why tests skip.
 Use ``@pytest.mark.gpu`` (or ``from tests._gpu import requires_sm90``) on tests that need the device.
 ``fast_mode``: a fixture for tests of the split-K / swap-AB picks, which the heuristic makes only with
 ``set_batch_invariant(False)`` (docs/batch-invariance.md); the default mode is restored after the test.
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import faulthandler
 import os
+from collections import Counter
 
 import pytest
 
@@ -25,6 +28,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("gpu") is not None:
             item.add_marker(skip)
+
+
+def skip_summary(reports, gpu_reason: str | None) -> list[str]:
+    """One line per skip reason: the GPU tests (skipped with :func:`tests._gpu.sm90_skip_reason`'s reason, by the
+    ``gpu`` marker or ``requires_sm90``) first, as ``N GPU tests skipped: no sm_90 device (<reason>)``, then
+    ``N skipped: <reason>`` for the others, most first."""
+    gpu, other = 0, Counter()
+    for report in reports:
+        longrepr = report.longrepr
+        reason = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+        reason = reason.removeprefix("Skipped: ")
+        if gpu_reason is not None and reason == gpu_reason:
+            gpu += 1
+        else:
+            other[reason] += 1
+    lines = [f"{gpu} GPU test{'s' * (gpu != 1)} skipped: no sm_90 device ({gpu_reason})"] if gpu else []
+    return lines + [f"{n} skipped: {reason}" for reason, n in other.most_common()]
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    for line in skip_summary(terminalreporter.stats.get("skipped", []), sm90_skip_reason()):
+        terminalreporter.write_line(line)
 
 
 @pytest.fixture

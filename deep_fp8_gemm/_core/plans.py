@@ -384,9 +384,9 @@ class PreparedGemm:
     ``p(lhs, rhs, out, grouped_layout)`` (psum; likewise).
     Checked on every call: the dtypes (the easy slip — a bf16 A that was never quantised has A's shape and
     strides — raises the op's ``TypeError`` instead of computing garbage; ~0.4 µs on the loaded 2-core CI
-    machine, see the README) and the data pointers (16-byte alignment, no overlap of out with an input), with the
-    ops' messages; the grouped layout's values as the op checks them (on a CPU). CUDA-graph capturable like the
-    ops (after one call).
+    machine when it went in, issue 24) and the data pointers (16-byte alignment, no overlap of out with an
+    input), with the ops' messages; the grouped layout's values as the op checks them (on a CPU). CUDA-graph
+    capturable like the ops (after one call).
     A contiguous / psum GEMM is prepared for the contiguous alignment of the time (its BLOCK_M): called after
     ``set_mk_alignment_for_contiguous_layout`` changed it, it raises ``RuntimeError`` (prepare it again).
     """

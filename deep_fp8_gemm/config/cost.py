@@ -24,7 +24,7 @@ _MMA_EFFICIENCY = {64: 0.70, 128: 0.85, 256: 0.90}
 _TILE_FIXED_CYCLES = 600  # NOTES: guess, calibrate on H200 — per-tile fixed cost: pipeline ramp, epilogue
 # Instruction issue per K block (NOTES: fitted to the audit's static K-loop analysis, runtime/kloop.py, NVRTC
 # 13.5 sm_90a, within 8% of every loop `audit --kind all` compiles (issue 28's last pass: refitted from 7 / 21 /
-# 29 / 70 when the loops lost 2-13 instructions per K block); see README "K-loop issue"). Per m64 wave of a
+# 29 / 70 when the loops lost 2-13 instructions per K block); see docs/kloop.md). Per m64 wave of a
 # math warp: BLOCK_N / 2 FFMA (promotion) + 4 QGMMA + sA loads + 2 FMUL + fence and drain; tiles whose BLOCK_N
 # does not divide 128 straddle two sB blocks (2 more FMUL and a bit-mask select per segment); per K block (the
 # rolled K loop, pipeline.cuh): barrier wait and release, sB load, the stage record's and the descriptors'

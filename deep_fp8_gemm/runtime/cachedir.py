@@ -121,7 +121,7 @@ def _unsafe_message(directory: Path, problems: Iterable[_Problem]) -> str:
              "process runs, and someone other than you or root owns or can write part of it:"]
     lines += [f"  {p}" for p in problems]
     fix = ("Fix: point DFG_JIT_CACHE_DIR at a directory of your own (unset, it is ~/.cache/deep_fp8_gemm; the "
-           "README's Security section says how to share warm caches)")
+           "docs/security.md says how to share warm caches)")
     if all(p.uid == os.geteuid() for p in problems):  # chmod is theirs to run
         fix += (", or `chmod go-w` each path above, after removing the cache directory unless you trust "
                 "everything in it (it is only a cache)")

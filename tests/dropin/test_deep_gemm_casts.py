@@ -130,7 +130,7 @@ def test_layouts_and_arguments_are_the_references():
 def test_this_librarys_casts_differ_from_the_reference_and_keep_ieee_division():
     # The mismatch itself: deep_fp8_gemm's quantisers divide (x / sf), the reference multiplies by 1 / sf. On a
     # CPU the scales agree and a small fraction of codes differ by one step (bf16 inputs put quotients on e4m3
-    # rounding ties, which the two roundings break differently: ~0.04% here); that stays so (README, issue 23).
+    # rounding ties, which the two roundings break differently: ~0.04% here); that stays so (docs/dropin.md, issue 23).
     x = (torch.randn(4096, 512, generator=torch.Generator().manual_seed(2)) * 7).bfloat16()
     ours_codes, ours_sf = quant.per_token_cast_to_fp8_torch(x)
     ref_codes, ref_sf = per_token_model(x, False, "cpu")

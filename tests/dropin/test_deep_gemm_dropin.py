@@ -96,10 +96,10 @@ def test_mismatch4_module_paths(deep_gemm):
 
 
 def test_every_name_vllm_resolves_is_present_or_a_documented_absence(deep_gemm):
-    readme = (REPO / "README.md").read_text()
+    doc = (REPO / "docs" / "dropin.md").read_text()
     for name, provided in VLLM_NAMES.items():
         assert hasattr(deep_gemm, name) == provided, name
-        assert re.search(rf"`{name}\b", readme), f"the README does not list {name}"
+        assert re.search(rf"`{name}\b", doc), f"docs/dropin.md does not list {name}"
     deep_gemm.set_pdl(True)  # vLLM's _apply_pdl on SM90
     assert deep_gemm.get_pdl() is True
     deep_gemm.set_pdl(False)
@@ -132,7 +132,7 @@ def test_version_is_pep440_and_at_least_the_reference(deep_gemm):
 
 
 def test_the_drop_in_reads_no_environment_and_deep_fp8_gemm_ships_no_deep_gemm():
-    # DG_* decision (README): the drop-in honours none of the reference's variables; deep_fp8_gemm's own
+    # DG_* decision (docs/dropin.md, "Environment"): the drop-in honours none of the reference's variables; deep_fp8_gemm's own
     # distribution never contains a top-level deep_gemm (installing it alone cannot shadow a real DeepGEMM).
     for path in DROPIN.rglob("*.py"):
         text = path.read_text()
@@ -143,11 +143,12 @@ def test_the_drop_in_reads_no_environment_and_deep_fp8_gemm_ships_no_deep_gemm()
     assert 'find_packages(include=["deep_fp8_gemm", "deep_fp8_gemm.*"])' in setup
 
 
-def test_every_name_is_in_the_readme_table(deep_gemm):
-    section = (REPO / "README.md").read_text().split("## Using it as `deep_gemm`", 1)[1].split("\n## ", 1)[0]
+def test_every_name_is_in_the_docs_table(deep_gemm):
+    """Every export is in docs/dropin.md's name table (tests/test_docs.py also checks each row's status)."""
+    section = (REPO / "docs" / "dropin.md").read_text().split("## The name table", 1)[1].split("\n## ", 1)[0]
     listed = set(re.findall(r"`([A-Za-z_][A-Za-z0-9_.]*)", section))
     missing = [n for n in deep_gemm.__all__ if n not in listed and n not in ("layout", "math", "testing", "utils")]
-    assert not missing, f"README 'Using it as deep_gemm' does not list {missing}"
+    assert not missing, f"docs/dropin.md's name table does not list {missing}"
 
 
 # ---------------------------------------------------------------------------------------------- install
@@ -158,7 +159,7 @@ def _pip_available() -> str | None:
 
 @pytest.mark.skipif(_pip_available() is not None, reason=str(_pip_available()))
 def test_install_into_a_fresh_venv_from_local_paths(tmp_path):
-    """The README's one pip command into a fresh venv (no index), then find_spec, the submodules, every vLLM
+    """docs/dropin.md's one pip command into a fresh venv (no index), then find_spec, the submodules, every vLLM
     name, and a second provider reported at import."""
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)

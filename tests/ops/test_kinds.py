@@ -61,7 +61,8 @@ def test_config_sets_are_derived_from_the_table():
 
 
 def test_every_public_gemm_op_has_a_reference_under_its_name():
-    """``deep_fp8_gemm.reference`` covers every public GEMM op of the package (one per family)."""
+    """``deep_fp8_gemm.reference`` covers the library's own GEMM op of every kind (one per family; the 2.x names
+    call these ops and have no references of their own)."""
     import deep_fp8_gemm
     from deep_fp8_gemm import reference
 

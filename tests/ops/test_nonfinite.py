@@ -1,4 +1,4 @@
-"""What each op does with NaN / inf inputs (issue 24, item 6; README "Errors and non-finite values").
+"""What each op does with NaN / inf inputs (issue 24, item 6; docs/api.md "Errors and non-finite values").
 
 The quantisers follow the reference design's casts (``deep_gemm/utils/math.py``): a NaN makes its scale group's
 scale and every code NaN; an inf makes the scale inf, the finite elements code 0 and the inf element NaN

@@ -1,5 +1,5 @@
 """The public API of 0614473 stays importable from its old paths after the restructure (issue 22): every name
-of the package's and its submodules' ``__all__`` then, the README-documented module paths, and the old import
+of the package's and its submodules' ``__all__`` then, the documented module paths, and the old import
 paths the issue names (``deep_fp8_gemm.ops.*``, ``.wgrad.*``, ``.psum.*``, ``.compat.*``, ``.reference.*``,
 ``.validation.*``, ``.prepared.*``). The list is pinned here, not derived, so a removal fails."""
 

@@ -87,13 +87,20 @@ def test_installed_package_imports_cheaply_from_its_own_copy(installed, tmp_path
 
 
 def test_readme_quickstart_and_ci_agree():
+    """The README's quickstart is two one-line commands (the demo, the tests), plus the CPU-only torch line, and
+    .ci/run ends by running exactly the README's test command (the part after the last ``&&``)."""
     readme = (REPO / "README.md").read_text()
     quickstart = readme.split("## Quickstart", 1)[1].split("\n## ", 1)[0]
     commands = re.findall(r"```bash\n(.*?)\n```", quickstart, flags=re.S)
     assert len(commands) == 2 and all("\n" not in c for c in commands), commands
     assert commands[0].endswith("python -m deep_fp8_gemm demo") and "pip install torch==2.13.0" in commands[0]
     assert commands[1].endswith(TEST_COMMAND) and "'.[test]'" in commands[1]
+    assert "--index-url https://download.pytorch.org/whl/cpu" in quickstart  # the CPU-only torch build
+    readme_test_command = commands[1].rsplit("&&", 1)[1].strip()
     ci = (REPO / ".ci" / "run").read_text()
     assert os.access(REPO / ".ci" / "run", os.X_OK)
     assert "set -euo pipefail" in ci
     assert ci.index("torch==2.13.0") < ci.index("-e '.[test]'") < ci.index(TEST_COMMAND)
+    ci_commands = [line.strip() for line in ci.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    pytest_lines = [line for line in ci_commands if "pytest" in line]
+    assert pytest_lines == [readme_test_command] and ci_commands[-1] == readme_test_command, pytest_lines

@@ -72,7 +72,7 @@ def bench_kineto(fn, kernel_names, num_tests: int = 30, suppress_kineto_output: 
     then a tuple of times), profiled with torch.profiler over ``num_tests`` calls of ``fn`` (L2 flushed before
     each when ``flush_l2``; ``barrier`` called before each). ``with_multiple_kernels=False`` asserts each name
     matches at most one kernel. Reads no environment variable (the reference's ``DG_USE_NVIDIA_TOOLS`` is not
-    honoured: see the README)."""
+    honoured: see docs/dropin.md, "Environment")."""
     _require_cuda("bench_kineto")
     names = (kernel_names,) if isinstance(kernel_names, str) else tuple(kernel_names)
     fn()
