@@ -9,7 +9,6 @@ vLLM's vendored copy), put on ``sys.path`` in a temporary directory: the real on
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import sys
 
@@ -20,58 +19,9 @@ from deep_fp8_gemm import calc_diff
 from deep_fp8_gemm.compat import dropin, provider
 from tests._operands import gemm64, quantised_activations, quantised_weights
 from tests.dropin import _stubs
+from tests.dropin.conftest import clean_imports
 
 N, K = 128, 256
-
-
-@contextlib.contextmanager
-def _clean_imports():
-    """No deep_gemm / vllm / alias modules, the hook off and the provider forgotten, before and after."""
-    def scrub():
-        dropin.disable()
-        for key in [k for k in sys.modules if k.split(".")[0] in ("deep_gemm", "vllm", provider.ALIAS)]:
-            del sys.modules[key]
-
-    saved = {k: v for k, v in sys.modules.items() if k.split(".")[0] in ("deep_gemm", "vllm")}
-    path = list(sys.path)
-    scrub()
-    try:
-        yield
-    finally:
-        scrub()
-        sys.path[:] = path
-        sys.modules.update(saved)
-        import deep_fp8_gemm as dfg
-
-        dfg.set_pdl(False), dfg.set_num_sms(0), dfg.set_mk_alignment_for_contiguous_layout(128)
-        dfg.set_batch_invariant(True)
-
-
-@pytest.fixture
-def no_provider():
-    with _clean_imports():
-        dropin.enable()
-        yield importlib.import_module("deep_gemm")
-
-
-@pytest.fixture
-def site_stub(tmp_path):
-    """A site-packages deep_gemm (sgl-deep-gemm's layout) on sys.path, the hook on; yields (facade, stub module)."""
-    with _clean_imports():
-        sys.path.insert(0, str(_stubs.write_site_package(tmp_path)))
-        dropin.enable()
-        dg = importlib.import_module("deep_gemm")
-        assert hasattr(dg, "bf16_gemm_nt")  # finds and loads the provider
-        yield dg, sys.modules[provider.ALIAS]
-
-
-@pytest.fixture
-def vendored_stub(tmp_path):
-    """vLLM's vendored copy on sys.path (not yet imported), the hook on; yields the facade."""
-    with _clean_imports():
-        sys.path.insert(0, str(_stubs.write_vllm_vendored(tmp_path)))
-        dropin.enable()
-        yield importlib.import_module("deep_gemm")
 
 
 def test_without_a_provider_hasattr_tells_the_truth(no_provider):
@@ -170,7 +120,7 @@ def test_knobs_replay_on_vllms_vendored_copy_found_later(vendored_stub):
 
 
 def test_a_deep_gemm_imported_before_the_hook_is_adopted(tmp_path):
-    with _clean_imports():
+    with clean_imports():
         sys.path.insert(0, str(_stubs.write_site_package(tmp_path)))
         old = importlib.import_module("deep_gemm")  # SGLang imported it before anyone enabled the hook
         assert old.PROVIDER == "site-packages stub" and old.__name__ == "deep_gemm"
