@@ -84,3 +84,10 @@ def test_what_is_ours_without_a_provider(consumer, vendored_stub):  # vllm not i
     dg = vendored_stub
     present = {n for n in _names(consumer) if dg.provider_of(n) == "deep_fp8_gemm"}
     assert present == OURS[consumer]
+
+
+def test_every_name_is_in_the_install_doc_table():
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "dropin-install.md").read_text()
+    table = doc.split("## The names vLLM and SGLang use", 1)[1]
+    listed = set(re.findall(r"^\| `([\w.]+)` \|", table, re.M))
+    assert listed == {n["name"] for n in DATA["names"]}, sorted(listed ^ {n["name"] for n in DATA["names"]})
