@@ -292,3 +292,20 @@ def test_beside_a_wheel_that_owns_deep_gemm_files_in_both_orders(tmp_path):
     venv.pip("install", "--no-build-isolation", "--no-deps", str(DROPIN))  # the stub first, then ours
     assert stub_files() == expected
     check_both()
+
+
+def test_the_hook_and_env_read_dfg_as_deep_gemm_alike(monkeypatch, capsys):
+    from deep_fp8_gemm import env
+
+    sys.path.insert(0, str(DROPIN))
+    try:
+        hook = importlib.import_module("deep_fp8_gemm_dropin")
+    finally:
+        sys.path.remove(str(DROPIN))
+    for value, on in (("1", True), ("0", False), ("", False), (" 1 ", True)):
+        monkeypatch.setenv("DFG_AS_DEEP_GEMM", value)
+        assert hook.enabled_by_environment() is on is env.as_deep_gemm()
+    monkeypatch.setenv("DFG_AS_DEEP_GEMM", "yes")
+    assert hook.enabled_by_environment() is False and "must be 1" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="DFG_AS_DEEP_GEMM"):
+        env.as_deep_gemm()
