@@ -69,6 +69,21 @@ def pdl() -> bool:
     return _flag("DFG_PDL")
 
 
+def as_deep_gemm() -> bool:
+    """``DFG_AS_DEEP_GEMM=1``: serve the module ``deep_gemm`` from :mod:`deep_fp8_gemm.compat.deep_gemm` (the
+    drop-in's import hook). The hook itself (``deep_fp8_gemm_dropin``, run from a ``.pth`` file at interpreter
+    start) reads the variable with the same rule without importing this package (which imports torch); this
+    function is the rule's one definition for everything inside the package."""
+    return _flag("DFG_AS_DEEP_GEMM")
+
+
+def deep_gemm_debug() -> bool:
+    """``DFG_DEEP_GEMM_DEBUG=1``: the ``deep_gemm`` facade logs to stderr which provider serves each name the first
+    time it is looked up, each knob it applies to the forwarded provider, and each call it hands to that provider
+    (logger ``deep_fp8_gemm.deep_gemm`` at DEBUG; without the variable the logger is left as configured)."""
+    return _flag("DFG_DEEP_GEMM_DEBUG")
+
+
 def check_layouts() -> bool:
     """``DFG_CHECK_LAYOUTS=1``: the grouped GEMMs on CUDA tensors check their layout's values on every call (the
     contiguous ``m_indices`` blocks, the psum group ends, the masked counts), as every CPU call does. A debug

@@ -1,5 +1,7 @@
-"""The reference design's 2.x surface (DeepGEMM 2.6.1's SM90 API): the one place it is implemented, which the
-``deep_gemm`` drop-in (``dropin/deep_gemm_dropin``) only re-exports.
+"""The reference design's 2.x surface (DeepGEMM 2.6.1's SM90 API): the one place it is implemented. The module
+``deep_gemm`` is its facade, :mod:`.deep_gemm` (served under that name by the import hook, :mod:`.dropin`, which the
+``deep-fp8-gemm-dropin`` distribution turns on with ``DFG_AS_DEEP_GEMM=1``), forwarding what this library does not
+implement to the other installed DeepGEMM (:mod:`.provider`, :mod:`.facade`).
 
 * :mod:`.api` — the GEMMs (``fp8_gemm_nt``, ``m_grouped_fp8_gemm_nt_contiguous`` with the psum layout,
   ``m_grouped_fp8_gemm_nt_masked``, ``k_grouped_fp8_gemm_nt_contiguous``, the 1.x weight-gradient names), the recipe
@@ -13,7 +15,8 @@ Every name exported both here and at the top of :mod:`deep_fp8_gemm` is the same
 package's own ``per_token_cast_to_fp8`` / ``per_block_cast_to_fp8`` / ``per_channel_cast_to_fp8`` keep their
 device-independent IEEE division and M-major scales (``deep_fp8_gemm.quant``); ``deep_fp8_gemm.compat`` (and the
 drop-in) give the reference's bits. Write ``import deep_fp8_gemm.compat as deep_gemm`` (or install the drop-in) for
-code written against the reference.
+code written against the reference (or ``import deep_fp8_gemm.compat.deep_gemm as
+deep_gemm`` for the whole module with its submodules and forwarding).
 """
 
 from . import api, casts, knobs

@@ -34,7 +34,8 @@ Argument semantics, as the reference applies them on SM90 (``csrc/apis/gemm.hpp`
 The NN / TN / TT layouts (SM100-only in the reference) are deliberately *not* defined: consumers probe
 ``hasattr(deep_gemm, name)`` to choose a code path, and a name that always raises would steer them wrong.
 :data:`LOADER_REQUIRED_ENTRIES` lists the few names a loader insists on (Hugging Face transformers' list); the
-``deep_gemm`` drop-in distribution (``dropin/deep_gemm_dropin``) defines them as :func:`unsupported_entry` raisers.
+``deep_gemm`` facade (:mod:`deep_fp8_gemm.compat.deep_gemm`) serves them from the forwarded provider when it has them
+and as :func:`unsupported_entry` raisers otherwise.
 
 Runtime knobs are :mod:`.knobs`, the reference's casts :mod:`.casts`.
 

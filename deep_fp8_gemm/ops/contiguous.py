@@ -14,7 +14,11 @@ equal across backends (the reference design's tests zero A's padding rows and co
 The layout rule the kernels rely on (:func:`check_contiguous_values`): every BLOCK_M-row block (BLOCK_M =
 ``config.contiguous_block_m(get_m_alignment_for_contiguous_layout())``, the alignment itself) holds rows of at
 most one expert, and a block holding any expert row has an expert row first or last (the kernel reads the
-block's expert from those two rows, and skips the block when both are padding). A layout built by
+block's expert from those two rows, and skips the block when both are padding). ``m_sum`` need not be a multiple
+of the alignment, as in the reference design (its host code does not check it; Hugging Face transformers' experts
+path passes such an ``m_sum`` with -1 rows at the tail): the last block is then partial, its last row is row
+``m_sum - 1`` (``scheduler.cuh``, ``contiguous_block_expert``), the kernels' tensor maps clip the rows past
+``m_sum``, and the rule applies to it as to any other block. A layout built by
 :mod:`deep_fp8_gemm.layout` (each expert's rows from a multiple of the alignment, -1 padding at the tail) meets
 it; padding at a segment's head or in its middle does too. CPU tensors are checked on every call (the reference
 would compute other layouts one way, the kernels another); CUDA tensors never (the values stay on the device)
@@ -61,12 +65,11 @@ def check_contiguous_values(m_indices: torch.Tensor, m_sum: int, num_groups: int
     on_host = idx.device.type == "cpu"
     alignment = get_m_alignment_for_contiguous_layout()
     size = contiguous_block_m(alignment)
-    blocked = m_sum % size == 0  # else check() refuses m_sum (the explicit check: before this)
-    values = contiguous_layout_stats(idx.numpy() if on_host else idx, size if blocked else None)
+    values = contiguous_layout_stats(idx.numpy() if on_host else idx, size)
     lo, hi = values[0], values[1]
     if lo < -1 or hi >= num_groups:
         raise ValueError(f"{name} values must be in [-1, G), got min={lo} max={hi} with G={num_groups}")
-    if blocked and values[2]:
+    if values[2]:
         block = values[3]
         raise ValueError(_block_message(idx[block * size:(block + 1) * size].tolist(), block, size, name, alignment))
 
@@ -78,6 +81,10 @@ def contiguous_layout_stats(values, block_m: int | None) -> list[int]:
     is_tensor = isinstance(values, torch.Tensor)
     stats = [values.min(), values.max()]
     if block_m is not None:
+        tail = -values.shape[0] % block_m
+        if tail:  # a partial last block: its last real row repeated keeps first / last / one-expert as they are
+            pad = values[-1:].repeat(tail) if is_tensor else np.repeat(values[-1:], tail)
+            values = torch.cat([values, pad]) if is_tensor else np.concatenate([values, pad])
         v = values.reshape(-1, block_m)
         first, last = v[:, 0], v[:, -1]
         expert = (torch.maximum if is_tensor else np.maximum)(first, last)
@@ -110,25 +117,13 @@ def _block_message(rows: list[int], block: int, size: int, name: str, alignment:
 
 def check_contiguous_layout(m_indices: torch.Tensor, num_groups: int) -> None:
     """Check a contiguous layout before a GEMM on the GPU (the op checks CPU tensors itself; CUDA tensors only
-    with ``DFG_CHECK_LAYOUTS=1``): ``m_indices`` a 1-D int32 tensor, ``m_sum`` a multiple of
-    :func:`~deep_fp8_gemm.get_m_alignment_for_contiguous_layout`, values in ``[-1, num_groups)`` and the block rule
-    of the module docstring. Reads the values, so it synchronises when ``m_indices`` is on a GPU. ``ValueError``
+    with ``DFG_CHECK_LAYOUTS=1``): ``m_indices`` a 1-D int32 tensor (any ``m_sum``: a partial last block is a block),
+    values in ``[-1, num_groups)`` and the block rule of the module docstring. Reads the values, so it synchronises when ``m_indices`` is on a GPU. ``ValueError``
     (``TypeError`` for a wrong type) naming ``m_indices``, the block and its rows."""
     check_tensor(m_indices, "m_indices", INDEX_DTYPE, 1)
     if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < 1:
         raise ValueError(f"num_groups must be a positive int, got {num_groups!r}")
-    m_sum = m_indices.shape[0]
-    check_m_sum(m_sum)
-    check_contiguous_values(m_indices, m_sum, num_groups)
-
-
-def check_m_sum(m_sum: int) -> None:
-    """``m_sum`` (rows of A) a multiple of the contiguous alignment (``ValueError`` naming both): what every contiguous
-    layout's check refuses first (the FP8-output kinds' too, ``ops.fp8_output``)."""
-    alignment = get_m_alignment_for_contiguous_layout()
-    if m_sum % alignment != 0:
-        raise ValueError(f"m_sum (rows of lhs[0]) must be a multiple of get_m_alignment_for_contiguous_layout()="
-                         f"{alignment}, got m_sum={m_sum}")
+    check_contiguous_values(m_indices, m_indices.shape[0], num_groups)
 
 
 def kernel_row_experts(experts: torch.Tensor, block_m: int) -> torch.Tensor:
@@ -192,8 +187,8 @@ class MGroupedLayout(GemmLayout):
 
 
 class ContiguousLayout(MGroupedLayout):
-    """``m_indices [m_sum]`` int32; ``m_sum`` a multiple of the alignment (layout level); the values' block rule
-    (:func:`check_contiguous_values`); the rows of :func:`reference_row_parts`."""
+    """``m_indices [m_sum]`` int32, any ``m_sum`` (a partial last block is a block, as in the reference design); the
+    values' block rule (:func:`check_contiguous_values`); the rows of :func:`reference_row_parts`."""
 
     name, grouped, op_template = "contiguous", "m_indices", "m_grouped_gemm_fp8_fp8_{}_nt_contiguous"
     schema = ", Tensor m_indices"
@@ -202,9 +197,6 @@ class ContiguousLayout(MGroupedLayout):
         check_tensor(gl, "m_indices", INDEX_DTYPE, 1)
         check_shape(gl, "m_indices", (problem.m,), "[m_sum]")
         check_same_device(device, ((gl, "m_indices"),))
-
-    def check_rows(self, rows):
-        check_m_sum(rows)
 
     def values_check(self, gl, rows, groups):
         check_contiguous_values(gl, rows, groups)
@@ -229,8 +221,9 @@ def m_grouped_gemm_fp8_fp8_bf16_nt_contiguous(lhs: tuple[torch.Tensor, torch.Ten
     Args:
         lhs: ``(A, sA)``: A ``[m_sum, k]`` float8_e4m3fn, K-major; sA ``[m_sum, ceil(k/128)]`` float32.
             Rows are grouped by expert, each expert's segment padded to
-            ``get_m_alignment_for_contiguous_layout()`` rows (128, or 64 when set), so ``m_sum`` is a multiple
-            of it.
+            ``get_m_alignment_for_contiguous_layout()`` rows (128, or 64 when set); ``m_sum`` need not be a
+            multiple of it (the last block is then partial; trailing -1 rows are left untouched, as in the
+            reference design).
         rhs: ``(B, sB)``: B ``[G, n, k]`` float8_e4m3fn, K-major; sB ``[G, ceil(n/128), ceil(k/128)]`` float32.
         out: ``[m_sum, n]`` bfloat16, row-major, written in place.
         m_indices: ``[m_sum]`` int32 on the same device, expert of each row in ``[0, G)``, or -1 for a padding

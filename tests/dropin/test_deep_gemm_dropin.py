@@ -1,6 +1,8 @@
-"""The ``deep_gemm`` drop-in distribution (``dropin/deep_gemm_dropin``, issue 23): module paths (mismatch 4), the
-names each consumer resolves, the documented absences, the version, a second provider reported at import, and a
-real install into a fresh venv from local paths (no index).
+"""The ``deep_gemm`` drop-in (issues 23, 40): the facade served as ``deep_gemm`` by the import hook (module paths,
+the names each consumer resolves, the documented absences, the version), a distribution that owns no ``deep_gemm/``
+files and whose ``.pth`` hook is cheap and off unless ``DFG_AS_DEEP_GEMM=1``, and real installs into a fresh venv
+from local paths (no index): the drop-in alone, and beside a stub wheel that owns ``deep_gemm/`` files the way
+sgl-deep-gemm does, installed in both orders, each uninstalled with the other left intact.
 
 Consumers cited: vLLM ``vllm/utils/deep_gemm.py`` (``_lazy_init``: ``getattr`` of each name, ``set_pdl(True)`` on
 SM90), SGLang ``deep_gemm_wrapper/entrypoint.py`` (``import deep_gemm`` and, at import time, ``from
@@ -54,19 +56,19 @@ ABSENT = ("bf16_gemm_nt", "bf16_gemm_nn", "bf16_gemm_tn", "bf16_gemm_tt", "m_gro
 
 @pytest.fixture(scope="module")
 def deep_gemm():
-    """The drop-in imported from its source folder (in-process; the install test below installs it)."""
+    """``deep_gemm`` through the import hook, in-process, with no other provider (the install tests below install
+    the distribution)."""
+    from deep_fp8_gemm.compat import dropin
+
     saved = {k: v for k, v in sys.modules.items() if k == "deep_gemm" or k.startswith("deep_gemm.")}
-    for k in saved:
-        del sys.modules[k]
-    sys.path.insert(0, str(DROPIN))
+    dropin.disable()
+    dropin.enable()
     try:
         module = importlib.import_module("deep_gemm")
         importlib.import_module("deep_gemm.utils.layout")
         yield module
     finally:
-        sys.path.remove(str(DROPIN))
-        for k in [k for k in sys.modules if k == "deep_gemm" or k.startswith("deep_gemm.")]:
-            del sys.modules[k]
+        dropin.disable()
         sys.modules.update(saved)
 
 
@@ -131,13 +133,16 @@ def test_version_is_pep440_and_at_least_the_reference(deep_gemm):
     assert 'name = "deep-fp8-gemm-dropin"' in pyproject and deep_gemm.DISTRIBUTION == "deep-fp8-gemm-dropin"
 
 
-def test_the_drop_in_reads_no_environment_and_deep_fp8_gemm_ships_no_deep_gemm():
-    # DG_* decision (docs/dropin.md, "Environment"): the drop-in honours none of the reference's variables; deep_fp8_gemm's own
-    # distribution never contains a top-level deep_gemm (installing it alone cannot shadow a real DeepGEMM).
-    for path in DROPIN.rglob("*.py"):
-        text = path.read_text()
-        assert "environ.get" not in text and "getenv" not in text and "environ[" not in text.replace(
-            "os.environ[name] = saved", ""), f"{path} reads the environment"
+def test_no_distribution_owns_deep_gemm_files_and_the_hook_reads_one_variable():
+    # Issue 40: the drop-in installs the hook package and its .pth only; deep_fp8_gemm's own distribution never
+    # contains a top-level deep_gemm either (installing either cannot overwrite or delete another DeepGEMM's files).
+    pyproject = (DROPIN / "pyproject.toml").read_text()
+    assert 'packages = ["deep_fp8_gemm_dropin"]' in pyproject and not (DROPIN / "deep_gemm").exists()
+    assert (DROPIN / "deep_fp8_gemm_dropin.pth").read_text() == (
+        "import deep_fp8_gemm_dropin; deep_fp8_gemm_dropin.install_from_environment()\n")
+    hook = (DROPIN / "deep_fp8_gemm_dropin" / "__init__.py").read_text()
+    assert re.findall(r"^(?:import|from) (\S+)", hook, re.M) == ["os", "sys"]  # no torch at interpreter start
+    assert re.findall(r'"(DFG_[A-Z_]+)"', hook) == ["DFG_AS_DEEP_GEMM"]
     assert not (REPO / "deep_gemm").exists()
     setup = (REPO / "setup.py").read_text()
     assert 'find_packages(include=["deep_fp8_gemm", "deep_fp8_gemm.*"])' in setup
@@ -157,50 +162,151 @@ def _pip_available() -> str | None:
     return None if result.returncode == 0 else f"pip is not available: {result.stderr.strip()[:200]}"
 
 
-@pytest.mark.skipif(_pip_available() is not None, reason=str(_pip_available()))
-def test_install_into_a_fresh_venv_from_local_paths(tmp_path):
-    """docs/dropin.md's one pip command into a fresh venv (no index), then find_spec, the submodules, every vLLM
-    name, and a second provider reported at import."""
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
-    python = venv / "bin" / "python"
-    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          capture_output=True, text=True, check=True).stdout.strip()
-    # This environment's packages (torch, pip, setuptools, deep_fp8_gemm itself) seen from the new venv, with the
-    # deep_fp8_gemm under test first: the venv gets only what pip installs into it.
-    parents = [sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]
-    under_test = str(Path(deep_fp8_gemm.__file__).resolve().parent.parent)
-    lines = [f"import sys; sys.path.insert(0, {under_test!r})"]
-    lines += [f"import site; site.addsitedir({p!r})" for p in dict.fromkeys(parents)]
-    (Path(site) / "_parent_env.pth").write_text("\n".join(lines) + "\n")
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL")}
-    env.update(PIP_NO_INDEX="1", PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_NO_INPUT="1")
-    install = subprocess.run([str(python), "-m", "pip", "install", "--no-build-isolation", str(DROPIN)], cwd=tmp_path,
-                             env=env, capture_output=True, text=True, timeout=300)
-    assert install.returncode == 0, f"{install.stdout}\n{install.stderr}"
-    script = textwrap.dedent(f"""
+requires_pip = pytest.mark.skipif(_pip_available() is not None, reason=str(_pip_available()))
+
+
+class Venv:
+    """A fresh venv that sees this environment's packages (torch, pip, setuptools, the deep_fp8_gemm under test,
+    first) through a .pth; it gets only what pip installs into it. pip runs offline (local paths only)."""
+
+    def __init__(self, root: Path):
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True, timeout=120)
+        self.python = str(root / "bin" / "python")
+        self.site = Path(self.run("import sysconfig; print(sysconfig.get_paths()['purelib'])").stdout.strip())
+        parents = [sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]
+        under_test = str(Path(deep_fp8_gemm.__file__).resolve().parent.parent)
+        lines = [f"import sys; sys.path.insert(0, {under_test!r})"]
+        lines += [f"import site; site.addsitedir({p!r})" for p in dict.fromkeys(parents)]
+        (self.site / "_parent_env.pth").write_text("\n".join(lines) + "\n")
+        self.env = {k: v for k, v in os.environ.items()
+                    if k not in ("PYTHONPATH", "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "DFG_AS_DEEP_GEMM")}
+        self.env.update(PIP_NO_INDEX="1", PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_NO_INPUT="1")
+
+    def run(self, script: str, **env) -> subprocess.CompletedProcess:
+        full = {**getattr(self, "env", os.environ), **env}
+        return subprocess.run([self.python, "-c", textwrap.dedent(script)], env=full, capture_output=True,
+                              text=True, timeout=300)
+
+    def pip(self, *args: str) -> None:
+        result = subprocess.run([self.python, "-m", "pip", *args], env=self.env, capture_output=True, text=True,
+                                timeout=300)
+        assert result.returncode == 0, f"pip {' '.join(args)}\n{result.stdout}\n{result.stderr}"
+
+
+#: What a process with the hook on reports (which module deep_gemm is, its provider, a forwarded name).
+PROBE = """
+    import importlib.util, sys
+    import deep_gemm, deep_gemm.utils.layout, deep_gemm.testing
+    from deep_gemm.utils.layout import get_mn_major_tma_aligned_tensor
+    print(deep_gemm.__name__, getattr(deep_gemm, "PROVIDER", "-"), deep_gemm.provider_of("bf16_gemm_nt"),
+          hasattr(deep_gemm, "bf16_gemm_nt"), sep="|")
+    """
+
+
+@requires_pip
+def test_install_the_drop_in_alone(tmp_path):
+    """docs/dropin-install.md's pip command into a fresh venv: the hook package and its .pth, no deep_gemm/; off by default
+    (no deep_gemm, no torch imported at start-up); on with DFG_AS_DEEP_GEMM=1, every vLLM name as documented."""
+    venv = Venv(tmp_path / "venv")
+    venv.pip("install", "--no-build-isolation", "--no-deps", str(DROPIN))
+    assert (venv.site / "deep_fp8_gemm_dropin.pth").is_file() and not (venv.site / "deep_gemm").exists()
+    startup = "import sys; print('torch' in sys.modules, [type(f).__name__ for f in sys.meta_path][0])"
+    default = venv.run(startup).stdout.split()
+    assert default[0] == "False" and default[1] != "StandInFinder", default
+    on = venv.run(startup, DFG_AS_DEEP_GEMM="1")
+    assert on.stdout.split() == ["False", "StandInFinder"], on.stderr
+    off = venv.run("import deep_gemm")
+    assert off.returncode != 0 and "No module named 'deep_gemm'" in off.stderr
+    bad = venv.run(startup, DFG_AS_DEEP_GEMM="yes")
+    assert "DFG_AS_DEEP_GEMM must be 1" in bad.stderr and "StandInFinder" not in bad.stdout
+    script = f"""
         import importlib.util, warnings
-        spec = importlib.util.find_spec("deep_gemm")
-        assert spec is not None and spec.origin.startswith({site!r}), spec
+        spec = importlib.util.find_spec("deep_gemm")  # vLLM's has_deep_gemm
+        assert spec is not None, spec
         warnings.simplefilter("error")
         import deep_gemm, deep_gemm.utils.layout, deep_gemm.testing
         from deep_gemm.utils.layout import get_mn_major_tma_aligned_tensor
         missing = [n for n, provided in {VLLM_NAMES!r}.items() if hasattr(deep_gemm, n) != provided]
         assert not missing, missing
         print(deep_gemm.__version__)
-        """)
-    run = subprocess.run([str(python), "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
-                         timeout=300)
+        """
+    run = venv.run(script, DFG_AS_DEEP_GEMM="1")
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == f"2.6.1+dfg.{deep_fp8_gemm.__version__}"
-    # A second distribution providing deep_gemm (its metadata; its files would overwrite ours) is reported.
-    other = Path(site) / "deep_gemm-2.6.1.dist-info"
-    other.mkdir()
-    (other / "METADATA").write_text("Metadata-Version: 2.1\nName: deep_gemm\nVersion: 2.6.1\n")
-    (other / "top_level.txt").write_text("deep_gemm\n")
-    (other / "RECORD").write_text("deep_gemm/__init__.py,,\n")
-    run = subprocess.run([str(python), "-c", "import deep_gemm"], cwd=tmp_path, env=env, capture_output=True,
-                         text=True, timeout=300)
-    assert run.returncode == 0, run.stderr
-    assert "deep_gemm is provided by more than one installed distribution" in run.stderr
-    assert "deep-fp8-gemm-dropin 0.1.0" in run.stderr and "deep_gemm 2.6.1" in run.stderr
+
+
+def _stub_wheel(tmp_path: Path) -> Path:
+    """A wheel of distribution ``stub-sgl-deep-gemm`` owning ``deep_gemm/`` files as sgl-deep-gemm 0.2.3.post2's
+    does (top_level.txt ``deep_gemm``), built offline with pip wheel."""
+    from tests.dropin import _stubs
+
+    src = _stubs.write_site_package(tmp_path / "stub_src")
+    (src / "pyproject.toml").write_text(textwrap.dedent("""
+        [build-system]
+        requires = ["setuptools>=64"]
+        build-backend = "setuptools.build_meta"
+        [project]
+        name = "stub-sgl-deep-gemm"
+        version = "0.2.3.post2"
+        [tool.setuptools]
+        packages = ["deep_gemm", "deep_gemm.utils", "deep_gemm.testing", "deep_gemm.mega"]
+        """))
+    out = tmp_path / "wheels"
+    result = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w",
+                             str(out), str(src)], capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "PIP_NO_INDEX": "1"})
+    assert result.returncode == 0, result.stderr
+    return next(out.glob("stub_sgl_deep_gemm-*.whl"))
+
+
+@requires_pip
+def test_beside_a_wheel_that_owns_deep_gemm_files_in_both_orders(tmp_path):
+    """Issue 40: installed beside a distribution that owns deep_gemm/ (as sgl-deep-gemm does), in either order,
+    neither overwrites the other; uninstalling either leaves the other intact. Hook off: deep_gemm is the other
+    distribution's; on: the facade, forwarding to it."""
+    stub = _stub_wheel(tmp_path)
+    venv = Venv(tmp_path / "venv")
+    stub_files = lambda: sorted(str(p.relative_to(venv.site)) for p in (venv.site / "deep_gemm").rglob("*.py"))
+
+    def check_both() -> None:
+        assert venv.run("import deep_gemm; print(deep_gemm.PROVIDER)").stdout.strip() == "site-packages stub"
+        on = venv.run(PROBE, DFG_AS_DEEP_GEMM="1")
+        assert on.returncode == 0, on.stderr
+        name, _, served_by, present = on.stdout.strip().split("|")
+        assert name == "deep_fp8_gemm.compat.deep_gemm" and present == "True"
+        assert served_by == "stub-sgl-deep-gemm 0.2.3.post2 (site-packages deep_gemm)"
+
+    venv.pip("install", "--no-build-isolation", "--no-deps", str(DROPIN))  # ours first, then the stub
+    venv.pip("install", "--no-deps", str(stub))
+    expected = stub_files()
+    assert len(expected) == 8 and (venv.site / "deep_fp8_gemm_dropin.pth").is_file()
+    check_both()
+    venv.pip("uninstall", "-y", "stub-sgl-deep-gemm")  # ours intact
+    assert not (venv.site / "deep_gemm").exists() and (venv.site / "deep_fp8_gemm_dropin" / "__init__.py").is_file()
+    alone = venv.run(PROBE, DFG_AS_DEEP_GEMM="1")
+    assert alone.stdout.strip() == "deep_fp8_gemm.compat.deep_gemm|-|None|False", alone.stderr
+    venv.pip("install", "--no-deps", str(stub))
+    venv.pip("uninstall", "-y", "deep-fp8-gemm-dropin")  # the stub intact
+    assert stub_files() == expected and not (venv.site / "deep_fp8_gemm_dropin.pth").exists()
+    stub_only = venv.run("import deep_gemm, deep_gemm.utils.dist; print(deep_gemm.PROVIDER)", DFG_AS_DEEP_GEMM="1")
+    assert stub_only.stdout.strip() == "site-packages stub", stub_only.stderr  # the variable alone does nothing
+    venv.pip("install", "--no-build-isolation", "--no-deps", str(DROPIN))  # the stub first, then ours
+    assert stub_files() == expected
+    check_both()
+
+
+def test_the_hook_and_env_read_dfg_as_deep_gemm_alike(monkeypatch, capsys):
+    from deep_fp8_gemm import env
+
+    sys.path.insert(0, str(DROPIN))
+    try:
+        hook = importlib.import_module("deep_fp8_gemm_dropin")
+    finally:
+        sys.path.remove(str(DROPIN))
+    for value, on in (("1", True), ("0", False), ("", False), (" 1 ", True)):
+        monkeypatch.setenv("DFG_AS_DEEP_GEMM", value)
+        assert hook.enabled_by_environment() is on is env.as_deep_gemm()
+    monkeypatch.setenv("DFG_AS_DEEP_GEMM", "yes")
+    assert hook.enabled_by_environment() is False and "must be 1" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="DFG_AS_DEEP_GEMM"):
+        env.as_deep_gemm()

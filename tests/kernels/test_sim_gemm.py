@@ -182,3 +182,32 @@ def test_public_ops_simulate_env(monkeypatch):
     reference.m_grouped_gemm_fp8_fp8_bf16_nt_masked((a, sa), (b, sb), ref, masked_m, 2)
     assert calc_diff(d[0, :2], ref[0, :2]) < 1e-3
     assert launched == ["dense", "contiguous", "masked"], "the ops did not go through the simulator"
+
+
+@pytest.mark.parametrize("alignment", [128, 64])
+def test_contiguous_m_sum_not_a_multiple_of_the_alignment(monkeypatch, alignment):
+    """Issue 40: the reference design accepts any m_sum (Hugging Face transformers' experts path leaves -1 rows at
+    the tail of an unrounded buffer). The public op through the simulator: the partial last block's rows are
+    computed with its expert (its last row is row m_sum - 1) or, padding only, left untouched, exactly as the CPU
+    reference does; the tensor maps clip the rows past m_sum."""
+    import deep_fp8_gemm as dfg
+
+    monkeypatch.setenv("DFG_SIMULATE", "1")
+    monkeypatch.setenv("DFG_SIM_NUM_SMS", "3")
+    dfg.set_mk_alignment_for_contiguous_layout(alignment)
+    try:
+        # 222 rows: expert 0 (128), expert 1 (64), 30 rows of -1; at 64 the last block is padding only.
+        layout = torch.tensor([0] * 128 + [1] * 64 + [-1] * 30, dtype=torch.int32)
+        n, k = 128, 256
+        a, sa, b, sb = quantised_operands((layout.numel(),), n, k, groups=2, seed=40)
+        d = torch.full((layout.numel(), n), float("nan"), dtype=torch.bfloat16)
+        dfg.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous((a, sa), (b, sb), d, layout)
+        monkeypatch.delenv("DFG_SIMULATE")
+        ref = torch.full_like(d, float("nan"))
+        dfg.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous((a, sa), (b, sb), ref, layout)
+    finally:
+        dfg.set_mk_alignment_for_contiguous_layout(128)
+    untouched = ref.isnan().all(1)
+    assert torch.equal(d.isnan().all(1), untouched) and not d[~untouched].isnan().any()
+    assert untouched[192:].all() == (alignment == 64) and not untouched[:192].any()
+    assert calc_diff(d[~untouched], ref[~untouched]) < 1e-3

@@ -1,7 +1,9 @@
 """deep_gemm.testing: the reference's test helpers (``calc_diff``, ``count_bytes``, ``assert_bitwise_equal``,
-``get_arch_major``, ``test_filter``, ``ignore_env``, the CUDA benchmarks ``bench`` / ``bench_kineto``)."""
+``get_arch_major``, ``test_filter``, ``ignore_env``, the CUDA benchmarks ``bench`` / ``bench_kineto``); any other
+name from the forwarded provider when there is one."""
 
 
+from ... import provider as _provider
 from . import bench, numeric, utils
 from .bench import *  # noqa: F401,F403
 from .bench import __all__ as _bench_all
@@ -11,3 +13,4 @@ from .utils import *  # noqa: F401,F403
 from .utils import __all__ as _utils_all
 
 __all__ = ["bench", "numeric", "utils", *_bench_all, *_numeric_all, *_utils_all]
+__getattr__ = _provider.forwarder("testing")

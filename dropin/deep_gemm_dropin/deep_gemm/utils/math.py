@@ -1,6 +1,0 @@
-"""deep_gemm.utils.math: ``ceil_div``, ``align``, ``ceil_to_ue8m0`` and the FP8 casts with the reference's bits on
-each device: a re-export of :mod:`deep_fp8_gemm.compat.casts`. The FP4 casts and the packed-UE8M0 helpers (SM100
-recipes) are not provided."""
-
-from deep_fp8_gemm.compat.casts import (__all__, align, ceil_div, ceil_to_ue8m0, per_block_cast_to_fp8,  # noqa: F401
-                                        per_channel_cast_to_fp8, per_custom_dims_cast_to_fp8, per_token_cast_to_fp8)
