@@ -204,7 +204,8 @@ def print_progress(done: int, total: int, seconds: float, label: str) -> None:
 def format_table(records: Sequence[dict]) -> str:
     """A fixed-width table of audit records, one line per kernel, problems indented below."""
     width = max([len(r["name"]) for r in records] + [4]) + 2
-    header = f"{'kind':<11}{'name':<{width}}{'regs':>5}{'spill':>6}{'stack':>6}{'smem':>8}{'QGMMA':>6}{'TMA ld':>7}" \
+    kind_width = max([len(r["kind"]) for r in records] + [4]) + 1
+    header = f"{'kind':<{kind_width}}{'name':<{width}}{'regs':>5}{'spill':>6}{'stack':>6}{'smem':>8}{'QGMMA':>6}{'TMA ld':>7}" \
              f"{'TMA st':>7}{'setmaxnreg':>11}{'issue/tc':>9}{'compile s':>10}{'cache':>7}  status"
     lines = [header, "-" * len(header)]
     for r in records:
@@ -212,7 +213,7 @@ def format_table(records: Sequence[dict]) -> str:
         compile_s = "-" if r["compile_seconds"] is None else f"{r['compile_seconds']:.3f}"
         issue = (r.get("kloop") or {}).get("issue_per_tensor_cycle")
         lines.append(
-            f"{r['kind']:<11}{r['name']:<{width}}{_cell(r['registers']):>5}{_cell(r['spill_bytes']):>6}"
+            f"{r['kind']:<{kind_width}}{r['name']:<{width}}{_cell(r['registers']):>5}{_cell(r['spill_bytes']):>6}"
             f"{_cell(r['stack_bytes']):>6}{_cell(r['smem_bytes']):>8}{_cell(s.get('QGMMA')):>6}"
             f"{_cell(s.get('UTMALDG')):>7}{_cell(s.get('UTMASTG')):>7}{_cell(s.get('USETMAXREG')):>11}"
             f"{_cell(issue):>9}{compile_s:>10}{_cache_cell(r['cache_hit']):>7}"

@@ -141,9 +141,11 @@ def test_calls_ours_refuses_are_handed_to_the_provider(site_stub):
     a, sa = quantised_activations((64, K), seed=1)
     b, sb = quantised_weights((N, K), seed=2)
     d = torch.empty(64, N, dtype=torch.bfloat16)
-    # SGLang's DeepSeek-V4.1 dense recipe (1, 32, 32): the fork's SM90 kernel, not this library's
-    assert dg.fp8_gemm_nt((a, sa), (b, sb), d, recipe=(1, 32, 32)) == "fp8_gemm_nt"
-    assert stub.CALLS[-1][2] == {"recipe": (1, 32, 32)}
+    # A recipe ours refuses with NotImplementedError (gran_k 32 with 128-row B blocks: MXFP8-style groups, the
+    # reference's SM100 kernels) goes to the provider; (1, 32, 32), SGLang's DeepSeek-V4.1 recipe, is ours
+    # (tests/ops/test_block32.py)
+    assert dg.fp8_gemm_nt((a, sa), (b, sb), d, recipe=(1, 128, 32)) == "fp8_gemm_nt"
+    assert stub.CALLS[-1][2] == {"recipe": (1, 128, 32)}
     # SGLang's single-batch-overlap keywords, which this library's signature lacks
     assert dg.fp8_m_grouped_gemm_nt_masked(1, 2, 3, 4, 5, enable_overlap=True, signal=None) == \
         "fp8_m_grouped_gemm_nt_masked"
@@ -159,7 +161,7 @@ def test_without_a_provider_refusals_stay_errors(no_provider):
     a, sa = quantised_activations((64, K), seed=1)
     b, sb = quantised_weights((N, K), seed=2)
     with pytest.raises(NotImplementedError, match="gran_k 32"):
-        no_provider.fp8_gemm_nt((a, sa), (b, sb), torch.empty(64, N, dtype=torch.bfloat16), recipe=(1, 32, 32))
+        no_provider.fp8_gemm_nt((a, sa), (b, sb), torch.empty(64, N, dtype=torch.bfloat16), recipe=(1, 128, 32))
     with pytest.raises(TypeError, match="enable_overlap"):
         no_provider.fp8_m_grouped_gemm_nt_masked(1, 2, 3, 4, 5, enable_overlap=True)
 
