@@ -7,6 +7,13 @@ namespace dfg::sim::detail {
 constexpr u32 kWarpgroupThreads = 128;
 constexpr u32 kMaxSmemBytes = 232448;  // sm_90 opt-in maximum dynamic shared memory per CTA (227 KiB)
 constexpr size_t kFiberStackBytes = 256 * 1024;
+// Each fiber stack is its own mapping with a PROT_NONE guard page below it: two entries of the process's memory
+// map (the guard cannot merge with a neighbouring read-write stack). Linux caps a process at vm.max_map_count
+// mappings (65530 by default), so a stream keeps at most this many threads resident (their CTAs running, as the
+// SMs of a GPU hold only so many CTAs at once) and starts further CTAs as resident ones exit, reusing their
+// stacks: any grid size runs in a bounded number of mappings (scheduler.hpp, admit_ctas). 16384 threads (32768
+// mappings) leave room for the process's own; fewer when /proc/sys/vm/max_map_count says so.
+constexpr u32 kMaxResidentThreads = 16384;
 // PTX ISA "Contents of the mbarrier object": tx-count range is [-(2^20 - 1), 2^20 - 1], arrival counts < 2^20.
 constexpr i64 kMaxTxCount = (1 << 20) - 1;
 // Written into an mbarrier's 8 bytes at init: ordinary stores or TMA writes over a live barrier are caught
@@ -155,8 +162,8 @@ struct StoreRecord {
 };
 
 struct Thread {
-    ucontext_t ctx;
-    void* stack = nullptr;
+    std::unique_ptr<ucontext_t> ctx;  // allocated while the thread's CTA is resident (scheduler.hpp, admit_cta)
+    void* stack = nullptr;            // its fiber stack (guard page first), from the stream's pool
     u32 cta = 0, tid = 0;
     u32 gcta = 0, gtid = 0;  // CTA and thread numbered across the launches of the stream (hb.hpp)
     u32 kernel = 0;          // index of its launch in the stream
@@ -236,6 +243,9 @@ struct Launch {
     u32 index = 0, cta_base = 0, thread_base = 0;
     bool programmatic = false, started = false, finished = false;
     u32 start_done = 0;  // kernels of the stream wholly ordered before its threads start (hb.hpp)
+    // Residency (scheduler.hpp, admit_ctas): CTAs [0, admitted) have been made resident (threads created, in
+    // cluster units), exited_ctas of them have exited; threads[cta * block_x + tid] is null before its CTA is.
+    u32 admitted = 0, exited_ctas = 0;
     std::vector<Cta> ctas;
     struct Cluster {
         ThreadBarrier barrier;
@@ -266,6 +276,10 @@ struct Stream {
     std::vector<Launch*> cta_launch;  // by global CTA index (gcta)
     bool races = true;              // the happens-before checks of plain and atomic accesses (kFlagNoRaces)
     std::unique_ptr<Shadow> shadow;
+    // Fiber stacks (scheduler.hpp): every stack mapped for the stream, those free for the next resident CTA, the
+    // threads resident now and the most there may be (kMaxResidentThreads, or what vm.max_map_count leaves).
+    std::vector<void*> stacks, free_stacks;
+    u32 resident_threads = 0, max_resident_threads = kMaxResidentThreads;
 };
 
 inline Stream* g_stream = nullptr;
@@ -300,7 +314,7 @@ inline std::string thread_name(const Thread& t) {
     Thread& t = me();
     s.failed = true;
     s.error = thread_name(t) + " at " + site_str(t.site) + ": " + what;
-    swapcontext(&t.ctx, &s.scheduler);
+    swapcontext(t.ctx.get(), &s.scheduler);
     __builtin_unreachable();
 }
 
@@ -312,7 +326,7 @@ inline void block(const Wait& w, const char* op) {
     t.wait = w;
     t.wait_op = op;
     t.blocked = true;
-    swapcontext(&t.ctx, &S().scheduler);  // resumed only once ready(w) holds
+    swapcontext(t.ctx.get(), &S().scheduler);  // resumed only once ready(w) holds
 }
 
 }  // namespace dfg::sim::detail
