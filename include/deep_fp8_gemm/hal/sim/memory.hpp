@@ -147,6 +147,9 @@ DFG_SIM_API void check_aligned(const void* ptr, u32 alignment, const char* what)
 DFG_SIM_API void cp_async_copy(void* smem_dst, const void* gmem_src, u32 bytes) {
     const u32 offset = smem_offset(smem_dst, "cp_async_4");
     check_smem_range(offset, bytes, "cp_async_4");
+    // PTX ISA "cp.async": both addresses aligned to cp-size (a misaligned one is undefined behaviour).
+    check_aligned(smem_dst, bytes, "cp.async (shared destination)");
+    check_aligned(gmem_src, bytes, "cp.async (global source)");
     Thread& t = me();
     if (S().races) {
         const u32 site = site_id(t.site);
