@@ -57,6 +57,46 @@ PLANTED = {
         dict(m=64, n=64, k=256, block_m=64, block_n=32, split_k=2),
         r"split_k\.cuh:\d+.*: misaligned: a 16-byte plain (write|read) at global 0x[0-9a-f]+ \(address % 16 = 8\)",
     ),
+    # The wave's wgmma group left in flight (wait<1> keeps the newest group pending): the promotion then reads the
+    # scratch accumulator of an unretired wgmma. Before the rule the deferred execution handed it the previous K
+    # block's values (wrong results, no report).
+    "accumulator_read_in_flight": (
+        GEMM,
+        "                        hal::wgmma_wait<0>();\n",
+        "                        hal::wgmma_wait<1>();\n",
+        SMALL,
+        r"kernels/fp8_gemm\.cuh:\d+.*: wgmma registers: a plain read of d\[\d+\] of the accumulator fragment "
+        r"d\[0\.\.31\] of a wgmma\.mma_async m64n64k32 issued at kernels/fp8_gemm\.cuh:\d+ \(group \d+\) before the "
+        r"wgmma\.wait_group that retires it",
+    ),
+    # The scratch accumulator cleared after the wgmma.fence: the first wgmma (scale-d = 0) overwrites it, so the values
+    # stay right and the simulator used to run clean; the PTX ISA requires the fence between the two accesses.
+    "accumulator_written_after_fence": (
+        GEMM,
+        "                        hal::wgmma_fence();\n",
+        "                        hal::wgmma_fence();\n"
+        "                        DFG_UNROLL\n"
+        "                        for (u32 i = 0; i < kMmaValues; ++i)\n"
+        "                            scratch[i] = 0.5f * scratch[i];\n",
+        SMALL,
+        r"kernels/fp8_gemm\.cuh:\d+.*: wgmma registers: this wgmma\.mma_async m64n64k32 uses d\[0\] \(the accumulator "
+        r"fragment d\[0\.\.31\]\), which this thread wrote at kernels/fp8_gemm\.cuh:\d+(?: <- \S+)* after its last wgmma\.fence "
+        r"\(at kernels/fp8_gemm\.cuh:\d+\)",
+    ),
+    # The register fence after the wait removed: the promotion reads the accumulators with nothing keeping the compiler
+    # from moving the reads above the wait (identical SASS today; see hal/sim/wgmma_registers.hpp).
+    "accumulator_read_without_register_fence": (
+        GEMM,
+        "                        hal::wgmma_wait<0>();\n"
+        "                        DFG_UNROLL\n"
+        "                        for (u32 i = 0; i < kMmaValues; ++i)\n"
+        "                            hal::fence_operand(scratch[i]);\n",
+        "                        hal::wgmma_wait<0>();\n",
+        SMALL,
+        r"promotion\.cuh:\d+.*: wgmma registers: a plain read of d\[\d+\] of the accumulator fragment d\[0\.\.31\] of "
+        r"a wgmma\.mma_async m64n64k32, after the wgmma\.wait_group at kernels/fp8_gemm\.cuh:\d+ that retired it, with "
+        r"no register fence",
+    ),
 }
 SITE = re.compile(r"\w+\.cuh:\d+")
 THREAD = re.compile(r"cta \d+ thread \d+")

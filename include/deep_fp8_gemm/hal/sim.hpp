@@ -52,6 +52,12 @@
 //                    with both threads and both call sites; only through a relaxed atomic: `relaxed`; only
 //                    through a release / acquire whose scope does not include the other thread (or two atomics
 //                    whose scopes do not include each other): `scope`
+//       wgmma registers  a thread's access to the accumulator or register A fragment of its own wgmma between the
+//                    issue and the wgmma.wait_group that retires it; a register a wgmma uses that the thread accessed
+//                    after its last wgmma.fence; an accumulator touched after the retiring wait without the register
+//                    fence (hal::fence_operand) (sim/wgmma_registers.hpp)
+//       misaligned   a plain access the compiler emitted as naturally aligned (N-byte vector) at an address that is
+//                    not (sim/instrument.hpp)
 //       pdl          an access of a programmatic dependent launch, before its griddepcontrol.wait, that
 //                    conflicts with one of the previous kernel (either way round); a CTA of one exiting with
 //                    no thread having executed the wait (the next kernel's wait would no longer cover the one
@@ -104,6 +110,9 @@
 //     there is no stream yet. Host work between two runs is ordered before and after both.
 //   * The register count of the code between setmaxnreg calls is not known: only wgmma accumulator
 //     fragments count as live; registers of exited warps are not returned to the pool.
+//   * wgmma operand registers are tracked from a thread's first wgmma of a fragment on (an access before it is not
+//     attributed), and only accesses the compiler left in memory are seen (the fragments are locals whose address
+//     the hal takes, so all of them are in the simulator build).
 //   * The tensor-core model is ours (group of 16 products, 13 aligned bits, truncation), fitted to the
 //     published facts, not proven bit-exact; bf16 / fp16 wgmma and other shapes do not exist here.
 //   * Timing, bank conflicts, L2 promotion, TMA prefetch and the cost of anything are not modelled.
@@ -167,6 +176,7 @@
 #include "sim/memory.hpp"
 #include "sim/tma.hpp"
 #include "sim/wgmma.hpp"
+#include "sim/wgmma_registers.hpp"
 #include "sim/threads.hpp"
 #include "sim/instrument.hpp"
 #include "sim/scheduler.hpp"
@@ -496,7 +506,17 @@ inline void wgmma_wait(DFG_SIM_SITE) {
     DFG_SIM_ENTER;
     sd::wgmma_wait(N);
 }
-inline void fence_operand(float&) {}  // registers only: nothing to guard
+// The register fence of ptx.cuh (an empty asm with `reg` as "+f" / "+r" operand): a compiler-ordering point for one
+// register. Recorded for the wgmma registers' rule (sim/wgmma_registers.hpp): after the wgmma.wait_group that
+// retires a wgmma, the thread must pass each accumulator register through it before touching it.
+inline void fence_operand(float& reg) {
+    DFG_SIM_HAL;
+    sd::register_fence(&reg);
+}
+inline void fence_operand(u32& reg) {
+    DFG_SIM_HAL;
+    sd::register_fence(&reg);
+}
 
 // D[64 x N] (+)= A[64 x 32] . B[N x 32]^T, e4m3 from shared memory through descriptors, f32 accumulators;
 // `d` is this thread's fragment of N/2 floats (PTX ISA "Register Fragments", D of .m64nNk32). The operands
@@ -507,6 +527,20 @@ struct WgmmaFp8 {
     static void mma(u64 desc_a, u64 desc_b, float* d, bool scale_d, DFG_SIM_SITE) {
         DFG_SIM_ENTER;
         sd::wgmma_issue(N, desc_a, desc_b, d, scale_d);
+    }
+};
+
+// D[64 x N] (+)= A[64 x 32] . B[N x 32]^T with A from registers: `a` is this thread's A fragment, four .b32 registers
+// of four e4m3 each in the layout of WgmmaFragmentA (mma.cuh; PTX ISA figure "WGMMA .m64nNk32 register fragment
+// layout for matrix A"), B from shared memory through its descriptor, `d` as for WgmmaFp8. The fragments are read
+// at issue and must stay unchanged, as the accumulators, until the wgmma_wait that retires the group
+// (sim/wgmma_registers.hpp); the product goes through the same tensor-core model as WgmmaFp8's.
+template <int N>
+struct WgmmaFp8RegA {
+    static_assert(N % 8 == 0 && N >= 8 && N <= 256, "wgmma .m64nNk32 needs N in 8..256, a multiple of 8");
+    static void mma(const u32 (&a)[4], u64 desc_b, float* d, bool scale_d, DFG_SIM_SITE) {
+        DFG_SIM_ENTER;
+        sd::wgmma_issue_rs(N, a, desc_b, d, scale_d);
     }
 };
 

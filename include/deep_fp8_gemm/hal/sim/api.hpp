@@ -70,6 +70,8 @@ DFG_SIM_API void tma_store(const TensorMap* map, const void* src, i32 c0, i32 c1
 DFG_SIM_API void tma_store_commit();
 DFG_SIM_API void tma_store_wait_read(u32 n);
 DFG_SIM_API void wgmma_issue(u32 n, u64 desc_a, u64 desc_b, float* d, bool scale_d);
+DFG_SIM_API void wgmma_issue_rs(u32 n, const u32* a, u64 desc_b, float* d, bool scale_d);
+DFG_SIM_API void register_fence(const void* reg);                                    // wgmma_registers.hpp
 DFG_SIM_API void wgmma_fence();
 DFG_SIM_API void wgmma_commit();
 DFG_SIM_API void wgmma_wait(u32 n);

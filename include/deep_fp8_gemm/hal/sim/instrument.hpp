@@ -8,7 +8,8 @@
 // inline wrappers are in that translation unit too, so the calls are filtered here, cheapest test first: g_track
 // is true only while a fiber runs kernel code (fiber_main sets it, every hal function clears it for its duration
 // through HalGuard, the scheduler never sets it), then the thread's own fiber stack (locals whose address escaped:
-// accumulator arrays, lambdas' captures) and the launch's parameter struct are skipped.
+// accumulator arrays, lambdas' captures; only the registers its wgmmas use are checked there, wgmma_registers.hpp)
+// and the launch's parameter struct are skipped.
 // What remains is a plain access of the kernel to shared or global memory: shadow.hpp checks and records it,
 // with the return address as its call site (symbolised by addr2line when reported; the build adds -g1).
 #pragma once
@@ -76,7 +77,16 @@ DFG_SIM_NO_TSAN inline void on_plain_access(void* addr, u32 bytes, bool write, v
         g_track = false;
         misaligned_access(t, a, bytes, write, pc_site(pc));
     }
-    if (a - reinterpret_cast<uintptr_t>(t.stack) < kFiberStackBytes + 4096) return;
+    if (a - reinterpret_cast<uintptr_t>(t.stack) < kFiberStackBytes + 4096) {
+        // The thread's own locals: only its wgmma operand registers are checked (wgmma_registers.hpp).
+        const OperandRegisters& w = t.wgmma_registers;
+        if (a + bytes > w.lo && a < w.hi) {
+            g_track = false;
+            operand_access(t, a, bytes, write, pc_site(pc));
+            g_track = true;
+        }
+        return;
+    }
     const Launch& l = *g_launch;
     if (a - reinterpret_cast<uintptr_t>(l.params) < l.params_bytes) return;
     g_track = false;

@@ -108,13 +108,15 @@ struct WarpRendezvous {
 
 // One wgmma.mma_async of a warpgroup: identical descriptors from all 128 threads, one fragment each.
 struct WgmmaOp {
-    u64 desc_a, desc_b;
+    u64 desc_a, desc_b;  // desc_a: 0 when A comes from registers (reg_a)
     u32 n;
     bool scale_d;
+    bool reg_a = false;  // A from registers (wgmma.mma_async with a register A fragment, hal::WgmmaFp8RegA)
     u32 issued = 0;
     float* frag[kWarpgroupThreads] = {};
-    std::vector<u32> addr_a, addr_b;  // decoded operand byte offsets, [row * 32 + k]
-    u32 lo_a, hi_a, lo_b, hi_b;       // smem byte ranges [lo, hi) the operands read
+    std::vector<u8> a_codes;          // reg_a: the 64 x 32 e4m3 codes of A gathered from the threads' fragments
+    std::vector<u32> addr_a, addr_b;  // decoded operand byte offsets, [row * 32 + k] (addr_a empty for reg_a)
+    u32 lo_a = 0, hi_a = 0, lo_b, hi_b;  // smem byte ranges [lo, hi) the operands read
     std::vector<u8> snapshot;         // operand bytes at issue (A then B): the read window lasts to the wait
     Site issue_site{};
     u32 issue_tid = 0;
@@ -161,6 +163,29 @@ struct StoreRecord {
     u32 site = 0;              // the store's call site id (hb.hpp)
 };
 
+// The registers of one thread that its wgmmas use as accumulator (D) or A fragment (wgmma_registers.hpp): one
+// record per 4-byte register of a window of the fiber stack that covers every fragment array the thread passed
+// to a wgmma (the kernels' fragment arrays are locals, so the instrumentation sees the thread's own accesses).
+enum class RegState : u8 { Idle, InFlight, Unfenced };
+enum class RegRole : u8 { None, Accumulator, A };
+struct OperandRegister {
+    RegRole role = RegRole::None;
+    RegState state = RegState::Idle;
+    bool access_write = false;  // the last access was a write
+    u16 index = 0;              // d[index] / a[index] of the wgmma that last used it
+    u16 n = 0;                  // that wgmma's N (for the report)
+    u32 access_fence = ~0u;     // the thread's wgmma.fence count at its last access of the register (~0: none)
+    u32 access_site = 0;        // site id of that access (hb.hpp)
+    u32 event_site = 0;         // InFlight: the issuing wgmma's site id; Unfenced: the retiring wgmma.wait_group's
+    u64 group = 0;              // InFlight: the wgmma group of the latest wgmma using it
+};
+struct OperandRegisters {
+    uintptr_t lo = 0, hi = 0;  // the window [lo, hi) of the stack, 4-byte registers
+    std::vector<OperandRegister> regs;
+    u32 fences = 0;      // wgmma.fence executed by the thread
+    u32 fence_site = 0;  // site id of the last one
+};
+
 struct Thread {
     std::unique_ptr<ucontext_t> ctx;  // allocated while the thread's CTA is resident (scheduler.hpp, admit_cta)
     void* stack = nullptr;            // its fiber stack (guard page first), from the stream's pool
@@ -189,6 +214,7 @@ struct Thread {
     u64 wgmma_commits = 0;
     u32 wgmma_ops_in_open_group = 0;
     bool wgmma_fenced = false;
+    OperandRegisters wgmma_registers;  // accumulator / A registers its wgmmas used (wgmma_registers.hpp)
     // bulk async-groups of TMA stores (PTX ISA "cp.async.bulk.commit_group", "cp.async.bulk.wait_group")
     std::vector<StoreRecord> open_stores;
     std::deque<std::vector<StoreRecord>> committed_stores;

@@ -169,13 +169,17 @@ inline WgmmaGroup& wgmma_open_group(Warpgroup& wg, u64 g) {
     return wg.groups[g - wg.executed];
 }
 
-DFG_SIM_API void wgmma_issue(u32 n, u64 desc_a, u64 desc_b, float* d, bool scale_d) {
+// One thread's wgmma.mma_async: A through descriptor `desc_a` or, when `a` is not null, from this thread's register
+// A fragment `a` (four .b32 of four e4m3: a_frag_row / a_frag_k); B through `desc_b`; accumulator `d` (N/2 f32).
+inline void wgmma_issue_any(u32 n, u64 desc_a, const u32* a, u64 desc_b, float* d, bool scale_d) {
     Thread& t = me();
     aligned("wgmma.mma_async", true);
     Warpgroup& wg = my_warpgroup("wgmma");
     check_wgmma_registers(t.tid / kWarpgroupThreads, n);
     if (!t.wgmma_fenced) fail("wgmma issued without wgmma_fence since the last wgmma_wait (PTX ISA wgmma.fence)");
+    const bool reg_a = a != nullptr;
     const u64 g = t.wgmma_commits;
+    operands_issue(t, d, n, a, g);
     WgmmaGroup& group = wgmma_open_group(wg, g);
     const u32 k = t.wgmma_ops_in_open_group++;
     if (k == group.ops.size()) {
@@ -184,9 +188,13 @@ DFG_SIM_API void wgmma_issue(u32 n, u64 desc_a, u64 desc_b, float* d, bool scale
         op.desc_b = desc_b;
         op.n = n;
         op.scale_d = scale_d;
-        decode_operand(desc_a, 64, op.addr_a, op.lo_a, op.hi_a, "A");
+        op.reg_a = reg_a;
+        if (reg_a)
+            op.a_codes.assign(64 * 32, 0);
+        else
+            decode_operand(desc_a, 64, op.addr_a, op.lo_a, op.hi_a, "A");
         decode_operand(desc_b, n, op.addr_b, op.lo_b, op.hi_b, "B");
-        // Operands are read by the async proxy from here to the wait that retires the group.
+        // Shared-memory operands are read by the async proxy from here to the wait that retires the group.
         const Cta& cta = my_cta();
         const u8* smem = cta.smem;
         const u16* writer = cta.generic_writer.data();
@@ -204,20 +212,34 @@ DFG_SIM_API void wgmma_issue(u32 n, u64 desc_a, u64 desc_b, float* d, bool scale
         group.ops.push_back(std::move(op));
     }
     WgmmaOp& op = group.ops[k];
-    if (op.desc_a != desc_a || op.desc_b != desc_b || op.n != n || op.scale_d != scale_d)
+    if (op.desc_a != desc_a || op.desc_b != desc_b || op.n != n || op.scale_d != scale_d || op.reg_a != reg_a)
         fail(format("wgmma is warpgroup-collective but this thread's operands differ from its warpgroup's: "
-                    "(desc_a %#llx, desc_b %#llx, N %u, scale_d %d) vs (%#llx, %#llx, %u, %d) in wgmma %u of group "
+                    "(desc_a %#llx%s, desc_b %#llx, N %u, scale_d %d) vs (%#llx%s, %#llx, %u, %d) in wgmma %u of group "
                     "%llu",
-                    static_cast<unsigned long long>(desc_a), static_cast<unsigned long long>(desc_b), n, scale_d,
-                    static_cast<unsigned long long>(op.desc_a), static_cast<unsigned long long>(op.desc_b), op.n,
+                    static_cast<unsigned long long>(desc_a), reg_a ? " (A in registers)" : "",
+                    static_cast<unsigned long long>(desc_b), n, scale_d, static_cast<unsigned long long>(op.desc_a),
+                    op.reg_a ? " (A in registers)" : "", static_cast<unsigned long long>(op.desc_b), op.n,
                     op.scale_d, k, static_cast<unsigned long long>(g)));
-    op.frag[t.tid % kWarpgroupThreads] = d;
+    const u32 lane_t = t.tid % kWarpgroupThreads;
+    if (reg_a)  // the registers are read at issue here; the in-flight check keeps them unchanged to the wait
+        for (u32 j = 0; j < 4; ++j)
+            for (u32 b = 0; b < 4; ++b) op.a_codes[a_frag_row(lane_t, j) * 32 + a_frag_k(lane_t, j, b)] = u8(a[j] >> (8 * b));
+    op.frag[lane_t] = d;
     ++op.issued;
+}
+
+DFG_SIM_API void wgmma_issue(u32 n, u64 desc_a, u64 desc_b, float* d, bool scale_d) {
+    wgmma_issue_any(n, desc_a, nullptr, desc_b, d, scale_d);
+}
+
+DFG_SIM_API void wgmma_issue_rs(u32 n, const u32* a, u64 desc_b, float* d, bool scale_d) {
+    wgmma_issue_any(n, 0, a, desc_b, d, scale_d);
 }
 
 DFG_SIM_API void wgmma_fence() {
     aligned("wgmma.fence", true);
     me().wgmma_fenced = true;
+    operands_fence(me());
 }
 
 DFG_SIM_API void wgmma_commit() {
@@ -249,6 +271,7 @@ DFG_SIM_API void wgmma_wait(u32 n) {
     const u64 target = t.wgmma_commits - n;  // groups [0, target) must be complete
     if (wg.complete < target)
         block(Wait{WaitKind::WgmmaGroup, t.cta, t.tid / kWarpgroupThreads, 0, target}, "wgmma_wait");
+    operands_retire(t, target);
     while (wg.executed < target) {
         for (const WgmmaOp& op : wg.groups.front().ops) {
             check_read_window(op, my_cta().smem);
