@@ -16,6 +16,7 @@ of these mutations ran clean (and, where the values are checked, matched the ref
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import re
 import shutil
@@ -27,6 +28,8 @@ from deep_fp8_gemm.config import check_config
 from deep_fp8_gemm.kernels import quant as kq
 from deep_fp8_gemm.kernels import split_k
 from deep_fp8_gemm.simulator import SimulationError
+
+from tests import sim_kernels
 
 from ._mutate import mutated_headers
 from .test_sim_gemm import make_config, quantised_operands, run_sim
@@ -97,6 +100,16 @@ PLANTED = {
         r"a wgmma\.mma_async m64n64k32, after the wgmma\.wait_group at kernels/fp8_gemm\.cuh:\d+ that retired it, with "
         r"no register fence",
     ),
+    # The producer's sB copies tracked by a plain mbarrier.arrive instead of cp.async.mbarrier.arrive: the full barrier
+    # may complete before the copies land. Before, the copy happened at its issue and the plain arrive released it.
+    "cp_async_tracked_by_a_plain_arrive": (
+        GEMM,
+        "                    hal::cp_async_mbar_arrive(bar);\n",
+        "                    hal::mbar_arrive(bar);\n",
+        SMALL,
+        r"race: a plain read of 4 bytes at smem\+0x[0-9a-f]+ of cta \d+ conflicts with a plain write by cta \d+'s cp\.async "
+        r"completion at kernels/fp8_gemm\.cuh:\d+",
+    ),
 }
 SITE = re.compile(r"\w+\.cuh:\d+")
 THREAD = re.compile(r"cta \d+ thread \d+")
@@ -133,3 +146,38 @@ def test_quantiser_vectorised_on_a_misaligned_input_is_reported():
     assert re.search(r"kernels/quant\.cuh:\d+.*: misaligned: a 16-byte plain read at global 0x[0-9a-f]+ "
                      r"\(address % 16 = 8\)", report), report[:2000]
     assert THREAD.search(report)
+
+
+class StoreParams(ctypes.Structure):
+    _fields_ = [("map", ctypes.c_uint8 * 128), ("out", ctypes.c_void_p), ("seen", ctypes.c_void_p),
+                ("mode", ctypes.c_uint32)]
+
+
+def _store_then_read(mode: int) -> tuple[torch.Tensor, torch.Tensor]:
+    out = torch.full((32, 16), 0xEE, dtype=torch.uint8)
+    seen = torch.zeros(32, 16, dtype=torch.uint8)
+    blob = sim_kernels.tensor_map_field(sim_kernels.tensor_map_3d(out, (16, 32, 1)))
+    sim_kernels.run("tma_store_flag", StoreParams(blob, out.data_ptr(), seen.data_ptr(), mode), grid=1, block=64,
+                    cluster=1, smem_bytes=512)
+    return out, seen
+
+
+def test_tma_store_complete_before_the_barrier_is_seen():
+    out, seen = _store_then_read(0)
+    expected = (torch.arange(32)[:, None] + torch.arange(16)[None, :]).to(torch.uint8)
+    assert torch.equal(out, expected) and torch.equal(seen, expected)
+
+
+def test_tma_store_read_waited_only_is_reported():
+    """cp.async.bulk.wait_group.read before the barrier: the store's source has been read, its writes are not known to
+    be complete, so warp 1's reads after the barrier race with them. Before, the writes were made at the issue and the
+    reads saw the stored tile: no report."""
+    with pytest.raises(SimulationError) as e:
+        _store_then_read(1)
+    report = str(e.value)
+    # Whichever comes first in the schedule: warp 1's read (then the store's completing write finds it), or the write.
+    assert re.search(r"race: (a TMA store's write \(the store issued at \S+:\d+ completes at the "
+                     r"cp\.async\.bulk\.wait_group at \S+:\d+\) of 16 bytes at global 0x[0-9a-f]+ conflicts with a "
+                     r"plain read by cta 0 thread \d+ \(warp 1 lane \d+\) at \S+:\d+|a plain read of 1 bytes at global "
+                     r"0x[0-9a-f]+ conflicts with a TMA write by cta 0 thread 0 \(warp 0 lane 0\) at \S+:\d+)",
+                     report), report[:2000]

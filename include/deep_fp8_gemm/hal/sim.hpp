@@ -19,8 +19,10 @@
 //   * A blocked fiber is resumed only once its wait condition holds; when a whole scheduling pass resumes
 //     nothing, the launch is deadlocked and the report lists who waits on what (see deadlock_report).
 //   * TMA loads are checked at issue and land (copy + complete-tx) at the end of the scheduling pass, so a
-//     thread that reads a stage without waiting for its barrier sees stale or poisoned bytes. TMA stores
-//     write global memory at issue and keep a copy of their source for tma_store_wait_*. wgmma groups
+//     thread that reads a stage without waiting for its barrier sees stale or poisoned bytes. cp.async copies
+//     land at the end of a pass too, and their cp.async.mbarrier.arrive fires once they all have (sim/cp_async.hpp).
+//     TMA stores keep a copy of their source for tma_store_wait_* and write global memory when their bulk group
+//     completes (a cp.async.bulk.wait_group without .read covering it, or the thread's exit). wgmma groups
 //     execute lazily at wgmma_wait (all committed groups but the newest N), so reading accumulators before
 //     the wait sees stale values, and a TMA write into shared memory that an unwaited wgmma still reads is
 //     caught as an error.
@@ -99,13 +101,14 @@
 //   * The async proxy at 16-byte granularity: TMA accesses keep the last async write and the last async read per
 //     granule; async accesses to shared memory are checked against plain ones only (not against each other:
 //     the wgmma-window and landing checks cover those); a TMA load's global read counts at its issue, a TMA
-//     store's global write as done at its issue (not at cp.async.bulk.wait_group); a TMA load's smem write is
+//     store's global write at its group's completion by the issuing thread's clock there; a TMA load's smem write is
 //     ordered after its issuer's accesses before the issue, and before a waiter of the phase it completes
 //     (also when a later release of the issuer reached the reader first).
 //   * mbarrier arrive / wait always have their default .release.cta / .acquire.cta semantics (the hal has no
-//     other forms); .sys is .gpu; all kernels of a stream are one GPU. cp.async copies at once (ordered before
-//     its arrive by construction). ld.global.nc is checked as a plain load (that nothing writes the data during
-//     the kernel is implied by ordering, not checked on its own).
+//     other forms); .sys is .gpu; all kernels of a stream are one GPU. A cp.async reads its source at the issue;
+//     cp.async.wait_group is not in the hal (the kernels track copies with cp.async.mbarrier.arrive).
+//     ld.global.nc is checked as a plain load (that nothing writes the data during the kernel is implied by
+//     ordering, not checked on its own).
 //   * Streams run kernels of one translation unit (one library); across libraries (a quantiser, then a GEMM)
 //     there is no stream yet. Host work between two runs is ordered before and after both.
 //   * The register count of the code between setmaxnreg calls is not known: only wgmma accumulator
@@ -174,6 +177,7 @@
 #include "sim/cluster.hpp"
 #include "sim/barriers.hpp"
 #include "sim/memory.hpp"
+#include "sim/cp_async.hpp"
 #include "sim/tma.hpp"
 #include "sim/wgmma.hpp"
 #include "sim/wgmma_registers.hpp"
@@ -408,14 +412,16 @@ inline void launch_dependents(DFG_SIM_SITE) {
 }
 
 // ---------------------------------------------------------------- cp.async (PTX ISA "cp.async")
-// The copy happens at once (the emulation copies synchronously), so the arrive that tracks it may too.
+// The copy completes later, on its own (sim/cp_async.hpp): its bytes land in shared memory at the end of a
+// scheduling pass, and only cp_async_mbar_arrive's arrive-on, which fires once every earlier copy of this thread
+// landed, orders them before a waiter of the barrier.
 inline void cp_async_4(void* smem_dst, const void* gmem_src, DFG_SIM_SITE) {
     DFG_SIM_ENTER;
     sd::cp_async_copy(smem_dst, gmem_src, 4);
 }
 inline void cp_async_mbar_arrive(u64* bar, DFG_SIM_SITE) {
     DFG_SIM_ENTER;
-    sd::mbarrier_arrive(sd::me().cta, sd::mbarrier_offset(bar, "cp_async_mbar_arrive"), 0, "cp_async_mbar_arrive");
+    sd::cp_async_arrive(bar);
 }
 
 // ---------------------------------------------------------------- TMA (PTX ISA "cp.async.bulk.tensor"), rank 3
@@ -465,8 +471,9 @@ inline void tma_load_3d_multicast(void* dst, const TensorMap* map, u64* bar, u16
     sd::tma_load(dst, map, bar, cta_mask, true, c0, c1, c2, "tma_load_3d_multicast");
 }
 
-// Writes global memory at issue (in-bounds elements only) and keeps a copy of the smem source, which
-// tma_store_wait_read / _all compare against: overwriting the source before the wait is reported.
+// Keeps a copy of the smem source, which tma_store_wait_read / _all compare against (overwriting the source before
+// the wait is reported), and writes global memory (in-bounds elements only) when its bulk group completes: at a
+// tma_store_wait_all covering it, or at the thread's exit (sim/threads.hpp).
 inline void tma_store_3d(const TensorMap* map, const void* src, i32 c0, i32 c1, i32 c2, DFG_SIM_SITE) {
     DFG_SIM_ENTER;
     sd::tma_store(map, src, c0, c1, c2);
@@ -476,14 +483,16 @@ inline void tma_store_commit(DFG_SIM_SITE) {
     DFG_SIM_ENTER;
     sd::tma_store_commit();
 }
+// .read: the sources of all but the newest N groups have been read (their global writes may still be pending).
 template <int N>
 inline void tma_store_wait_read(DFG_SIM_SITE) {
     DFG_SIM_ENTER;
-    sd::tma_store_wait_read(N);
+    sd::tma_store_wait(N, false);
 }
+// Without .read: every committed group is complete, its writes made and visible to this thread.
 inline void tma_store_wait_all(DFG_SIM_SITE) {
     DFG_SIM_ENTER;
-    sd::tma_store_wait_read(0);
+    sd::tma_store_wait(0, true);
 }
 
 // ---------------------------------------------------------------- wgmma (PTX ISA "wgmma", warpgroup-collective)

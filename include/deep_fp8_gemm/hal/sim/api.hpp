@@ -46,7 +46,8 @@ DFG_SIM_API void atomic_store_global(u32* ptr, u32 value, Order order, Scope sco
 DFG_SIM_API void fence(Order order, Scope scope, const char* what);
 DFG_SIM_API void hal_access(const void* ptr, u32 bytes, bool write, const char* what);
 DFG_SIM_API void check_aligned(const void* ptr, u32 alignment, const char* what);
-DFG_SIM_API void cp_async_copy(void* smem_dst, const void* gmem_src, u32 bytes);
+DFG_SIM_API void cp_async_copy(void* smem_dst, const void* gmem_src, u32 bytes);        // cp_async.hpp
+DFG_SIM_API void cp_async_arrive(u64* bar);
 DFG_SIM_API void grid_dependency_wait();
 DFG_SIM_API void launch_dependents();
 DFG_SIM_API const SimTensorMap& tensor_map(const TensorMap* map, const char* what);  // tma.hpp
@@ -68,7 +69,7 @@ DFG_SIM_API void mbar_arrive_cluster_address(u32 address);
 DFG_SIM_API void mbar_wait(u64* bar, u32 parity, BarrierName name);
 DFG_SIM_API void tma_store(const TensorMap* map, const void* src, i32 c0, i32 c1, i32 c2);
 DFG_SIM_API void tma_store_commit();
-DFG_SIM_API void tma_store_wait_read(u32 n);
+DFG_SIM_API void tma_store_wait(u32 n, bool complete);
 DFG_SIM_API void wgmma_issue(u32 n, u64 desc_a, u64 desc_b, float* d, bool scale_d);
 DFG_SIM_API void wgmma_issue_rs(u32 n, const u32* a, u64 desc_b, float* d, bool scale_d);
 DFG_SIM_API void register_fence(const void* reg);                                    // wgmma_registers.hpp

@@ -8,10 +8,14 @@
 //                                         (cumulative: what an arrival had acquired is passed on)
 //   barrier.cluster                      the same over the cluster (.release / .acquire at .cluster scope)
 //   bar.warp.sync                        the same over the warp
-//   mbarrier                             arrive (incl. remote, cp.async arrive) releases into the current phase
-//                                        at .cta scope (PTX's default .release.cta), TMA complete_tx releases
-//                                        the issuing thread's clocks at the issue (.cluster), mbar_wait acquires
-//                                        the last completed phase at .cta scope
+//   mbarrier                             arrive (incl. remote) releases into the current phase at .cta scope
+//                                        (PTX's default .release.cta), TMA complete_tx releases the issuing
+//                                        thread's clocks at the issue (.cluster), a cp.async.mbarrier.arrive
+//                                        releases the CTA's cp.async completion unit once the thread's copies
+//                                        landed (cp_async.hpp), mbar_wait acquires the last completed phase at
+//                                        .cta scope
+//   TMA store                            its global writes are the issuing thread's at the completing
+//                                        cp.async.bulk.wait_group (or its exit), not at the issue
 //   wgmma group                          each thread's commit releases into the group, the wgmma_wait that
 //                                        retires it acquires: a warpgroup-collective wgmma executes once all 128
 //                                        threads issued it, so what each did before its commit precedes what

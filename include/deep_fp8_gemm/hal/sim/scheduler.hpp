@@ -163,11 +163,13 @@ inline void fiber_main() {
     entry(params);
     set_tracking(false);
     Thread& t = *s.current;
+    tma_stores_exit(t);
     aligned_on_exit();
     t.done = true;
     Cta& cta = l.ctas[t.cta];
     if (cta.live == 1) {
         cta_exit_check();
+        copies_exit_check(l, t.cta);
         pdl_exit_check(l, cta);
     }
     thread_barrier_release(cta.named[0], --cta.live);
@@ -323,6 +325,7 @@ inline void retire_cta(Stream& s, Launch& l, u32 i) {
         t.fence_release.reset();
     }
     Cta& c = l.ctas[i];
+    if (c.copy_unit) c.copy_unit->clocks.clear();
     std::vector<u16>().swap(c.generic_writer);
     std::vector<u32>().swap(c.generic_clock);
     std::vector<AlignedLog>().swap(c.warp_aligned);
@@ -569,8 +572,9 @@ DFG_SIM_API int run_stream(const StreamItem* items, u32 count) {
             Launch& l = *lp;
             if (!l.started || l.finished) continue;
             g_launch = &l;
-            landed |= !l.pending_loads.empty();
-            const std::string error = land_tma_loads(!sched.adversarial || !resumed);
+            landed |= !l.pending_loads.empty() || !l.pending_copies.empty() || !l.pending_copy_arrives.empty();
+            std::string error = land_copies(!sched.adversarial || !resumed);
+            if (error.empty()) error = land_tma_loads(!sched.adversarial || !resumed);
             if (!error.empty()) {
                 s.failed = true;
                 s.error = (count > 1 ? format("kernel %u: ", l.index) : std::string()) + error;

@@ -157,10 +157,18 @@ struct AlignedLog {
     std::vector<u64> count;  // per lane: .aligned operations executed
 };
 
+// A TMA store of a bulk async-group (threads.hpp): its source is read from the issue to the group's
+// cp.async.bulk.wait_group.read, its global writes are made at the group's completion (threads.hpp, tma_store_flush).
 struct StoreRecord {
     u32 offset;                // smem source offset
     std::vector<u8> snapshot;  // the source bytes at issue
     u32 site = 0;              // the store's call site id (hb.hpp)
+    SimTensorMap map;          // where it writes: a copy of the map, the box coordinates
+    i32 c[3];
+};
+struct StoreGroup {
+    std::vector<StoreRecord> stores;
+    bool read_done = false;  // a wait_group.read covered it: its sources may be reused; its writes may be pending
 };
 
 // The registers of one thread that its wgmmas use as accumulator (D) or A fragment (wgmma_registers.hpp): one
@@ -215,9 +223,13 @@ struct Thread {
     u32 wgmma_ops_in_open_group = 0;
     bool wgmma_fenced = false;
     OperandRegisters wgmma_registers;  // accumulator / A registers its wgmmas used (wgmma_registers.hpp)
+    // cp.async (cp_async.hpp): copies issued and completed so far; copy_unit: this Thread stands for a CTA's
+    // cp.async completions (no fiber, tid = block_x), not a thread of the kernel
+    u64 copies_issued = 0, copies_done = 0;
+    bool copy_unit = false;
     // bulk async-groups of TMA stores (PTX ISA "cp.async.bulk.commit_group", "cp.async.bulk.wait_group")
     std::vector<StoreRecord> open_stores;
-    std::deque<std::vector<StoreRecord>> committed_stores;
+    std::deque<StoreGroup> committed_stores;  // committed, not yet complete, oldest first
 };
 
 struct Cta {
@@ -236,6 +248,9 @@ struct Cta {
     std::vector<AlignedLog> warp_aligned, warpgroup_aligned;
     i64 reg_free = 0;   // registers in the CTA's pool not held by a warpgroup
     u64 reg_total = 0;  // launch_registers * block_x
+    // The CTA's cp.async completion mechanism, as a thread of the happens-before model (cp_async.hpp): its own clock
+    // counts completions; created at the CTA's first cp.async.
+    std::unique_ptr<Thread> copy_unit;
     // Generic-proxy writes not yet read by the async proxy (proxy.hpp), per shared-memory byte: writer
     // thread + 1 (0: none) and the writer's clock at the write.
     std::vector<u16> generic_writer;
@@ -255,6 +270,21 @@ struct PendingLoad {
     Clocks issuer;          // the issuing thread's clocks at the issue: complete_tx releases them (hb.hpp)
     u64 epoch = 0;          // the issue, as an access epoch (shadow.hpp)
     u32 site = 0;           // its call site id
+};
+
+// A cp.async between issue and completion (cp_async.hpp): the bytes it copies (read at the issue), where to, who.
+struct PendingCopy {
+    u32 cta, offset, bytes;
+    u8 data[16];
+    u32 tid;        // the issuing thread (its CTA's)
+    Clocks issuer;  // its clocks at the issue: the completion is ordered after what it did before
+    u32 site = 0;
+};
+// A cp.async.mbarrier.arrive.noinc: its arrive-on fires once the issuing thread's cp.asyncs [0, upto) completed.
+struct PendingCopyArrive {
+    u32 cta, bar_offset, tid;
+    u64 upto;
+    u32 site = 0;
 };
 
 struct Launch {
@@ -280,6 +310,8 @@ struct Launch {
     std::vector<Cluster> clusters;
     std::vector<std::unique_ptr<Thread>> threads;
     std::vector<PendingLoad> pending_loads;
+    std::deque<PendingCopy> pending_copies;          // in issue order (cp_async.hpp)
+    std::vector<PendingCopyArrive> pending_copy_arrives;
     std::vector<float> scratch;  // decoded wgmma operands
     std::vector<u32> scratch_mag, scratch_neg;  // the same as magnitude / sign integers (tensor-core model)
     std::vector<u8> scratch_nan;     // operand rows holding a NaN code
@@ -332,14 +364,20 @@ inline std::string format(const char* fmt, ...) {
 // "cta 1 thread 37 (warp 1 lane 5)", with "kernel k " first when the stream has several launches.
 inline std::string thread_name(const Thread& t) {
     const std::string kernel = S().launches.size() > 1 ? format("kernel %u ", t.kernel) : std::string();
+    if (t.copy_unit) return kernel + format("cta %u's cp.async completion", t.cta);
     return kernel + format("cta %u thread %u (warp %u lane %u)", t.cta, t.tid, t.tid / 32, t.tid % 32);
 }
+
+// Thrown by fail() outside a fiber: the scheduler's own work on behalf of a thread (a cp.async completing) reports
+// through the same checks, and catches it (the error is in the stream).
+struct SchedulerFailure {};
 
 [[noreturn]] inline void fail(const std::string& what) {
     Stream& s = S();
     Thread& t = me();
     s.failed = true;
     s.error = thread_name(t) + " at " + site_str(t.site) + ": " + what;
+    if (!s.in_fiber) throw SchedulerFailure{};
     swapcontext(t.ctx.get(), &s.scheduler);
     __builtin_unreachable();
 }

@@ -117,6 +117,13 @@ DFG_SIM_API void mbar_wait(u64* bar, u32 parity, BarrierName name) {
     sync_acquire(me(), mb.released[parity & 1], Scope::Cta, true, "mbar_wait (.acquire.cta)", site_id(me().site));
 }
 
+// cp.async.bulk.tensor.3d.global.shared::cta.bulk_group (PTX ISA "cp.async.bulk.tensor"): checked and its source
+// captured at the issue; the source must stay unchanged until a cp.async.bulk.wait_group.read covers the group, and
+// the global writes happen when the group completes: at a cp.async.bulk.wait_group (without .read) covering it, or at
+// the thread's exit (the kernel's completion makes them visible to the next kernel). PTX ISA
+// "cp.async.bulk.wait_group": .read only says the sources have been read; the writes of a group are complete, and
+// visible to the executing thread, once a wait_group without .read covers it. Before, the writes were made at the
+// issue, so a reader synchronised with the issuer right after the issue (or after wait_group.read) saw them.
 DFG_SIM_API void tma_store(const TensorMap* map, const void* src, i32 c0, i32 c1, i32 c2) {
     const char* what = "tma_store_3d";
     const Box box(tensor_map(map, what), c0, c1, c2);
@@ -127,39 +134,75 @@ DFG_SIM_API void tma_store(const TensorMap* map, const void* src, i32 c0, i32 c1
     Thread& t = me();
     const u32 site = site_id(t.site);
     if (S().races) async_access(t, uintptr_t(smem + offset), box.footprint, false, false, site, "a TMA store's read");
+    StoreRecord r{offset, std::vector<u8>(smem + offset, smem + offset + box.footprint), site, box.map, {c0, c1, c2}};
+    t.open_stores.push_back(std::move(r));
+}
+
+// A TMA store's global writes (at its group's completion), by thread `t`: recorded as async-proxy writes of global
+// memory at t's clock now (so a thread that synchronises with t after this is ordered after them), from the source
+// bytes captured at the issue.
+inline void tma_store_flush(Thread& t, const StoreRecord& r, bool at_exit) {
+    const Box box(r.map, r.c[0], r.c[1], r.c[2]);
+    // How a report names the write: the store's issue and where it completes (one text per store site and kind).
+    static std::unordered_map<u64, std::string> names;
+    const u32 done = at_exit ? 0u : site_id(t.site);
+    auto [it, inserted] = names.emplace(u64(r.site) << 32 | done, std::string());
+    if (inserted)
+        it->second = format("a TMA store's write (the store issued at %s completes at %s)", site_text(r.site).c_str(),
+                            at_exit ? "the thread's exit" : ("the cp.async.bulk.wait_group at " + site_text(done)).c_str());
+    const char* what = it->second.c_str();
     for (u32 row = 0; row < box.rows; ++row) {
         u8* g = const_cast<u8*>(box.row_global(row));
         if (!g) continue;
         if (S().races) {
             const auto [lo, hi] = box.x_range();
-            if (hi > lo) async_access(t, uintptr_t(g + lo * box.eb), u32(hi - lo) * box.eb, true, true, site, "a TMA store");
+            if (hi > lo) async_access(t, uintptr_t(g + lo * box.eb), u32(hi - lo) * box.eb, true, true, r.site, what);
         }
         for (u32 x = 0; x < box.map.box_dims[0]; ++x) {
             if (!box.x_in_bounds(x)) continue;
-            const u32 s = swizzle(offset + row * box.row_bytes + x * box.eb, box.swz);
-            std::memcpy(g + (i64(c0) + x) * box.eb, smem + s, box.eb);
+            const u32 s = swizzle(r.offset + row * box.row_bytes + x * box.eb, box.swz);
+            std::memcpy(g + (i64(r.c[0]) + x) * box.eb, r.snapshot.data() + (s - r.offset), box.eb);
         }
     }
-    t.open_stores.push_back(StoreRecord{offset, std::vector<u8>(smem + offset, smem + offset + box.footprint), site});
 }
 
 DFG_SIM_API void tma_store_commit() {
     Thread& t = me();
-    t.committed_stores.push_back(std::move(t.open_stores));
+    t.committed_stores.push_back(StoreGroup{std::move(t.open_stores), false});
     t.open_stores.clear();
 }
 
-DFG_SIM_API void tma_store_wait_read(u32 n) {
+// cp.async.bulk.wait_group{.read} n: every committed group but the newest n has read its sources (.read) or is
+// complete (`complete`: writes made).
+DFG_SIM_API void tma_store_wait(u32 n, bool complete) {
     Thread& t = me();
-    while (t.committed_stores.size() > n) {
-        for (const StoreRecord& r : t.committed_stores.front())
+    const size_t older = t.committed_stores.size() > n ? t.committed_stores.size() - n : 0;
+    for (size_t i = 0; i < older; ++i) {
+        StoreGroup& group = t.committed_stores[i];
+        if (group.read_done) continue;
+        for (const StoreRecord& r : group.stores)
             if (std::memcmp(my_cta().smem + r.offset, r.snapshot.data(), r.snapshot.size()) != 0)
                 fail(format("shared-memory source [%#x, %#zx) of a TMA store was overwritten before "
                             "tma_store_wait_read / tma_store_wait_all released it",
                             r.offset, r.offset + r.snapshot.size()));
         if (S().races)  // the async proxy is done reading the sources: later writes there must come after this
-            for (const StoreRecord& r : t.committed_stores.front())
+            for (const StoreRecord& r : group.stores)
                 async_read_done(t, uintptr_t(my_cta().smem + r.offset), u32(r.snapshot.size()), r.site);
+        group.read_done = true;
+    }
+    if (!complete) return;
+    for (size_t i = 0; i < older; ++i) {
+        for (const StoreRecord& r : t.committed_stores.front().stores) tma_store_flush(t, r, false);
+        t.committed_stores.pop_front();
+    }
+}
+
+// The thread exits: the groups whose sources it waited for complete now (the kernel's completion). Groups not even
+// read-waited stay, for final_checks' report.
+inline void tma_stores_exit(Thread& t) {
+    if (!t.committed_stores.empty()) t.site = Site{"(thread exit)", 0};
+    while (!t.committed_stores.empty() && t.committed_stores.front().read_done) {
+        for (const StoreRecord& r : t.committed_stores.front().stores) tma_store_flush(t, r, true);
         t.committed_stores.pop_front();
     }
 }
