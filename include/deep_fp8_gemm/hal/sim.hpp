@@ -12,10 +12,16 @@
 //     a warp rendezvous, setmaxnreg, griddepcontrol.wait) or returns. Any other seed (LaunchConfig::seed,
 //     DFG_SIM_SEED) gives a seeded adversarial schedule (sim/schedule.hpp). The interleaving is deterministic
 //     for a seed.
-//   * A run is a stream of launches of this library's kernels (dfg_sim_run_stream; one for NAME_sim): each
-//     starts after the previous one ended, a programmatic dependent launch (PDL) as soon as every CTA of the
-//     previous one executed griddepcontrol.launch_dependents or exited, its fibers then scheduled together with
-//     the previous launch's.
+//   * A run is a stream of launches (dfg_sim_run_stream; one for NAME_sim): each starts after the previous one
+//     ended, a programmatic dependent launch (PDL) as soon as every CTA of the previous one executed
+//     griddepcontrol.launch_dependents or exited, its fibers then scheduled together with the previous launch's.
+//     Between dfg_sim_stream_open and _close, runs append to one stream (deep_fp8_gemm.simulator.stream(): the ops'
+//     own launch sequence), of any kernel library: the emulation and its state live in one runtime library per set
+//     of headers that every kernel library links (sim/api.hpp). Each run still ends with its launches; a PDL launch
+//     of a later run is ordered after its predecessor only by griddepcontrol.wait (the race detector keeps the
+//     stream's accesses across runs), though it no longer overlaps it in time.
+//   * At most kMaxResidentThreads threads (fewer if vm.max_map_count requires) are resident at once: further CTAs
+//     start as resident ones exit, as on a GPU's SMs (sim/state.hpp).
 //   * A blocked fiber is resumed only once its wait condition holds; when a whole scheduling pass resumes
 //     nothing, the launch is deadlocked and the report lists who waits on what (see deadlock_report).
 //   * TMA loads are checked at issue and land (copy + complete-tx) at the end of the scheduling pass, so a
@@ -109,8 +115,8 @@
 //     cp.async.wait_group is not in the hal (the kernels track copies with cp.async.mbarrier.arrive).
 //     ld.global.nc is checked as a plain load (that nothing writes the data during the kernel is implied by
 //     ordering, not checked on its own).
-//   * Streams run kernels of one translation unit (one library); across libraries (a quantiser, then a GEMM)
-//     there is no stream yet. Host work between two runs is ordered before and after both.
+//   * Host work between two runs is ordered before and after both (also in an open stream, where on the GPU a
+//     torch kernel between two of ours would break the PDL chain: the simulator does not see it).
 //   * The register count of the code between setmaxnreg calls is not known: only wgmma accumulator
 //     fragments count as live; registers of exited warps are not returned to the pool.
 //   * wgmma operand registers are tracked from a thread's first wgmma of a fragment on (an access before it is not
@@ -156,10 +162,13 @@
 #include <vector>
 
 #define DFG_SIM_EXPORT extern "C" __attribute__((visibility("default")))
+// The emulation's functions and state: exported by the runtime library (simulator/build.py) and bound by every
+// kernel library that links it (sim/api.hpp).
+#define DFG_SIM_API __attribute__((visibility("default")))
 
 // The emulation, one concern per file (each opens the namespaces it needs): the state and what the hal calls
-// always; the rest only where it is compiled (sim/api.hpp: once per set of headers, into the object every kernel
-// library links; or here, without DFG_SIM_LINKED_RUNTIME). That object's cache key covers common.cuh and hal/
+// always; the rest only where it is compiled (sim/api.hpp: once per set of headers, into the runtime library every
+// kernel library links; or here, without DFG_SIM_LINKED_RUNTIME). The runtime's cache key covers common.cuh and hal/
 // only (deep_fp8_gemm/simulator/build.py): nothing here may include another header of the library.
 #include "sim/abi.hpp"
 #include "sim/clocks.hpp"
@@ -659,6 +668,13 @@ DFG_SIM_EXPORT const char* dfg_sim_last_error() { return dfg::sim::detail::g_las
 DFG_SIM_EXPORT int dfg_sim_run_stream(const dfg::sim::StreamItem* items, dfg::u32 count) {
     return dfg::sim::detail::run_stream(items, count);
 }
+
+// Opens a stream that later dfg_sim_run_stream calls append their launches to, of any kernel library that links this
+// runtime (a quantiser, then a GEMM), until dfg_sim_stream_close; returns nonzero (dfg_sim_last_error) when one is
+// already open. A launch appended with `programmatic` set is a programmatic dependent launch of the stream's previous
+// launch, also when that one ran in an earlier call (deep_fp8_gemm.simulator.stream()).
+DFG_SIM_EXPORT int dfg_sim_stream_open() { return dfg::sim::detail::open_stream(); }
+DFG_SIM_EXPORT void dfg_sim_stream_close() { dfg::sim::detail::close_stream(); }
 #endif
 
 // Kernel entry: `extern "C" int NAME_sim(const PARAMS_T* params, const dfg::sim::LaunchConfig* cfg)` runs

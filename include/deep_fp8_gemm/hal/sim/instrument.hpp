@@ -98,7 +98,8 @@ DFG_SIM_NO_TSAN inline void on_plain_access(void* addr, u32 bytes, bool write, v
 
 // The ThreadSanitizer instrumentation interface GCC emits calls to (libsanitizer/tsan/tsan_interface.h): defined
 // whether or not this translation unit is instrumented, for the kernel translation units that are.
-#define DFG_SIM_HOOK extern "C" DFG_SIM_NO_TSAN __attribute__((visibility("hidden"))) void
+// Exported by the runtime library: the kernel libraries' instrumentation calls bind to them (build.py).
+#define DFG_SIM_HOOK extern "C" DFG_SIM_NO_TSAN __attribute__((visibility("default"))) void
 #define DFG_SIM_HOOKS(N)                                                                                        \
     DFG_SIM_HOOK __tsan_read##N(void* p) {                                                                     \
         dfg::sim::detail::on_plain_access(p, N, false, __builtin_return_address(0), N > 1);                    \

@@ -444,8 +444,23 @@ inline bool may_start(Stream& s, u32 k) {
     return true;
 }
 
-// Runs the launches of `items` as one stream to completion; returns 0 or 1 (error in g_last_error). Stream-wide
-// settings (seed, step and time limits, kFlagNoRaces) are those of the first launch.
+// The stream that runs append to between dfg_sim_stream_open and dfg_sim_stream_close (null: each run is a stream
+// of its own). An open stream keeps its launches' threads (the race detector's epochs name them), its shadow memory,
+// its call sites and its schedule across runs: a launch of a later run is ordered after the earlier ones by the
+// kernel boundary, or only by griddepcontrol.wait when it is programmatic (PDL), whichever library defines it.
+inline Stream* g_open_stream = nullptr;
+
+inline void end_stream(Stream& s) {
+    for (const auto& lp : s.launches) release(*lp);
+    for (void* stack : s.stacks) munmap(stack, kFiberStackBytes + 4096);
+    s.stacks.clear();
+    s.free_stacks.clear();
+    s.shadow.reset();
+}
+
+// Runs the launches of `items` to completion, appended to the open stream or as a stream of their own; returns 0 or
+// 1 (error in g_last_error). Stream-wide settings (seed, kFlagNoRaces) are those of the stream's first launch; the
+// step and time limits those of this run's first.
 DFG_SIM_API int run_stream(const StreamItem* items, u32 count) {
     g_last_error.clear();
     if (g_stream) {
@@ -456,43 +471,57 @@ DFG_SIM_API int run_stream(const StreamItem* items, u32 count) {
         g_last_error = "invalid launch: an empty stream";
         return 1;
     }
+    std::unique_ptr<Stream> own;
+    Stream* sp = g_open_stream;
+    if (!sp) {
+        own.reset(new Stream);
+        sp = own.get();
+    } else if (sp->failed) {
+        g_last_error = "the open simulator stream failed earlier (close it and open another): " + sp->error;
+        return 1;
+    }
+    Stream& s = *sp;
+    const u32 first = u32(s.launches.size());
     for (u32 k = 0; k < count; ++k) {
         const std::string bad = validate_config(items[k].cfg, items[k].kernel->max_threads);
+        const u32 index = first + k;
         if (!bad.empty()) {
-            g_last_error = (count > 1 ? format("invalid launch %u: ", k) : std::string("invalid launch: ")) + bad;
+            g_last_error = (first + count > 1 ? format("invalid launch %u: ", index) : std::string("invalid launch: ")) + bad;
             return 1;
         }
-        if (items[k].programmatic && k == 0) {
-            g_last_error = "invalid launch 0: the first launch of a stream has no predecessor to depend on";
+        if (items[k].programmatic && index == 0) {
+            g_last_error = format("invalid launch %u: the first launch of a stream has no predecessor to depend on", index);
             return 1;
         }
     }
-    Stream s;
-    s.races = !(items[0].cfg.flags & kFlagNoRaces);
-    s.shadow.reset(new Shadow);
+    if (first == 0) {
+        s.races = !(items[0].cfg.flags & kFlagNoRaces);
+        s.shadow.reset(new Shadow);
+        g_schedule = Schedule{};
+        g_schedule.init(items[0].cfg);
+        g_sites = Sites{};
+        s.max_resident_threads = resident_thread_limit();
+    }
     for (u32 k = 0; k < count; ++k) {
         auto l = std::make_unique<Launch>();
         l->cfg = items[k].cfg;
         l->entry = items[k].kernel->body;
         l->params = items[k].params;
         l->params_bytes = items[k].kernel->params_bytes;
-        l->index = k;
+        l->index = first + k;
         l->programmatic = items[k].programmatic != 0;
+        register_library(*l, reinterpret_cast<const void*>(items[k].kernel->body));
         s.launches.push_back(std::move(l));
     }
     const LaunchConfig& cfg = items[0].cfg;
-    g_schedule = Schedule{};
-    g_schedule.init(cfg);
-    g_sites = Sites{};
     g_stream = &s;
-    s.max_resident_threads = resident_thread_limit();
+    const u32 total = u32(s.launches.size());
 
     const FaultGuard fault_guard;
     const auto start = std::chrono::steady_clock::now();
     u64 steps = 0;
     Schedule& sched = g_schedule;
-    std::vector<Thread*> order;  // threads of the started, unfinished launches
-    u32 next_launch = 0;
+    std::vector<Thread*> order;  // threads of the resident CTAs of the started, unfinished launches
     u64 pass = 0;
     bool others_moved = true;  // a non-victim thread was resumed in the previous pass
     // Resumes thread t if it can run; true if it did.
@@ -525,8 +554,8 @@ DFG_SIM_API int run_stream(const StreamItem* items, u32 count) {
     };
     while (!s.failed) {
         bool started = false;
-        while (next_launch < count && may_start(s, next_launch)) {
-            start_launch(s, *s.launches[next_launch++]);
+        while (s.next_launch < total && may_start(s, s.next_launch)) {
+            start_launch(s, *s.launches[s.next_launch++]);
             started = true;
         }
         if (s.failed) break;
@@ -577,16 +606,17 @@ DFG_SIM_API int run_stream(const StreamItem* items, u32 count) {
             if (error.empty()) error = land_tma_loads(!sched.adversarial || !resumed);
             if (!error.empty()) {
                 s.failed = true;
-                s.error = (count > 1 ? format("kernel %u: ", l.index) : std::string()) + error;
+                s.error = (total > 1 ? format("kernel %u: ", l.index) : std::string()) + error;
                 break;
             }
             if (l.exited_ctas == l.ctas.size()) {
                 final_checks(l);
                 l.finished = finished = true;
+                release(l);  // its shared memory (the race detector forgot it CTA by CTA)
             }
         }
         if (s.failed) break;
-        all_done = next_launch == count;
+        all_done = s.next_launch == total;
         for (const auto& lp : s.launches) all_done &= lp->finished;
         if (all_done) break;
         if (finished) gather();
@@ -609,12 +639,28 @@ DFG_SIM_API int run_stream(const StreamItem* items, u32 count) {
         }
     }
     if (s.failed) g_last_error = s.error;
-    for (const auto& lp : s.launches) release(*lp);
-    for (void* stack : s.stacks) munmap(stack, kFiberStackBytes + 4096);
     g_launch = nullptr;
     g_stream = nullptr;
-    s.shadow.reset();
+    if (own) end_stream(s);
     return s.failed ? 1 : 0;
+}
+
+// Opens a stream that the runs until dfg_sim_stream_close append to (deep_fp8_gemm.simulator.stream()).
+DFG_SIM_API int open_stream() {
+    g_last_error.clear();
+    if (g_open_stream || g_stream) {
+        g_last_error = "a simulator stream is already open (streams do not nest)";
+        return 1;
+    }
+    g_open_stream = new Stream;
+    return 0;
+}
+
+DFG_SIM_API void close_stream() {
+    if (!g_open_stream) return;
+    end_stream(*g_open_stream);
+    delete g_open_stream;
+    g_open_stream = nullptr;
 }
 
 }  // namespace dfg::sim::detail

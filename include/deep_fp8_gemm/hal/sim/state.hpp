@@ -299,6 +299,9 @@ struct Launch {
     u32 index = 0, cta_base = 0, thread_base = 0;
     bool programmatic = false, started = false, finished = false;
     u32 start_done = 0;  // kernels of the stream wholly ordered before its threads start (hb.hpp)
+    // The kernel's library (hb.hpp, register_library): its base address and its number in pc site ids.
+    uintptr_t lib_base = 0;
+    u32 lib_bits = 0;
     // Residency (scheduler.hpp, admit_ctas): CTAs [0, admitted) have been made resident (threads created, in
     // cluster units), exited_ctas of them have exited; threads[cta * block_x + tid] is null before its CTA is.
     u32 admitted = 0, exited_ctas = 0;
@@ -323,6 +326,7 @@ struct Shadow;  // shadow.hpp
 // scheduled together; what a failure, the scheduler and the happens-before model need is here.
 struct Stream {
     std::vector<std::unique_ptr<Launch>> launches;
+    u32 next_launch = 0;  // the first launch not yet started
     ucontext_t scheduler;
     Thread* current = nullptr;
     bool failed = false;
@@ -340,8 +344,16 @@ struct Stream {
     u32 resident_threads = 0, max_resident_threads = kMaxResidentThreads;
 };
 
-inline Stream* g_stream = nullptr;
-inline Launch* g_launch = nullptr;  // the launch of the thread running (or of the work the scheduler does)
+// The emulation's state is one per process, in the runtime library every kernel library links (api.hpp): the
+// kernels' translation units (DFG_SIM_LINKED_RUNTIME) see these as external symbols of it, so a stream may run
+// kernels of several libraries (a quantiser, then a GEMM).
+#if defined(DFG_SIM_LINKED_RUNTIME)
+extern DFG_SIM_API Stream* g_stream;
+extern DFG_SIM_API Launch* g_launch;
+#else
+DFG_SIM_API Stream* g_stream = nullptr;
+DFG_SIM_API Launch* g_launch = nullptr;  // the launch of the thread running (or of the work the scheduler does)
+#endif
 inline std::string g_last_error;
 
 inline Stream& S() { return *g_stream; }
