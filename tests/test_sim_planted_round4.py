@@ -82,7 +82,7 @@ PLANTED = {
         "                        for (u32 i = 0; i < kMmaValues; ++i)\n"
         "                            scratch[i] = 0.5f * scratch[i];\n",
         SMALL,
-        r"kernels/fp8_gemm\.cuh:\d+.*: wgmma registers: this wgmma\.mma_async m64n64k32 uses d\[0\] \(the accumulator "
+        r"kernels/fp8_gemm\.cuh:\d+.*: wgmma registers: this wgmma\.mma_async m64n64k32 uses d\[\d+\] \(the accumulator "
         r"fragment d\[0\.\.31\]\), which this thread wrote at kernels/fp8_gemm\.cuh:\d+(?: <- \S+)* after its last wgmma\.fence "
         r"\(at kernels/fp8_gemm\.cuh:\d+\)",
     ),

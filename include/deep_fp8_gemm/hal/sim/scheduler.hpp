@@ -199,8 +199,9 @@ inline void release(Launch& l) {
 
 // The number of threads a stream may keep resident: kMaxResidentThreads, or fewer when the mappings the process
 // may still create (vm.max_map_count minus those it has, with a margin for the libraries and memory it maps while
-// the stream runs) do not allow two per fiber (its stack and its guard page).
-inline u32 resident_thread_limit() {
+// the stream runs) do not allow two per fiber (its stack and its guard page). `stacks` of those mappings are the
+// stream's own fiber stacks already mapped, which its resident threads reuse.
+inline u32 resident_thread_limit(size_t stacks) {
     long max_maps = 65530;  // Linux's default
     if (FILE* f = std::fopen("/proc/sys/vm/max_map_count", "r")) {
         if (std::fscanf(f, "%ld", &max_maps) != 1) max_maps = 65530;
@@ -213,8 +214,9 @@ inline u32 resident_thread_limit() {
             maps += std::count(buf, buf + n, '\n');
         std::fclose(f);
     }
-    const long room = (max_maps - maps - 4096) / 2;
-    return room < 0 ? 0u : room < long(kMaxResidentThreads) ? u32(room) : kMaxResidentThreads;
+    // At least 1, so that the limit is known (admit_ctas: one cluster is always admitted).
+    const long room = (max_maps - maps - 4096) / 2 + long(stacks);
+    return room < 1 ? 1u : room < long(kMaxResidentThreads) ? u32(room) : kMaxResidentThreads;
 }
 
 // A fiber stack from the stream's pool, or a new mapping with a guard page below it (an overflow faults instead of
@@ -298,7 +300,13 @@ inline bool admit_ctas(Stream& s) {
         g_launch = &l;
         const u32 cluster_threads = l.cfg.cluster_x * l.cfg.block_x;
         while (l.admitted < l.ctas.size()) {
-            if (s.resident_threads > 0 && s.resident_threads + cluster_threads > s.max_resident_threads) return any;
+            // NOTES: the mapping count is read (/proc/self/maps, ~1 ms) only once a stream grows past a few thousand
+            // resident threads; the simulator tests' launches mostly stay below.
+            if (s.max_resident_threads == 0 && s.resident_threads + cluster_threads > 4096)
+                s.max_resident_threads = resident_thread_limit(s.stacks.size());
+            if (s.resident_threads > 0 && s.max_resident_threads != 0 &&
+                s.resident_threads + cluster_threads > s.max_resident_threads)
+                return any;
             for (u32 c = l.admitted; c < l.admitted + l.cfg.cluster_x && !s.failed; ++c) admit_cta(l, c);
             if (s.failed) return any;
             l.admitted += l.cfg.cluster_x;
@@ -500,7 +508,7 @@ DFG_SIM_API int run_stream(const StreamItem* items, u32 count) {
         g_schedule = Schedule{};
         g_schedule.init(items[0].cfg);
         g_sites = Sites{};
-        s.max_resident_threads = resident_thread_limit();
+        s.max_resident_threads = 0;  // not known yet (admit_ctas)
     }
     for (u32 k = 0; k < count; ++k) {
         auto l = std::make_unique<Launch>();

@@ -171,27 +171,30 @@ struct StoreGroup {
     bool read_done = false;  // a wait_group.read covered it: its sources may be reused; its writes may be pending
 };
 
-// The registers of one thread that its wgmmas use as accumulator (D) or A fragment (wgmma_registers.hpp): one
-// record per 4-byte register of a window of the fiber stack that covers every fragment array the thread passed
-// to a wgmma (the kernels' fragment arrays are locals, so the instrumentation sees the thread's own accesses).
-enum class RegState : u8 { Idle, InFlight, Unfenced };
-enum class RegRole : u8 { None, Accumulator, A };
-struct OperandRegister {
-    RegRole role = RegRole::None;
-    RegState state = RegState::Idle;
-    bool access_write = false;  // the last access was a write
-    u16 index = 0;              // d[index] / a[index] of the wgmma that last used it
-    u16 n = 0;                  // that wgmma's N (for the report)
-    u32 access_fence = ~0u;     // the thread's wgmma.fence count at its last access of the register (~0: none)
-    u32 access_site = 0;        // site id of that access (hb.hpp)
-    u32 event_site = 0;         // InFlight: the issuing wgmma's site id; Unfenced: the retiring wgmma.wait_group's
-    u64 group = 0;              // InFlight: the wgmma group of the latest wgmma using it
+// The registers of one thread that its wgmmas use as accumulator (D) or A fragment (wgmma_registers.hpp): a window
+// of the fiber stack that covers every fragment array the thread passed to a wgmma (the kernels' fragment arrays are
+// locals, so the instrumentation sees the thread's own accesses), with per 4-byte register what the rules need of
+// each access, and the fragments themselves as ranges of it, whose state changes per wgmma in O(1).
+enum class RegRole : u8 { Accumulator, A };
+struct OperandRange {
+    u32 first, count;          // registers [first, first + count) of the window, as a wgmma took them
+    RegRole role;
+    u16 n = 0;                 // the latest wgmma's N (for reports)
+    bool in_flight = false;
+    u64 group = 0;             // in flight: the group of the latest wgmma using it
+    Site issue_site{}, retire_site{};  // that wgmma's call site; the wgmma.wait_group that retired it last
+    u32 touched_fence = ~0u;   // the thread's wgmma.fence count at its latest access of one of its registers
+    u32 touched_index = 0;     // that register (relative to first), the access's site id and kind
+    u32 touched_site = 0;
+    bool touched_write = false;
 };
 struct OperandRegisters {
-    uintptr_t lo = 0, hi = 0;  // the window [lo, hi) of the stack, 4-byte registers
-    std::vector<OperandRegister> regs;
-    u32 fences = 0;      // wgmma.fence executed by the thread
-    u32 fence_site = 0;  // site id of the last one
+    uintptr_t lo = 0, hi = 0;     // the window [lo, hi) of the stack, 4-byte registers
+    std::vector<u8> unfenced;     // per register: retired as an accumulator, not through hal::fence_operand since
+    std::vector<OperandRange> ranges;
+    u32 in_flight = 0;            // ranges in flight
+    u32 fences = 0;               // wgmma.fence executed by the thread
+    Site fence_site{};            // the last one's call site
 };
 
 struct Thread {
@@ -339,9 +342,10 @@ struct Stream {
     bool races = true;              // the happens-before checks of plain and atomic accesses (kFlagNoRaces)
     std::unique_ptr<Shadow> shadow;
     // Fiber stacks (scheduler.hpp): every stack mapped for the stream, those free for the next resident CTA, the
-    // threads resident now and the most there may be (kMaxResidentThreads, or what vm.max_map_count leaves).
+    // threads resident now and the most there may be (kMaxResidentThreads, or what vm.max_map_count leaves; 0 until
+    // the stream first needs to know).
     std::vector<void*> stacks, free_stacks;
-    u32 resident_threads = 0, max_resident_threads = kMaxResidentThreads;
+    u32 resident_threads = 0, max_resident_threads = 0;
 };
 
 // The emulation's state is one per process, in the runtime library every kernel library links (api.hpp): the
