@@ -5,11 +5,20 @@ The quantisers' grids are large (per_token_cast_to_fp8 on [128, 7168] is 224 CTA
 before the residency bound (hal/sim/scheduler.hpp, admit_ctas) every thread was a fiber at once, two mappings each,
 past vm.max_map_count, and the launch failed with "out of memory for fiber stacks" (in 1 of 3 fresh processes at
 [128, 7168], every time at 224+ CTAs). The GEMMs' 56 K blocks run through the real pipelines.
+
+Whether the old scheme failed depended on where the kernel placed each mapping (past the limit, mprotect failed
+silently and later stacks merged with their neighbours, guard pages lost), so the first two tests alone may pass
+without the bound; the third makes the bound visible: a grid of 229,376 threads in a process limited to 10 GiB of
+address space (RLIMIT_AS), which the old scheme's 260 KiB per thread at once (60 GB) could never fit.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -167,3 +176,24 @@ def test_one_gemm_of_every_kind_at_k_7168(monkeypatch):
         expected, got = _both(monkeypatch, call)
         assert not got.isnan().any(), kind
         assert dfg.calc_diff(got, expected) < 1e-3, (kind, dfg.calc_diff(got, expected))
+
+
+_BOUNDED = textwrap.dedent("""
+    import resource, sys, torch
+    resource.setrlimit(resource.RLIMIT_AS, (10 << 30, 10 << 30))
+    import deep_fp8_gemm as dfg
+    from deep_fp8_gemm import quant
+    x = torch.randn(512, 7168, generator=torch.Generator().manual_seed(9)).to(torch.bfloat16)
+    a, s = dfg.per_token_cast_to_fp8(x)  # DFG_SIMULATE=1: 896 CTAs x 256 threads
+    ra, rs = quant.per_token_cast_to_fp8_torch(x)
+    sys.exit(0 if torch.equal(a.view(torch.uint8), ra.view(torch.uint8)) and torch.equal(s, rs) else 3)
+""")
+
+
+def test_a_large_grid_runs_in_bounded_address_space():
+    """896 CTAs x 256 threads of the per-token quantiser in a process limited to 10 GiB of address space: the
+    simulator keeps at most 16384 threads resident and reuses their stacks (the old scheme mapped every fiber's 260
+    KiB at once, 60 GB here)."""
+    env = dict(os.environ, DFG_SIMULATE="1")
+    proc = subprocess.run([sys.executable, "-c", _BOUNDED], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
