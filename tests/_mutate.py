@@ -27,8 +27,8 @@ def mutated_headers(tmp_path: Path, monkeypatch, header: str, original: str, pla
 
 
 def _carry_simulator_runtime(mutated: Path, fresh: Path) -> None:
-    """The simulator's runtime object covers common.cuh and hal/ only (deep_fp8_gemm/simulator/build.py), which a
-    plant in a kernel header leaves as they are: the object the unmutated headers built (once per session, in
+    """The simulator's runtime library covers common.cuh and hal/ only (deep_fp8_gemm/simulator/build.py), which a
+    plant in a kernel header leaves as they are: the runtime the unmutated headers built (once per session, in
     the session's cache) serves the copy too, instead of ~12 s of g++ per planted test. Copied with its sidecar
     and the cache's modes; a plant in hal/ changes the key and gets its own."""
     from deep_fp8_gemm.simulator import build
@@ -43,7 +43,7 @@ def _carry_simulator_runtime(mutated: Path, fresh: Path) -> None:
     target = fresh / "sim"
     target.mkdir(parents=True, mode=0o700)
     os.chmod(fresh, 0o700)
-    for suffix in (".o", ".json", ".cpp"):
+    for suffix in (".so", ".json", ".cpp"):
         copy = target / entry.with_suffix(suffix).name
         shutil.copyfile(entry.with_suffix(suffix), copy)
         os.chmod(copy, 0o600)

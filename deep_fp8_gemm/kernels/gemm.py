@@ -231,7 +231,8 @@ def launch(cfg: GemmConfig, maps: Sequence[bytes], backend: Backend | str, devic
 
     ``Backend.CUDA``: the kernel loaded on ``device``'s GPU, on torch's current stream, ``cfg.grid_size`` CTAs.
     ``Backend.SIM``: the simulator build of the same source, with the register count of its sm_90a build (the
-    simulator accounts setmaxnreg against that pool, for every kind)."""
+    simulator accounts setmaxnreg against that pool, for every kind), a programmatic dependent launch under the PDL
+    flag as on the GPU (it matters inside ``deep_fp8_gemm.simulator.stream()``)."""
     backend = Backend(backend)
     checked_config(cfg)
     params = pack_params(maps, **fields)
@@ -240,7 +241,8 @@ def launch(cfg: GemmConfig, maps: Sequence[bytes], backend: Backend | str, devic
 
         registers = ptxas_registers(cfg.kernel_name(), render_source(cfg))
         sim_launch(cfg.kernel_name(), render_source(cfg, simulator=True), params, grid=cfg.grid_size,
-                   block=cfg.num_threads, cluster=cfg.cluster_size, smem_bytes=cfg.smem_bytes, registers=registers)
+                   block=cfg.num_threads, cluster=cfg.cluster_size, smem_bytes=cfg.smem_bytes, registers=registers,
+                   programmatic=PROCESS_SETTINGS.pdl)
     elif backend is Backend.CUDA:
         from ..runtime import driver, target
 

@@ -106,7 +106,7 @@ def build(num_groups: int, templates: tuple[bytes, bytes], a: torch.Tensor, b: t
         from ..simulator import launch as sim_launch
 
         sim_launch(kernel_name(), render_source(simulator=True), bytes(params), grid=grid, block=NUM_THREADS,
-                   cluster=1, smem_bytes=SMEM_BYTES)
+                   cluster=1, smem_bytes=SMEM_BYTES, programmatic=PROCESS_SETTINGS.pdl)
     elif backend is Backend.CUDA:
         from ..runtime import driver, target
 

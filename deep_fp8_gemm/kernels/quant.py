@@ -249,12 +249,13 @@ def launch_cuda(config: QuantKernelConfig, params, grid: int, device: torch.devi
 
 def launch_sim(config: QuantKernelConfig, params, grid: int, device: torch.device) -> None:
     """Launch ``config``'s kernel with ``params`` in the CPU simulator (CPU tensors): the quantisers' backend under
-    ``DFG_SIMULATE`` (``runtime.target.backend_of``)."""
+    ``DFG_SIMULATE`` (``runtime.target.backend_of``); a programmatic dependent launch under the PDL flag, as on the GPU
+    (it matters inside ``deep_fp8_gemm.simulator.stream()``)."""
     from ..simulator import launch as sim_launch
 
     name, source = render_source(config)
     sim_launch(name, source, bytes(params), grid=grid, block=config.num_threads, cluster=1,
-               smem_bytes=config.smem_bytes)
+               smem_bytes=config.smem_bytes, programmatic=PROCESS_SETTINGS.pdl)
 
 
 def launcher_for(backend) -> object:

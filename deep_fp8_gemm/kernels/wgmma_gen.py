@@ -35,3 +35,32 @@ def wgmma_fp8_wrapper(n: int) -> str:
         "};\n"
         "}  // namespace dfg::hal\n"
     )
+
+
+@functools.lru_cache(maxsize=None)
+def wgmma_fp8_rs_wrapper(n: int) -> str:
+    """C++ specialisation ``dfg::hal::WgmmaFp8RegA<n>``: ``wgmma.mma_async ... m64n{n}k32.f32.e4m3.e4m3`` with A from
+    four registers (the thread's A fragment, ``dfg::WgmmaFragmentA``) and B through its descriptor. Operand order and
+    PTX string as CuTe's ``MMA_64xNx32_F32E4M3E4M3_RS_TN`` (cute/arch/mma_sm90_gmma.hpp): scale-d a run-time
+    predicate, scale-a and scale-b the immediates 1 (an e4m3 register A takes no transpose immediate)."""
+    if n % 8 != 0 or not 8 <= n <= 256:
+        raise ValueError(f"e4m3 wgmma N must be a multiple of 8 in [8, 256], got {n=}")
+    num_regs = n // 2
+    d_list = ", ".join(f"%{i}" for i in range(num_regs))
+    a_list = ", ".join(f"%{num_regs + i}" for i in range(4))
+    outputs = ", ".join(f'"+f"(d[{i}])' for i in range(num_regs))
+    return (
+        "namespace dfg::hal {\n"
+        f"template <> struct WgmmaFp8RegA<{n}> {{\n"
+        "    DFG_DEVICE static void mma(const u32 (&a)[4], u64 desc_b, float* d, bool scale_d) {\n"
+        "        asm volatile(\n"
+        '            "{\\n.reg .pred p;\\n"\n'
+        f'            "setp.ne.b32 p, %{num_regs + 5}, 0;\\n"\n'
+        f'            "wgmma.mma_async.sync.aligned.m64n{n}k32.f32.e4m3.e4m3 "\n'
+        f'            "{{{d_list}}}, {{{a_list}}}, %{num_regs + 4}, p, 1, 1;\\n}}\\n"\n'
+        f"            : {outputs}\n"
+        '            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(static_cast<int>(scale_d)));\n'
+        "    }\n"
+        "};\n"
+        "}  // namespace dfg::hal\n"
+    )

@@ -3,12 +3,13 @@
 ``build_library`` compiles a rendered translation unit with g++ (``-DDFG_SIMULATOR``), ``pack_tensor_map``
 turns a ``TensorMapSpec`` into the 128 bytes a simulated kernel reads as its ``TensorMap``, ``launch`` runs a
 whole grid and ``launch_stream`` several kernels of one translation unit in stream order (programmatic dependent
-launches included); both raise :class:`SimulationError` with the simulator's report when anything goes wrong.
+launches included), ``stream`` joins every launch made inside it (of any kernel library: the ops' own sequence)
+into one stream; they raise :class:`SimulationError` with the simulator's report when anything goes wrong.
 """
 
 from .build import SimBuildError, build_library
 from .runner import (FLAG_EXACT_MMA, FLAG_NO_RACES, FLAG_ZERO_SMEM, LaunchConfig, SimulationError, StreamLaunch,
-                     launch, launch_stream, ptxas_registers)
+                     launch, launch_stream, ptxas_registers, stream)
 from .tensor_map_pack import TENSOR_MAP_BYTES, pack_tensor_map
 
 __all__ = [
@@ -25,4 +26,5 @@ __all__ = [
     "launch_stream",
     "pack_tensor_map",
     "ptxas_registers",
+    "stream",
 ]

@@ -2,22 +2,28 @@
 
 The translation unit is the very source NVRTC compiles for sm_90a; ``-DDFG_SIMULATOR`` makes
 ``deep_fp8_gemm/hal.cuh`` pick the CPU emulation (``hal/sim.hpp``). The emulation itself is compiled once per set
-of headers into an object (``dfg_sim_runtime_<key>.o``, :func:`open_runtime`) that every library links; a kernel's
-translation unit is compiled with ``-DDFG_SIM_LINKED_RUNTIME`` (it sees the emulation's declarations only, so it
-compiles its kernel and the hal's inline wrappers, not the whole simulator again) and with ``-fsanitize=thread``,
-which instruments every plain load and store of the kernel code with a call the emulation defines
-(``hal/sim/instrument.hpp``: the race detector's view of shared and global memory). Both are linked without the
-ThreadSanitizer runtime (``-z defs`` makes a hook the emulation lacks a build error); ``-g1`` gives ``addr2line``
-the line tables that name an access's call site in a report. Libraries and the runtime object are cached like
-cubins, in ``<cache>/sim/`` (:func:`library_dir`), each entry three files named ``<name>_<key[:24]>``:
+of headers into a shared library, the runtime (``dfg_sim_runtime_<key>.so``, :func:`open_runtime`, its soname the
+file's name), that every kernel library links dynamically: the emulation's state is then one per process, so one
+simulated stream can run kernels of several libraries (a quantiser, then a GEMM, as the ops launch them under PDL;
+:func:`.runner.stream`). A kernel's translation unit is compiled with ``-DDFG_SIM_LINKED_RUNTIME`` (it sees the
+emulation's declarations only, so it compiles its kernel and the hal's inline wrappers, not the whole simulator
+again) and with ``-fsanitize=thread``, which instruments every plain load and store of the kernel code with a call
+the runtime defines (``hal/sim/instrument.hpp``: the race detector's view of shared and global memory). Both are
+linked without the ThreadSanitizer runtime (``-z defs`` makes a hook the runtime lacks a build error); ``-g1`` gives
+``addr2line`` the line tables that name an access's call site in a report. The runtime exports only the
+emulation's interface (``DFG_SIM_API``, the hooks, the ``dfg_sim_*`` entry points; ``-fvisibility=hidden``, bound
+to itself with ``-Bsymbolic``); a kernel library's ``DT_NEEDED`` names it by soname, and the runner loads the
+verified runtime before any library that needs it, so the dynamic loader binds to that very file. Libraries and
+the runtime are cached like cubins, in ``<cache>/sim/`` (:func:`library_dir`), each entry three files named
+``<name>_<key[:24]>``:
 
 * ``.cpp``  — the source, kept beside the library: compiler messages (and debuggers) point into it;
-* ``.so`` (``.o``) — the library (the runtime object), built under a temporary name and renamed into place;
+* ``.so`` — the library (or the runtime), built under a temporary name and renamed into place;
 * ``.json`` — its sidecar (format, full key, size and sha256 of the library), written last, so a sidecar
   only ever exists next to the library it describes.
 
 The key is a SHA-256 over the source, every header under the include directory, the compiler's identity and
-the flags (a library's: its own and the runtime object's). A library is loaded only through :func:`open_library`: it opens the file relative to the checked
+the flags (a library's: its own and the runtime's). A library is loaded only through :func:`open_library`: it opens the file relative to the checked
 directory (never through a link), verifies it against its sidecar and hands out that descriptor, so what is
 loaded is the very file that was verified. A missing or mismatched sidecar is a miss: the entry is deleted
 under its lock (``.lock``, which also makes concurrent builders compile once) and rebuilt. The sidecar
@@ -50,10 +56,13 @@ CXX = "g++"
 RUNTIME_FLAGS = ("-std=c++17", "-O2", "-fPIC", "-fvisibility=hidden", "-DDFG_SIMULATOR", "-fno-threadsafe-statics")
 FLAGS = (*RUNTIME_FLAGS, "-DDFG_SIM_LINKED_RUNTIME", "-g1", "-fsanitize=thread", "--param=tsan-instrument-func-entry-exit=0")
 LINK_FLAGS = ("-shared", "-Wl,-z,defs", "-ldl")
+# The runtime: a shared library (its soname, -Wl,-soname,<entry>.so, is added per build) bound to its own definitions.
+RUNTIME_LINK_FLAGS = ("-shared", "-Wl,-z,defs", "-Wl,-Bsymbolic", "-ldl")
 RUNTIME_NAME = "dfg_sim_runtime"
 RUNTIME_SOURCE = "// The simulator's emulation (deep_fp8_gemm/simulator/build.py: open_runtime).\n#include <deep_fp8_gemm/hal/sim.hpp>\n"
-# Bump when the entry layout or the sidecar schema changes: old entries then simply miss.
-FORMAT_VERSION = 1
+# Bump when the entry layout or the sidecar schema changes: old entries then simply miss. 2: the runtime is a shared
+# library that kernel libraries link dynamically (it was an object file linked into each).
+FORMAT_VERSION = 2
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Entries and locks, and the temporaries of interrupted builds: what info and clear count as the cache's.
 _CACHE_FILE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*_[0-9a-f]{24}\.(so|o|json|cpp|lock)|\..*\.tmp)$")
@@ -81,17 +90,17 @@ def compiler_identity() -> str:
     return out.splitlines()[0].strip()
 
 
-# What the runtime object includes (hal/sim.hpp: common.cuh and hal/): a planted bug in a kernel header leaves it
+# What the runtime includes (hal/sim.hpp: common.cuh and hal/): a planted bug in a kernel header leaves it
 # as it is, so it is not compiled again for that.
 _RUNTIME_HEADERS = ("deep_fp8_gemm/common.cuh", "deep_fp8_gemm/hal/")
 
 
 def cache_key(source: str, include_dir: Path) -> str:
     """SHA-256 over everything that changes the library: source, headers, compiler, flags (the runtime's too).
-    The runtime object's key (its source is RUNTIME_SOURCE) covers only the headers it includes."""
+    The runtime's key (its source is RUNTIME_SOURCE) covers only the headers it includes."""
     h = hashlib.sha256()
     runtime = source == RUNTIME_SOURCE
-    flags = (RUNTIME_FLAGS,) if runtime else (FLAGS, LINK_FLAGS, RUNTIME_FLAGS)
+    flags = (RUNTIME_FLAGS, RUNTIME_LINK_FLAGS) if runtime else (FLAGS, LINK_FLAGS, RUNTIME_FLAGS, RUNTIME_LINK_FLAGS)
     for part in (source, compiler_identity(), *(" ".join(f) for f in flags)):
         h.update(part.encode())
         h.update(b"\0")
@@ -141,10 +150,18 @@ def open_library(source: str, name: str) -> Iterator[Library]:
 
 @contextlib.contextmanager
 def open_runtime() -> Iterator[Library]:
-    """The verified runtime object (the emulation, ``hal/sim.hpp`` without ``DFG_SIM_LINKED_RUNTIME``) of the
-    current headers, built if missing or damaged; every library links it (:func:`open_library` does)."""
-    with _entry(RUNTIME_SOURCE, RUNTIME_NAME, "o") as runtime:
+    """The verified runtime library (the emulation, ``hal/sim.hpp`` without ``DFG_SIM_LINKED_RUNTIME``) of the
+    current headers, built if missing or damaged; every library links it (:func:`open_library` does), and the runner
+    loads it first (:func:`runtime_soname` names it)."""
+    with _entry(RUNTIME_SOURCE, RUNTIME_NAME, "so") as runtime:
         yield runtime
+
+
+def runtime_soname(include_dir: Path | None = None) -> str:
+    """The soname of the runtime library of ``include_dir``'s headers (the current ones by default): the name a
+    kernel library's ``DT_NEEDED`` gives it."""
+    key = cache_key(RUNTIME_SOURCE, include_dir or paths.include_dir())
+    return f"{RUNTIME_NAME}_{key[:24]}.so"
 
 
 @contextlib.contextmanager
@@ -174,7 +191,7 @@ def build_library(source: str, name: str) -> Path:
 
 
 def _open_verified(d: cachedir.OpenDir, stem: str, key: str, kind: str, *, repair: bool = False) -> int | None:
-    """A descriptor of ``<stem>.<kind>`` (so: a library, o: the runtime object) if it matches its sidecar, else
+    """A descriptor of ``<stem>.<kind>`` (a library or the runtime) if it matches its sidecar, else
     None. With ``repair`` (call it only while holding the entry's lock) a mismatched entry, or one without a
     sidecar, is deleted."""
     try:
@@ -212,23 +229,26 @@ def _sha256(fd: int) -> str:
 
 
 def _build(d: cachedir.OpenDir, stem: str, name: str, source: str, include_dir: Path, key: str, kind: str) -> int:
-    """Compiles the entry ``stem`` and writes its sidecar; returns a descriptor of the file it verified. A library
-    (kind "so") is compiled instrumented and linked with the runtime object; the runtime object (kind "o") is
-    compiled only."""
+    """Compiles the entry ``stem`` and writes its sidecar; returns a descriptor of the file it verified. A kernel
+    library is compiled instrumented and linked against the runtime library; the runtime is compiled and linked as
+    a shared library whose soname is its entry's file name."""
     d.write_atomic(f"{stem}.cpp", source.encode())
     tmp = d.temp_name(f"{stem}.{kind}")
     obj = d.temp_name(f"{stem}.o")
     try:
         # The compiler gets the checked, resolved directory: nobody else can swap a link on its way. A library is
         # compiled and linked in two steps (one g++ call with -fsanitize=thread would link libtsan); the linker
-        # reads the verified runtime object through this process's descriptor of it.
+        # reads the verified runtime library through this process's descriptor of it.
         cpp = os.path.join(d.real, f"{stem}.cpp")
-        if kind == "o":
-            steps = [("compile", [CXX, *RUNTIME_FLAGS, f"-I{include_dir}", "-c", cpp, "-o", os.path.join(d.real, tmp)])]
+        runtime_build = source == RUNTIME_SOURCE
+        if runtime_build:
+            steps = [("compile", [CXX, *RUNTIME_FLAGS, f"-I{include_dir}", "-c", cpp, "-o", os.path.join(d.real, obj)]),
+                     ("link", [CXX, *RUNTIME_LINK_FLAGS, f"-Wl,-soname,{stem}.{kind}", os.path.join(d.real, obj),
+                               "-o", os.path.join(d.real, tmp)])]
         else:
             steps = [("compile", [CXX, *FLAGS, f"-I{include_dir}", "-c", cpp, "-o", os.path.join(d.real, obj)])]
         with contextlib.ExitStack() as stack:
-            if kind == "so":
+            if not runtime_build:
                 runtime = stack.enter_context(open_runtime())
                 steps.append(("link", [CXX, *LINK_FLAGS, os.path.join(d.real, obj), f"/proc/{os.getpid()}/fd/{runtime.fd}",
                                        "-o", os.path.join(d.real, tmp)]))

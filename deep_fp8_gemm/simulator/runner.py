@@ -4,20 +4,24 @@
 programmatic dependent launch may start before its predecessor ends, as with PDL on the GPU). Both go through
 ``extern "C" int dfg_sim_run_stream(const dfg::sim::StreamItem*, u32)`` with the kernels' descriptions from
 ``<name>_sim_kernel()`` (``DFG_DEFINE_KERNEL`` in ``include/deep_fp8_gemm/hal/sim.hpp``); :class:`LaunchConfig`
-and :class:`StreamItem` mirror the C++ structs byte for byte.
+and :class:`StreamItem` mirror the C++ structs byte for byte. Inside ``with stream():`` every launch, of any kernel
+library, joins one simulated stream, and a launch made with ``programmatic=True`` (the ops pass the PDL flag,
+:func:`deep_fp8_gemm.set_pdl`) is a programmatic dependent launch of the one before it: the ops' own launch
+sequence under PDL.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from .. import env
 from ..runtime import paths
-from .build import cache_key, open_library
+from .build import RUNTIME_SOURCE, cache_key, open_library, open_runtime
 
 # Fill shared memory with zeros instead of the 0xFF poison (dfg::sim::kFlagZeroSmem).
 FLAG_ZERO_SMEM = 1
@@ -90,30 +94,51 @@ class StreamLaunch:
     programmatic: bool = False
 
 
-_LIBRARIES: dict[tuple[str, str], ctypes.CDLL] = {}  # by (kernel name, build key)
+_LIBRARIES: dict[tuple[str, str], tuple[ctypes.CDLL, str]] = {}  # (kernel name, build key) -> (library, runtime key)
+_RUNTIMES: dict[str, ctypes.CDLL] = {}  # by the runtime's build key
+_OPEN: list = []  # the open stream (stream()): [its runtime key, launches so far]; empty when none is
 
 
-def _load(source: str, name: str) -> ctypes.CDLL:
-    """The library of ``source``, loaded once per process and build key.
+def _runtime() -> tuple[ctypes.CDLL, str]:
+    """The runtime library of the current headers (the emulation and its state, one per process and headers), loaded
+    once: before any kernel library that links it, whose ``DT_NEEDED`` names its soname (the dynamic loader then
+    binds to this loaded file, never searches the disk for it). Its entry points are set up here."""
+    key = cache_key(RUNTIME_SOURCE, paths.include_dir())
+    runtime = _RUNTIMES.get(key)
+    if runtime is None:
+        with open_runtime() as library:
+            fd = os.dup(library.fd)
+        runtime = ctypes.CDLL(f"/proc/self/fd/{fd}")  # RTLD_LOCAL, and its soname is matched by the kernel libraries
+        runtime.dfg_sim_last_error.restype = ctypes.c_char_p
+        runtime.dfg_sim_last_error.argtypes = []
+        runtime.dfg_sim_run_stream.restype = ctypes.c_int
+        runtime.dfg_sim_run_stream.argtypes = [ctypes.POINTER(StreamItem), ctypes.c_uint32]
+        runtime.dfg_sim_stream_open.restype = ctypes.c_int
+        runtime.dfg_sim_stream_open.argtypes = []
+        runtime.dfg_sim_stream_close.restype = None
+        runtime.dfg_sim_stream_close.argtypes = []
+        _RUNTIMES[key] = runtime
+    return runtime, key
+
+
+def _load(source: str, name: str) -> tuple[ctypes.CDLL, str]:
+    """The library of ``source``, loaded once per process and build key, and the key of the runtime it links.
 
     ``dlopen`` opens the very file :func:`.build.open_library` verified, through a duplicate of its
     descriptor (``/proc/self/fd/N``), so nothing can be swapped in between the check and the load. That
     duplicate stays open for the life of the process (as the library stays mapped): glibc recognises a
     loaded library by the name it was opened under, so ``/proc/self/fd/N`` must never come back naming
-    another file.
+    another file. The runtime it links is loaded first (:func:`_runtime`).
     """
     key = (name, cache_key(source, paths.include_dir()))
-    lib = _LIBRARIES.get(key)
-    if lib is None:
+    entry = _LIBRARIES.get(key)
+    if entry is None:
+        _, runtime_key = _runtime()
         with open_library(source, name) as library:
             fd = os.dup(library.fd)
         lib = ctypes.CDLL(f"/proc/self/fd/{fd}")  # RTLD_LOCAL: libraries never resolve symbols against each other
-        lib.dfg_sim_last_error.restype = ctypes.c_char_p
-        lib.dfg_sim_last_error.argtypes = []
-        lib.dfg_sim_run_stream.restype = ctypes.c_int
-        lib.dfg_sim_run_stream.argtypes = [ctypes.POINTER(StreamItem), ctypes.c_uint32]
-        _LIBRARIES[key] = lib
-    return lib
+        entry = _LIBRARIES[key] = (lib, runtime_key)
+    return entry
 
 
 def _kernel_info(lib: ctypes.CDLL, name: str) -> int:
@@ -172,6 +197,7 @@ def launch(
     flags: int = 0,
     registers: int = 0,
     seed: int | None = None,
+    programmatic: bool = False,
 ) -> None:
     """Builds (cached) and runs kernel ``name`` of the translation unit ``source`` on the CPU.
 
@@ -185,13 +211,18 @@ def launch(
     (0 = unknown: the pool is sized by ``__launch_bounds__``); the simulator accounts ``setmaxnreg`` against
     that per-CTA pool. ``seed``: the schedule (0 = round-robin; others seeded adversarial schedules; None =
     ``DFG_SIM_SEED``, default 0). ``DFG_SIM_EXACT_MMA=1`` adds :data:`FLAG_EXACT_MMA` (exact fp32 wgmma),
-    ``DFG_SIM_RACES=0`` :data:`FLAG_NO_RACES` (no race detection).
+    ``DFG_SIM_RACES=0`` :data:`FLAG_NO_RACES` (no race detection). Inside ``with stream():`` the launch joins the
+    open stream, and ``programmatic`` (the PDL flag the ops pass) makes it a programmatic dependent launch of the
+    stream's previous launch; outside one it has no predecessor and runs as a plain launch (as the first kernel of a
+    CUDA stream does).
 
     Raises:
         SimBuildError: the translation unit did not compile.
         SimulationError: the launch failed; the message is the simulator's report.
     """
-    one = StreamLaunch(name, params, grid, block, cluster, smem_bytes, registers, flags)
+    # A PDL launch depends on the stream's previous launch: there is none outside an open stream, or at its start.
+    dependent = programmatic and bool(_OPEN) and _OPEN[1] > 0
+    one = StreamLaunch(name, params, grid, block, cluster, smem_bytes, registers, flags, dependent)
     launch_stream(source, [one], timeout_s=timeout_s, max_steps=max_steps, seed=seed)
 
 
@@ -220,7 +251,11 @@ def launch_stream(source: str, launches: Sequence[StreamLaunch], *, timeout_s: f
         raise ValueError(f"seed must be in [0, 2**64), got {seed}")
     if timeout_s is None:
         timeout_s = env.sim_timeout_seconds()
-    lib = _load(source, launches[0].name)
+    lib, runtime_key = _load(source, launches[0].name)
+    if _OPEN and _OPEN[0] != runtime_key:
+        raise ValueError(f"kernel {launches[0].name!r} links the simulator runtime of other headers than the open "
+                         "stream's (the headers changed inside `with stream():`)")
+    runtime = _RUNTIMES[runtime_key]
     items = (StreamItem * len(launches))()
     buffers = []  # the aligned parameter copies, alive until the stream ran
     for item, spec in zip(items, launches):
@@ -234,7 +269,37 @@ def launch_stream(source: str, launches: Sequence[StreamLaunch], *, timeout_s: f
                                 _stream_flags(spec.flags), spec.registers, seed)
         item.programmatic = int(spec.programmatic)
     with _LAUNCH_LOCK:
-        status = lib.dfg_sim_run_stream(items, len(launches))
-        report = lib.dfg_sim_last_error().decode(errors="replace") if status != 0 else ""
+        status = runtime.dfg_sim_run_stream(items, len(launches))
+        report = runtime.dfg_sim_last_error().decode(errors="replace") if status != 0 else ""
+        if _OPEN:
+            _OPEN[1] += len(launches)
     if status != 0:
         raise SimulationError(report)
+
+
+@contextlib.contextmanager
+def stream() -> Iterator[None]:
+    """Every simulated launch made inside the block, of any kernel library (a quantiser, then a GEMM, as the ops
+    launch them), joins one stream: each is ordered after the one before it by the kernel boundary, or, when
+    launched ``programmatic`` (what the ops do under :func:`deep_fp8_gemm.set_pdl`), only by
+    ``griddepcontrol.wait``, as a programmatic dependent launch (PDL) is on the GPU. Each launch still runs to its end
+    before its call returns (the ops' results are there as usual), but the race detector keeps the whole stream's
+    accesses: a kernel that touches its predecessor's memory before its ``griddepcontrol.wait``, or one that never
+    waits, is reported as ``pdl`` (README, "CPU simulator"). Host work between two launches of the block (a torch op
+    writing a tensor a kernel reads) is not seen: on the GPU it would be a kernel of its own between them, so keep
+    the block to back-to-back launches. Streams do not nest; a failed launch fails the rest of the block's launches.
+
+    Raises:
+        SimulationError: a stream is already open.
+    """
+    runtime, key = _runtime()
+    with _LAUNCH_LOCK:
+        if _OPEN or runtime.dfg_sim_stream_open() != 0:
+            raise SimulationError("a simulator stream is already open (streams do not nest)")
+        _OPEN[:] = [key, 0]
+    try:
+        yield
+    finally:
+        with _LAUNCH_LOCK:
+            _OPEN.clear()
+            runtime.dfg_sim_stream_close()

@@ -55,4 +55,17 @@ struct WgmmaFragment {
     DFG_HOST_DEVICE static constexpr u32 col(u32 lane, u32 i) { return 8 * (i / 4) + 2 * (lane % 4) + i % 2; }
 };
 
+// Register A fragment of wgmma m64nNk32 with e4m3 A (PTX ISA figure "WGMMA .m64nNk32 register fragment layout for
+// matrix A"; CuTe ALayout_64x32, "Register source layout for 8-bit value types"): thread t (warp w = t / 32 in the
+// warpgroup, lane l) holds four .b32 registers a[0..3] of four e4m3 each; byte b (bits 8b..8b+7) of a[j] is
+//   row = 16 w + l / 4 + 8 (j % 2),   k = 4 (l % 4) + b + 16 (j / 2).
+// What a kernel that forms A in registers (WgmmaFp8RegA: weights converted to e4m3 on the CUDA cores) must write;
+// tests/test_sim_register_a.py checks it against CuTe's layout and the simulator's.
+struct WgmmaFragmentA {
+    static constexpr u32 kRegisters = 4;
+    static constexpr u32 kBytesPerRegister = 4;
+    DFG_HOST_DEVICE static constexpr u32 row(u32 warp, u32 lane, u32 j) { return 16 * warp + lane / 4 + 8 * (j % 2); }
+    DFG_HOST_DEVICE static constexpr u32 k(u32 lane, u32 j, u32 b) { return 4 * (lane % 4) + b + 16 * (j / 2); }
+};
+
 }  // namespace dfg

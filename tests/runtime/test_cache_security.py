@@ -36,8 +36,8 @@ REFUSED = r"(?s)will not use the JIT cache directory .*DFG_JIT_CACHE_DIR"
 # ---------------------------------------------------------------------------------------- helpers
 def _tiny_source(name: str) -> str:
     """A translation unit with the kernel entry a simulator library exports, a kernel whose threads do nothing
-    (builds in well under a second: it includes no simulator headers; the build links the simulator's runtime
-    object, which brings dfg_sim_run_stream and dfg_sim_last_error)."""
+    (builds in well under a second: it includes no simulator headers; it links the simulator's runtime library,
+    which has dfg_sim_run_stream and dfg_sim_last_error)."""
     return textwrap.dedent(f"""
         struct KernelInfo {{ void (*body)(const void*); unsigned max_threads, reserved; unsigned long long params_bytes; }};
         static void body(const void*) {{}}
@@ -64,11 +64,11 @@ def _next_library(cache_dir: Path, name: str, source: str) -> Path:
 
 
 def _entry_files(cache_dir: Path, library: Path) -> list[str]:
-    """The files a built library leaves in the cache: its entry's and those of the runtime object it links."""
+    """The files a built library leaves in the cache: its entry's and those of the runtime library it links."""
     key = build.cache_key(build.RUNTIME_SOURCE, paths.include_dir())
-    runtime = cache_dir / "sim" / f"{build.RUNTIME_NAME}_{key[:24]}.o"
+    runtime = cache_dir / "sim" / f"{build.RUNTIME_NAME}_{key[:24]}.so"
     return sorted([library.with_suffix(s).name for s in (".cpp", ".json", ".lock", ".so")] +
-                  [runtime.with_suffix(s).name for s in (".cpp", ".json", ".lock", ".o")])
+                  [runtime.with_suffix(s).name for s in (".cpp", ".json", ".lock", ".so")])
 
 
 def _plant(path: Path, name: str, marker: Path) -> Path:
@@ -349,7 +349,7 @@ def test_checks_run_once_per_process_and_directory(sim_cache, monkeypatch):
     cache.clear_memory_cache()
     compile_kernel("dfg_test_sec_once", probe_source("dfg_test_sec_once"))  # a disk hit
     assert sorted(walks) == sorted(os.path.realpath(p) for p in (sim_cache, sim_cache / "sim")), walks
-    # the builds' own checksums (the runtime object's, then the library's): the launch loads the descriptor it hashed
+    # the builds' own checksums (the runtime's, then the library's): the launch loads the descriptor it hashed
     assert len(hashes) == 2
 
 
@@ -374,8 +374,9 @@ def test_concurrent_processes_share_a_private_library_cache(sim_cache, tmp_path)
     sync, bin_dir, builds = tmp_path / "sync", tmp_path / "bin", tmp_path / "builds"
     sync.mkdir()
     bin_dir.mkdir()
-    wrapper = bin_dir / "g++"  # counts library builds, then runs the real compiler
-    wrapper.write_text(f'#!/bin/sh\ncase " $* " in *" -shared "*) echo built >> "{builds}";; esac\n'
+    wrapper = bin_dir / "g++"  # counts the links of the runtime (its soname) and of libraries, then runs g++
+    wrapper.write_text(f'#!/bin/sh\ncase " $* " in *" -Wl,-soname,"*) echo runtime >> "{builds}";;\n'
+                       f'  *" -shared "*) echo built >> "{builds}";; esac\n'
                        f'exec {shutil.which("g++")} "$@"\n')
     wrapper.chmod(0o755)
     env = subprocess_env(DFG_JIT_CACHE_DIR=str(sim_cache), PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
@@ -389,7 +390,7 @@ def test_concurrent_processes_share_a_private_library_cache(sim_cache, tmp_path)
     (sync / "go").touch()
     errors = [p.communicate(timeout=120)[1] for p in procs]
     assert all(p.returncode == 0 for p in procs), errors
-    assert builds.read_text().split() == ["built"]
+    assert sorted(builds.read_text().split()) == ["built", "runtime"]
     entry = _next_library(sim_cache, name, source)
     assert sorted(p.name for p in (sim_cache / "sim").iterdir()) == _entry_files(sim_cache, entry)  # no temporaries
     assert set(_modes(sim_cache).values()) == {"dir 0700", "file 0600"}

@@ -31,6 +31,7 @@ DFG_DEVICE void run(const Params& p) {
     for (u32 k = 0; k < p.num_k; ++k) hal::WgmmaFp8<kN>::mma(p.desc_a[k], p.desc_b[k], acc, k > 0);
     hal::wgmma_commit();
     hal::wgmma_wait<0>();
+    for (u32 i = 0; i < kN / 2; ++i) hal::fence_operand(acc[i]);  // the register fence after the wait
     for (u32 i = 0; i < kN / 2; ++i) p.out[hal::thread_idx() * (kN / 2) + i] = acc[i];
 }
 

@@ -81,6 +81,7 @@ DFG_DEVICE void run(const Params& p) {
             if (hal::thread_idx() % 128 == 0) hal::mbar_arrive(empty + s);
         }
         float* out = p.out + ((hal::block_idx() * 2 + wg) * 128 + hal::thread_idx() % 128) * (kBlockN / 2);
+        for (u32 i = 0; i < kBlockN / 2; ++i) hal::fence_operand(acc[i]);  // the register fence after the wait
         for (u32 i = 0; i < kBlockN / 2; ++i) out[i] = acc[i];
     }
 }

@@ -12,15 +12,23 @@
 //     a warp rendezvous, setmaxnreg, griddepcontrol.wait) or returns. Any other seed (LaunchConfig::seed,
 //     DFG_SIM_SEED) gives a seeded adversarial schedule (sim/schedule.hpp). The interleaving is deterministic
 //     for a seed.
-//   * A run is a stream of launches of this library's kernels (dfg_sim_run_stream; one for NAME_sim): each
-//     starts after the previous one ended, a programmatic dependent launch (PDL) as soon as every CTA of the
-//     previous one executed griddepcontrol.launch_dependents or exited, its fibers then scheduled together with
-//     the previous launch's.
+//   * A run is a stream of launches (dfg_sim_run_stream; one for NAME_sim): each starts after the previous one
+//     ended, a programmatic dependent launch (PDL) as soon as every CTA of the previous one executed
+//     griddepcontrol.launch_dependents or exited, its fibers then scheduled together with the previous launch's.
+//     Between dfg_sim_stream_open and _close, runs append to one stream (deep_fp8_gemm.simulator.stream(): the ops'
+//     own launch sequence), of any kernel library: the emulation and its state live in one runtime library per set
+//     of headers that every kernel library links (sim/api.hpp). Each run still ends with its launches; a PDL launch
+//     of a later run is ordered after its predecessor only by griddepcontrol.wait (the race detector keeps the
+//     stream's accesses across runs), though it no longer overlaps it in time.
+//   * At most kMaxResidentThreads threads (fewer if vm.max_map_count requires) are resident at once: further CTAs
+//     start as resident ones exit, as on a GPU's SMs (sim/state.hpp).
 //   * A blocked fiber is resumed only once its wait condition holds; when a whole scheduling pass resumes
 //     nothing, the launch is deadlocked and the report lists who waits on what (see deadlock_report).
 //   * TMA loads are checked at issue and land (copy + complete-tx) at the end of the scheduling pass, so a
-//     thread that reads a stage without waiting for its barrier sees stale or poisoned bytes. TMA stores
-//     write global memory at issue and keep a copy of their source for tma_store_wait_*. wgmma groups
+//     thread that reads a stage without waiting for its barrier sees stale or poisoned bytes. cp.async copies
+//     land at the end of a pass too, and their cp.async.mbarrier.arrive fires once they all have (sim/cp_async.hpp).
+//     TMA stores keep a copy of their source for tma_store_wait_* and write global memory when their bulk group
+//     completes (a cp.async.bulk.wait_group without .read covering it, or the thread's exit). wgmma groups
 //     execute lazily at wgmma_wait (all committed groups but the newest N), so reading accumulators before
 //     the wait sees stale values, and a TMA write into shared memory that an unwaited wgmma still reads is
 //     caught as an error.
@@ -52,6 +60,12 @@
 //                    with both threads and both call sites; only through a relaxed atomic: `relaxed`; only
 //                    through a release / acquire whose scope does not include the other thread (or two atomics
 //                    whose scopes do not include each other): `scope`
+//       wgmma registers  a thread's access to the accumulator or register A fragment of its own wgmma between the
+//                    issue and the wgmma.wait_group that retires it; a register a wgmma uses that the thread accessed
+//                    after its last wgmma.fence; an accumulator touched after the retiring wait without the register
+//                    fence (hal::fence_operand) (sim/wgmma_registers.hpp)
+//       misaligned   a plain access the compiler emitted as naturally aligned (N-byte vector) at an address that is
+//                    not (sim/instrument.hpp)
 //       pdl          an access of a programmatic dependent launch, before its griddepcontrol.wait, that
 //                    conflicts with one of the previous kernel (either way round); a CTA of one exiting with
 //                    no thread having executed the wait (the next kernel's wait would no longer cover the one
@@ -93,17 +107,21 @@
 //   * The async proxy at 16-byte granularity: TMA accesses keep the last async write and the last async read per
 //     granule; async accesses to shared memory are checked against plain ones only (not against each other:
 //     the wgmma-window and landing checks cover those); a TMA load's global read counts at its issue, a TMA
-//     store's global write as done at its issue (not at cp.async.bulk.wait_group); a TMA load's smem write is
+//     store's global write at its group's completion by the issuing thread's clock there; a TMA load's smem write is
 //     ordered after its issuer's accesses before the issue, and before a waiter of the phase it completes
 //     (also when a later release of the issuer reached the reader first).
 //   * mbarrier arrive / wait always have their default .release.cta / .acquire.cta semantics (the hal has no
-//     other forms); .sys is .gpu; all kernels of a stream are one GPU. cp.async copies at once (ordered before
-//     its arrive by construction). ld.global.nc is checked as a plain load (that nothing writes the data during
-//     the kernel is implied by ordering, not checked on its own).
-//   * Streams run kernels of one translation unit (one library); across libraries (a quantiser, then a GEMM)
-//     there is no stream yet. Host work between two runs is ordered before and after both.
+//     other forms); .sys is .gpu; all kernels of a stream are one GPU. A cp.async reads its source at the issue;
+//     cp.async.wait_group is not in the hal (the kernels track copies with cp.async.mbarrier.arrive).
+//     ld.global.nc is checked as a plain load (that nothing writes the data during the kernel is implied by
+//     ordering, not checked on its own).
+//   * Host work between two runs is ordered before and after both (also in an open stream, where on the GPU a
+//     torch kernel between two of ours would break the PDL chain: the simulator does not see it).
 //   * The register count of the code between setmaxnreg calls is not known: only wgmma accumulator
 //     fragments count as live; registers of exited warps are not returned to the pool.
+//   * wgmma operand registers are tracked from a thread's first wgmma of a fragment on (an access before it is not
+//     attributed), and only accesses the compiler left in memory are seen (the fragments are locals whose address
+//     the hal takes, so all of them are in the simulator build).
 //   * The tensor-core model is ours (group of 16 products, 13 aligned bits, truncation), fitted to the
 //     published facts, not proven bit-exact; bf16 / fp16 wgmma and other shapes do not exist here.
 //   * Timing, bank conflicts, L2 promotion, TMA prefetch and the cost of anything are not modelled.
@@ -132,6 +150,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cerrno>
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
@@ -143,10 +162,13 @@
 #include <vector>
 
 #define DFG_SIM_EXPORT extern "C" __attribute__((visibility("default")))
+// The emulation's functions and state: exported by the runtime library (simulator/build.py) and bound by every
+// kernel library that links it (sim/api.hpp).
+#define DFG_SIM_API __attribute__((visibility("default")))
 
 // The emulation, one concern per file (each opens the namespaces it needs): the state and what the hal calls
-// always; the rest only where it is compiled (sim/api.hpp: once per set of headers, into the object every kernel
-// library links; or here, without DFG_SIM_LINKED_RUNTIME). That object's cache key covers common.cuh and hal/
+// always; the rest only where it is compiled (sim/api.hpp: once per set of headers, into the runtime library every
+// kernel library links; or here, without DFG_SIM_LINKED_RUNTIME). The runtime's cache key covers common.cuh and hal/
 // only (deep_fp8_gemm/simulator/build.py): nothing here may include another header of the library.
 #include "sim/abi.hpp"
 #include "sim/clocks.hpp"
@@ -164,8 +186,10 @@
 #include "sim/cluster.hpp"
 #include "sim/barriers.hpp"
 #include "sim/memory.hpp"
+#include "sim/cp_async.hpp"
 #include "sim/tma.hpp"
 #include "sim/wgmma.hpp"
+#include "sim/wgmma_registers.hpp"
 #include "sim/threads.hpp"
 #include "sim/instrument.hpp"
 #include "sim/scheduler.hpp"
@@ -397,14 +421,16 @@ inline void launch_dependents(DFG_SIM_SITE) {
 }
 
 // ---------------------------------------------------------------- cp.async (PTX ISA "cp.async")
-// The copy happens at once (the emulation copies synchronously), so the arrive that tracks it may too.
+// The copy completes later, on its own (sim/cp_async.hpp): its bytes land in shared memory at the end of a
+// scheduling pass, and only cp_async_mbar_arrive's arrive-on, which fires once every earlier copy of this thread
+// landed, orders them before a waiter of the barrier.
 inline void cp_async_4(void* smem_dst, const void* gmem_src, DFG_SIM_SITE) {
     DFG_SIM_ENTER;
     sd::cp_async_copy(smem_dst, gmem_src, 4);
 }
 inline void cp_async_mbar_arrive(u64* bar, DFG_SIM_SITE) {
     DFG_SIM_ENTER;
-    sd::mbarrier_arrive(sd::me().cta, sd::mbarrier_offset(bar, "cp_async_mbar_arrive"), 0, "cp_async_mbar_arrive");
+    sd::cp_async_arrive(bar);
 }
 
 // ---------------------------------------------------------------- TMA (PTX ISA "cp.async.bulk.tensor"), rank 3
@@ -454,8 +480,9 @@ inline void tma_load_3d_multicast(void* dst, const TensorMap* map, u64* bar, u16
     sd::tma_load(dst, map, bar, cta_mask, true, c0, c1, c2, "tma_load_3d_multicast");
 }
 
-// Writes global memory at issue (in-bounds elements only) and keeps a copy of the smem source, which
-// tma_store_wait_read / _all compare against: overwriting the source before the wait is reported.
+// Keeps a copy of the smem source, which tma_store_wait_read / _all compare against (overwriting the source before
+// the wait is reported), and writes global memory (in-bounds elements only) when its bulk group completes: at a
+// tma_store_wait_all covering it, or at the thread's exit (sim/threads.hpp).
 inline void tma_store_3d(const TensorMap* map, const void* src, i32 c0, i32 c1, i32 c2, DFG_SIM_SITE) {
     DFG_SIM_ENTER;
     sd::tma_store(map, src, c0, c1, c2);
@@ -465,14 +492,16 @@ inline void tma_store_commit(DFG_SIM_SITE) {
     DFG_SIM_ENTER;
     sd::tma_store_commit();
 }
+// .read: the sources of all but the newest N groups have been read (their global writes may still be pending).
 template <int N>
 inline void tma_store_wait_read(DFG_SIM_SITE) {
     DFG_SIM_ENTER;
-    sd::tma_store_wait_read(N);
+    sd::tma_store_wait(N, false);
 }
+// Without .read: every committed group is complete, its writes made and visible to this thread.
 inline void tma_store_wait_all(DFG_SIM_SITE) {
     DFG_SIM_ENTER;
-    sd::tma_store_wait_read(0);
+    sd::tma_store_wait(0, true);
 }
 
 // ---------------------------------------------------------------- wgmma (PTX ISA "wgmma", warpgroup-collective)
@@ -495,7 +524,13 @@ inline void wgmma_wait(DFG_SIM_SITE) {
     DFG_SIM_ENTER;
     sd::wgmma_wait(N);
 }
-inline void fence_operand(float&) {}  // registers only: nothing to guard
+// The register fence of ptx.cuh (an empty asm with `reg` as "+f" / "+r" operand): a compiler-ordering point for one
+// register. Recorded for the wgmma registers' rule (sim/wgmma_registers.hpp): after the wgmma.wait_group that
+// retires a wgmma, the thread must pass each accumulator register through it before touching it.
+// NOTES: no DFG_SIM_HAL guard: the wrapper itself touches no memory (it passes an address), and the runtime it calls
+// is not instrumented, so the guard's two calls would only add to a call the K loops make per accumulator register.
+inline void fence_operand(float& reg) { sd::register_fence(&reg); }
+inline void fence_operand(u32& reg) { sd::register_fence(&reg); }
 
 // D[64 x N] (+)= A[64 x 32] . B[N x 32]^T, e4m3 from shared memory through descriptors, f32 accumulators;
 // `d` is this thread's fragment of N/2 floats (PTX ISA "Register Fragments", D of .m64nNk32). The operands
@@ -506,6 +541,20 @@ struct WgmmaFp8 {
     static void mma(u64 desc_a, u64 desc_b, float* d, bool scale_d, DFG_SIM_SITE) {
         DFG_SIM_ENTER;
         sd::wgmma_issue(N, desc_a, desc_b, d, scale_d);
+    }
+};
+
+// D[64 x N] (+)= A[64 x 32] . B[N x 32]^T with A from registers: `a` is this thread's A fragment, four .b32 registers
+// of four e4m3 each in the layout of WgmmaFragmentA (mma.cuh; PTX ISA figure "WGMMA .m64nNk32 register fragment
+// layout for matrix A"), B from shared memory through its descriptor, `d` as for WgmmaFp8. The fragments are read
+// at issue and must stay unchanged, as the accumulators, until the wgmma_wait that retires the group
+// (sim/wgmma_registers.hpp); the product goes through the same tensor-core model as WgmmaFp8's.
+template <int N>
+struct WgmmaFp8RegA {
+    static_assert(N % 8 == 0 && N >= 8 && N <= 256, "wgmma .m64nNk32 needs N in 8..256, a multiple of 8");
+    static void mma(const u32 (&a)[4], u64 desc_b, float* d, bool scale_d, DFG_SIM_SITE) {
+        DFG_SIM_ENTER;
+        sd::wgmma_issue_rs(N, a, desc_b, d, scale_d);
     }
 };
 
@@ -618,6 +667,13 @@ DFG_SIM_EXPORT const char* dfg_sim_last_error() { return dfg::sim::detail::g_las
 DFG_SIM_EXPORT int dfg_sim_run_stream(const dfg::sim::StreamItem* items, dfg::u32 count) {
     return dfg::sim::detail::run_stream(items, count);
 }
+
+// Opens a stream that later dfg_sim_run_stream calls append their launches to, of any kernel library that links this
+// runtime (a quantiser, then a GEMM), until dfg_sim_stream_close; returns nonzero (dfg_sim_last_error) when one is
+// already open. A launch appended with `programmatic` set is a programmatic dependent launch of the stream's previous
+// launch, also when that one ran in an earlier call (deep_fp8_gemm.simulator.stream()).
+DFG_SIM_EXPORT int dfg_sim_stream_open() { return dfg::sim::detail::open_stream(); }
+DFG_SIM_EXPORT void dfg_sim_stream_close() { dfg::sim::detail::close_stream(); }
 #endif
 
 // Kernel entry: `extern "C" int NAME_sim(const PARAMS_T* params, const dfg::sim::LaunchConfig* cfg)` runs

@@ -1,15 +1,15 @@
 // deep_fp8_gemm CPU simulator: the emulation's functions that the hal (hal/sim.hpp) calls, declared.
 // Part of hal/sim.hpp (included from there, in order); see its header for the execution model.
 //
-// The emulation (the other sim/*.hpp files) is compiled once per set of headers into an object that every kernel
-// library links (deep_fp8_gemm/simulator/build.py): a kernel's translation unit, compiled with -DDFG_SIM_LINKED_RUNTIME,
-// sees only these declarations, the state types (clocks.hpp, state.hpp) and the hal's inline wrappers, so it compiles
-// its kernel and not the whole simulator again, and the emulation runs without the kernel code's instrumentation.
-// Without that macro hal/sim.hpp defines everything in the one translation unit (a test probe, a single-file build).
-// These functions are DFG_SIM_API (external, hidden by -fvisibility=hidden), not inline: the object defines them.
+// The emulation (the other sim/*.hpp files) is compiled once per set of headers into a shared library, the runtime,
+// that every kernel library links dynamically (deep_fp8_gemm/simulator/build.py): a kernel's translation unit, compiled
+// with -DDFG_SIM_LINKED_RUNTIME, sees only these declarations, the state types (clocks.hpp, state.hpp) and the hal's
+// inline wrappers, so it compiles its kernel and not the whole simulator again, and the emulation runs without the
+// kernel code's instrumentation. These functions and the state the inline wrappers read (g_stream, g_launch) are
+// DFG_SIM_API: exported by the runtime, whose build hides everything else, so that every kernel library of a process
+// binds to the one copy of the emulation and its state, and one stream can run kernels of several libraries. Without
+// that macro hal/sim.hpp defines everything in the one translation unit (the runtime's).
 #pragma once
-
-#define DFG_SIM_API
 
 namespace dfg::sim::detail {
 
@@ -46,7 +46,8 @@ DFG_SIM_API void atomic_store_global(u32* ptr, u32 value, Order order, Scope sco
 DFG_SIM_API void fence(Order order, Scope scope, const char* what);
 DFG_SIM_API void hal_access(const void* ptr, u32 bytes, bool write, const char* what);
 DFG_SIM_API void check_aligned(const void* ptr, u32 alignment, const char* what);
-DFG_SIM_API void cp_async_copy(void* smem_dst, const void* gmem_src, u32 bytes);
+DFG_SIM_API void cp_async_copy(void* smem_dst, const void* gmem_src, u32 bytes);        // cp_async.hpp
+DFG_SIM_API void cp_async_arrive(u64* bar);
 DFG_SIM_API void grid_dependency_wait();
 DFG_SIM_API void launch_dependents();
 DFG_SIM_API const SimTensorMap& tensor_map(const TensorMap* map, const char* what);  // tma.hpp
@@ -68,13 +69,17 @@ DFG_SIM_API void mbar_arrive_cluster_address(u32 address);
 DFG_SIM_API void mbar_wait(u64* bar, u32 parity, BarrierName name);
 DFG_SIM_API void tma_store(const TensorMap* map, const void* src, i32 c0, i32 c1, i32 c2);
 DFG_SIM_API void tma_store_commit();
-DFG_SIM_API void tma_store_wait_read(u32 n);
+DFG_SIM_API void tma_store_wait(u32 n, bool complete);
 DFG_SIM_API void wgmma_issue(u32 n, u64 desc_a, u64 desc_b, float* d, bool scale_d);
+DFG_SIM_API void wgmma_issue_rs(u32 n, const u32* a, u64 desc_b, float* d, bool scale_d);
+DFG_SIM_API void register_fence(const void* reg);                                    // wgmma_registers.hpp
 DFG_SIM_API void wgmma_fence();
 DFG_SIM_API void wgmma_commit();
 DFG_SIM_API void wgmma_wait(u32 n);
 DFG_SIM_API void warp_sync();
 DFG_SIM_API void stmatrix_x4(void* row_ptr, const u32 (&regs)[4]);
 DFG_SIM_API int run_stream(const StreamItem* items, u32 count);                      // scheduler.hpp
+DFG_SIM_API int open_stream();
+DFG_SIM_API void close_stream();
 
 }  // namespace dfg::sim::detail

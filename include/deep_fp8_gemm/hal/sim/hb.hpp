@@ -8,10 +8,14 @@
 //                                         (cumulative: what an arrival had acquired is passed on)
 //   barrier.cluster                      the same over the cluster (.release / .acquire at .cluster scope)
 //   bar.warp.sync                        the same over the warp
-//   mbarrier                             arrive (incl. remote, cp.async arrive) releases into the current phase
-//                                        at .cta scope (PTX's default .release.cta), TMA complete_tx releases
-//                                        the issuing thread's clocks at the issue (.cluster), mbar_wait acquires
-//                                        the last completed phase at .cta scope
+//   mbarrier                             arrive (incl. remote) releases into the current phase at .cta scope
+//                                        (PTX's default .release.cta), TMA complete_tx releases the issuing
+//                                        thread's clocks at the issue (.cluster), a cp.async.mbarrier.arrive
+//                                        releases the CTA's cp.async completion unit once the thread's copies
+//                                        landed (cp_async.hpp), mbar_wait acquires the last completed phase at
+//                                        .cta scope
+//   TMA store                            its global writes are the issuing thread's at the completing
+//                                        cp.async.bulk.wait_group (or its exit), not at the issue
 //   wgmma group                          each thread's commit releases into the group, the wgmma_wait that
 //                                        retires it acquires: a warpgroup-collective wgmma executes once all 128
 //                                        threads issued it, so what each did before its commit precedes what
@@ -77,11 +81,14 @@ inline bool scope_includes(Scope scope, u32 a, u32 b) {
 
 // ---------------------------------------------------------------- call sites
 // A site id is a u32: bit 27 set, an index into the table of hal call sites (file and line from the hal
-// function's default arguments); clear, the offset from the library's base of the return address of a plain
-// access's instrumentation call (symbolised with addr2line when a report names it). Bits 28-31 are free for the
-// shadow's flags.
+// function's default arguments); clear, a plain access's instrumentation call by its return address: bits 20-26 the
+// kernel library (an index into the stream's table of libraries, Sites::libraries; a stream may run kernels of
+// several), bits 0-19 the offset from that library's base (symbolised with addr2line when a report names it; a
+// kernel library's code is far below 1 MiB). Bits 28-31 are free for the shadow's flags.
 constexpr u32 kSiteTable = 1u << 27;
 constexpr u32 kSiteBits = (1u << 28) - 1;
+constexpr u32 kSiteLibraryShift = 20;
+constexpr u32 kSiteMaxLibraries = 1u << (27 - kSiteLibraryShift);
 
 struct Sites {
     std::vector<Site> table;
@@ -93,16 +100,25 @@ struct Sites {
     std::unordered_map<std::pair<const char*, int>, u32, KeyHash> by_key;  // (file, line) -> table index
     std::unordered_map<u32, std::string> resolved;  // pc sites already symbolised
     std::deque<std::string> names;                  // storage for Site::file of symbolised sites
+    struct Library {
+        uintptr_t base;
+        std::string file;
+    };
+    std::vector<Library> libraries;  // the kernel libraries of the stream's launches (pc sites' bits 20-26)
 };
 inline Sites g_sites;
 
-inline uintptr_t library_base() {
-    static uintptr_t base = [] {
-        Dl_info info{};
-        dladdr(reinterpret_cast<void*>(&library_base), &info);
-        return reinterpret_cast<uintptr_t>(info.dli_fbase);
-    }();
-    return base;
+// The library that defines `code` (a kernel's body) as the stream's library number: launch `l` records its base and
+// its bits for pc_site. Past kSiteMaxLibraries libraries in one stream, plain accesses of the later ones are named "?".
+inline void register_library(Launch& l, const void* code) {
+    Dl_info info{};
+    dladdr(code, &info);
+    const uintptr_t base = reinterpret_cast<uintptr_t>(info.dli_fbase);
+    u32 i = 0;
+    while (i < g_sites.libraries.size() && g_sites.libraries[i].base != base) ++i;
+    if (i == g_sites.libraries.size()) g_sites.libraries.push_back(Sites::Library{base, info.dli_fname ? info.dli_fname : ""});
+    l.lib_base = base;
+    l.lib_bits = i < kSiteMaxLibraries ? i << kSiteLibraryShift : kSiteTable;  // kSiteTable: none (pc_site gives 0)
 }
 
 // NOTES: keyed on the file pointer and line, not a formatted string: this runs for every barrier and memory
@@ -114,19 +130,20 @@ inline u32 site_id(const Site& s) {
 }
 
 inline u32 pc_site(const void* pc) {
-    const uintptr_t off = reinterpret_cast<uintptr_t>(pc) - library_base();
-    return off < kSiteTable ? u32(off) : 0u;
+    const Launch& l = *g_launch;
+    const uintptr_t off = reinterpret_cast<uintptr_t>(pc) - l.lib_base;
+    return off < (1u << kSiteLibraryShift) && l.lib_bits != kSiteTable ? l.lib_bits | u32(off) : 0u;
 }
 
 // file:line of a return address in this library, as site_str prints it ("kernels/fp8_gemm.cuh:297"); when the
 // access was inlined from a helper, the lines it was inlined into follow, innermost first, up to three
 // ("kernels/quant.cuh:200 <- kernels/quant.cuh:256").
-inline std::string symbolise(u32 offset) {
-    auto it = g_sites.resolved.find(offset);
+inline std::string symbolise(u32 id) {
+    auto it = g_sites.resolved.find(id);
     if (it != g_sites.resolved.end()) return it->second;
-    Dl_info info{};
-    dladdr(reinterpret_cast<void*>(&library_base), &info);
-    std::string file = info.dli_fname ? info.dli_fname : "";
+    const u32 library = id >> kSiteLibraryShift, offset = id & ((1u << kSiteLibraryShift) - 1);
+    const std::string name = library < g_sites.libraries.size() ? g_sites.libraries[library].file : std::string();
+    std::string file = name;
     // The runner loads libraries through /proc/self/fd/N (the descriptor it verified): addr2line, another
     // process, reads the same file through this process's descriptor.
     if (file.rfind("/proc/self/", 0) == 0) file = format("/proc/%d/", int(getpid())) + file.substr(11);
@@ -150,8 +167,8 @@ inline std::string symbolise(u32 offset) {
     }
     std::string out;
     for (const std::string& frame : frames) out += (out.empty() ? "" : " <- ") + frame;
-    if (out.empty()) out = format("%s+%#x", info.dli_fname ? info.dli_fname : "?", offset);
-    g_sites.resolved.emplace(offset, out);
+    if (out.empty()) out = format("%s+%#x", name.empty() ? "?" : name.c_str(), offset);
+    g_sites.resolved.emplace(id, out);
     return out;
 }
 

@@ -8,7 +8,8 @@
 // inline wrappers are in that translation unit too, so the calls are filtered here, cheapest test first: g_track
 // is true only while a fiber runs kernel code (fiber_main sets it, every hal function clears it for its duration
 // through HalGuard, the scheduler never sets it), then the thread's own fiber stack (locals whose address escaped:
-// accumulator arrays, lambdas' captures) and the launch's parameter struct are skipped.
+// accumulator arrays, lambdas' captures; only the registers its wgmmas use are checked there, wgmma_registers.hpp)
+// and the launch's parameter struct are skipped.
 // What remains is a plain access of the kernel to shared or global memory: shadow.hpp checks and records it,
 // with the return address as its call site (symbolised by addr2line when reported; the build adds -g1).
 #pragma once
@@ -55,11 +56,37 @@ inline void plain_access(Thread& t, uintptr_t a, u32 bytes, bool write, u32 site
     fine_access(t, a, bytes, Access{write ? "a plain write" : "a plain read", write, false, Scope::Cta, site});
 }
 
-DFG_SIM_NO_TSAN inline void on_plain_access(void* addr, u32 bytes, bool write, void* pc) {
+// A plain access the compiler emitted as naturally aligned (GCC calls __tsan_readN / __tsan_writeN only when the
+// type or its analysis guarantees N-byte alignment, __tsan_unaligned_* otherwise) at an address that is not: the
+// device build vectorises the same access from the same type (ld / st .v2 / .v4, 8- and 16-byte LDG / STS) and it
+// faults there (misaligned address), while x86 loads most of them and the values stay right.
+[[noreturn]] inline void misaligned_access(Thread& t, uintptr_t a, u32 bytes, bool write, u32 site) {
+    g_sites.names.push_back(site_text(site));
+    t.site = Site{g_sites.names.back().c_str(), 0};
+    fail(format("misaligned: a %u-byte plain %s at %s (address %% %u = %u): the access's type makes the compiler "
+                "emit one %u-byte vector access, which faults on the GPU (misaligned address); align the pointer or "
+                "use narrower accesses",
+                bytes, write ? "write" : "read", where(a).c_str(), bytes, u32(a % bytes), bytes));
+}
+
+DFG_SIM_NO_TSAN inline void on_plain_access(void* addr, u32 bytes, bool write, void* pc, bool natural = false) {
     if (!g_track) return;
     Thread& t = *g_stream->current;
     const uintptr_t a = reinterpret_cast<uintptr_t>(addr);
-    if (a - reinterpret_cast<uintptr_t>(t.stack) < kFiberStackBytes + 4096) return;
+    if (natural && (a & (bytes - 1))) {
+        g_track = false;
+        misaligned_access(t, a, bytes, write, pc_site(pc));
+    }
+    if (a - reinterpret_cast<uintptr_t>(t.stack) < kFiberStackBytes + 4096) {
+        // The thread's own locals: only its wgmma operand registers are checked (wgmma_registers.hpp).
+        const OperandRegisters& w = t.wgmma_registers;
+        if (a + bytes > w.lo && a < w.hi) {
+            g_track = false;
+            operand_access(t, a, bytes, write, pc_site(pc));
+            g_track = true;
+        }
+        return;
+    }
     const Launch& l = *g_launch;
     if (a - reinterpret_cast<uintptr_t>(l.params) < l.params_bytes) return;
     g_track = false;
@@ -71,10 +98,15 @@ DFG_SIM_NO_TSAN inline void on_plain_access(void* addr, u32 bytes, bool write, v
 
 // The ThreadSanitizer instrumentation interface GCC emits calls to (libsanitizer/tsan/tsan_interface.h): defined
 // whether or not this translation unit is instrumented, for the kernel translation units that are.
-#define DFG_SIM_HOOK extern "C" DFG_SIM_NO_TSAN __attribute__((visibility("hidden"))) void
+// Exported by the runtime library: the kernel libraries' instrumentation calls bind to them (build.py).
+#define DFG_SIM_HOOK extern "C" DFG_SIM_NO_TSAN __attribute__((visibility("default"))) void
 #define DFG_SIM_HOOKS(N)                                                                                        \
-    DFG_SIM_HOOK __tsan_read##N(void* p) { dfg::sim::detail::on_plain_access(p, N, false, __builtin_return_address(0)); } \
-    DFG_SIM_HOOK __tsan_write##N(void* p) { dfg::sim::detail::on_plain_access(p, N, true, __builtin_return_address(0)); } \
+    DFG_SIM_HOOK __tsan_read##N(void* p) {                                                                     \
+        dfg::sim::detail::on_plain_access(p, N, false, __builtin_return_address(0), N > 1);                    \
+    }                                                                                                           \
+    DFG_SIM_HOOK __tsan_write##N(void* p) {                                                                    \
+        dfg::sim::detail::on_plain_access(p, N, true, __builtin_return_address(0), N > 1);                     \
+    }                                                                                                           \
     DFG_SIM_HOOK __tsan_unaligned_read##N(void* p) {                                                           \
         dfg::sim::detail::on_plain_access(p, N, false, __builtin_return_address(0));                           \
     }                                                                                                           \

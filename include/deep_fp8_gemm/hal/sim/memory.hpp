@@ -142,20 +142,6 @@ DFG_SIM_API void check_aligned(const void* ptr, u32 alignment, const char* what)
         fail(format("%s: address %p is not %u-byte aligned (misaligned vector access)", what, ptr, alignment));
 }
 
-// cp.async (PTX ISA "cp.async"), performed at once: a read of global memory and a write of this CTA's shared
-// memory by the issuing thread; the cp.async arrive that tracks it releases both (hb.hpp).
-DFG_SIM_API void cp_async_copy(void* smem_dst, const void* gmem_src, u32 bytes) {
-    const u32 offset = smem_offset(smem_dst, "cp_async_4");
-    check_smem_range(offset, bytes, "cp_async_4");
-    Thread& t = me();
-    if (S().races) {
-        const u32 site = site_id(t.site);
-        fine_access(t, reinterpret_cast<uintptr_t>(gmem_src), bytes, Access{"a cp.async read", false, false, Scope::Cta, site});
-        fine_access(t, reinterpret_cast<uintptr_t>(smem_dst), bytes, Access{"a cp.async write", true, false, Scope::Cta, site});
-    }
-    std::memcpy(smem_dst, gmem_src, bytes);
-}
-
 // ---------------------------------------------------------------- programmatic dependent launch
 
 // griddepcontrol.wait (PTX ISA "griddepcontrol"): the thread waits until the prerequisite grid (the previous launch

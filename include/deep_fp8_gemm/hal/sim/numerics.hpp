@@ -59,6 +59,18 @@ DFG_SIM_API u16 float_to_bf16(float x) {
 // matters for the kernels: addends much smaller than the running sum lose their low bits, so a long K
 // reduction inside the tensor core drifts, which is why the kernels promote to fp32 every 128 K.
 //
+// Stated assumptions (what the model takes to be true of the hardware, and what code above this layer may rely
+// on; the first GPU run confirms them: tests/test_sim_register_a.py, test_gpu_confirms_the_model_assumptions_and_
+// the_fragment_layout, runs the same probe on an sm_90 device):
+//   * The inner product is symmetric in its operands: D(A, B) = D(B, A)^T bit for bit. Here by construction (the
+//     products of two e4m3 values are exact and commute; the alignment, truncation and sum of a group depend on
+//     the set of its 16 products and the accumulator only), which the batch-invariance work relies on when it
+//     swaps A and B (swap-AB computes the transposed tile).
+//   * The per-k-group accumulation is the same whether A comes from shared memory (a descriptor) or registers
+//     (WgmmaFp8RegA): both are the same tensor-core datapath fed the same e4m3 values in the same k order, so a
+//     kernel that forms A in registers (MXFP4 weights converted on the CUDA cores) gets the bits of the same A
+//     through shared memory. Here both paths gather A's codes and call mma_fp8_k32 identically (wgmma.hpp, execute).
+//   * The k order is fixed: k32 = two groups of 16 in ascending k, each fused with the incoming accumulator.
 // Fixed point: an e4m3 value is an integer number of 2^-9 (its subnormal quantum), at most 448 * 2^9 < 2^18,
 // so a product is an exact integer number of 2^-18 below 2^36 and a group of 16 sums exactly in 64 bits.
 constexpr int kMmaAlignBits = 13;

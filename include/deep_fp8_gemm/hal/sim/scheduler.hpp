@@ -89,7 +89,7 @@ inline std::string deadlock_report() {
         g_launch = &l;
         const std::string kernel = st.launches.size() > 1 ? format("kernel %u ", l.index) : std::string();
         const u32 block = l.cfg.block_x;
-        for (u32 c = 0; c < l.ctas.size(); ++c) {
+        for (u32 c = 0; c < l.admitted; ++c) {
             u32 first = 0;
             std::string state;
             for (u32 tid = 0; tid <= block; ++tid) {
@@ -109,6 +109,10 @@ inline std::string deadlock_report() {
                 }
             }
         }
+        if (l.admitted < l.ctas.size())
+            out += format("  %sctas %u-%u: not yet resident (at most %u threads of the stream are resident at once; "
+                          "further CTAs start as resident ones exit)\n",
+                          kernel.c_str(), l.admitted, u32(l.ctas.size()) - 1, st.max_resident_threads);
     }
     return out;
 }
@@ -159,11 +163,13 @@ inline void fiber_main() {
     entry(params);
     set_tracking(false);
     Thread& t = *s.current;
+    tma_stores_exit(t);
     aligned_on_exit();
     t.done = true;
     Cta& cta = l.ctas[t.cta];
     if (cta.live == 1) {
         cta_exit_check();
+        copies_exit_check(l, t.cta);
         pdl_exit_check(l, cta);
     }
     thread_barrier_release(cta.named[0], --cta.live);
@@ -187,37 +193,155 @@ inline std::string validate_config(const LaunchConfig& cfg, u32 max_threads) {
 }
 
 inline void release(Launch& l) {
-    for (auto& t : l.threads)
-        if (t->stack) munmap(t->stack, kFiberStackBytes + 4096);
     if (l.smem_base) munmap(l.smem_base, l.smem_alloc * l.ctas.size());
     l.smem_base = nullptr;
 }
 
-// A fiber for thread `tid` of CTA `cta`, with a guard page below its stack (an overflow faults instead of
-// corrupting a neighbour). Kept out of run(): getcontext returns twice, which would pin run()'s locals.
-__attribute__((noinline)) inline void add_fiber(Launch& l, u32 cta, u32 tid) {
-    void* p = mmap(nullptr, kFiberStackBytes + 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) {
-        S().failed = true;
-        S().error = "out of memory for fiber stacks";
-        return;
+// The number of threads a stream may keep resident: kMaxResidentThreads, or fewer when the mappings the process
+// may still create (vm.max_map_count minus those it has, with a margin for the libraries and memory it maps while
+// the stream runs) do not allow two per fiber (its stack and its guard page). `stacks` of those mappings are the
+// stream's own fiber stacks already mapped, which its resident threads reuse.
+inline u32 resident_thread_limit(size_t stacks) {
+    long max_maps = 65530;  // Linux's default
+    if (FILE* f = std::fopen("/proc/sys/vm/max_map_count", "r")) {
+        if (std::fscanf(f, "%ld", &max_maps) != 1) max_maps = 65530;
+        std::fclose(f);
     }
-    mprotect(p, 4096, PROT_NONE);
+    long maps = 0;
+    if (FILE* f = std::fopen("/proc/self/maps", "r")) {
+        char buf[65536];
+        for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;)
+            maps += std::count(buf, buf + n, '\n');
+        std::fclose(f);
+    }
+    // At least 1, so that the limit is known (admit_ctas: one cluster is always admitted).
+    const long room = (max_maps - maps - 4096) / 2 + long(stacks);
+    return room < 1 ? 1u : room < long(kMaxResidentThreads) ? u32(room) : kMaxResidentThreads;
+}
+
+// A fiber stack from the stream's pool, or a new mapping with a guard page below it (an overflow faults instead of
+// corrupting a neighbour); null after recording the error.
+inline void* fiber_stack(Stream& s) {
+    if (!s.free_stacks.empty()) {
+        void* p = s.free_stacks.back();
+        s.free_stacks.pop_back();
+        return p;
+    }
+    void* p = mmap(nullptr, kFiberStackBytes + 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                   -1, 0);
+    if (p != MAP_FAILED && mprotect(p, 4096, PROT_NONE) != 0) {
+        munmap(p, kFiberStackBytes + 4096);
+        p = MAP_FAILED;
+    }
+    if (p == MAP_FAILED) {
+        s.failed = true;
+        s.error = format("out of memory for fiber stacks: %zu stacks mapped, the next failed (%s); each is two of the "
+                         "process's vm.max_map_count mappings (stack and guard page)",
+                         s.stacks.size(), std::strerror(errno));
+        return nullptr;
+    }
+    s.stacks.push_back(p);
+    return p;
+}
+
+// Thread `tid` of CTA `cta` becomes a fiber. Kept out of run(): getcontext returns twice, which would pin run()'s
+// locals.
+__attribute__((noinline)) inline void add_fiber(Launch& l, u32 cta, u32 tid) {
+    Stream& s = S();
+    void* p = fiber_stack(s);
+    if (!p) return;
     auto t = std::make_unique<Thread>();
     t->cta = cta;
     t->tid = tid;
     t->kernel = l.index;
     t->gcta = l.cta_base + cta;
-    t->gtid = u32(S().threads.size());
+    t->gtid = u32(s.threads.size());
     t->stack = p;
-    getcontext(&t->ctx);
-    t->ctx.uc_stack.ss_sp = static_cast<u8*>(p) + 4096;
-    t->ctx.uc_stack.ss_size = kFiberStackBytes;
-    t->ctx.uc_link = &S().scheduler;
-    makecontext(&t->ctx, fiber_main, 0);
+    t->ctx.reset(new ucontext_t);
+    getcontext(t->ctx.get());
+    t->ctx->uc_stack.ss_sp = static_cast<u8*>(p) + 4096;
+    t->ctx->uc_stack.ss_size = kFiberStackBytes;
+    t->ctx->uc_link = &s.scheduler;
+    makecontext(t->ctx.get(), fiber_main, 0);
     init_clocks(*t, l, l.start_done);
-    S().threads.push_back(t.get());
-    l.threads.push_back(std::move(t));
+    s.threads.push_back(t.get());
+    l.threads[size_t(cta) * l.cfg.block_x + tid] = std::move(t);
+}
+
+// CTA `i` of launch `l` becomes resident: its shared memory poisoned, its bookkeeping allocated, its fibers made.
+inline void admit_cta(Launch& l, u32 i) {
+    const LaunchConfig& cfg = l.cfg;
+    Cta& c = l.ctas[i];
+    std::memset(c.smem, (cfg.flags & kFlagZeroSmem) ? 0x00 : 0xFF, l.smem_alloc);
+    c.live = cfg.block_x;
+    c.warps.resize((cfg.block_x + 31) / 32);
+    c.warpgroups.resize((cfg.block_x + kWarpgroupThreads - 1) / kWarpgroupThreads);
+    const u32 regs = pool_registers(cfg);
+    for (Warpgroup& wg : c.warpgroups) wg.regs = regs;
+    c.reg_total = u64(regs) * cfg.block_x;
+    c.reg_free = 0;  // the launch hands the whole pool to the warps
+    aligned_init(c, cfg.block_x);
+    c.generic_writer.assign(cfg.dynamic_smem_bytes, 0);
+    c.generic_clock.assign(cfg.dynamic_smem_bytes, 0);
+    c.remote_gen.assign(cfg.cluster_x, -1);
+    c.remote_tid.assign(cfg.cluster_x, 0);
+    c.remote_site.assign(cfg.cluster_x, Site{});
+    for (u32 tid = 0; tid < cfg.block_x && !S().failed; ++tid) add_fiber(l, i, tid);
+}
+
+// Makes further CTAs of the started launches resident, in stream order and whole clusters at a time, while the
+// stream's resident threads stay within max_resident_threads (one cluster always may, so that a launch can start
+// at all). True if any became resident.
+inline bool admit_ctas(Stream& s) {
+    bool any = false;
+    for (const auto& lp : s.launches) {
+        Launch& l = *lp;
+        if (!l.started || l.finished) continue;
+        g_launch = &l;
+        const u32 cluster_threads = l.cfg.cluster_x * l.cfg.block_x;
+        while (l.admitted < l.ctas.size()) {
+            // NOTES: the mapping count is read (/proc/self/maps, ~1 ms) only once a stream grows past a few thousand
+            // resident threads; the simulator tests' launches mostly stay below.
+            if (s.max_resident_threads == 0 && s.resident_threads + cluster_threads > 4096)
+                s.max_resident_threads = resident_thread_limit(s.stacks.size());
+            if (s.resident_threads > 0 && s.max_resident_threads != 0 &&
+                s.resident_threads + cluster_threads > s.max_resident_threads)
+                return any;
+            for (u32 c = l.admitted; c < l.admitted + l.cfg.cluster_x && !s.failed; ++c) admit_cta(l, c);
+            if (s.failed) return any;
+            l.admitted += l.cfg.cluster_x;
+            s.resident_threads += cluster_threads;
+            any = true;
+        }
+    }
+    return any;
+}
+
+// Every thread of CTA `i` of launch `l` has exited: its fiber stacks go back to the pool, and what only a running
+// CTA needs is freed (the Thread records stay: reports and the race detector's epochs name them), including the
+// race detector's shadow of its shared memory and the pages behind it (nothing may access an exited CTA's).
+inline void retire_cta(Stream& s, Launch& l, u32 i) {
+    const u32 block = l.cfg.block_x;
+    for (u32 tid = 0; tid < block; ++tid) {
+        Thread& t = *l.threads[size_t(i) * block + tid];
+        s.free_stacks.push_back(t.stack);
+        t.stack = nullptr;
+        t.ctx.reset();
+        t.clocks.clear();
+        std::vector<u32>().swap(t.fence_clocks);
+        std::vector<Observed>().swap(t.observed);
+        t.fence_release.reset();
+    }
+    Cta& c = l.ctas[i];
+    if (c.copy_unit) c.copy_unit->clocks.clear();
+    std::vector<u16>().swap(c.generic_writer);
+    std::vector<u32>().swap(c.generic_clock);
+    std::vector<AlignedLog>().swap(c.warp_aligned);
+    std::vector<AlignedLog>().swap(c.warpgroup_aligned);
+    if (s.shadow) s.shadow->forget(uintptr_t(c.smem), l.smem_alloc);
+    madvise(c.smem, l.smem_alloc, MADV_DONTNEED);
+    ++l.exited_ctas;
+    s.resident_threads -= block;
 }
 
 // Synchronous faults inside a fiber (a wild pointer in the kernel, a fiber stack overflowing into its guard
@@ -277,7 +401,8 @@ inline void report_fault(Stream& s) {
 }
 
 // Starts launch `l` of the stream: its shared memory (one mapping, page-aligned and so 1024-byte aligned per CTA
-// as the device's dynamic smem, poisoned) and its fibers, numbered after those of the launches before it.
+// as the device's dynamic smem; poisoned as each CTA becomes resident) and its CTAs, numbered after those of the
+// launches before it. Its threads are made when their CTA becomes resident (admit_ctas).
 inline void start_launch(Stream& s, Launch& l) {
     const LaunchConfig& cfg = l.cfg;
     g_launch = &l;
@@ -287,36 +412,22 @@ inline void start_launch(Stream& s, Launch& l) {
     l.ctas.resize(cfg.grid_x);
     l.clusters.resize(cfg.grid_x / cfg.cluster_x);
     for (Launch::Cluster& c : l.clusters) c.live = cfg.cluster_x * cfg.block_x;
-    void* p = mmap(nullptr, l.smem_alloc * cfg.grid_x, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    void* p = mmap(nullptr, l.smem_alloc * cfg.grid_x, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED) {
         s.failed = true;
         s.error = "out of memory for shared memory";
         return;
     }
     l.smem_base = static_cast<u8*>(p);
-    std::memset(l.smem_base, (cfg.flags & kFlagZeroSmem) ? 0x00 : 0xFF, l.smem_alloc * cfg.grid_x);
     for (u32 i = 0; i < cfg.grid_x; ++i) {
         Cta& c = l.ctas[i];
         c.smem = l.smem_base + i * l.smem_alloc;
         c.gcta = l.cta_base + i;
         s.cta_launch.push_back(&l);
-        c.live = cfg.block_x;
-        c.warps.resize((cfg.block_x + 31) / 32);
-        c.warpgroups.resize((cfg.block_x + kWarpgroupThreads - 1) / kWarpgroupThreads);
-        const u32 regs = pool_registers(cfg);
-        for (Warpgroup& wg : c.warpgroups) wg.regs = regs;
-        c.reg_total = u64(regs) * cfg.block_x;
-        c.reg_free = 0;  // the launch hands the whole pool to the warps
-        aligned_init(c, cfg.block_x);
-        c.generic_writer.assign(cfg.dynamic_smem_bytes, 0);
-        c.generic_clock.assign(cfg.dynamic_smem_bytes, 0);
-        c.remote_gen.assign(cfg.cluster_x, -1);
-        c.remote_tid.assign(cfg.cluster_x, 0);
-        c.remote_site.assign(cfg.cluster_x, Site{});
     }
     l.thread_base = u32(s.threads.size());
-    for (u32 c = 0; c < cfg.grid_x && !s.failed; ++c)
-        for (u32 tid = 0; tid < cfg.block_x && !s.failed; ++tid) add_fiber(l, c, tid);
+    l.threads.resize(size_t(cfg.grid_x) * cfg.block_x);
 }
 
 // Can launch k of the stream start? After launch k-1 ended; a programmatic dependent launch as soon as every CTA
@@ -341,8 +452,23 @@ inline bool may_start(Stream& s, u32 k) {
     return true;
 }
 
-// Runs the launches of `items` as one stream to completion; returns 0 or 1 (error in g_last_error). Stream-wide
-// settings (seed, step and time limits, kFlagNoRaces) are those of the first launch.
+// The stream that runs append to between dfg_sim_stream_open and dfg_sim_stream_close (null: each run is a stream
+// of its own). An open stream keeps its launches' threads (the race detector's epochs name them), its shadow memory,
+// its call sites and its schedule across runs: a launch of a later run is ordered after the earlier ones by the
+// kernel boundary, or only by griddepcontrol.wait when it is programmatic (PDL), whichever library defines it.
+inline Stream* g_open_stream = nullptr;
+
+inline void end_stream(Stream& s) {
+    for (const auto& lp : s.launches) release(*lp);
+    for (void* stack : s.stacks) munmap(stack, kFiberStackBytes + 4096);
+    s.stacks.clear();
+    s.free_stacks.clear();
+    s.shadow.reset();
+}
+
+// Runs the launches of `items` to completion, appended to the open stream or as a stream of their own; returns 0 or
+// 1 (error in g_last_error). Stream-wide settings (seed, kFlagNoRaces) are those of the stream's first launch; the
+// step and time limits those of this run's first.
 DFG_SIM_API int run_stream(const StreamItem* items, u32 count) {
     g_last_error.clear();
     if (g_stream) {
@@ -353,42 +479,57 @@ DFG_SIM_API int run_stream(const StreamItem* items, u32 count) {
         g_last_error = "invalid launch: an empty stream";
         return 1;
     }
+    std::unique_ptr<Stream> own;
+    Stream* sp = g_open_stream;
+    if (!sp) {
+        own.reset(new Stream);
+        sp = own.get();
+    } else if (sp->failed) {
+        g_last_error = "the open simulator stream failed earlier (close it and open another): " + sp->error;
+        return 1;
+    }
+    Stream& s = *sp;
+    const u32 first = u32(s.launches.size());
     for (u32 k = 0; k < count; ++k) {
         const std::string bad = validate_config(items[k].cfg, items[k].kernel->max_threads);
+        const u32 index = first + k;
         if (!bad.empty()) {
-            g_last_error = (count > 1 ? format("invalid launch %u: ", k) : std::string("invalid launch: ")) + bad;
+            g_last_error = (first + count > 1 ? format("invalid launch %u: ", index) : std::string("invalid launch: ")) + bad;
             return 1;
         }
-        if (items[k].programmatic && k == 0) {
-            g_last_error = "invalid launch 0: the first launch of a stream has no predecessor to depend on";
+        if (items[k].programmatic && index == 0) {
+            g_last_error = format("invalid launch %u: the first launch of a stream has no predecessor to depend on", index);
             return 1;
         }
     }
-    Stream s;
-    s.races = !(items[0].cfg.flags & kFlagNoRaces);
-    s.shadow.reset(new Shadow);
+    if (first == 0) {
+        s.races = !(items[0].cfg.flags & kFlagNoRaces);
+        s.shadow.reset(new Shadow);
+        g_schedule = Schedule{};
+        g_schedule.init(items[0].cfg);
+        g_sites = Sites{};
+        s.max_resident_threads = 0;  // not known yet (admit_ctas)
+    }
     for (u32 k = 0; k < count; ++k) {
         auto l = std::make_unique<Launch>();
         l->cfg = items[k].cfg;
         l->entry = items[k].kernel->body;
         l->params = items[k].params;
         l->params_bytes = items[k].kernel->params_bytes;
-        l->index = k;
+        l->index = first + k;
         l->programmatic = items[k].programmatic != 0;
+        register_library(*l, reinterpret_cast<const void*>(items[k].kernel->body));
         s.launches.push_back(std::move(l));
     }
     const LaunchConfig& cfg = items[0].cfg;
-    g_schedule = Schedule{};
-    g_schedule.init(cfg);
-    g_sites = Sites{};
     g_stream = &s;
+    const u32 total = u32(s.launches.size());
 
     const FaultGuard fault_guard;
     const auto start = std::chrono::steady_clock::now();
     u64 steps = 0;
     Schedule& sched = g_schedule;
-    std::vector<Thread*> order;  // threads of the started, unfinished launches
-    u32 next_launch = 0;
+    std::vector<Thread*> order;  // threads of the resident CTAs of the started, unfinished launches
     u64 pass = 0;
     bool others_moved = true;  // a non-victim thread was resumed in the previous pass
     // Resumes thread t if it can run; true if it did.
@@ -402,26 +543,33 @@ DFG_SIM_API int run_stream(const StreamItem* items, u32 count) {
         s.current = &t;
         s.in_fiber = true;
         set_tracking(false);  // a fiber resumes inside a hal function (fiber_main sets it for kernel code)
-        swapcontext(&s.scheduler, &t.ctx);
+        swapcontext(&s.scheduler, t.ctx.get());
         set_tracking(false);
         s.in_fiber = false;
         if (s.fault_signal) report_fault(s);
         ++steps;
+        if (t.done && !s.failed && s.launches[t.kernel]->ctas[t.cta].live == 0)  // off its stack now
+            retire_cta(s, *s.launches[t.kernel], t.cta);
         return true;
+    };
+    // The threads of the resident CTAs of the started, unfinished launches.
+    const auto gather = [&] {
+        order.clear();
+        for (const auto& lp : s.launches)
+            if (lp->started && !lp->finished)
+                for (auto& t : lp->threads)
+                    if (t) order.push_back(t.get());
     };
     while (!s.failed) {
         bool started = false;
-        while (next_launch < count && may_start(s, next_launch)) {
-            start_launch(s, *s.launches[next_launch++]);
+        while (s.next_launch < total && may_start(s, s.next_launch)) {
+            start_launch(s, *s.launches[s.next_launch++]);
             started = true;
         }
         if (s.failed) break;
-        if (started) {
-            order.clear();
-            for (const auto& lp : s.launches)
-                if (lp->started && !lp->finished)
-                    for (auto& t : lp->threads) order.push_back(t.get());
-        }
+        const bool admitted = admit_ctas(s);
+        if (s.failed) break;
+        if (started || admitted) gather();
         bool resumed = false, all_done = true, moved = false, skipped = false;
         ++pass;
         if (sched.adversarial) {
@@ -461,31 +609,26 @@ DFG_SIM_API int run_stream(const StreamItem* items, u32 count) {
             Launch& l = *lp;
             if (!l.started || l.finished) continue;
             g_launch = &l;
-            landed |= !l.pending_loads.empty();
-            const std::string error = land_tma_loads(!sched.adversarial || !resumed);
+            landed |= !l.pending_loads.empty() || !l.pending_copies.empty() || !l.pending_copy_arrives.empty();
+            std::string error = land_copies(!sched.adversarial || !resumed);
+            if (error.empty()) error = land_tma_loads(!sched.adversarial || !resumed);
             if (!error.empty()) {
                 s.failed = true;
-                s.error = (count > 1 ? format("kernel %u: ", l.index) : std::string()) + error;
+                s.error = (total > 1 ? format("kernel %u: ", l.index) : std::string()) + error;
                 break;
             }
-            bool done = true;
-            for (auto& t : l.threads) done &= t->done;
-            if (done) {
+            if (l.exited_ctas == l.ctas.size()) {
                 final_checks(l);
                 l.finished = finished = true;
+                release(l);  // its shared memory (the race detector forgot it CTA by CTA)
             }
         }
         if (s.failed) break;
-        all_done = next_launch == count;
+        all_done = s.next_launch == total;
         for (const auto& lp : s.launches) all_done &= lp->finished;
         if (all_done) break;
-        if (finished) {
-            order.clear();
-            for (const auto& lp : s.launches)
-                if (lp->started && !lp->finished)
-                    for (auto& t : lp->threads) order.push_back(t.get());
-        }
-        if (!resumed && !landed && !skipped && !started && !finished) {
+        if (finished) gather();
+        if (!resumed && !landed && !skipped && !started && !admitted && !finished) {
             s.failed = true;
             s.error = deadlock_report();
             break;
@@ -504,11 +647,28 @@ DFG_SIM_API int run_stream(const StreamItem* items, u32 count) {
         }
     }
     if (s.failed) g_last_error = s.error;
-    for (const auto& lp : s.launches) release(*lp);
     g_launch = nullptr;
     g_stream = nullptr;
-    s.shadow.reset();
+    if (own) end_stream(s);
     return s.failed ? 1 : 0;
+}
+
+// Opens a stream that the runs until dfg_sim_stream_close append to (deep_fp8_gemm.simulator.stream()).
+DFG_SIM_API int open_stream() {
+    g_last_error.clear();
+    if (g_open_stream || g_stream) {
+        g_last_error = "a simulator stream is already open (streams do not nest)";
+        return 1;
+    }
+    g_open_stream = new Stream;
+    return 0;
+}
+
+DFG_SIM_API void close_stream() {
+    if (!g_open_stream) return;
+    end_stream(*g_open_stream);
+    delete g_open_stream;
+    g_open_stream = nullptr;
 }
 
 }  // namespace dfg::sim::detail

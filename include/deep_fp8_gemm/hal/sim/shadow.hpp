@@ -110,6 +110,27 @@ struct Shadow {
         }
         return &coarse_page->cell[g & ((1u << kPageShift) - 1)];
     }
+    // Drops every record of [a, a + bytes) (a and bytes page multiples: an exited CTA's shared memory, which no
+    // access may touch again), so the shadow of a grid's shared memory is bounded by its resident CTAs'.
+    void forget(uintptr_t a, size_t bytes) {
+        for (uintptr_t key = a >> kPageShift; key < (a + bytes) >> kPageShift; ++key) {
+            auto it = fine.find(key);
+            if (it == fine.end()) continue;
+            for (Cell& c : it->second->cell) free_set(c);
+            std::free(it->second);
+            fine.erase(it);
+        }
+        fine_key = coarse_key = ~uintptr_t(0);
+        const uintptr_t end = (a + bytes) >> 4;  // coarse cells: one per 16-byte granule, no read sets
+        for (uintptr_t g = a >> 4; g < end;) {
+            const uintptr_t page_end = ((g >> kPageShift) + 1) << kPageShift;
+            const uintptr_t stop = page_end < end ? page_end : end;
+            auto it = coarse.find(g >> kPageShift);
+            if (it != coarse.end())
+                for (uintptr_t x = g; x < stop; ++x) it->second->cell[x & ((1u << kPageShift) - 1)] = Cell{};
+            g = stop;
+        }
+    }
     void free_set(Cell& c) {
         if (c.rsite & kReadSet) {
             read_sets[c.r].clear();

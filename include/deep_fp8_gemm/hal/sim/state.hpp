@@ -7,6 +7,13 @@ namespace dfg::sim::detail {
 constexpr u32 kWarpgroupThreads = 128;
 constexpr u32 kMaxSmemBytes = 232448;  // sm_90 opt-in maximum dynamic shared memory per CTA (227 KiB)
 constexpr size_t kFiberStackBytes = 256 * 1024;
+// Each fiber stack is its own mapping with a PROT_NONE guard page below it: two entries of the process's memory
+// map (the guard cannot merge with a neighbouring read-write stack). Linux caps a process at vm.max_map_count
+// mappings (65530 by default), so a stream keeps at most this many threads resident (their CTAs running, as the
+// SMs of a GPU hold only so many CTAs at once) and starts further CTAs as resident ones exit, reusing their
+// stacks: any grid size runs in a bounded number of mappings (scheduler.hpp, admit_ctas). 16384 threads (32768
+// mappings) leave room for the process's own; fewer when /proc/sys/vm/max_map_count says so.
+constexpr u32 kMaxResidentThreads = 16384;
 // PTX ISA "Contents of the mbarrier object": tx-count range is [-(2^20 - 1), 2^20 - 1], arrival counts < 2^20.
 constexpr i64 kMaxTxCount = (1 << 20) - 1;
 // Written into an mbarrier's 8 bytes at init: ordinary stores or TMA writes over a live barrier are caught
@@ -101,13 +108,15 @@ struct WarpRendezvous {
 
 // One wgmma.mma_async of a warpgroup: identical descriptors from all 128 threads, one fragment each.
 struct WgmmaOp {
-    u64 desc_a, desc_b;
+    u64 desc_a, desc_b;  // desc_a: 0 when A comes from registers (reg_a)
     u32 n;
     bool scale_d;
+    bool reg_a = false;  // A from registers (wgmma.mma_async with a register A fragment, hal::WgmmaFp8RegA)
     u32 issued = 0;
     float* frag[kWarpgroupThreads] = {};
-    std::vector<u32> addr_a, addr_b;  // decoded operand byte offsets, [row * 32 + k]
-    u32 lo_a, hi_a, lo_b, hi_b;       // smem byte ranges [lo, hi) the operands read
+    std::vector<u8> a_codes;          // reg_a: the 64 x 32 e4m3 codes of A gathered from the threads' fragments
+    std::vector<u32> addr_a, addr_b;  // decoded operand byte offsets, [row * 32 + k] (addr_a empty for reg_a)
+    u32 lo_a = 0, hi_a = 0, lo_b, hi_b;  // smem byte ranges [lo, hi) the operands read
     std::vector<u8> snapshot;         // operand bytes at issue (A then B): the read window lasts to the wait
     Site issue_site{};
     u32 issue_tid = 0;
@@ -148,15 +157,49 @@ struct AlignedLog {
     std::vector<u64> count;  // per lane: .aligned operations executed
 };
 
+// A TMA store of a bulk async-group (threads.hpp): its source is read from the issue to the group's
+// cp.async.bulk.wait_group.read, its global writes are made at the group's completion (threads.hpp, tma_store_flush).
 struct StoreRecord {
     u32 offset;                // smem source offset
     std::vector<u8> snapshot;  // the source bytes at issue
     u32 site = 0;              // the store's call site id (hb.hpp)
+    SimTensorMap map;          // where it writes: a copy of the map, the box coordinates
+    i32 c[3];
+};
+struct StoreGroup {
+    std::vector<StoreRecord> stores;
+    bool read_done = false;  // a wait_group.read covered it: its sources may be reused; its writes may be pending
+};
+
+// The registers of one thread that its wgmmas use as accumulator (D) or A fragment (wgmma_registers.hpp): a window
+// of the fiber stack that covers every fragment array the thread passed to a wgmma (the kernels' fragment arrays are
+// locals, so the instrumentation sees the thread's own accesses), with per 4-byte register what the rules need of
+// each access, and the fragments themselves as ranges of it, whose state changes per wgmma in O(1).
+enum class RegRole : u8 { Accumulator, A };
+struct OperandRange {
+    u32 first, count;          // registers [first, first + count) of the window, as a wgmma took them
+    RegRole role;
+    u16 n = 0;                 // the latest wgmma's N (for reports)
+    bool in_flight = false;
+    u64 group = 0;             // in flight: the group of the latest wgmma using it
+    Site issue_site{}, retire_site{};  // that wgmma's call site; the wgmma.wait_group that retired it last
+    u32 touched_fence = ~0u;   // the thread's wgmma.fence count at its latest access of one of its registers
+    u32 touched_index = 0;     // that register (relative to first), the access's site id and kind
+    u32 touched_site = 0;
+    bool touched_write = false;
+};
+struct OperandRegisters {
+    uintptr_t lo = 0, hi = 0;     // the window [lo, hi) of the stack, 4-byte registers
+    std::vector<u8> unfenced;     // per register: retired as an accumulator, not through hal::fence_operand since
+    std::vector<OperandRange> ranges;
+    u32 in_flight = 0;            // ranges in flight
+    u32 fences = 0;               // wgmma.fence executed by the thread
+    Site fence_site{};            // the last one's call site
 };
 
 struct Thread {
-    ucontext_t ctx;
-    void* stack = nullptr;
+    std::unique_ptr<ucontext_t> ctx;  // allocated while the thread's CTA is resident (scheduler.hpp, admit_cta)
+    void* stack = nullptr;            // its fiber stack (guard page first), from the stream's pool
     u32 cta = 0, tid = 0;
     u32 gcta = 0, gtid = 0;  // CTA and thread numbered across the launches of the stream (hb.hpp)
     u32 kernel = 0;          // index of its launch in the stream
@@ -182,9 +225,14 @@ struct Thread {
     u64 wgmma_commits = 0;
     u32 wgmma_ops_in_open_group = 0;
     bool wgmma_fenced = false;
+    OperandRegisters wgmma_registers;  // accumulator / A registers its wgmmas used (wgmma_registers.hpp)
+    // cp.async (cp_async.hpp): copies issued and completed so far; copy_unit: this Thread stands for a CTA's
+    // cp.async completions (no fiber, tid = block_x), not a thread of the kernel
+    u64 copies_issued = 0, copies_done = 0;
+    bool copy_unit = false;
     // bulk async-groups of TMA stores (PTX ISA "cp.async.bulk.commit_group", "cp.async.bulk.wait_group")
     std::vector<StoreRecord> open_stores;
-    std::deque<std::vector<StoreRecord>> committed_stores;
+    std::deque<StoreGroup> committed_stores;  // committed, not yet complete, oldest first
 };
 
 struct Cta {
@@ -203,6 +251,9 @@ struct Cta {
     std::vector<AlignedLog> warp_aligned, warpgroup_aligned;
     i64 reg_free = 0;   // registers in the CTA's pool not held by a warpgroup
     u64 reg_total = 0;  // launch_registers * block_x
+    // The CTA's cp.async completion mechanism, as a thread of the happens-before model (cp_async.hpp): its own clock
+    // counts completions; created at the CTA's first cp.async.
+    std::unique_ptr<Thread> copy_unit;
     // Generic-proxy writes not yet read by the async proxy (proxy.hpp), per shared-memory byte: writer
     // thread + 1 (0: none) and the writer's clock at the write.
     std::vector<u16> generic_writer;
@@ -224,6 +275,21 @@ struct PendingLoad {
     u32 site = 0;           // its call site id
 };
 
+// A cp.async between issue and completion (cp_async.hpp): the bytes it copies (read at the issue), where to, who.
+struct PendingCopy {
+    u32 cta, offset, bytes;
+    u8 data[16];
+    u32 tid;        // the issuing thread (its CTA's)
+    Clocks issuer;  // its clocks at the issue: the completion is ordered after what it did before
+    u32 site = 0;
+};
+// A cp.async.mbarrier.arrive.noinc: its arrive-on fires once the issuing thread's cp.asyncs [0, upto) completed.
+struct PendingCopyArrive {
+    u32 cta, bar_offset, tid;
+    u64 upto;
+    u32 site = 0;
+};
+
 struct Launch {
     LaunchConfig cfg{};
     void (*entry)(const void*) = nullptr;
@@ -236,6 +302,12 @@ struct Launch {
     u32 index = 0, cta_base = 0, thread_base = 0;
     bool programmatic = false, started = false, finished = false;
     u32 start_done = 0;  // kernels of the stream wholly ordered before its threads start (hb.hpp)
+    // The kernel's library (hb.hpp, register_library): its base address and its number in pc site ids.
+    uintptr_t lib_base = 0;
+    u32 lib_bits = 0;
+    // Residency (scheduler.hpp, admit_ctas): CTAs [0, admitted) have been made resident (threads created, in
+    // cluster units), exited_ctas of them have exited; threads[cta * block_x + tid] is null before its CTA is.
+    u32 admitted = 0, exited_ctas = 0;
     std::vector<Cta> ctas;
     struct Cluster {
         ThreadBarrier barrier;
@@ -244,6 +316,8 @@ struct Launch {
     std::vector<Cluster> clusters;
     std::vector<std::unique_ptr<Thread>> threads;
     std::vector<PendingLoad> pending_loads;
+    std::deque<PendingCopy> pending_copies;          // in issue order (cp_async.hpp)
+    std::vector<PendingCopyArrive> pending_copy_arrives;
     std::vector<float> scratch;  // decoded wgmma operands
     std::vector<u32> scratch_mag, scratch_neg;  // the same as magnitude / sign integers (tensor-core model)
     std::vector<u8> scratch_nan;     // operand rows holding a NaN code
@@ -255,6 +329,7 @@ struct Shadow;  // shadow.hpp
 // scheduled together; what a failure, the scheduler and the happens-before model need is here.
 struct Stream {
     std::vector<std::unique_ptr<Launch>> launches;
+    u32 next_launch = 0;  // the first launch not yet started
     ucontext_t scheduler;
     Thread* current = nullptr;
     bool failed = false;
@@ -266,10 +341,23 @@ struct Stream {
     std::vector<Launch*> cta_launch;  // by global CTA index (gcta)
     bool races = true;              // the happens-before checks of plain and atomic accesses (kFlagNoRaces)
     std::unique_ptr<Shadow> shadow;
+    // Fiber stacks (scheduler.hpp): every stack mapped for the stream, those free for the next resident CTA, the
+    // threads resident now and the most there may be (kMaxResidentThreads, or what vm.max_map_count leaves; 0 until
+    // the stream first needs to know).
+    std::vector<void*> stacks, free_stacks;
+    u32 resident_threads = 0, max_resident_threads = 0;
 };
 
-inline Stream* g_stream = nullptr;
-inline Launch* g_launch = nullptr;  // the launch of the thread running (or of the work the scheduler does)
+// The emulation's state is one per process, in the runtime library every kernel library links (api.hpp): the
+// kernels' translation units (DFG_SIM_LINKED_RUNTIME) see these as external symbols of it, so a stream may run
+// kernels of several libraries (a quantiser, then a GEMM).
+#if defined(DFG_SIM_LINKED_RUNTIME)
+extern DFG_SIM_API Stream* g_stream;
+extern DFG_SIM_API Launch* g_launch;
+#else
+DFG_SIM_API Stream* g_stream = nullptr;
+DFG_SIM_API Launch* g_launch = nullptr;  // the launch of the thread running (or of the work the scheduler does)
+#endif
 inline std::string g_last_error;
 
 inline Stream& S() { return *g_stream; }
@@ -292,15 +380,21 @@ inline std::string format(const char* fmt, ...) {
 // "cta 1 thread 37 (warp 1 lane 5)", with "kernel k " first when the stream has several launches.
 inline std::string thread_name(const Thread& t) {
     const std::string kernel = S().launches.size() > 1 ? format("kernel %u ", t.kernel) : std::string();
+    if (t.copy_unit) return kernel + format("cta %u's cp.async completion", t.cta);
     return kernel + format("cta %u thread %u (warp %u lane %u)", t.cta, t.tid, t.tid / 32, t.tid % 32);
 }
+
+// Thrown by fail() outside a fiber: the scheduler's own work on behalf of a thread (a cp.async completing) reports
+// through the same checks, and catches it (the error is in the stream).
+struct SchedulerFailure {};
 
 [[noreturn]] inline void fail(const std::string& what) {
     Stream& s = S();
     Thread& t = me();
     s.failed = true;
     s.error = thread_name(t) + " at " + site_str(t.site) + ": " + what;
-    swapcontext(&t.ctx, &s.scheduler);
+    if (!s.in_fiber) throw SchedulerFailure{};
+    swapcontext(t.ctx.get(), &s.scheduler);
     __builtin_unreachable();
 }
 
@@ -312,7 +406,7 @@ inline void block(const Wait& w, const char* op) {
     t.wait = w;
     t.wait_op = op;
     t.blocked = true;
-    swapcontext(&t.ctx, &S().scheduler);  // resumed only once ready(w) holds
+    swapcontext(t.ctx.get(), &S().scheduler);  // resumed only once ready(w) holds
 }
 
 }  // namespace dfg::sim::detail

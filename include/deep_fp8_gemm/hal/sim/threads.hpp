@@ -117,6 +117,13 @@ DFG_SIM_API void mbar_wait(u64* bar, u32 parity, BarrierName name) {
     sync_acquire(me(), mb.released[parity & 1], Scope::Cta, true, "mbar_wait (.acquire.cta)", site_id(me().site));
 }
 
+// cp.async.bulk.tensor.3d.global.shared::cta.bulk_group (PTX ISA "cp.async.bulk.tensor"): checked and its source
+// captured at the issue; the source must stay unchanged until a cp.async.bulk.wait_group.read covers the group, and
+// the global writes happen when the group completes: at a cp.async.bulk.wait_group (without .read) covering it, or at
+// the thread's exit (the kernel's completion makes them visible to the next kernel). PTX ISA
+// "cp.async.bulk.wait_group": .read only says the sources have been read; the writes of a group are complete, and
+// visible to the executing thread, once a wait_group without .read covers it. Before, the writes were made at the
+// issue, so a reader synchronised with the issuer right after the issue (or after wait_group.read) saw them.
 DFG_SIM_API void tma_store(const TensorMap* map, const void* src, i32 c0, i32 c1, i32 c2) {
     const char* what = "tma_store_3d";
     const Box box(tensor_map(map, what), c0, c1, c2);
@@ -127,39 +134,75 @@ DFG_SIM_API void tma_store(const TensorMap* map, const void* src, i32 c0, i32 c1
     Thread& t = me();
     const u32 site = site_id(t.site);
     if (S().races) async_access(t, uintptr_t(smem + offset), box.footprint, false, false, site, "a TMA store's read");
+    StoreRecord r{offset, std::vector<u8>(smem + offset, smem + offset + box.footprint), site, box.map, {c0, c1, c2}};
+    t.open_stores.push_back(std::move(r));
+}
+
+// A TMA store's global writes (at its group's completion), by thread `t`: recorded as async-proxy writes of global
+// memory at t's clock now (so a thread that synchronises with t after this is ordered after them), from the source
+// bytes captured at the issue.
+inline void tma_store_flush(Thread& t, const StoreRecord& r, bool at_exit) {
+    const Box box(r.map, r.c[0], r.c[1], r.c[2]);
+    // How a report names the write: the store's issue and where it completes (one text per store site and kind).
+    static std::unordered_map<u64, std::string> names;
+    const u32 done = at_exit ? 0u : site_id(t.site);
+    auto [it, inserted] = names.emplace(u64(r.site) << 32 | done, std::string());
+    if (inserted)
+        it->second = format("a TMA store's write (the store issued at %s completes at %s)", site_text(r.site).c_str(),
+                            at_exit ? "the thread's exit" : ("the cp.async.bulk.wait_group at " + site_text(done)).c_str());
+    const char* what = it->second.c_str();
     for (u32 row = 0; row < box.rows; ++row) {
         u8* g = const_cast<u8*>(box.row_global(row));
         if (!g) continue;
         if (S().races) {
             const auto [lo, hi] = box.x_range();
-            if (hi > lo) async_access(t, uintptr_t(g + lo * box.eb), u32(hi - lo) * box.eb, true, true, site, "a TMA store");
+            if (hi > lo) async_access(t, uintptr_t(g + lo * box.eb), u32(hi - lo) * box.eb, true, true, r.site, what);
         }
         for (u32 x = 0; x < box.map.box_dims[0]; ++x) {
             if (!box.x_in_bounds(x)) continue;
-            const u32 s = swizzle(offset + row * box.row_bytes + x * box.eb, box.swz);
-            std::memcpy(g + (i64(c0) + x) * box.eb, smem + s, box.eb);
+            const u32 s = swizzle(r.offset + row * box.row_bytes + x * box.eb, box.swz);
+            std::memcpy(g + (i64(r.c[0]) + x) * box.eb, r.snapshot.data() + (s - r.offset), box.eb);
         }
     }
-    t.open_stores.push_back(StoreRecord{offset, std::vector<u8>(smem + offset, smem + offset + box.footprint), site});
 }
 
 DFG_SIM_API void tma_store_commit() {
     Thread& t = me();
-    t.committed_stores.push_back(std::move(t.open_stores));
+    t.committed_stores.push_back(StoreGroup{std::move(t.open_stores), false});
     t.open_stores.clear();
 }
 
-DFG_SIM_API void tma_store_wait_read(u32 n) {
+// cp.async.bulk.wait_group{.read} n: every committed group but the newest n has read its sources (.read) or is
+// complete (`complete`: writes made).
+DFG_SIM_API void tma_store_wait(u32 n, bool complete) {
     Thread& t = me();
-    while (t.committed_stores.size() > n) {
-        for (const StoreRecord& r : t.committed_stores.front())
+    const size_t older = t.committed_stores.size() > n ? t.committed_stores.size() - n : 0;
+    for (size_t i = 0; i < older; ++i) {
+        StoreGroup& group = t.committed_stores[i];
+        if (group.read_done) continue;
+        for (const StoreRecord& r : group.stores)
             if (std::memcmp(my_cta().smem + r.offset, r.snapshot.data(), r.snapshot.size()) != 0)
                 fail(format("shared-memory source [%#x, %#zx) of a TMA store was overwritten before "
                             "tma_store_wait_read / tma_store_wait_all released it",
                             r.offset, r.offset + r.snapshot.size()));
         if (S().races)  // the async proxy is done reading the sources: later writes there must come after this
-            for (const StoreRecord& r : t.committed_stores.front())
+            for (const StoreRecord& r : group.stores)
                 async_read_done(t, uintptr_t(my_cta().smem + r.offset), u32(r.snapshot.size()), r.site);
+        group.read_done = true;
+    }
+    if (!complete) return;
+    for (size_t i = 0; i < older; ++i) {
+        for (const StoreRecord& r : t.committed_stores.front().stores) tma_store_flush(t, r, false);
+        t.committed_stores.pop_front();
+    }
+}
+
+// The thread exits: the groups whose sources it waited for complete now (the kernel's completion). Groups not even
+// read-waited stay, for final_checks' report.
+inline void tma_stores_exit(Thread& t) {
+    if (!t.committed_stores.empty()) t.site = Site{"(thread exit)", 0};
+    while (!t.committed_stores.empty() && t.committed_stores.front().read_done) {
+        for (const StoreRecord& r : t.committed_stores.front().stores) tma_store_flush(t, r, true);
         t.committed_stores.pop_front();
     }
 }
@@ -169,13 +212,17 @@ inline WgmmaGroup& wgmma_open_group(Warpgroup& wg, u64 g) {
     return wg.groups[g - wg.executed];
 }
 
-DFG_SIM_API void wgmma_issue(u32 n, u64 desc_a, u64 desc_b, float* d, bool scale_d) {
+// One thread's wgmma.mma_async: A through descriptor `desc_a` or, when `a` is not null, from this thread's register
+// A fragment `a` (four .b32 of four e4m3: a_frag_row / a_frag_k); B through `desc_b`; accumulator `d` (N/2 f32).
+inline void wgmma_issue_any(u32 n, u64 desc_a, const u32* a, u64 desc_b, float* d, bool scale_d) {
     Thread& t = me();
     aligned("wgmma.mma_async", true);
     Warpgroup& wg = my_warpgroup("wgmma");
     check_wgmma_registers(t.tid / kWarpgroupThreads, n);
     if (!t.wgmma_fenced) fail("wgmma issued without wgmma_fence since the last wgmma_wait (PTX ISA wgmma.fence)");
+    const bool reg_a = a != nullptr;
     const u64 g = t.wgmma_commits;
+    operands_issue(t, d, n, a, g);
     WgmmaGroup& group = wgmma_open_group(wg, g);
     const u32 k = t.wgmma_ops_in_open_group++;
     if (k == group.ops.size()) {
@@ -184,9 +231,13 @@ DFG_SIM_API void wgmma_issue(u32 n, u64 desc_a, u64 desc_b, float* d, bool scale
         op.desc_b = desc_b;
         op.n = n;
         op.scale_d = scale_d;
-        decode_operand(desc_a, 64, op.addr_a, op.lo_a, op.hi_a, "A");
+        op.reg_a = reg_a;
+        if (reg_a)
+            op.a_codes.assign(64 * 32, 0);
+        else
+            decode_operand(desc_a, 64, op.addr_a, op.lo_a, op.hi_a, "A");
         decode_operand(desc_b, n, op.addr_b, op.lo_b, op.hi_b, "B");
-        // Operands are read by the async proxy from here to the wait that retires the group.
+        // Shared-memory operands are read by the async proxy from here to the wait that retires the group.
         const Cta& cta = my_cta();
         const u8* smem = cta.smem;
         const u16* writer = cta.generic_writer.data();
@@ -204,20 +255,34 @@ DFG_SIM_API void wgmma_issue(u32 n, u64 desc_a, u64 desc_b, float* d, bool scale
         group.ops.push_back(std::move(op));
     }
     WgmmaOp& op = group.ops[k];
-    if (op.desc_a != desc_a || op.desc_b != desc_b || op.n != n || op.scale_d != scale_d)
+    if (op.desc_a != desc_a || op.desc_b != desc_b || op.n != n || op.scale_d != scale_d || op.reg_a != reg_a)
         fail(format("wgmma is warpgroup-collective but this thread's operands differ from its warpgroup's: "
-                    "(desc_a %#llx, desc_b %#llx, N %u, scale_d %d) vs (%#llx, %#llx, %u, %d) in wgmma %u of group "
+                    "(desc_a %#llx%s, desc_b %#llx, N %u, scale_d %d) vs (%#llx%s, %#llx, %u, %d) in wgmma %u of group "
                     "%llu",
-                    static_cast<unsigned long long>(desc_a), static_cast<unsigned long long>(desc_b), n, scale_d,
-                    static_cast<unsigned long long>(op.desc_a), static_cast<unsigned long long>(op.desc_b), op.n,
+                    static_cast<unsigned long long>(desc_a), reg_a ? " (A in registers)" : "",
+                    static_cast<unsigned long long>(desc_b), n, scale_d, static_cast<unsigned long long>(op.desc_a),
+                    op.reg_a ? " (A in registers)" : "", static_cast<unsigned long long>(op.desc_b), op.n,
                     op.scale_d, k, static_cast<unsigned long long>(g)));
-    op.frag[t.tid % kWarpgroupThreads] = d;
+    const u32 lane_t = t.tid % kWarpgroupThreads;
+    if (reg_a)  // the registers are read at issue here; the in-flight check keeps them unchanged to the wait
+        for (u32 j = 0; j < 4; ++j)
+            for (u32 b = 0; b < 4; ++b) op.a_codes[a_frag_row(lane_t, j) * 32 + a_frag_k(lane_t, j, b)] = u8(a[j] >> (8 * b));
+    op.frag[lane_t] = d;
     ++op.issued;
+}
+
+DFG_SIM_API void wgmma_issue(u32 n, u64 desc_a, u64 desc_b, float* d, bool scale_d) {
+    wgmma_issue_any(n, desc_a, nullptr, desc_b, d, scale_d);
+}
+
+DFG_SIM_API void wgmma_issue_rs(u32 n, const u32* a, u64 desc_b, float* d, bool scale_d) {
+    wgmma_issue_any(n, 0, a, desc_b, d, scale_d);
 }
 
 DFG_SIM_API void wgmma_fence() {
     aligned("wgmma.fence", true);
     me().wgmma_fenced = true;
+    operands_fence(me());
 }
 
 DFG_SIM_API void wgmma_commit() {
@@ -249,6 +314,7 @@ DFG_SIM_API void wgmma_wait(u32 n) {
     const u64 target = t.wgmma_commits - n;  // groups [0, target) must be complete
     if (wg.complete < target)
         block(Wait{WaitKind::WgmmaGroup, t.cta, t.tid / kWarpgroupThreads, 0, target}, "wgmma_wait");
+    operands_retire(t, target);
     while (wg.executed < target) {
         for (const WgmmaOp& op : wg.groups.front().ops) {
             check_read_window(op, my_cta().smem);

@@ -56,6 +56,15 @@ inline void decode_operand(u64 desc, u32 rows, std::vector<u32>& addr, u32& lo, 
 inline u32 frag_row(u32 t, u32 i) { return 16 * (t / 32) + (t % 32) / 4 + 8 * ((i / 2) % 2); }
 inline u32 frag_col(u32 t, u32 i) { return 8 * (i / 4) + 2 * (t % 4) + i % 2; }
 
+// Register A fragment of .m64nNk32 with e4m3 A (PTX ISA "Register Fragments", figure "WGMMA .m64nNk32 register
+// fragment layout for matrix A"; CuTe ALayout_64x32 in cute/atom/mma_traits_sm90_gmma.hpp, "Register source layout
+// for 8-bit value types": ((4,8,4),(4,2,2)):((256,1,16),(64,8,1024)) over the column-major 64 x 32 tile): thread
+// t = 32 w + l holds four .b32 registers a0..a3 of four e4m3 each, byte b of register j (value 4 j + b) being
+// row 16 w + l/4 + 8 (j % 2), k 4 (l % 4) + b + 16 (j / 2). tests/test_sim_register_a.py evaluates CuTe's layout
+// with pycute against these and against dfg::WgmmaFragmentA (mma.cuh), which kernels write their fragments with.
+inline u32 a_frag_row(u32 t, u32 j) { return 16 * (t / 32) + (t % 32) / 4 + 8 * (j % 2); }
+inline u32 a_frag_k(u32 t, u32 j, u32 b) { return 4 * (t % 4) + b + 16 * (j / 2); }
+
 // PTX ISA "wgmma.mma_async": the operands in shared memory are read asynchronously any time between the issue
 // and the wgmma.wait_group that retires the group; they must not change in that window.
 inline void check_read_window(const WgmmaOp& op, const u8* smem) {
@@ -76,7 +85,11 @@ inline void execute(const WgmmaOp& op, const u8* smem) {
     float* a = s.data();
     float* b = a + 64 * 32;
     const bool exact = L().cfg.flags & kFlagExactMma;
-    for (u32 i = 0; i < 64 * 32; ++i) a[i] = g_e4m3.value[smem[op.addr_a[i]]];
+    // A's codes: from shared memory through the descriptor, or gathered from the threads' register fragments. Both
+    // then go through exactly the same arithmetic (numerics.hpp: the model's assumption that the source of A does
+    // not change the per-k-group accumulation).
+    const auto code_a = [&](u32 i) { return op.reg_a ? op.a_codes[i] : smem[op.addr_a[i]]; };
+    for (u32 i = 0; i < 64 * 32; ++i) a[i] = g_e4m3.value[code_a(i)];
     for (u32 i = 0; i < n * 32; ++i) b[i] = g_e4m3.value[smem[op.addr_b[i]]];
     // The tensor-core model works on the e4m3 values as integers; rows with a NaN code take the float path.
     std::vector<u32>& mag = L().scratch_mag;
@@ -87,7 +100,7 @@ inline void execute(const WgmmaOp& op, const u8* smem) {
         neg.resize(size_t(64 + n) * 32);
         nan_row.assign(64 + n, 0);
         for (u32 i = 0; i < (64 + n) * 32; ++i) {
-            const u8 code = smem[i < 64 * 32 ? op.addr_a[i] : op.addr_b[i - 64 * 32]];
+            const u8 code = i < 64 * 32 ? code_a(i) : smem[op.addr_b[i - 64 * 32]];
             mag[i] = g_e4m3_fixed.mag[code];
             neg[i] = g_e4m3_fixed.neg[code];
             nan_row[i / 32] |= g_e4m3_fixed.nan[code];
