@@ -2,10 +2,12 @@
 
 A re-export of :mod:`deep_fp8_gemm.compat`, the one place the 2.x surface is implemented (its API, the reference's
 casts bit for bit, its runtime knobs): the same arguments, defaults and positional order, SM90 semantics, and the
-CPU reference / ``DFG_SIMULATE=1`` simulator on CPU tensors. Names outside that scope (BF16 GEMMs, einsum, the V3.2
-indexer, ``tf32_hc_prenorm_gemm``, cuBLASLt, the SM100 layouts) are absent, so ``hasattr`` / ``getattr`` probes see
-them missing; the few a loader insists on (Hugging Face transformers') exist and raise ``NotImplementedError``.
-docs/dropin.md lists every name.
+CPU reference / ``DFG_SIMULATE=1`` simulator on CPU tensors. The DeepSeek-V3.2 / V4 indexer is here in both of the
+reference's spellings: ``fp8_fp4_mqa_logits``, ``fp8_fp4_paged_mqa_logits``, the legacy ``fp8_mqa_logits`` /
+``fp8_paged_mqa_logits``, and ``get_paged_mqa_logits_metadata`` (``deep_fp8_gemm.compat.attention``). Names outside
+that scope (BF16 GEMMs, einsum, ``tf32_hc_prenorm_gemm``, cuBLASLt, the SM100 layouts) are absent, so ``hasattr`` /
+``getattr`` probes see them missing; the few a loader insists on (Hugging Face transformers') exist and raise
+``NotImplementedError``. docs/dropin.md lists every name.
 """
 
 import deep_fp8_gemm as _dfg

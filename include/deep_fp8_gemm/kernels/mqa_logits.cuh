@@ -12,7 +12,8 @@
 //          block_table[b][p / 64] of kv_cache [num_blocks][64 x D e4m3 | 64 fp32 scales]; a 256-token tile is four
 //          blocks, the last ones skipped past the context. The CTA's tiles are those the schedule metadata
 //          (get_paged_mqa_logits_metadata: [num_ctas + 1][2] of (batch row, 256-token split)) gives it, in order.
-//          Logits row b * next_n + t, column p, written for p < min(context_lens[b][t], logits_width) only.
+//          Logits row b * next_n + t, column p, written for p < min(context_lens[b][t], context_lens[b][next_n - 1],
+//          logits_width) only.
 //
 // Both forms share everything but the schedule (which Q tile, which KV tiles), the KV tile's load (one 256-row box /
 // four cache blocks through the block table) and the store window; the score itself is mqa_score.cuh's ScoreTile.
@@ -332,8 +333,9 @@ struct MqaLogitsKernel {
     static DFG_DEVICE Window window_of(const MqaLogitsParams& params, const Group& g, u32 query) {
         Logit* logits = static_cast<Logit*>(params.logits);
         if constexpr (kPaged) {
+            // The row's work ends at the last query's context (the schedule's), whatever this query's.
             const u32 r = g.q * kQueries + query;
-            const i32 len = params.context_lens[r];
+            const i32 len = min_of(params.context_lens[r], params.context_lens[g.q * kQueries + kQueries - 1]);
             const u32 hi = min_of(len > 0 ? static_cast<u32>(len) : 0u, params.logits_width);
             return Window{logits + r * params.logits_stride, 0u, hi, 0u};
         } else {
