@@ -225,7 +225,7 @@ def _tma_ready(t: torch.Tensor) -> torch.Tensor:
 
 def _tma_rows(w: torch.Tensor) -> torch.Tensor:
     """Weights rows at a 16-byte aligned address and row stride (the TMA map's), else a contiguous copy."""
-    if w.data_ptr() % 16 == 0 and (w.stride(0) * 4) % 16 == 0:
+    if w.data_ptr() % 16 == 0 and (w.stride(0) * 4) % 16 == 0 and w.stride(0) >= w.shape[1]:
         return w
     return w.clone(memory_format=torch.contiguous_format)
 

@@ -194,7 +194,8 @@ def dense_map_args(cfg: MqaLogitsConfig, q: torch.Tensor, kv: torch.Tensor, kv_s
     swizzle = _swizzle(d)
     return (
         (TmaDtype.UINT8, q.data_ptr(), (d, seq_len * h, 1), (d, _stride16(seq_len * h * d)), (d, cfg.n, 1), swizzle),
-        (TmaDtype.FLOAT32, weights.data_ptr(), (h, seq_len, 1), (weights.stride(0) * 4, _stride16(seq_len * h * 4)),
+        (TmaDtype.FLOAT32, weights.data_ptr(), (h, seq_len, 1),
+         (weights.stride(0) * 4, _stride16(seq_len * weights.stride(0) * 4)),
          (h, cfg.queries, 1), TmaSwizzle.NONE),
         (TmaDtype.UINT8, kv.data_ptr(), (d, seq_len_kv, 1), (d, _stride16(seq_len_kv * d)), (d, TILE_ROWS, 1), swizzle),
         (TmaDtype.FLOAT32, kv_scales.data_ptr(), (seq_len_kv, 1, 1), (_stride16(seq_len_kv * 4), _stride16(seq_len_kv * 4)),
