@@ -62,12 +62,14 @@ def kv_cache_cast_to_fp8(x: torch.Tensor) -> torch.Tensor:
 
 
 def paged_inputs(batch: int, next_n: int, num_heads: int, head_dim: int, avg_kv: int, seed: int,
-                 extra_blocks: int = 3):
+                 extra_blocks: int = 3, lens: list[int] | None = None):
     """``(q e4m3 [B, next_n, H, D], kv_cache, weights [B * next_n, H], context_lens [B, next_n] int32, block_table,
     max_model_len)`` as the reference test draws them (block table rows from one permutation of the blocks, so a
-    row's blocks are scattered over the cache; ``extra_blocks`` unused blocks in the pool)."""
+    row's blocks are scattered over the cache; ``extra_blocks`` unused blocks in the pool; ``lens``: the rows' last
+    context lengths instead of drawn ones)."""
     g = torch.Generator().manual_seed(seed)
-    lens = torch.randint(int(0.7 * avg_kv), int(1.3 * avg_kv), (batch,), generator=g, dtype=torch.int32)
+    drawn = torch.randint(int(0.7 * avg_kv), int(1.3 * avg_kv), (batch,), generator=g, dtype=torch.int32)
+    lens = drawn if lens is None else torch.tensor(lens, dtype=torch.int32)
     blocks_per_row = (lens + 63) // 64
     max_model_len = int(blocks_per_row.max()) * 64
     total = int(blocks_per_row.sum()) + extra_blocks
