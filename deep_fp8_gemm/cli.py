@@ -32,7 +32,9 @@ from .kinds import TABLE
 
 #: The GEMM kinds (the rows of the kinds table, torch-free) and the audit's other kernel families.
 GEMM_KINDS = TABLE.names
-ALL_KINDS = (*GEMM_KINDS, "quant")
+ALL_KINDS = (*GEMM_KINDS, "quant", "attention")
+#: The audit's families whose kernels do not depend on the problem shape (every variant is audited).
+SHAPELESS_KINDS = {"quant": "quant", "attention": "mqa_logits"}  # family -> kernels module
 
 
 def plain(text: str) -> str:
@@ -114,14 +116,15 @@ def collect_targets(kind: str, shapes: Sequence[str], ms: list[int] | None, num_
     """AuditTargets from the kernel families (imported lazily: they pull in the config heuristics)."""
     if num_sms <= 0:
         raise CliError(f"--num-sms must be positive, got {num_sms}")
-    if kind == "quant" and (shapes or ms or num_groups):
-        raise CliError("the quantiser kernels do not depend on the problem shape (every variant is audited): "
-                       "--shapes, --m and --num-groups do not apply to --kind quant")
+    if kind in SHAPELESS_KINDS and (shapes or ms or num_groups):
+        what = "quantiser" if kind == "quant" else "MQA-logits (indexer)"
+        raise CliError(f"the {what} kernels do not depend on the problem shape (every variant is audited): "
+                       f"--shapes, --m and --num-groups do not apply to --kind {kind}")
     parsed = None if not shapes or list(shapes) == ["deepseek-v3"] else [_shape(s) for s in shapes]
     targets = []
     for family in (ALL_KINDS if kind == "all" else (kind,)):
-        if family == "quant":
-            targets += _kernel_module("quant").audit_targets()
+        if family in SHAPELESS_KINDS:
+            targets += _kernel_module(SHAPELESS_KINDS[family]).audit_targets()
         else:
             targets += _kernel_module("targets").audit_targets(family, parsed, ms, num_sms, num_groups)
     return targets
