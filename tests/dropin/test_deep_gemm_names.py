@@ -69,7 +69,7 @@ def _check(dg, consumer: str) -> None:
         (ours if who == "deep_fp8_gemm" else forwarded).add(name)
         assert who not in (None, "deep_fp8_gemm (stub)"), (consumer, name, who)
     assert ours == OURS[consumer], sorted(ours ^ OURS[consumer])
-    assert all(n.rpartition(".")[2] in _stubs.FORWARDED or n.startswith("utils.") or n in ("SymmBuffer",)
+    assert all(n.rpartition(".")[2] in _stubs.FORWARDED + _stubs.SHARED or n.startswith("utils.") or n in ("SymmBuffer",)
                for n in forwarded), sorted(forwarded)
 
 

@@ -10,7 +10,7 @@ import torch
 
 from bench import bench_attention as B
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "indexer.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "indexer.md"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device runs the benchmark instead of skipping it")
