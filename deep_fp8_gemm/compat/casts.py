@@ -175,6 +175,52 @@ def ceil_to_ue8m0(x: torch.Tensor) -> torch.Tensor:
     return _ceil_to_ue8m0_f32(x.abs().float())
 
 
+#: e2m1 rounding boundaries (midpoints of 0, 0.5, 1, 1.5, 2, 3, 4, 6): a magnitude above the i-th takes code i + 1,
+#: so a tie rounds toward zero (the reference's comparisons are strict), not to even.
+_E2M1_BOUNDARIES = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
+
+
+def per_token_cast_to_fp4(x: torch.Tensor, use_ue8m0: bool, gran_k: int = 32,
+                          use_packed_ue8m0: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """MXFP4 per token: one scale per row per ``gran_k`` K-elements (``amax / 6``, UE8M0-rounded with
+    ``use_ue8m0``), values ``x * (1 / sf)`` rounded to e2m1 with ties toward zero, -0 written as +0, NaN as 0.
+
+    Args:
+        x: ``[m, k]`` bfloat16 / float16 / float32, ``k`` even.
+        use_ue8m0: power-of-two scales (MXFP4 checkpoints: True).
+        gran_k: positive group size (32 for MXFP4); K is zero-padded to a multiple of it for the scales.
+        use_packed_ue8m0: False (True, the SM100 int32 packing: ``NotImplementedError``).
+
+    Returns:
+        ``(codes [m, k/2] int8 contiguous, two e2m1 codes per byte with K index 2j in the low nibble,
+        sf [m, ceil(k/gran_k)] float32)``.
+    """
+    check_input(x, "x")
+    gran_k = _check_gran_k(gran_k)
+    use_ue8m0 = check_bool(use_ue8m0, "use_ue8m0")
+    if check_bool(use_packed_ue8m0, "use_packed_ue8m0"):
+        check_sm100_options(GRAN_K, True)  # NotImplementedError: the SM100 packing
+    m, k = x.shape
+    if k % 2 != 0:
+        raise ValueError(f"x must have an even number of columns (two e2m1 codes per byte), got {k=}")
+    padded_k = ceil_div(k, gran_k) * gran_k
+    padded = x.new_zeros((m, padded_k))
+    padded[:, :k] = x
+    view = padded.view(m, padded_k // gran_k, gran_k)
+    sf = view.abs().float().amax(dim=2).clamp_min(AMAX_FLOOR) / 6.0
+    if use_ue8m0:
+        sf = _ceil_to_ue8m0_f32(sf)
+    scaled = view * (1.0 / sf.unsqueeze(2))
+    mag = scaled.abs()
+    code = torch.zeros(scaled.shape, dtype=torch.uint8, device=x.device)
+    for boundary in _E2M1_BOUNDARIES:
+        code += (mag > boundary).to(torch.uint8)
+    code |= ((scaled < 0) & (code != 0)).to(torch.uint8) << 3
+    pairs = code.view(m, padded_k // 2, 2)
+    packed = (pairs[..., 0] | (pairs[..., 1] << 4)).view(torch.int8)
+    return packed[:, :k // 2].contiguous(), sf
+
+
 __all__ = [
     "align",
     "ceil_div",
@@ -182,5 +228,6 @@ __all__ = [
     "per_block_cast_to_fp8",
     "per_channel_cast_to_fp8",
     "per_custom_dims_cast_to_fp8",
+    "per_token_cast_to_fp4",
     "per_token_cast_to_fp8",
 ]

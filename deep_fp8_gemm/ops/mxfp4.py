@@ -1,0 +1,231 @@
+"""MXFP4 expert weights for Hopper's FP8 tensor cores (issue 42): the stored form, its preparation, the exact
+reference and a bit model of the in-register e2m1 -> e4m3 conversion.
+
+A checkpoint's MXFP4 weight is ``w [G, N, K/2]`` int8 (two e2m1 codes per byte, the low nibble first: K index
+``2j`` in bits 0-3, ``2j + 1`` in bits 4-7) with ``sf [G, N, K/32]`` float32 UE8M0 scales (positive powers of two,
+one per row per 32 K). Hopper has no FP4 tensor core; e2m1 x 2^d is exactly an e4m3 value for every
+``d`` in [-8, +6] (:func:`conversion_exact_shifts` proves it), so within a 128-K block a row's four sub-block scales
+2^e_i fold into the operand when they span at most 14 binades: ``E = max_i e_i - 6`` is the block's exponent, the
+sub-block shifts ``d_i = e_i - E`` lie in [-8, +6], and the K loop promotes once per 128 K by ``2^E x sA``.
+A block spanning more than 14 binades is flagged: it keeps shift 0 in the operand and promotes each 32-K partial by
+its own ``2^e_i x sA`` (the per-32 path).
+
+The fold is exact in the operand values, not in the result: a 128-K block runs in one tensor-core chain (about 13
+bits kept, aligned to the largest term), so a sub-block far below its neighbours loses bits as in the FP8 kernel.
+
+Preparation stores the nibbles unchanged (the same tensor, not copied) plus per row: ``shift [G, N, K/32]`` int8,
+``block_exp [G, N, K/128]`` int16 (E) and ``per32 [G, N, K/128]`` bool. Bytes beside the nibbles per row and 128 K:
+4 (shifts) + 2 (E) + 1 (flag) = 7 against 64 of nibbles (11%; the checkpoint's fp32 scales are 16).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import torch
+
+from ..constants import GRAN_K
+
+#: K elements per MXFP4 scale (the recipe's ``recipe_b = (1, 32)``).
+MX_GRAN_K = 32
+#: Sub-blocks of 32 K per 128-K promotion block.
+SUBBLOCKS = GRAN_K // MX_GRAN_K
+#: The shifts e2m1 x 2^d keeps exact in e4m3 (min subnormal 2^-9 = 0.5 x 2^-8; max normal 448 >= 6 x 2^6 = 384).
+SHIFT_MIN, SHIFT_MAX = -8, 6
+#: A block whose sub-block exponents span more than this many binades takes the per-32 path.
+MAX_FOLD_SPAN = SHIFT_MAX - SHIFT_MIN
+#: e2m1 magnitudes by code & 7.
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+
+
+def decode_e2m1(codes: torch.Tensor) -> torch.Tensor:
+    """float64 values of e2m1 codes (any integer dtype, low 4 bits used; code 8 is -0 and decodes to 0)."""
+    c = codes.to(torch.int64) & 0xF
+    mag = torch.tensor(E2M1_VALUES, dtype=torch.float64, device=codes.device)[c & 7]
+    return torch.where((c & 8) != 0, -mag, mag)
+
+
+def unpack_nibbles(w: torch.Tensor) -> torch.Tensor:
+    """``[..., K/2]`` int8 -> ``[..., K]`` int64 codes, the low nibble first."""
+    b = w.to(torch.int64) & 0xFF
+    return torch.stack((b & 0xF, b >> 4), dim=-1).flatten(-2)
+
+
+def _ue8m0_exponents(sf: torch.Tensor, name: str) -> torch.Tensor:
+    """int64 exponents of float32 UE8M0 scales; ``ValueError`` naming the first value that is not 2^e."""
+    bits = sf.contiguous().view(torch.int32).to(torch.int64)
+    bad = (bits <= 0) | ((bits & 0x7FFFFF) != 0) | ((bits >> 23) >= 255)
+    if bool(bad.any()):
+        idx = tuple(int(i) for i in bad.nonzero()[0])
+        raise ValueError(f"{name} must hold UE8M0 scales (positive finite powers of two 2^-126..2^127 as float32), "
+                         f"got {name}[{', '.join(map(str, idx))}]={float(sf[idx])!r}")
+    return (bits >> 23) - 127
+
+
+def check_mxfp4_weights(w: object, sf: object, name: str = "rhs") -> tuple[int, int, int]:
+    """Checks a checkpoint's ``(w [G, N, K/2] int8/uint8, sf [G, N, K/32] float32)``; returns ``(G, N, K)``."""
+    if not isinstance(w, torch.Tensor) or not isinstance(sf, torch.Tensor):
+        raise TypeError(f"{name} must be a pair of tensors (weights, scales), got "
+                        f"({type(w).__name__}, {type(sf).__name__})")
+    if w.dtype not in (torch.int8, torch.uint8) or w.dim() != 3:
+        raise TypeError(f"{name}[0] must be [G, N, K/2] int8 (two e2m1 codes per byte), got {w.dtype} "
+                        f"of shape {tuple(w.shape)}")
+    if sf.dtype != torch.float32 or sf.dim() != 3:
+        raise TypeError(f"{name}[1] must be [G, N, K/32] float32 UE8M0 scales, got {sf.dtype} of shape "
+                        f"{tuple(sf.shape)}")
+    g, n, half_k = w.shape
+    k = 2 * half_k
+    if k % GRAN_K != 0 or k == 0:
+        raise ValueError(f"{name}[0]: K = 2 * {half_k} = {k} must be a positive multiple of {GRAN_K}")
+    if tuple(sf.shape) != (g, n, k // MX_GRAN_K):
+        raise ValueError(f"{name}[1] must have shape [G, N, K/32] = {(g, n, k // MX_GRAN_K)}, got {tuple(sf.shape)}")
+    if w.device != sf.device:
+        raise ValueError(f"{name}: weights on {w.device}, scales on {sf.device}")
+    return g, n, k
+
+
+@dataclasses.dataclass(frozen=True)
+class PreparedMxfp4:
+    """MXFP4 expert weights in the stored form the kernel reads (see the module docstring).
+
+    ``nibbles [G, N, K/2]`` int8: the checkpoint's tensor itself; ``shift [G, N, K/32]`` int8 (d_i = e_i - E; 0 on
+    per-32 blocks); ``block_exp [G, N, K/128]`` int16 (E; on per-32 blocks the largest e_i); ``per32
+    [G, N, K/128]`` bool; ``sub_exp [G, N, K/32]`` int16: e_i, kept for the per-32 path's promotion scales.
+    """
+
+    nibbles: torch.Tensor
+    shift: torch.Tensor
+    block_exp: torch.Tensor
+    per32: torch.Tensor
+    sub_exp: torch.Tensor
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        g, n, half_k = self.nibbles.shape
+        return g, n, 2 * half_k
+
+    def extra_bytes(self) -> int:
+        """Resident bytes beside the nibbles."""
+        return sum(t.numel() * t.element_size() for t in (self.shift, self.block_exp, self.per32, self.sub_exp))
+
+
+def prepare_mxfp4_weights(w: torch.Tensor, sf: torch.Tensor, *, max_span: int = MAX_FOLD_SPAN) -> PreparedMxfp4:
+    """A checkpoint's ``(w [G, N, K/2] int8, sf [G, N, K/32] float32 UE8M0)`` -> :class:`PreparedMxfp4`.
+
+    The nibbles are not copied. Per row and 128-K block with sub-block exponents e_0..e_3: when
+    ``max e - min e <= max_span`` (14 by default, the widest span e4m3 represents exactly) ``E = max e - 6`` and
+    ``shift = e - E`` (in [-8, +6]); otherwise the block is flagged ``per32``, its shifts are 0 and ``E = max e``.
+    """
+    g, n, k = check_mxfp4_weights(w, sf)
+    if isinstance(max_span, bool) or not isinstance(max_span, int) or not 0 <= max_span <= MAX_FOLD_SPAN:
+        raise ValueError(f"max_span must be an int in [0, {MAX_FOLD_SPAN}], got max_span={max_span!r}")
+    e = _ue8m0_exponents(sf, "rhs[1]").view(g, n, k // GRAN_K, SUBBLOCKS)
+    hi, lo = e.amax(dim=-1), e.amin(dim=-1)
+    per32 = (hi - lo) > max_span
+    block_exp = torch.where(per32, hi, hi - SHIFT_MAX)
+    shift = torch.where(per32.unsqueeze(-1), torch.zeros_like(e), e - block_exp.unsqueeze(-1))
+    return PreparedMxfp4(nibbles=w.view(torch.int8), shift=shift.to(torch.int8).view(g, n, k // MX_GRAN_K),
+                         block_exp=block_exp.to(torch.int16), per32=per32,
+                         sub_exp=e.to(torch.int16).view(g, n, k // MX_GRAN_K))
+
+
+def dequantize_prepared(p: PreparedMxfp4) -> torch.Tensor:
+    """float64 ``[G, N, K]`` weights the prepared form records (equal to the checkpoint's values exactly)."""
+    g, n, k = p.shape
+    vals = decode_e2m1(unpack_nibbles(p.nibbles)).view(g, n, k // MX_GRAN_K, MX_GRAN_K)
+    exp = torch.where(p.per32.repeat_interleave(SUBBLOCKS, dim=-1), p.sub_exp.to(torch.int64),
+                      p.block_exp.to(torch.int64).repeat_interleave(SUBBLOCKS, dim=-1) + p.shift.to(torch.int64))
+    return (vals * torch.exp2(exp.to(torch.float64)).unsqueeze(-1)).view(g, n, k)
+
+
+def masked_gemm_reference(a: torch.Tensor, sa: torch.Tensor, p: PreparedMxfp4, masked_m: torch.Tensor
+                          ) -> torch.Tensor:
+    """float64 ``D [G, m_max, N]`` of FP8 activations ``a [G, m_max, K]`` (``sa [G, m_max, K/128]`` fp32) times the
+    prepared weights, following the path each block records: a folded block is one 128-K sum of
+    ``a x (e2m1 x 2^d)`` scaled by ``2^E x sa``; a per-32 block is four 32-K sums each scaled by ``2^e_i x sa``.
+    Rows at or past ``masked_m[g]`` are zero."""
+    g, n, k = p.shape
+    m_max = a.shape[1]
+    kb = k // GRAN_K
+    av = a.to(torch.float64).view(g, m_max, kb, SUBBLOCKS, MX_GRAN_K)
+    codes = decode_e2m1(unpack_nibbles(p.nibbles)).view(g, n, kb, SUBBLOCKS, MX_GRAN_K)
+    # Folded operand: e2m1 x 2^d (exact in e4m3); partial sums per 32 K, then the two paths' scales.
+    folded = codes * torch.exp2(p.shift.to(torch.float64)).view(g, n, kb, SUBBLOCKS, 1)
+    part = torch.einsum("gmbsk,gnbsk->gmnbs", av, folded)
+    fold_sum = part.sum(-1) * torch.exp2(p.block_exp.to(torch.float64)).unsqueeze(1)
+    per32_sum = (part * torch.exp2(p.sub_exp.to(torch.float64)).view(g, 1, n, kb, SUBBLOCKS)).sum(-1)
+    blocks = torch.where(p.per32.unsqueeze(1), per32_sum, fold_sum)  # [g, m, n, kb]
+    d = (blocks * sa.to(torch.float64).unsqueeze(2)).sum(-1)
+    rows = torch.arange(m_max, device=a.device).view(1, m_max, 1)
+    return torch.where(rows < masked_m.to(a.device).view(g, 1, 1), d, torch.zeros((), dtype=torch.float64))
+
+
+# ---------------------------------------------------------------------------------------------- conversion model
+def _e4m3_bits(value: float) -> int | None:
+    """The e4m3fn byte of an exactly representable non-negative value, else None."""
+    byte = int(torch.tensor(value, dtype=torch.float64).to(torch.float8_e4m3fn).view(torch.uint8))
+    back = float(torch.tensor(byte, dtype=torch.uint8).view(torch.float8_e4m3fn).to(torch.float64))
+    return byte if back == value else None
+
+
+def lookup_table(shift: int) -> tuple[int, int]:
+    """The per-(row, sub-block) table of shift ``d``: the e4m3 bytes of ``E2M1_VALUES[c] x 2^d`` for c = 0..7 as
+    two u32 (bytes 0-3, 4-7), the operands of one ``prmt``. ``ValueError`` for a shift e4m3 cannot hold."""
+    if not SHIFT_MIN <= shift <= SHIFT_MAX:
+        raise ValueError(f"shift must be in [{SHIFT_MIN}, {SHIFT_MAX}], got shift={shift}")
+    b = [_e4m3_bits(v * 2.0 ** shift) for v in E2M1_VALUES]
+    return b[0] | b[1] << 8 | b[2] << 16 | b[3] << 24, b[4] | b[5] << 8 | b[6] << 16 | b[7] << 24
+
+
+def conversion_exact_shifts() -> tuple[int, ...]:
+    """Every shift d for which all eight e2m1 magnitudes x 2^d are e4m3 values (proof by enumeration)."""
+    return tuple(d for d in range(-20, 20) if all(_e4m3_bits(v * 2.0 ** d) is not None for v in E2M1_VALUES))
+
+
+def prmt(a: int, b: int, selector: int) -> int:
+    """PTX ``prmt.b32`` default mode: byte i of the result is byte ``selector[4i+2:4i]`` of {b, a}, sign-replicated
+    when ``selector`` bit 4i+3 is set."""
+    pool = (a & 0xFFFFFFFF) | (b & 0xFFFFFFFF) << 32
+    out = 0
+    for i in range(4):
+        s = selector >> (4 * i) & 0xF
+        byte = pool >> (8 * (s & 7)) & 0xFF
+        if s & 8:
+            byte = 0xFF if byte & 0x80 else 0
+        out |= byte << (8 * i)
+    return out
+
+
+#: Instructions per packed u32 (8 codes -> 8 e4m3 bytes) of :func:`convert_u32`, as SASS would issue them:
+#: the magnitudes 1 LOP3 + 1 SHF/LOP3 (selectors) + 2 PRMT; the signs per half 2 LOP3 + 2 SHF (spread) and the
+#: final OR folded into one LOP3 per half. ptxas may fuse further; the audit measures it.
+CONVERT_OPS_PER_U32 = 4 + 2 * 5
+
+
+def convert_u32(packed: int, lut: tuple[int, int]) -> tuple[int, int]:
+    """The register conversion of one u32 of eight e2m1 codes (low nibble first) into two u32 of e4m3 bytes (K
+    order kept), through the row's sub-block table ``lut`` (:func:`lookup_table`): magnitudes by ``prmt`` over the
+    codes' low three bits, the sign bit moved from bit 3 of each nibble to bit 7 of its byte."""
+    packed &= 0xFFFFFFFF
+    mag_lo = prmt(lut[0], lut[1], packed & 0x7777)
+    mag_hi = prmt(lut[0], lut[1], (packed >> 16) & 0x7777)
+    out = []
+    for half, mag in ((packed & 0x8888, mag_lo), ((packed >> 16) & 0x8888, mag_hi)):
+        # sign bits at 3, 7, 11, 15 -> 3, 7, 19, 23 -> 7, 15, 23, 31
+        u = (half | half << 8) & 0x00880088
+        signs = ((u & 0x00080008) << 4) | ((u & 0x00800080) << 8)
+        out.append(mag | signs)
+    return out[0], out[1]
+
+
+def convert_rows(nibbles: np.ndarray, shifts: np.ndarray) -> np.ndarray:
+    """Model of the whole conversion: ``nibbles [R, 16]`` uint8 (32 codes of one sub-block per row) and
+    ``shifts [R]`` -> ``[R, 32]`` uint8 e4m3 bytes, u32 by u32 through :func:`convert_u32`."""
+    words = np.ascontiguousarray(nibbles, dtype=np.uint8).view("<u4")
+    out = np.empty((words.shape[0], words.shape[1] * 2), dtype="<u4")
+    for r in range(words.shape[0]):
+        lut = lookup_table(int(shifts[r]))
+        for j in range(words.shape[1]):
+            out[r, 2 * j], out[r, 2 * j + 1] = convert_u32(int(words[r, j]), lut)
+    return out.view(np.uint8)

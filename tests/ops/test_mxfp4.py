@@ -1,0 +1,190 @@
+"""MXFP4 experts, host side (issue 42): per_token_cast_to_fp4, the prepared form, the float64 reference and the
+bit model of the in-register e2m1 -> e4m3 conversion."""
+
+import numpy as np
+import pytest
+import torch
+
+from deep_fp8_gemm.compat.casts import per_token_cast_to_fp4
+from deep_fp8_gemm.ops import mxfp4
+from deep_fp8_gemm.utils import calc_diff
+
+
+def _numpy_fp4(x: np.ndarray, gran_k: int, ue8m0: bool):
+    """An independent float32 model of the reference's cast (DeepGEMM 54e2261 deep_gemm/utils/math.py semantics)."""
+    m, k = x.shape
+    pk = -(-k // gran_k) * gran_k
+    xp = np.zeros((m, pk), np.float32)
+    xp[:, :k] = x
+    v = xp.reshape(m, -1, gran_k)
+    sf = (np.maximum(np.abs(v).max(-1), np.float32(1e-4)) / np.float32(6.0)).astype(np.float32)
+    if ue8m0:
+        sf = np.exp2(np.ceil(np.log2(sf.astype(np.float64)))).astype(np.float32)
+    s = v * (np.float32(1.0) / sf)[..., None]
+    mag = np.abs(s)
+    code = sum((mag > b).astype(np.uint8) for b in (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)).astype(np.uint8)
+    code |= (((s < 0) & (code != 0)).astype(np.uint8) << 3)
+    code = code.reshape(m, pk)
+    packed = (code[:, 0::2] | (code[:, 1::2] << 4)).astype(np.uint8).view(np.int8)
+    return packed[:, :k // 2], sf
+
+
+@pytest.mark.parametrize("ue8m0", [True, False])
+@pytest.mark.parametrize("shape,gran_k", [((5, 64), 32), ((3, 96), 32), ((4, 256), 128), ((2, 34), 32)])
+def test_cast_to_fp4_bits(shape, gran_k, ue8m0):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(shape, generator=g) * torch.exp2(torch.randint(-6, 6, (shape[0], 1), generator=g).float())
+    codes, sf = per_token_cast_to_fp4(x, ue8m0, gran_k)
+    ref_codes, ref_sf = _numpy_fp4(x.numpy(), gran_k, ue8m0)
+    assert codes.dtype == torch.int8 and codes.shape == (shape[0], shape[1] // 2) and codes.is_contiguous()
+    assert np.array_equal(codes.numpy(), ref_codes)
+    assert np.array_equal(sf.numpy(), ref_sf)
+
+
+def test_cast_to_fp4_ties_toward_zero_and_nibble_order():
+    # scale 1 (amax 6): 0.75 -> 0.5 (code 1, not 1.0), 2.5 -> 2 (code 4), -0.25 -> +0, low nibble = even K
+    x = torch.tensor([[0.75, 2.5, -0.25, 6.0, -1.0, 5.0] + [0.0] * 26])
+    codes, sf = per_token_cast_to_fp4(x, True)
+    assert sf.tolist() == [[1.0]]
+    b = codes[0].to(torch.int64) & 0xFF
+    assert b[:3].tolist() == [0x1 | 0x4 << 4, 0x0 | 0x7 << 4, 0xA | 0x6 << 4]
+
+
+def test_cast_to_fp4_refusals():
+    with pytest.raises(ValueError, match="k=3"):
+        per_token_cast_to_fp4(torch.zeros(2, 3), True)
+    with pytest.raises(TypeError, match="gran_k"):
+        per_token_cast_to_fp4(torch.zeros(2, 4), True, 32.0)
+    with pytest.raises(TypeError, match="use_ue8m0"):
+        per_token_cast_to_fp4(torch.zeros(2, 4), 1)
+    with pytest.raises(NotImplementedError):
+        per_token_cast_to_fp4(torch.zeros(2, 32), True, use_packed_ue8m0=True)
+
+
+def test_facade_exports_fp4_cast():
+    from deep_fp8_gemm.compat.deep_gemm.utils import math as dg_math
+    assert dg_math.per_token_cast_to_fp4 is per_token_cast_to_fp4
+
+
+# ------------------------------------------------------------------------------------------------- preparation
+def _weights(g, n, k, span=4, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    w = torch.randn(g * n, k, generator=gen)
+    # per-32 magnitudes spread over `span` binades
+    w = w * torch.exp2(torch.randint(0, span + 1, (g * n, k // 32), generator=gen).float()).repeat_interleave(32, 1)
+    codes, sf = per_token_cast_to_fp4(w, True, 32)
+    return codes.view(g, n, k // 2), sf.view(g, n, k // 32)
+
+
+def test_prepare_keeps_nibbles_and_values():
+    w, sf = _weights(3, 8, 256, span=10)
+    p = mxfp4.prepare_mxfp4_weights(w, sf)
+    assert p.nibbles.data_ptr() == w.data_ptr()  # not copied
+    assert not bool(p.per32.any())
+    assert int(p.shift.min()) >= mxfp4.SHIFT_MIN and int(p.shift.max()) == mxfp4.SHIFT_MAX
+    exact = mxfp4.decode_e2m1(mxfp4.unpack_nibbles(w)) * sf.to(torch.float64).repeat_interleave(32, -1)
+    assert torch.equal(mxfp4.dequantize_prepared(p), exact)
+    # 7 bytes per row per 128 K beside the nibbles' 64, plus the per-32 exponents (2 per 32 K)
+    assert p.extra_bytes() == 3 * 8 * (256 // 128) * (4 + 2 + 1 + 8)
+
+
+def _planted_span(sf, span):
+    """Row 0, block 0 of expert 0: sub-block exponents 0, -span, 0, 0 (a block spanning `span` binades)."""
+    sf = sf.clone()
+    sf[0, 0, 0:4] = torch.tensor([1.0, 2.0 ** -span, 1.0, 1.0])
+    return sf
+
+
+@pytest.mark.parametrize("span,per32", [(14, False), (15, True), (40, True)])
+def test_prepare_flags_wide_blocks(span, per32):
+    w, sf = _weights(1, 4, 256)
+    p = mxfp4.prepare_mxfp4_weights(w, _planted_span(sf, span))
+    assert bool(p.per32[0, 0, 0]) is per32
+    assert int(p.per32.sum()) == int(per32)
+    if per32:
+        assert p.shift[0, 0, :4].tolist() == [0, 0, 0, 0] and int(p.block_exp[0, 0, 0]) == 0
+    else:
+        assert p.shift[0, 0, :4].tolist() == [6, 6 - 14, 6, 6] and int(p.block_exp[0, 0, 0]) == -6
+
+
+def test_prepare_refusals():
+    w, sf = _weights(1, 2, 128)
+    with pytest.raises(TypeError, match=r"rhs\[0\]"):
+        mxfp4.prepare_mxfp4_weights(w.float(), sf)
+    with pytest.raises(ValueError, match=r"rhs\[1\] must have shape"):
+        mxfp4.prepare_mxfp4_weights(w, sf[..., :2])
+    with pytest.raises(ValueError, match="K = 2 \\* 48 = 96"):
+        mxfp4.prepare_mxfp4_weights(w[..., :48], sf[..., :3])
+    bad = sf.clone()
+    bad[0, 1, 2] = 0.75
+    with pytest.raises(ValueError, match=r"rhs\[1\]\[0, 1, 2\]=0.75"):
+        mxfp4.prepare_mxfp4_weights(w, bad)
+    with pytest.raises(ValueError, match="max_span"):
+        mxfp4.prepare_mxfp4_weights(w, sf, max_span=15)
+
+
+# ------------------------------------------------------------------------------------------------- reference
+@pytest.mark.parametrize("span", [6, 15, 30])
+def test_reference_follows_the_recorded_path(span):
+    g, m_max, n, k = 2, 5, 8, 256
+    w, sf = _weights(g, n, k, seed=3)
+    p = mxfp4.prepare_mxfp4_weights(w, _planted_span(sf, span))
+    gen = torch.Generator().manual_seed(4)
+    a = (torch.randn(g, m_max, k, generator=gen) * 4).to(torch.float8_e4m3fn)
+    sa = torch.exp2(torch.randint(-3, 3, (g, m_max, k // 128), generator=gen).float())
+    masked_m = torch.tensor([5, 2])
+    d = mxfp4.masked_gemm_reference(a, sa, p, masked_m)
+    wd = mxfp4.dequantize_prepared(p)
+    ad = a.to(torch.float64) * sa.to(torch.float64).repeat_interleave(128, -1)
+    plain = torch.einsum("gmk,gnk->gmn", ad, wd)
+    assert torch.allclose(d[0], plain[0], rtol=1e-12, atol=1e-12)
+    assert torch.allclose(d[1, :2], plain[1, :2], rtol=1e-12, atol=1e-12)
+    assert not bool(d[1, 2:].any())
+    assert calc_diff(d[0].float(), plain[0].float()) < 1e-6
+
+
+# ------------------------------------------------------------------------------------------------- conversion
+def test_conversion_exact_exactly_for_shifts_minus8_to_6():
+    assert mxfp4.conversion_exact_shifts() == tuple(range(-8, 7))
+    with pytest.raises(ValueError, match="shift=7"):
+        mxfp4.lookup_table(7)
+    with pytest.raises(ValueError, match="shift=-9"):
+        mxfp4.lookup_table(-9)
+
+
+def test_prmt_model():
+    a, b = 0x33221100, 0x77665544
+    assert mxfp4.prmt(a, b, 0x7654) == 0x77665544
+    assert mxfp4.prmt(a, b, 0x0123) == 0x00112233
+    assert mxfp4.prmt(0x80, 0, 0x1118) == 0x000000FF  # bit 3: the selected byte's sign replicated
+
+
+def _decode_e4m3(bytes_: np.ndarray) -> np.ndarray:
+    return torch.from_numpy(bytes_.astype(np.uint8)).view(torch.float8_e4m3fn).to(torch.float64).numpy()
+
+
+def test_conversion_model_every_code_every_shift():
+    # each row: the 16 codes twice (every nibble position sees every code), shifts -8..6
+    codes = np.tile(np.arange(16, dtype=np.uint8), 2)
+    rng = np.random.default_rng(0)
+    rows = [codes, rng.permutation(codes), rng.integers(0, 16, 32, dtype=np.uint8)]
+    for shift in range(mxfp4.SHIFT_MIN, mxfp4.SHIFT_MAX + 1):
+        for c in rows:
+            packed = (c[0::2] | (c[1::2] << 4)).astype(np.uint8)[None]
+            out = mxfp4.convert_rows(packed, np.array([shift]))[0]
+            want = mxfp4.decode_e2m1(torch.from_numpy(c.astype(np.int64))).numpy() * 2.0 ** shift
+            assert np.array_equal(_decode_e4m3(out), want), shift
+            # the sign bit is the code's sign bit (code 8, -0, gives e4m3 -0)
+            assert np.array_equal(out >> 7, c >> 3)
+
+
+@pytest.mark.parametrize("bug", ["nibble_order", "shift"])
+def test_conversion_model_planted_bugs_fail(bug):
+    c = np.arange(32, dtype=np.uint8) % 16
+    packed = (c[0::2] | (c[1::2] << 4)).astype(np.uint8)
+    if bug == "nibble_order":
+        packed = ((packed >> 4) | (packed << 4)).astype(np.uint8)
+    shift = 3 if bug == "shift" else 2
+    out = mxfp4.convert_rows(packed[None], np.array([shift]))[0]
+    want = mxfp4.decode_e2m1(torch.from_numpy(c.astype(np.int64))).numpy() * 4.0
+    assert not np.array_equal(_decode_e4m3(out), want)
