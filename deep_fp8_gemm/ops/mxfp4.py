@@ -7,15 +7,18 @@ one per row per 32 K). Hopper has no FP4 tensor core; e2m1 x 2^d is exactly an e
 ``d`` in [-8, +6] (:func:`conversion_exact_shifts` proves it), so within a 128-K block a row's four sub-block scales
 2^e_i fold into the operand when they span at most 14 binades: ``E = max_i e_i - 6`` is the block's exponent, the
 sub-block shifts ``d_i = e_i - E`` lie in [-8, +6], and the K loop promotes once per 128 K by ``2^E x sA``.
-A block spanning more than 14 binades is flagged: it keeps shift 0 in the operand and promotes each 32-K partial by
-its own ``2^e_i x sA`` (the per-32 path).
+A block spanning more than 14 binades is flagged: its operand takes shift 0 and each 32-K partial is promoted by its
+own ``2^(E + d_i) x sA`` with ``E = max_i e_i`` (the per-32 path; its ``d_i`` in [-128, 0]).
 
 The fold is exact in the operand values, not in the result: a 128-K block runs in one tensor-core chain (about 13
 bits kept, aligned to the largest term), so a sub-block far below its neighbours loses bits as in the FP8 kernel.
 
 Preparation stores the nibbles unchanged (the same tensor, not copied) plus per row: ``shift [G, N, K/32]`` int8,
 ``block_exp [G, N, K/128]`` int16 (E) and ``per32 [G, N, K/128]`` bool. Bytes beside the nibbles per row and 128 K:
-4 (shifts) + 2 (E) + 1 (flag) = 7 against 64 of nibbles (11%; the checkpoint's fp32 scales are 16).
+4 (shifts) + 2 (E) + 1 (flag) = 7 against 64 of nibbles (11%; the checkpoint's fp32 scales are 16, dropped).
+NOTES: measured on the 2-core development machine (torch 2.13 CPU, one thread): 16 experts of Kimi-K3's w13
+(N 6144, K 3584; 168 MiB of nibbles) prepare in 0.31 s, ~4.9 s for a 256-expert layer, adding 18.4 MiB (0.109 of the
+nibbles); the transient working set is a few int32 copies of the scales (one expert at a time would bound it).
 """
 
 from __future__ import annotations
@@ -89,16 +92,15 @@ def check_mxfp4_weights(w: object, sf: object, name: str = "rhs") -> tuple[int, 
 class PreparedMxfp4:
     """MXFP4 expert weights in the stored form the kernel reads (see the module docstring).
 
-    ``nibbles [G, N, K/2]`` int8: the checkpoint's tensor itself; ``shift [G, N, K/32]`` int8 (d_i = e_i - E; 0 on
-    per-32 blocks); ``block_exp [G, N, K/128]`` int16 (E; on per-32 blocks the largest e_i); ``per32
-    [G, N, K/128]`` bool; ``sub_exp [G, N, K/32]`` int16: e_i, kept for the per-32 path's promotion scales.
+    ``nibbles [G, N, K/2]`` int8: the checkpoint's tensor itself; ``shift [G, N, K/32]`` int8 (d_i = e_i - E: the
+    operand's shift on a folded block, the 32-K partial's scale offset on a per-32 block); ``block_exp
+    [G, N, K/128]`` int16 (E: ``max e - 6`` folded, ``max e`` per-32); ``per32 [G, N, K/128]`` bool.
     """
 
     nibbles: torch.Tensor
     shift: torch.Tensor
     block_exp: torch.Tensor
     per32: torch.Tensor
-    sub_exp: torch.Tensor
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -107,7 +109,7 @@ class PreparedMxfp4:
 
     def extra_bytes(self) -> int:
         """Resident bytes beside the nibbles."""
-        return sum(t.numel() * t.element_size() for t in (self.shift, self.block_exp, self.per32, self.sub_exp))
+        return sum(t.numel() * t.element_size() for t in (self.shift, self.block_exp, self.per32))
 
 
 def prepare_mxfp4_weights(w: torch.Tensor, sf: torch.Tensor, *, max_span: int = MAX_FOLD_SPAN) -> PreparedMxfp4:
@@ -115,27 +117,30 @@ def prepare_mxfp4_weights(w: torch.Tensor, sf: torch.Tensor, *, max_span: int = 
 
     The nibbles are not copied. Per row and 128-K block with sub-block exponents e_0..e_3: when
     ``max e - min e <= max_span`` (14 by default, the widest span e4m3 represents exactly) ``E = max e - 6`` and
-    ``shift = e - E`` (in [-8, +6]); otherwise the block is flagged ``per32``, its shifts are 0 and ``E = max e``.
+    ``shift = e - E`` (in [-8, +6]); otherwise the block is flagged ``per32``, ``E = max e`` and ``shift = e - E``
+    (``ValueError`` naming the block when a shift is below -128: a sub-block 2^-128 below its block's largest).
     """
     g, n, k = check_mxfp4_weights(w, sf)
     if isinstance(max_span, bool) or not isinstance(max_span, int) or not 0 <= max_span <= MAX_FOLD_SPAN:
         raise ValueError(f"max_span must be an int in [0, {MAX_FOLD_SPAN}], got max_span={max_span!r}")
-    e = _ue8m0_exponents(sf, "rhs[1]").view(g, n, k // GRAN_K, SUBBLOCKS)
+    e = _ue8m0_exponents(sf, "rhs[1]").to(torch.int32).view(g, n, k // GRAN_K, SUBBLOCKS)
     hi, lo = e.amax(dim=-1), e.amin(dim=-1)
     per32 = (hi - lo) > max_span
+    if bool(((hi - lo) > 128).any()):
+        idx = tuple(int(i) for i in ((hi - lo) > 128).nonzero()[0])
+        raise ValueError(f"rhs[1]: the scales of 128-K block {idx} (expert, row, block) span {int(hi[idx] - lo[idx])} "
+                         f"binades; at most 128 are stored")
     block_exp = torch.where(per32, hi, hi - SHIFT_MAX)
-    shift = torch.where(per32.unsqueeze(-1), torch.zeros_like(e), e - block_exp.unsqueeze(-1))
+    shift = e - block_exp.unsqueeze(-1)
     return PreparedMxfp4(nibbles=w.view(torch.int8), shift=shift.to(torch.int8).view(g, n, k // MX_GRAN_K),
-                         block_exp=block_exp.to(torch.int16), per32=per32,
-                         sub_exp=e.to(torch.int16).view(g, n, k // MX_GRAN_K))
+                         block_exp=block_exp.to(torch.int16), per32=per32)
 
 
 def dequantize_prepared(p: PreparedMxfp4) -> torch.Tensor:
     """float64 ``[G, N, K]`` weights the prepared form records (equal to the checkpoint's values exactly)."""
     g, n, k = p.shape
     vals = decode_e2m1(unpack_nibbles(p.nibbles)).view(g, n, k // MX_GRAN_K, MX_GRAN_K)
-    exp = torch.where(p.per32.repeat_interleave(SUBBLOCKS, dim=-1), p.sub_exp.to(torch.int64),
-                      p.block_exp.to(torch.int64).repeat_interleave(SUBBLOCKS, dim=-1) + p.shift.to(torch.int64))
+    exp = p.block_exp.to(torch.int64).repeat_interleave(SUBBLOCKS, dim=-1) + p.shift.to(torch.int64)
     return (vals * torch.exp2(exp.to(torch.float64)).unsqueeze(-1)).view(g, n, k)
 
 
@@ -143,18 +148,22 @@ def masked_gemm_reference(a: torch.Tensor, sa: torch.Tensor, p: PreparedMxfp4, m
                           ) -> torch.Tensor:
     """float64 ``D [G, m_max, N]`` of FP8 activations ``a [G, m_max, K]`` (``sa [G, m_max, K/128]`` fp32) times the
     prepared weights, following the path each block records: a folded block is one 128-K sum of
-    ``a x (e2m1 x 2^d)`` scaled by ``2^E x sa``; a per-32 block is four 32-K sums each scaled by ``2^e_i x sa``.
+    ``a x (e2m1 x 2^d)`` scaled by ``2^E x sa``; a per-32 block is four 32-K sums of ``a x e2m1`` each scaled by
+    ``2^(E + d_i) x sa``.
     Rows at or past ``masked_m[g]`` are zero."""
     g, n, k = p.shape
     m_max = a.shape[1]
     kb = k // GRAN_K
     av = a.to(torch.float64).view(g, m_max, kb, SUBBLOCKS, MX_GRAN_K)
     codes = decode_e2m1(unpack_nibbles(p.nibbles)).view(g, n, kb, SUBBLOCKS, MX_GRAN_K)
-    # Folded operand: e2m1 x 2^d (exact in e4m3); partial sums per 32 K, then the two paths' scales.
-    folded = codes * torch.exp2(p.shift.to(torch.float64)).view(g, n, kb, SUBBLOCKS, 1)
-    part = torch.einsum("gmbsk,gnbsk->gmnbs", av, folded)
-    fold_sum = part.sum(-1) * torch.exp2(p.block_exp.to(torch.float64)).unsqueeze(1)
-    per32_sum = (part * torch.exp2(p.sub_exp.to(torch.float64)).view(g, 1, n, kb, SUBBLOCKS)).sum(-1)
+    shift = torch.exp2(p.shift.to(torch.float64)).view(g, n, kb, SUBBLOCKS)
+    block = torch.exp2(p.block_exp.to(torch.float64))
+    per32 = p.per32.unsqueeze(-1)
+    # The operand the tensor core reads: e2m1 x 2^d folded, e2m1 alone on a per-32 block.
+    operand = codes * torch.where(per32, torch.ones_like(shift), shift).unsqueeze(-1)
+    part = torch.einsum("gmbsk,gnbsk->gmnbs", av, operand)  # [g, m, n, kb, 4]: the 32-K partial sums
+    fold_sum = part.sum(-1) * block.unsqueeze(1)
+    per32_sum = (part * (shift * block.unsqueeze(-1)).unsqueeze(1)).sum(-1)
     blocks = torch.where(p.per32.unsqueeze(1), per32_sum, fold_sum)  # [g, m, n, kb]
     d = (blocks * sa.to(torch.float64).unsqueeze(2)).sum(-1)
     rows = torch.arange(m_max, device=a.device).view(1, m_max, 1)

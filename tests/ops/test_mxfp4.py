@@ -84,25 +84,27 @@ def test_prepare_keeps_nibbles_and_values():
     assert int(p.shift.min()) >= mxfp4.SHIFT_MIN and int(p.shift.max()) == mxfp4.SHIFT_MAX
     exact = mxfp4.decode_e2m1(mxfp4.unpack_nibbles(w)) * sf.to(torch.float64).repeat_interleave(32, -1)
     assert torch.equal(mxfp4.dequantize_prepared(p), exact)
-    # 7 bytes per row per 128 K beside the nibbles' 64, plus the per-32 exponents (2 per 32 K)
-    assert p.extra_bytes() == 3 * 8 * (256 // 128) * (4 + 2 + 1 + 8)
+    # 7 bytes per row per 128 K beside the nibbles' 64
+    assert p.extra_bytes() == 3 * 8 * (256 // 128) * (4 + 2 + 1)
 
 
 def _planted_span(sf, span):
-    """Row 0, block 0 of expert 0: sub-block exponents 0, -span, 0, 0 (a block spanning `span` binades)."""
+    """Row 0, block 0 of expert 0: sub-block exponents t, t - span, t, t (a block spanning `span` binades; t = 0, or
+    above 0 where 2^-span would be below UE8M0's 2^-126)."""
+    t = max(0, span - 126)
     sf = sf.clone()
-    sf[0, 0, 0:4] = torch.tensor([1.0, 2.0 ** -span, 1.0, 1.0])
+    sf[0, 0, 0:4] = torch.tensor([2.0 ** t, 2.0 ** (t - span), 2.0 ** t, 2.0 ** t])
     return sf
 
 
-@pytest.mark.parametrize("span,per32", [(14, False), (15, True), (40, True)])
+@pytest.mark.parametrize("span,per32", [(14, False), (15, True), (40, True), (128, True)])
 def test_prepare_flags_wide_blocks(span, per32):
     w, sf = _weights(1, 4, 256)
     p = mxfp4.prepare_mxfp4_weights(w, _planted_span(sf, span))
     assert bool(p.per32[0, 0, 0]) is per32
     assert int(p.per32.sum()) == int(per32)
     if per32:
-        assert p.shift[0, 0, :4].tolist() == [0, 0, 0, 0] and int(p.block_exp[0, 0, 0]) == 0
+        assert p.shift[0, 0, :4].tolist() == [0, -span, 0, 0] and int(p.block_exp[0, 0, 0]) == max(0, span - 126)
     else:
         assert p.shift[0, 0, :4].tolist() == [6, 6 - 14, 6, 6] and int(p.block_exp[0, 0, 0]) == -6
 
@@ -119,6 +121,10 @@ def test_prepare_refusals():
     bad[0, 1, 2] = 0.75
     with pytest.raises(ValueError, match=r"rhs\[1\]\[0, 1, 2\]=0.75"):
         mxfp4.prepare_mxfp4_weights(w, bad)
+    wide = sf.clone()
+    wide[0, 1, 0:4] = torch.tensor([2.0 ** 100, 2.0 ** -29, 1.0, 1.0])
+    with pytest.raises(ValueError, match=r"block \(0, 1, 0\) .* span 129 binades"):
+        mxfp4.prepare_mxfp4_weights(w, wide)
     with pytest.raises(ValueError, match="max_span"):
         mxfp4.prepare_mxfp4_weights(w, sf, max_span=15)
 
