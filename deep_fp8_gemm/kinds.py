@@ -95,12 +95,17 @@ AXES: tuple[Axis, ...] = (
                   dict(gran_k=128, gran_n=1, op_suffix="")),
         AxisValue("1x32/32x32", "Block32", "A 1x32 per token, B 32x32 per block (recipe (1, 32, 32), DeepSeek-V4.1; "
                   "promoted every 32 K, policy_block32.cuh)", dict(gran_k=32, gran_n=32, op_suffix="_block32")),
+        AxisValue("1x128/1x32", "Mx32", "A 1x128 per token, B 1x32 UE8M0 per row (recipe_a (1, 128), recipe_b (1, 32): "
+                  "MXFP4 experts), folded to one power of two per row per 128 K where a block spans <= 14 binades "
+                  "(ops/mxfp4.py)", dict(gran_k=128, gran_n=1, op_suffix="_mxfp4")),
     )),
     Axis("scale_dtype", "KindScaleDtype", "how the scales are stored", (
         AxisValue("fp32", "Fp32", "float32 scale factors"),
     )),
     Axis("packing", "KindWeightPacking", "how B's values are stored in memory", (
         AxisValue("e4m3", "E4m3", "one float8_e4m3fn per byte"),
+        AxisValue("e2m1x2", "E2m1x2", "MXFP4: two e2m1 codes per byte (low nibble first), converted to e4m3 in "
+                  "registers (the register-A operand of swap-AB)"),
     )),
     Axis("output", "KindOutput", "what the epilogue writes (output.cuh)", (
         AxisValue("bf16", "Bf16", "bf16 D (TMA store)", _BF16),
@@ -152,6 +157,14 @@ RULES: tuple[Rule, ...] = (
          "contiguous or masked)"),
     Rule("order", "swap_ab", "layout", ("dense",), "swap-AB is the dense decode kernel"),
     Rule("order", "swap_ab", "output", ("bf16",), "swap-AB stores the transposed tile in bf16"),
+    # MXFP4 experts (issue 42): the decode path. No row yet: swap-AB is the dense kernel's and no accumulation takes
+    # the 1x32 weight recipe, so every e2m1x2 point is refused until the kernel brings its row (and those rules).
+    Rule("packing", "e2m1x2", "granularity", ("1x128/1x32",), "MXFP4 weights carry 1x32 UE8M0 scales with 1x128 "
+         "activation scales"),
+    Rule("granularity", "1x128/1x32", "packing", ("e2m1x2",), "the 1x32 per-row weight recipe is MXFP4's"),
+    Rule("packing", "e2m1x2", "layout", ("masked",), "MXFP4 experts run the decode (masked) layout this round"),
+    Rule("packing", "e2m1x2", "output", ("bf16",), "the MXFP4 decode kernel stores bf16"),
+    Rule("packing", "e2m1x2", "order", ("swap_ab",), "the weights are wgmma's register A operand, on the M side"),
 )
 
 

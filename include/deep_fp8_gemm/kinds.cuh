@@ -34,6 +34,7 @@ enum class KindScaleGranularity : int {
     Block128 = 0,  // 1x128/128x128: A 1x128 per token, B 128x128 per block (recipe (1, 128, 128))
     Row128 = 1,  // 1x128/1x128: A and B 1x128 per row (recipe (1, 1, 128))
     Block32 = 2,  // 1x32/32x32: A 1x32 per token, B 32x32 per block (recipe (1, 32, 32), DeepSeek-V4.1; promoted every 32 K, policy_block32.cuh)
+    Mx32 = 3,  // 1x128/1x32: A 1x128 per token, B 1x32 UE8M0 per row (recipe_a (1, 128), recipe_b (1, 32): MXFP4 experts), folded to one power of two per row per 128 K where a block spans <= 14 binades (ops/mxfp4.py)
 };
 
 // scale_dtype: how the scales are stored
@@ -44,6 +45,7 @@ enum class KindScaleDtype : int {
 // packing: how B's values are stored in memory
 enum class KindWeightPacking : int {
     E4m3 = 0,  // e4m3: one float8_e4m3fn per byte
+    E2m1x2 = 1,  // e2m1x2: MXFP4: two e2m1 codes per byte (low nibble first), converted to e4m3 in registers (the register-A operand of swap-AB)
 };
 
 // output: what the epilogue writes (output.cuh)

@@ -194,3 +194,17 @@ def test_conversion_model_planted_bugs_fail(bug):
     out = mxfp4.convert_rows(packed[None], np.array([shift]))[0]
     want = mxfp4.decode_e2m1(torch.from_numpy(c.astype(np.int64))).numpy() * 4.0
     assert not np.array_equal(_decode_e4m3(out), want)
+
+
+# ------------------------------------------------------------------------------------------------- the kinds table
+def test_kinds_table_has_the_mxfp4_values_and_no_row_yet():
+    from deep_fp8_gemm.kinds import TABLE
+    assert "e2m1x2" in TABLE.axis("packing").names and "1x128/1x32" in TABLE.axis("granularity").names
+    points = [p for p in TABLE.product() if p["packing"] == "e2m1x2" or p["granularity"] == "1x128/1x32"]
+    assert points and all(TABLE.conflict(p) for p in points)  # refused until the kernel brings its row
+    # the legality it states (pairwise rules): masked layout, bf16 output, swap-AB order, the 1x32 weight recipe
+    stated = {(r.other, r.allowed) for r in TABLE.rules if (r.axis, r.value) == ("packing", "e2m1x2")}
+    assert stated == {("layout", ("masked",)), ("output", ("bf16",)), ("order", ("swap_ab",)),
+                      ("granularity", ("1x128/1x32",))}
+    message = TABLE.conflict(dict(TABLE.row("masked").point(), packing="e2m1x2"))
+    assert "packing=e2m1x2 conflicts with granularity=1x128/128x128" in message
