@@ -206,25 +206,28 @@ def prmt(a: int, b: int, selector: int) -> int:
     return out
 
 
-#: Instructions per packed u32 (8 codes -> 8 e4m3 bytes) of :func:`convert_u32`, as SASS would issue them:
-#: the magnitudes 1 LOP3 + 1 SHF/LOP3 (selectors) + 2 PRMT; the signs per half 2 LOP3 + 2 SHF (spread) and the
-#: final OR folded into one LOP3 per half. ptxas may fuse further; the audit measures it.
-CONVERT_OPS_PER_U32 = 4 + 2 * 5
+#: ALU instructions per packed u32 (8 codes -> 8 e4m3 bytes) of :func:`convert_u32` as SASS would issue them: 1 SHF
+#: (the high half), 2 LOP3 (magnitude selectors), 2 PRMT (magnitudes), 2 PRMT (signs), 2 SHL and 2 LOP3 (sign into
+#: bit 7, OR'd with the magnitudes) = 11, i.e. 88 per thread per 128-K block (two rows x four sub-blocks), plus the
+#: tables' loads (2 u32 per row per sub-block). A model count: the audit measures the compiled loop.
+CONVERT_OPS_PER_U32 = 11
+
+#: The sign table: every byte 0x80, so a sign-replicating ``prmt`` gives 0xFF for a negative code, 0x80 otherwise.
+_SIGN_TABLE = 0x80808080
 
 
 def convert_u32(packed: int, lut: tuple[int, int]) -> tuple[int, int]:
     """The register conversion of one u32 of eight e2m1 codes (low nibble first) into two u32 of e4m3 bytes (K
-    order kept), through the row's sub-block table ``lut`` (:func:`lookup_table`): magnitudes by ``prmt`` over the
-    codes' low three bits, the sign bit moved from bit 3 of each nibble to bit 7 of its byte."""
+    order kept; the low half's four codes into the first), through the row's sub-block table ``lut``
+    (:func:`lookup_table`): magnitudes by ``prmt`` over the codes' low three bits; signs by a sign-replicating
+    ``prmt`` over the raw codes on a table of 0x80 bytes (0xFF negative, 0x80 positive: bit 6 is the sign), moved
+    to bit 7 by a shift whose carries the mask drops."""
     packed &= 0xFFFFFFFF
-    mag_lo = prmt(lut[0], lut[1], packed & 0x7777)
-    mag_hi = prmt(lut[0], lut[1], (packed >> 16) & 0x7777)
     out = []
-    for half, mag in ((packed & 0x8888, mag_lo), ((packed >> 16) & 0x8888, mag_hi)):
-        # sign bits at 3, 7, 11, 15 -> 3, 7, 19, 23 -> 7, 15, 23, 31
-        u = (half | half << 8) & 0x00880088
-        signs = ((u & 0x00080008) << 4) | ((u & 0x00800080) << 8)
-        out.append(mag | signs)
+    for raw in (packed & 0xFFFF, packed >> 16):
+        mag = prmt(lut[0], lut[1], raw & 0x7777)
+        signs = prmt(_SIGN_TABLE, _SIGN_TABLE, raw)
+        out.append(mag | ((signs << 1) & 0x80808080))
     return out[0], out[1]
 
 
@@ -238,3 +241,39 @@ def convert_rows(nibbles: np.ndarray, shifts: np.ndarray) -> np.ndarray:
         for j in range(words.shape[1]):
             out[r, 2 * j], out[r, 2 * j + 1] = convert_u32(int(words[r, j]), lut)
     return out.view(np.uint8)
+
+
+# ---------------------------------------------------------------------------------------------- register A fragment
+def fragment_a_row(warp: int, lane: int, j: int) -> int:
+    """``dfg::WgmmaFragmentA::row`` (include/deep_fp8_gemm/mma.cuh): the M row of byte b of register a[j]."""
+    return 16 * warp + lane // 4 + 8 * (j % 2)
+
+
+def fragment_a_k(lane: int, j: int, b: int) -> int:
+    """``dfg::WgmmaFragmentA::k``: the K index (within a k32 wgmma) of byte b of register a[j]."""
+    return 4 * (lane % 4) + b + 16 * (j // 2)
+
+
+def fragment_a_words(sub_block: np.ndarray, warp: int, lane: int) -> tuple[int, int]:
+    """The two u32 of packed codes thread (warp, lane) converts for one k32 wgmma: ``sub_block [64, 16]`` uint8
+    holds the 64 M rows' 32 codes each (one sub-block, nibbles as stored). Word i is row ``16 warp + lane / 4 + 8 i``:
+    low half the bytes of K 4q..4q+3 (q = lane % 4), high half those of K 16+4q..16+4q+3, so that
+    :func:`convert_u32` yields a[i] (low half) and a[i + 2] (high half); both halves share the row's sub-block shift,
+    so one table serves the word."""
+    q = lane % 4
+    words = []
+    for i in range(2):
+        row = sub_block[16 * warp + lane // 4 + 8 * i]
+        lo = int(row[2 * q]) | int(row[2 * q + 1]) << 8
+        hi = int(row[8 + 2 * q]) | int(row[8 + 2 * q + 1]) << 8
+        words.append(lo | hi << 16)
+    return words[0], words[1]
+
+
+def fragment_a_registers(sub_block: np.ndarray, shifts: np.ndarray, warp: int, lane: int) -> tuple[int, ...]:
+    """a[0..3] of thread (warp, lane) for one k32 wgmma: ``shifts [64]`` the rows' shifts for this sub-block."""
+    w0, w1 = fragment_a_words(sub_block, warp, lane)
+    r0 = 16 * warp + lane // 4
+    a0, a2 = convert_u32(w0, lookup_table(int(shifts[r0])))
+    a1, a3 = convert_u32(w1, lookup_table(int(shifts[r0 + 8])))
+    return a0, a1, a2, a3

@@ -1,6 +1,8 @@
 """MXFP4 experts, host side (issue 42): per_token_cast_to_fp4, the prepared form, the float64 reference and the
 bit model of the in-register e2m1 -> e4m3 conversion."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -208,3 +210,50 @@ def test_kinds_table_has_the_mxfp4_values_and_no_row_yet():
                       ("granularity", ("1x128/1x32",))}
     message = TABLE.conflict(dict(TABLE.row("masked").point(), packing="e2m1x2"))
     assert "packing=e2m1x2 conflicts with granularity=1x128/128x128" in message
+
+
+# ------------------------------------------------------------------------------------------------- register A fragment
+def _fragment_case(seed=0):
+    rng = np.random.default_rng(seed)
+    codes = rng.integers(0, 16, (64, 32), dtype=np.uint8)
+    shifts = rng.integers(mxfp4.SHIFT_MIN, mxfp4.SHIFT_MAX + 1, 64)
+    packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).astype(np.uint8)
+    want = mxfp4.decode_e2m1(torch.from_numpy(codes.astype(np.int64))).numpy() * np.exp2(shifts)[:, None]
+    return packed, shifts, want
+
+
+def _check_fragment(packed, shifts, want, registers=mxfp4.fragment_a_registers):
+    for warp in range(4):
+        for lane in range(32):
+            regs = registers(packed, shifts, warp, lane)
+            for j, reg in enumerate(regs):
+                for b in range(4):
+                    value = _decode_e4m3(np.array([(reg >> (8 * b)) & 0xFF]))[0]
+                    row, k = mxfp4.fragment_a_row(warp, lane, j), mxfp4.fragment_a_k(lane, j, b)
+                    if value != want[row, k]:
+                        return False
+    return True
+
+
+def test_fragment_a_matches_wgmma_register_layout():
+    """Every thread's converted registers hold exactly the e4m3 values dfg::WgmmaFragmentA places there."""
+    packed, shifts, want = _fragment_case()
+    assert _check_fragment(packed, shifts, want)
+    # the Python mirror of WgmmaFragmentA is the header's formula
+    text = (Path(__file__).resolve().parents[2] / "include/deep_fp8_gemm/mma.cuh").read_text()
+    assert "return 16 * warp + lane / 4 + 8 * (j % 2);" in text and "return 4 * (lane % 4) + b + 16 * (j / 2);" in text
+
+
+@pytest.mark.parametrize("bug", ["nibble_order", "fragment_row", "shift"])
+def test_fragment_a_planted_bugs_fail(bug):
+    packed, shifts, want = _fragment_case(1)
+
+    def registers(p, s, warp, lane):
+        if bug == "nibble_order":
+            p = ((p >> 4) | (p << 4)).astype(np.uint8)
+        if bug == "shift":
+            s = np.where(s < mxfp4.SHIFT_MAX, s + 1, s)
+        regs = mxfp4.fragment_a_registers(p, s, warp, lane)
+        return (regs[1], regs[0], regs[3], regs[2]) if bug == "fragment_row" else regs
+
+    assert not _check_fragment(packed, shifts, want, registers)
