@@ -28,7 +28,9 @@ import dataclasses
 import numpy as np
 import torch
 
+from .._core.checks import check_expected_m
 from ..constants import GRAN_K
+from ..env import simulate
 
 #: K elements per MXFP4 scale (the recipe's ``recipe_b = (1, 32)``).
 MX_GRAN_K = 32
@@ -277,3 +279,46 @@ def fragment_a_registers(sub_block: np.ndarray, shifts: np.ndarray, warp: int, l
     a0, a2 = convert_u32(w0, lookup_table(int(shifts[r0])))
     a1, a3 = convert_u32(w1, lookup_table(int(shifts[r0 + 8])))
     return a0, a1, a2, a3
+
+
+# ---------------------------------------------------------------------------------------------- the op (CPU path)
+def m_grouped_gemm_fp8_fp4_bf16_nt_masked(a: tuple[torch.Tensor, torch.Tensor],
+                                           b: tuple[torch.Tensor, torch.Tensor] | PreparedMxfp4,
+                                           d: torch.Tensor, masked_m: torch.Tensor, expected_m: int) -> None:
+    """``d[g, :masked_m[g]] = (a[g] * sa[g]) . W_g^T`` in bf16 for MXFP4 experts.
+
+    ``a = (e4m3 [G, m_max, K], sa fp32 [G, m_max, K/128])`` (1x128 per-token scales, row-major); ``b`` a
+    checkpoint's ``(int8 [G, N, K/2], fp32 UE8M0 [G, N, K/32])`` (prepared on every call) or a
+    :class:`PreparedMxfp4`; ``d`` bf16 ``[G, m_max, N]`` written in place (rows past ``masked_m[g]`` untouched);
+    ``masked_m`` int32 ``[G]``; ``expected_m`` a positive int hint. CPU tensors run the float64 reference of the
+    path the prepared weights record; the kernel (CUDA, ``DFG_SIMULATE``) is not built yet:
+    ``NotImplementedError``."""
+    p = b if isinstance(b, PreparedMxfp4) else prepare_mxfp4_weights(*b)
+    g, n, k = p.shape
+    if not isinstance(a, (tuple, list)) or len(a) != 2 or not all(isinstance(t, torch.Tensor) for t in a):
+        raise TypeError(f"a must be a pair of tensors (e4m3 [G, m_max, K], fp32 [G, m_max, K/128]), got {a!r:.80}")
+    x, sa = a
+    if x.dtype != torch.float8_e4m3fn or x.dim() != 3 or x.shape[0] != g or x.shape[2] != k:
+        raise ValueError(f"a[0] must be float8_e4m3fn [G, m_max, K] with G={g}, K={k}, got {x.dtype} "
+                         f"{tuple(x.shape)}")
+    m_max = x.shape[1]
+    if sa.dtype != torch.float32 or tuple(sa.shape) != (g, m_max, k // GRAN_K):
+        raise ValueError(f"a[1] must be float32 [G, m_max, K/128] = {(g, m_max, k // GRAN_K)}, got {sa.dtype} "
+                         f"{tuple(sa.shape)}")
+    if not isinstance(d, torch.Tensor) or d.dtype != torch.bfloat16 or tuple(d.shape) != (g, m_max, n):
+        raise ValueError(f"d must be bfloat16 [G, m_max, N] = {(g, m_max, n)}, got "
+                         f"{getattr(d, 'dtype', type(d).__name__)} {tuple(getattr(d, 'shape', ()))}")
+    if not isinstance(masked_m, torch.Tensor) or masked_m.dtype != torch.int32 or tuple(masked_m.shape) != (g,):
+        raise ValueError(f"masked_m must be int32 [G] = [{g}], got {getattr(masked_m, 'dtype', type(masked_m))} "
+                         f"{tuple(getattr(masked_m, 'shape', ()))}")
+    check_expected_m(expected_m)
+    if x.device.type != "cpu" or simulate():
+        raise NotImplementedError("the MXFP4 masked kernel (swap-AB, register-A e4m3 conversion) is not built yet "
+                                  "(issue 42); CPU tensors without DFG_SIMULATE run the float64 reference")
+    bad = (masked_m < 0) | (masked_m > m_max)
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0])
+        raise ValueError(f"masked_m[{i}]={int(masked_m[i])} must be in [0, m_max={m_max}]")
+    ref = masked_gemm_reference(x, sa, p, masked_m).to(torch.bfloat16)
+    rows = torch.arange(m_max).view(1, m_max, 1) < masked_m.view(g, 1, 1)
+    d.copy_(torch.where(rows, ref, d))

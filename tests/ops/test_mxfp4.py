@@ -257,3 +257,60 @@ def test_fragment_a_planted_bugs_fail(bug):
         return (regs[1], regs[0], regs[3], regs[2]) if bug == "fragment_row" else regs
 
     assert not _check_fragment(packed, shifts, want, registers)
+
+
+# ------------------------------------------------------------------------------------------------- the 2.x entry point
+def _mxfp4_call(span=6, m_max=4, masked=(4, 1)):
+    g, n, k = len(masked), 16, 256
+    w, sf = _weights(g, n, k, seed=7)
+    sf = _planted_span(sf, span)
+    gen = torch.Generator().manual_seed(8)
+    x = torch.randn(g * m_max, k, generator=gen)
+    from deep_fp8_gemm.compat.casts import per_token_cast_to_fp8
+    a, sa = per_token_cast_to_fp8(x, True)
+    a, sa = a.view(g, m_max, k), sa.view(g, m_max, k // 128)
+    d = torch.full((g, m_max, n), 7.0, dtype=torch.bfloat16)
+    return (a, sa), (w, sf), d, torch.tensor(masked, dtype=torch.int32)
+
+
+@pytest.mark.parametrize("span", [6, 15, 30])
+def test_fp8_fp4_masked_on_cpu_against_float64(span, monkeypatch):
+    from deep_fp8_gemm.compat.api import m_grouped_fp8_fp4_gemm_nt_masked
+    monkeypatch.delenv("DFG_SIMULATE", raising=False)
+    a, b, d, masked_m = _mxfp4_call(span)
+    m_grouped_fp8_fp4_gemm_nt_masked(a, b, d, masked_m, 2, recipe_a=(1, 128), recipe_b=(1, 32))
+    wd = mxfp4.decode_e2m1(mxfp4.unpack_nibbles(b[0])) * b[1].to(torch.float64).repeat_interleave(32, -1)
+    ad = a[0].to(torch.float64) * a[1].to(torch.float64).repeat_interleave(128, -1)
+    want = torch.einsum("gmk,gnk->gmn", ad, wd)
+    assert calc_diff(d[0].double(), want[0]) < 1e-3 and calc_diff(d[1, :1].double(), want[1, :1]) < 1e-3
+    assert bool((d[1, 1:] == 7.0).all())  # rows past masked_m untouched
+
+
+def test_fp8_fp4_masked_keeps_fp8_b_on_the_fp8_kernel(monkeypatch):
+    import deep_fp8_gemm.compat.api as api
+    calls = []
+    monkeypatch.setattr(api, "m_grouped_gemm_fp8_fp8_bf16_nt_masked", lambda *args: calls.append("fp8"))
+    monkeypatch.setattr(api, "m_grouped_gemm_fp8_fp4_bf16_nt_masked", lambda *args: calls.append("fp4"))
+    a, b, d, masked_m = _mxfp4_call()
+    b8 = (torch.zeros(2, 16, 256, dtype=torch.float8_e4m3fn), torch.ones(2, 1, 2))
+    api.m_grouped_fp8_fp4_gemm_nt_masked(a, b8, d, masked_m, 2)
+    api.m_grouped_fp8_fp4_gemm_nt_masked(a, b, d, masked_m, 2, recipe_a=(1, 128), recipe_b=(1, 32))
+    assert calls == ["fp8", "fp4"]
+
+
+def test_fp8_fp4_masked_refusals(monkeypatch):
+    from deep_fp8_gemm.compat.api import m_grouped_fp8_fp4_gemm_nt_masked
+    monkeypatch.delenv("DFG_SIMULATE", raising=False)
+    a, b, d, masked_m = _mxfp4_call()
+    with pytest.raises(ValueError, match=r"recipe_a=\(1, 128\), recipe_b=\(1, 32\).*recipe_b=\(1, 128\)"):
+        m_grouped_fp8_fp4_gemm_nt_masked(a, b, d, masked_m, 2, recipe_a=(1, 128), recipe_b=(1, 128))
+    with pytest.raises(ValueError, match=r"d must be bfloat16"):
+        m_grouped_fp8_fp4_gemm_nt_masked(a, b, d.float(), masked_m, 2, recipe_a=(1, 128), recipe_b=(1, 32))
+    with pytest.raises(ValueError, match=r"masked_m\[1\]=9"):
+        m_grouped_fp8_fp4_gemm_nt_masked(a, b, d, torch.tensor([1, 9], dtype=torch.int32), 2,
+                                         recipe_a=(1, 128), recipe_b=(1, 32))
+    with pytest.raises(TypeError, match="expected_m"):
+        m_grouped_fp8_fp4_gemm_nt_masked(a, b, d, masked_m, 2.0, recipe_a=(1, 128), recipe_b=(1, 32))
+    monkeypatch.setenv("DFG_SIMULATE", "1")
+    with pytest.raises(NotImplementedError, match="not built yet"):
+        m_grouped_fp8_fp4_gemm_nt_masked(a, b, d, masked_m, 2, recipe_a=(1, 128), recipe_b=(1, 32))
