@@ -32,7 +32,8 @@ from .sass import disassemble, instruction_histogram, opcode_histogram
 FATAL_WARNINGS = ("C7508", "C7511", "C7517", "C7519")
 # Opcodes always reported in the ``sass`` field, present or not. MUFU.RCP: the FP8-output epilogue's reciprocals
 # (one per row and scale block, kernels/targets.py fp8_epilogue_max_rcp), and every IEEE division's.
-REPORTED_SASS = ("QGMMA", "UTMALDG", "UTMASTG", "USETMAXREG", "STL", "LDL", "WARPGROUP", "SYNCS", "ACQBULK", "MUFU.RCP")
+REPORTED_SASS = ("QGMMA", "UTMALDG", "UTMASTG", "USETMAXREG", "STL", "LDL", "WARPGROUP", "SYNCS", "ACQBULK",
+                 "MUFU.RCP")
 #: ACQBULK is griddepcontrol.wait: every kernel waits for the previous one before touching global memory, so it
 #: may run as a programmatic dependent launch (deep_fp8_gemm.set_pdl; the record's ``pdl`` field).
 PDL_WAIT_SASS = "ACQBULK"
@@ -53,8 +54,9 @@ class AuditTarget:
     exactly); ``forbidden_sass``: full opcodes that must not appear (e.g. ``STG.E``, a 4-byte store where the
     kernel promises 8-byte ones); ``max_sass``: ``(opcode, bound)`` pairs, opcodes (matched as in
     ``required_sass``) that may appear at most ``bound`` times (e.g. ``MUFU.RCP`` in an FP8-output kernel: one
-    reciprocal per row and scale block, not a division per value); ``options``: extra NVRTC options; ``gate_kloop``: a K-loop figure over its
-    kind's ceiling fails the kernel (True: a kernel CI gates) or is only noted (False: see the module docstring).
+    reciprocal per row and scale block, not a division per value); ``options``: extra NVRTC options;
+    ``gate_kloop``: a K-loop figure over its kind's ceiling fails the kernel (True: a kernel CI gates) or is only
+    noted (False: see the module docstring).
     """
 
     kind: str
