@@ -93,6 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("precompile", help="fill the JIT cache for the given shapes")
     _add_kernel_selection(p)
     p.add_argument("--jobs", "-j", type=int, default=1, help="compile in N worker processes (default 1)")
+    p.add_argument("--check", action="store_true",
+                   help="compile nothing: list the kernels the cache lacks (exit 1 if any) and time reading and "
+                        "verifying the ones it has (the warm start)")
 
     p = sub.add_parser("cache", help="inspect (with its ownership checks) or empty the on-disk caches")
     p.add_argument("action", choices=("info", "clear"))
@@ -194,6 +197,8 @@ def cmd_precompile(args: argparse.Namespace) -> int:
     if args.jobs <= 0:
         raise CliError(f"--jobs must be positive, got {args.jobs}")
     targets = _targets_from_args(args)
+    if args.check:
+        return _precompile_check(targets)
     start = time.perf_counter()
     outcomes: list[str] = []
 
@@ -217,6 +222,23 @@ def cmd_precompile(args: argparse.Namespace) -> int:
     print(f"precompiled {len(targets)} kernels ({new} compiled, {len(targets) - new - failed} cached, "
           f"{failed} failed) in {time.perf_counter() - start:.1f} s")
     return 1 if failed else 0
+
+
+def _precompile_check(targets: list) -> int:
+    """``precompile --check``: which of ``targets`` the disk cache lacks, and the warm start's disk part (each
+    cubin read and its checksum verified; the driver's module load is not timed here: it needs a GPU)."""
+    from . import env
+    from .runtime.compiler import cached_kernel
+
+    start = time.perf_counter()
+    missing = [t.name for t in targets if cached_kernel(t.name, t.source, options=t.options) is None]
+    seconds = time.perf_counter() - start
+    for name in missing:
+        print(f"missing: {name}")
+    have = len(targets) - len(missing)
+    print(f"{have} of {len(targets)} kernels in {env.jit_cache_dir()} ({len(missing)} missing); warm start: "
+          f"{have} cubins read and verified in {seconds:.2f} s")
+    return 1 if missing else 0
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
