@@ -208,28 +208,35 @@ def prmt(a: int, b: int, selector: int) -> int:
     return out
 
 
-#: ALU instructions per packed u32 (8 codes -> 8 e4m3 bytes) of :func:`convert_u32` as SASS would issue them: 1 SHF
-#: (the high half), 2 LOP3 (magnitude selectors), 2 PRMT (magnitudes), 2 PRMT (signs), 2 SHL and 2 LOP3 (sign into
-#: bit 7, OR'd with the magnitudes) = 11, i.e. 88 per thread per 128-K block (two rows x four sub-blocks), plus the
-#: tables' loads (2 u32 per row per sub-block). A model count: the audit measures the compiled loop.
-CONVERT_OPS_PER_U32 = 11
+#: ALU instructions per packed u32 (8 codes -> 8 e4m3 bytes) of :func:`convert_u32`, as the kernel issues them
+#: (include/deep_fp8_gemm/mxfp4.cuh ``convert_word``): 1 LOP3 (the codes' magnitudes, ``& 0x77777777``), 1 SHF (the
+#: high half's selectors), 2 PRMT (magnitudes through the table), 1 SHL (``raw << 4``), 2 PRMT (each code's sign bit
+#: to bit 7 of its byte), 2 LOP3 (``mag | (signs & 0x80808080)``) = 9, i.e. 72 per thread per 64-row wave and 128-K
+#: block (two rows x four sub-blocks), plus the fragment's loads and the tables' loads. A model count: the audit
+#: measures the compiled loop.
+CONVERT_OPS_PER_U32 = 9
 
-#: The sign table: every byte 0x80, so a sign-replicating ``prmt`` gives 0xFF for a negative code, 0x80 otherwise.
-_SIGN_TABLE = 0x80808080
+#: PRMT selectors moving each code's sign bit (bit 3 of its nibble) to bit 7 of its output byte: over {raw, raw << 4},
+#: byte 2i of the result is byte i of ``raw << 4`` (bit 7 = bit 3 of the low nibble of raw byte i) and byte 2i + 1 is
+#: raw byte i itself (bit 7 = the high nibble's sign); the low half's four codes, then the high half's.
+SIGN_SELECTORS = (0x1504, 0x3726)
 
 
 def convert_u32(packed: int, lut: tuple[int, int]) -> tuple[int, int]:
     """The register conversion of one u32 of eight e2m1 codes (low nibble first) into two u32 of e4m3 bytes (K
     order kept; the low half's four codes into the first), through the row's sub-block table ``lut``
-    (:func:`lookup_table`): magnitudes by ``prmt`` over the codes' low three bits; signs by a sign-replicating
-    ``prmt`` over the raw codes on a table of 0x80 bytes (0xFF negative, 0x80 positive: bit 6 is the sign), moved
-    to bit 7 by a shift whose carries the mask drops."""
+    (:func:`lookup_table`): magnitudes by ``prmt`` over the codes' low three bits (the selector's bit 3 clear: no
+    sign replication); each code's sign moved to bit 7 of its byte by a ``prmt`` over ``{raw, raw << 4}``
+    (:data:`SIGN_SELECTORS`) and OR'd in under the mask 0x80808080. The e4m3 magnitudes have bit 7 clear, so the
+    OR is the sign."""
     packed &= 0xFFFFFFFF
+    mags = packed & 0x77777777
+    shifted = (packed << 4) & 0xFFFFFFFF
     out = []
-    for raw in (packed & 0xFFFF, packed >> 16):
-        mag = prmt(lut[0], lut[1], raw & 0x7777)
-        signs = prmt(_SIGN_TABLE, _SIGN_TABLE, raw)
-        out.append(mag | ((signs << 1) & 0x80808080))
+    for sel, sign_sel in ((mags, SIGN_SELECTORS[0]), (mags >> 16, SIGN_SELECTORS[1])):
+        mag = prmt(lut[0], lut[1], sel)
+        signs = prmt(packed, shifted, sign_sel)
+        out.append(mag | (signs & 0x80808080))
     return out[0], out[1]
 
 
@@ -291,8 +298,9 @@ def m_grouped_gemm_fp8_fp4_bf16_nt_masked(a: tuple[torch.Tensor, torch.Tensor],
     checkpoint's ``(int8 [G, N, K/2], fp32 UE8M0 [G, N, K/32])`` (prepared on every call) or a
     :class:`PreparedMxfp4`; ``d`` bf16 ``[G, m_max, N]`` written in place (rows past ``masked_m[g]`` untouched);
     ``masked_m`` int32 ``[G]``; ``expected_m`` a positive int hint. CPU tensors run the float64 reference of the
-    path the prepared weights record; the kernel (CUDA, ``DFG_SIMULATE``) is not built yet:
-    ``NotImplementedError``."""
+    path the prepared weights record; on an sm_90 GPU, or CPU tensors under ``DFG_SIMULATE=1``, the MXFP4 kernel
+    (include/deep_fp8_gemm/kernels/mxfp4_gemm.cuh: swap-AB, the weights converted to e4m3 in registers), which needs
+    N a multiple of 64 and ``d`` contiguous."""
     p = b if isinstance(b, PreparedMxfp4) else prepare_mxfp4_weights(*b)
     g, n, k = p.shape
     if not isinstance(a, (tuple, list)) or len(a) != 2 or not all(isinstance(t, torch.Tensor) for t in a):
@@ -312,13 +320,46 @@ def m_grouped_gemm_fp8_fp4_bf16_nt_masked(a: tuple[torch.Tensor, torch.Tensor],
         raise ValueError(f"masked_m must be int32 [G] = [{g}], got {getattr(masked_m, 'dtype', type(masked_m))} "
                          f"{tuple(getattr(masked_m, 'shape', ()))}")
     check_expected_m(expected_m)
-    if x.device.type != "cpu" or simulate():
-        raise NotImplementedError("the MXFP4 masked kernel (swap-AB, register-A e4m3 conversion) is not built yet "
-                                  "(issue 42); CPU tensors without DFG_SIMULATE run the float64 reference")
     bad = (masked_m < 0) | (masked_m > m_max)
     if bool(bad.any()):
         i = int(bad.nonzero()[0])
         raise ValueError(f"masked_m[{i}]={int(masked_m[i])} must be in [0, m_max={m_max}]")
+    if x.device.type != "cpu" or simulate():
+        _run_kernel(x, sa, p, d, masked_m, expected_m)
+        return
     ref = masked_gemm_reference(x, sa, p, masked_m).to(torch.bfloat16)
     rows = torch.arange(m_max).view(1, m_max, 1) < masked_m.view(g, 1, 1)
     d.copy_(torch.where(rows, ref, d))
+
+
+def kernel_metadata(p: PreparedMxfp4) -> torch.Tensor:
+    """The kernel's per-row records of ``p`` (kernels/mxfp4_gemm.py ``kernel_metadata``, 8 bytes per row and 128 K),
+    built once per prepared weight and kept beside it."""
+    from ..kernels import mxfp4_gemm
+
+    meta = _KERNEL_METADATA.get(id(p))
+    if meta is None or meta[0] is not p:
+        meta = (p, mxfp4_gemm.kernel_metadata(p.shift, p.block_exp, p.per32))
+        _KERNEL_METADATA[id(p)] = meta
+    return meta[1]
+
+
+#: id(prepared) -> (prepared, metadata): the prepared form is a frozen dataclass; the entry keeps it alive, so the
+#: id is not reused while the entry exists.
+_KERNEL_METADATA: dict[int, tuple[PreparedMxfp4, torch.Tensor]] = {}
+
+
+def _run_kernel(x: torch.Tensor, sa: torch.Tensor, p: PreparedMxfp4, d: torch.Tensor, masked_m: torch.Tensor,
+                expected_m: int) -> None:
+    """The MXFP4 kernel on checked tensors (CUDA on an sm_90 GPU, the simulator for CPU tensors)."""
+    from ..kernels import mxfp4_gemm
+    from ..runtime.target import backend_of
+
+    g, n, k = p.shape
+    if n % 64 or not d.is_contiguous() or not x.is_contiguous():
+        raise ValueError(f"the MXFP4 kernel needs N a multiple of 64 and contiguous a[0] and d, got N={n}, "
+                         f"a[0] contiguous {x.is_contiguous()}, d contiguous {d.is_contiguous()}")
+    backend = backend_of(x.device, "gemm")
+    config = mxfp4_gemm.pick_config(n, k, g, expected_m, mxfp4_gemm.num_ctas(backend))
+    mxfp4_gemm.launch(config, x, sa.contiguous(), p.nibbles.contiguous(), kernel_metadata(p), d,
+                      masked_m.to(x.device), backend)

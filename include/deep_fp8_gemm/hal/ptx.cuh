@@ -509,6 +509,14 @@ DFG_DEVICE float fma_rn(float a, float b, float c) { return __fmaf_rn(a, b, c); 
 DFG_DEVICE float select_bits(float first, float second, u32 mask) {
     return __uint_as_float((__float_as_uint(first) & ~mask) | (__float_as_uint(second) & mask));
 }
+// Byte permute (prmt.b32, default mode; SASS PRMT): byte i of the result is byte selector[4i+2:4i] of {b, a} (a bytes
+// 0-3, b bytes 4-7), replaced by its sign bit replicated when selector bit 4i+3 is set. The MXFP4 kernel's e2m1 ->
+// e4m3 lookup (mxfp4.cuh).
+DFG_DEVICE u32 prmt(u32 a, u32 b, u32 selector) {
+    u32 out;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(out) : "r"(a), "r"(b), "r"(selector));
+    return out;
+}
 // Two floats -> two bf16 (round to nearest even) packed as {lo in bits 0..15, hi in bits 16..31}.
 DFG_DEVICE u32 pack_bf16x2(float lo, float hi) {
     u32 packed;

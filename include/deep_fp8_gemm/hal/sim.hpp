@@ -608,6 +608,20 @@ inline float select_bits(float first, float second, u32 mask) {
     std::memcpy(&out, &bits, 4);
     return out;
 }
+// prmt.b32 default mode (ptx.cuh): byte i of the result is byte selector[4i+2:4i] of {b, a}, its sign replicated
+// when selector bit 4i+3 is set (PTX ISA "prmt"). Registers only.
+inline u32 prmt(u32 a, u32 b, u32 selector) {
+    const u64 pool = u64(a) | (u64(b) << 32);
+    u32 out = 0;
+    for (u32 i = 0; i < 4; ++i) {
+        const u32 s = (selector >> (4 * i)) & 0xFu;
+        u32 byte = u32(pool >> (8 * (s & 7u))) & 0xFFu;
+        if (s & 8u)
+            byte = (byte & 0x80u) ? 0xFFu : 0u;
+        out |= byte << (8 * i);
+    }
+    return out;
+}
 // cvt.rn.bf16x2.f32 / cvt.rn.satfinite.e4m3x2.f32 (PTX ISA "cvt"): lo in the low half.
 inline u32 pack_bf16x2(float lo, float hi) {
     DFG_SIM_HAL;

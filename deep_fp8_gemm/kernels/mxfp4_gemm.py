@@ -1,0 +1,283 @@
+"""Host side of the MXFP4 masked GEMM kernel (issue 42; ``include/deep_fp8_gemm/kernels/mxfp4_gemm.cuh``,
+``jit/mxfp4_gemm.cu``): config -> source -> kernel metadata + tensor maps + parameters -> launch, for
+``Backend.CUDA`` and ``Backend.SIM``.
+
+Compiled in: N, K, the expert count G, BLOCK_M (tokens per tile: 8, 16 or 32; the wgmma N), BLOCK_N (weight rows per
+tile: 64 or 128, one or two 64-row waves of the wgmma M side) and the stage count; m_max, masked_m and the pointers
+are run-time fields of :class:`Mxfp4Params`.
+
+Inputs arrive validated by the op layer (:mod:`deep_fp8_gemm.ops.mxfp4`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import functools
+
+import torch
+
+from .. import env
+from ..runtime import params as param_structs
+from ..runtime.target import Backend
+from ..runtime.tensor_map import TensorMapSpec, TmaDtype, TmaSwizzle
+from ..utils import PROCESS_SETTINGS
+from .wgmma_gen import wgmma_fp8_rs_wrapper
+
+TEMPLATE = "mxfp4_gemm.cu"
+KERNEL_PREFIX = "dfg_mxfp4_masked"
+TENSOR_MAP_BYTES = 128
+NUM_THREADS = 256  # one math warpgroup, one producer warpgroup
+BLOCK_K = 128
+PACKED_ROW_BYTES = 64  # 128 K of e2m1 codes
+BLOCK_MS = (8, 16, 32)
+BLOCK_NS = (64, 128)
+SMEM_LIMIT = 232_448
+MAX_STAGES = 8
+#: SASS every MXFP4 kernel must contain: FP8 wgmma (its A from registers), TMA loads, the byte permutes of the
+#: conversion, griddepcontrol.wait (PDL).
+REQUIRED_SASS = ("QGMMA", "UTMALDG", "PRMT", "ACQBULK")
+#: Table offsets per sub-block of a folded row's metadata word 0 (``8 (d + 8)``) and the flags of word 1
+#: (include/deep_fp8_gemm/mxfp4.cuh).
+ROW_PER32 = 1 << 16
+WAVE_PER32 = 1 << 17
+MIN_NORMAL_EXP = -126
+
+
+@dataclasses.dataclass(frozen=True)
+class Mxfp4Config:
+    """Everything that changes the binary of an MXFP4 masked kernel."""
+
+    n: int
+    k: int
+    num_groups: int
+    block_m: int
+    block_n: int
+    num_stages: int
+
+    def __post_init__(self) -> None:
+        if self.block_m not in BLOCK_MS or self.block_n not in BLOCK_NS:
+            raise ValueError(f"block_m must be in {BLOCK_MS} and block_n in {BLOCK_NS}, got {self.block_m=} "
+                             f"{self.block_n=}")
+        if self.k % BLOCK_K or self.n % self.block_n or self.num_groups < 1:
+            raise ValueError(f"K must be a multiple of 128 and N of block_n, G >= 1, got {self.n=} {self.k=} "
+                             f"{self.num_groups=} {self.block_n=}")
+        if not 1 <= self.num_stages <= MAX_STAGES or self.smem_bytes > SMEM_LIMIT:
+            raise ValueError(f"num_stages must be in [1, {MAX_STAGES}] and fit {SMEM_LIMIT} bytes, got {self}")
+
+    @property
+    def smem_bytes(self) -> int:
+        """Dynamic shared memory: ``Mxfp4MaskedKernel``'s map (the kernel static_asserts the same value)."""
+        per_stage = (self.block_n * PACKED_ROW_BYTES + self.block_m * BLOCK_K + self.block_n * 8
+                     + -(-self.block_m * 4 // 128) * 128)
+        tables = -(-self.num_stages * per_stage // 16) * 16 + 128
+        return tables + 16 * self.num_stages
+
+    def constants(self, kernel_name: str) -> dict[str, object]:
+        return {"SHAPE_N": self.n, "SHAPE_K": self.k, "BLOCK_M": self.block_m, "BLOCK_N": self.block_n,
+                "NUM_STAGES": self.num_stages, "NUM_GROUPS": self.num_groups, "SMEM_BYTES": self.smem_bytes,
+                "KERNEL_NAME": kernel_name}
+
+    def as_dict(self) -> dict:
+        """JSON-safe record for the audit. The K-loop analysis reads the wgmma tile (``mma_rows`` = BLOCK_N weight rows,
+        ``mma_cols`` = BLOCK_M tokens) and ``mma_chunks`` = 2: the loop body holds both paths' wgmmas (the folded
+        chain and the per-32 one, 4 per wave each), so one iteration is one K block."""
+        return {"n": self.n, "k": self.k, "num_groups": self.num_groups, "block_m": self.block_m,
+                "block_n": self.block_n, "num_stages": self.num_stages, "smem_bytes": self.smem_bytes,
+                "num_threads": NUM_THREADS, "num_math_warpgroups": 1, "mma_rows": self.block_n,
+                "mma_cols": self.block_m, "mma_chunks": 2}
+
+
+def pick_config(n: int, k: int, num_groups: int, expected_m: int, num_sms: int) -> Mxfp4Config:
+    """The tile for a call: BLOCK_M the smallest of 8 / 16 / 32 holding ``expected_m`` tokens (32 beyond); BLOCK_N
+    128 unless 64 gives the SMs more tiles (``G x N / 128 < num_sms``); as many stages as fit, at most 8."""
+    block_m = next((b for b in BLOCK_MS if expected_m <= b), BLOCK_MS[-1])
+    block_n = 128 if n % 128 == 0 and num_groups * n // 128 >= num_sms else 64
+    for stages in range(MAX_STAGES, 0, -1):
+        try:
+            return Mxfp4Config(n, k, num_groups, block_m, block_n, stages)
+        except ValueError:
+            continue
+    raise ValueError(f"no MXFP4 tile fits {n=} {k=}")
+
+
+# ---------------------------------------------------------------------------------------------- source
+@functools.lru_cache(maxsize=None)
+def render_source(config: Mxfp4Config, simulator: bool = False) -> tuple[str, str]:
+    """``(kernel_name, source)`` of ``config``; the name hashes the source without the wgmma wrapper, so the sm_90a
+    and simulator builds share it."""
+    from ..runtime.render import kernel_name, render
+
+    anonymous = render(TEMPLATE, config.constants(KERNEL_PREFIX))
+    name = kernel_name(KERNEL_PREFIX, anonymous)
+    extra = "" if simulator else wgmma_fp8_rs_wrapper(config.block_m)
+    return name, render(TEMPLATE, config.constants(name), extra_code=extra)
+
+
+# ---------------------------------------------------------------------------------------------- kernel metadata
+def kernel_metadata(shift: torch.Tensor, block_exp: torch.Tensor, per32: torch.Tensor) -> torch.Tensor:
+    """The kernel's per-row records ``[G, K/128, N, 2]`` int32 from a prepared weight's ``shift [G, N, K/32]`` int8,
+    ``block_exp [G, N, K/128]`` int16 and ``per32 [G, N, K/128]`` bool (include/deep_fp8_gemm/mxfp4.cuh):
+
+    word 0: a folded row's four table offsets ``8 (d_i + 8)`` (byte i), a per-32 row's raw shifts d_i;
+    word 1: E in bits 0-15, bit 16 the row is per-32, bit 17 some row of its 64-row wave is.
+    A folded row with E < -126 is re-based to E = -126 (its shifts lowered by as much, still in [-8, 6]: such a
+    block's exponents are all below -120), the same operand values x 2^E, so that 2^E is a normal float.
+    8 bytes per row and 128 K (12.5% of the nibbles), built once per prepared weight."""
+    g, n, kb = block_exp.shape
+    if n % 64:
+        raise ValueError(f"the MXFP4 kernel takes N a multiple of 64, got N={n}")
+    d = shift.to(torch.int32).view(g, n, kb, 4)
+    e = block_exp.to(torch.int32)
+    adjust = torch.where(per32, torch.zeros_like(e), (MIN_NORMAL_EXP - e).clamp(min=0))
+    e = e + adjust
+    folded = ((d - adjust.unsqueeze(-1) + 8) * 8) & 0xFF
+    raw = d & 0xFF
+    bytes_ = torch.where(per32.unsqueeze(-1), raw, folded).to(torch.int64)
+    word0 = bytes_[..., 0] | bytes_[..., 1] << 8 | bytes_[..., 2] << 16 | bytes_[..., 3] << 24
+    wave = per32.view(g, n // 64, 64, kb).any(dim=2, keepdim=True).expand(g, n // 64, 64, kb).reshape(g, n, kb)
+    word1 = (e.to(torch.int64) & 0xFFFF) | per32.to(torch.int64) * ROW_PER32 | wave.to(torch.int64) * WAVE_PER32
+    words = torch.stack((word0, word1), dim=-1)
+    words = torch.where(words >= 2 ** 31, words - 2 ** 32, words).to(torch.int32)
+    return words.permute(0, 2, 1, 3).contiguous()
+
+
+def column_scales(sa: torch.Tensor) -> torch.Tensor:
+    """``sa [G, m_max, K/128]`` fp32 -> ``[G, K/128, m_pad]`` (m_pad = m_max rounded up to 4: 16-byte rows), the
+    M-major layout the kernel's sA box reads; a copy (G x K/128 x m_pad floats, small at decode)."""
+    g, m_max, kb = sa.shape
+    out = torch.zeros(g, kb, -(-m_max // 4) * 4, dtype=torch.float32, device=sa.device)
+    out[:, :, :m_max] = sa.transpose(1, 2)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- parameters
+_MapBytes = ctypes.c_ubyte * TENSOR_MAP_BYTES
+
+
+class Mxfp4Params(ctypes.Structure):
+    """Byte image of ``dfg::mxfp4::Mxfp4Params`` (576 bytes; the header ``static_assert``s every offset)."""
+
+    _fields_ = [("tma_w", _MapBytes), ("tma_a", _MapBytes), ("tma_meta", _MapBytes), ("tma_sa", _MapBytes),
+                ("d", ctypes.c_uint64), ("masked_m", ctypes.c_uint64), ("m_max", ctypes.c_uint32),
+                ("reserved", ctypes.c_ubyte * 44)]
+
+
+assert ctypes.sizeof(Mxfp4Params) == 576 and Mxfp4Params.m_max.offset == 528
+
+
+def _stride16(nbytes: int) -> int:
+    return max(16, -(-nbytes // 16) * 16)
+
+
+def map_args(cfg: Mxfp4Config, x: torch.Tensor, nibbles: torch.Tensor, meta: torch.Tensor, sa_cols: torch.Tensor):
+    """The four rank-3 maps: nibbles ``[G N, K/2]`` u8 (box 64 x BLOCK_N, 64-byte swizzle), A ``[G, m_max, K]`` e4m3
+    (box 128 x BLOCK_M, 128-byte swizzle), metadata ``[G, K/128, 2N]`` (box 2 BLOCK_N) and sA ``[G, K/128, m_pad]``
+    (box BLOCK_M)."""
+    g, m_max, k = x.shape
+    n, kb = cfg.n, k // BLOCK_K
+    m_pad = sa_cols.shape[2]
+    return (
+        (TmaDtype.UINT8, nibbles.data_ptr(), (k // 2, g * n, 1), (k // 2, _stride16(g * n * k // 2)),
+         (PACKED_ROW_BYTES, cfg.block_n, 1), TmaSwizzle.B64),
+        (TmaDtype.UINT8, x.data_ptr(), (k, m_max, g), (k, m_max * k), (BLOCK_K, cfg.block_m, 1), TmaSwizzle.B128),
+        (TmaDtype.FLOAT32, meta.data_ptr(), (2 * n, kb, g), (2 * n * 4, kb * 2 * n * 4), (2 * cfg.block_n, 1, 1),
+         TmaSwizzle.NONE),
+        (TmaDtype.FLOAT32, sa_cols.data_ptr(), (m_pad, kb, g), (m_pad * 4, kb * m_pad * 4), (cfg.block_m, 1, 1),
+         TmaSwizzle.NONE),
+    )
+
+
+def encode_maps(args, backend: Backend) -> list[bytes]:
+    if backend is Backend.SIM:
+        from ..simulator import pack_tensor_map
+
+        return [pack_tensor_map(TensorMapSpec(*a)) for a in args]
+    from ..runtime import driver
+
+    return [driver.tensor_map_cache.lookup(a, a) for a in args]
+
+
+# ---------------------------------------------------------------------------------------------- launch
+_loaded: dict[tuple[Mxfp4Config, int], object] = {}
+
+
+def cuda_kernel(config: Mxfp4Config, index: int):
+    loaded = _loaded.get((config, index))
+    if loaded is None:
+        from ..runtime import driver
+        from ..runtime.compiler import compile_kernel
+
+        name, source = render_source(config)
+        compiled = compile_kernel(name, source)
+        loaded = driver.load_kernel(compiled.cubin, compiled.name, index, key=compiled.key)
+        _loaded[(config, index)] = loaded
+    return loaded
+
+
+def num_ctas(backend: Backend) -> int:
+    if backend is Backend.SIM:
+        return env.sim_num_sms()
+    from ..utils import get_num_sms
+
+    return get_num_sms()
+
+
+def launch(config: Mxfp4Config, x: torch.Tensor, sa: torch.Tensor, nibbles: torch.Tensor, meta: torch.Tensor,
+           d: torch.Tensor, masked_m: torch.Tensor, backend: Backend) -> None:
+    """The kernel on validated tensors: ``x [G, m_max, K]`` e4m3, ``sa [G, m_max, K/128]`` fp32, ``nibbles [G, N,
+    K/2]`` int8, ``meta`` (:func:`kernel_metadata`), ``d [G, m_max, N]`` bf16 (contiguous), ``masked_m [G]`` int32;
+    the one place an MXFP4 launch branches on the backend."""
+    g, m_max, _ = x.shape
+    if m_max == 0 or g == 0:
+        return
+    sa_cols = column_scales(sa)
+    maps = encode_maps(map_args(config, x, nibbles, meta, sa_cols), backend)
+    params = param_structs.pack(Mxfp4Params, tma_w=maps[0], tma_a=maps[1], tma_meta=maps[2], tma_sa=maps[3],
+                                d=d.data_ptr(), masked_m=masked_m.data_ptr(), m_max=m_max)
+    tiles = g * (config.n // config.block_n) * -(-m_max // config.block_m)
+    grid = max(1, min(num_ctas(backend), tiles))
+    if backend is Backend.SIM:
+        from ..simulator import launch as sim_launch, ptxas_registers
+
+        name, source = render_source(config)
+        registers = ptxas_registers(name, source)
+        _, sim_source = render_source(config, simulator=True)
+        sim_launch(name, sim_source, params, grid=grid, block=NUM_THREADS, cluster=1, smem_bytes=config.smem_bytes,
+                   registers=registers)
+    elif backend is Backend.CUDA:
+        from ..runtime import driver, target
+
+        index = target.gpu_index(x.device)
+        driver.launch(cuda_kernel(config, index), params, grid=grid, block=NUM_THREADS, smem_bytes=config.smem_bytes,
+                      stream=target.current_stream(index), pdl=PROCESS_SETTINGS.pdl)
+    else:
+        raise ValueError(f"the MXFP4 kernel launches on Backend.CUDA or Backend.SIM, got {backend}")
+
+
+# ---------------------------------------------------------------------------------------------- audit
+#: Expert shapes (N, K) the audit compiles: Kimi-K3's w13 / w2 (N 6144, K 3584 / N 3584, K 3072) and DeepSeek-V3's
+#: (N 4096, K 7168 / N 7168, K 2048), for 32 local experts.
+AUDIT_SHAPES = ((6144, 3584), (3584, 3072), (4096, 7168), (7168, 2048))
+AUDIT_GROUPS = 32
+
+
+def audit_configs() -> list[Mxfp4Config]:
+    """The decode tiles: BLOCK_M 8 / 16 / 32 x BLOCK_N 128 on every audit shape, and BLOCK_N 64 at BLOCK_M 16."""
+    configs = []
+    for n, k in AUDIT_SHAPES:
+        for block_m in BLOCK_MS:
+            configs.append(dataclasses.replace(pick_config(n, k, AUDIT_GROUPS, block_m, 132), block_n=128))
+        configs.append(dataclasses.replace(pick_config(n, k, AUDIT_GROUPS, 16, 132), block_n=64))
+    return configs
+
+
+def audit_targets() -> list:
+    """One :class:`deep_fp8_gemm.runtime.audit.AuditTarget` (kind ``"mxfp4"``) per config of :func:`audit_configs`."""
+    from ..runtime.audit import AuditTarget
+
+    targets = []
+    for config in audit_configs():
+        name, source = render_source(config)
+        targets.append(AuditTarget("mxfp4", config.as_dict(), name, source, required_sass=REQUIRED_SASS))
+    return targets

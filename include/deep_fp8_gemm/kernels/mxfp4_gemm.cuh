@@ -1,0 +1,273 @@
+// MXFP4 experts on the FP8 tensor cores, masked layout, bf16 out (issue 42; the decode path):
+//
+//   D[g, m, n] (bf16) = sum_kb sA[g, m, kb] * W_g,kb[n, :] . A[g, m, kb-block]   for m < masked_m[g]
+//
+//   A: e4m3 [G, m_max, K] with 1x128 per-token scales sA (fp32, given to the kernel as [G, K/128, m_pad], M-major);
+//   W: the prepared MXFP4 weights (ops/mxfp4.py PreparedMxfp4): e2m1 nibbles [G, N, K/2] (low nibble first) and per
+//   row and 128-K block a metadata record (mxfp4.cuh); rows past masked_m[g] of D are not written.
+//   A folded block (its four 32-K scales within 14 binades): the operand is e2m1 x 2^d_i, exact in e4m3, the whole
+//   128 K is one wgmma chain and the sum is promoted once by 2^E x sA. A per-32 block (wider span, recorded in the
+//   prepared weights): the operand is e2m1 x 1, each k32 wgmma is awaited and promoted by 2^(E + d_i) x sA (the
+//   folded rows of that 64-row wave by 2^E x sA per k32 as well: a wave takes one path, the warpgroup issues it).
+//
+// Swap-AB (policy_swap_ab.cuh): the weights' BLOCK_N rows are the wgmma's M side (BLOCK_N / 64 waves of 64 rows),
+// the tile's BLOCK_M tokens its N side (wgmma m64 nBLOCK_M k32). A comes from registers (hal::WgmmaFp8RegA): each
+// math thread converts its own fragment's packed bytes (mxfp4.cuh convert_wave) and fences them with wgmma.fence
+// before the wgmma reads them; the tokens' tile is the B operand through its shared-memory descriptor.
+//
+// Warp roles (kNumThreads = 256):
+//   threads [0, 128)    the math warpgroup: per tile and K block, per wave: its rows' metadata, the conversion, the
+//                       wgmmas, the promotion; then the transposed tile's bf16 values to D with plain stores (rows
+//                       m < masked_m[g] only).
+//   threads [128, 256)  producer warpgroup; one lane of its first warp (elect.sync) issues every TMA load.
+//
+// Barriers (shared memory, one pair per stage; pipeline.cuh's ring):
+//   full[s]   producer -> math: 1 arrive.expect_tx, tx = kStageTxBytes (W + A + metadata + sA boxes).
+//   empty[s]  math -> producer: 4 arrives (lane 0 of each math warp after bar.warp.sync, once the last wave's
+//             wgmmas retired: every lane's shared reads of the stage are then before the release).
+//
+// Shared memory (dynamic, 1024-aligned; = kernels/mxfp4_gemm.py smem_bytes by static_assert):
+//   W stages [kNumStages][BLOCK_N][64] (64-byte swizzle) | A stages [kNumStages][BLOCK_M][128] (128-byte swizzle) |
+//   metadata [kNumStages][BLOCK_N][8] | sA [kNumStages][BLOCK_M] fp32 (128-byte rounded) | tables (128) | full, empty
+//
+// Registers: a math thread holds BLOCK_N / 64 waves x BLOCK_M / 2 accumulators, BLOCK_M / 2 scratch, the wave's 16 A
+// registers and its loader's offsets; no setmaxnreg (256 threads launch with up to 255 registers each).
+//
+// NOTES: tiles come from TileScheduler<GroupedMasked> (the FP8 masked kernel's), BLOCK_M tokens x BLOCK_N weight
+// rows per tile, so an expert with more than BLOCK_M tokens reads its weights once per m-block (decode: one).
+#pragma once
+#include "../common.cuh"
+#include "../hal.cuh"
+#include "../kinds.cuh"
+#include "../mma.cuh"
+#include "../mxfp4.cuh"
+#include "../pipeline.cuh"
+#include "../policy_swap_ab.cuh"
+#include "../scheduler.cuh"
+
+namespace dfg {
+namespace mxfp4 {
+
+// The kernel's one parameter. Byte layout mirrored by deep_fp8_gemm/kernels/mxfp4_gemm.py (Mxfp4Params).
+struct Mxfp4Params {
+    TensorMap tma_w;     // nibbles as u8 [G * N][K / 2]: dims (K / 2, G * N, 1), box (64, BLOCK_N, 1), SW64
+    TensorMap tma_a;     // e4m3 [G][m_max][K]: dims (K, m_max, G), box (128, BLOCK_M, 1), SW128
+    TensorMap tma_meta;  // u32 [G][K / 128][N][2]: dims (2 N, K / 128, G), box (2 BLOCK_N, 1, 1)
+    TensorMap tma_sa;    // fp32 [G][K / 128][m_pad]: dims (m_pad, K / 128, G), box (BLOCK_M, 1, 1)
+    u16* d;              // bf16 [G][m_max][N]
+    const i32* masked_m; // [G]
+    u32 m_max;
+    u8 reserved[44];     // 0: a multiple of the tensor maps' 64-byte alignment
+};
+static_assert(DFG_OFFSETOF(Mxfp4Params, tma_a) == 128 && DFG_OFFSETOF(Mxfp4Params, tma_meta) == 256 &&
+                  DFG_OFFSETOF(Mxfp4Params, tma_sa) == 384 && DFG_OFFSETOF(Mxfp4Params, d) == 512 &&
+                  DFG_OFFSETOF(Mxfp4Params, masked_m) == 520 && DFG_OFFSETOF(Mxfp4Params, m_max) == 528 &&
+                  sizeof(Mxfp4Params) == 576,
+              "Mxfp4Params layout is mirrored in deep_fp8_gemm/kernels/mxfp4_gemm.py");
+
+template <u32 SHAPE_N, u32 SHAPE_K, u32 BLOCK_M, u32 BLOCK_N, u32 kNumStages, u32 kNumGroups, u32 kExpectedSmemBytes>
+struct Mxfp4MaskedKernel {
+    static constexpr u32 BLOCK_K = 128;
+    static constexpr u32 kNumKBlocks = SHAPE_K / BLOCK_K;
+    static constexpr u32 kWaves = BLOCK_N / 64;
+    static constexpr u32 kAccValues = WgmmaFragment<BLOCK_M>::kValues;
+    static constexpr u32 kNumMathThreads = 128;
+    static constexpr u32 kNumMathWarps = 4;
+    static constexpr u32 kNumThreads = 256;
+    static_assert(SHAPE_K % BLOCK_K == 0 && SHAPE_N % BLOCK_N == 0, "K a multiple of 128, N of BLOCK_N");
+    static_assert(BLOCK_M == 8 || BLOCK_M == 16 || BLOCK_M == 32, "tokens per tile: 8, 16 or 32 (sA box: 16 bytes)");
+    static_assert(BLOCK_N == 64 || BLOCK_N == 128, "one math warpgroup of one or two 64-row waves");
+
+    // ---------------------------------------------------------------- shared-memory map
+    static constexpr u32 kSmemWBytes = BLOCK_N * kPackedRowBytes;
+    static constexpr u32 kSmemABytes = BLOCK_M * BLOCK_K;
+    static constexpr u32 kSmemMetaBytes = BLOCK_N * 8;
+    static constexpr u32 kSmemSaBytes = round_up(BLOCK_M * 4u, 128u);  // TMA destinations: 128-byte aligned
+    static constexpr u32 kSmemW = 0;
+    static constexpr u32 kSmemA = kSmemW + kNumStages * kSmemWBytes;
+    static constexpr u32 kSmemMeta = kSmemA + kNumStages * kSmemABytes;
+    static constexpr u32 kSmemSa = kSmemMeta + kNumStages * kSmemMetaBytes;
+    static constexpr u32 kSmemTables = round_up(kSmemSa + kNumStages * kSmemSaBytes, 16u);
+    static constexpr u32 kSmemFull = kSmemTables + kTableBytes;
+    static constexpr u32 kSmemEmpty = kSmemFull + 8 * kNumStages;
+    static constexpr u32 kSmemBytes = kSmemEmpty + 8 * kNumStages;
+    static constexpr u32 kStageTxBytes = kSmemWBytes + kSmemABytes + kSmemMetaBytes + BLOCK_M * 4;
+    static_assert(kSmemWBytes % 1024 == 0 && kSmemABytes % 1024 == 0, "tiles keep their swizzle patterns' alignment");
+    static_assert(kSmemBytes <= 232448, "227 KB of shared memory per block");
+    static_assert(kSmemBytes + 1024 <= kMaxSmemWindow, "desc_advance needs shared addresses below 2^18");
+    static_assert(kSmemBytes == kExpectedSmemBytes,
+                  "shared-memory size disagrees with deep_fp8_gemm/kernels/mxfp4_gemm.py: keep the two maps identical");
+
+    using Pipe = PipelineState<kNumStages>;
+    using Barriers = StageBarriers<8>;
+    using Scheduler = TileScheduler<GemmKind::GroupedMasked, SHAPE_N, BLOCK_M, BLOCK_N, kNumGroups, 1, 1, 1>;
+
+    // ---------------------------------------------------------------- entry
+    static DFG_DEVICE void run(const Mxfp4Params& params) {
+        u8* smem = hal::dynamic_smem();
+        const Barriers full{smem + kSmemFull}, empty{smem + kSmemEmpty};
+        const u32 thread = hal::thread_idx();
+        const u32 warp = hal::warp_idx();
+        const u32 lane = hal::lane_idx();
+
+        if (thread == kNumMathThreads) {
+            if (hal::smem_addr(smem) % 1024 != 0)
+                hal::trap("dynamic shared memory is not 1024-byte aligned");
+            hal::tma_prefetch(&params.tma_w);
+            hal::tma_prefetch(&params.tma_a);
+            hal::tma_prefetch(&params.tma_meta);
+            hal::tma_prefetch(&params.tma_sa);
+            for (u32 s = 0; s < kNumStages; ++s) {
+                hal::mbar_init(&full[s], 1);
+                hal::mbar_init(&empty[s], kNumMathWarps);
+            }
+            hal::fence_view_async_shared();
+            hal::fence_barrier_init();
+        }
+        if (thread < kNumTables * 2)  // the conversion tables: compile-time constants, no global read
+            reinterpret_cast<u32*>(smem + kSmemTables)[thread] = kE4m3Tables[thread / 2][thread % 2];
+        hal::sync_threads();
+
+        // PDL (deep_fp8_gemm.set_pdl): everything above touches only shared memory and the parameter block.
+        hal::grid_dependency_wait();
+        if (warp >= kNumMathWarps) {
+            if (warp == kNumMathWarps && hal::elect_one_sync()) {
+                produce(params, smem, full, empty);
+                hal::launch_dependents();
+            }
+        } else {
+            consume(params, smem, full, empty, warp, lane);
+        }
+    }
+
+    // ---------------------------------------------------------------- producer (one lane)
+    static DFG_DEVICE void produce(const Mxfp4Params& params, u8* smem, Barriers full, Barriers empty) {
+        Scheduler scheduler(params.m_max, params.masked_m, hal::block_idx(), hal::grid_dim());
+        Pipe pipe;
+        TileInfo tile;
+        while (scheduler.next(tile)) {
+            const i32 w_row = static_cast<i32>(tile.group * SHAPE_N + tile.n_block * BLOCK_N);
+            const i32 m0 = static_cast<i32>(tile.m_block * BLOCK_M);
+            const i32 g = static_cast<i32>(tile.group);
+            pipe.for_each_use(kNumKBlocks, [&](u32 stage, u32 phase, u32 kb) {
+                hal::mbar_wait(&empty[stage], phase ^ 1u, empty_barrier(stage));
+                u64* bar = &full[stage];
+                hal::mbar_arrive_expect_tx(bar, kStageTxBytes);
+                hal::tma_load_3d(smem + kSmemW + stage * kSmemWBytes, &params.tma_w, bar,
+                                 static_cast<i32>(kb * kPackedRowBytes), w_row, 0);
+                hal::tma_load_3d(smem + kSmemA + stage * kSmemABytes, &params.tma_a, bar,
+                                 static_cast<i32>(kb * BLOCK_K), m0, g);
+                hal::tma_load_3d(smem + kSmemMeta + stage * kSmemMetaBytes, &params.tma_meta, bar,
+                                 static_cast<i32>(2 * tile.n_block * BLOCK_N), static_cast<i32>(kb), g);
+                hal::tma_load_3d(smem + kSmemSa + stage * kSmemSaBytes, &params.tma_sa, bar, m0,
+                                 static_cast<i32>(kb), g);
+            });
+        }
+    }
+
+    // ---------------------------------------------------------------- math warpgroup
+    static DFG_DEVICE void consume(const Mxfp4Params& params, u8* smem, Barriers full, Barriers empty, u32 warp,
+                                   u32 lane) {
+        const u32 row0 = 16 * warp + lane / 4;  // the thread's first row of every wave (and row0 + 8)
+        const FragmentLoader loader = FragmentLoader::of(warp, lane);
+        const u8* tables = smem + kSmemTables;
+        const u64 b_desc0 = make_k_major_sw128_desc(hal::smem_addr(smem + kSmemA));
+
+        float acc[kWaves][kAccValues];
+        float scratch[kAccValues];
+        u32 a[kSubBlocks][WgmmaFragmentA::kRegisters];
+
+        Scheduler scheduler(params.m_max, params.masked_m, hal::block_idx(), hal::grid_dim());
+        Pipe pipe;
+        TileInfo tile;
+        while (scheduler.next(tile)) {
+            DFG_UNROLL
+            for (u32 w = 0; w < kWaves; ++w)
+                DFG_UNROLL
+                for (u32 i = 0; i < kAccValues; ++i)
+                    acc[w][i] = 0.0f;
+
+            pipe.for_each_use(kNumKBlocks, [&](u32 stage, u32 phase, u32 /*kb*/) {
+                hal::mbar_wait(&full[stage], phase, full_barrier(stage));
+                const u8* w_tile = smem + kSmemW + stage * kSmemWBytes;
+                const u8* meta = smem + kSmemMeta + stage * kSmemMetaBytes;
+                const u64 b_desc = desc_advance(b_desc0, stage * kSmemABytes);
+                SwapAbColumnScales<BLOCK_M> sa_cols;
+                sa_cols.load(reinterpret_cast<const float*>(smem + kSmemSa + stage * kSmemSaBytes), lane);
+                DFG_UNROLL
+                for (u32 w = 0; w < kWaves; ++w) {
+                    const RowMeta m0 = RowMeta::load(meta, w * 64 + row0);
+                    const RowMeta m1 = RowMeta::load(meta, w * 64 + row0 + 8);
+                    // The A registers are written here, before the wgmma.fence that orders them for the wgmmas.
+                    convert_wave(loader, w_tile + w * 64 * kPackedRowBytes, tables, m0, m1, a);
+                    DFG_UNROLL
+                    for (u32 s = 0; s < kSubBlocks; ++s)
+                        DFG_UNROLL
+                        for (u32 j = 0; j < WgmmaFragmentA::kRegisters; ++j)
+                            hal::fence_operand(a[s][j]);
+                    if (!m0.wave_per32()) {  // folded: one chain over the 128 K, one promotion
+                        DFG_UNROLL
+                        for (u32 i = 0; i < kAccValues; ++i)
+                            hal::fence_operand(scratch[i]);
+                        hal::wgmma_fence();  // folded chain: orders the converted A registers
+                        DFG_UNROLL
+                        for (u32 s = 0; s < kSubBlocks; ++s)
+                            hal::WgmmaFp8RegA<BLOCK_M>::mma(a[s], desc_advance(b_desc, s * kWgmmaK), scratch, s > 0);
+                        hal::wgmma_commit();
+                        hal::wgmma_wait<0>();
+                        DFG_UNROLL
+                        for (u32 i = 0; i < kAccValues; ++i)
+                            hal::fence_operand(scratch[i]);
+                        promote_rows<BLOCK_M>(acc[w], scratch, m0.block_scale(), m1.block_scale(), sa_cols);
+                    } else {  // per-32: each k32 sum promoted by its own scale
+                        DFG_UNROLL
+                        for (u32 s = 0; s < kSubBlocks; ++s) {
+                            DFG_UNROLL
+                            for (u32 i = 0; i < kAccValues; ++i)
+                                hal::fence_operand(scratch[i]);
+                            hal::wgmma_fence();
+                            hal::WgmmaFp8RegA<BLOCK_M>::mma(a[s], desc_advance(b_desc, s * kWgmmaK), scratch, false);
+                            hal::wgmma_commit();
+                            hal::wgmma_wait<0>();
+                            DFG_UNROLL
+                            for (u32 i = 0; i < kAccValues; ++i)
+                                hal::fence_operand(scratch[i]);
+                            promote_rows<BLOCK_M>(acc[w], scratch, m0.sub_block_scale(s), m1.sub_block_scale(s),
+                                                  sa_cols);
+                        }
+                    }
+                    DFG_UNROLL
+                    for (u32 s = 0; s < kSubBlocks; ++s)
+                        DFG_UNROLL
+                        for (u32 j = 0; j < WgmmaFragmentA::kRegisters; ++j)
+                            hal::fence_operand(a[s][j]);
+                }
+                // Lane 0 arrives for the warp: every lane's reads of the stage are ordered before it.
+                hal::warp_sync();
+                if (lane == 0)
+                    hal::mbar_arrive(&empty[stage]);
+            });
+            store(params, tile, warp, lane, acc);
+        }
+    }
+
+    // The transposed tile's values to D[g, m0 + column, n0 + row] in bf16, for columns below masked_m[g] (and m_max).
+    static DFG_DEVICE void store(const Mxfp4Params& params, const TileInfo& tile, u32 warp, u32 lane,
+                                 const float (&acc)[kWaves][kAccValues]) {
+        const i32 valid = params.masked_m[tile.group];
+        const u32 rows = valid <= 0 ? 0u : min_of(static_cast<u32>(valid), params.m_max);
+        u16* d = params.d + static_cast<u64>(tile.group) * params.m_max * SHAPE_N + tile.n_block * BLOCK_N;
+        DFG_UNROLL
+        for (u32 w = 0; w < kWaves; ++w)
+            DFG_UNROLL
+            for (u32 i = 0; i < kAccValues; ++i) {
+                const u32 n = w * 64 + WgmmaFragment<BLOCK_M>::row(warp, lane, i);
+                const u32 m = tile.m_block * BLOCK_M + WgmmaFragment<BLOCK_M>::col(lane, i);
+                if (m < rows)
+                    d[static_cast<u64>(m) * SHAPE_N + n] = static_cast<u16>(hal::pack_bf16x2(acc[w][i], 0.0f) & 0xFFFFu);
+            }
+    }
+};
+
+}  // namespace mxfp4
+}  // namespace dfg
