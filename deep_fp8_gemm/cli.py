@@ -32,9 +32,9 @@ from .kinds import TABLE
 
 #: The GEMM kinds (the rows of the kinds table, torch-free) and the audit's other kernel families.
 GEMM_KINDS = TABLE.names
-ALL_KINDS = (*GEMM_KINDS, "quant", "attention")
+ALL_KINDS = (*GEMM_KINDS, "quant", "attention", "mxfp4")
 #: The audit's families whose kernels do not depend on the problem shape (every variant is audited).
-SHAPELESS_KINDS = {"quant": "quant", "attention": "mqa_logits"}  # family -> kernels module
+SHAPELESS_KINDS = {"quant": "quant", "attention": "mqa_logits", "mxfp4": "mxfp4_gemm"}  # family -> kernels module
 
 
 def plain(text: str) -> str:

@@ -1,0 +1,165 @@
+"""The MXFP4 masked kernel (issue 42; include/deep_fp8_gemm/kernels/mxfp4_gemm.cuh) in the simulator:
+
+* the in-register conversion bit for bit against the numpy model of ops/mxfp4.py (``fragment_a_registers``: the
+  fragment layout, the per-(row, sub-block) tables, the signs) through a probe of ``convert_wave`` that reads a
+  TMA-loaded, 64-byte-swizzled packed tile as the kernel does, and the header's tables against ``lookup_table``;
+* the whole op under ``DFG_SIMULATE=1`` against float64 of the dequantised operands (calc_diff <= 1e-3), folded blocks
+  and blocks spanning more than 14 binades (the per-32 path), an empty group, rows past masked_m untouched;
+* planted bugs (a copy of the headers with one change, tests/_mutate.py) that must fail: the nibble order, a shift
+  applied to the neighbouring sub-block, the per-32 path ignored, the wgmma.fence after the conversion missing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from deep_fp8_gemm.compat.casts import per_token_cast_to_fp4, per_token_cast_to_fp8
+from deep_fp8_gemm.kernels import mxfp4_gemm
+from deep_fp8_gemm.ops import mxfp4
+from deep_fp8_gemm.runtime import paths
+from deep_fp8_gemm.runtime.tensor_map import TmaSwizzle
+from deep_fp8_gemm.simulator import SimulationError
+from deep_fp8_gemm.utils import calc_diff
+from tests import sim_kernels
+from tests._mutate import mutated_headers
+
+pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="the simulator builds kernels with g++")
+
+
+def weights(g: int, n: int, k: int, span: int = 6, wide_rows: tuple = (), seed: int = 0):
+    """A checkpoint pair ``(w [G, N, K/2] int8, sf [G, N, K/32] fp32)`` from per_token_cast_to_fp4 of random values whose
+    32-K magnitudes spread over ``span`` binades; rows ``(g, n)`` of ``wide_rows`` get a first 128-K block whose
+    sub-blocks span 30 binades (the per-32 path)."""
+    gen = torch.Generator().manual_seed(seed)
+    w = torch.randn(g * n, k, generator=gen)
+    w = w * torch.exp2(torch.randint(-span // 2, span - span // 2 + 1, (g * n, k // 32), generator=gen).float()
+                       ).repeat_interleave(32, 1)
+    for e, row in wide_rows:
+        w[e * n + row, 32:64] *= 2.0 ** -30
+    codes, sf = per_token_cast_to_fp4(w, True, 32)
+    return codes.view(g, n, k // 2), sf.view(g, n, k // 32)
+
+
+def activations(g: int, m_max: int, k: int, seed: int = 1):
+    gen = torch.Generator().manual_seed(seed)
+    a, sa = per_token_cast_to_fp8(torch.randn(g * m_max, k, generator=gen), True)
+    return a.view(g, m_max, k), sa.view(g, m_max, k // 128)
+
+
+def dequantised_product(a, sa, w, sf):
+    """float64 ``[G, m_max, N]`` of the dequantised operands (the checkpoint's values, not the recorded path)."""
+    wd = mxfp4.decode_e2m1(mxfp4.unpack_nibbles(w)) * sf.to(torch.float64).repeat_interleave(32, -1)
+    ad = a.to(torch.float64) * sa.to(torch.float64).repeat_interleave(128, -1)
+    return torch.einsum("gmk,gnk->gmn", ad, wd)
+
+
+# ------------------------------------------------------------------------------------------------- the conversion
+class ConvertParams(ctypes.Structure):
+    _fields_ = [("tma_w", ctypes.c_uint8 * 128), ("meta", ctypes.c_void_p), ("out", ctypes.c_void_p),
+                ("pad", ctypes.c_uint8 * 48)]
+
+
+def run_convert(packed: np.ndarray, meta: torch.Tensor) -> np.ndarray:
+    """``[128, 4, 4]`` u32: a[s][j] of every thread for the packed tile ``[64, 64]`` u8 and ``meta [64, 2]`` int32."""
+    tile = torch.from_numpy(np.ascontiguousarray(packed))
+    out = torch.zeros(128 * 16, dtype=torch.int64).to(torch.int32)
+    meta = meta.contiguous()
+    p = ConvertParams(sim_kernels.tensor_map_field(sim_kernels.tensor_map_3d(tile, (64, 64, 1), TmaSwizzle.B64)),
+                      meta.data_ptr(), out.data_ptr())
+    sim_kernels.run("mxfp4_convert", p, grid=1, block=128, cluster=1, smem_bytes=4096 + 512 + 128 + 8)
+    return out.numpy().view(np.uint32).reshape(128, 4, 4)
+
+
+def test_header_tables_are_the_models():
+    text = (paths.include_dir() / "deep_fp8_gemm" / "mxfp4.cuh").read_text()
+    rows = re.findall(r"\{0x([0-9a-f]{8})u, 0x([0-9a-f]{8})u\},\s*// d = (-?\d+)", text)
+    assert [int(d) for _, _, d in rows] == list(range(mxfp4.SHIFT_MIN, mxfp4.SHIFT_MAX + 1))
+    assert all((int(t0, 16), int(t1, 16)) == mxfp4.lookup_table(int(d)) for t0, t1, d in rows)
+
+
+def test_conversion_is_the_models_bit_for_bit():
+    """Every thread's registers of the four sub-blocks equal ops/mxfp4.py fragment_a_registers, over every code and
+    every shift in [-8, 6] (random rows), per-32 rows (shift 0 operand) included."""
+    rng = np.random.default_rng(3)
+    packed = rng.integers(0, 256, (64, 64), dtype=np.uint8)
+    w = torch.from_numpy(packed.view(np.int8)).view(1, 64, 64)
+    e = torch.from_numpy(rng.integers(-20, 20, (64, 4))).to(torch.int32)
+    e[:, 0] = e[:, 1:].amax(1).clamp(max=e[:, 1:].amin(1) + 14)  # mostly folded; a few rows widened below
+    e[5, 1] = e[5, 0] - 30
+    e[40, 3] = e[40, 0] + 20
+    sf = torch.exp2(e.float()).view(1, 64, 4)
+    p = mxfp4.prepare_mxfp4_weights(w, sf)
+    assert 0 < int(p.per32.sum()) < 64
+    meta = mxfp4_gemm.kernel_metadata(p.shift, p.block_exp, p.per32)[0, 0]
+    got = run_convert(packed, meta)
+    shifts = torch.where(p.per32[0, :, :1], torch.zeros_like(p.shift[0]), p.shift[0]).numpy()
+    for s in range(4):
+        sub_block = packed[:, 16 * s:16 * s + 16]
+        for t in range(128):
+            want = mxfp4.fragment_a_registers(sub_block, shifts[:, s], t // 32, t % 32)
+            assert tuple(int(x) for x in got[t, s]) == want, (t, s)
+
+
+# ------------------------------------------------------------------------------------------------- the op
+def run_op(monkeypatch, g=3, n=128, k=512, m_max=16, masked=(16, 0, 5), expected_m=8, wide_rows=(), seed=0):
+    monkeypatch.setenv("DFG_SIMULATE", "1")
+    monkeypatch.setenv("DFG_SIM_NUM_SMS", "4")
+    w, sf = weights(g, n, k, wide_rows=wide_rows, seed=seed)
+    a, sa = activations(g, m_max, k, seed + 1)
+    d = torch.full((g, m_max, n), 7.0, dtype=torch.bfloat16)
+    masked_m = torch.tensor(masked, dtype=torch.int32)
+    mxfp4.m_grouped_gemm_fp8_fp4_bf16_nt_masked((a, sa), (w, sf), d, masked_m, expected_m)
+    return d, dequantised_product(a, sa, w, sf), masked_m
+
+
+def check(d, want, masked_m):
+    for e, rows in enumerate(masked_m.tolist()):
+        if rows:
+            diff = calc_diff(d[e, :rows].double(), want[e, :rows])
+            assert diff <= 1e-3, (e, diff)
+        assert bool((d[e, rows:] == 7.0).all()), f"rows past masked_m[{e}] = {rows} were written"
+
+
+def test_folded_against_float64(monkeypatch):
+    """Two m-blocks of 8 tokens in expert 0, an empty expert, 5 tokens in expert 2; BLOCK_N 64 (the small problem)."""
+    check(*run_op(monkeypatch))
+
+
+def test_per32_blocks_against_float64(monkeypatch):
+    """Rows whose first 128-K block spans 30 binades (the per-32 path, in both waves of a 128-row tile)."""
+    wide = ((0, 3), (0, 70), (2, 127))
+    w, sf = weights(3, 128, 512, wide_rows=wide)
+    assert int(mxfp4.prepare_mxfp4_weights(w, sf).per32.sum()) == len(wide)
+    check(*run_op(monkeypatch, wide_rows=wide))
+
+
+# ------------------------------------------------------------------------------------------------- planted bugs
+PLANTS = {
+    "nibble_order": ("mxfp4.cuh", "const u32 mags = raw & 0x77777777u;",
+                     "const u32 mags = (((raw >> 4) & 0x0F0F0F0Fu) | ((raw << 4) & 0xF0F0F0F0u)) & 0x77777777u;"),
+    "shift_sub_block": ("mxfp4.cuh", "m0.table(tables, s, t0, t1);", "m0.table(tables, (s + 1) % kSubBlocks, t0, t1);"),
+    "per32_ignored": ("mxfp4.cuh", "DFG_DEVICE bool wave_per32() const { return (word1 & kWavePer32) != 0; }",
+                      "DFG_DEVICE bool wave_per32() const { return false; }"),
+    "fence_missing": ("kernels/mxfp4_gemm.cuh", "hal::wgmma_fence();  // folded chain: orders the converted A registers",
+                      ""),
+}
+
+
+@pytest.mark.parametrize("bug", sorted(PLANTS))
+def test_planted_bugs_fail(bug, tmp_path, monkeypatch):
+    header, original, planted = PLANTS[bug]
+    mutated_headers(tmp_path, monkeypatch, header, original, planted)
+    wide = ((0, 3), (2, 100)) if bug == "per32_ignored" else ()
+    try:
+        d, want, masked_m = run_op(monkeypatch, g=3, n=128, k=256, m_max=8, masked=(8, 0, 5), wide_rows=wide)
+    except SimulationError as exc:
+        assert bug == "fence_missing" and "wgmma.fence" in str(exc), str(exc)[:2000]
+        return
+    with pytest.raises(AssertionError):
+        check(d, want, masked_m)
