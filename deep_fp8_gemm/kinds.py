@@ -83,10 +83,15 @@ AXES: tuple[Axis, ...] = (
     )),
     Axis("operand", "KindOperand", "the type of A and B as the tensor core reads them", (
         AxisValue("e4m3", "E4m3", "float8_e4m3fn, promoted to fp32 every 128 K"),
+        AxisValue("bf16", "Bf16", "bfloat16 (wgmma .bf16 k16, K- or MN-major), fp32 accumulate, no promotion"),
+        AxisValue("tf32", "Tf32", "fp32 values read as tf32 (wgmma .tf32 k8, K-major only), fp32 accumulate, no "
+                  "promotion"),
     )),
     Axis("accumulation", "KindAccumulation", "how the tensor core's partial sums are promoted into fp32", (
         AxisValue("1d2d", "Promote1D2D", "per 128 K: sA per row x sB per 128x128 block (promotion.cuh)"),
         AxisValue("1d1d", "Promote1D1D", "per 128 K: sA per row x sB per column (policy_1d1d.cuh)"),
+        AxisValue("none", "TensorCore", "none: the tensor core's fp32 accumulator holds the whole K (BF16 / TF32 "
+                  "operands, whose wgmma accumulates in fp32)"),
     )),
     Axis("granularity", "KindScaleGranularity", "the scale blocks of A and B", (
         AxisValue("1x128/128x128", "Block128", "A 1x128 per token, B 128x128 per block (recipe (1, 128, 128))",
@@ -95,12 +100,17 @@ AXES: tuple[Axis, ...] = (
                   dict(gran_k=128, gran_n=1, op_suffix="")),
         AxisValue("1x32/32x32", "Block32", "A 1x32 per token, B 32x32 per block (recipe (1, 32, 32), DeepSeek-V4.1; "
                   "promoted every 32 K, policy_block32.cuh)", dict(gran_k=32, gran_n=32, op_suffix="_block32")),
+        AxisValue("none", "Unscaled", "no scale factors (BF16 / TF32 operands)",
+                  dict(gran_k=None, gran_n=None, op_suffix="")),
     )),
     Axis("scale_dtype", "KindScaleDtype", "how the scales are stored", (
         AxisValue("fp32", "Fp32", "float32 scale factors"),
+        AxisValue("none", "NoScales", "no scale factors to store (unscaled operands)"),
     )),
     Axis("packing", "KindWeightPacking", "how B's values are stored in memory", (
         AxisValue("e4m3", "E4m3", "one float8_e4m3fn per byte"),
+        AxisValue("bf16", "Bf16", "one bfloat16 per two bytes"),
+        AxisValue("fp32", "Fp32", "one float32 per four bytes, read by the tensor core as tf32"),
     )),
     Axis("output", "KindOutput", "what the epilogue writes (output.cuh)", (
         AxisValue("bf16", "Bf16", "bf16 D (TMA store)", _BF16),
@@ -143,8 +153,8 @@ RULES: tuple[Rule, ...] = (
     Rule("accumulation", "1d1d", "granularity", ("1x128/1x128",), "the 1D1D promotion multiplies by B's per-row "
          "scales"),
     Rule("accumulation", "1d1d", "output", ("fp32_acc",), "the 1D1D kernels accumulate into fp32 D = C + A.B^T"),
-    Rule("output", "fp32_acc", "accumulation", ("1d1d",), "fp32 accumulation is the 1D1D (weight-gradient) "
-         "epilogue"),
+    Rule("output", "fp32_acc", "accumulation", ("1d1d", "none"), "fp32 accumulation is the 1D1D (weight-gradient) "
+         "epilogue, or an unpromoted BF16 / TF32 kernel's"),
     Rule("accumulation", "1d1d", "layout", ("dense", "k_grouped"), "the 1D1D recipe serves weight gradients: dense "
          "or k-grouped"),
     Rule("layout", "k_grouped", "accumulation", ("1d1d",), "the k-grouped layout runs the 1D1D kernel"),
@@ -152,6 +162,28 @@ RULES: tuple[Rule, ...] = (
          "contiguous or masked)"),
     Rule("order", "swap_ab", "layout", ("dense",), "swap-AB is the dense decode kernel"),
     Rule("order", "swap_ab", "output", ("bf16",), "swap-AB stores the transposed tile in bf16"),
+    # Operand types (issue 41). E4m3 is promoted on the CUDA cores (its wgmma accumulator keeps ~13 bits); BF16 and
+    # TF32 wgmma accumulate in fp32 (numerics.hpp states the model), so their kernels have no promotion and no scales.
+    Rule("operand", "bf16", "accumulation", ("none",), "BF16 wgmma accumulates in fp32: no promotion"),
+    Rule("operand", "tf32", "accumulation", ("none",), "TF32 wgmma accumulates in fp32: no promotion"),
+    Rule("accumulation", "none", "operand", ("bf16", "tf32"), "an e4m3 wgmma accumulator keeps ~13 bits and must "
+         "be promoted"),
+    Rule("accumulation", "none", "granularity", ("none",), "an unpromoted kernel has no scales to multiply by"),
+    Rule("granularity", "none", "accumulation", ("none",), "the promotions multiply by scale factors"),
+    Rule("granularity", "none", "scale_dtype", ("none",), "unscaled operands store no scales"),
+    Rule("scale_dtype", "none", "granularity", ("none",), "scaled operands store their scales"),
+    Rule("operand", "e4m3", "packing", ("e4m3",), "e4m3 weights are stored one per byte"),
+    Rule("operand", "bf16", "packing", ("bf16",), "BF16 operands are stored as bfloat16"),
+    Rule("operand", "tf32", "packing", ("fp32",), "TF32 operands are stored as float32"),
+    Rule("operand", "bf16", "output", ("bf16", "fp32_acc"), "the reference's BF16 GEMMs write bf16 D or fp32 "
+         "D = C + A.B^T"),
+    Rule("operand", "tf32", "output", ("fp32_acc",), "the reference's TF32 GEMM (tf32_hc_prenorm_gemm) writes fp32 D"),
+    Rule("order", "swap_ab", "operand", ("e4m3",), "swap-AB is the FP8 decode kernel"),
+    # No BF16 / TF32 kernel exists yet: the values are on their axes, the rules above say where they will be legal,
+    # and these two refuse every point until the rows land (issue 41, items 3-4: dense NT/NN/TN/TT, M-grouped
+    # contiguous and masked, tf32_hc_prenorm_gemm).
+    Rule("operand", "bf16", "layout", (), "no BF16 kernel is built yet (issue 41)"),
+    Rule("operand", "tf32", "layout", (), "no TF32 kernel is built yet (issue 41)"),
 )
 
 
@@ -203,8 +235,8 @@ ROWS: tuple[KindRow, ...] = (
 #: The output each accumulation produces without an epilogue of its own, and its base scale granularity: a kind's
 #: "layout kind" (the kernel whose scheduler and A / D addressing it shares) is the row of the same point with this
 #: output and granularity.
-BASE_OUTPUT = {"1d2d": "bf16", "1d1d": "fp32_acc"}
-BASE_GRANULARITY = {"1d2d": "1x128/128x128", "1d1d": "1x128/1x128"}
+BASE_OUTPUT = {"1d2d": "bf16", "1d1d": "fp32_acc", "none": "bf16"}
+BASE_GRANULARITY = {"1d2d": "1x128/128x128", "1d1d": "1x128/1x128", "none": "none"}
 
 
 class KindTable:

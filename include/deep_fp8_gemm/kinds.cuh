@@ -21,12 +21,15 @@ enum class KindLayout : int {
 // operand: the type of A and B as the tensor core reads them
 enum class KindOperand : int {
     E4m3 = 0,  // e4m3: float8_e4m3fn, promoted to fp32 every 128 K
+    Bf16 = 1,  // bf16: bfloat16 (wgmma .bf16 k16, K- or MN-major), fp32 accumulate, no promotion
+    Tf32 = 2,  // tf32: fp32 values read as tf32 (wgmma .tf32 k8, K-major only), fp32 accumulate, no promotion
 };
 
 // accumulation: how the tensor core's partial sums are promoted into fp32
 enum class KindAccumulation : int {
     Promote1D2D = 0,  // 1d2d: per 128 K: sA per row x sB per 128x128 block (promotion.cuh)
     Promote1D1D = 1,  // 1d1d: per 128 K: sA per row x sB per column (policy_1d1d.cuh)
+    TensorCore = 2,  // none: none: the tensor core's fp32 accumulator holds the whole K (BF16 / TF32 operands, whose wgmma accumulates in fp32)
 };
 
 // granularity: the scale blocks of A and B
@@ -34,16 +37,20 @@ enum class KindScaleGranularity : int {
     Block128 = 0,  // 1x128/128x128: A 1x128 per token, B 128x128 per block (recipe (1, 128, 128))
     Row128 = 1,  // 1x128/1x128: A and B 1x128 per row (recipe (1, 1, 128))
     Block32 = 2,  // 1x32/32x32: A 1x32 per token, B 32x32 per block (recipe (1, 32, 32), DeepSeek-V4.1; promoted every 32 K, policy_block32.cuh)
+    Unscaled = 3,  // none: no scale factors (BF16 / TF32 operands)
 };
 
 // scale_dtype: how the scales are stored
 enum class KindScaleDtype : int {
     Fp32 = 0,  // fp32: float32 scale factors
+    NoScales = 1,  // none: no scale factors to store (unscaled operands)
 };
 
 // packing: how B's values are stored in memory
 enum class KindWeightPacking : int {
     E4m3 = 0,  // e4m3: one float8_e4m3fn per byte
+    Bf16 = 1,  // bf16: one bfloat16 per two bytes
+    Fp32 = 2,  // fp32: one float32 per four bytes, read by the tensor core as tf32
 };
 
 // output: what the epilogue writes (output.cuh)

@@ -228,3 +228,34 @@ def test_a_value_added_through_the_table_alone_reaches_everything(tmp_path):
         '''))
     probe = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=copy)
     assert probe.returncode == 0, probe.stderr[-3000:]
+
+
+# ---------------------------------------------------------------------------------------------- operand types (issue 41)
+def test_bf16_and_tf32_are_operand_values_whose_rules_say_where_they_fit():
+    """BF16 / TF32 operands: fp32 accumulation in the tensor core (no promotion, no scales), B stored as bf16 / fp32,
+    no swap-AB; no row yet, so each of their points is refused naming the operand and one other axis value."""
+    assert {"bf16", "tf32"} <= set(TABLE.axis("operand").names)
+    base = dict(layout="dense", operand="bf16", accumulation="none", granularity="none", scale_dtype="none",
+                packing="bf16", output="bf16", order="ab")
+    assert "operand=bf16 conflicts with layout=dense" in TABLE.conflict(base)
+    assert not TABLE.kinds_where(operand=("bf16", "tf32"))
+    for axis, value in (("accumulation", "1d2d"), ("packing", "e4m3"), ("output", "fp8"), ("order", "swap_ab"),
+                        ("scale_dtype", "fp32")):
+        assert f"{axis}={value}" in TABLE.conflict(dict(base, **{axis: value})), (axis, value)
+    assert "operand=bf16 conflicts with packing=e4m3" in TABLE.conflict(dict(base, packing="e4m3"))
+    assert "operand=bf16 conflicts with output=fp8" in TABLE.conflict(dict(base, output="fp8"))
+    tf32 = dict(base, operand="tf32", packing="fp32", output="fp32_acc")
+    assert "operand=tf32 conflicts with layout=dense" in TABLE.conflict(tf32)
+    assert "operand=tf32 conflicts with output=bf16" in TABLE.conflict(dict(tf32, output="bf16"))
+    e4m3 = TABLE.row("dense").point()
+    assert "accumulation=none conflicts with operand=e4m3" in TABLE.conflict(dict(e4m3, accumulation="none"))
+    assert "accumulation=1d2d conflicts with granularity=none" in TABLE.conflict(dict(e4m3, granularity="none"))
+    # A BF16 row (as issue 41's kernels will add) is legal once the placeholder rules give it a layout.
+    rules = tuple(r for r in TABLE.rules if not (r.other == "layout" and r.allowed == ()))
+    row = kinds.KindRow("bf16_dense", "Bf16Dense", len(TABLE.rows), "dense", accumulation="none",
+                        granularity="none", output="bf16", operand="bf16", scale_dtype="none", packing="bf16")
+    table = kinds.KindTable(TABLE.axes, rules, TABLE.rows + (row,))
+    assert table.conflict(base) is None and table.find(base).name == "bf16_dense"
+    assert table.layout_kind("bf16_dense") == "bf16_dense"
+    assert ("case GemmKind::Bf16Dense: return KindAxes{KindLayout::Dense, KindOperand::Bf16, "
+            "KindAccumulation::TensorCore, KindScaleGranularity::Unscaled") in table.render_header()
