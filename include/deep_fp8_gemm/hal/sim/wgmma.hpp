@@ -78,7 +78,43 @@ inline void check_read_window(const WgmmaOp& op, const u8* smem) {
     }
 }
 
+// A BF16 (k16) or TF32 (k8) wgmma: the 32 bytes of K per row that decode_operand found, read as 16 bf16 or 8 tf32
+// (little-endian, element k at bytes [w k, w k + w)), through mma_wide_slice (numerics.hpp) or, with the exact
+// flag, a plain fp32 dot product.
+inline void execute_wide(const WgmmaOp& op, const u8* smem) {
+    const u32 n = op.n, width = op.type == kWgmmaBf16 ? 2 : 4, k = 32 / width;
+    const u32 group = op.type == kWgmmaBf16 ? kBf16Group : kTf32Group;
+    std::vector<float>& s = L().scratch;
+    s.resize(size_t(64 + n) * k);
+    for (u32 row = 0; row < 64 + n; ++row)
+        for (u32 e = 0; e < k; ++e) {
+            u32 bits = 0;
+            for (u32 byte = 0; byte < width; ++byte) {
+                const u32 i = row * 32 + e * width + byte;
+                bits |= u32(row < 64 ? smem[op.addr_a[i]] : smem[op.addr_b[i - 64 * 32]]) << (8 * byte);
+            }
+            s[row * k + e] = width == 2 ? bf16_bits_to_float(u16(bits)) : tf32_bits_to_float(bits);
+        }
+    const bool exact = L().cfg.flags & kFlagExactMma;
+    for (u32 t = 0; t < kWarpgroupThreads; ++t) {
+        float* d = op.frag[t];
+        for (u32 i = 0; i < n / 2; ++i) {
+            const float* ar = &s[frag_row(t, i) * k];
+            const float* br = &s[(64 + frag_col(t, i)) * k];
+            const float c = op.scale_d ? d[i] : 0.f;
+            if (exact) {
+                float dot = 0.f;
+                for (u32 e = 0; e < k; ++e) dot += ar[e] * br[e];
+                d[i] = c + dot;
+            } else {
+                d[i] = mma_wide_slice(ar, br, k, group, c);
+            }
+        }
+    }
+}
+
 inline void execute(const WgmmaOp& op, const u8* smem) {
+    if (op.type != kWgmmaE4m3) return execute_wide(op, smem);
     const u32 n = op.n;
     std::vector<float>& s = L().scratch;
     s.resize(size_t(64 + n) * 32);

@@ -1,0 +1,148 @@
+"""BF16 and TF32 wgmma in the simulator (issue 41): hal::WgmmaBf16 / hal::WgmmaTf32 against float64, the tensor-core
+model's stated assumptions (hal/sim/numerics.hpp: exact products, fp32 accumulation, symmetric in A and B, tf32's
+low 13 mantissa bits ignored), planted bugs that must fail (a K-loop that does not advance its descriptors, bf16 data
+issued as tf32), and the PTX side (wgmma_gen's wrappers) compiled for sm_90a where NVRTC is installed."""
+
+from __future__ import annotations
+
+import ctypes
+import re
+
+import numpy as np
+import pytest
+import torch
+
+from deep_fp8_gemm.simulator import FLAG_EXACT_MMA
+from tests import sim_kernels
+from tests.kernels.test_sim_groundtruth import address_map, fragment_coords, make_gmma_desc
+
+N = 64
+SLICES = 4
+BF16, TF32, BUG_NO_K_ADVANCE, BUG_TYPE = 0, 1, 2, 3
+
+
+class Params(ctypes.Structure):
+    _fields_ = [("image", ctypes.c_void_p), ("d", ctypes.c_void_p), ("desc_a", ctypes.c_uint64 * SLICES),
+                ("desc_b", ctypes.c_uint64 * SLICES), ("image_bytes", ctypes.c_uint32), ("mode", ctypes.c_uint32)]
+
+
+def calc_diff(x: torch.Tensor, y: torch.Tensor) -> float:
+    x, y = x.double(), y.double()
+    return float(1 - 2 * (x * y).sum() / (x * x + y * y).sum())
+
+
+def operands(dtype: torch.dtype, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A [64, K] and B [N, K] of 128 bytes per row (K 64 bf16 or 32 fp32)."""
+    k = 128 // torch.tensor([], dtype=dtype).element_size()
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(64, k, generator=g).to(dtype), torch.randn(N, k, generator=g).to(dtype))
+
+
+def run(a: torch.Tensor, b: torch.Tensor, mode: int, flags: int = 0) -> torch.Tensor:
+    """D [64, N] of the probe in the simulator: A and B K-major with the 128-byte swizzle."""
+    image = np.zeros((64 + N) * 128, dtype=np.uint8)
+    for t, rows, base in ((a, 64, 0), (b, N, 64 * 128)):
+        image[base + address_map("SW128", rows)] = t.contiguous().view(torch.uint8).numpy()
+    image = torch.from_numpy(image)
+    frag = torch.full((128, N // 2), float("nan"))
+    p = Params(image.data_ptr(), frag.data_ptr(),
+               (ctypes.c_uint64 * SLICES)(*(make_gmma_desc("SW128", 64, 0, s) for s in range(SLICES))),
+               (ctypes.c_uint64 * SLICES)(*(make_gmma_desc("SW128", N, 64 * 128, s) for s in range(SLICES))),
+               image.numel(), mode)
+    sim_kernels.run("wgmma_wide", p, grid=1, block=128, cluster=1, smem_bytes=image.numel(), flags=flags)
+    r, c = (torch.from_numpy(x) for x in fragment_coords(N))
+    d = torch.full((64, N), float("nan"))
+    d[r, c] = frag
+    return d
+
+
+def tf32(x: torch.Tensor) -> torch.Tensor:
+    """The tensor core's view of fp32 operands (numerics.hpp): the low 13 mantissa bits dropped."""
+    return (x.view(torch.int32) & ~0x1FFF).view(torch.float32)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_bf16_wgmma_matches_float64(seed):
+    a, b = operands(torch.bfloat16, seed)
+    d = run(a, b, BF16)
+    ref = a.double() @ b.double().T
+    assert calc_diff(d, ref) <= 1e-6
+    torch.testing.assert_close(d.double(), ref, rtol=1e-5, atol=1e-5)
+    exact = run(a, b, BF16, flags=FLAG_EXACT_MMA)
+    torch.testing.assert_close(exact.double(), ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_tf32_wgmma_matches_float64_of_the_truncated_operands(seed):
+    a, b = operands(torch.float32, seed)
+    d = run(a, b, TF32)
+    ref = tf32(a).double() @ tf32(b).double().T
+    assert calc_diff(d, ref) <= 1e-6
+    torch.testing.assert_close(d.double(), ref, rtol=1e-5, atol=1e-5)
+    # The low 13 bits are ignored: the truncated operands give the same bits.
+    assert torch.equal(d.view(torch.int32), run(tf32(a), tf32(b), TF32).view(torch.int32))
+    # bf16 values are exact in tf32 (the hc-prenorm GEMM's A).
+    a16 = a.to(torch.bfloat16).float()
+    torch.testing.assert_close(run(a16, b, TF32).double(), a16.double() @ tf32(b).double().T, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", [BF16, TF32])
+def test_the_model_is_symmetric_in_its_operands(mode):
+    """D(A, B) = D(B, A)^T bit for bit (N = 64 = M here), the assumption swap-AB relies on."""
+    a, b = operands(torch.bfloat16 if mode == BF16 else torch.float32, 5)
+    assert torch.equal(run(a, b, mode).view(torch.int32), run(b, a, mode).T.contiguous().view(torch.int32))
+
+
+def test_accumulation_is_fp32_not_the_fp8_datapaths_13_bits():
+    """A large accumulator and small addends: fp32 keeps 24 bits (the e4m3 model would drop these addends)."""
+    a = torch.zeros(64, 64, dtype=torch.bfloat16)
+    b = torch.zeros(N, 64, dtype=torch.bfloat16)
+    a[:, 0], b[:, 0] = 4096.0, 1.0  # 2^12
+    a[:, 16:], b[:, 16:] = 1.0, 2.0 ** -6  # 48 addends of 2^-6: 2^-18 * 2^12 = 2^-6 relative, kept by fp32 only
+    d = run(a, b, BF16)
+    assert torch.equal(d, torch.full((64, N), 4096.0 + 48 * 2.0 ** -6))
+
+
+@pytest.mark.parametrize("mode", [BUG_NO_K_ADVANCE, BUG_TYPE])
+def test_planted_bugs_fail_the_float64_check(mode):
+    """A K loop that does not advance its descriptors, and bf16 data issued as tf32: both far from float64."""
+    a, b = operands(torch.bfloat16, 3)
+    ref = a.double() @ b.double().T
+    assert calc_diff(run(a, b, BF16), ref) <= 1e-6
+    assert calc_diff(run(a, b, mode), ref) > 1e-2
+
+
+def _ptx_probe():
+    from deep_fp8_gemm.kernels.wgmma_gen import wgmma_bf16_wrapper, wgmma_tf32_wrapper
+    from deep_fp8_gemm.runtime.render import render_string
+
+    name, _ = sim_kernels.source("wgmma_wide")
+    template = (sim_kernels.DIRECTORY / "wgmma_wide.cu").read_text()
+    return name, render_string(template, {"KERNEL_NAME": name}, wgmma_bf16_wrapper(N) + wgmma_tf32_wrapper(N))
+
+
+def test_wrappers_refuse_bad_shapes_and_spell_the_ptx():
+    from deep_fp8_gemm.kernels.wgmma_gen import wgmma_bf16_wrapper, wgmma_fp8_wrapper, wgmma_tf32_wrapper
+
+    assert "m64n64k16.f32.bf16.bf16" in wgmma_bf16_wrapper(64) and "p, 1, 1, 0, 1;" in wgmma_bf16_wrapper(64, 0, 1)
+    assert "m64n32k8.f32.tf32.tf32" in wgmma_tf32_wrapper(32) and "p, 1, 1;" in wgmma_tf32_wrapper(32)
+    for bad in (lambda: wgmma_bf16_wrapper(12), lambda: wgmma_tf32_wrapper(264), lambda: wgmma_bf16_wrapper(8, 2)):
+        with pytest.raises(ValueError):
+            bad()
+    assert "m64n64k32.f32.e4m3.e4m3" in wgmma_fp8_wrapper(64)
+
+
+def test_ptx_side_compiles_for_sm90a():
+    """The probe compiles for sm_90a without spills or ptxas warnings and issues HGMMA for bf16 and tf32."""
+    from deep_fp8_gemm.runtime import compiler, sass
+
+    if not compiler.nvrtc_available():
+        pytest.skip("NVRTC is not installed")
+    kernel = compiler.compile_kernel(*_ptx_probe())
+    assert kernel.resources.spill_bytes == 0, kernel.resources
+    try:
+        text = sass.disassemble(kernel.cubin)
+    except (FileNotFoundError, RuntimeError) as e:  # no nvdisasm / cuobjdump wheel
+        pytest.skip(f"no SASS disassembler: {e}")
+    assert re.search(r"HGMMA\.64x64x16\.F32\.BF16", text), text[:3000]
+    assert re.search(r"HGMMA\.64x64x8\.F32\.TF32", text), text[:3000]
