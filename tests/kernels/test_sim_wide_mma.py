@@ -14,6 +14,7 @@ import torch
 
 from deep_fp8_gemm.simulator import FLAG_EXACT_MMA
 from tests import sim_kernels
+from tests._gpu import requires_sm90
 from tests.kernels.test_sim_groundtruth import address_map, fragment_coords, make_gmma_desc
 
 N = 64
@@ -38,22 +39,32 @@ def operands(dtype: torch.dtype, seed: int) -> tuple[torch.Tensor, torch.Tensor]
     return (torch.randn(64, k, generator=g).to(dtype), torch.randn(N, k, generator=g).to(dtype))
 
 
-def run(a: torch.Tensor, b: torch.Tensor, mode: int, flags: int = 0) -> torch.Tensor:
-    """D [64, N] of the probe in the simulator: A and B K-major with the 128-byte swizzle."""
+def probe(a: torch.Tensor, b: torch.Tensor, mode: int, device: str = "cpu") -> tuple[Params, torch.Tensor, torch.Tensor]:
+    """(params, image, fragments) of the probe: A and B K-major with the 128-byte swizzle in the image."""
     image = np.zeros((64 + N) * 128, dtype=np.uint8)
     for t, rows, base in ((a, 64, 0), (b, N, 64 * 128)):
         image[base + address_map("SW128", rows)] = t.contiguous().view(torch.uint8).numpy()
-    image = torch.from_numpy(image)
-    frag = torch.full((128, N // 2), float("nan"))
+    image = torch.from_numpy(image).to(device)
+    frag = torch.full((128, N // 2), float("nan"), device=device)
     p = Params(image.data_ptr(), frag.data_ptr(),
                (ctypes.c_uint64 * SLICES)(*(make_gmma_desc("SW128", 64, 0, s) for s in range(SLICES))),
                (ctypes.c_uint64 * SLICES)(*(make_gmma_desc("SW128", N, 64 * 128, s) for s in range(SLICES))),
                image.numel(), mode)
-    sim_kernels.run("wgmma_wide", p, grid=1, block=128, cluster=1, smem_bytes=image.numel(), flags=flags)
+    return p, image, frag
+
+
+def accumulators(frag: torch.Tensor) -> torch.Tensor:
     r, c = (torch.from_numpy(x) for x in fragment_coords(N))
     d = torch.full((64, N), float("nan"))
-    d[r, c] = frag
+    d[r, c] = frag.cpu()
     return d
+
+
+def run(a: torch.Tensor, b: torch.Tensor, mode: int, flags: int = 0) -> torch.Tensor:
+    """D [64, N] of the probe in the simulator."""
+    p, image, frag = probe(a, b, mode)
+    sim_kernels.run("wgmma_wide", p, grid=1, block=128, cluster=1, smem_bytes=image.numel(), flags=flags)
+    return accumulators(frag)
 
 
 def tf32(x: torch.Tensor) -> torch.Tensor:
@@ -146,3 +157,34 @@ def test_ptx_side_compiles_for_sm90a():
         pytest.skip(f"no SASS disassembler: {e}")
     assert re.search(r"HGMMA\.64x64x16\.F32\.BF16", text), text[:3000]
     assert re.search(r"HGMMA\.64x64x8\.F32\.TF32", text), text[:3000]
+
+
+@pytest.mark.gpu
+@requires_sm90
+def test_gpu_confirms_the_model_assumptions():
+    """On the hardware (the first GPU run checks what numerics.hpp states for BF16 / TF32): fp32-accurate against
+    float64, symmetric in its operands, tf32's low 13 mantissa bits ignored, and the simulator within fp32 rounding
+    of the hardware (not claimed bit-exact)."""
+    from deep_fp8_gemm.runtime import compiler, driver
+
+    compiled = compiler.compile_kernel(*_ptx_probe())
+    device = torch.cuda.current_device()
+    kernel = driver.load_kernel(compiled.cubin, compiled.name, device, key=compiled.key)
+
+    def gpu(a, b, mode):
+        p, image, frag = probe(a, b, mode, device="cuda")
+        driver.launch(kernel, p, grid=1, block=128, smem_bytes=image.numel(),
+                      stream=torch.cuda.current_stream(device).cuda_stream)
+        torch.cuda.synchronize()
+        return accumulators(frag)
+
+    for mode, dtype in ((BF16, torch.bfloat16), (TF32, torch.float32)):
+        a, b = operands(dtype, 11)
+        d = gpu(a, b, mode)
+        view = (lambda t: t) if mode == BF16 else tf32
+        ref = view(a).double() @ view(b).double().T
+        assert calc_diff(d, ref) <= 1e-6, mode
+        assert torch.equal(d.view(torch.int32), gpu(b, a, mode).T.contiguous().view(torch.int32)), "not symmetric"
+        torch.testing.assert_close(d.double(), run(a, b, mode).double(), rtol=1e-5, atol=1e-5)
+        if mode == TF32:
+            assert torch.equal(d.view(torch.int32), gpu(tf32(a), tf32(b), mode).view(torch.int32)), "low bits read"
