@@ -19,7 +19,7 @@ from tests.kernels.test_sim_groundtruth import address_map, fragment_coords, mak
 
 N = 64
 SLICES = 4
-BF16, TF32, BUG_NO_K_ADVANCE, BUG_TYPE = 0, 1, 2, 3
+BF16, TF32, BUG_NO_K_ADVANCE, BUG_TYPE, BF16_MN_MN, BF16_MN_K = 0, 1, 2, 3, 4, 5
 
 
 class Params(ctypes.Structure):
@@ -39,17 +39,35 @@ def operands(dtype: torch.dtype, seed: int) -> tuple[torch.Tensor, torch.Tensor]
     return (torch.randn(64, k, generator=g).to(dtype), torch.randn(N, k, generator=g).to(dtype))
 
 
+def mn_major_sw128(t: torch.Tensor, image: np.ndarray, base: int) -> list[int]:
+    """Writes bf16 ``t`` [rows, 64] MN-major into ``image`` at ``base`` as TMA would (boxes of 64 MN elements x 64 K
+    rows of 128 bytes, 128-byte swizzle on the address, box c at base + 8192 c) and returns the descriptors of its four
+    k16 slices (make_gmma_desc<Major::MN>, SW128: LBO = the MN-box stride, SBO = 8 K rows = 1024 bytes)."""
+    rows = t.shape[0]
+    raw = t.contiguous().view(torch.int16).numpy().view(np.uint8).reshape(rows, 64, 2)
+    for mn in range(rows):
+        for kk in range(64):
+            at = base + 8192 * (mn // 64) + 128 * kk + 2 * (mn % 64)
+            at ^= ((at >> 7) & 7) << 4
+            image[at:at + 2] = raw[mn, kk]
+    return [((base + 2048 * s) >> 4) | ((8192 >> 4) << 16) | ((1024 >> 4) << 32) | (1 << 62) for s in range(SLICES)]
+
+
 def probe(a: torch.Tensor, b: torch.Tensor, mode: int, device: str = "cpu") -> tuple[Params, torch.Tensor, torch.Tensor]:
-    """(params, image, fragments) of the probe: A and B K-major with the 128-byte swizzle in the image."""
+    """(params, image, fragments) of the probe: A and B with the 128-byte swizzle in the image, K-major, or MN-major
+    for the modes that say so."""
     image = np.zeros((64 + N) * 128, dtype=np.uint8)
-    for t, rows, base in ((a, 64, 0), (b, N, 64 * 128)):
-        image[base + address_map("SW128", rows)] = t.contiguous().view(torch.uint8).numpy()
+    descs = []
+    for t, rows, base, mn in ((a, 64, 0, mode in (BF16_MN_MN, BF16_MN_K)), (b, N, 64 * 128, mode == BF16_MN_MN)):
+        if mn:
+            descs.append(mn_major_sw128(t, image, base))
+        else:
+            image[base + address_map("SW128", rows)] = t.contiguous().view(torch.uint8).numpy()
+            descs.append([make_gmma_desc("SW128", rows, base, s) for s in range(SLICES)])
     image = torch.from_numpy(image).to(device)
     frag = torch.full((128, N // 2), float("nan"), device=device)
-    p = Params(image.data_ptr(), frag.data_ptr(),
-               (ctypes.c_uint64 * SLICES)(*(make_gmma_desc("SW128", 64, 0, s) for s in range(SLICES))),
-               (ctypes.c_uint64 * SLICES)(*(make_gmma_desc("SW128", N, 64 * 128, s) for s in range(SLICES))),
-               image.numel(), mode)
+    p = Params(image.data_ptr(), frag.data_ptr(), (ctypes.c_uint64 * SLICES)(*descs[0]),
+               (ctypes.c_uint64 * SLICES)(*descs[1]), image.numel(), mode)
     return p, image, frag
 
 
@@ -97,6 +115,25 @@ def test_tf32_wgmma_matches_float64_of_the_truncated_operands(seed):
     torch.testing.assert_close(run(a16, b, TF32).double(), a16.double() @ tf32(b).double().T, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("mode", [BF16_MN_MN, BF16_MN_K])
+def test_mn_major_bf16_operands_give_the_k_major_bits(mode):
+    """MN-major A (and B): the same product, bit for bit, as K-major operands (the decoder only changes where the
+    values come from); a K-major image decoded as MN-major is wrong (the transpose is not a no-op)."""
+    a, b = operands(torch.bfloat16, 7)
+    d = run(a, b, mode)
+    assert torch.equal(d.view(torch.int32), run(a, b, BF16).view(torch.int32))
+    assert calc_diff(d, a.double() @ b.double().T) <= 1e-6
+
+
+def test_a_k_major_image_issued_as_mn_major_fails():
+    """Planted bug: the descriptors of K-major tiles with imm-trans set."""
+    a, b = operands(torch.bfloat16, 8)
+    p, image, frag = probe(a, b, BF16)
+    p.mode = BF16_MN_MN
+    sim_kernels.run("wgmma_wide", p, grid=1, block=128, cluster=1, smem_bytes=image.numel())
+    assert calc_diff(accumulators(frag), a.double() @ b.double().T) > 1e-2
+
+
 @pytest.mark.parametrize("mode", [BF16, TF32])
 def test_the_model_is_symmetric_in_its_operands(mode):
     """D(A, B) = D(B, A)^T bit for bit (N = 64 = M here), the assumption swap-AB relies on."""
@@ -129,7 +166,8 @@ def _ptx_probe():
 
     name, _ = sim_kernels.source("wgmma_wide")
     template = (sim_kernels.DIRECTORY / "wgmma_wide.cu").read_text()
-    return name, render_string(template, {"KERNEL_NAME": name}, wgmma_bf16_wrapper(N) + wgmma_tf32_wrapper(N))
+    return name, render_string(template, {"KERNEL_NAME": name}, wgmma_bf16_wrapper(N) + wgmma_bf16_wrapper(N, 1, 1)
+                               + wgmma_bf16_wrapper(N, 1, 0) + wgmma_tf32_wrapper(N))
 
 
 def test_wrappers_refuse_bad_shapes_and_spell_the_ptx():
@@ -188,3 +226,6 @@ def test_gpu_confirms_the_model_assumptions():
         torch.testing.assert_close(d.double(), run(a, b, mode).double(), rtol=1e-5, atol=1e-5)
         if mode == TF32:
             assert torch.equal(d.view(torch.int32), gpu(tf32(a), tf32(b), mode).view(torch.int32)), "low bits read"
+        else:  # MN-major operands (the image the test builds as TMA would) give the K-major bits
+            for mn_mode in (BF16_MN_MN, BF16_MN_K):
+                assert torch.equal(d.view(torch.int32), gpu(a, b, mn_mode).view(torch.int32)), mn_mode

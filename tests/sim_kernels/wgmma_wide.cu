@@ -5,6 +5,8 @@
 //   0  bf16        1  tf32
 //   2  bf16, planted bug: the descriptors are not advanced along K (slice 0 four times)
 //   3  bf16 data, planted bug: issued as the tf32 instruction (operand type confused)
+//   4  bf16, A and B MN-major (imm-trans-a = imm-trans-b = 1; the image and descriptors are the test's)
+//   5  bf16, A MN-major, B K-major
 // The extra-code slot is empty for the simulator and holds the generated wgmma wrappers for NVRTC.
 #include <deep_fp8_gemm/hal.cuh>
 
@@ -38,7 +40,11 @@ DFG_DEVICE void body(const Params& p) {
     hal::wgmma_fence();
     for (u32 s = 0; s < kSlices; ++s) {
         const u32 at = mode == 2 ? 0 : s;
-        if (mode == 1 || mode == 3)
+        if (mode == 4)
+            hal::WgmmaBf16<kN, 1, 1>::mma(p.desc_a[at], p.desc_b[at], d, s > 0);
+        else if (mode == 5)
+            hal::WgmmaBf16<kN, 1, 0>::mma(p.desc_a[at], p.desc_b[at], d, s > 0);
+        else if (mode == 1 || mode == 3)
             hal::WgmmaTf32<kN>::mma(p.desc_a[at], p.desc_b[at], d, s > 0);
         else
             hal::WgmmaBf16<kN>::mma(p.desc_a[at], p.desc_b[at], d, s > 0);

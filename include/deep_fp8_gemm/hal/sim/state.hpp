@@ -114,6 +114,7 @@ struct WgmmaOp {
     u32 n;
     bool scale_d;
     bool reg_a = false;  // A from registers (wgmma.mma_async with a register A fragment, hal::WgmmaFp8RegA)
+    bool trans_a = false, trans_b = false;  // MN-major A / B (bf16 only: PTX imm-trans-a / -b)
     u32 type = 0;        // operand type: kWgmmaE4m3 (k32), kWgmmaBf16 (k16), kWgmmaTf32 (k8); 32 bytes of K per row
     u32 issued = 0;
     float* frag[kWarpgroupThreads] = {};

@@ -17,7 +17,14 @@ constexpr u64 kDescReservedBits = (3ull << 14) | (3ull << 30) | (7ull << 46) | (
 //   SW32/64/128: ((8,m),(16,2)):((W*16,SBO),(1,16))      rows of W*16 B, 8-row groups SBO apart
 // then the swizzle Swizzle<log2 W,4,3> is applied to the shared-memory address itself, so a k32 slice at
 // start + 32*j of a 128-byte swizzled row reads what TMA wrote for those K elements.
-inline void decode_operand(u64 desc, u32 rows, std::vector<u32>& addr, u32& lo, u32& hi, const char* which) {
+// MN-major (bf16 only; PTX imm-trans-a / -b = 1), make_gmma_desc<Major::MN>'s canonical layouts in 16-bit elements
+// (T = 8 per 16 bytes), W = 1 (INTERLEAVE), 2, 4, 8 (SW32/64/128):
+//   INTERLEAVE: ((T,1,m),(8,k)):((1,T,SBO),(T,LBO))   SWxx: ((T,W,m),(8,k)):((1,T,LBO),(W T,SBO))
+// i.e. element (mn, kk) of the slice at byte 2 (mn % 8W) + 16 W (kk % 8) + (mn / 8W) * (LBO, or SBO for INTERLEAVE)
+// + (kk / 8) * (SBO, or LBO), then the same swizzle. The addresses come out in the K-major order below (row * 32 +
+// byte of the 32-byte k-slice), so execution does not care which major the operand had.
+inline void decode_operand(u64 desc, u32 rows, std::vector<u32>& addr, u32& lo, u32& hi, const char* which,
+                           bool mn_major = false) {
     if (desc & kDescReservedBits)
         fail(format("wgmma: descriptor %s %#llx sets reserved bits %#llx", which, static_cast<unsigned long long>(desc),
                     static_cast<unsigned long long>(desc & kDescReservedBits)));
@@ -37,8 +44,15 @@ inline void decode_operand(u64 desc, u32 rows, std::vector<u32>& addr, u32& lo, 
     hi = 0;
     for (u32 r = 0; r < rows; ++r)
         for (u32 k = 0; k < 32; ++k) {
-            u32 a = start + (r / 8) * sbo;
-            a += layout == 0 ? (r % 8) * 16 + (k / 16) * lbo + k % 16 : (r % 8) * row_pitch + k;
+            u32 a = start;
+            if (mn_major) {  // 16-bit elements: byte k of the slice is byte k % 2 of element k / 2
+                const u32 w = 1u << bits, e = k / 2, mn_block = r / (8 * w), k_block = e / 8;
+                a += 2 * (r % (8 * w)) + 16 * w * (e % 8) + k % 2;
+                a += layout == 0 ? mn_block * sbo + k_block * lbo : mn_block * lbo + k_block * sbo;
+            } else {
+                a += (r / 8) * sbo;
+                a += layout == 0 ? (r % 8) * 16 + (k / 16) * lbo + k % 16 : (r % 8) * row_pitch + k;
+            }
             a = swizzle(a, bits);
             if (a >= smem_bytes)
                 fail(format("wgmma: descriptor %s %#llx reads element (row %u, k %u) at smem+%#x, outside the %#x "
