@@ -4,7 +4,8 @@ Importing the package registers the ``torch.ops.deep_fp8_gemm`` custom ops (GEMM
 ``silu_mul_quant``); it imports neither the CUDA bindings nor the JIT (they load on the first GPU or
 simulator call). Model-facing modules: ``deep_fp8_gemm.nn`` (FP8Linear), ``deep_fp8_gemm.moe``
 (fp8_moe_forward, FP8MoE), ``deep_fp8_gemm.layout`` (MoE contiguous layout and routing),
-``deep_fp8_gemm.autograd`` (training: fp8_linear, fp8_moe).
+``deep_fp8_gemm.autograd`` (training: fp8_linear, fp8_moe). ``deep_fp8_gemm.attention``: the DeepSeek-V3.2 / V4
+indexer's FP8 MQA logits (dense and paged) and the paged form's schedule metadata.
 
 The reference design's 2.x surface (``fp8_gemm_nt``, ``m_grouped_fp8_gemm_nt_contiguous`` with the psum layout,
 ``m_grouped_fp8_gemm_nt_masked``, ``transform_sf_into_required_layout``, its casts and knobs) is
@@ -13,7 +14,7 @@ too (the same objects). The casts exported here are the library's own (``deep_fp
 bits are ``deep_fp8_gemm.compat.per_token_cast_to_fp8`` etc. (docs/dropin.md).
 """
 
-from . import autograd, cast_transpose, compat, layout, moe, nn, ops, reference
+from . import attention, autograd, cast_transpose, compat, layout, moe, nn, ops, reference
 from .cast_transpose import (
     per_token_cast_to_fp8_and_transpose,
     transpose_cast_to_fp8_k_grouped,
@@ -70,7 +71,7 @@ from .utils import (
 __version__ = "0.1.0"
 
 #: The public modules (submodules imported by the package appear as attributes too; these are the API).
-_PUBLIC_MODULES = ("autograd", "cast_transpose", "compat", "layout", "moe", "nn", "ops", "reference")
+_PUBLIC_MODULES = ("attention", "autograd", "cast_transpose", "compat", "layout", "moe", "nn", "ops", "reference")
 __all__ = sorted(["__version__", *_PUBLIC_MODULES,
                   *(name for name, value in globals().items() if not name.startswith("_") and callable(value)
                     and getattr(value, "__module__", "").startswith(__name__))])

@@ -32,7 +32,9 @@ from .kinds import TABLE
 
 #: The GEMM kinds (the rows of the kinds table, torch-free) and the audit's other kernel families.
 GEMM_KINDS = TABLE.names
-ALL_KINDS = (*GEMM_KINDS, "quant")
+ALL_KINDS = (*GEMM_KINDS, "quant", "attention")
+#: The audit's families whose kernels do not depend on the problem shape (every variant is audited).
+SHAPELESS_KINDS = {"quant": "quant", "attention": "mqa_logits"}  # family -> kernels module
 
 
 def plain(text: str) -> str:
@@ -91,6 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("precompile", help="fill the JIT cache for the given shapes")
     _add_kernel_selection(p)
     p.add_argument("--jobs", "-j", type=int, default=1, help="compile in N worker processes (default 1)")
+    p.add_argument("--check", action="store_true",
+                   help="compile nothing: list the kernels the cache lacks (exit 1 if any) and time reading and "
+                        "verifying the ones it has (the warm start)")
 
     p = sub.add_parser("cache", help="inspect (with its ownership checks) or empty the on-disk caches")
     p.add_argument("action", choices=("info", "clear"))
@@ -114,14 +119,15 @@ def collect_targets(kind: str, shapes: Sequence[str], ms: list[int] | None, num_
     """AuditTargets from the kernel families (imported lazily: they pull in the config heuristics)."""
     if num_sms <= 0:
         raise CliError(f"--num-sms must be positive, got {num_sms}")
-    if kind == "quant" and (shapes or ms or num_groups):
-        raise CliError("the quantiser kernels do not depend on the problem shape (every variant is audited): "
-                       "--shapes, --m and --num-groups do not apply to --kind quant")
+    if kind in SHAPELESS_KINDS and (shapes or ms or num_groups):
+        what = "quantiser" if kind == "quant" else "MQA-logits (indexer)"
+        raise CliError(f"the {what} kernels do not depend on the problem shape (every variant is audited): "
+                       f"--shapes, --m and --num-groups do not apply to --kind {kind}")
     parsed = None if not shapes or list(shapes) == ["deepseek-v3"] else [_shape(s) for s in shapes]
     targets = []
     for family in (ALL_KINDS if kind == "all" else (kind,)):
-        if family == "quant":
-            targets += _kernel_module("quant").audit_targets()
+        if family in SHAPELESS_KINDS:
+            targets += _kernel_module(SHAPELESS_KINDS[family]).audit_targets()
         else:
             targets += _kernel_module("targets").audit_targets(family, parsed, ms, num_sms, num_groups)
     return targets
@@ -191,6 +197,8 @@ def cmd_precompile(args: argparse.Namespace) -> int:
     if args.jobs <= 0:
         raise CliError(f"--jobs must be positive, got {args.jobs}")
     targets = _targets_from_args(args)
+    if args.check:
+        return _precompile_check(targets)
     start = time.perf_counter()
     outcomes: list[str] = []
 
@@ -214,6 +222,23 @@ def cmd_precompile(args: argparse.Namespace) -> int:
     print(f"precompiled {len(targets)} kernels ({new} compiled, {len(targets) - new - failed} cached, "
           f"{failed} failed) in {time.perf_counter() - start:.1f} s")
     return 1 if failed else 0
+
+
+def _precompile_check(targets: list) -> int:
+    """``precompile --check``: which of ``targets`` the disk cache lacks, and the warm start's disk part (each
+    cubin read and its checksum verified; the driver's module load is not timed here: it needs a GPU)."""
+    from . import env
+    from .runtime.compiler import cached_kernel
+
+    start = time.perf_counter()
+    missing = [t.name for t in targets if cached_kernel(t.name, t.source, options=t.options) is None]
+    seconds = time.perf_counter() - start
+    for name in missing:
+        print(f"missing: {name}")
+    have = len(targets) - len(missing)
+    print(f"{have} of {len(targets)} kernels in {env.jit_cache_dir()} ({len(missing)} missing); warm start: "
+          f"{have} cubins read and verified in {seconds:.2f} s")
+    return 1 if missing else 0
 
 
 def cmd_cache(args: argparse.Namespace) -> int:

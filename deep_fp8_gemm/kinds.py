@@ -117,10 +117,10 @@ AXES: tuple[Axis, ...] = (
         AxisValue("fp32_acc", "Fp32Accumulate", "fp32 D = C + A . B^T (fragments, 8-byte accesses)",
                   dict(_BF16, d_bytes=4, reads_c=True)),
         AxisValue("fp8", "Fp8", "e4m3 D + 1x128 per-row scales quantised from the accumulators (epilogue_fp8.cuh)",
-                  dict(_BF16, block_n=128, d_bytes=1, row_scales=True, epilogue_issue_per_value=10)),
+                  dict(_BF16, block_n=128, d_bytes=1, row_scales=True, epilogue_issue_per_value=3)),
         AxisValue("swiglu_fp8", "SwigluFp8", "SiLU(gate) * up of interleaved gate / up blocks, then as fp8 "
                   "(policy_swiglu.cuh)", dict(_BF16, block_n=256, mma_n=128, columns_divisor=2, d_bytes=1,
-                                             row_scales=True, epilogue_issue_per_value=22)),
+                                             row_scales=True, epilogue_issue_per_value=15)),
     )),
     Axis("order", "KindOperandOrder", "which operand is the wgmma's M side (a config choice within a kind)", (
         AxisValue("ab", "AB", "A's rows on the wgmma's M side"),

@@ -38,8 +38,9 @@ predicts it no slower (``ops.moe.use_fused_swiglu``; at DeepSeek-V3's shapes alw
 
 * :class:`FP8MoE` (inference, ``fused_swiglu=True``, the default), :func:`fp8_moe_forward` /
   :func:`fp8_moe_forward_masked` given ``w13_swiglu``, and the expert-parallel layers built on them run fused;
-  fused and unfused differ by the bf16 rounding of ``gate | up`` only (calc_diff <= 2e-3 between them, the fused
-  one no farther from float64);
+  fused and unfused differ by the bf16 rounding of ``gate | up`` (calc_diff <= 2e-3 between them, the fused
+  one no farther from float64) and at e4m3 rounding ties by the quantisation (the fused epilogue multiplies by
+  ``fl(1 / scale)``, ``silu_mul_quant`` divides; issue 45);
 * the training forward (:func:`deep_fp8_gemm.autograd.fp8_moe`, and :func:`~deep_fp8_gemm.autograd.fp8_moe_frozen`
   that an inference :class:`FP8MoE` runs when its inputs require grad) stays unfused — its backward needs the bf16
   ``gate | up`` — and equals the unfused inference forward bit for bit; it no longer equals a fused inference

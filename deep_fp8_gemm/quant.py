@@ -73,12 +73,16 @@ def _check_w(w: torch.Tensor) -> None:
     check_input(w, "w")
 
 
-def _quantise_groups(groups: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """``groups / scale`` in float32, saturated to ±448, rounded to e4m3 (nearest even).
+def _quantise_groups(groups: torch.Tensor, scale: torch.Tensor, reciprocal: bool = False) -> torch.Tensor:
+    """``groups / scale`` (``reciprocal``: ``groups * fl(1 / scale)``) in float32, saturated to ±448, rounded to
+    e4m3 (nearest even).
 
-    torch's float8 cast does not saturate (out-of-range values become NaN), hence the clamp.
+    torch's float8 cast does not saturate (out-of-range values become NaN), hence the clamp. The reciprocal is an
+    IEEE float32 division by a tensor of ``scale``'s device and shape (one per group, as the FP8-output epilogue
+    takes it), which no device turns into an approximation (see :func:`_amax_to_scale`).
     """
-    return (groups / scale).clamp_(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
+    quotient = groups * (torch.ones_like(scale) / scale) if reciprocal else groups / scale
+    return quotient.clamp_(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
 
 
 def _amax_to_scale(amax: torch.Tensor) -> torch.Tensor:
@@ -91,10 +95,18 @@ def _amax_to_scale(amax: torch.Tensor) -> torch.Tensor:
     return amax / torch.full_like(amax, FP8_E4M3_MAX)
 
 
-def per_token_cast_to_fp8_torch(x: torch.Tensor, use_ue8m0: bool = False, group: int = GROUP
-                                ) -> tuple[torch.Tensor, torch.Tensor]:
+def per_token_cast_to_fp8_torch(x: torch.Tensor, use_ue8m0: bool = False, group: int = GROUP, *,
+                                reciprocal: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Plain-torch :func:`per_token_cast_to_fp8` (any device; ``group`` 128 or 32 elements per scale); the scales
-    come back row-major ``[m, kb]``."""
+    come back row-major ``[m, kb]``.
+
+    ``reciprocal=True`` is the FP8-output GEMM epilogue's rule (``epilogue_fp8.cuh``; the reference design's
+    ``x * (1.0 / sf)``): the same scales, and ``x_fp8 = e4m3(clamp(x * fl(1 / scale), ±448))`` with ``fl(1 / scale)``
+    one IEEE float32 reciprocal per group. It differs from the division by one e4m3 step where ``x / scale`` lies
+    within a float32 rounding of an e4m3 rounding tie: about 5e-7 of the codes of float32 normal data, ~0.05% where
+    the values carry few mantissa bits (bf16-valued data), never with ``use_ue8m0`` (power-of-two scales make the two
+    exact).
+    """
     m, k = x.shape
     kb = ceil_div(k, group)
     padded = F.pad(x.float(), (0, kb * group - k))  # zero padding never raises an amax
@@ -102,7 +114,7 @@ def per_token_cast_to_fp8_torch(x: torch.Tensor, use_ue8m0: bool = False, group:
     scale = _amax_to_scale(groups.abs().amax(dim=-1).clamp_min_(AMAX_FLOOR))  # [m, kb]
     if use_ue8m0:
         scale = ceil_to_ue8m0(scale)
-    x_fp8 = _quantise_groups(groups, scale.unsqueeze(-1)).view(m, kb * group)[:, :k].contiguous()
+    x_fp8 = _quantise_groups(groups, scale.unsqueeze(-1), reciprocal).view(m, kb * group)[:, :k].contiguous()
     return x_fp8, scale
 
 

@@ -102,12 +102,8 @@ SPECIFIC = {
         ("m_indices-int64", lambda a: dict(a, m_indices=a["m_indices"].long()), TypeError, "m_indices"),
         ("m_indices-length", lambda a: dict(a, m_indices=a["m_indices"][:-1]), ValueError, "m_indices"),
         ("m_indices-missing", lambda a: dict(a, m_indices=None), TypeError, "m_indices"),
-        (
-            "m_sum-unaligned",
-            lambda a: dict(a, a=a["a"][:64], sa=a["sa"][:64], out=a["out"][:64], m_indices=a["m_indices"][:64]),
-            ValueError,
-            "m_sum",
-        ),
+        # (an m_sum that is not a multiple of the alignment is legal since issue 40, as in the reference: trailing
+        # rows with index -1, transformers' experts path; tests/ops/test_contiguous.py runs it)
     ],
     "masked": [
         ("A-2d", lambda a: dict(a, a=a["a"][0], sa=a["sa"][0]), ValueError, "lhs[0]"),

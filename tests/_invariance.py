@@ -70,6 +70,10 @@ def run_rows(kind: str, target: tuple[torch.Tensor, torch.Tensor], rhs: tuple[to
     other = (torch.randn(n, k, generator=g) * 2).to(FP8), sb * 2
     if row.layout == "dense":
         a, sa = embed(target, batch, at, seed)
+        if TABLE.traits(kind, "granularity")["gran_k"] == 32:  # the 1x32 / 32x32 recipe: the same values, its scales
+            kb = -(-k // 32)
+            sa, sb = sa.repeat_interleave(4, 1)[:, :kb], sb.repeat_interleave(4, 0).repeat_interleave(4, 1)[
+                : -(-n // 32), :kb]
         lhs, weights, extra, sel = (a, sa), (b, sb), (), slice(at, at + t)
     elif row.layout in ("contiguous", "psum"):
         align = 128

@@ -9,6 +9,9 @@ implement to the other installed DeepGEMM (:mod:`.provider`, :mod:`.facade`).
   ``get_mn_major_tma_aligned_tensor``) and the names a loader requires but nothing provides;
 * :mod:`.casts` — the reference's casts bit for bit (``per_token_cast_to_fp8(x, use_ue8m0, gran_k=128)``, ...: its
   ``x * (1 / sf)``, row-major scales), what ``deep_gemm.utils`` exports;
+* :mod:`.attention` — the DeepSeek-V3.2 indexer's names (``fp8_fp4_mqa_logits``, ``fp8_fp4_paged_mqa_logits``, the
+  legacy ``fp8_mqa_logits`` / ``fp8_paged_mqa_logits``, ``get_paged_mqa_logits_metadata``) on
+  :mod:`deep_fp8_gemm.attention`;
 * :mod:`.knobs` — the runtime knobs (``set_num_sms(0)`` = every SM, ``set_pdl``, the contiguous alignment, ...).
 
 Every name exported both here and at the top of :mod:`deep_fp8_gemm` is the same object, except the three casts: the
@@ -19,12 +22,14 @@ code written against the reference (or ``import deep_fp8_gemm.compat.deep_gemm a
 deep_gemm`` for the whole module with its submodules and forwarding).
 """
 
-from . import api, casts, knobs
+from . import api, attention, casts, knobs
 from .api import (LOADER_REQUIRED_ENTRIES, check_compiled_dims, check_recipe, fp8_fp4_gemm_nt, fp8_gemm_nt,
                   fp8_m_grouped_gemm_nt_masked, get_mn_major_tma_aligned_tensor, k_grouped_fp8_gemm_nt_contiguous,
                   k_grouped_wgrad_gemm_fp8_fp8_fp32_nt, m_grouped_fp8_fp4_gemm_nt_contiguous,
                   m_grouped_fp8_fp4_gemm_nt_masked, m_grouped_fp8_gemm_nt_contiguous, m_grouped_fp8_gemm_nt_masked,
                   transform_sf_into_required_layout, unsupported_entry, wgrad_gemm_fp8_fp8_fp32_nt)
+from .attention import (fp8_fp4_mqa_logits, fp8_fp4_paged_mqa_logits, fp8_mqa_logits, fp8_paged_mqa_logits,
+                        get_paged_mqa_logits_metadata)
 from .casts import (align, ceil_div, ceil_to_ue8m0, per_block_cast_to_fp8, per_channel_cast_to_fp8,
                     per_custom_dims_cast_to_fp8, per_token_cast_to_fp8)
 from .knobs import (RUNTIME_KNOBS, RuntimeKnobs, get_k_alignment_for_contiguous_layout,
@@ -36,4 +41,4 @@ from .knobs import (RUNTIME_KNOBS, RuntimeKnobs, get_k_alignment_for_contiguous_
 
 #: The names the 2.x surface exports (the drop-in's ``deep_gemm`` re-exports each, ``deep_gemm.utils`` the casts and
 #: layout helpers).
-__all__ = sorted({*api.__all__, *casts.__all__, *knobs.__all__})
+__all__ = sorted({*api.__all__, *attention.__all__, *casts.__all__, *knobs.__all__})

@@ -132,3 +132,20 @@ def disable() -> None:
         for key in [k for k in sys.modules if k == "deep_gemm" or k.startswith("deep_gemm.")]:
             del sys.modules[key]
         sys.modules.update(provider.reset())
+        _forget_forwarded_submodules()
+
+
+def _forget_forwarded_submodules() -> None:
+    """An import of ``deep_gemm.<x>`` served from the provider (``deep_gemm.mega``) binds ``<x>`` on the facade
+    package, as every submodule import binds its parent's attribute; once the provider is forgotten that binding
+    would keep answering ``deep_gemm.mega`` with the old provider's module. Drop every attribute of the facade's
+    packages that is a module of a provider (the site-packages one under its alias, vLLM's vendored copy, an adopted
+    ``deep_gemm``); the facade's own imports (``torch``, ``os``) stay."""
+    providers = (provider.ALIAS, provider.VENDORED, "deep_gemm")
+    for name, module in list(sys.modules.items()):
+        if name != FACADE and not name.startswith(FACADE + "."):
+            continue
+        for attr, value in list(vars(module).items()):
+            owner = getattr(value, "__name__", None) if type(value) is type(sys) else None
+            if owner and any(owner == p or owner.startswith(p + ".") for p in providers):
+                delattr(module, attr)

@@ -7,7 +7,7 @@ forwarded provider, and :func:`provider_of`.
   never disagree. Each value is recorded and replayed on a provider found later (vLLM's vendored copy appears only
   once vLLM is imported). A knob set here reads back from either provider's getter.
 * **Hand-over**: a GEMM call that this library refuses with ``NotImplementedError`` (an option outside the SM90 FP8
-  kernels it implements: recipe ``(1, 32, 32)`` or gran_k 32, FP4 operands, packed UE8M0 scales, ``alpha``) or
+  kernels it implements: gran_k 32 other than the ``(1, 32, 32)`` recipe, FP4 operands, packed UE8M0 scales, ``alpha``) or
   whose arguments do not fit its signature (a provider's extra keywords, SGLang's ``enable_overlap``) goes to the
   forwarded provider's function of the same name, unchanged: a capability the other provider has is never lost.
   Without a provider the error propagates. The layout helpers are never handed over (an alignment from one
@@ -21,13 +21,13 @@ import inspect
 from typing import Callable
 
 from ..utils import get_num_sms, get_pdl, is_batch_invariant, set_batch_invariant
-from . import api, casts, knobs, provider
+from . import api, attention, casts, knobs, provider
 
 #: compat's helpers that are not names of the reference (the facade does not export them).
 NOT_REFERENCE_NAMES = {"LOADER_REQUIRED_ENTRIES", "RUNTIME_KNOBS", "RuntimeKnobs", "check_compiled_dims",
                        "check_recipe", "unsupported_entry"}
 #: The reference's names this library implements, name -> this library's object (before the facade's versions).
-REFERENCE = {name: getattr(module, name) for module in (api, casts, knobs) for name in module.__all__
+REFERENCE = {name: getattr(module, name) for module in (api, attention, casts, knobs) for name in module.__all__
              if name not in NOT_REFERENCE_NAMES}
 
 

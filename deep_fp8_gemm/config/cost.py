@@ -119,10 +119,11 @@ def estimate_cycles(kind: str, m: int, n: int, k: int, num_groups: int, block_m:
     return max(sm_waves * tile, hbm_bytes / (_HBM_BYTES_PER_CLK_PER_SM * num_sms))
 
 
-# The FP8 epilogue per output value and math thread (NOTES: counted from the kernel source, not yet measured; an
-# IEEE fp32 division is ~8 issue slots on sm_90 with its fast path): |x| max (1), the division by the scale (8),
-# the e4m3 pack and the 2-byte shared store (1); the SwiGLU kinds add SiLU (exp + division + multiply, ~12).
-_EPILOGUE_ISSUE_PER_VALUE = {"fp8": 10, "swiglu": 22}
+# The FP8 epilogue per output value and math thread (NOTES: counted from the kernel source, not yet measured): |x|
+# max (1), the multiply by the row's reciprocal of the scale (1; until issue 45 an IEEE fp32 division, ~8 issue
+# slots on sm_90 with its fast path; the reciprocal, once per row and 64 values, is left out), the e4m3 pack and
+# the 2-byte shared store (1); the SwiGLU kinds add SiLU (exp + division + multiply, ~12).
+_EPILOGUE_ISSUE_PER_VALUE = {"fp8": 3, "swiglu": 15}
 
 
 def epilogue_cycles(kind: str, block_m: int) -> float:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import functools
 from typing import Sequence
 
-from ..config import FP32_ACCUMULATE_KINDS, KINDS, GemmConfig, get_config, k_grouped_config
+from ..config import (FP8_OUTPUT_KINDS, FP32_ACCUMULATE_KINDS, KINDS, SWIGLU_KINDS, GemmConfig, get_config,
+                      k_grouped_config)
 from ..kinds import TABLE
 from .gemm import render_source
 
@@ -99,11 +100,33 @@ FP32_EPILOGUE_REQUIRED_SASS = ("LDG.E.64", "STG.E.64")
 FP32_EPILOGUE_FORBIDDEN_SASS = ("STG.E",)
 
 
+#: The FP8-output epilogue (epilogue_fp8.cuh) takes one IEEE reciprocal per row and 128-column scale block and
+#: multiplies every value by it (issue 45): per math thread and m64 wave, rows r and r + 8, i.e. 2 MUFU.RCP, where a
+#: division per value took 64 (one per value of the m64n128 fragment). The SwiGLU kinds' SiLU, x / (1 + e^-x), divides
+#: once per output value (that is the activation, not the quantiser: 64 per wave).
+FP8_EPILOGUE_RCP_PER_WAVE = 2
+SWIGLU_SILU_RCP_PER_WAVE = 64
+#: MUFU.RCP elsewhere in a GEMM kernel: the scheduler's integer divisions by run-time values and the slow-path
+#: subroutines of IEEE division and reciprocal (4 in the reciprocal's); the issue-45 audit of the DeepSeek-V3 tables
+#: found 2-4 in the bf16 kernels and 7-11 in the FP8-output ones.
+GEMM_OTHER_RCP = 16
+
+
+def fp8_epilogue_max_rcp(cfg: GemmConfig) -> int:
+    """The most ``MUFU.RCP`` an FP8-output kernel of ``cfg`` may hold (``AuditTarget.max_sass``): a reciprocal per
+    row block and thread, not a division per value (:data:`FP8_EPILOGUE_RCP_PER_WAVE`)."""
+    per_wave = FP8_EPILOGUE_RCP_PER_WAVE + (SWIGLU_SILU_RCP_PER_WAVE if cfg.kind in SWIGLU_KINDS else 0)
+    return cfg.waves_m * per_wave + GEMM_OTHER_RCP
+
+
 def sass_rules(cfg: GemmConfig) -> dict:
     """``AuditTarget`` keywords: the SASS a GEMM kernel of ``cfg`` must (``required_sass``) and must not
-    (``forbidden_sass``) contain beyond every GEMM's."""
+    (``forbidden_sass``) contain beyond every GEMM's, and the opcodes with a bound on their count (``max_sass``:
+    the FP8-output kinds' ``MUFU.RCP``, :func:`fp8_epilogue_max_rcp`)."""
     from ..runtime.audit import GEMM_REQUIRED_SASS
 
+    if cfg.kind in FP8_OUTPUT_KINDS:
+        return {"max_sass": (("MUFU.RCP", fp8_epilogue_max_rcp(cfg)),)}
     if cfg.kind not in FP32_ACCUMULATE_KINDS:
         return {}
     return {"required_sass": GEMM_REQUIRED_SASS + FP32_EPILOGUE_REQUIRED_SASS,

@@ -22,7 +22,9 @@ The up-projection has two paths. Unfused: the ``w13`` GEMM writes ``gate | up`` 
 accumulators and writes ``h`` as e4m3 with 1x128 scales: per routed row ``8I`` bytes (bf16 written and read) and a
 launch less. It runs where legal (``I % 128 == 0``) and the cost model predicts it no slower
 (:func:`use_fused_swiglu`: at DeepSeek-V3's shapes, every m). The two differ in numerics only by the bf16
-rounding of ``gate | up`` the fused path skips (calc_diff <= 2e-3 against the unfused path, closer to float64).
+rounding of ``gate | up`` the fused path skips (calc_diff <= 2e-3 against the unfused path, closer to float64) and,
+at e4m3 rounding ties, by the quantisation (the fused epilogue multiplies by ``fl(1 / scale)``, ``silu_mul_quant``
+divides: one step, rarely).
 """
 
 from __future__ import annotations

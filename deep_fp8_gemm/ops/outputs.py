@@ -6,10 +6,13 @@
   M-major TMA-aligned layout :func:`deep_fp8_gemm.per_token_cast_to_fp8` returns (``utils.empty_m_major``; strides
   ``(1, aligned_rows)`` / ``(aligned_rows * g, 1, aligned_rows)``), so that ``(D, sD)`` is the ``lhs`` of the next
   GEMM without a copy. Quantised in the epilogue from the fp32 accumulators by
-  :func:`deep_fp8_gemm.quant.per_token_cast_to_fp8_torch`'s rules — ``amax = max(max|x|, 1e-4)`` per row and
-  128 columns, ``scale = amax / 448`` (IEEE division; ``use_ue8m0``: rounded up to a power of two),
-  ``D = e4m3(clamp(x / scale, ±448))`` (nearest even). The kernels quantise their own fp32 accumulators, which
-  differ from the reference's float32 sums by the summation order only; with exact sums (the simulator's exact
+  :func:`deep_fp8_gemm.quant.per_token_cast_to_fp8_torch`'s rules with ``reciprocal=True`` — ``amax =
+  max(max|x|, 1e-4)`` per row and 128 columns, ``scale = amax / 448`` (IEEE division; ``use_ue8m0``: rounded up to a
+  power of two), ``D = e4m3(clamp(x * fl(1 / scale), ±448))`` (nearest even): one IEEE reciprocal per row and
+  128 columns, then a multiply per value, as the reference design's ``x * (1.0 / sf)`` (issue 45; until then the
+  epilogue divided, ``x / scale``; the two differ by one e4m3 step near rounding ties, about 5e-7 of the codes of
+  random fp32 outputs, never with ``use_ue8m0``). The kernels quantise their own fp32 accumulators, which differ
+  from the reference's float32 sums by the summation order only; with exact sums (the simulator's exact
   tensor-core mode and small integers) the bits are equal (tests/kernels/test_sim_fp8_output.py).
 * :data:`SWIGLU_FP8` — the MoE up-projection: B the interleaved ``w13`` (:func:`interleave_swiglu_weights`), the
   output ``SiLU(gate) * up`` of the fp32 result quantised as :data:`FP8`, D ``[..., rows, n / 2]``.
@@ -171,11 +174,11 @@ def empty_out(lead: tuple[int, ...], rows: int, n_out: int, device: torch.device
 
 
 def quantise_into(values: torch.Tensor, d: torch.Tensor, sd: torch.Tensor, use_ue8m0: bool) -> None:
-    """``(d, sd) = per_token_cast_to_fp8_torch(values)``: ``values`` float32 ``[r, n_out]``, ``d`` / ``sd`` views of
-    the same rows (any strides)."""
+    """``(d, sd) = per_token_cast_to_fp8_torch(values, reciprocal=True)`` (the epilogue's rule): ``values`` float32
+    ``[r, n_out]``, ``d`` / ``sd`` views of the same rows (any strides)."""
     if values.shape[0] == 0:
         return
-    q, s = per_token_cast_to_fp8_torch(values, use_ue8m0)
+    q, s = per_token_cast_to_fp8_torch(values, use_ue8m0, reciprocal=True)
     d.copy_(q)
     sd.copy_(s)
 
@@ -212,7 +215,7 @@ class Fp8Output(OutputPolicy):
     def store(self, outs, sel, acc, options):
         if acc.shape[0] == 0:
             return
-        q, s = per_token_cast_to_fp8_torch(self.values(acc), bool(options[0]))
+        q, s = per_token_cast_to_fp8_torch(self.values(acc), bool(options[0]), reciprocal=True)
         d, sd = outs
         d.view(torch.uint8)[sel] = q.view(torch.uint8)  # no index_put for float8 on every device
         sd[sel] = s

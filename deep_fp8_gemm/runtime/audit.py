@@ -9,7 +9,8 @@ performance warnings in :data:`FATAL_WARNINGS`. GEMM kernels also get a static K
 when it exceeds one; any other kernel (the heuristic's pick for a user's shapes) and every kernel of the watchdog
 build (``DFG_WATCHDOG_SECONDS``: its debug instructions sit in the loops) gets the finding as a ``note`` — the
 figures are reported, the exit status is not changed. So the exit status means "a kernel spills, uses local
-memory, lacks required SASS, triggers a fatal ptxas warning, or is a gated kernel over its K-loop ceiling".
+memory, lacks required SASS, holds forbidden SASS or more of an opcode than its bound (an FP8-output kernel's
+``MUFU.RCP``), triggers a fatal ptxas warning, or is a gated kernel over its K-loop ceiling".
 """
 
 from __future__ import annotations
@@ -29,8 +30,10 @@ from .sass import disassemble, instruction_histogram, opcode_histogram
 
 # C7508: setmaxnreg ignored; C7511/C7517/C7519: wgmma serialised / extra waits inserted by ptxas.
 FATAL_WARNINGS = ("C7508", "C7511", "C7517", "C7519")
-# Opcodes always reported in the ``sass`` field, present or not.
-REPORTED_SASS = ("QGMMA", "UTMALDG", "UTMASTG", "USETMAXREG", "STL", "LDL", "WARPGROUP", "SYNCS", "ACQBULK")
+# Opcodes always reported in the ``sass`` field, present or not. MUFU.RCP: the FP8-output epilogue's reciprocals
+# (one per row and scale block, kernels/targets.py fp8_epilogue_max_rcp), and every IEEE division's.
+REPORTED_SASS = ("QGMMA", "UTMALDG", "UTMASTG", "USETMAXREG", "STL", "LDL", "WARPGROUP", "SYNCS", "ACQBULK",
+                 "MUFU.RCP")
 #: ACQBULK is griddepcontrol.wait: every kernel waits for the previous one before touching global memory, so it
 #: may run as a programmatic dependent launch (deep_fp8_gemm.set_pdl; the record's ``pdl`` field).
 PDL_WAIT_SASS = "ACQBULK"
@@ -49,8 +52,11 @@ class AuditTarget:
     ``name``/``source``: entry symbol and rendered translation unit; ``required_sass``: opcodes that
     must appear (a base name such as ``QGMMA``, or a full opcode with modifiers such as ``STG.E.64``, matched
     exactly); ``forbidden_sass``: full opcodes that must not appear (e.g. ``STG.E``, a 4-byte store where the
-    kernel promises 8-byte ones); ``options``: extra NVRTC options; ``gate_kloop``: a K-loop figure over its
-    kind's ceiling fails the kernel (True: a kernel CI gates) or is only noted (False: see the module docstring).
+    kernel promises 8-byte ones); ``max_sass``: ``(opcode, bound)`` pairs, opcodes (matched as in
+    ``required_sass``) that may appear at most ``bound`` times (e.g. ``MUFU.RCP`` in an FP8-output kernel: one
+    reciprocal per row and scale block, not a division per value); ``options``: extra NVRTC options;
+    ``gate_kloop``: a K-loop figure over its kind's ceiling fails the kernel (True: a kernel CI gates) or is only
+    noted (False: see the module docstring).
     """
 
     kind: str
@@ -61,6 +67,7 @@ class AuditTarget:
     options: tuple[str, ...] = ()
     forbidden_sass: tuple[str, ...] = ()
     gate_kloop: bool = True
+    max_sass: tuple[tuple[str, int], ...] = ()
 
 
 def _compile_record(target: AuditTarget) -> tuple[dict, bytes | None]:
@@ -144,7 +151,9 @@ def _check_sass(record: dict, target: AuditTarget, sass: str) -> None:
     def count(op: str) -> int:  # "QGMMA": every QGMMA.*; "STG.E.64": that opcode exactly
         return full.get(op, 0) if "." in op else histogram.get(op, 0)
 
-    record["sass"] = {op: count(op) for op in (*REPORTED_SASS, *target.required_sass, *target.forbidden_sass)}
+    bounded = tuple(op for op, _ in target.max_sass)
+    record["sass"] = {op: count(op) for op in (*REPORTED_SASS, *target.required_sass, *target.forbidden_sass,
+                                                *bounded)}
     record["pdl"] = count(PDL_WAIT_SASS) > 0
     if (histogram["STL"] or histogram["LDL"]) and not (record["watchdog"] and not record["spill_bytes"]):
         record["problems"].append(f"local memory instructions: {histogram['STL']} STL, {histogram['LDL']} LDL")
@@ -154,6 +163,9 @@ def _check_sass(record: dict, target: AuditTarget, sass: str) -> None:
     present = [f"{op} x{count(op)}" for op in target.forbidden_sass if count(op)]
     if present:
         record["problems"].append(f"forbidden SASS {present}")
+    over = [f"{op} x{count(op)} (at most {bound})" for op, bound in target.max_sass if count(op) > bound]
+    if over:
+        record["problems"].append(f"SASS over its bound {over}")
 
 
 def audit(targets: Iterable[AuditTarget], *, progress: bool = True) -> list[dict]:
@@ -206,7 +218,7 @@ def format_table(records: Sequence[dict]) -> str:
     width = max([len(r["name"]) for r in records] + [4]) + 2
     kind_width = max([len(r["kind"]) for r in records] + [4]) + 1
     header = f"{'kind':<{kind_width}}{'name':<{width}}{'regs':>5}{'spill':>6}{'stack':>6}{'smem':>8}{'QGMMA':>6}{'TMA ld':>7}" \
-             f"{'TMA st':>7}{'setmaxnreg':>11}{'issue/tc':>9}{'compile s':>10}{'cache':>7}  status"
+             f"{'TMA st':>7}{'setmaxnreg':>11}{'rcp':>5}{'issue/tc':>9}{'compile s':>10}{'cache':>7}  status"
     lines = [header, "-" * len(header)]
     for r in records:
         s = r["sass"]
@@ -216,7 +228,7 @@ def format_table(records: Sequence[dict]) -> str:
             f"{r['kind']:<{kind_width}}{r['name']:<{width}}{_cell(r['registers']):>5}{_cell(r['spill_bytes']):>6}"
             f"{_cell(r['stack_bytes']):>6}{_cell(r['smem_bytes']):>8}{_cell(s.get('QGMMA')):>6}"
             f"{_cell(s.get('UTMALDG')):>7}{_cell(s.get('UTMASTG')):>7}{_cell(s.get('USETMAXREG')):>11}"
-            f"{_cell(issue):>9}{compile_s:>10}{_cache_cell(r['cache_hit']):>7}"
+            f"{_cell(s.get('MUFU.RCP')):>5}{_cell(issue):>9}{compile_s:>10}{_cache_cell(r['cache_hit']):>7}"
             f"  {'ok' if r['ok'] else 'FAIL'}")
         lines += [f"    - {p.splitlines()[0] if p else p}" for p in r["problems"]]
         lines += [f"    note: {n}" for n in r.get("notes", ())]

@@ -233,6 +233,25 @@ def compile_kernel(
     return kernel
 
 
+def cached_kernel(
+    name: str, source: str, *, arch: str = DEFAULT_ARCH, options: Sequence[str] = ()
+) -> CompiledKernel | None:
+    """The disk cache's verified entry for what :func:`compile_kernel` would build from these arguments (the same
+    key: source, options, arch, this NVRTC, the headers), or None when the cache lacks it (or it is damaged, or
+    the cache is disabled or unusable). Never compiles: ``precompile --check`` asks which kernels a shipped cache
+    lacks, and times the warm start (reading and verifying each cubin)."""
+    if env.jit_disable_cache():
+        return None
+    options = tuple(options) + watchdog_options()
+    key = cache.cache_key(source, _key_options(arch, options), arch, compiler_id=compiler_identity(),
+                          header_digest=cache.headers_digest())
+    try:
+        entry = cache.disk_cache().load(key)
+    except (OSError, cachedir.NotADirectoryCacheError):
+        return None
+    return None if entry is None else _from_entry(entry, key)
+
+
 def _load_or_compile(name: str, source: str, arch: str, options: tuple, key: str) -> CompiledKernel:
     if env.jit_disable_cache():
         return _compile(name, source, arch, options, key, disk=None)

@@ -26,12 +26,12 @@ class Backend(enum.Enum):
 
     CUDA = "cuda"            #: the JIT-compiled kernels on an sm_90 GPU
     SIM = "sim"              #: CPU tensors with DFG_SIMULATE: the same kernel source in the CPU simulator
-    REFERENCE = "reference"  #: CPU tensors: the family's exact reference (GEMMs)
+    REFERENCE = "reference"  #: CPU tensors: the family's exact reference (GEMMs, the indexer's MQA logits)
     TORCH = "torch"          #: the plain-torch implementation whose float32 arithmetic defines the bits (quantisers)
 
 
 #: The families :func:`backend_of` knows, and what each does where (see its docstring).
-FAMILIES = ("gemm", "quant")
+FAMILIES = ("gemm", "quant", "attention")
 
 
 def backend_of(device: torch.device, family: str) -> Backend:
@@ -40,6 +40,7 @@ def backend_of(device: torch.device, family: str) -> Backend:
     * ``"gemm"`` (every GEMM kind): an sm_90 GPU → ``CUDA``; any other GPU → ``RuntimeError`` (there is no
       other implementation worth running there); CPU tensors → ``SIM`` under ``DFG_SIMULATE``, else
       ``REFERENCE``.
+    * ``"attention"`` (the DeepSeek-V3.2 indexer's MQA logits, :mod:`deep_fp8_gemm.attention`): as ``"gemm"``.
     * ``"quant"`` (the quantisers, cast-transposes and the MoE SiLU·mul + quantise): an sm_90 GPU → ``CUDA``
       (the fused kernels); any other GPU → ``TORCH`` (the plain-torch implementation gives the same bits, so
       nothing is lost but speed); CPU tensors → ``SIM`` under ``DFG_SIMULATE`` (every kernel of a model step
@@ -53,7 +54,7 @@ def backend_of(device: torch.device, family: str) -> Backend:
             return Backend.CUDA
         if family == "quant":
             return Backend.TORCH
-        if family != "gemm":
+        if family not in ("gemm", "attention"):
             raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
         name = torch.cuda.get_device_name(device)
         raise RuntimeError(
@@ -64,7 +65,7 @@ def backend_of(device: torch.device, family: str) -> Backend:
         raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
     if env.simulate():
         return Backend.SIM
-    return Backend.REFERENCE if family == "gemm" else Backend.TORCH
+    return Backend.TORCH if family == "quant" else Backend.REFERENCE
 
 
 def gpu_index(device: torch.device) -> int | None:

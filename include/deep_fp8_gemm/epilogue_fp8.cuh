@@ -2,13 +2,20 @@
 // 128-byte-swizzled shared tile -> one TMA store per warpgroup; the scales go from registers straight to global
 // memory, M-major (the layout per_token_cast_to_fp8 returns).
 //
-// Numerics: deep_fp8_gemm.quant.per_token_cast_to_fp8 applied to the fp32 values, with the quantisers' own helpers
-// (kernels/quant.cuh): amax over the |x| bit patterns (integer max: exact, a NaN propagates), clamped below at
-// 1e-4, scale = amax / 448 (IEEE division), with kUe8m0 rounded up to a power of two on its bit pattern
-// (quant::ceil_to_ue8m0); e4m3 = RNE(x / scale) saturated to +-448 (cvt.rn.satfinite). With kUe8m0 the scale is a
-// power of two, so x * (1 / scale) is x / scale exactly (both are the rounding of x * 2^-e) and costs one FMUL
-// instead of a division. Columns past N are exact zeros (TMA zero-fills B): they never raise an amax, so a
-// partial last group is quantised as if zero-padded, as per_token_cast_to_fp8 does.
+// Numerics: deep_fp8_gemm.quant.per_token_cast_to_fp8_torch(values, use_ue8m0, reciprocal=True), with the
+// quantisers' own helpers (kernels/quant.cuh): amax over the |x| bit patterns (integer max: exact, a NaN
+// propagates), clamped below at 1e-4, scale = amax / 448 (IEEE division), with kUe8m0 rounded up to a power of two
+// on its bit pattern (quant::ceil_to_ue8m0); inv = 1 / scale, one IEEE reciprocal per row and 128-column group;
+// e4m3 = RNE(x * inv) saturated to +-448 (cvt.rn.satfinite). That is the reference design's x * (1.0 / sf)
+// (DeepGEMM utils/math.py). The quantisers (per_token_cast_to_fp8, silu_mul_quant) divide, x / scale: the two
+// differ by one e4m3 step where x / scale lies within a float32 rounding of an e4m3 rounding tie, never with kUe8m0
+// (a power-of-two scale makes both the rounding of x * 2^-e). Columns past N are exact zeros (TMA zero-fills B):
+// they never raise an amax, so a partial last group is quantised as if zero-padded, as per_token_cast_to_fp8 does.
+//
+// NOTES: dividing every value cost 64 IEEE divisions (MUFU.RCP + fix-up, each) per thread and m64 wave: 131
+// MUFU.RCP in a 256x128 kernel, ~6% of its tile time at K = 7168 and ~20% at K = 2048 by an independent review
+// (issue 45). The reciprocal takes 2 per thread and wave (rows r and r + 8); the audit bounds the count
+// (kernels/targets.py fp8_epilogue_max_rcp).
 //
 // Who holds a row (WgmmaFragment, m64nNk32): value i of lane l of warp w sits in row 16 w + l / 4 + 8 ((i / 2) % 2),
 // column 8 (i / 4) + 2 (l % 4) + i % 2. A row's 128 columns are the 4 lanes of one quad (l / 4 fixed), 32 values
@@ -81,7 +88,7 @@ struct Fp8Tile {
     }
 
     // e4m3 of this thread's values into the tile (rows frag_row + 64 w + 8 h, columns 8 j + 2 (lane % 4) + {0, 1}).
-    template <bool kUe8m0, u32 kV>
+    template <u32 kV>
     DFG_DEVICE static void write_smem(u8* tile, u32 frag_row, u32 lane, const float (&v)[kWavesM][kV],
                                       const float (&scale)[kWavesM][2]) {
         static_assert(kV >= kValues, "an m64n128 fragment per wave");
@@ -89,13 +96,12 @@ struct Fp8Tile {
         for (u32 w = 0; w < kWavesM; ++w) {
             DFG_UNROLL
             for (u32 h = 0; h < 2; ++h) {
-                const float s = scale[w][h];
-                const float inv = 1.0f / s;  // exact when kUe8m0 (a power of two); unused otherwise
+                const float inv = 1.0f / scale[w][h];  // the row's one IEEE reciprocal (see the file comment)
                 const u32 row = frag_row + 64 * w + 8 * h;
                 DFG_UNROLL
                 for (u32 j = 0; j < kGroupCols / 8; ++j) {
                     const float x0 = v[w][4 * j + 2 * h], x1 = v[w][4 * j + 2 * h + 1];
-                    const u16 packed = kUe8m0 ? hal::pack_e4m3x2(x0 * inv, x1 * inv) : hal::pack_e4m3x2(x0 / s, x1 / s);
+                    const u16 packed = hal::pack_e4m3x2(x0 * inv, x1 * inv);
                     *reinterpret_cast<u16*>(tile + swizzled_offset(row, 8 * j + 2 * (lane % 4))) = packed;
                 }
             }

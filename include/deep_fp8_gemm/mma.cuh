@@ -27,6 +27,21 @@ DFG_HOST_DEVICE constexpr u64 make_k_major_sw128_desc(u32 smem_byte_addr) {
            | (static_cast<u64>(1u) << 62);                                    // SWIZZLE_128B
 }
 
+// K-major tiles whose rows are kRowBytes = 32, 64 or 128 bytes (an e4m3 row of head_dim 32 / 64 / 128: the MQA logits
+// kernels), written by TMA with the swizzle of that span (CU_TENSOR_MAP_SWIZZLE_32B / 64B / 128B): Swizzle<log2(kRowBytes
+// / 16), 4, 3> on the shared-memory byte address (CuTe's Layout_K_SW32/64/128_Atom), eight rows per core matrix group
+// (SBO = 8 * kRowBytes), layout type 3 / 2 / 1 (cute/arch/mma_sm90_desc.hpp: SW32 = 3, SW64 = 2, SW128 = 1).
+// kRowBytes = 128 is make_k_major_sw128_desc. The tile must start on an 8 * kRowBytes boundary (base offset 0).
+template <u32 kRowBytes>
+DFG_HOST_DEVICE constexpr u64 make_k_major_desc(u32 smem_byte_addr) {
+    static_assert(kRowBytes == 32 || kRowBytes == 64 || kRowBytes == 128, "swizzled K-major rows: 32, 64 or 128 bytes");
+    constexpr u64 kLayoutType = kRowBytes == 128 ? 1u : kRowBytes == 64 ? 2u : 3u;
+    return static_cast<u64>((smem_byte_addr >> 4) & 0x3FFFu)    // start address
+           | (static_cast<u64>(1u) << 16)                        // LBO: ignored for swizzled K-major
+           | (static_cast<u64>((8 * kRowBytes) >> 4) << 32)      // SBO: next 8-row group
+           | (kLayoutType << 62);
+}
+
 // Descriptor of the k32 slice `k_slice` (0..3) of a K-major SW128 tile that starts at `tile`.
 DFG_DEVICE u64 k_slice_desc(const void* tile, u32 k_slice) {
     return make_k_major_sw128_desc(hal::smem_addr(tile) + k_slice * kWgmmaK);

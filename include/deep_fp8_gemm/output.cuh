@@ -99,7 +99,7 @@ struct Fp8TmaStore {
                         (t.wg * 4 + t.warp_in_wg) * Tile::kPartials * 32;
         float scale[kWavesM][2];
         Tile::template row_scales<kUe8m0>(partials, t.lane, acc, scale);
-        Tile::template write_smem<kUe8m0>(smem_d, t.frag_row, t.lane, acc, scale);
+        Tile::write_smem(smem_d, t.frag_row, t.lane, acc, scale);
 
         const u32 n0_out = tile.n_block * Tile::kGroupCols;  // D column of the tile = its sD column * 128
         const bool in_n = n0_out < SHAPE_N_OUT;              // false only for a phantom tile (scheduler.cuh)

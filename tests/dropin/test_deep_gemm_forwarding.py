@@ -136,6 +136,21 @@ def test_a_deep_gemm_imported_before_the_hook_is_adopted(tmp_path):
         assert importlib.import_module("deep_gemm") is old
 
 
+def test_a_forgotten_provider_leaves_no_submodule_behind(tmp_path):
+    """Importing deep_gemm.mega binds `mega` on the facade package; disabling the hook (the provider forgotten)
+    must unbind it, or the next facade without a provider would still answer deep_gemm.mega with the old one."""
+    with clean_imports():
+        sys.path.insert(0, str(_stubs.write_site_package(tmp_path)))
+        dropin.enable()
+        assert importlib.import_module("deep_gemm.mega").__name__ == f"{provider.ALIAS}.mega"
+        facade = sys.modules["deep_gemm"]
+        assert hasattr(facade, "mega")
+    with clean_imports():  # no provider on sys.path now
+        dropin.enable()
+        assert importlib.import_module("deep_gemm") is facade and not hasattr(facade, "mega")
+        assert facade.testing.__name__.startswith("deep_fp8_gemm.")  # the facade's own submodules stay
+
+
 def test_calls_ours_refuses_are_handed_to_the_provider(site_stub):
     dg, stub = site_stub
     a, sa = quantised_activations((64, K), seed=1)

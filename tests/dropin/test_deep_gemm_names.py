@@ -26,12 +26,16 @@ OURS = {
     "vllm": {"fp8_gemm_nt", "m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_masked",
              "fp8_m_grouped_gemm_nt_masked", "set_pdl", "get_mk_alignment_for_contiguous_layout",
              "get_theoretical_mk_alignment_for_contiguous_layout", "set_mk_alignment_for_contiguous_layout",
-             "transform_sf_into_required_layout", "set_num_sms"},
+             "transform_sf_into_required_layout", "set_num_sms",
+             # the DeepSeek-V3.2 / V4 indexer (issue 44)
+             "fp8_fp4_mqa_logits", "fp8_fp4_paged_mqa_logits", "get_paged_mqa_logits_metadata"},
     "sglang": {"fp8_gemm_nt", "m_grouped_fp8_gemm_nt_contiguous", "fp8_m_grouped_gemm_nt_masked",
                "get_mk_alignment_for_contiguous_layout", "get_theoretical_mk_alignment_for_contiguous_layout",
                "set_mk_alignment_for_contiguous_layout", "get_num_sms", "set_num_sms",
                "utils.layout.get_mn_major_tma_aligned_tensor", "transform_sf_into_required_layout", "set_pdl",
-               "use_deterministic_algorithms", "per_block_cast_to_fp8"},
+               "use_deterministic_algorithms", "per_block_cast_to_fp8",
+               "fp8_fp4_mqa_logits", "fp8_fp4_paged_mqa_logits", "fp8_mqa_logits", "fp8_paged_mqa_logits",
+               "get_paged_mqa_logits_metadata"},
 }
 
 
@@ -65,7 +69,7 @@ def _check(dg, consumer: str) -> None:
         (ours if who == "deep_fp8_gemm" else forwarded).add(name)
         assert who not in (None, "deep_fp8_gemm (stub)"), (consumer, name, who)
     assert ours == OURS[consumer], sorted(ours ^ OURS[consumer])
-    assert all(n.rpartition(".")[2] in _stubs.FORWARDED or n.startswith("utils.") or n in ("SymmBuffer",)
+    assert all(n.rpartition(".")[2] in _stubs.FORWARDED + _stubs.SHARED or n.startswith("utils.") or n in ("SymmBuffer",)
                for n in forwarded), sorted(forwarded)
 
 

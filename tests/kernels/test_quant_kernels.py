@@ -100,8 +100,9 @@ def test_every_variant_compiles_without_spills(private_jit_cache):
     except Exception:  # noqa: BLE001 - no nvdisasm/cuobjdump: compile-only audit
         have_sass = False
     all_targets = kq.audit_targets()
-    # 5 kinds x 3 x 2 + 4 UE8M0 + 2 of the reference design's arithmetic (the deep_gemm drop-in's casts)
-    assert len(all_targets) == 36 and {t.kind for t in all_targets} == {"quant"}
+    # 6 kinds (per_token_32: the 1x32 recipe's) x 3 x 2 + 5 UE8M0 + 2 of the reference design's arithmetic (the
+    # deep_gemm drop-in's casts)
+    assert len(all_targets) == 43 and {t.kind for t in all_targets} == {"quant"}
     assert sum(t.config.get("numerics") == "deep_gemm_cuda" for t in all_targets) == 2
     # Every kind x {vectorised, scalar} in bf16, plus the vectorised fp16 / fp32 variants: the per-type code is
     # one load routine, and 18 compiles would take most of the CPU test budget on a 2-core machine.

@@ -4,10 +4,12 @@ Two kinds of check:
 
 * bits: with the simulator's exact tensor-core mode (``DFG_SIM_EXACT_MMA=1``) and operands whose float32 sums are
   exact (small integers, power-of-two scales), the kernel's fp32 accumulators equal the reference's float32 GEMM, so
-  ``(D, sD)`` must equal ``per_token_cast_to_fp8_torch`` of it bit for bit: the amax over the quad, the 1e-4
-  floor, the IEEE division by 448, ``ceil_to_ue8m0``, the RNE / saturating e4m3 cast and the M-major scale layout
-  are the quantiser's exactly (partial row blocks, a partial last scale group, zero rows, split-K, a phantom tile
-  of a 2-CTA cluster, the grouped layouts' padding and empty groups included);
+  ``(D, sD)`` must equal the families' reference, ``per_token_cast_to_fp8_torch(reciprocal=True)`` of it, bit for
+  bit: the amax over the quad, the 1e-4 floor, the IEEE division by 448, ``ceil_to_ue8m0``, the one IEEE reciprocal
+  per row and 128 columns and the multiply by it (issue 45; ``test_dense_bits_at_reciprocal_ties`` on rows where a
+  division would round differently), the RNE / saturating e4m3 cast and the M-major scale layout are the
+  reference's exactly (partial row blocks, a partial last scale group, zero rows, split-K, a phantom tile of a 2-CTA
+  cluster, the grouped layouts' padding and empty groups included);
 * numerics (the tensor-core model): the SwiGLU kernel against its reference, against the unfused path (bf16 GEMM
   output + ``silu_mul_quant``) and both against float64.
 
@@ -29,7 +31,7 @@ from deep_fp8_gemm.config import GemmConfig, check_config, smem_bytes
 from deep_fp8_gemm.kernels import gemm
 from deep_fp8_gemm.ops import FAMILIES, outputs
 from deep_fp8_gemm.ops.moe import quantise_experts
-from deep_fp8_gemm.quant import silu_mul_quant_torch
+from deep_fp8_gemm.quant import per_token_cast_to_fp8_torch, silu_mul_quant_torch
 from deep_fp8_gemm.utils import ceil_div
 
 from tests.kernels.test_sim_gemm import contiguous_layout
@@ -118,6 +120,44 @@ def test_dense_bits(case, monkeypatch):
     if cfg.ue8m0:
         exponent_only = (out[1].view(torch.int32) & 0x7FFFFF) == 0
         assert exponent_only.all(), "use_ue8m0 scales must be powers of two"
+
+
+# Row maxima r and values x of those rows where x / fl(r / 448) and x * fl(1 / fl(r / 448)) round to different e4m3
+# codes (39 / fl(52 / 448) rounds to 336.0, an e4m3 tie going to 320; the reciprocal's product is an ulp above: 352).
+RECIPROCAL_TIES = {52: (39,), 76: (57,), 104: (39, 78), 124: (93,)}
+
+
+def reciprocal_tie_operands(m, row_max):
+    """e4m3 0 / ±1 operands with D[r, c] = min(row_max[r], c + 1) for c < 128 and its negation for c in [128, 256)
+    (k = 128, unit scales): exact sums whose rows hold the :data:`RECIPROCAL_TIES` pairs."""
+    k = 128
+    a = (torch.arange(k).expand(m, k) < torch.tensor(row_max).view(m, 1)).float()
+    prefix = (torch.arange(k).expand(128, k) < torch.arange(1, 129).view(128, 1)).float()
+    b = torch.cat([prefix, -prefix])
+    return a.to(FP8), torch.ones(m, 1), b.to(FP8), torch.ones(2, 1)
+
+
+@pytest.mark.parametrize("block_m, m", [(64, 70), (256, 300)], ids=["bm64", "bm256_two_waves"])
+def test_dense_bits_at_reciprocal_ties(block_m, m, monkeypatch):
+    """The epilogue multiplies by one IEEE reciprocal per row and 128-column group (issue 45), bit for bit the
+    reference's ``x * fl(1 / scale)``: on rows where that and ``x / scale`` round to different codes, so the check
+    tells the two rules apart (the division's codes differ from the kernel's)."""
+    monkeypatch.setenv("DFG_SIM_EXACT_MMA", "1")
+    n, k = 256, 128
+    ties = list(RECIPROCAL_TIES)
+    row_max = [ties[r % len(ties)] if r % 5 else 1 + r % 128 for r in range(m)]
+    cfg = make_config("dense_fp8out", n, k, block_m)
+    a, sa, b, sb = reciprocal_tie_operands(m, row_max)
+    out = poisoned_out((), m, n)
+    run_sim(cfg, a, sa, b, sb, out)
+    ref = poisoned_out((), m, n)
+    FAMILIES["dense_fp8out"].reference((a, sa), (b, sb), ref)
+    assert_same_bits(out, ref, cfg.kernel_name())
+    acc = torch.minimum(torch.tensor(row_max).view(m, 1), torch.arange(1, 129).view(1, 128)).float()
+    division, _ = per_token_cast_to_fp8_torch(torch.cat([acc, -acc], dim=1))
+    differ = (division.view(torch.uint8) != out[0].view(torch.uint8)).sum().item()
+    want = 2 * sum(len(RECIPROCAL_TIES[row_max[r]]) for r in range(m) if row_max[r] in RECIPROCAL_TIES)
+    assert differ == want, f"{differ} codes differ from x / scale's, {want} expected at the ties"
 
 
 def assert_same_poisoned_bits(out, ref, what=""):

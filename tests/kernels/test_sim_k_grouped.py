@@ -134,8 +134,10 @@ PLANTED = {
     # the ring's cursor is not carried across tiles: the math warps restart it at stage 0, phase 0 on every
     # tile (groups of odd K-block counts)
     "ring_phase_not_carried": ("kernels/fp8_gemm.cuh",
-                               "        Pipe pipe;\n        TileInfo tile;\n        while (next_tile(scheduler, tile)) {\n",
-                               "        TileInfo tile;\n        while (next_tile(scheduler, tile)) {\n            Pipe pipe;\n"),
+                               "        Pipe pipe;\n        TileInfo tile;\n        while (next_tile(scheduler, tile)) {\n"
+                               "            const u32 n0 = tile.n_block * BLOCK_N;\n",
+                               "        TileInfo tile;\n        while (next_tile(scheduler, tile)) {\n            Pipe pipe;\n"
+                               "            const u32 n0 = tile.n_block * BLOCK_N;\n"),
     # D / C of group g at the wrong offset
     "output_group_offset": ("output.cuh",
                             "const u64 group_rows = kKGrouped ? static_cast<u64>(tile.group) * params.rows : 0u;",

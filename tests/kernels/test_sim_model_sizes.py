@@ -25,7 +25,7 @@ import torch
 
 import deep_fp8_gemm as dfg
 from deep_fp8_gemm import quant
-from deep_fp8_gemm.ops.fp8_output import empty_out
+from deep_fp8_gemm.ops.outputs import empty_out
 from deep_fp8_gemm.ops.k_grouped import k_grouped_gemm_fp8_fp8_fp32_nt
 from deep_fp8_gemm.ops.moe import quantise_experts
 from deep_fp8_gemm.ops.wgrad_1d1d import gemm_fp8_fp8_fp32_nt_1d1d
@@ -143,11 +143,16 @@ def _gemm_cases():
     masked.lead = (1, 64)
     psum = lambda out: dfg.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum((a, sa), (b1, sb1), out, psum_ends)  # noqa
     psum.lead = (M,)
+    x32, w32 = _randn(M, K, seed=19), _randn(128, K, seed=20)  # the 1x32 / 32x32 recipe's own scales
+    a32, b32 = dfg.per_token_cast_to_fp8(x32, gran_k=32), dfg.per_block_cast_to_fp8(w32, gran_k=32)
+    block32 = lambda out: dfg.gemm_fp8_fp8_bf16_nt_block32(a32, b32, out)  # noqa: E731
+    block32.lead = (M,)
     return {
         "dense": bf16(dense),
         "contiguous": bf16(contiguous),
         "masked": bf16(masked),
         "psum": bf16(psum),
+        "dense_block32": bf16(block32),
         "1d1d": fp32(lambda d: gemm_fp8_fp8_fp32_nt_1d1d((a1, sa1), (bw, sbw), d), (M, 128)),
         "k_grouped": fp32(lambda d: k_grouped_gemm_fp8_fp8_fp32_nt((a_groups, sak), (b_groups, sbk), d, ks),
                           (2, M, 128)),

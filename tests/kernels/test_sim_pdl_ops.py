@@ -31,7 +31,7 @@ from deep_fp8_gemm.kernels import gemm, split_k
 from deep_fp8_gemm.simulator import SimulationError
 from deep_fp8_gemm.utils import empty_m_major
 
-from ._mutate import mutated_headers
+from tests._mutate import mutated_headers
 from .test_sim_gemm import make_config, quantised_operands
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="the simulator builds kernels with g++")

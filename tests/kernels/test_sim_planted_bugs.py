@@ -96,8 +96,10 @@ PLANTED = {
     ),
     "ring_phase_not_carried_across_tiles": (  # the math warps restart the ring at stage 0, phase 0 per tile
         "kernels/fp8_gemm.cuh",
-        "        Pipe pipe;\n        TileInfo tile;\n        while (next_tile(scheduler, tile)) {\n",
-        "        TileInfo tile;\n        while (next_tile(scheduler, tile)) {\n            Pipe pipe;\n",
+        "        Pipe pipe;\n        TileInfo tile;\n        while (next_tile(scheduler, tile)) {\n"
+        "            const u32 n0 = tile.n_block * BLOCK_N;\n",
+        "        TileInfo tile;\n        while (next_tile(scheduler, tile)) {\n            Pipe pipe;\n"
+        "            const u32 n0 = tile.n_block * BLOCK_N;\n",
         dict(m=128, n=256, k=384, block_m=64, block_n=64, cluster=(1, 1), stages=2),
     ),
 }

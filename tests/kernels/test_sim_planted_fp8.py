@@ -20,7 +20,8 @@ from deep_fp8_gemm.ops import FAMILIES
 from deep_fp8_gemm.simulator import SimulationError
 
 from tests._mutate import mutated_headers
-from tests.kernels.test_sim_fp8_output import (dequantised, exact_operands, make_config, moe_operands, poisoned_out, run_sim)
+from tests.kernels.test_sim_fp8_output import (RECIPROCAL_TIES, dequantised, exact_operands, make_config, moe_operands,
+                                               poisoned_out, reciprocal_tie_operands, run_sim)
 from tests.kernels.test_sim_gemm import contiguous_layout
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="the simulator builds kernels with g++")
@@ -42,6 +43,11 @@ PLANTED = {
         "epilogue_fp8.cuh",
         "        // The quad's partials: written by its four lanes, read by each of them.\n        hal::warp_sync();\n",
         "",
+        "dense_fp8out", 64),
+    "values_divided_by_the_scale": (  # a division per value (before issue 45), not x * fl(1 / scale): off at ties
+        "epilogue_fp8.cuh",
+        "hal::pack_e4m3x2(x0 * inv, x1 * inv);",
+        "hal::pack_e4m3x2(x0 / scale[w][h], x1 / scale[w][h]); (void)inv;",
         "dense_fp8out", 64),
     "d_tile_stored_before_the_barrier": (  # the warpgroup's leader TMA-stores the tile before its warps wrote it
         "output.cuh",
@@ -67,6 +73,8 @@ PLANTED = {
 
 
 SEEDED = {"barrier_shared_across_warpgroups": (0, 1, 2, 3, 4, 5, 6)}
+# Bugs that change bits only where x / scale and x * fl(1 / scale) round apart: run on rows holding such ties.
+AT_RECIPROCAL_TIES = {"values_divided_by_the_scale"}
 
 
 @pytest.mark.parametrize("bug", sorted(PLANTED))
@@ -77,6 +85,10 @@ def test_planted_bug_is_caught(bug, tmp_path, monkeypatch):
         monkeypatch.setenv("DFG_SIM_EXACT_MMA", "1")
         m, n, k = 2 * block_m, 256, 256
         a, sa, b, sb = exact_operands((m,), n, k, seed=1)
+        if bug in AT_RECIPROCAL_TIES:
+            k = 128
+            maxima = list(RECIPROCAL_TIES)
+            a, sa, b, sb = reciprocal_tie_operands(m, [maxima[r % len(maxima)] for r in range(m)])
         cfg = make_config(kind, n, k, block_m)
         layout, ref_fn, ref_args = None, FAMILIES["dense_fp8out"].reference, ()
         lead_rows, n_out = m, n

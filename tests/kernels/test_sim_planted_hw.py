@@ -115,8 +115,11 @@ PLANTED = {
     # lockstep and runs clean (checked below); seeds that run one CTA or the producer ahead expose it.
     "schedule_stage_released_on_own_cta_only": (
         GEMM,
-        "hal::cluster_smem_address(&empty[0], lane % kClusterSize)",
-        "hal::cluster_smem_address(&empty[0], hal::cluster_cta_rank())",
+        # (the 1D2D consumer's, the one after the comment; the 1x32 recipe's consumer has its own copy)
+        "address operand).\n        const u32 peer_window =\n"
+        "            kClusterSize > 1 ? hal::cluster_smem_address(&empty[0], lane % kClusterSize)",
+        "address operand).\n        const u32 peer_window =\n"
+        "            kClusterSize > 1 ? hal::cluster_smem_address(&empty[0], hal::cluster_cta_rank())",
         dict(m=128, n=256, k=512, block_m=64, block_n=64, cluster=(1, 2), stages=2, grid=2),
         r"race: (tma_load_3d_multicast: TMA write into a stage still read by wgmma: .* issued by thread \d+ at "
         r"\S+\.cuh:\d+|cta \d+: a wgmma of warpgroup \d+ \(issued by thread \d+ at \S+\.cuh:\d+\) reads smem .* before "

@@ -104,7 +104,7 @@ PLANTED = {
         "kernels/quant.cuh", "    partial[tid] = abs_max_bits(v);\n    hal::sync_threads();\n",
         "    partial[tid] = abs_max_bits(v);\n",
         run_per_token, "race", ("kernels/quant.cuh", "partial[tid] = abs_max_bits(v);"),
-        ("kernels/quant.cuh", "const u32 amax_bits = max_of(max_of_vec(mine[0]), max_of_vec(mine[1]));")),
+        ("kernels/quant.cuh", "amax_bits = max_of(max_of_vec(mine[0]), max_of_vec(mine[1]));")),
 }
 
 

@@ -31,7 +31,7 @@ from deep_fp8_gemm.simulator import SimulationError
 
 from tests import sim_kernels
 
-from ._mutate import mutated_headers
+from tests._mutate import mutated_headers
 from .test_sim_gemm import make_config, quantised_operands, run_sim
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="the simulator builds kernels with g++")

@@ -31,8 +31,17 @@ M, N, K = 64, 128, 512
 # blocks (scale-d stays on), and is promoted (then restarted) only every fourth block. Exact with the
 # constant scales used here; wrong by the tensor core's arithmetic only.
 PROMOTE_EVERY_512 = [
-    ("const auto k_block = [&](u32 stage, u32 phase, u32 /*kb*/) {",
-     "const auto k_block = [&](u32 stage, u32 phase, u32 kb) {"),
+    # (the 1D2D / 1D1D consumer's k_block, told from the 1x32 recipe's by the comment that follows its barrier wait)
+    ("const auto k_block = [&](u32 stage, u32 phase, u32 /*kb*/) {\n"
+     "                const u32 a_lo = a_lo0 + stage * (kSmemOpABytes >> 4);\n"
+     "                const u32 b_lo = b_lo0 + stage * (kSmemOpBBytes >> 4);\n"
+     "                hal::mbar_wait(&full[stage], phase, full_barrier(stage));\n"
+     "                // Scales are read",
+     "const auto k_block = [&](u32 stage, u32 phase, u32 kb) {\n"
+     "                const u32 a_lo = a_lo0 + stage * (kSmemOpABytes >> 4);\n"
+     "                const u32 b_lo = b_lo0 + stage * (kSmemOpBBytes >> 4);\n"
+     "                hal::mbar_wait(&full[stage], phase, full_barrier(stage));\n"
+     "                // Scales are read"),
     ("                                scratch, ks > 0);",
      "                                scratch, ks > 0 || kb % 4 != 0);"),
     ("promote(acc[w], scratch, sa_lo, sa_hi, sb0, sb1, masks);",

@@ -119,8 +119,8 @@ def test_simulator_deadlock_names_barriers_like_the_watchdog(tmp_path, monkeypat
     from tests.kernels.test_sim_gemm import quantised_operands, run_sim
 
     # The producer's arrive.expect_tx + its cp.async arrive of sB (the 1D1D kind TMA-loads sB: one arrive).
-    mutated_headers(tmp_path, monkeypatch, "kernels/fp8_gemm.cuh", "hal::mbar_init(&full[s], kRowScaledB ? 1 : 2);",
-                    "hal::mbar_init(&full[s], kRowScaledB ? 1 : 3);")
+    mutated_headers(tmp_path, monkeypatch, "kernels/fp8_gemm.cuh", "hal::mbar_init(&full[s], kRowScaledB ? 1 : kBlock32 ? 1 + B32::kScaleWarps : 2);",
+                    "hal::mbar_init(&full[s], kRowScaledB ? 1 : kBlock32 ? 1 + B32::kScaleWarps : 3);")
     cfg = GemmConfig(kind="dense", shape_n=128, shape_k=512, num_groups=1, block_m=64, block_n=64, num_stages=2, cluster_m=1, cluster_n=1, band_width=16, grid_size=1)
     check_config(cfg)
     a, sa, b, sb = quantised_operands((64,), 128, 512, seed=1)

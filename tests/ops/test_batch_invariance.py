@@ -39,12 +39,12 @@ def test_an_m_dependent_split_fails_the_cpu_check(monkeypatch):
     does on the GPU) gives other bits for the cancelling rows."""
     promoted = reference_math.gemm_nt_promoted
 
-    def planted(a, sa, b, sb):
+    def planted(a, sa, b, sb, gran=reference_math.BLOCK128):
         if a.shape[0] > 8:
-            return promoted(a, sa, b, sb)
+            return promoted(a, sa, b, sb, gran)
         half = a.shape[1] // 2
-        return (promoted(a[:, :half], sa[:, :1], b[:, :half], sb[:, :1])
-                + promoted(a[:, half:], sa[:, 1:], b[:, half:], sb[:, 1:]))
+        return (promoted(a[:, :half], sa[:, :1], b[:, :half], sb[:, :1], gran)
+                + promoted(a[:, half:], sa[:, 1:], b[:, half:], sb[:, 1:], gran))
 
     monkeypatch.setattr("deep_fp8_gemm.ops.gemm_family.gemm_nt_promoted", planted)
     target, rhs = _target(256, 256)

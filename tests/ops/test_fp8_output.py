@@ -43,7 +43,8 @@ def test_dense_reference_is_the_quantiser_on_the_promoted_fp32_gemm():
     a, sa, b, sb = _operands((m,), n, k)
     d, sd = outputs.empty_out((), m, n, "cpu")
     dfg.gemm_fp8_fp8_fp8_nt((a, sa), (b, sb), (d, sd))
-    q, s = per_token_cast_to_fp8_torch(gemm_nt_promoted(a, sa, b, sb))  # the bf16 kind's fp32 accumulator
+    # the bf16 kind's fp32 accumulator, quantised by the epilogue's rule (x * fl(1 / scale), issue 45)
+    q, s = per_token_cast_to_fp8_torch(gemm_nt_promoted(a, sa, b, sb), reciprocal=True)
     assert torch.equal(d.view(torch.uint8), q.view(torch.uint8)) and torch.equal(sd, s)
     assert sd.stride() == (1, 72)  # M-major, rows rounded up to 4: what per_token_cast_to_fp8 returns
     # against float64: one e4m3 rounding of the output on top of the bf16 kind's error
@@ -66,7 +67,7 @@ def test_grouped_references():
     d, sd = outputs.empty_out((), 256, n, "cpu")
     dfg.m_grouped_gemm_fp8_fp8_fp8_nt_contiguous((a, sa), (b, sb), (d, sd), m_indices)
     for rows, e in ((slice(0, 100), 0), (slice(128, 256), 2)):
-        q, s = per_token_cast_to_fp8_torch(_f64(a[rows], sa[rows], b[e], sb[e]).float())
+        q, s = per_token_cast_to_fp8_torch(_f64(a[rows], sa[rows], b[e], sb[e]).float(), reciprocal=True)
         assert calc_diff(_deq(d[rows], sd[rows]), _deq(q, s)) < 1e-6
     # psum: the same rows as ends
     d2, sd2 = outputs.empty_out((), 256, n, "cpu")
@@ -83,7 +84,30 @@ def test_grouped_references():
     assert torch.equal(sd3[1], sd[128:])
 
 
-def test_swiglu_reference_is_silu_mul_quant_of_the_promoted_fp32_gemm():
+def test_reference_multiplies_by_the_reciprocal_of_the_scale():
+    """The epilogue's rule (issue 45): ``e4m3(x * fl(1 / scale))``, one IEEE reciprocal per row and 128 columns, as
+    the reference design's ``x * (1.0 / sf)``; not ``x / scale``. Rows of integers where the two round to different
+    e4m3 codes (row max 52, value 39: ``39 / fl(52 / 448)`` rounds to 336.0, an e4m3 tie that goes to 320 (even),
+    while ``39 * fl(1 / fl(52 / 448))`` rounds to one float32 ulp above it, hence 352); with ``use_ue8m0`` (power-of-two scales) the two agree."""
+    values = torch.zeros(4, 256)
+    for r, (amax, x) in enumerate([(52, 39), (76, 57), (104, 78), (124, 93)]):
+        values[r, :2] = torch.tensor([amax, x])
+        values[r, 128:130] = -values[r, :2]  # the second scale group: the same, negated
+    q, s = per_token_cast_to_fp8_torch(values, reciprocal=True)
+    want = (values.view(4, 2, 128) * (1 / s).unsqueeze(-1)).view(4, 256).clamp(-448, 448).to(FP8)
+    assert torch.equal(q.view(torch.uint8), want.view(torch.uint8))
+    division, s_div = per_token_cast_to_fp8_torch(values)
+    assert torch.equal(s, s_div)
+    assert (q.view(torch.uint8) != division.view(torch.uint8)).sum().item() == 8, "one code per group differs"
+    d, sd = outputs.empty_out((), 4, 256, "cpu")
+    outputs.FP8_OUT.store((d, sd), slice(None), values, (False,))
+    assert torch.equal(d.view(torch.uint8), q.view(torch.uint8)) and torch.equal(sd, s)
+    q8, s8 = per_token_cast_to_fp8_torch(values, True, reciprocal=True)
+    d8, s8_div = per_token_cast_to_fp8_torch(values, True)
+    assert torch.equal(q8.view(torch.uint8), d8.view(torch.uint8)) and torch.equal(s8, s8_div)
+
+
+def test_swiglu_reference_is_silu_mul_of_the_promoted_fp32_gemm_quantised():
     hidden, inter, groups = 256, 256, 2
     a, sa, w, sw = _operands((128,), 2 * inter, hidden, groups, seed=2)
     wi, swi = dfg.interleave_swiglu_weights(w, sw)
@@ -91,7 +115,7 @@ def test_swiglu_reference_is_silu_mul_quant_of_the_promoted_fp32_gemm():
     d, sd = outputs.empty_out((), 128, inter, "cpu")
     dfg.m_grouped_gemm_fp8_fp8_fp8_nt_contiguous_swiglu((a, sa), (wi, swi), (d, sd), m_indices)
     gate_up = gemm_nt_promoted(a, sa, w[1], sw[1])
-    q, s = per_token_cast_to_fp8_torch(F.silu(gate_up[:, :inter]) * gate_up[:, inter:])
+    q, s = per_token_cast_to_fp8_torch(F.silu(gate_up[:, :inter]) * gate_up[:, inter:], reciprocal=True)
     assert torch.equal(d.view(torch.uint8), q.view(torch.uint8)) and torch.equal(sd, s)
     # masked: the same rows
     d3, sd3 = outputs.empty_out((groups,), 64, inter, "cpu")
@@ -318,12 +342,12 @@ def test_psum_fp8out_at_alignment_64_plans_the_64_row_kernel(monkeypatch, alignm
 
 
 def _quantised_rows(a, sa, w, sw, rows, swiglu):
-    """``per_token_cast_to_fp8_torch`` of the float32 GEMM of these rows alone (the promoted reference of
-    _core.reference_math; checkpoint-order w13)."""
+    """``per_token_cast_to_fp8_torch(reciprocal=True)`` (the epilogue's rule) of the float32 GEMM of these rows alone
+    (the promoted reference of _core.reference_math; checkpoint-order w13)."""
     acc = gemm_nt_promoted(a[rows], sa[rows], w, sw)
     if swiglu:
         acc = F.silu(acc[:, :acc.shape[1] // 2]) * acc[:, acc.shape[1] // 2:]
-    return per_token_cast_to_fp8_torch(acc)
+    return per_token_cast_to_fp8_torch(acc, reciprocal=True)
 
 
 def _assert_rows(d, sd, rows, want, what):

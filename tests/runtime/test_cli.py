@@ -60,6 +60,28 @@ def test_precompile_fills_the_cache(jit_cache, targets, capsys):
     assert "entries: 1" in capsys.readouterr().out
 
 
+def test_precompile_check_names_what_the_cache_lacks_and_compiles_nothing(jit_cache, targets, capsys):
+    targets += [_probe_target("dfg_test_cli_chk_a"), _probe_target("dfg_test_cli_chk_b")]
+    assert cli.main(["precompile", "--check"]) == 1  # an empty cache: both missing, nothing compiled
+    out = capsys.readouterr().out
+    assert "missing: dfg_test_cli_chk_a" in out and "missing: dfg_test_cli_chk_b" in out and "0 of 2 kernels" in out
+    assert not list(jit_cache.glob("*.cubin"))
+    del targets[1]
+    assert cli.main(["precompile"]) == 0
+    capsys.readouterr()
+    targets.append(_probe_target("dfg_test_cli_chk_b"))
+    assert cli.main(["precompile", "--check"]) == 1
+    out = capsys.readouterr().out
+    assert "missing: dfg_test_cli_chk_b" in out and "chk_a" not in out.split("1 of 2")[0]
+    assert "1 of 2 kernels" in out and "warm start: 1 cubins read and verified in" in out
+    # A damaged entry counts as missing (the checksum is verified, as a load would)
+    (cubin,) = jit_cache.glob("*.cubin")
+    data = cubin.read_bytes()
+    cubin.write_bytes(data[:-1] + bytes([data[-1] ^ 0xFF]))
+    del targets[1]
+    assert cli.main(["precompile", "--check"]) == 1 and "missing: dfg_test_cli_chk_a" in capsys.readouterr().out
+
+
 def test_bad_arguments_exit_2(capsys):
     assert cli.main(["audit", "--shapes", "7168"]) == 2
     assert "shape must be N,K" in capsys.readouterr().err

@@ -89,6 +89,11 @@ DFG_DEVICE u32 warp_broadcast(u32 value) { return __shfl_sync(0xffffffffu, value
 // its inputs inside a loop (it re-materialises cheap chains such as the thread's fragment row each iteration).
 DFG_DEVICE u32 pin(u32 value) { return __shfl_sync(0xffffffffu, value, threadIdx.x % 32); }
 
+// shfl.sync.bfly.b32 with the full mask: the `value` of lane (this lane ^ lane_mask); all 32 lanes must call it
+// (PTX ISA "shfl.sync"). The quad reductions of kernels/mqa_logits.cuh exchange partial sums through it. No
+// memory ordering.
+DFG_DEVICE float shfl_xor(float value, u32 lane_mask) { return __shfl_xor_sync(0xffffffffu, value, lane_mask); }
+
 // vote.sync.all with the full mask: whether `pred` holds in every lane; all 32 lanes must call it.
 // NOTES: ptxas treats the result as warp-uniform, so a loop whose exit tests it is not divergent, and the
 // loop-carried values of loops nested in it (the stage ring's cursor) stay on the uniform datapath.

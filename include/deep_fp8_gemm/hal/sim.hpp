@@ -249,6 +249,13 @@ inline u32 pin(u32 value, DFG_SIM_SITE) {
     sd::aligned("shfl.sync");
     return value;
 }
+// shfl.sync.bfly.b32 with the full mask (PTX ISA "shfl.sync"): lane l gets lane (l ^ lane_mask)'s `value`. Unlike
+// warp_broadcast the lanes' values differ, so this one is a real exchange: a warp rendezvous (as stmatrix's) where
+// each lane leaves its value and, once all 32 arrived, reads its partner's (sim/threads.hpp). No memory ordering.
+inline float shfl_xor(float value, u32 lane_mask, DFG_SIM_SITE) {
+    DFG_SIM_ENTER;
+    return sd::shfl_xor(value, lane_mask);
+}
 // vote.sync.all with the full mask. As for warp_broadcast, kernels vote only on values every lane computed
 // identically (the scheduler's "more tiles"), so the caller's own value is the vote. Checked like .aligned.
 inline bool warp_all(bool pred, DFG_SIM_SITE) {

@@ -7,10 +7,11 @@
 //       D[m, n] (fp32) = C[m, n] + sum_kb (A[m, kb] . B[n, kb]^T) * sA[m, kb] * sB[n, kb], both 1x128 per-row
 //       scales; k-grouped: per group g, with K_g a run-time value (per-group maps of A_g / B_g).
 //   FP8-output kinds (dense / contiguous / masked / psum _fp8out; the kind's layout_of gives its tiles):
-//       (D, sD) = per_token_cast_to_fp8 of the bf16 kinds' fp32 accumulators, in the epilogue (Fp8TmaStore,
-//       epilogue_fp8.cuh): D e4m3 [rows, N], sD [rows, ceil(N/128)] M-major. BLOCK_N = 128: one scale group.
+//       (D, sD) = per_token_cast_to_fp8 of the bf16 kinds' fp32 accumulators, multiplying by the reciprocal of the
+//       scale instead of dividing (epilogue_fp8.cuh's numerics), in the epilogue (Fp8TmaStore, epilogue_fp8.cuh):
+//       D e4m3 [rows, N], sD [rows, ceil(N/128)] M-major. BLOCK_N = 128: one scale group.
 //   SwiGLU kinds (contiguous_swiglu, masked_swiglu; policy_swiglu.cuh): B = w13 with its gate and up 128-row
-//       blocks interleaved, N = 2I; (D, sD) = per_token_cast_to_fp8(SiLU(gate) * up), D [rows, I].
+//       blocks interleaved, N = 2I; (D, sD) = the same quantisation of SiLU(gate) * up, D [rows, I].
 // N, K and every tile size are compile-time constants; the row count m is a run-time argument, so one binary
 // serves every m (k-grouped: every ks).
 //

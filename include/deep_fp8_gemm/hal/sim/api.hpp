@@ -80,6 +80,7 @@ DFG_SIM_API void wgmma_commit();
 DFG_SIM_API void wgmma_wait(u32 n);
 DFG_SIM_API void warp_sync();
 DFG_SIM_API void stmatrix_x4(void* row_ptr, const u32 (&regs)[4]);
+DFG_SIM_API float shfl_xor(float value, u32 lane_mask);
 DFG_SIM_API int run_stream(const StreamItem* items, u32 count);                      // scheduler.hpp
 DFG_SIM_API int open_stream();
 DFG_SIM_API void close_stream();

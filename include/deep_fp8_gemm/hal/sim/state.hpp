@@ -105,6 +105,10 @@ struct WarpRendezvous {
     u64 generation = 0;
     u32 row_offset[32];
     u32 regs[32][4];
+    // shfl.sync.bfly (shfl_xor): the lanes' values, one bank per generation parity. A lane reads its partner's
+    // value after the rendezvous completed; the bank is written again two rendezvous later at the earliest, which
+    // needs this lane's arrival at the next one first, i.e. after its read.
+    float shfl[2][32];
     Clocks join, released;  // bar.warp.sync orders the lanes' accesses (hb.hpp)
 };
 

@@ -378,6 +378,26 @@ DFG_SIM_API void warp_sync() {
     ++w.generation;
 }
 
+// shfl.sync.bfly.b32 with the full mask: a warp rendezvous. Registers only: no happens-before edge (PTX gives a
+// shuffle no memory ordering), unlike bar.warp.sync.
+DFG_SIM_API float shfl_xor(float value, u32 lane_mask) {
+    aligned("shfl.sync.bfly");
+    if (lane_mask > 31) fail(format("shfl_xor: lane mask %u is not a lane index (0..31)", lane_mask));
+    Thread& t = me();
+    WarpRendezvous& w = my_cta().warps[t.tid / 32];
+    const u32 lane = t.tid % 32;
+    const u64 generation = w.generation;
+    float* bank = w.shfl[generation & 1];
+    bank[lane] = value;
+    if (++w.arrived < 32) {
+        block(Wait{WaitKind::StmatrixWarp, t.cta, t.tid / 32, 0, generation}, "shfl.sync.bfly");
+    } else {
+        w.arrived = 0;
+        ++w.generation;
+    }
+    return bank[lane ^ lane_mask];
+}
+
 DFG_SIM_API void stmatrix_x4(void* row_ptr, const u32 (&regs)[4]) {
     const char* what = "stmatrix_x4";
     aligned("stmatrix.sync.aligned");
