@@ -80,6 +80,28 @@ def bf16_gemm_operands(layout: str, a: object, b: object, d: object, c: object =
     return A, B, m, n, k
 
 
+#: Rows per matmul call of :func:`matmul_f64`: a multiple of every register-tile height a CPU BLAS uses for float64
+#: (4, 6, 8, 12, 16, 24), so no row ever lands in an edge tile.
+ROW_BLOCK = 48
+
+
+def matmul_f64(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
+    """``A · Bᵀ`` in float64 (``A [r, k]``, ``B [n, k]``, any float dtypes), batch-invariant: the rows go through
+    matmuls of one fixed shape ``[ROW_BLOCK, k] x [k, n]`` (the last block zero-padded), so each row is computed by
+    the same BLAS call, tile and K order whatever ``r`` and the other rows are. (bf16 and tf32 products are exact in
+    float64; their sums are not always, so a BLAS that blocks K differently for another M could move a last bit.)"""
+    r, k = A.shape
+    b64 = B.double().T
+    out = torch.empty(r, B.shape[0], dtype=torch.float64, device=A.device)
+    for lo in range(0, r, ROW_BLOCK):
+        hi = min(lo + ROW_BLOCK, r)
+        block = A[lo:hi].double()
+        if hi - lo < ROW_BLOCK:
+            block = torch.cat([block, block.new_zeros(ROW_BLOCK - (hi - lo), k)])
+        out[lo:hi] = (block @ b64)[:hi - lo]
+    return out
+
+
 def bf16_gemm_reference(layout: str, a: torch.Tensor, b: torch.Tensor, d: torch.Tensor,
                         c: torch.Tensor | None = None) -> torch.Tensor:
     """``d = c + A·Bᵀ`` (``c=None``: ``A·Bᵀ``) for ``bf16_gemm_<layout>``: exact float64 sums rounded once to ``d``'s
@@ -87,7 +109,7 @@ def bf16_gemm_reference(layout: str, a: torch.Tensor, b: torch.Tensor, d: torch.
     A, B, m, n, k = bf16_gemm_operands(layout, a, b, d, c)
     if m == 0 or n == 0:
         return d
-    acc = A.double() @ B.double().T
+    acc = matmul_f64(A, B)
     if c is not None:
         acc = acc + c.double()
     d.copy_(acc.to(d.dtype))

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import torch
 
+from .bf16_math import matmul_f64
+
 BLOCK_K = 64
 MAX_N = 32
 
@@ -100,8 +102,8 @@ def hc_prenorm_reference(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, sqr_
     a64, b64 = a.double(), tf32_operand(b).double()
     parts_d, parts_s = [], []
     for lo, hi in split_ranges(k, splits):
-        parts_d.append(a64[:, lo:hi] @ b64[:, lo:hi].T)
-        parts_s.append(a64[:, lo:hi].square().sum(-1))
+        parts_d.append(matmul_f64(a64[:, lo:hi], b64[:, lo:hi]))
+        parts_s.append(matmul_f64(a64[:, lo:hi].square(), a64.new_ones(1, hi - lo))[:, 0])
     if num_splits is None:
         d.copy_(parts_d[0].float())
         sqr_sum.copy_(parts_s[0].float())
