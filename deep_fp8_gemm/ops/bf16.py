@@ -34,9 +34,10 @@ import torch
 
 from .._core import bf16_math
 from .._core.checks import (INDEX_DTYPE, check_expected_m, check_no_overlap, check_not_self_overlapping,
-                            check_same_device, check_shape, check_tensor, is_meta)
+                            check_same_device, check_shape, check_tensor, is_meta, layout_values_checked)
 from ..kernels.gemm import num_sms_for
 from ..runtime import target
+from ..utils import get_m_alignment_for_contiguous_layout
 from ..runtime.target import Backend
 from . import contiguous as contiguous_layout
 from . import masked as masked_layout
@@ -214,11 +215,14 @@ def _contiguous(name: str, a, b, d, grouped_layout, use_psum_layout, expected_m_
         check_same_device(d.device, ((grouped_layout, "grouped_layout"),), "d")
     if m == 0 or is_meta(d):
         return
+    checked = layout_values_checked(d.device)  # CPU always; CUDA with DFG_CHECK_LAYOUTS=1 (one synchronisation)
     if use_psum_layout:
-        psum_layout.check_psum_layout_values(grouped_layout, m)
+        if checked:
+            psum_layout.check_psum_layout_values(grouped_layout, m)
         rows = row_groups_of_psum(grouped_layout, m)
     else:
-        contiguous_layout.check_contiguous_values(grouped_layout, m, groups, "grouped_layout")
+        if checked:
+            contiguous_layout.check_contiguous_values(grouped_layout, m, groups, "grouped_layout")
         rows = grouped_layout
     if target.backend_of(d.device, "gemm") is Backend.REFERENCE:
         for group, idx in contiguous_layout.reference_row_parts(rows, groups, d.device):
@@ -229,11 +233,17 @@ def _contiguous(name: str, a, b, d, grouped_layout, use_psum_layout, expected_m_
 
 def row_groups_of_psum(ends: torch.Tensor, m_sum: int) -> torch.Tensor:
     """The per-row group indices (int32 ``[m_sum]``, -1 for rows no group owns) of a psum layout (``ops.psum``:
-    group g owns ``[start_g, end_g)``, starts aligned to the contiguous alignment), on ``ends``' device."""
-    rows = torch.full((m_sum,), -1, dtype=torch.int32, device=ends.device)
-    for g, (start, end) in enumerate(psum_layout.psum_group_rows(ends.tolist())):
-        rows[start:end] = g
-    return rows
+    group g owns ``[start_g, end_g)``, ``start_0 = 0``, ``start_g`` = ``ends[g-1]`` rounded up to the contiguous
+    alignment, ``end_g = max(ends[g], start_g)``), computed on ``ends``' device without reading it back (no
+    synchronisation: CUDA-graph capturable), so the contiguous kernel runs the psum layout."""
+    align = get_m_alignment_for_contiguous_layout()
+    ends64 = ends.to(torch.int64)
+    starts = torch.cat([ends64.new_zeros(1), (ends64[:-1] + align - 1) // align * align])
+    stops = torch.maximum(ends64, starts)
+    r = torch.arange(m_sum, device=ends.device)
+    group = (torch.searchsorted(starts, r, right=True) - 1).clamp_(min=0)
+    owned = (r >= starts[group]) & (r < stops[group])
+    return torch.where(owned, group, torch.full_like(group, -1)).to(torch.int32)
 
 
 def m_grouped_bf16_gemm_nt_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, grouped_layout: torch.Tensor,
@@ -270,7 +280,8 @@ def m_grouped_bf16_gemm_nt_masked(a: torch.Tensor, b: torch.Tensor, d: torch.Ten
     check_same_device(d.device, ((masked_m, "masked_m"),), "d")
     if m == 0 or is_meta(d):
         return
-    masked_layout.check_masked_values(masked_m, m)
+    if layout_values_checked(d.device):
+        masked_layout.check_masked_values(masked_m, m)
     if target.backend_of(d.device, "gemm") is Backend.REFERENCE:
         for g, rows in enumerate(masked_m.tolist()):
             if rows:
