@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from .kinds import TABLE
 
 #: The GEMM kinds (the rows of the kinds table, torch-free) and the audit's other kernel families.
-GEMM_KINDS = TABLE.names
+GEMM_KINDS = TABLE.names_of("fp8_gemm")
 ALL_KINDS = (*GEMM_KINDS, "quant", "attention")
 #: The audit's families whose kernels do not depend on the problem shape (every variant is audited).
 SHAPELESS_KINDS = {"quant": "quant", "attention": "mqa_logits"}  # family -> kernels module

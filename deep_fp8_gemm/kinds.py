@@ -179,11 +179,12 @@ RULES: tuple[Rule, ...] = (
          "D = C + A.B^T"),
     Rule("operand", "tf32", "output", ("fp32_acc",), "the reference's TF32 GEMM (tf32_hc_prenorm_gemm) writes fp32 D"),
     Rule("order", "swap_ab", "operand", ("e4m3",), "swap-AB is the FP8 decode kernel"),
-    # No BF16 / TF32 kernel exists yet: the values are on their axes, the rules above say where they will be legal,
-    # and these two refuse every point until the rows land (issue 41, items 3-4: dense NT/NN/TN/TT, M-grouped
-    # contiguous and masked, tf32_hc_prenorm_gemm).
-    Rule("operand", "bf16", "layout", (), "no BF16 kernel is built yet (issue 41)"),
-    Rule("operand", "tf32", "layout", (), "no TF32 kernel is built yet (issue 41)"),
+    Rule("operand", "bf16", "layout", ("dense", "contiguous", "masked"), "the reference's BF16 GEMMs are dense "
+         "(NT / NN / TN / TT and the einsum heads) and M-grouped contiguous (its psum ends become per-row groups "
+         "on the device) or masked"),
+    Rule("output", "fp32_acc", "layout", ("dense", "k_grouped"), "fp32 D = C + A.B^T is the dense GEMMs' and the "
+         "k-grouped weight gradient's (the reference's M-grouped BF16 GEMMs write bf16 D)"),
+    Rule("operand", "tf32", "layout", ("dense",), "the reference's TF32 GEMM (tf32_hc_prenorm_gemm) is dense"),
 )
 
 
@@ -213,6 +214,7 @@ class KindRow:
 
 _E4M3_1D2D = dict(accumulation="1d2d", granularity="1x128/128x128")
 _E4M3_1D1D = dict(accumulation="1d1d", granularity="1x128/1x128", output="fp32_acc")
+_BF16_TC = dict(operand="bf16", packing="bf16", accumulation="none", granularity="none", scale_dtype="none")
 
 #: The kinds, in ``dfg::GemmKind`` order (the ids are the enum's values; kernel names use the names).
 ROWS: tuple[KindRow, ...] = (
@@ -230,7 +232,18 @@ ROWS: tuple[KindRow, ...] = (
     KindRow("masked_swiglu", "GroupedMaskedSwiglu", 11, "masked", output="swiglu_fp8", **_E4M3_1D2D),
     KindRow("dense_block32", "DenseBlock32", 12, "dense", output="bf16", accumulation="1d2d",
             granularity="1x32/32x32"),
+    # BF16 / TF32 operands (issue 41): one kernel each (kernels/bf16_gemm.cuh, kernels/hc_prenorm.cuh), no scales
+    KindRow("bf16_dense", "Bf16Dense", 13, "dense", output="bf16", **_BF16_TC),
+    KindRow("bf16_dense_fp32", "Bf16DenseFp32", 14, "dense", output="fp32_acc", **_BF16_TC),
+    KindRow("bf16_contiguous", "Bf16GroupedContiguous", 15, "contiguous", output="bf16", **_BF16_TC),
+    KindRow("bf16_masked", "Bf16GroupedMasked", 16, "masked", output="bf16", **_BF16_TC),
+    KindRow("tf32_hc_prenorm", "Tf32HcPrenorm", 17, "dense", output="fp32_acc", operand="tf32", packing="fp32",
+            accumulation="none", granularity="none", scale_dtype="none"),
 )
+
+#: The kernel family each operand type's rows run on (their kernels, configs and audit lists live apart): the FP8
+#: GEMM template (``kernels/fp8_gemm.cuh``, ``config.KINDS``), the BF16 GEMM and the TF32 hc-prenorm GEMM.
+KERNEL_FAMILY = {"e4m3": "fp8_gemm", "bf16": "bf16_gemm", "tf32": "hc_prenorm"}
 
 #: The output each accumulation produces without an epilogue of its own, and its base scale granularity: a kind's
 #: "layout kind" (the kernel whose scheduler and A / D addressing it shares) is the row of the same point with this
@@ -285,6 +298,12 @@ class KindTable:
         row = self.row(kind)
         return self.axis(axis).value(row.point()[axis]).traits
 
+    def names_of(self, family: str) -> tuple[str, ...]:
+        """The kinds whose operand runs on kernel ``family`` (:data:`KERNEL_FAMILY`), in table order."""
+        if family not in KERNEL_FAMILY.values():
+            raise ValueError(f"family must be one of {tuple(KERNEL_FAMILY.values())}, got {family!r}")
+        return tuple(r.name for r in self.rows if KERNEL_FAMILY[r.operand] == family)
+
     def kinds_where(self, **values: str | tuple[str, ...]) -> tuple[str, ...]:
         """The kinds whose axis values match (a value or a tuple of allowed values per axis), in table order."""
         wanted = {a: (v,) if isinstance(v, str) else tuple(v) for a, v in values.items()}
@@ -295,6 +314,8 @@ class KindTable:
         output and base granularity (``dfg::layout_of``; B's scales follow the kind's own granularity)."""
         row = self.row(kind)
         base = dict(row.point(), output=BASE_OUTPUT[row.accumulation], granularity=BASE_GRANULARITY[row.accumulation])
+        if self.conflict(base):  # no base point (TF32 writes only fp32): the kind is its own layout kind
+            return row.name
         for other in self.rows:
             if other.point() == base:
                 return other.name

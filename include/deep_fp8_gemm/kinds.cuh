@@ -82,8 +82,13 @@ enum class GemmKind : int {
     GroupedContiguousSwiglu = 10,  // contiguous_swiglu
     GroupedMaskedSwiglu = 11,  // masked_swiglu
     DenseBlock32 = 12,  // dense_block32
+    Bf16Dense = 13,  // bf16_dense
+    Bf16DenseFp32 = 14,  // bf16_dense_fp32
+    Bf16GroupedContiguous = 15,  // bf16_contiguous
+    Bf16GroupedMasked = 16,  // bf16_masked
+    Tf32HcPrenorm = 17,  // tf32_hc_prenorm
 };
-DFG_HOST_DEVICE constexpr int num_gemm_kinds() { return 13; }
+DFG_HOST_DEVICE constexpr int num_gemm_kinds() { return 18; }
 
 // A kind's point on the axes (operand orders: supports_order).
 struct KindAxes {
@@ -111,6 +116,11 @@ DFG_HOST_DEVICE constexpr KindAxes kind_axes(GemmKind kind) {
         case GemmKind::GroupedContiguousSwiglu: return KindAxes{KindLayout::Contiguous, KindOperand::E4m3, KindAccumulation::Promote1D2D, KindScaleGranularity::Block128, KindScaleDtype::Fp32, KindWeightPacking::E4m3, KindOutput::SwigluFp8};
         case GemmKind::GroupedMaskedSwiglu: return KindAxes{KindLayout::Masked, KindOperand::E4m3, KindAccumulation::Promote1D2D, KindScaleGranularity::Block128, KindScaleDtype::Fp32, KindWeightPacking::E4m3, KindOutput::SwigluFp8};
         case GemmKind::DenseBlock32: return KindAxes{KindLayout::Dense, KindOperand::E4m3, KindAccumulation::Promote1D2D, KindScaleGranularity::Block32, KindScaleDtype::Fp32, KindWeightPacking::E4m3, KindOutput::Bf16};
+        case GemmKind::Bf16Dense: return KindAxes{KindLayout::Dense, KindOperand::Bf16, KindAccumulation::TensorCore, KindScaleGranularity::Unscaled, KindScaleDtype::NoScales, KindWeightPacking::Bf16, KindOutput::Bf16};
+        case GemmKind::Bf16DenseFp32: return KindAxes{KindLayout::Dense, KindOperand::Bf16, KindAccumulation::TensorCore, KindScaleGranularity::Unscaled, KindScaleDtype::NoScales, KindWeightPacking::Bf16, KindOutput::Fp32Accumulate};
+        case GemmKind::Bf16GroupedContiguous: return KindAxes{KindLayout::Contiguous, KindOperand::Bf16, KindAccumulation::TensorCore, KindScaleGranularity::Unscaled, KindScaleDtype::NoScales, KindWeightPacking::Bf16, KindOutput::Bf16};
+        case GemmKind::Bf16GroupedMasked: return KindAxes{KindLayout::Masked, KindOperand::Bf16, KindAccumulation::TensorCore, KindScaleGranularity::Unscaled, KindScaleDtype::NoScales, KindWeightPacking::Bf16, KindOutput::Bf16};
+        case GemmKind::Tf32HcPrenorm: return KindAxes{KindLayout::Dense, KindOperand::Tf32, KindAccumulation::TensorCore, KindScaleGranularity::Unscaled, KindScaleDtype::NoScales, KindWeightPacking::Fp32, KindOutput::Fp32Accumulate};
         default: return KindAxes{};  // unreachable: every enumerator has a case
     }
 }
@@ -131,6 +141,11 @@ DFG_HOST_DEVICE constexpr GemmKind layout_of(GemmKind kind) {
         case GemmKind::GroupedContiguousSwiglu: return GemmKind::GroupedContiguous;
         case GemmKind::GroupedMaskedSwiglu: return GemmKind::GroupedMasked;
         case GemmKind::DenseBlock32: return GemmKind::Dense;
+        case GemmKind::Bf16Dense: return GemmKind::Bf16Dense;
+        case GemmKind::Bf16DenseFp32: return GemmKind::Bf16Dense;
+        case GemmKind::Bf16GroupedContiguous: return GemmKind::Bf16GroupedContiguous;
+        case GemmKind::Bf16GroupedMasked: return GemmKind::Bf16GroupedMasked;
+        case GemmKind::Tf32HcPrenorm: return GemmKind::Tf32HcPrenorm;
         default: return kind;
     }
 }
@@ -151,6 +166,11 @@ DFG_HOST_DEVICE constexpr bool supports_order(GemmKind kind, KindOperandOrder or
         case GemmKind::GroupedContiguousSwiglu: return order == KindOperandOrder::AB;
         case GemmKind::GroupedMaskedSwiglu: return order == KindOperandOrder::AB;
         case GemmKind::DenseBlock32: return order == KindOperandOrder::AB;
+        case GemmKind::Bf16Dense: return order == KindOperandOrder::AB;
+        case GemmKind::Bf16DenseFp32: return order == KindOperandOrder::AB;
+        case GemmKind::Bf16GroupedContiguous: return order == KindOperandOrder::AB;
+        case GemmKind::Bf16GroupedMasked: return order == KindOperandOrder::AB;
+        case GemmKind::Tf32HcPrenorm: return order == KindOperandOrder::AB;
         default: return false;
     }
 }
