@@ -42,8 +42,9 @@ from .compat import (
     wgrad_gemm_fp8_fp8_fp32_nt,
 )
 from ._core.plans import PreparedGemm, prepare_gemm
-from .ops.bf16 import (bf16_gemm_nn, bf16_gemm_nt, bf16_gemm_tn, bf16_gemm_tt, m_grouped_bf16_gemm_nn_contiguous,
-                       m_grouped_bf16_gemm_nt_contiguous, m_grouped_bf16_gemm_nt_masked)
+# The BF16 / TF32 names: the reference's signatures (compiled_dims etc. validated hints), one object per name
+from .compat.bf16 import (bf16_gemm_nn, bf16_gemm_nt, bf16_gemm_tn, bf16_gemm_tt, m_grouped_bf16_gemm_nn_contiguous,
+                          m_grouped_bf16_gemm_nt_contiguous, m_grouped_bf16_gemm_nt_masked)
 from .ops.contiguous import (check_contiguous_layout, m_grouped_gemm_fp8_fp8_bf16_nt_contiguous,
                              m_grouped_gemm_fp8_fp8_fp8_nt_contiguous, m_grouped_gemm_fp8_fp8_fp8_nt_contiguous_swiglu)
 from .ops.dense import gemm_fp8_fp8_bf16_nt, gemm_fp8_fp8_bf16_nt_block32, gemm_fp8_fp8_fp8_nt

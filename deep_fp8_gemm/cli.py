@@ -32,9 +32,10 @@ from .kinds import TABLE
 
 #: The GEMM kinds (the rows of the kinds table, torch-free) and the audit's other kernel families.
 GEMM_KINDS = TABLE.names_of("fp8_gemm")
-ALL_KINDS = (*GEMM_KINDS, "quant", "attention")
-#: The audit's families whose kernels do not depend on the problem shape (every variant is audited).
-SHAPELESS_KINDS = {"quant": "quant", "attention": "mqa_logits"}  # family -> kernels module
+ALL_KINDS = (*GEMM_KINDS, "quant", "attention", "bf16")
+#: The audit's families whose kernels do not depend on the problem shape (every variant is audited). ``bf16``: the BF16
+#: GEMM kernel family (the kinds table's bf16_* rows; run-time shapes, kernels/bf16_gemm.py audit_configs).
+SHAPELESS_KINDS = {"quant": "quant", "attention": "mqa_logits", "bf16": "bf16_gemm"}  # family -> kernels module
 
 
 def plain(text: str) -> str:
