@@ -8,7 +8,7 @@ already viewed in the kernel's orientation, so :func:`launch` is the one entry t
 form                  ``a``                    ``b``                    ``d`` (row-major)      extra
 ===================== ======================== ======================== ====================== =====================
 DENSE                 ``[m, k]``               ``[n, k]``               ``[m, n]``
-M_GROUPED_CONTIGUOUS  ``[m, k]`` K-major       ``[G, n, k]`` K-major    ``[m, n]`` bf16        ``grouped_layout``
+M_GROUPED_CONTIGUOUS  ``[m, k]`` K-major       ``[G, n, k]`` K / MN     ``[m, n]`` bf16        ``grouped_layout``
                                                                                                 int32 ``[m]``
 M_GROUPED_MASKED      ``[G, m, k]`` K-major    ``[G, n, k]`` K-major    ``[G, m, n]`` bf16     ``masked_m`` int32
                                                                                                 ``[G]``
@@ -115,9 +115,11 @@ class Bf16GemmConfig:
             out.append(f"majors must be in {MAJORS} ({self.major_a=}, {self.major_b=})")
         if self.major_b == "mn" and self.block_n % MN_BOX:
             out.append(f"MN-major B needs block_n % 64 == 0 ({self.block_n=})")
-        if self.form in (Bf16Form.M_GROUPED_CONTIGUOUS, Bf16Form.M_GROUPED_MASKED):
-            if (self.major_a, self.major_b) != ("k", "k") or self.out_dtype != "bf16":
-                out.append("the grouped forms are K-major with bf16 D")
+        if self.form is Bf16Form.M_GROUPED_CONTIGUOUS and (self.major_a != "k" or self.out_dtype != "bf16"):
+            out.append("the contiguous form has a K-major A and bf16 D (B K- or MN-major)")
+        if self.form is Bf16Form.M_GROUPED_MASKED and ((self.major_a, self.major_b) != ("k", "k")
+                                                       or self.out_dtype != "bf16"):
+            out.append("the masked form is K-major with bf16 D")
         if self.form is Bf16Form.BATCHED_REDUCE and self.out_dtype != "fp32":
             out.append("the reduce form accumulates into fp32 D")
         if self.out_dtype not in OUT_DTYPES:
@@ -397,7 +399,8 @@ def launch(config: Bf16GemmConfig, a: torch.Tensor, b: torch.Tensor, d: torch.Te
 # ---------------------------------------------------------------------------------------------- audit
 def audit_configs() -> list[Bf16GemmConfig]:
     """The variants the audit compiles: the dense form in all four majors with bf16 D and with fp32 D += C, at the
-    two-warpgroup 128x128 and one-warpgroup 64x64 tiles; contiguous and masked (128x128, bf16); batched with MN-major
+    two-warpgroup 128x128 and one-warpgroup 64x64 tiles; contiguous (K- and MN-major B) and masked (128x128, bf16);
+    batched with MN-major
     B (einsum bhd,hdr->bhr) and K-major B (bhr,hdr->bhd); the reduce form (fp32 D += C)."""
     configs = []
     for major_a in MAJORS:
@@ -407,6 +410,7 @@ def audit_configs() -> list[Bf16GemmConfig]:
             configs.append(Bf16GemmConfig(Bf16Form.DENSE, 64, 64, 8, 1, major_a, major_b, "bf16", False))
     for form in (Bf16Form.M_GROUPED_CONTIGUOUS, Bf16Form.M_GROUPED_MASKED):
         configs.append(Bf16GemmConfig(form, 128, 128, 6, 2))
+    configs.append(Bf16GemmConfig(Bf16Form.M_GROUPED_CONTIGUOUS, 128, 128, 6, 2, "k", "mn"))  # the nn name
     for major_b in MAJORS:
         configs.append(Bf16GemmConfig(Bf16Form.BATCHED, 64, 128, 8, 1, "k", major_b, "bf16", False))
     configs.append(Bf16GemmConfig(Bf16Form.BATCHED_REDUCE, 128, 128, 6, 2, "k", "k", "fp32", True))

@@ -65,14 +65,19 @@ def _check_output(d: torch.Tensor, inputs: tuple[tuple[torch.Tensor, str], ...],
 
 def tma_view(t: torch.Tensor) -> torch.Tensor:
     """``t`` itself when a TMA map can read it (K- or MN-major: one unit stride in the last two dims, the other
-    strides 16-byte multiples, a 16-byte aligned address), else a contiguous copy (K-major)."""
+    strides 16-byte multiples, a 16-byte aligned address), else a K-major copy whose rows are padded to a 16-byte
+    multiple (the map's K extent stays ``k``: the padding is never read), so any shape the CPU path accepts runs."""
     size = t.element_size()
     inner = -1 if t.stride(-1) == 1 else (-2 if t.dim() >= 2 and t.stride(-2) == 1 else None)
     if inner is not None and t.data_ptr() % 16 == 0:
         others = [s for i, s in enumerate(t.stride()) if i != t.dim() + inner and t.shape[i] > 1]
         if all(s > 0 and (s * size) % 16 == 0 for s in others):
             return t
-    return t.contiguous() if t.data_ptr() % 16 == 0 or not t.is_contiguous() else t.clone()
+    k = t.shape[-1]
+    padded = -(-max(k, 1) * size // 16) * 16 // size
+    buffer = torch.zeros(*t.shape[:-1], padded, dtype=t.dtype, device=t.device)
+    buffer[..., :k] = t
+    return buffer[..., :k]
 
 
 def out_view(d: torch.Tensor) -> tuple[torch.Tensor, bool]:
@@ -189,8 +194,8 @@ def _run_grouped(form, a, B, d, groups, m, n, k, *, grouped_layout=None, masked_
     kernels = kernel_module()
     A, B = tma_view(a), tma_view(B)
     out, copy_back = out_view(d)
-    if copy_back and masked_m is not None:
-        out.copy_(d)  # rows past masked_m stay as they were
+    if copy_back:
+        out.copy_(d)  # rows the kernel skips (past masked_m, padding-only blocks) stay as they were
     cfg = kernels.pick_config(form, m, n, k, groups, "k", major_of(B), torch.bfloat16, False,
                               num_sms_for(backend))
     kernels.launch(cfg, A, B, out, None, grouped_layout=grouped_layout, masked_m=masked_m, backend=backend)
@@ -213,6 +218,9 @@ def _contiguous(name: str, a, b, d, grouped_layout, use_psum_layout, expected_m_
         check_tensor(grouped_layout, "grouped_layout", INDEX_DTYPE, 1)
         check_shape(grouped_layout, "grouped_layout", (m,), "[m_sum] (one group index per row of a)")
         check_same_device(d.device, ((grouped_layout, "grouped_layout"),), "d")
+    if not grouped_layout.is_contiguous():
+        raise ValueError(f"{name}: grouped_layout must be contiguous (the reference asserts it), got strides "
+                         f"{tuple(grouped_layout.stride())}")
     if m == 0 or is_meta(d):
         return
     checked = layout_values_checked(d.device)  # CPU always; CUDA with DFG_CHECK_LAYOUTS=1 (one synchronisation)
@@ -278,6 +286,9 @@ def m_grouped_bf16_gemm_nt_masked(a: torch.Tensor, b: torch.Tensor, d: torch.Ten
     check_tensor(masked_m, "masked_m", INDEX_DTYPE, 1)
     check_shape(masked_m, "masked_m", (groups,), "[G]")
     check_same_device(d.device, ((masked_m, "masked_m"),), "d")
+    if not masked_m.is_contiguous():
+        raise ValueError(f"{name}: masked_m must be contiguous (the reference asserts it), got strides "
+                         f"{tuple(masked_m.stride())}")
     if m == 0 or is_meta(d):
         return
     if layout_values_checked(d.device):

@@ -102,10 +102,12 @@ def _bmk_bnk_mn(a, b, d, c, use_cublaslt) -> None:
     if s_b != s or k_b != k or tuple(d.shape) != (m, n):
         raise ValueError(f"{fn}: shapes do not agree: a {tuple(a.shape)} ([s, m, k]), b {tuple(b.shape)} ([s, n, k]), "
                          f"d {tuple(d.shape)} ([m, n])")
-    for t, name in ((a, "a"), (b, "b"), (d, "d")):
+    # The reference asserts contiguous a, b and fp32 d (bf16 d is written from an fp32 workspace: any strides)
+    for t, name in ((a, "a"), (b, "b")) + (((d, "d"),) if d.dtype == torch.float32 else ()):
         if not t.is_contiguous():
             raise ValueError(f"{fn}: {name} must be contiguous (the reference asserts it), got strides "
                              f"{tuple(t.stride())}")
+    check_not_self_overlapping(d, "d")
     if m % 64 or n % 64 or k % 64:
         raise ValueError(f"{fn}: m, n and k must be multiples of 64 on SM90 (the reference's kernel), got m={m}, "
                          f"n={n}, k={k}")
@@ -214,24 +216,53 @@ def fp8_einsum(expr: str, a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.T
                                (d, "d", 3, "[b, h, d]")):
         _rank(_tensor(t, name, fn), name, rank, doc, fn)
     nb, h, r = x.shape
-    if y.shape[0] != h or y.shape[2] != r or tuple(d.shape) != (nb, h, y.shape[1]):
+    dd = y.shape[1]
+    if y.shape[0] != h or y.shape[2] != r or tuple(d.shape) != (nb, h, dd):
         raise ValueError(f"{fn}: shapes do not agree: a[0] {tuple(x.shape)} ([b, h, r]), b[0] {tuple(y.shape)} "
                          f"([h, d, r]), d {tuple(d.shape)} ([b, h, d])")
-    if d.numel() and d.stride(-1) != 1:
-        raise ValueError(f"{fn}: d must have a unit last stride (the reference asserts it), got strides "
-                         f"{tuple(d.stride())}")
+    for t, name in ((x, "a[0]"), (y, "b[0]")):
+        if t.dtype != torch.float8_e4m3fn:
+            raise TypeError(f"{fn}: {name} must be torch.float8_e4m3fn, got {t.dtype}")
+    for t, name, shape, doc in ((sx, "a[1]", (nb, h, -(-r // 128)), "[b, h, ceil(r/128)]"),
+                                (sy, "b[1]", (h, -(-dd // 128), -(-r // 128)), "[h, ceil(d/128), ceil(r/128)]")):
+        if t.dtype != torch.float32:
+            raise TypeError(f"{fn}: {name} must be torch.float32 scales {doc}, got {t.dtype}")
+        if tuple(t.shape) != shape:
+            raise ValueError(f"{fn}: {name} must have shape {doc} = {shape}, got {tuple(t.shape)}")
+    if r % 16 or dd % 8:
+        raise ValueError(f"{fn}: r must be a multiple of 16 and d a multiple of 8 (the FP8 kernel's TMA 16-byte rows), "
+                         f"got r={r}, d={dd}")
+    for t, name in ((x, "a[0]"), (y, "b[0]"), (d, "d")):
+        if t.numel() and t.stride(-1) != 1:
+            raise ValueError(f"{fn}: {name} must have a unit last stride (the reference asserts it), got strides "
+                             f"{tuple(t.stride())}")
+    named = [(x, "a[0]"), (sx, "a[1]"), (y, "b[0]"), (sy, "b[1]"), (d, "d")]
     if c is not None:
         c = _tensor(c, "c", fn)
         if c.dtype != d.dtype or c.shape != d.shape:
             raise ValueError(f"{fn}: c must be bfloat16 of d's shape {tuple(d.shape)}, got {c.dtype} "
                              f"{tuple(c.shape)}")
+        named.append((c, "c"))
+    _same_device(fn, named)
     check_not_self_overlapping(d, "d")
+    if c is not None and c.data_ptr() == d.data_ptr() and c.stride() != d.stride():
+        raise ValueError(f"{fn}: c starts where d does but has other strides: c.stride()={c.stride()}, "
+                         f"d.stride()={d.stride()}; pass c=d to accumulate in place")
     if is_meta(d) or nb == 0 or h == 0:
         return
-    # One masked group per head, every row valid: A_h = x[:, h] ([b, r], row stride h*r), D_h = d[:, h]
+    check_no_overlap(d, tuple(named[:4]), "d")
+    # One masked group per head, every row valid: A_h = x[:, h] ([b, r], row stride h*r), D_h = d[:, h]. Operands
+    # and output the FP8 kernel's maps cannot address go through contiguous copies.
     masked_m = torch.full((h,), nb, dtype=torch.int32, device=d.device)
-    out = d.permute(1, 0, 2)
-    base = None if c is None else (c.float() if c.data_ptr() != d.data_ptr() else d.float())
-    m_grouped_gemm_fp8_fp8_bf16_nt_masked((x.permute(1, 0, 2), sx.permute(1, 0, 2)), (y, sy), out, masked_m, nb)
+    xa = x.permute(1, 0, 2)
+    if x.data_ptr() % 16 or any((s_ % 16) for s_ in x.stride()[:2]):
+        xa = xa.contiguous()
+    ya = y if y.data_ptr() % 16 == 0 and y.is_contiguous() else y.contiguous()
+    direct = d.data_ptr() % 16 == 0 and all(s_ % 8 == 0 for s_ in d.stride()[:2])
+    out = d.permute(1, 0, 2) if direct else torch.empty(h, nb, dd, dtype=torch.bfloat16, device=d.device)
+    base = None if c is None else c.float()  # read before d is written (c may be d)
+    m_grouped_gemm_fp8_fp8_bf16_nt_masked((xa, sx.permute(1, 0, 2)), (ya, sy.contiguous()), out, masked_m, nb)
+    if not direct:
+        d.copy_(out.permute(1, 0, 2))
     if base is not None:
         d.copy_((base + d.float()).to(torch.bfloat16))

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from .._core import hc_prenorm_math
-from .._core.checks import check_no_overlap, is_meta
+from .._core.checks import check_no_overlap, check_not_self_overlapping, is_meta
 from ..runtime import target
 from ..runtime.target import Backend
 
@@ -29,6 +29,7 @@ def tf32_hc_prenorm_gemm(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, sqr_
     """``d = A·Bᵀ`` (TF32) and ``sqr_sum = Σ_k A²`` per row, per split of K when ``num_splits`` is given (module
     docstring). ``TypeError`` / ``ValueError`` name the argument and the values."""
     m, n, k, splits = hc_prenorm_math.check_hc_prenorm(a, b, d, sqr_sum, num_splits)
+    check_not_self_overlapping(d, "d")
     if is_meta(d):  # shape-only: no storage to compare
         return
     check_no_overlap(d, ((a, "a"), (b, "b"), (sqr_sum, "sqr_sum")), "d")

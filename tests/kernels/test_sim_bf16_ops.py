@@ -123,3 +123,37 @@ def test_sim_hc_prenorm_as_v4_mhc_calls_it(simulate, num_splits):
     d_ref, s_ref = torch.empty(shape_d), torch.empty(shape_s)
     deep_gemm.tf32_hc_prenorm_gemm(a, b, d_ref, s_ref, num_splits)
     assert calc_diff(d, d_ref) < 1e-9 and calc_diff(s, s_ref) < 1e-12
+
+
+def test_sim_review_findings(simulate):
+    """The kernel path computes what the CPU path accepts (issue 41 review): the nn contiguous name (MN-major B),
+    K-major rows that are not 16-byte multiples (k = 36, k = 1; einsum heads with r = 36), a strided bf16 d for the
+    reduce expression; and refuses a non-contiguous grouped_layout (the reference asserts it) instead of reading it
+    as contiguous."""
+    g = _g(9)
+    align = deep_gemm.get_mk_alignment_for_contiguous_layout()
+    layout = torch.tensor([0] * align + [1] * (align - 3) + [-1] * 3, dtype=torch.int32)
+    x = torch.randn(layout.numel(), 64, generator=g).to(BF16)
+    w_nk = torch.randn(2, 64, 64, generator=g).to(BF16)
+    out_nt, out_nn = torch.zeros(layout.numel(), 64, dtype=BF16), torch.zeros(layout.numel(), 64, dtype=BF16)
+    deep_gemm.m_grouped_bf16_gemm_nt_contiguous(x, w_nk, out_nt, layout)
+    deep_gemm.m_grouped_bf16_gemm_nn_contiguous(x, w_nk.transpose(1, 2).contiguous(), out_nn, layout)
+    assert torch.equal(out_nn, out_nt)
+    assert calc_diff(out_nt[align:2 * align - 3], x[align:2 * align - 3].double() @ w_nk[1].double().T) < 1e-4
+    strided = torch.stack([layout, layout], 1).reshape(-1)[::2]
+    with pytest.raises(ValueError, match="grouped_layout must be contiguous"):
+        deep_gemm.m_grouped_bf16_gemm_nt_contiguous(x, w_nk, out_nt, strided)
+    for k in (36, 1):
+        a, b = torch.randn(32, k, generator=g).to(BF16), torch.randn(40, k, generator=g).to(BF16)
+        d = torch.empty(32, 40)
+        deep_gemm.bf16_gemm_nt(a, b, d)
+        assert calc_diff(d, a.double() @ b.double().T) < 1e-6, k
+    xh, yh = torch.randn(3, 2, 36, generator=g).to(BF16), torch.randn(2, 16, 36, generator=g).to(BF16)
+    zh = torch.empty(3, 2, 16, dtype=BF16)
+    deep_gemm.einsum("bhr,hdr->bhd", xh, yh, zh)
+    assert calc_diff(zh, torch.einsum("bhr,hdr->bhd", xh.double(), yh.double())) < 1e-4
+    a3, b3 = torch.randn(2, 64, 64, generator=g).to(BF16), torch.randn(2, 64, 64, generator=g).to(BF16)
+    wide = torch.zeros(64, 80, dtype=BF16)
+    deep_gemm.einsum("bmk,bnk->mn", a3, b3, wide[:, :64])
+    assert calc_diff(wide[:, :64], torch.einsum("bmk,bnk->mn", a3.double(), b3.double())) < 1e-4
+    assert not wide[:, 64:].any()

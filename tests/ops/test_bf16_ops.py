@@ -241,3 +241,25 @@ def test_hc_prenorm_refusals():
     buf = torch.empty(4 * 24 + 4)
     with pytest.raises(ValueError, match="must not overlap"):
         deep_gemm.tf32_hc_prenorm_gemm(a, b, buf[:96].view(4, 24), buf[90:94])
+
+
+def test_review_refusals():
+    """Issue 41 review: a c aliasing d with other strides in fp8_einsum, a self-overlapping hc-prenorm d, a c on
+    another device, and fp8_einsum's errors naming the user's arguments, not the masked kernel's."""
+    x, y, a, b = _fp8_heads(3, 2, 128, 128, seed=40)
+    buf = torch.randn(3 * 2 * 136).to(BF16)
+    d = buf[:3 * 2 * 128].view(3, 2, 128)
+    c = buf.view(3, 2, 136)[..., :128]
+    with pytest.raises(ValueError, match="c starts where d does but has other strides"):
+        deep_gemm.fp8_einsum("bhr,hdr->bhd", a, b, d, c=c)
+    with pytest.raises(ValueError, match="one device"):
+        deep_gemm.fp8_einsum("bhr,hdr->bhd", a, b, torch.empty(3, 2, 128, dtype=BF16),
+                             c=torch.empty(3, 2, 128, dtype=BF16, device="meta"))
+    with pytest.raises(ValueError, match=r"a\[1\] must have shape"):
+        deep_gemm.fp8_einsum("bhr,hdr->bhd", (a[0], a[1][:, :1]), b, torch.empty(3, 2, 128, dtype=BF16))
+    with pytest.raises(ValueError, match="d overlaps itself"):
+        deep_gemm.tf32_hc_prenorm_gemm(_bf16(13, 64), torch.randn(24, 64), torch.empty(1, 24).expand(13, 24),
+                                       torch.empty(13))
+    with pytest.raises(ValueError, match="masked_m must be contiguous"):
+        deep_gemm.m_grouped_bf16_gemm_nt_masked(_bf16(2, 8, 64), _bf16(2, 16, 64), torch.empty(2, 8, 16, dtype=BF16),
+                                                torch.tensor([1, 0, 2, 0], dtype=torch.int32)[::2], 4)

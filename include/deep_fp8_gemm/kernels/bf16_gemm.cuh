@@ -2,7 +2,8 @@
 // the whole K (no promotion, no scales), D bf16 or fp32. One skeleton, five forms (Bf16Form, a template parameter):
 //
 //   Dense          A [m, k], B [n, k], D [m, n]           (bf16_gemm_{nt,nn,tn,tt}: any of the four majors)
-//   MGroupedContig A [m, k] K-major, B [G, n, k] K-major, D [m, n]; grouped_layout[m] int32 (group; -1 padding).
+//   MGroupedContig A [m, k] K-major, B [G, n, k] K- or MN-major, D [m, n]; grouped_layout[m] int32 (group; -1
+//                  padding).
 //                  Groups are padded to a multiple of BLOCK_M rows, so a block's group is read from its first and last
 //                  rows (scheduler.cuh's contiguous rule); a block of padding only is skipped (rows left untouched).
 //   MGroupedMasked A [G, m, k], B [G, n, k], D [G, m, n]; group g's rows r < min(masked_m[g], m) only (grouped_layout =
@@ -184,7 +185,8 @@ struct Bf16GemmKernel {
     static_assert(BLOCK_N % 8 == 0 && BLOCK_N >= 8 && BLOCK_N <= 256, "wgmma N: a multiple of 8 in [8, 256]");
     static_assert(kWaves * kValues <= 128, "at most 128 accumulators per math thread");
     static_assert(!kMnMajorB || BLOCK_N % 64 == 0, "MN-major B comes in 64-column TMA boxes");
-    static_assert(kForm != Form::MGroupedContiguous || (!kMnMajorA && !kMnMajorB), "grouped forms are K-major");
+    // The contiguous form takes an MN-major B too (m_grouped_bf16_gemm_nn_contiguous: B [G, k, n]); A stays K-major.
+    static_assert(kForm != Form::MGroupedContiguous || !kMnMajorA, "the contiguous form's A is K-major");
     static_assert(kForm != Form::MGroupedMasked || (!kMnMajorA && !kMnMajorB), "grouped forms are K-major");
     static_assert(kForm != Form::BatchedReduce || kFp32Out, "the reduce form accumulates into fp32 D");
     static_assert(kStages >= 2 && kStages <= 32, "stage count");
