@@ -74,10 +74,15 @@ def test_planted_wrong_values_fail(simulate, planted):
 
 def test_planted_rows_past_m_fail(simulate):
     """The last row block's rows past m are the next split's first rows in the contiguous [S, m, n] D: writing them
-    races with the CTA that owns them (the simulator reports the two writers), or leaves wrong values."""
+    races with the CTA that owns them (the simulator names the two writers). D and sqr_sum get room past their end,
+    so the last split's stray rows land in owned memory instead of corrupting the process's heap."""
     config = K.HcPrenormConfig(32, 4, "rows_past_m")
+    m, n, k = 40, 24, 2 * 64
+    a, b, _, _ = _case(m, n, k, 2, seed=6)
+    d = torch.full((2 * m * n + 64 * n,), SENTINEL)
+    s = torch.full((2 * m + 64,), SENTINEL)
     with pytest.raises(SimulationError, match="race"):
-        _run(40, 24, 2 * 64, 2, seed=6, config=config)
+        K.launch(a, b, d[:2 * m * n].view(2, m, n), s[:2 * m].view(2, m), 2, backend=Backend.SIM, config=config)
 
 
 def test_planted_missing_proxy_fence_is_reported(simulate):
