@@ -36,11 +36,10 @@ import functools
 
 import torch
 
-from .. import env
 from ..runtime import params as param_structs
 from ..runtime.target import Backend
 from ..runtime.tensor_map import TensorMapSpec, TmaDtype, TmaSwizzle
-from ..utils import PROCESS_SETTINGS
+from . import launching
 from .wgmma_gen import wgmma_bf16_wrapper
 
 TEMPLATE = "bf16_gemm.cu"
@@ -275,31 +274,9 @@ def encode_maps(args, backend: Backend) -> list[bytes]:
 
 
 # ---------------------------------------------------------------------------------------------- launch
-_loaded: dict[tuple[Bf16GemmConfig, int], object] = {}
-
-
 def cuda_kernel(config: Bf16GemmConfig, index: int):
     """``config``'s kernel compiled (cached on disk) and loaded on GPU ``index``, once per process."""
-    loaded = _loaded.get((config, index))
-    if loaded is None:
-        from ..runtime import driver
-        from ..runtime.compiler import compile_kernel
-
-        name, source = render_source(config)
-        compiled = compile_kernel(name, source)
-        loaded = driver.load_kernel(compiled.cubin, compiled.name, index, key=compiled.key)
-        _loaded[(config, index)] = loaded
-    return loaded
-
-
-def num_ctas(backend: Backend) -> int:
-    """The persistent grid bound: the GPU's SMs (or :func:`~deep_fp8_gemm.set_num_sms`), the simulator's
-    ``DFG_SIM_NUM_SMS``."""
-    if backend is Backend.SIM:
-        return env.sim_num_sms()
-    from ..utils import get_num_sms
-
-    return get_num_sms()
+    return launching.cuda_function(*render_source(config), index)
 
 
 def _expect_dim(t: torch.Tensor, name: str, rank: int, form: Bf16Form) -> None:
@@ -377,23 +354,10 @@ def launch(config: Bf16GemmConfig, a: torch.Tensor, b: torch.Tensor, d: torch.Te
         grouped_layout=0 if layout is None else layout.data_ptr(), d_row_stride=d.stride(-2),
         d_batch_stride=d.stride(0) if d.dim() == 3 else 0, c_row_stride=0 if c is None else c.stride(-2),
         c_batch_stride=c.stride(0) if c is not None and c.dim() == 3 else 0, m=m, n=n, k=k, num_batches=batches)
-    grid = max(1, min(num_ctas(backend), _num_tiles(config.form, m, n, batches, config.block_m, config.block_n)))
-    if backend is Backend.SIM:
-        from ..simulator import launch as sim_launch, ptxas_registers
-
-        name, source = render_source(config)
-        registers = ptxas_registers(name, source)
-        _, sim_source = render_source(config, simulator=True)
-        sim_launch(name, sim_source, params, grid=grid, block=config.num_threads, cluster=1,
-                   smem_bytes=config.smem_bytes(), registers=registers)
-    elif backend is Backend.CUDA:
-        from ..runtime import driver, target
-
-        index = target.gpu_index(d.device)
-        driver.launch(cuda_kernel(config, index), params, grid=grid, block=config.num_threads,
-                      smem_bytes=config.smem_bytes(), stream=target.current_stream(index), pdl=PROCESS_SETTINGS.pdl)
-    else:
-        raise ValueError(f"a BF16 GEMM kernel launches on Backend.CUDA or Backend.SIM, got {backend}")
+    grid = max(1, min(launching.num_ctas(backend), _num_tiles(config.form, m, n, batches, config.block_m, config.block_n)))
+    launching.launch_rendered(functools.partial(render_source, config), params, grid=grid, block=config.num_threads,
+                              smem_bytes=config.smem_bytes(), backend=backend, device=d.device,
+                              what="a BF16 GEMM kernel")
 
 
 # ---------------------------------------------------------------------------------------------- audit

@@ -17,9 +17,8 @@ import torch
 
 from ..runtime import params as param_structs
 from ..runtime.target import Backend
-from ..runtime.tensor_map import TensorMapSpec, TmaDtype, TmaSwizzle
-from ..utils import PROCESS_SETTINGS
-from . import bf16_gemm
+from ..runtime.tensor_map import TmaDtype, TmaSwizzle
+from . import bf16_gemm, launching
 from .wgmma_gen import wgmma_tf32_wrapper
 
 TEMPLATE = "hc_prenorm.cu"
@@ -123,21 +122,9 @@ def _b_map_args(b: torch.Tensor, block_n: int) -> tuple:
             TmaSwizzle.B128)
 
 
-_loaded: dict[tuple[HcPrenormConfig, int], object] = {}
-
-
 def cuda_kernel(config: HcPrenormConfig, index: int):
     """``config``'s kernel compiled (cached on disk) and loaded on GPU ``index``, once per process."""
-    loaded = _loaded.get((config, index))
-    if loaded is None:
-        from ..runtime import driver
-        from ..runtime.compiler import compile_kernel
-
-        name, source = render_source(config)
-        compiled = compile_kernel(name, source)
-        loaded = driver.load_kernel(compiled.cubin, compiled.name, index, key=compiled.key)
-        _loaded[(config, index)] = loaded
-    return loaded
+    return launching.cuda_function(*render_source(config), index)
 
 
 def launch(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, sqr_sum: torch.Tensor, num_splits: int | None, *,
@@ -166,22 +153,9 @@ def launch(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, sqr_sum: torch.Ten
     params = param_structs.pack(HcPrenormParams, tma_a=maps[0], tma_b=maps[1], d=d.data_ptr(),
                                 sqr_sum=sqr_sum.data_ptr(), m=m, n=n, k=k, num_splits=splits)
     grid = -(-m // BLOCK_M) * splits
-    if backend is Backend.SIM:
-        from ..simulator import launch as sim_launch, ptxas_registers
-
-        name, source = render_source(config)
-        registers = ptxas_registers(name, source)
-        _, sim_source = render_source(config, simulator=True)
-        sim_launch(name, sim_source, params, grid=grid, block=NUM_THREADS, cluster=1, smem_bytes=config.smem_bytes(),
-                   registers=registers)
-    elif backend is Backend.CUDA:
-        from ..runtime import driver, target
-
-        index = target.gpu_index(d.device)
-        driver.launch(cuda_kernel(config, index), params, grid=grid, block=NUM_THREADS, smem_bytes=config.smem_bytes(),
-                      stream=target.current_stream(index), pdl=PROCESS_SETTINGS.pdl)
-    else:
-        raise ValueError(f"the hc-prenorm kernel launches on Backend.CUDA or Backend.SIM, got {backend}")
+    launching.launch_rendered(functools.partial(render_source, config), params, grid=grid, block=NUM_THREADS,
+                              smem_bytes=config.smem_bytes(), backend=backend, device=d.device,
+                              what="the hc-prenorm kernel")
 
 
 def audit_configs() -> list[HcPrenormConfig]:
