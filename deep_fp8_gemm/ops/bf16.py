@@ -35,7 +35,7 @@ import torch
 from .._core import bf16_math
 from .._core.checks import (INDEX_DTYPE, check_expected_m, check_no_overlap, check_not_self_overlapping,
                             check_same_device, check_shape, check_tensor, is_meta, layout_values_checked)
-from ..kernels.gemm import num_sms_for
+from ..kernels import launching
 from ..runtime import target
 from ..utils import get_m_alignment_for_contiguous_layout
 from ..runtime.target import Backend
@@ -56,7 +56,7 @@ def kernel_module():
     return bf16_gemm
 
 
-def _check_output(d: torch.Tensor, inputs: tuple[tuple[torch.Tensor, str], ...], name: str) -> None:
+def _check_output(d: torch.Tensor, inputs: tuple[tuple[torch.Tensor, str], ...]) -> None:
     """``d`` has distinct elements and shares no byte with the inputs (the contracts of docs/contracts.md)."""
     check_not_self_overlapping(d, "d")
     if not is_meta(d):
@@ -80,20 +80,10 @@ def tma_view(t: torch.Tensor) -> torch.Tensor:
     return buffer[..., :k]
 
 
-def out_view(d: torch.Tensor) -> tuple[torch.Tensor, bool]:
-    """``(buffer, copy_back)``: ``d`` when the kernel can store into it (row-major, 16-byte row strides and address),
-    else a fresh contiguous buffer to copy into ``d`` afterwards."""
-    size = d.element_size()
-    ok = d.stride(-1) == 1 and d.data_ptr() % 16 == 0 and all(
-        s > 0 and (s * size) % 16 == 0 for i, s in enumerate(d.stride()[:-1]) if d.shape[i] > 1)
-    return (d, False) if ok else (torch.empty(d.shape, dtype=d.dtype, device=d.device), True)
-
-
 # ------------------------------------------------------------------------------------------------- dense
 def _dense(layout: str, a, b, d, c) -> None:
     A, B, m, n, k = bf16_math.bf16_gemm_operands(layout, a, b, d, c)
-    _check_output(d, ((a, "a"), (b, "b")) + (() if c is None or c.data_ptr() == d.data_ptr() else ((c, "c"),)),
-                  "d")
+    _check_output(d, ((a, "a"), (b, "b")) + (() if c is None or c.data_ptr() == d.data_ptr() else ((c, "c"),)))
     if c is not None and c.data_ptr() == d.data_ptr() and c.stride() != d.stride():
         raise ValueError(f"bf16_gemm_{layout}: c starts where d does but has other strides: c.stride()={c.stride()}, "
                          f"d.stride()={d.stride()}; pass c=d to accumulate in place")
@@ -111,15 +101,11 @@ def _dense(layout: str, a, b, d, c) -> None:
         return
     kernels = kernel_module()
     A, B = tma_view(A), tma_view(B)
-    out, copy_back = out_view(d)
-    if c is not None and (copy_back or c.data_ptr() != d.data_ptr()):
-        out.copy_(c)  # the kernel accumulates in place: D = D + A.B^T
-    accumulate = c is not None
-    cfg = kernels.pick_config(kernels.Bf16Form.DENSE, m, n, k, 1, major_of(A), major_of(B), d.dtype, accumulate,
-                              num_sms_for(backend))
-    kernels.launch(cfg, A, B, out, out if accumulate else None, backend=backend)
-    if copy_back:
-        d.copy_(out)
+    # The kernel stores D and reads C with plain row-major accesses (row strides are parameters; C read before D is
+    # written by the same thread, so C may be D): both go to it as given, no staging copy.
+    cfg = kernels.pick_config(kernels.Bf16Form.DENSE, m, n, k, 1, major_of(A), major_of(B), d.dtype, c is not None,
+                              launching.num_ctas(backend))
+    kernels.launch(cfg, A, B, d, c, backend=backend)
 
 
 def major_of(t: torch.Tensor) -> str:
@@ -185,7 +171,7 @@ def _grouped_operands(name: str, a, b, d, rank_a: int, b_doc: str, trans_b: bool
     if len(devices) != 1:
         raise ValueError(f"{name}: every tensor must be on one device, got a on {a.device}, b on {b.device}, d on "
                          f"{d.device}")
-    _check_output(d, ((a, "a"), (b, "b")), "d")
+    _check_output(d, ((a, "a"), (b, "b")))
     return B, groups, m, n, k
 
 
@@ -193,14 +179,9 @@ def _run_grouped(form, a, B, d, groups, m, n, k, *, grouped_layout=None, masked_
     backend = target.backend_of(d.device, "gemm")
     kernels = kernel_module()
     A, B = tma_view(a), tma_view(B)
-    out, copy_back = out_view(d)
-    if copy_back:
-        out.copy_(d)  # rows the kernel skips (past masked_m, padding-only blocks) stay as they were
     cfg = kernels.pick_config(form, m, n, k, groups, "k", major_of(B), torch.bfloat16, False,
-                              num_sms_for(backend))
-    kernels.launch(cfg, A, B, out, None, grouped_layout=grouped_layout, masked_m=masked_m, backend=backend)
-    if copy_back:
-        d.copy_(out)
+                              launching.num_ctas(backend))
+    kernels.launch(cfg, A, B, d, None, grouped_layout=grouped_layout, masked_m=masked_m, backend=backend)
 
 
 def _contiguous(name: str, a, b, d, grouped_layout, use_psum_layout, expected_m_for_psum_layout, trans_b) -> None:

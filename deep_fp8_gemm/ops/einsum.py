@@ -25,6 +25,7 @@ import torch
 
 from .._core import bf16_math
 from .._core.checks import check_no_overlap, check_not_self_overlapping, is_meta
+from ..kernels import launching
 from ..runtime import target
 from ..runtime.target import Backend
 from . import bf16 as bf16_ops
@@ -131,7 +132,7 @@ def _bmk_bnk_mn(a, b, d, c, use_cublaslt) -> None:
     kernels = bf16_ops.kernel_module()
     out = d if d.dtype == torch.float32 else torch.zeros(m, n, dtype=torch.float32, device=d.device)
     cfg = kernels.pick_config(kernels.Bf16Form.BATCHED_REDUCE, m, n, k, s, "k", "k", torch.float32, True,
-                              bf16_ops.num_sms_for(backend))
+                              launching.num_ctas(backend))
     kernels.launch(cfg, a, b, out, out, backend=backend)
     if out is not d:
         d.copy_(out)  # the reference's own FP32-to-BF16 cast of its workspace
@@ -178,12 +179,9 @@ def _heads(expr, a, b, d, c) -> None:
         return
     kernels = bf16_ops.kernel_module()
     A, B = bf16_ops.tma_view(A), bf16_ops.tma_view(B)
-    out, copy_back = bf16_ops.out_view(D)
     cfg = kernels.pick_config(kernels.Bf16Form.BATCHED, nb, n, k, h, "k", bf16_ops.major_of(B), torch.bfloat16,
-                              False, bf16_ops.num_sms_for(backend))
-    kernels.launch(cfg, A, B, out, None, backend=backend)
-    if copy_back:
-        D.copy_(out)
+                              False, launching.num_ctas(backend))
+    kernels.launch(cfg, A, B, D, None, backend=backend)  # D: d's permuted view, row-major per head
 
 
 def fp8_einsum(expr: str, a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor],

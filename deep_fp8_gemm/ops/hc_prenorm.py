@@ -20,6 +20,7 @@ from .._core import hc_prenorm_math
 from .._core.checks import check_no_overlap, check_not_self_overlapping, is_meta
 from ..runtime import target
 from ..runtime.target import Backend
+from .bf16 import tma_view
 
 __all__ = ["tf32_hc_prenorm_gemm"]
 
@@ -42,18 +43,8 @@ def tf32_hc_prenorm_gemm(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, sqr_
         return
     from ..kernels import hc_prenorm as kernels  # the JIT layer loads on first kernel use
 
-    # the kernel stores whole contiguous tiles: a strided or misaligned d / sqr_sum goes through a buffer
-    out = d if d.is_contiguous() and d.data_ptr() % 16 == 0 else torch.empty(d.shape, dtype=d.dtype, device=d.device)
-    sums = sqr_sum if sqr_sum.data_ptr() % 16 == 0 else torch.empty_like(sqr_sum)
-    kernels.launch(_ready(a), _ready(b), out, sums, num_splits, backend=backend)
+    # The kernel stores D and the sums with plain accesses at contiguous offsets; a strided d goes through a buffer.
+    out = d if d.is_contiguous() else torch.empty(d.shape, dtype=d.dtype, device=d.device)
+    kernels.launch(tma_view(a), tma_view(b), out, sqr_sum, num_splits, backend=backend)
     if out is not d:
         d.copy_(out)
-    if sums is not sqr_sum:
-        sqr_sum.copy_(sums)
-
-
-def _ready(t: torch.Tensor) -> torch.Tensor:
-    """A K-major operand as a TMA map reads it: 16-byte aligned address and row stride, else a contiguous copy."""
-    if t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0:
-        return t
-    return t.contiguous() if not t.is_contiguous() else t.clone()
