@@ -42,9 +42,14 @@ from .compat import (
     wgrad_gemm_fp8_fp8_fp32_nt,
 )
 from ._core.plans import PreparedGemm, prepare_gemm
+# The BF16 / TF32 names: the reference's signatures (compiled_dims etc. validated hints), one object per name
+from .compat.bf16 import (bf16_gemm_nn, bf16_gemm_nt, bf16_gemm_tn, bf16_gemm_tt, m_grouped_bf16_gemm_nn_contiguous,
+                          m_grouped_bf16_gemm_nt_contiguous, m_grouped_bf16_gemm_nt_masked)
 from .ops.contiguous import (check_contiguous_layout, m_grouped_gemm_fp8_fp8_bf16_nt_contiguous,
                              m_grouped_gemm_fp8_fp8_fp8_nt_contiguous, m_grouped_gemm_fp8_fp8_fp8_nt_contiguous_swiglu)
 from .ops.dense import gemm_fp8_fp8_bf16_nt, gemm_fp8_fp8_bf16_nt_block32, gemm_fp8_fp8_fp8_nt
+from .ops.einsum import einsum, fp8_einsum
+from .ops.hc_prenorm import tf32_hc_prenorm_gemm
 from .ops.k_grouped import k_grouped_gemm_fp8_fp8_fp32_nt
 from .ops.masked import (check_masked_layout, m_grouped_gemm_fp8_fp8_bf16_nt_masked, m_grouped_gemm_fp8_fp8_fp8_nt_masked,
                          m_grouped_gemm_fp8_fp8_fp8_nt_masked_swiglu)

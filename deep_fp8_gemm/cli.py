@@ -31,10 +31,13 @@ from collections.abc import Sequence
 from .kinds import TABLE
 
 #: The GEMM kinds (the rows of the kinds table, torch-free) and the audit's other kernel families.
-GEMM_KINDS = TABLE.names
-ALL_KINDS = (*GEMM_KINDS, "quant", "attention", "mxfp4")
-#: The audit's families whose kernels do not depend on the problem shape (every variant is audited).
-SHAPELESS_KINDS = {"quant": "quant", "attention": "mqa_logits", "mxfp4": "mxfp4_gemm"}  # family -> kernels module
+GEMM_KINDS = TABLE.names_of("fp8_gemm")
+ALL_KINDS = (*GEMM_KINDS, "quant", "attention", "bf16", "tf32", "mxfp4")
+#: The audit's families whose kernels do not depend on the problem shape (every variant is audited). ``bf16`` / ``tf32``:
+#: the BF16 GEMM and the TF32 hc-prenorm kernel families (the kinds table's bf16_* and tf32_hc_prenorm rows; run-time
+#: shapes: kernels/bf16_gemm.py, kernels/hc_prenorm.py audit_configs).
+SHAPELESS_KINDS = {"quant": "quant", "attention": "mqa_logits", "bf16": "bf16_gemm",
+                   "tf32": "hc_prenorm", "mxfp4": "mxfp4_gemm"}  # family -> kernels module
 
 
 def plain(text: str) -> str:

@@ -83,10 +83,17 @@ AXES: tuple[Axis, ...] = (
     )),
     Axis("operand", "KindOperand", "the type of A and B as the tensor core reads them", (
         AxisValue("e4m3", "E4m3", "float8_e4m3fn, promoted to fp32 every 128 K"),
+        AxisValue("bf16", "Bf16", "bfloat16 (wgmma .bf16 k16, K- or MN-major), fp32 accumulate, no promotion"),
+        AxisValue("tf32", "Tf32", "fp32 values read as tf32 (wgmma .tf32 k8, K-major only), fp32 accumulate, no "
+                  "promotion"),
     )),
     Axis("accumulation", "KindAccumulation", "how the tensor core's partial sums are promoted into fp32", (
         AxisValue("1d2d", "Promote1D2D", "per 128 K: sA per row x sB per 128x128 block (promotion.cuh)"),
         AxisValue("1d1d", "Promote1D1D", "per 128 K: sA per row x sB per column (policy_1d1d.cuh)"),
+        AxisValue("mx", "PromoteMx", "per 128 K: sA per token x 2^E per weight row (MXFP4 blocks folded to one "
+                  "exponent); per 32 K where a block spans more than 14 binades (ops/mxfp4.py)"),
+        AxisValue("none", "TensorCore", "none: the tensor core's fp32 accumulator holds the whole K (BF16 / TF32 "
+                  "operands, whose wgmma accumulates in fp32)"),
     )),
     Axis("granularity", "KindScaleGranularity", "the scale blocks of A and B", (
         AxisValue("1x128/128x128", "Block128", "A 1x128 per token, B 128x128 per block (recipe (1, 128, 128))",
@@ -98,14 +105,19 @@ AXES: tuple[Axis, ...] = (
         AxisValue("1x128/1x32", "Mx32", "A 1x128 per token, B 1x32 UE8M0 per row (recipe_a (1, 128), recipe_b (1, 32): "
                   "MXFP4 experts), folded to one power of two per row per 128 K where a block spans <= 14 binades "
                   "(ops/mxfp4.py)", dict(gran_k=128, gran_n=1, op_suffix="_mxfp4")),
+        AxisValue("none", "Unscaled", "no scale factors (BF16 / TF32 operands)",
+                  dict(gran_k=None, gran_n=None, op_suffix="")),
     )),
     Axis("scale_dtype", "KindScaleDtype", "how the scales are stored", (
         AxisValue("fp32", "Fp32", "float32 scale factors"),
+        AxisValue("none", "NoScales", "no scale factors to store (unscaled operands)"),
     )),
     Axis("packing", "KindWeightPacking", "how B's values are stored in memory", (
         AxisValue("e4m3", "E4m3", "one float8_e4m3fn per byte"),
         AxisValue("e2m1x2", "E2m1x2", "MXFP4: two e2m1 codes per byte (low nibble first), converted to e4m3 in "
                   "registers (the register-A operand of swap-AB)"),
+        AxisValue("bf16", "Bf16", "one bfloat16 per two bytes"),
+        AxisValue("fp32", "Fp32", "one float32 per four bytes, read by the tensor core as tf32"),
     )),
     Axis("output", "KindOutput", "what the epilogue writes (output.cuh)", (
         AxisValue("bf16", "Bf16", "bf16 D (TMA store)", _BF16),
@@ -120,6 +132,8 @@ AXES: tuple[Axis, ...] = (
     Axis("order", "KindOperandOrder", "which operand is the wgmma's M side (a config choice within a kind)", (
         AxisValue("ab", "AB", "A's rows on the wgmma's M side"),
         AxisValue("swap_ab", "SwapAB", "B's rows on the M side, tokens on N (policy_swap_ab.cuh; decode, m <= 32)"),
+        AxisValue("register_a", "RegisterA", "B's rows on the M side as wgmma's register A operand, converted in "
+                  "registers; tokens on N (kernels/mxfp4_gemm.cuh; decode)"),
     )),
 )
 
@@ -148,8 +162,8 @@ RULES: tuple[Rule, ...] = (
     Rule("accumulation", "1d1d", "granularity", ("1x128/1x128",), "the 1D1D promotion multiplies by B's per-row "
          "scales"),
     Rule("accumulation", "1d1d", "output", ("fp32_acc",), "the 1D1D kernels accumulate into fp32 D = C + A.B^T"),
-    Rule("output", "fp32_acc", "accumulation", ("1d1d",), "fp32 accumulation is the 1D1D (weight-gradient) "
-         "epilogue"),
+    Rule("output", "fp32_acc", "accumulation", ("1d1d", "none"), "fp32 accumulation is the 1D1D (weight-gradient) "
+         "epilogue, or an unpromoted BF16 / TF32 kernel's"),
     Rule("accumulation", "1d1d", "layout", ("dense", "k_grouped"), "the 1D1D recipe serves weight gradients: dense "
          "or k-grouped"),
     Rule("layout", "k_grouped", "accumulation", ("1d1d",), "the k-grouped layout runs the 1D1D kernel"),
@@ -157,14 +171,42 @@ RULES: tuple[Rule, ...] = (
          "contiguous or masked)"),
     Rule("order", "swap_ab", "layout", ("dense",), "swap-AB is the dense decode kernel"),
     Rule("order", "swap_ab", "output", ("bf16",), "swap-AB stores the transposed tile in bf16"),
-    # MXFP4 experts (issue 42): the decode path. No row yet: swap-AB is the dense kernel's and no accumulation takes
-    # the 1x32 weight recipe, so every e2m1x2 point is refused until the kernel brings its row (and those rules).
+    # MXFP4 experts (issue 42): the decode path, one kernel (kernels/mxfp4_gemm.cuh). Its weights are wgmma's
+    # register-A operand (converted from e2m1 in registers): an order of its own, not the dense swap-AB kernel's.
     Rule("packing", "e2m1x2", "granularity", ("1x128/1x32",), "MXFP4 weights carry 1x32 UE8M0 scales with 1x128 "
          "activation scales"),
     Rule("granularity", "1x128/1x32", "packing", ("e2m1x2",), "the 1x32 per-row weight recipe is MXFP4's"),
     Rule("packing", "e2m1x2", "layout", ("masked",), "MXFP4 experts run the decode (masked) layout this round"),
     Rule("packing", "e2m1x2", "output", ("bf16",), "the MXFP4 decode kernel stores bf16"),
-    Rule("packing", "e2m1x2", "order", ("swap_ab",), "the weights are wgmma's register A operand, on the M side"),
+    Rule("packing", "e2m1x2", "order", ("register_a",), "the weights are wgmma's register A operand, on the M side"),
+    Rule("order", "register_a", "packing", ("e2m1x2",), "only packed weights need converting in registers (e4m3 "
+         "weights are read by the tensor core from shared memory)"),
+    Rule("packing", "e2m1x2", "accumulation", ("mx",), "the MXFP4 fold promotes by 2^E per weight row"),
+    Rule("accumulation", "mx", "packing", ("e2m1x2",), "the 2^E fold is MXFP4's"),
+    # Operand types (issue 41). E4m3 is promoted on the CUDA cores (its wgmma accumulator keeps ~13 bits); BF16 and
+    # TF32 wgmma accumulate in fp32 (numerics.hpp states the model), so their kernels have no promotion and no scales.
+    Rule("operand", "bf16", "accumulation", ("none",), "BF16 wgmma accumulates in fp32: no promotion"),
+    Rule("operand", "tf32", "accumulation", ("none",), "TF32 wgmma accumulates in fp32: no promotion"),
+    Rule("accumulation", "none", "operand", ("bf16", "tf32"), "an e4m3 wgmma accumulator keeps ~13 bits and must "
+         "be promoted"),
+    Rule("accumulation", "none", "granularity", ("none",), "an unpromoted kernel has no scales to multiply by"),
+    Rule("granularity", "none", "accumulation", ("none",), "the promotions multiply by scale factors"),
+    Rule("granularity", "none", "scale_dtype", ("none",), "unscaled operands store no scales"),
+    Rule("scale_dtype", "none", "granularity", ("none",), "scaled operands store their scales"),
+    Rule("operand", "e4m3", "packing", ("e4m3", "e2m1x2"), "e4m3 weights are stored one per byte, or as MXFP4 "
+         "codes converted to e4m3 in registers"),
+    Rule("operand", "bf16", "packing", ("bf16",), "BF16 operands are stored as bfloat16"),
+    Rule("operand", "tf32", "packing", ("fp32",), "TF32 operands are stored as float32"),
+    Rule("operand", "bf16", "output", ("bf16", "fp32_acc"), "the reference's BF16 GEMMs write bf16 D or fp32 "
+         "D = C + A.B^T"),
+    Rule("operand", "tf32", "output", ("fp32_acc",), "the reference's TF32 GEMM (tf32_hc_prenorm_gemm) writes fp32 D"),
+    Rule("order", "swap_ab", "operand", ("e4m3",), "swap-AB is the FP8 decode kernel"),
+    Rule("operand", "bf16", "layout", ("dense", "contiguous", "masked"), "the reference's BF16 GEMMs are dense "
+         "(NT / NN / TN / TT and the einsum heads) and M-grouped contiguous (its psum ends become per-row groups "
+         "on the device) or masked"),
+    Rule("output", "fp32_acc", "layout", ("dense", "k_grouped"), "fp32 D = C + A.B^T is the dense GEMMs' and the "
+         "k-grouped weight gradient's (the reference's M-grouped BF16 GEMMs write bf16 D)"),
+    Rule("operand", "tf32", "layout", ("dense",), "the reference's TF32 GEMM (tf32_hc_prenorm_gemm) is dense"),
 )
 
 
@@ -194,6 +236,7 @@ class KindRow:
 
 _E4M3_1D2D = dict(accumulation="1d2d", granularity="1x128/128x128")
 _E4M3_1D1D = dict(accumulation="1d1d", granularity="1x128/1x128", output="fp32_acc")
+_BF16_TC = dict(operand="bf16", packing="bf16", accumulation="none", granularity="none", scale_dtype="none")
 
 #: The kinds, in ``dfg::GemmKind`` order (the ids are the enum's values; kernel names use the names).
 ROWS: tuple[KindRow, ...] = (
@@ -211,13 +254,28 @@ ROWS: tuple[KindRow, ...] = (
     KindRow("masked_swiglu", "GroupedMaskedSwiglu", 11, "masked", output="swiglu_fp8", **_E4M3_1D2D),
     KindRow("dense_block32", "DenseBlock32", 12, "dense", output="bf16", accumulation="1d2d",
             granularity="1x32/32x32"),
+    # BF16 / TF32 operands (issue 41): one kernel each (kernels/bf16_gemm.cuh, kernels/hc_prenorm.cuh), no scales
+    KindRow("bf16_dense", "Bf16Dense", 13, "dense", output="bf16", **_BF16_TC),
+    KindRow("bf16_dense_fp32", "Bf16DenseFp32", 14, "dense", output="fp32_acc", **_BF16_TC),
+    KindRow("bf16_contiguous", "Bf16GroupedContiguous", 15, "contiguous", output="bf16", **_BF16_TC),
+    KindRow("bf16_masked", "Bf16GroupedMasked", 16, "masked", output="bf16", **_BF16_TC),
+    KindRow("tf32_hc_prenorm", "Tf32HcPrenorm", 17, "dense", output="fp32_acc", operand="tf32", packing="fp32",
+            accumulation="none", granularity="none", scale_dtype="none"),
+    # MXFP4 experts (issue 42): the register-A decode kernel (kernels/mxfp4_gemm.cuh)
+    KindRow("mxfp4_masked", "Mxfp4GroupedMasked", 18, "masked", output="bf16", accumulation="mx",
+            granularity="1x128/1x32", packing="e2m1x2", orders=("register_a",)),
 )
+
+#: The kernel family each weight packing's rows run on (their kernels, configs and audit lists live apart): the FP8
+#: GEMM template (``kernels/fp8_gemm.cuh``, ``config.KINDS``), the BF16 GEMM, the TF32 hc-prenorm GEMM and the MXFP4
+#: register-A kernel. Keyed by packing, not operand: MXFP4's tensor-core operand is e4m3, but its kernel is its own.
+KERNEL_FAMILY = {"e4m3": "fp8_gemm", "bf16": "bf16_gemm", "fp32": "hc_prenorm", "e2m1x2": "mxfp4_gemm"}
 
 #: The output each accumulation produces without an epilogue of its own, and its base scale granularity: a kind's
 #: "layout kind" (the kernel whose scheduler and A / D addressing it shares) is the row of the same point with this
 #: output and granularity.
-BASE_OUTPUT = {"1d2d": "bf16", "1d1d": "fp32_acc"}
-BASE_GRANULARITY = {"1d2d": "1x128/128x128", "1d1d": "1x128/1x128"}
+BASE_OUTPUT = {"1d2d": "bf16", "1d1d": "fp32_acc", "mx": "bf16", "none": "bf16"}
+BASE_GRANULARITY = {"1d2d": "1x128/128x128", "1d1d": "1x128/1x128", "mx": "1x128/1x32", "none": "none"}
 
 
 class KindTable:
@@ -266,6 +324,12 @@ class KindTable:
         row = self.row(kind)
         return self.axis(axis).value(row.point()[axis]).traits
 
+    def names_of(self, family: str) -> tuple[str, ...]:
+        """The kinds whose weight packing runs on kernel ``family`` (:data:`KERNEL_FAMILY`), in table order."""
+        if family not in KERNEL_FAMILY.values():
+            raise ValueError(f"family must be one of {tuple(KERNEL_FAMILY.values())}, got {family!r}")
+        return tuple(r.name for r in self.rows if KERNEL_FAMILY[r.packing] == family)
+
     def kinds_where(self, **values: str | tuple[str, ...]) -> tuple[str, ...]:
         """The kinds whose axis values match (a value or a tuple of allowed values per axis), in table order."""
         wanted = {a: (v,) if isinstance(v, str) else tuple(v) for a, v in values.items()}
@@ -276,6 +340,8 @@ class KindTable:
         output and base granularity (``dfg::layout_of``; B's scales follow the kind's own granularity)."""
         row = self.row(kind)
         base = dict(row.point(), output=BASE_OUTPUT[row.accumulation], granularity=BASE_GRANULARITY[row.accumulation])
+        if self.conflict(base):  # no base point (TF32 writes only fp32): the kind is its own layout kind
+            return row.name
         for other in self.rows:
             if other.point() == base:
                 return other.name

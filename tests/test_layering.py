@@ -211,7 +211,7 @@ def test_every_gemm_kind_has_exactly_one_family():
     from deep_fp8_gemm.kinds import TABLE
     from deep_fp8_gemm.ops.outputs import POLICIES
 
-    assert list(ops.FAMILIES) == list(TABLE.names)
+    assert list(ops.FAMILIES) == list(TABLE.names_of("fp8_gemm"))
     holders: dict[str, list[str]] = {}
     for info in pkgutil.walk_packages(ops.__path__, prefix=f"{PACKAGE}.ops."):
         module = importlib.import_module(info.name)
@@ -220,7 +220,7 @@ def test_every_gemm_kind_has_exactly_one_family():
         records += [v for v in table.values() if isinstance(v, GemmFamily)] if isinstance(table, dict) else []
         for family in {id(f): f for f in records}.values():
             holders.setdefault(family.kind, []).append(info.name)
-    for row in TABLE.rows:
+    for row in (TABLE.row(name) for name in TABLE.names_of("fp8_gemm")):
         family = ops.FAMILIES[row.name]
         assert family.kind == row.name
         if row.accumulation == "1d2d":

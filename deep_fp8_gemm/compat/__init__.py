@@ -12,6 +12,9 @@ implement to the other installed DeepGEMM (:mod:`.provider`, :mod:`.facade`).
 * :mod:`.attention` — the DeepSeek-V3.2 indexer's names (``fp8_fp4_mqa_logits``, ``fp8_fp4_paged_mqa_logits``, the
   legacy ``fp8_mqa_logits`` / ``fp8_paged_mqa_logits``, ``get_paged_mqa_logits_metadata``) on
   :mod:`deep_fp8_gemm.attention`;
+* :mod:`.bf16` — the BF16 / TF32 names (``bf16_gemm_{nt,nn,tn,tt}``, ``m_grouped_bf16_gemm_{nt,nn}_contiguous``,
+  ``m_grouped_bf16_gemm_nt_masked``, ``einsum``, ``fp8_einsum``, ``tf32_hc_prenorm_gemm``) with their
+  ``compiled_dims`` / ``ensure_zero_padding`` arguments, on :mod:`deep_fp8_gemm.ops.bf16` and its siblings;
 * :mod:`.knobs` — the runtime knobs (``set_num_sms(0)`` = every SM, ``set_pdl``, the contiguous alignment, ...).
 
 Every name exported both here and at the top of :mod:`deep_fp8_gemm` is the same object, except the three casts: the
@@ -22,7 +25,7 @@ code written against the reference (or ``import deep_fp8_gemm.compat.deep_gemm a
 deep_gemm`` for the whole module with its submodules and forwarding).
 """
 
-from . import api, attention, casts, knobs
+from . import api, attention, bf16, casts, knobs
 from .api import (LOADER_REQUIRED_ENTRIES, check_compiled_dims, check_recipe, fp8_fp4_gemm_nt, fp8_gemm_nt,
                   fp8_m_grouped_gemm_nt_masked, get_mn_major_tma_aligned_tensor, k_grouped_fp8_gemm_nt_contiguous,
                   k_grouped_wgrad_gemm_fp8_fp8_fp32_nt, m_grouped_fp8_fp4_gemm_nt_contiguous,
@@ -30,6 +33,9 @@ from .api import (LOADER_REQUIRED_ENTRIES, check_compiled_dims, check_recipe, fp
                   transform_sf_into_required_layout, unsupported_entry, wgrad_gemm_fp8_fp8_fp32_nt)
 from .attention import (fp8_fp4_mqa_logits, fp8_fp4_paged_mqa_logits, fp8_mqa_logits, fp8_paged_mqa_logits,
                         get_paged_mqa_logits_metadata)
+from .bf16 import (bf16_gemm_nn, bf16_gemm_nt, bf16_gemm_tn, bf16_gemm_tt, einsum, fp8_einsum,
+                   m_grouped_bf16_gemm_nn_contiguous, m_grouped_bf16_gemm_nt_contiguous, m_grouped_bf16_gemm_nt_masked,
+                   tf32_hc_prenorm_gemm)
 from .casts import (align, ceil_div, ceil_to_ue8m0, per_block_cast_to_fp8, per_channel_cast_to_fp8,
                     per_custom_dims_cast_to_fp8, per_token_cast_to_fp8)
 from .knobs import (RUNTIME_KNOBS, RuntimeKnobs, get_k_alignment_for_contiguous_layout,
@@ -41,4 +47,4 @@ from .knobs import (RUNTIME_KNOBS, RuntimeKnobs, get_k_alignment_for_contiguous_
 
 #: The names the 2.x surface exports (the drop-in's ``deep_gemm`` re-exports each, ``deep_gemm.utils`` the casts and
 #: layout helpers).
-__all__ = sorted({*api.__all__, *attention.__all__, *casts.__all__, *knobs.__all__})
+__all__ = sorted({*api.__all__, *attention.__all__, *bf16.__all__, *casts.__all__, *knobs.__all__})

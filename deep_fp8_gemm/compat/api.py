@@ -435,8 +435,6 @@ def k_grouped_wgrad_gemm_fp8_fp8_fp32_nt(lhs: tuple[torch.Tensor, torch.Tensor],
 LOADER_REQUIRED_ENTRIES = {
     "m_grouped_fp8_fp4_gemm_nn_contiguous": "the M-grouped FP8 GEMM with an N-major (NN) B, SM100-only in the "
                                             "reference (the Hopper kernels read K-major B)",
-    "m_grouped_bf16_gemm_nt_contiguous": "the M-grouped BF16 GEMM (BF16 GEMMs are not part of this library)",
-    "m_grouped_bf16_gemm_nn_contiguous": "the M-grouped BF16 GEMM with an N-major B (not part of this library)",
     "transform_weights_for_mega_moe": "the Mega MoE weight transform (the fused dispatch + MoE + combine kernel "
                                       "is not part of this library)",
     "get_symm_buffer_for_mega_moe": "the Mega MoE symmetric-memory buffer (not part of this library)",

@@ -21,13 +21,13 @@ import inspect
 from typing import Callable
 
 from ..utils import get_num_sms, get_pdl, is_batch_invariant, set_batch_invariant
-from . import api, attention, casts, knobs, provider
+from . import api, attention, bf16, casts, knobs, provider
 
 #: compat's helpers that are not names of the reference (the facade does not export them).
 NOT_REFERENCE_NAMES = {"LOADER_REQUIRED_ENTRIES", "RUNTIME_KNOBS", "RuntimeKnobs", "check_compiled_dims",
                        "check_recipe", "unsupported_entry"}
 #: The reference's names this library implements, name -> this library's object (before the facade's versions).
-REFERENCE = {name: getattr(module, name) for module in (api, attention, casts, knobs) for name in module.__all__
+REFERENCE = {name: getattr(module, name) for module in (api, attention, bf16, casts, knobs) for name in module.__all__
              if name not in NOT_REFERENCE_NAMES}
 
 

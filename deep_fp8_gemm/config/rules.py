@@ -26,7 +26,7 @@ GemmKind = enum.IntEnum("GemmKind", [(row.cpp, row.id) for row in _TABLE.rows])
 GemmKind.__doc__ = "``dfg::GemmKind`` (kinds.cuh), same names and values; the config kinds are their Python names."
 
 #: The config kinds (the names used in kernel names, audit kinds and the op families), in GemmKind order.
-KINDS = _TABLE.names
+KINDS = _TABLE.names_of("fp8_gemm")  # the FP8 GEMM template's kinds (BF16 / TF32 rows: their own kernels)
 KIND_IDS = {row.name: GemmKind(row.id) for row in _TABLE.rows}
 
 

@@ -22,11 +22,10 @@ import functools
 
 import torch
 
-from .. import env
 from ..runtime import params as param_structs
 from ..runtime.target import Backend
 from ..runtime.tensor_map import TensorMapSpec, TmaDtype, TmaSwizzle
-from ..utils import PROCESS_SETTINGS
+from . import launching
 from .wgmma_gen import wgmma_fp8_wrapper
 
 TEMPLATE = "mqa_logits.cu"
@@ -242,54 +241,18 @@ def pack_params(maps, **fields: int) -> bytes:
 
 
 # ---------------------------------------------------------------------------------------------- launch
-_loaded: dict[tuple[MqaLogitsConfig, int], object] = {}
-
-
 def cuda_kernel(config: MqaLogitsConfig, index: int):
     """``config``'s kernel compiled (cached on disk) and loaded on GPU ``index``, once per process."""
-    loaded = _loaded.get((config, index))
-    if loaded is None:
-        from ..runtime import driver
-        from ..runtime.compiler import compile_kernel
-
-        name, source = render_source(config)
-        compiled = compile_kernel(name, source)
-        loaded = driver.load_kernel(compiled.cubin, compiled.name, index, key=compiled.key)
-        _loaded[(config, index)] = loaded
-    return loaded
-
-
-def num_ctas(backend: Backend) -> int:
-    """The dense kernel's persistent grid bound: the GPU's SMs (or :func:`~deep_fp8_gemm.set_num_sms`), the simulator's
-    ``DFG_SIM_NUM_SMS``."""
-    if backend is Backend.SIM:
-        return env.sim_num_sms()
-    from ..utils import get_num_sms
-
-    return get_num_sms()
+    return launching.cuda_function(*render_source(config), index)
 
 
 def launch(config: MqaLogitsConfig, maps, grid: int, backend: Backend, device: torch.device, **fields: int) -> None:
     """Pack the parameters and launch ``config``'s kernel on ``grid`` CTAs: the one place an MQA-logits launch branches
     on the backend (``Backend.CUDA``: torch's current stream, PDL per ``set_pdl``; ``Backend.SIM``: the simulator
     build of the same source with the register count of its sm_90a build)."""
-    params = pack_params(maps, **fields)
-    if backend is Backend.SIM:
-        from ..simulator import launch as sim_launch, ptxas_registers
-
-        name, source = render_source(config)
-        registers = ptxas_registers(name, source)
-        _, sim_source = render_source(config, simulator=True)
-        sim_launch(name, sim_source, params, grid=grid, block=NUM_THREADS, cluster=1, smem_bytes=config.smem_bytes,
-                   registers=registers)
-    elif backend is Backend.CUDA:
-        from ..runtime import driver, target
-
-        index = target.gpu_index(device)
-        driver.launch(cuda_kernel(config, index), params, grid=grid, block=NUM_THREADS, smem_bytes=config.smem_bytes,
-                      stream=target.current_stream(index), pdl=PROCESS_SETTINGS.pdl)
-    else:
-        raise ValueError(f"an MQA-logits kernel launches on Backend.CUDA or Backend.SIM, got {backend}")
+    launching.launch_rendered(functools.partial(render_source, config), pack_params(maps, **fields), grid=grid,
+                              block=NUM_THREADS, smem_bytes=config.smem_bytes, backend=backend, device=device,
+                              what="an MQA-logits kernel")
 
 
 def launch_dense(config: MqaLogitsConfig, q: torch.Tensor, kv: torch.Tensor, kv_scales: torch.Tensor,
@@ -301,7 +264,7 @@ def launch_dense(config: MqaLogitsConfig, q: torch.Tensor, kv: torch.Tensor, kv_
     seq_len, seq_len_kv = q.shape[0], kv.shape[0]
     if seq_len == 0 or seq_len_kv == 0:
         return
-    grid = min(num_ctas(backend), -(-seq_len // config.queries))
+    grid = min(launching.num_ctas(backend), -(-seq_len // config.queries))
     maps = encode_maps(dense_map_args(config, q, kv, kv_scales, weights), backend)
     launch(config, maps, grid, backend, q.device, logits=logits.data_ptr(), logits_stride=logits.stride(0),
            ks=ks.data_ptr(), ke=ke.data_ptr(), num_rows=seq_len, seq_len_kv=seq_len_kv, logits_width=width)

@@ -28,8 +28,9 @@ from .masked import m_grouped_gemm_fp8_fp8_bf16_nt_masked
 
 _BUILT = {**dense.FAMILIES, **contiguous.FAMILIES, **psum.FAMILIES, **masked.FAMILIES,
           "1d1d": wgrad_1d1d.FAMILY, "k_grouped": k_grouped.FAMILY}
-#: kind -> its family record (``_core.family.GemmFamily``), in the kinds table's order; every row has one.
-FAMILIES = {row.name: _BUILT[row.name] for row in TABLE.rows}
+#: kind -> its family record (``_core.family.GemmFamily``), in the kinds table's order; every FP8 row has one (the
+#: BF16 / TF32 rows' names are ``ops.bf16``, ``ops.einsum``, ``ops.hc_prenorm``).
+FAMILIES = {name: _BUILT[name] for name in TABLE.names_of("fp8_gemm")}
 
 __all__ = ["FAMILIES", "gemm_fp8_fp8_bf16_nt", "m_grouped_gemm_fp8_fp8_bf16_nt_contiguous",
            "m_grouped_gemm_fp8_fp8_bf16_nt_masked"]

@@ -6,7 +6,7 @@ Loops are the natural loops of the control-flow graph (:func:`find_loops`): an e
 dominates its source closes one, whether the branch is conditional (``@P0 BRA``) or not (a *rotated* loop
 tests its exit at the top and jumps back unconditionally; ptxas emits those for the reference design's
 K = 7168 kernels). A loop's counted body is its blocks laid out between its header and its back edge. The
-*math loop* is the innermost loop whose body holds ``QGMMA`` (FP8 wgmma); the *producer loop* the innermost
+*math loop* is the innermost loop whose body holds ``QGMMA`` (FP8 wgmma; a BF16 ``HGMMA`` counts as one); the *producer loop* the innermost
 one holding ``UTMALDG`` (TMA load). ``BRA.U.ANY`` back edges are not loops over K: the compiler wraps an
 instruction with uniform operands in them (e.g. ``ELECT`` around a TMA issued by one thread) and they
 are counted as part of the body they sit in. Spin-wait retries (``SYNCS.PHASECHK`` + ``BRA``) that the
@@ -72,7 +72,10 @@ class Instruction:
 
     @property
     def base(self) -> str:
-        return self.opcode.split(".", 1)[0]
+        base = self.opcode.split(".", 1)[0]
+        # A BF16 wgmma (HGMMA, k16: 32 bytes of K per row, the same tensor cycles as an e4m3 k32 QGMMA of equal N) is
+        # counted as one: a BF16 GEMM's 64-wide K block is 4 of them per wave, as FP8's 128-wide one (issue 41).
+        return "QGMMA" if base == "HGMMA" else base
 
 
 @dataclasses.dataclass(frozen=True)

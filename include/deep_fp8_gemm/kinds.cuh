@@ -21,12 +21,16 @@ enum class KindLayout : int {
 // operand: the type of A and B as the tensor core reads them
 enum class KindOperand : int {
     E4m3 = 0,  // e4m3: float8_e4m3fn, promoted to fp32 every 128 K
+    Bf16 = 1,  // bf16: bfloat16 (wgmma .bf16 k16, K- or MN-major), fp32 accumulate, no promotion
+    Tf32 = 2,  // tf32: fp32 values read as tf32 (wgmma .tf32 k8, K-major only), fp32 accumulate, no promotion
 };
 
 // accumulation: how the tensor core's partial sums are promoted into fp32
 enum class KindAccumulation : int {
     Promote1D2D = 0,  // 1d2d: per 128 K: sA per row x sB per 128x128 block (promotion.cuh)
     Promote1D1D = 1,  // 1d1d: per 128 K: sA per row x sB per column (policy_1d1d.cuh)
+    PromoteMx = 2,  // mx: per 128 K: sA per token x 2^E per weight row (MXFP4 blocks folded to one exponent); per 32 K where a block spans more than 14 binades (ops/mxfp4.py)
+    TensorCore = 3,  // none: none: the tensor core's fp32 accumulator holds the whole K (BF16 / TF32 operands, whose wgmma accumulates in fp32)
 };
 
 // granularity: the scale blocks of A and B
@@ -35,17 +39,21 @@ enum class KindScaleGranularity : int {
     Row128 = 1,  // 1x128/1x128: A and B 1x128 per row (recipe (1, 1, 128))
     Block32 = 2,  // 1x32/32x32: A 1x32 per token, B 32x32 per block (recipe (1, 32, 32), DeepSeek-V4.1; promoted every 32 K, policy_block32.cuh)
     Mx32 = 3,  // 1x128/1x32: A 1x128 per token, B 1x32 UE8M0 per row (recipe_a (1, 128), recipe_b (1, 32): MXFP4 experts), folded to one power of two per row per 128 K where a block spans <= 14 binades (ops/mxfp4.py)
+    Unscaled = 4,  // none: no scale factors (BF16 / TF32 operands)
 };
 
 // scale_dtype: how the scales are stored
 enum class KindScaleDtype : int {
     Fp32 = 0,  // fp32: float32 scale factors
+    NoScales = 1,  // none: no scale factors to store (unscaled operands)
 };
 
 // packing: how B's values are stored in memory
 enum class KindWeightPacking : int {
     E4m3 = 0,  // e4m3: one float8_e4m3fn per byte
     E2m1x2 = 1,  // e2m1x2: MXFP4: two e2m1 codes per byte (low nibble first), converted to e4m3 in registers (the register-A operand of swap-AB)
+    Bf16 = 2,  // bf16: one bfloat16 per two bytes
+    Fp32 = 3,  // fp32: one float32 per four bytes, read by the tensor core as tf32
 };
 
 // output: what the epilogue writes (output.cuh)
@@ -60,6 +68,7 @@ enum class KindOutput : int {
 enum class KindOperandOrder : int {
     AB = 0,  // ab: A's rows on the wgmma's M side
     SwapAB = 1,  // swap_ab: B's rows on the M side, tokens on N (policy_swap_ab.cuh; decode, m <= 32)
+    RegisterA = 2,  // register_a: B's rows on the M side as wgmma's register A operand, converted in registers; tokens on N (kernels/mxfp4_gemm.cuh; decode)
 };
 
 // The kinds (deep_fp8_gemm.config.GemmKind: same names and values).
@@ -77,8 +86,14 @@ enum class GemmKind : int {
     GroupedContiguousSwiglu = 10,  // contiguous_swiglu
     GroupedMaskedSwiglu = 11,  // masked_swiglu
     DenseBlock32 = 12,  // dense_block32
+    Bf16Dense = 13,  // bf16_dense
+    Bf16DenseFp32 = 14,  // bf16_dense_fp32
+    Bf16GroupedContiguous = 15,  // bf16_contiguous
+    Bf16GroupedMasked = 16,  // bf16_masked
+    Tf32HcPrenorm = 17,  // tf32_hc_prenorm
+    Mxfp4GroupedMasked = 18,  // mxfp4_masked
 };
-DFG_HOST_DEVICE constexpr int num_gemm_kinds() { return 13; }
+DFG_HOST_DEVICE constexpr int num_gemm_kinds() { return 19; }
 
 // A kind's point on the axes (operand orders: supports_order).
 struct KindAxes {
@@ -106,6 +121,12 @@ DFG_HOST_DEVICE constexpr KindAxes kind_axes(GemmKind kind) {
         case GemmKind::GroupedContiguousSwiglu: return KindAxes{KindLayout::Contiguous, KindOperand::E4m3, KindAccumulation::Promote1D2D, KindScaleGranularity::Block128, KindScaleDtype::Fp32, KindWeightPacking::E4m3, KindOutput::SwigluFp8};
         case GemmKind::GroupedMaskedSwiglu: return KindAxes{KindLayout::Masked, KindOperand::E4m3, KindAccumulation::Promote1D2D, KindScaleGranularity::Block128, KindScaleDtype::Fp32, KindWeightPacking::E4m3, KindOutput::SwigluFp8};
         case GemmKind::DenseBlock32: return KindAxes{KindLayout::Dense, KindOperand::E4m3, KindAccumulation::Promote1D2D, KindScaleGranularity::Block32, KindScaleDtype::Fp32, KindWeightPacking::E4m3, KindOutput::Bf16};
+        case GemmKind::Bf16Dense: return KindAxes{KindLayout::Dense, KindOperand::Bf16, KindAccumulation::TensorCore, KindScaleGranularity::Unscaled, KindScaleDtype::NoScales, KindWeightPacking::Bf16, KindOutput::Bf16};
+        case GemmKind::Bf16DenseFp32: return KindAxes{KindLayout::Dense, KindOperand::Bf16, KindAccumulation::TensorCore, KindScaleGranularity::Unscaled, KindScaleDtype::NoScales, KindWeightPacking::Bf16, KindOutput::Fp32Accumulate};
+        case GemmKind::Bf16GroupedContiguous: return KindAxes{KindLayout::Contiguous, KindOperand::Bf16, KindAccumulation::TensorCore, KindScaleGranularity::Unscaled, KindScaleDtype::NoScales, KindWeightPacking::Bf16, KindOutput::Bf16};
+        case GemmKind::Bf16GroupedMasked: return KindAxes{KindLayout::Masked, KindOperand::Bf16, KindAccumulation::TensorCore, KindScaleGranularity::Unscaled, KindScaleDtype::NoScales, KindWeightPacking::Bf16, KindOutput::Bf16};
+        case GemmKind::Tf32HcPrenorm: return KindAxes{KindLayout::Dense, KindOperand::Tf32, KindAccumulation::TensorCore, KindScaleGranularity::Unscaled, KindScaleDtype::NoScales, KindWeightPacking::Fp32, KindOutput::Fp32Accumulate};
+        case GemmKind::Mxfp4GroupedMasked: return KindAxes{KindLayout::Masked, KindOperand::E4m3, KindAccumulation::PromoteMx, KindScaleGranularity::Mx32, KindScaleDtype::Fp32, KindWeightPacking::E2m1x2, KindOutput::Bf16};
         default: return KindAxes{};  // unreachable: every enumerator has a case
     }
 }
@@ -126,6 +147,12 @@ DFG_HOST_DEVICE constexpr GemmKind layout_of(GemmKind kind) {
         case GemmKind::GroupedContiguousSwiglu: return GemmKind::GroupedContiguous;
         case GemmKind::GroupedMaskedSwiglu: return GemmKind::GroupedMasked;
         case GemmKind::DenseBlock32: return GemmKind::Dense;
+        case GemmKind::Bf16Dense: return GemmKind::Bf16Dense;
+        case GemmKind::Bf16DenseFp32: return GemmKind::Bf16Dense;
+        case GemmKind::Bf16GroupedContiguous: return GemmKind::Bf16GroupedContiguous;
+        case GemmKind::Bf16GroupedMasked: return GemmKind::Bf16GroupedMasked;
+        case GemmKind::Tf32HcPrenorm: return GemmKind::Tf32HcPrenorm;
+        case GemmKind::Mxfp4GroupedMasked: return GemmKind::Mxfp4GroupedMasked;
         default: return kind;
     }
 }
@@ -146,6 +173,12 @@ DFG_HOST_DEVICE constexpr bool supports_order(GemmKind kind, KindOperandOrder or
         case GemmKind::GroupedContiguousSwiglu: return order == KindOperandOrder::AB;
         case GemmKind::GroupedMaskedSwiglu: return order == KindOperandOrder::AB;
         case GemmKind::DenseBlock32: return order == KindOperandOrder::AB;
+        case GemmKind::Bf16Dense: return order == KindOperandOrder::AB;
+        case GemmKind::Bf16DenseFp32: return order == KindOperandOrder::AB;
+        case GemmKind::Bf16GroupedContiguous: return order == KindOperandOrder::AB;
+        case GemmKind::Bf16GroupedMasked: return order == KindOperandOrder::AB;
+        case GemmKind::Tf32HcPrenorm: return order == KindOperandOrder::AB;
+        case GemmKind::Mxfp4GroupedMasked: return order == KindOperandOrder::RegisterA;
         default: return false;
     }
 }

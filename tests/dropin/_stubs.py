@@ -15,22 +15,23 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
-#: Names a stub provides that deep_fp8_gemm does not (BF16, einsum, the indexer, mHC, cuBLASLt, MegaMoE, ...).
-FORWARDED = ("bf16_gemm_nt", "bf16_gemm_nn", "m_grouped_bf16_gemm_nt_contiguous", "m_grouped_bf16_gemm_nt_masked",
-             "fp8_einsum", "einsum", "tf32_hc_prenorm_gemm", "fp8_fp4_paged_sparse_mqa_logits", "get_paged_sparse_mqa_logits_metadata", "cublaslt_gemm_nt",
+#: Names a stub provides that deep_fp8_gemm does not (cuBLASLt, the k-grouped BF16 GEMM, sparse MQA, MegaMoE, ...).
+FORWARDED = ("cublaslt_gemm_nt", "cublaslt_gemm_nn", "k_grouped_bf16_gemm_tn_contiguous",
+             "fp8_fp4_paged_sparse_mqa_logits", "get_paged_sparse_mqa_logits_metadata",
              "fp8_mega_moe", "mega_moe_pre_dispatch_sm90", "mega_moe_pre_dispatch", "get_symm_buffer_for_mega_moe",
              "transform_weights_for_mega_moe", "fp8_fp4_mega_moe", "bf16_mega_moe", "nvfp4_mega_moe",
              "fp4_fp4_mega_moe", "bf16_mega_gate", "get_bf16_mega_gate_config", "mega_mhc", "get_block_m_for_mega_moe",
              "get_block_m_for_nvfp4_mega_moe", "pack_ue8m0_to_int", "get_mn_major_tma_aligned_packed_ue8m0_tensor",
              "get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor", "fp8_fp4_sparse_mqa_logits",
-             "get_sparse_mqa_logits_metadata", "get_compile_mode", "set_compile_mode", "m_grouped_fp8_fp4_gemm_nn_contiguous",
-             "m_grouped_bf16_gemm_nn_contiguous")
-#: Names both have (the GEMMs and, since issue 44, the indexer): the stub's record a call, so a hand-over or a call
-#: forwarded by mistake is visible.
+             "get_sparse_mqa_logits_metadata", "get_compile_mode", "set_compile_mode", "m_grouped_fp8_fp4_gemm_nn_contiguous")
+#: Names both have (the GEMMs, since issue 44 the indexer, since issue 41 the BF16 / TF32 names): the stub's record
+#: a call, so a hand-over or a call forwarded by mistake is visible.
 SHARED = ("fp8_gemm_nt", "fp8_fp4_gemm_nt", "m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_fp4_gemm_nt_contiguous",
           "m_grouped_fp8_gemm_nt_masked", "fp8_m_grouped_gemm_nt_masked", "transform_sf_into_required_layout",
           "fp8_mqa_logits", "fp8_paged_mqa_logits", "fp8_fp4_mqa_logits", "fp8_fp4_paged_mqa_logits",
-          "get_paged_mqa_logits_metadata")
+          "get_paged_mqa_logits_metadata", "bf16_gemm_nt", "bf16_gemm_nn", "bf16_gemm_tn", "bf16_gemm_tt",
+          "m_grouped_bf16_gemm_nt_contiguous", "m_grouped_bf16_gemm_nn_contiguous", "m_grouped_bf16_gemm_nt_masked",
+          "einsum", "fp8_einsum", "tf32_hc_prenorm_gemm")
 
 _COMMON = '''
 CALLS = []

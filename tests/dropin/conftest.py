@@ -50,7 +50,7 @@ def site_stub(tmp_path):
         sys.path.insert(0, str(_stubs.write_site_package(tmp_path)))
         dropin.enable()
         dg = importlib.import_module("deep_gemm")
-        assert hasattr(dg, "bf16_gemm_nt")  # finds and loads the provider
+        assert hasattr(dg, "cublaslt_gemm_nt")  # finds and loads the provider
         yield dg, sys.modules[provider.ALIAS]
 
 

@@ -33,9 +33,9 @@ DROPIN = REPO / "dropin" / "deep_gemm_dropin"
 
 #: vllm/utils/deep_gemm.py _lazy_init: every name it resolves -> True if provided, False if a documented absence.
 VLLM_NAMES = {
-    "cublaslt_gemm_nt": False, "fp8_gemm_nt": True, "fp8_einsum": False, "m_grouped_fp8_gemm_nt_contiguous": True,
+    "cublaslt_gemm_nt": False, "fp8_gemm_nt": True, "fp8_einsum": True, "m_grouped_fp8_gemm_nt_contiguous": True,
     "fp8_m_grouped_gemm_nt_masked": True, "m_grouped_fp8_fp4_gemm_nt_contiguous": True, "fp8_fp4_mqa_logits": True,
-    "fp8_fp4_paged_mqa_logits": True, "get_paged_mqa_logits_metadata": True, "tf32_hc_prenorm_gemm": False,
+    "fp8_fp4_paged_mqa_logits": True, "get_paged_mqa_logits_metadata": True, "tf32_hc_prenorm_gemm": True,
     "get_mn_major_tma_aligned_tensor": True, "get_mk_alignment_for_contiguous_layout": True,
     "get_theoretical_mk_alignment_for_contiguous_layout": True, "set_mk_alignment_for_contiguous_layout": True,
     "transform_sf_into_required_layout": True, "pack_ue8m0_to_int": False,
@@ -48,8 +48,7 @@ TRANSFORMERS_NAMES = ("fp8_fp4_gemm_nt", "m_grouped_fp8_fp4_gemm_nt_contiguous",
                       "transform_sf_into_required_layout", "transform_weights_for_mega_moe",
                       "get_symm_buffer_for_mega_moe", "get_mk_alignment_for_contiguous_layout", "fp8_fp4_mega_moe")
 #: Out of scope (issue 23): absent so probes see them missing.
-ABSENT = ("bf16_gemm_nt", "bf16_gemm_nn", "bf16_gemm_tn", "bf16_gemm_tt", "m_grouped_bf16_gemm_nt_masked",
-          "k_grouped_bf16_gemm_tn_contiguous", "einsum", "fp8_einsum", "tf32_hc_prenorm_gemm", "cublaslt_gemm_nt",
+ABSENT = ("k_grouped_bf16_gemm_tn_contiguous", "cublaslt_gemm_nt",
           "cublaslt_gemm_nn", "fp8_gemm_nn", "fp8_gemm_tn", "fp8_gemm_tt",
           "k_grouped_fp8_gemm_tn_contiguous", "fp8_gemm_nt_skip_head_mid", "bf16_mega_moe", "SymmBuffer")
 
@@ -198,8 +197,8 @@ PROBE = """
     import importlib.util, sys
     import deep_gemm, deep_gemm.utils.layout, deep_gemm.testing
     from deep_gemm.utils.layout import get_mn_major_tma_aligned_tensor
-    print(deep_gemm.__name__, getattr(deep_gemm, "PROVIDER", "-"), deep_gemm.provider_of("bf16_gemm_nt"),
-          hasattr(deep_gemm, "bf16_gemm_nt"), sep="|")
+    print(deep_gemm.__name__, getattr(deep_gemm, "PROVIDER", "-"), deep_gemm.provider_of("cublaslt_gemm_nt"),
+          hasattr(deep_gemm, "cublaslt_gemm_nt"), sep="|")
     """
 
 

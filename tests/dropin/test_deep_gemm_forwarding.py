@@ -28,16 +28,16 @@ def test_without_a_provider_hasattr_tells_the_truth(no_provider):
     dg = no_provider
     assert dg.__name__ == "deep_fp8_gemm.compat.deep_gemm" and sys.modules["deep_gemm"] is dg
     for name in _stubs.FORWARDED:
-        if name not in ("m_grouped_bf16_gemm_nt_contiguous", "m_grouped_bf16_gemm_nn_contiguous",
-                        "m_grouped_fp8_fp4_gemm_nn_contiguous", "transform_weights_for_mega_moe",
+        if name not in ("m_grouped_fp8_fp4_gemm_nn_contiguous", "transform_weights_for_mega_moe",
                         "get_symm_buffer_for_mega_moe", "fp8_fp4_mega_moe"):
             assert not hasattr(dg, name), name
             assert dg.provider_of(name) is None
     with pytest.raises(AttributeError, match="no other deep_gemm provider has it"):
-        dg.bf16_gemm_nt
-    assert dg.provider_of("m_grouped_bf16_gemm_nt_contiguous") == "deep_fp8_gemm (stub)"  # transformers' list
+        dg.cublaslt_gemm_nt
+    assert dg.provider_of("transform_weights_for_mega_moe") == "deep_fp8_gemm (stub)"  # transformers' list
     with pytest.raises(NotImplementedError, match="does not provide it"):
-        dg.m_grouped_bf16_gemm_nt_contiguous()
+        dg.transform_weights_for_mega_moe()
+    assert dg.provider_of("m_grouped_bf16_gemm_nt_contiguous") == dg.provider_of("bf16_gemm_nt") == "deep_fp8_gemm"
     assert dg.provider_of("fp8_gemm_nt") == dg.provider_of("utils.layout.get_mn_major_tma_aligned_tensor") == \
         "deep_fp8_gemm"
     with pytest.raises(ModuleNotFoundError):
@@ -48,8 +48,9 @@ def test_without_a_provider_hasattr_tells_the_truth(no_provider):
 def test_site_package_names_submodules_and_its_own_imports(site_stub):
     dg, stub = site_stub
     assert stub.PROVIDER == "site-packages stub" and stub.__name__ == provider.ALIAS
-    assert dg.bf16_gemm_nt("x") == "bf16_gemm_nt" and stub.CALLS[-1][0] == "bf16_gemm_nt"
-    assert dg.provider_of("bf16_gemm_nt").endswith("(site-packages)") and dg.provider_of("nope") is None
+    assert dg.cublaslt_gemm_nt("x") == "cublaslt_gemm_nt" and stub.CALLS[-1][0] == "cublaslt_gemm_nt"
+    assert dg.provider_of("cublaslt_gemm_nt").endswith("(site-packages)") and dg.provider_of("nope") is None
+    assert dg.provider_of("bf16_gemm_nt") == dg.provider_of("tf32_hc_prenorm_gemm") == "deep_fp8_gemm"
     assert dg.provider_of("fp8_gemm_nt") == "deep_fp8_gemm"
     assert dg.fp8_gemm_nt is not stub.fp8_gemm_nt and dg.get_mn_major_tma_aligned_tensor.__module__.startswith(
         "deep_fp8_gemm")
@@ -68,7 +69,7 @@ def test_site_package_names_submodules_and_its_own_imports(site_stub):
     assert dg.provider_of("utils.layout.get_mn_major_tma_aligned_packed_ue8m0_tensor").endswith("(site-packages)")
     assert stub.uses_absolute_import() == "stub dist"  # the provider's absolute `import deep_gemm.utils.dist`
     assert stub.utils.get_mn_major_tma_aligned_tensor(2) == ("stub layout", 2)  # its own utils, untouched
-    assert "bf16_gemm_nt" in dir(dg) and "fp8_gemm_nt" in dir(dg)
+    assert "cublaslt_gemm_nt" in dir(dg) and "fp8_gemm_nt" in dir(dg)
 
 
 def test_knobs_apply_to_both_and_read_back_from_the_provider(site_stub, monkeypatch):
@@ -107,16 +108,17 @@ def test_knobs_replay_on_vllms_vendored_copy_found_later(vendored_stub):
     dg = vendored_stub
     dg.set_pdl(True)
     dg.set_num_sms(64)
-    assert not hasattr(dg, "fp8_einsum") and "vllm" not in sys.modules, "vLLM must never be imported by us"
+    assert not hasattr(dg, "cublaslt_gemm_nt") and "vllm" not in sys.modules, "vLLM must never be imported by us"
     import vllm  # noqa: F401 - vLLM imports itself before _import_deep_gemm
 
-    assert hasattr(dg, "fp8_einsum")
+    assert hasattr(dg, "cublaslt_gemm_nt")
     vendored = sys.modules["vllm.third_party.deep_gemm"]
     assert vendored.PROVIDER == "vllm vendored stub"
     assert vendored.get_pdl() is True and vendored.get_num_sms() == 64
-    assert dg.provider_of("tf32_hc_prenorm_gemm") == "vllm.third_party.deep_gemm 2.8.1"
-    dg.fp8_einsum("bhr,hdr->bhd", 1, 2, 3)
-    assert vendored.CALLS[-1][0] == "fp8_einsum"
+    assert dg.provider_of("mega_mhc") == "vllm.third_party.deep_gemm 2.8.1"
+    assert dg.provider_of("tf32_hc_prenorm_gemm") == "deep_fp8_gemm"
+    dg.cublaslt_gemm_nt(1, 2, 3)
+    assert vendored.CALLS[-1][0] == "cublaslt_gemm_nt"
 
 
 def test_a_deep_gemm_imported_before_the_hook_is_adopted(tmp_path):
@@ -127,8 +129,8 @@ def test_a_deep_gemm_imported_before_the_hook_is_adopted(tmp_path):
         dropin.enable()
         new = importlib.import_module("deep_gemm")
         assert new is not old and new.__name__ == "deep_fp8_gemm.compat.deep_gemm"
-        assert "imported before the hook" in new.provider_of("bf16_gemm_nt")
-        assert new.bf16_gemm_nt() == "bf16_gemm_nt" and old.CALLS[-1][0] == "bf16_gemm_nt"
+        assert "imported before the hook" in new.provider_of("cublaslt_gemm_nt")
+        assert new.cublaslt_gemm_nt() == "cublaslt_gemm_nt" and old.CALLS[-1][0] == "cublaslt_gemm_nt"
         assert old.uses_absolute_import() == "stub dist" and old.fp8_gemm_nt() == "fp8_gemm_nt"
         new.set_pdl(True)
         assert old.get_pdl() is True
@@ -249,15 +251,20 @@ def test_vllm_wrapper_conventions_with_its_vendored_copy_present(vendored_stub, 
     assert calc_diff(d, torch.from_numpy(gemm64(a, sa, b, sb).value)) < 1e-3
     ours = ("fp8_gemm_nt", "m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_masked")
     assert not [c for c in vendored.CALLS if c[0] in ours], "these ran on deep_fp8_gemm"
-    dg.tf32_hc_prenorm_gemm(1, 2, 3, 4, 2)  # DeepSeek-V4 mHC: forwarded
-    assert vendored.CALLS[-1][0] == "tf32_hc_prenorm_gemm"
+    # DeepSeek-V4 mHC (vllm/model_executor/layers/mhc.py): n = 24, num_splits = 16, summed by the caller; ours
+    x, fn = torch.randn(40, 16 * 64).bfloat16(), torch.randn(24, 16 * 64)
+    out, sqrsum = torch.empty(16, 40, 24), torch.empty(16, 40)
+    dg.tf32_hc_prenorm_gemm(x, fn, out, sqrsum, 16)
+    assert calc_diff(out.sum(0), x.double() @ fn.double().T) < 1e-4
+    assert calc_diff(sqrsum.sum(0), x.double().square().sum(-1)) < 1e-4
+    assert not [c for c in vendored.CALLS if c[0] == "tf32_hc_prenorm_gemm"], "served by deep_fp8_gemm"
 
 
 @pytest.mark.parametrize("alignment", [128, 64])
 def test_sglang_wrapper_conventions_with_sgl_deep_gemm_present(site_stub, alignment):
     """sglang/srt/layers/deep_gemm_wrapper/entrypoint.py (0.5.23): the import-time layout import, the contiguous
     alignment scope, the num_sms scope, the dense / contiguous / masked calls, and its BF16 MoE runner and
-    batch-invariant names from sgl-deep-gemm."""
+    batch-invariant names (ours since issue 41, though sgl-deep-gemm has them too)."""
     dg, stub = site_stub
     from deep_gemm.utils.layout import get_mn_major_tma_aligned_tensor  # entrypoint.py:20
 
@@ -295,12 +302,21 @@ def test_sglang_wrapper_conventions_with_sgl_deep_gemm_present(site_stub, alignm
     assert not [c for c in stub.CALLS if c[0] in ("fp8_gemm_nt", "m_grouped_fp8_gemm_nt_contiguous",
                                                   "fp8_m_grouped_gemm_nt_masked")]
     # The BF16 MoE runner and the batch-invariant mode (batch_invariant_ops.py): sgl-deep-gemm's
-    dg.m_grouped_bf16_gemm_nt_masked(1, 2, 3, 4, 5)
-    dg.m_grouped_bf16_gemm_nt_contiguous(1, 2, 3, 4)
+    # are ours since issue 41: run with real tensors, nothing recorded by the stub
+    calls = len(stub.CALLS)
+    x, w = torch.randn(3, 16, 128).bfloat16(), torch.randn(3, N, 128).bfloat16()
+    out = torch.zeros(3, 16, N, dtype=torch.bfloat16)
+    dg.m_grouped_bf16_gemm_nt_masked(x, w, out, torch.tensor([0, 16, 7], dtype=torch.int32), 8)
+    assert calc_diff(out[1], x[1].double() @ w[1].double().T) < 1e-4 and not out[0].any() and not out[2, 7:].any()
+    rows = torch.tensor([0] * 128 + [2] * 100 + [-1] * 28, dtype=torch.int32)  # 128-aligned: both alignments
+    x2, out2 = torch.randn(256, 128).bfloat16(), torch.zeros(256, N, dtype=torch.bfloat16)
+    dg.m_grouped_bf16_gemm_nt_contiguous(x2, w, out2, rows)
+    assert calc_diff(out2[128:228], x2[128:228].double() @ w[2].double().T) < 1e-4
     deterministic = getattr(dg, "get_deterministic_algorithms", None)()
     dg.use_deterministic_algorithms(True)
-    dg.bf16_gemm_nn(1, 2, 3)
+    x3, y3, out3 = torch.randn(9, 64).bfloat16(), torch.randn(64, 40).bfloat16(), torch.empty(9, 40)
+    dg.bf16_gemm_nn(x3, y3, out3)  # batch_invariant_ops.py: mm as bf16_gemm_nn into fp32
+    assert calc_diff(out3, x3.double() @ y3.double()) < 1e-4
     if not deterministic:
         dg.use_deterministic_algorithms(False)
-    assert [c[0] for c in stub.CALLS[-3:]] == ["m_grouped_bf16_gemm_nt_masked", "m_grouped_bf16_gemm_nt_contiguous",
-                                               "bf16_gemm_nn"]
+    assert len(stub.CALLS) == calls, "the BF16 names must not be forwarded"

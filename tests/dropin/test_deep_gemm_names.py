@@ -28,14 +28,19 @@ OURS = {
              "get_theoretical_mk_alignment_for_contiguous_layout", "set_mk_alignment_for_contiguous_layout",
              "transform_sf_into_required_layout", "set_num_sms",
              # the DeepSeek-V3.2 / V4 indexer (issue 44)
-             "fp8_fp4_mqa_logits", "fp8_fp4_paged_mqa_logits", "get_paged_mqa_logits_metadata"},
+             "fp8_fp4_mqa_logits", "fp8_fp4_paged_mqa_logits", "get_paged_mqa_logits_metadata",
+             # DeepSeek-V4's o_proj einsum and mHC pre-norm GEMM (issue 41)
+             "fp8_einsum", "tf32_hc_prenorm_gemm"},
     "sglang": {"fp8_gemm_nt", "m_grouped_fp8_gemm_nt_contiguous", "fp8_m_grouped_gemm_nt_masked",
                "get_mk_alignment_for_contiguous_layout", "get_theoretical_mk_alignment_for_contiguous_layout",
                "set_mk_alignment_for_contiguous_layout", "get_num_sms", "set_num_sms",
                "utils.layout.get_mn_major_tma_aligned_tensor", "transform_sf_into_required_layout", "set_pdl",
                "use_deterministic_algorithms", "per_block_cast_to_fp8",
                "fp8_fp4_mqa_logits", "fp8_fp4_paged_mqa_logits", "fp8_mqa_logits", "fp8_paged_mqa_logits",
-               "get_paged_mqa_logits_metadata"},
+               "get_paged_mqa_logits_metadata",
+               # V4's wo_a einsum and mHC, the BF16 MoE runner and the batch-invariant mode (issue 41)
+               "fp8_einsum", "tf32_hc_prenorm_gemm", "m_grouped_bf16_gemm_nt_contiguous",
+               "m_grouped_bf16_gemm_nt_masked", "bf16_gemm_nt", "bf16_gemm_nn"},
 }
 
 

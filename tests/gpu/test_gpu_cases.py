@@ -33,15 +33,16 @@ from deep_fp8_gemm.runtime import driver as drv
 from deep_fp8_gemm.runtime.tensor_map import TensorMapSpec, TmaDtype, TmaSwizzle
 from deep_fp8_gemm.utils import get_col_major_tma_aligned_tensor
 from deep_fp8_gemm.ops import outputs
-from tests.gpu import (test_gpu_attention, test_gpu_mxfp4, test_gpu_batch_invariance, test_gpu_block32, test_gpu_fp8_output,
-                       test_gpu_gemm, test_gpu_jit, test_gpu_smoke, test_gpu_swap_ab)
+from tests.gpu import (test_gpu_attention, test_gpu_batch_invariance, test_gpu_bf16, test_gpu_bf16_ops,
+                       test_gpu_block32, test_gpu_fp8_output, test_gpu_gemm, test_gpu_jit, test_gpu_mxfp4, test_gpu_smoke,
+                       test_gpu_swap_ab)
 # test_gpu_attention's cases' legality: its own test_gpu_cases_are_legal_on_the_cpu
 from tests.kernels import test_cast_transpose_kernels, test_quant_kernels
 from tests.ops import test_k_grouped, test_quant
 
 GPU_MODULES = (test_gpu_gemm, test_gpu_jit, test_gpu_smoke, test_quant, test_quant_kernels, test_k_grouped,
                test_cast_transpose_kernels, test_gpu_fp8_output, test_gpu_swap_ab, test_gpu_batch_invariance,
-               test_gpu_block32, test_gpu_attention, test_gpu_mxfp4)
+               test_gpu_block32, test_gpu_attention, test_gpu_bf16, test_gpu_bf16_ops, test_gpu_mxfp4)
 NUM_SMS = 132  # H100 / H200
 FP8 = torch.float8_e4m3fn
 

@@ -202,25 +202,34 @@ class GemmParams(ctypes.Structure):
         ("n_blocks", ctypes.c_uint32),
         ("k_blocks", ctypes.c_uint32),
         ("block_n", ctypes.c_uint32),
+        ("operand", ctypes.c_uint32),
     ]
 
 
-def run_mini_gemm(m: int, n: int, k: int, block_n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+MINI_OPERANDS = {torch.float8_e4m3fn: 0, torch.bfloat16: 1, torch.float32: 2}  # float32: read as tf32
+
+
+def run_mini_gemm(m: int, n: int, k: int, block_n: int, seed: int = 0, dtype: torch.dtype = torch.float8_e4m3fn
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    a = (torch.randn((m, k), generator=g) * 2).to(torch.float8_e4m3fn)
-    b = (torch.randn((n, k), generator=g) * 2).to(torch.float8_e4m3fn)
-    m_blocks, n_blocks, k_blocks = -(-m // 128), -(-n // block_n), k // 128
+    a = (torch.randn((m, k), generator=g) * 2).to(dtype)
+    b = (torch.randn((n, k), generator=g) * 2).to(dtype)
+    if dtype == torch.float32:  # the values a tf32 operand holds (numerics.hpp: the low 13 bits are ignored)
+        a, b = ((t.view(torch.int32) & ~0x1FFF).view(torch.float32) for t in (a, b))
+    box_k = 128  # a K block is 128 bytes of K per row (the maps address the operands as bytes)
+    m_blocks, n_blocks, k_blocks = -(-m // 128), -(-n // block_n), k * a.element_size() // box_k
     grid = m_blocks * n_blocks
     out = torch.full((grid, 2, 128, block_n // 2), float("nan"))
     p = GemmParams(
-        tensor_map_field(tensor_map_3d(a.view(torch.uint8), (128, 128, 1), TmaSwizzle.B128)),
-        tensor_map_field(tensor_map_3d(b.view(torch.uint8), (128, block_n, 1), TmaSwizzle.B128)),
-        out.data_ptr(), n_blocks, k_blocks, block_n,
+        tensor_map_field(tensor_map_3d(a.view(torch.uint8), (box_k, 128, 1), TmaSwizzle.B128)),
+        tensor_map_field(tensor_map_3d(b.view(torch.uint8), (box_k, block_n, 1), TmaSwizzle.B128)),
+        out.data_ptr(), n_blocks, k_blocks, block_n, MINI_OPERANDS[dtype],
     )
     smem = 1024 + 2 * 128 * 128 + 2 * block_n * 128
-    # Exact fp32 accumulation: this checks layouts against torch; the tensor-core model (13-bit accumulator)
-    # has its own tests (tests/kernels/test_sim_tensor_core.py).
-    sim_kernels.run("mini_gemm", p, grid=grid, block=384, cluster=1, smem_bytes=smem, flags=FLAG_EXACT_MMA)
+    # FP8: exact fp32 accumulation: this checks layouts against torch; the tensor-core model (13-bit accumulator)
+    # has its own tests (tests/kernels/test_sim_tensor_core.py). BF16 / TF32 run the fp32 tensor-core model.
+    flags = FLAG_EXACT_MMA if dtype == torch.float8_e4m3fn else 0
+    sim_kernels.run("mini_gemm", p, grid=grid, block=384, cluster=1, smem_bytes=smem, flags=flags)
 
     rows, cols = (torch.from_numpy(x) for x in fragment_coords(block_n))
     d = torch.full((m_blocks * 128, n_blocks * block_n), float("nan"))
@@ -238,3 +247,14 @@ def run_mini_gemm(m: int, n: int, k: int, block_n: int, seed: int = 0) -> tuple[
 def test_mini_gemm_matches_torch(m, n, k, block_n):
     d, ref = run_mini_gemm(m, n, k, block_n)
     torch.testing.assert_close(d.double(), ref, rtol=1e-5, atol=1e-3)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("m, n, k, block_n", [(100, 24, 256, 24), (128, 64, 512, 64)])
+def test_mini_gemm_bf16_and_tf32_through_tma_match_float64(dtype, m, n, k, block_n):
+    """BF16 / TF32 operands through TMA (128-byte swizzle, a 128-byte K block per stage), WgmmaBf16 / WgmmaTf32 over
+    its four 32-byte slices and the fp32 tensor-core model: within fp32 accumulation of float64 (issue 41)."""
+    d, ref = run_mini_gemm(m, n, k, block_n, dtype=dtype)
+    x, y = d.double(), ref
+    assert float(1 - 2 * (x * y).sum() / (x * x + y * y).sum()) <= 1e-6
+    torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-3)

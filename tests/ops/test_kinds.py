@@ -50,14 +50,14 @@ def test_a_row_that_breaks_a_rule_is_refused_when_the_table_is_built():
 
 
 def test_config_sets_are_derived_from_the_table():
-    assert config.KINDS == TABLE.names
+    assert config.KINDS == TABLE.names_of("fp8_gemm")
     assert [k.name for k in config.GemmKind] == [r.cpp for r in TABLE.rows]
     assert config.FP8_OUTPUT_KINDS == TABLE.kinds_where(output=("fp8", "swiglu_fp8"))
-    assert config.FP32_ACCUMULATE_KINDS == TABLE.kinds_where(output="fp32_acc")
+    assert config.FP32_ACCUMULATE_KINDS == tuple(k for k in TABLE.kinds_where(output="fp32_acc") if k in config.KINDS)
     for kind in config.KINDS:
         layout_kind = TABLE.row(config.LAYOUT_OF[kind])
         assert layout_kind.layout == TABLE.row(kind).layout and layout_kind.output in ("bf16", "fp32_acc")
-    assert list(ops.FAMILIES) == list(TABLE.names)
+    assert list(ops.FAMILIES) == list(TABLE.names_of("fp8_gemm"))
 
 
 def test_every_public_gemm_op_has_a_reference_under_its_name():
@@ -228,3 +228,35 @@ def test_a_value_added_through_the_table_alone_reaches_everything(tmp_path):
         '''))
     probe = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=copy)
     assert probe.returncode == 0, probe.stderr[-3000:]
+
+
+# ---------------------------------------------------------------------------------------------- operand types (issue 41)
+def test_bf16_and_tf32_are_operand_values_whose_rules_say_where_they_fit():
+    """BF16 / TF32 operands: fp32 accumulation in the tensor core (no promotion, no scales), B stored as bf16 / fp32,
+    no swap-AB, their own kernels; their rows are the reference's SM90 forms and every other point of theirs is
+    refused naming the operand and one other axis value."""
+    assert {"bf16", "tf32"} <= set(TABLE.axis("operand").names)
+    assert TABLE.names_of("bf16_gemm") == ("bf16_dense", "bf16_dense_fp32", "bf16_contiguous", "bf16_masked")
+    assert TABLE.names_of("hc_prenorm") == ("tf32_hc_prenorm",)
+    assert config.KINDS == TABLE.names_of("fp8_gemm") and not set(config.KINDS) & set(TABLE.names_of("bf16_gemm"))
+    base = TABLE.row("bf16_dense").point()
+    assert base == dict(layout="dense", operand="bf16", accumulation="none", granularity="none", scale_dtype="none",
+                        packing="bf16", output="bf16", order="ab")
+    for axis, value in (("accumulation", "1d2d"), ("packing", "e4m3"), ("output", "fp8"), ("order", "swap_ab"),
+                        ("scale_dtype", "fp32"), ("layout", "psum"), ("layout", "k_grouped")):
+        assert f"{axis}={value}" in TABLE.conflict(dict(base, **{axis: value})), (axis, value)
+    assert "operand=bf16 conflicts with packing=e4m3" in TABLE.conflict(dict(base, packing="e4m3"))
+    assert "output=fp32_acc conflicts with layout=masked" in TABLE.conflict(dict(base, layout="masked",
+                                                                                     output="fp32_acc"))
+    tf32 = TABLE.row("tf32_hc_prenorm").point()
+    assert "layout=masked" in TABLE.conflict(dict(tf32, layout="masked"))
+    assert "operand=tf32 conflicts with output=bf16" in TABLE.conflict(dict(tf32, output="bf16"))
+    e4m3 = TABLE.row("dense").point()
+    assert "accumulation=none conflicts with operand=e4m3" in TABLE.conflict(dict(e4m3, accumulation="none"))
+    assert "accumulation=1d2d conflicts with granularity=none" in TABLE.conflict(dict(e4m3, granularity="none"))
+    assert TABLE.layout_kind("bf16_dense_fp32") == "bf16_dense" and TABLE.layout_kind("tf32_hc_prenorm") == \
+        "tf32_hc_prenorm"
+    assert ("case GemmKind::Bf16Dense: return KindAxes{KindLayout::Dense, KindOperand::Bf16, "
+            "KindAccumulation::TensorCore") in TABLE.render_header()
+    with pytest.raises(ValueError, match="family must be one of"):
+        TABLE.names_of("fp4")

@@ -199,17 +199,25 @@ def test_conversion_model_planted_bugs_fail(bug):
 
 
 # ------------------------------------------------------------------------------------------------- the kinds table
-def test_kinds_table_has_the_mxfp4_values_and_no_row_yet():
-    from deep_fp8_gemm.kinds import TABLE
+def test_kinds_table_has_the_one_mxfp4_row():
+    """The MXFP4 decode kernel is one row (mxfp4_masked, its own kernel family); every other e2m1x2 / 1x32 / mx /
+    register_a point is refused by a named rule."""
+    from deep_fp8_gemm.kinds import KERNEL_FAMILY, TABLE
     assert "e2m1x2" in TABLE.axis("packing").names and "1x128/1x32" in TABLE.axis("granularity").names
-    points = [p for p in TABLE.product() if p["packing"] == "e2m1x2" or p["granularity"] == "1x128/1x32"]
-    assert points and all(TABLE.conflict(p) for p in points)  # refused until the kernel brings its row
-    # the legality it states (pairwise rules): masked layout, bf16 output, swap-AB order, the 1x32 weight recipe
+    points = [p for p in TABLE.product() if p["packing"] == "e2m1x2" or p["granularity"] == "1x128/1x32"
+              or p["accumulation"] == "mx" or p["order"] == "register_a"]
+    legal = [p for p in points if not TABLE.conflict(p)]
+    assert legal == [TABLE.row("mxfp4_masked").point("register_a")]
+    assert TABLE.names_of("mxfp4_gemm") == ("mxfp4_masked",) and KERNEL_FAMILY["e2m1x2"] == "mxfp4_gemm"
+    assert "mxfp4_masked" not in TABLE.names_of("fp8_gemm")  # the FP8 template never sees it
     stated = {(r.other, r.allowed) for r in TABLE.rules if (r.axis, r.value) == ("packing", "e2m1x2")}
-    assert stated == {("layout", ("masked",)), ("output", ("bf16",)), ("order", ("swap_ab",)),
-                      ("granularity", ("1x128/1x32",))}
+    assert stated == {("layout", ("masked",)), ("output", ("bf16",)), ("order", ("register_a",)),
+                      ("granularity", ("1x128/1x32",)), ("accumulation", ("mx",))}
     message = TABLE.conflict(dict(TABLE.row("masked").point(), packing="e2m1x2"))
-    assert "packing=e2m1x2 conflicts with granularity=1x128/128x128" in message
+    assert "packing=e2m1x2 conflicts with" in message
+    # the FP8 masked kernel has no register-A order: refused by name
+    assert "order=register_a conflicts with packing=e4m3" in TABLE.conflict(dict(TABLE.row("masked").point("ab"),
+                                                                                   order="register_a"))
 
 
 # ------------------------------------------------------------------------------------------------- register A fragment

@@ -6,6 +6,8 @@
 //   full[s]:  arrive count 1 (producer's arrive.expect_tx) + A and B box bytes
 //   empty[s]: arrive count 2 (thread 0 of each math warpgroup, after its wgmma_wait)
 //   smem: barriers at 0; A stages (128 x 128, 128B swizzle) at 1024 + 16 KiB s; B stages (BLOCK_N x 128) after
+// `operand`: 0 e4m3 (k32), 1 bf16 (k16, WgmmaBf16), 2 fp32 read as tf32 (k8, WgmmaTf32); a K block is 128 bytes of
+// K per row in every case (128, 64 or 32 elements), each wgmma one 32-byte slice of it.
 // Output: each thread's raw accumulator fragment, out[b][warpgroup][thread][BLOCK_N / 2], so the test reads
 // it back through CuTe's CLayout_64xN instead of trusting the simulator's fragment layout.
 #include <deep_fp8_gemm/hal.cuh>
@@ -25,6 +27,7 @@ struct Params {
     u32 n_blocks;
     u32 k_blocks;
     u32 block_n;  // one of the instantiated N
+    u32 operand;  // 0 e4m3, 1 bf16, 2 tf32
 };
 
 // K-major, 128B-swizzled operand (cute/arch/mma_sm90_desc.hpp): 8-row groups 1024 B apart.
@@ -74,7 +77,12 @@ DFG_DEVICE void run(const Params& p) {
             for (u32 k = 0; k < kBlockK / 32; ++k) {
                 const u64 desc_a = make_desc(tile_a + s * kTileABytes + wg * 64 * kBlockK + k * 32);
                 const u64 desc_b = make_desc(tile_b + s * kTileBBytes + k * 32);
-                hal::WgmmaFp8<kBlockN>::mma(desc_a, desc_b, acc, kb > 0 || k > 0);
+                if (p.operand == 1)
+                    hal::WgmmaBf16<kBlockN>::mma(desc_a, desc_b, acc, kb > 0 || k > 0);
+                else if (p.operand == 2)
+                    hal::WgmmaTf32<kBlockN>::mma(desc_a, desc_b, acc, kb > 0 || k > 0);
+                else
+                    hal::WgmmaFp8<kBlockN>::mma(desc_a, desc_b, acc, kb > 0 || k > 0);
             }
             hal::wgmma_commit();
             hal::wgmma_wait<0>();

@@ -9,9 +9,9 @@ distribution installed, or ``deep_fp8_gemm.compat.dropin.enable()``: docs/dropin
   the knobs; the DeepSeek-V3.2 / V4 indexer's ``fp8_fp4_mqa_logits``, ``fp8_fp4_paged_mqa_logits``, the legacy
   ``fp8_mqa_logits`` / ``fp8_paged_mqa_logits`` and ``get_paged_mqa_logits_metadata``), the same arguments,
   defaults and positional order, SM90 semantics, and the CPU reference / ``DFG_SIMULATE=1`` simulator on CPU
-  tensors; the submodules ``utils`` (``layout``, ``math``) and ``testing``.
-* Every other name (BF16 GEMMs, einsum, ``tf32_hc_prenorm_gemm``, cuBLASLt, Mega MoE,
-  the SM100 layouts, ``deep_gemm._C`` ...) comes from the forwarded provider, a site-packages ``deep_gemm``
+  tensors; the BF16 / TF32 names (``bf16_gemm_*``, ``m_grouped_bf16_gemm_*``, ``einsum``, ``fp8_einsum``,
+  ``tf32_hc_prenorm_gemm``: :mod:`deep_fp8_gemm.compat.bf16`); the submodules ``utils`` (``layout``, ``math``) and ``testing``.
+* Every other name (cuBLASLt, the k-grouped BF16 GEMM, Mega MoE, the SM100 layouts, ``deep_gemm._C`` ...) comes from the forwarded provider, a site-packages ``deep_gemm``
   (``sgl-deep-gemm``, upstream DeepGEMM) or vLLM's vendored ``vllm.third_party.deep_gemm``
   (:mod:`deep_fp8_gemm.compat.provider`), so ``hasattr`` tells the truth: ``AttributeError`` when neither has it.
   The names a loader insists on (Hugging Face transformers') that neither has raise ``NotImplementedError``.

@@ -35,7 +35,8 @@
 //   * Shared memory is filled with 0xFF (NaN as e4m3, bf16 and f32) so reads of unwritten data show up.
 //     Global memory is host memory: kernel parameters carry host pointers.
 //   * wgmma arithmetic follows a model of the Hopper FP8 tensor core (sim/numerics.hpp, mma_fp8_k32:
-//     13-bit truncating accumulator); kFlagExactMma (DFG_SIM_EXACT_MMA=1) accumulates in exact fp32.
+//     13-bit truncating accumulator), and for BF16 / TF32 operands one of fp32 accumulation (mma_wide_slice);
+//     kFlagExactMma (DFG_SIM_EXACT_MMA=1) accumulates in exact fp32.
 //   * Checked beyond a sequentially consistent machine, each report naming its kind, thread and call site
 //     (the hal functions take __builtin_FILE / __builtin_LINE default arguments; plain accesses are named by
 //     their return address, symbolised with addr2line):
@@ -123,7 +124,8 @@
 //     attributed), and only accesses the compiler left in memory are seen (the fragments are locals whose address
 //     the hal takes, so all of them are in the simulator build).
 //   * The tensor-core model is ours (group of 16 products, 13 aligned bits, truncation), fitted to the
-//     published facts, not proven bit-exact; bf16 / fp16 wgmma and other shapes do not exist here.
+//     published facts, not proven bit-exact; bf16 (k16, K- or MN-major) and tf32 (k8, K-major) wgmma exist with
+//     shared-memory operands (no register A for them); fp16 and other shapes do not exist here.
 //   * Timing, bank conflicts, L2 promotion, TMA prefetch and the cost of anything are not modelled.
 //   * Only rank-3 tensor maps, 1-D clusters of up to 8 CTAs, and the hal operations below exist.
 //
@@ -562,6 +564,31 @@ struct WgmmaFp8RegA {
     static void mma(const u32 (&a)[4], u64 desc_b, float* d, bool scale_d, DFG_SIM_SITE) {
         DFG_SIM_ENTER;
         sd::wgmma_issue_rs(N, a, desc_b, d, scale_d);
+    }
+};
+
+// D[64 x N] (+)= A[64 x 16] . B[N x 16]^T in bf16 (wgmma .m64nNk16.f32.bf16.bf16; CuTe
+// MMA_64xNx16_F32BF16BF16_SS), or A[64 x 8] . B[N x 8]^T in tf32 (.m64nNk8.f32.tf32.tf32), both from shared memory
+// through descriptors, f32 accumulators in the fragment of WgmmaFp8; the product follows the BF16 / TF32
+// tensor-core model (sim/numerics.hpp, mma_wide_slice). A k-slice is 32 bytes of K per row, as for e4m3, so the
+// descriptors of a K-major tile advance the same way. kTransA / kTransB (PTX imm-trans-a / -b, bf16 only): the
+// operand is MN-major, decoded with make_gmma_desc<Major::MN>'s canonical layouts (sim/wgmma.hpp).
+template <int N, int kTransA = 0, int kTransB = 0>
+struct WgmmaBf16 {
+    static_assert(N % 8 == 0 && N >= 8 && N <= 256, "wgmma .m64nNk16 needs N in 8..256, a multiple of 8");
+    static_assert((kTransA == 0 || kTransA == 1) && (kTransB == 0 || kTransB == 1), "imm-trans is 0 or 1");
+    static void mma(u64 desc_a, u64 desc_b, float* d, bool scale_d, DFG_SIM_SITE) {
+        DFG_SIM_ENTER;
+        sd::wgmma_issue_typed(sd::kWgmmaBf16, N, desc_a, desc_b, d, scale_d, kTransA != 0, kTransB != 0);
+    }
+};
+
+template <int N>
+struct WgmmaTf32 {
+    static_assert(N % 8 == 0 && N >= 8 && N <= 256, "wgmma .m64nNk8 needs N in 8..256, a multiple of 8");
+    static void mma(u64 desc_a, u64 desc_b, float* d, bool scale_d, DFG_SIM_SITE) {
+        DFG_SIM_ENTER;
+        sd::wgmma_issue_typed(sd::kWgmmaTf32, N, desc_a, desc_b, d, scale_d, false, false);
     }
 };
 

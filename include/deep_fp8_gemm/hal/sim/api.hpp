@@ -72,6 +72,8 @@ DFG_SIM_API void tma_store_commit();
 DFG_SIM_API void tma_store_wait(u32 n, bool complete);
 DFG_SIM_API void wgmma_issue(u32 n, u64 desc_a, u64 desc_b, float* d, bool scale_d);
 DFG_SIM_API void wgmma_issue_rs(u32 n, const u32* a, u64 desc_b, float* d, bool scale_d);
+DFG_SIM_API void wgmma_issue_typed(u32 type, u32 n, u64 desc_a, u64 desc_b, float* d, bool scale_d, bool trans_a,
+                                   bool trans_b);
 DFG_SIM_API void register_fence(const void* reg);                                    // wgmma_registers.hpp
 DFG_SIM_API void wgmma_fence();
 DFG_SIM_API void wgmma_commit();

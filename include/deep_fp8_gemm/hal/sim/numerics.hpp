@@ -154,4 +154,74 @@ inline float mma_fp8_k32(const u32* a_mag, const u32* a_neg, const u32* b_mag, c
     return acc;
 }
 
+// ---------------------------------------------------------------- the BF16 / TF32 tensor-core inner product
+// Our model of wgmma .f32.bf16.bf16 (k16) and .f32.tf32.tf32 (k8) on H100 / H200. Both read 32 bytes of K per row
+// of A and B per instruction, as the e4m3 k32 does, so the descriptors and their decoding are the same
+// (wgmma.hpp, decode_operand); only the element width and this arithmetic differ. Not claimed bit-exact; the
+// model reproduces what the kernels rely on: fp32 accumulation inside the tensor core, so no promotion is needed.
+//
+// Stated assumptions (the first GPU run checks them against float64 through tests/kernels/test_sim_wide_mma.py):
+//   * Operands: bf16 values are exact (bits << 16 as fp32). A tf32 operand is an fp32 bit pattern of which the
+//     tensor core reads the sign, the 8 exponent bits and the top 10 mantissa bits: the low 13 mantissa bits are
+//     ignored (truncation toward zero; a kernel that wants round-to-nearest converts with cvt.rna.tf32.f32 first).
+//   * Products are exact (8 x 8 or 11 x 11 significand bits; here in double).
+//   * Accumulation: each k-slice is kWideGroups fused additions of kWideGroup products (8 for bf16, 4 for tf32) in
+//     ascending k, each fused with the incoming accumulator. Every addend is aligned to the largest exponent among
+//     them and truncated (toward zero) to kWideAlignBits bits below it, the aligned addends summed exactly, and the
+//     sum truncated toward zero to fp32's 24-bit significand (a result below fp32's normal range is rounded by
+//     the conversion to float). NaN / Inf operands or accumulators take IEEE fp32 addition.
+//   * Symmetric in A and B (the products commute and each group depends on their set): D(A, B) = D(B, A)^T.
+//   * MN-major (transposed) operands, legal for bf16 only, change where the values come from, not this arithmetic.
+constexpr int kWideAlignBits = 26;  // fp32's 24 bits + 2 guard bits before the truncation
+constexpr u32 kBf16Group = 8, kTf32Group = 4;
+
+inline float bf16_bits_to_float(u16 bits) {
+    const u32 w = u32(bits) << 16;
+    float f;
+    std::memcpy(&f, &w, 4);
+    return f;
+}
+
+inline float tf32_bits_to_float(u32 bits) {
+    if ((bits & 0x7F800000u) != 0x7F800000u) bits &= 0xFFFFE000u;  // finite: the low 13 mantissa bits are ignored
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+}
+
+// One k-slice (k values of a and b, already converted from bf16 / tf32) for one accumulator, groups of `group`.
+inline float mma_wide_slice(const float* a, const float* b, u32 k, u32 group, float c) {
+    float acc = c;
+    for (u32 g = 0; g < k; g += group) {
+        bool finite = std::isfinite(acc);
+        for (u32 j = g; j < g + group; ++j) finite = finite && std::isfinite(a[j]) && std::isfinite(b[j]);
+        if (!finite) {  // IEEE semantics for NaN / Inf
+            for (u32 j = g; j < g + group; ++j) acc += a[j] * b[j];
+            continue;
+        }
+        double prod[16];
+        int emax = INT32_MIN;
+        for (u32 j = 0; j < group; ++j) {
+            prod[j] = double(a[g + j]) * double(b[g + j]);  // exact
+            if (prod[j] != 0.0) emax = std::max(emax, std::ilogb(prod[j]));
+        }
+        if (acc != 0.f) emax = std::max(emax, std::ilogb(acc));
+        if (emax == INT32_MIN) {  // all addends zero: IEEE sign rules
+            for (u32 j = 0; j < group; ++j) acc += float(prod[j]);
+            continue;
+        }
+        // Units of q = 2^(emax - kWideAlignBits): every addend truncated to a whole number of q (< 2^(align + 1)),
+        // the sum of at most 17 of them exact in double.
+        const int unit = emax - kWideAlignBits;
+        double sum = std::trunc(std::ldexp(double(acc), -unit));
+        for (u32 j = 0; j < group; ++j) sum += std::trunc(std::ldexp(prod[j], -unit));
+        if (sum != 0.0) {
+            const int lead = std::ilogb(sum);
+            if (lead > 23) sum = std::ldexp(std::trunc(std::ldexp(sum, 23 - lead)), lead - 23);  // 24 bits, toward 0
+        }
+        acc = float(std::ldexp(sum, unit));
+    }
+    return acc;
+}
+
 }  // namespace dfg::sim::detail

@@ -5,6 +5,8 @@
 namespace dfg::sim::detail {
 
 constexpr u32 kWarpgroupThreads = 128;
+// wgmma operand types (WgmmaOp::type; api.hpp wgmma_issue_typed).
+constexpr u32 kWgmmaE4m3 = 0, kWgmmaBf16 = 1, kWgmmaTf32 = 2;
 constexpr u32 kMaxSmemBytes = 232448;  // sm_90 opt-in maximum dynamic shared memory per CTA (227 KiB)
 constexpr size_t kFiberStackBytes = 256 * 1024;
 // Each fiber stack is its own mapping with a PROT_NONE guard page below it: two entries of the process's memory
@@ -116,6 +118,8 @@ struct WgmmaOp {
     u32 n;
     bool scale_d;
     bool reg_a = false;  // A from registers (wgmma.mma_async with a register A fragment, hal::WgmmaFp8RegA)
+    bool trans_a = false, trans_b = false;  // MN-major A / B (bf16 only: PTX imm-trans-a / -b)
+    u32 type = 0;        // operand type: kWgmmaE4m3 (k32), kWgmmaBf16 (k16), kWgmmaTf32 (k8); 32 bytes of K per row
     u32 issued = 0;
     float* frag[kWarpgroupThreads] = {};
     std::vector<u8> a_codes;          // reg_a: the 64 x 32 e4m3 codes of A gathered from the threads' fragments

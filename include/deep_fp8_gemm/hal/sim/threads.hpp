@@ -214,7 +214,8 @@ inline WgmmaGroup& wgmma_open_group(Warpgroup& wg, u64 g) {
 
 // One thread's wgmma.mma_async: A through descriptor `desc_a` or, when `a` is not null, from this thread's register
 // A fragment `a` (four .b32 of four e4m3: a_frag_row / a_frag_k); B through `desc_b`; accumulator `d` (N/2 f32).
-inline void wgmma_issue_any(u32 n, u64 desc_a, const u32* a, u64 desc_b, float* d, bool scale_d) {
+inline void wgmma_issue_any(u32 n, u64 desc_a, const u32* a, u64 desc_b, float* d, bool scale_d,
+                            u32 type = kWgmmaE4m3, bool trans_a = false, bool trans_b = false) {
     Thread& t = me();
     aligned("wgmma.mma_async", true);
     Warpgroup& wg = my_warpgroup("wgmma");
@@ -232,11 +233,14 @@ inline void wgmma_issue_any(u32 n, u64 desc_a, const u32* a, u64 desc_b, float* 
         op.n = n;
         op.scale_d = scale_d;
         op.reg_a = reg_a;
+        op.type = type;
+        op.trans_a = trans_a;
+        op.trans_b = trans_b;
         if (reg_a)
             op.a_codes.assign(64 * 32, 0);
         else
-            decode_operand(desc_a, 64, op.addr_a, op.lo_a, op.hi_a, "A");
-        decode_operand(desc_b, n, op.addr_b, op.lo_b, op.hi_b, "B");
+            decode_operand(desc_a, 64, op.addr_a, op.lo_a, op.hi_a, "A", trans_a);
+        decode_operand(desc_b, n, op.addr_b, op.lo_b, op.hi_b, "B", trans_b);
         // Shared-memory operands are read by the async proxy from here to the wait that retires the group.
         const Cta& cta = my_cta();
         const u8* smem = cta.smem;
@@ -255,6 +259,10 @@ inline void wgmma_issue_any(u32 n, u64 desc_a, const u32* a, u64 desc_b, float* 
         group.ops.push_back(std::move(op));
     }
     WgmmaOp& op = group.ops[k];
+    if (op.type != type || op.trans_a != trans_a || op.trans_b != trans_b)
+        fail(format("wgmma is warpgroup-collective but this thread's operand type %u (trans %d %d) differs from its "
+                    "warpgroup's %u (trans %d %d) in wgmma %u of group %llu", type, trans_a, trans_b, op.type,
+                    op.trans_a, op.trans_b, k, static_cast<unsigned long long>(g)));
     if (op.desc_a != desc_a || op.desc_b != desc_b || op.n != n || op.scale_d != scale_d || op.reg_a != reg_a)
         fail(format("wgmma is warpgroup-collective but this thread's operands differ from its warpgroup's: "
                     "(desc_a %#llx%s, desc_b %#llx, N %u, scale_d %d) vs (%#llx%s, %#llx, %u, %d) in wgmma %u of group "
@@ -273,6 +281,15 @@ inline void wgmma_issue_any(u32 n, u64 desc_a, const u32* a, u64 desc_b, float* 
 
 DFG_SIM_API void wgmma_issue(u32 n, u64 desc_a, u64 desc_b, float* d, bool scale_d) {
     wgmma_issue_any(n, desc_a, nullptr, desc_b, d, scale_d);
+}
+
+// BF16 (k16) / TF32 (k8) wgmma, both operands from shared memory; trans_a / trans_b: MN-major (bf16 only).
+DFG_SIM_API void wgmma_issue_typed(u32 type, u32 n, u64 desc_a, u64 desc_b, float* d, bool scale_d, bool trans_a,
+                                   bool trans_b) {
+    if (type != kWgmmaBf16 && type != kWgmmaTf32) fail(format("wgmma_issue_typed: unknown operand type %u", type));
+    if (type == kWgmmaTf32 && (trans_a || trans_b))
+        fail("wgmma .tf32: operands must be K-major (PTX ISA: imm-trans only for .f16 / .bf16)");
+    wgmma_issue_any(n, desc_a, nullptr, desc_b, d, scale_d, type, trans_a, trans_b);
 }
 
 DFG_SIM_API void wgmma_issue_rs(u32 n, const u32* a, u64 desc_b, float* d, bool scale_d) {

@@ -17,7 +17,14 @@ constexpr u64 kDescReservedBits = (3ull << 14) | (3ull << 30) | (7ull << 46) | (
 //   SW32/64/128: ((8,m),(16,2)):((W*16,SBO),(1,16))      rows of W*16 B, 8-row groups SBO apart
 // then the swizzle Swizzle<log2 W,4,3> is applied to the shared-memory address itself, so a k32 slice at
 // start + 32*j of a 128-byte swizzled row reads what TMA wrote for those K elements.
-inline void decode_operand(u64 desc, u32 rows, std::vector<u32>& addr, u32& lo, u32& hi, const char* which) {
+// MN-major (bf16 only; PTX imm-trans-a / -b = 1), make_gmma_desc<Major::MN>'s canonical layouts in 16-bit elements
+// (T = 8 per 16 bytes), W = 1 (INTERLEAVE), 2, 4, 8 (SW32/64/128):
+//   INTERLEAVE: ((T,1,m),(8,k)):((1,T,SBO),(T,LBO))   SWxx: ((T,W,m),(8,k)):((1,T,LBO),(W T,SBO))
+// i.e. element (mn, kk) of the slice at byte 2 (mn % 8W) + 16 W (kk % 8) + (mn / 8W) * (LBO, or SBO for INTERLEAVE)
+// + (kk / 8) * (SBO, or LBO), then the same swizzle. The addresses come out in the K-major order below (row * 32 +
+// byte of the 32-byte k-slice), so execution does not care which major the operand had.
+inline void decode_operand(u64 desc, u32 rows, std::vector<u32>& addr, u32& lo, u32& hi, const char* which,
+                           bool mn_major = false) {
     if (desc & kDescReservedBits)
         fail(format("wgmma: descriptor %s %#llx sets reserved bits %#llx", which, static_cast<unsigned long long>(desc),
                     static_cast<unsigned long long>(desc & kDescReservedBits)));
@@ -37,8 +44,15 @@ inline void decode_operand(u64 desc, u32 rows, std::vector<u32>& addr, u32& lo, 
     hi = 0;
     for (u32 r = 0; r < rows; ++r)
         for (u32 k = 0; k < 32; ++k) {
-            u32 a = start + (r / 8) * sbo;
-            a += layout == 0 ? (r % 8) * 16 + (k / 16) * lbo + k % 16 : (r % 8) * row_pitch + k;
+            u32 a = start;
+            if (mn_major) {  // 16-bit elements: byte k of the slice is byte k % 2 of element k / 2
+                const u32 w = 1u << bits, e = k / 2, mn_block = r / (8 * w), k_block = e / 8;
+                a += 2 * (r % (8 * w)) + 16 * w * (e % 8) + k % 2;
+                a += layout == 0 ? mn_block * sbo + k_block * lbo : mn_block * lbo + k_block * sbo;
+            } else {
+                a += (r / 8) * sbo;
+                a += layout == 0 ? (r % 8) * 16 + (k / 16) * lbo + k % 16 : (r % 8) * row_pitch + k;
+            }
             a = swizzle(a, bits);
             if (a >= smem_bytes)
                 fail(format("wgmma: descriptor %s %#llx reads element (row %u, k %u) at smem+%#x, outside the %#x "
@@ -78,7 +92,43 @@ inline void check_read_window(const WgmmaOp& op, const u8* smem) {
     }
 }
 
+// A BF16 (k16) or TF32 (k8) wgmma: the 32 bytes of K per row that decode_operand found, read as 16 bf16 or 8 tf32
+// (little-endian, element k at bytes [w k, w k + w)), through mma_wide_slice (numerics.hpp) or, with the exact
+// flag, a plain fp32 dot product.
+inline void execute_wide(const WgmmaOp& op, const u8* smem) {
+    const u32 n = op.n, width = op.type == kWgmmaBf16 ? 2 : 4, k = 32 / width;
+    const u32 group = op.type == kWgmmaBf16 ? kBf16Group : kTf32Group;
+    std::vector<float>& s = L().scratch;
+    s.resize(size_t(64 + n) * k);
+    for (u32 row = 0; row < 64 + n; ++row)
+        for (u32 e = 0; e < k; ++e) {
+            u32 bits = 0;
+            for (u32 byte = 0; byte < width; ++byte) {
+                const u32 i = row * 32 + e * width + byte;
+                bits |= u32(row < 64 ? smem[op.addr_a[i]] : smem[op.addr_b[i - 64 * 32]]) << (8 * byte);
+            }
+            s[row * k + e] = width == 2 ? bf16_bits_to_float(u16(bits)) : tf32_bits_to_float(bits);
+        }
+    const bool exact = L().cfg.flags & kFlagExactMma;
+    for (u32 t = 0; t < kWarpgroupThreads; ++t) {
+        float* d = op.frag[t];
+        for (u32 i = 0; i < n / 2; ++i) {
+            const float* ar = &s[frag_row(t, i) * k];
+            const float* br = &s[(64 + frag_col(t, i)) * k];
+            const float c = op.scale_d ? d[i] : 0.f;
+            if (exact) {
+                float dot = 0.f;
+                for (u32 e = 0; e < k; ++e) dot += ar[e] * br[e];
+                d[i] = c + dot;
+            } else {
+                d[i] = mma_wide_slice(ar, br, k, group, c);
+            }
+        }
+    }
+}
+
 inline void execute(const WgmmaOp& op, const u8* smem) {
+    if (op.type != kWgmmaE4m3) return execute_wide(op, smem);
     const u32 n = op.n;
     std::vector<float>& s = L().scratch;
     s.resize(size_t(64 + n) * 32);
