@@ -29,19 +29,16 @@ KERNEL_PREFIX = "dfg_mxfp4_masked"
 TENSOR_MAP_BYTES = 128
 NUM_THREADS = 256  # one math warpgroup, one producer warpgroup
 BLOCK_K = 128
-PACKED_ROW_BYTES = 64  # 128 K of e2m1 codes
+WAVE_TILE_BYTES = 4096  # 64 rows x 128 K of e2m1 codes (ops/mxfp4.py TILE_BYTES)
+WAVE_META_BYTES = 272  # ops/mxfp4.py META_BYTES
+PAIR_TABLE_BYTES = 15 * 15 * 16  # include/deep_fp8_gemm/mxfp4.cuh kPairTableBytes
 BLOCK_MS = (8, 16, 32)
-BLOCK_NS = (64, 128)
+BLOCK_NS = (64, 128, 256)
 SMEM_LIMIT = 232_448
 MAX_STAGES = 8
 #: SASS every MXFP4 kernel must contain: FP8 wgmma (its A from registers), TMA loads, the byte permutes of the
 #: conversion, griddepcontrol.wait (PDL).
 REQUIRED_SASS = ("QGMMA", "UTMALDG", "PRMT", "ACQBULK")
-#: Table offsets per sub-block of a folded row's metadata word 0 (``8 (d + 8)``) and the flags of word 1
-#: (include/deep_fp8_gemm/mxfp4.cuh).
-ROW_PER32 = 1 << 16
-WAVE_PER32 = 1 << 17
-MIN_NORMAL_EXP = -126
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +56,8 @@ class Mxfp4Config:
         if self.block_m not in BLOCK_MS or self.block_n not in BLOCK_NS:
             raise ValueError(f"block_m must be in {BLOCK_MS} and block_n in {BLOCK_NS}, got {self.block_m=} "
                              f"{self.block_n=}")
+        if self.block_n == 256 and self.block_m > 16:
+            raise ValueError(f"block_n 256 (four waves) takes block_m <= 16 (the registers), got {self.block_m=}")
         if self.k % BLOCK_K or self.n % self.block_n or self.num_groups < 1:
             raise ValueError(f"K must be a multiple of 128 and N of block_n, G >= 1, got {self.n=} {self.k=} "
                              f"{self.num_groups=} {self.block_n=}")
@@ -68,9 +67,10 @@ class Mxfp4Config:
     @property
     def smem_bytes(self) -> int:
         """Dynamic shared memory: ``Mxfp4MaskedKernel``'s map (the kernel static_asserts the same value)."""
-        per_stage = (self.block_n * PACKED_ROW_BYTES + self.block_m * BLOCK_K + self.block_n * 8
+        waves = self.block_n // 64
+        per_stage = (waves * WAVE_TILE_BYTES + self.block_m * BLOCK_K + -(-waves * WAVE_META_BYTES // 128) * 128
                      + -(-self.block_m * 4 // 128) * 128)
-        tables = -(-self.num_stages * per_stage // 16) * 16 + 128
+        tables = -(-self.num_stages * per_stage // 16) * 16 + PAIR_TABLE_BYTES
         return tables + 16 * self.num_stages
 
     def constants(self, kernel_name: str) -> dict[str, object]:
@@ -80,19 +80,22 @@ class Mxfp4Config:
 
     def as_dict(self) -> dict:
         """JSON-safe record for the audit. The K-loop analysis reads the wgmma tile (``mma_rows`` = BLOCK_N weight rows,
-        ``mma_cols`` = BLOCK_M tokens) and ``mma_chunks`` = 2: the loop body holds both paths' wgmmas (the folded
-        chain and the per-32 one, 4 per wave each), so one iteration is one K block."""
+        ``mma_cols`` = BLOCK_M tokens) of the folded loop (``kloop_qgmma``: its 4 wgmmas per wave and K block; the
+        general loop, which holds both paths, is reported beside it)."""
         return {"n": self.n, "k": self.k, "num_groups": self.num_groups, "block_m": self.block_m,
                 "block_n": self.block_n, "num_stages": self.num_stages, "smem_bytes": self.smem_bytes,
                 "num_threads": NUM_THREADS, "num_math_warpgroups": 1, "mma_rows": self.block_n,
-                "mma_cols": self.block_m, "mma_chunks": 2}
+                "mma_cols": self.block_m, "kloop_qgmma": 4 * (self.block_n // 64)}
 
 
 def pick_config(n: int, k: int, num_groups: int, expected_m: int, num_sms: int) -> Mxfp4Config:
-    """The tile for a call: BLOCK_M the smallest of 8 / 16 / 32 holding ``expected_m`` tokens (32 beyond); BLOCK_N
-    128 unless 64 gives the SMs more tiles (``G x N / 128 < num_sms``); as many stages as fit, at most 8."""
+    """The tile for a call: BLOCK_M the smallest of 8 / 16 / 32 holding ``expected_m`` tokens (32 beyond); BLOCK_N the
+    widest of 256 / 128 / 64 dividing N that still gives every SM a tile (``G x N / BLOCK_N >= num_sms``; 256 only
+    with BLOCK_M <= 16): wider tiles share the K loop's per-block work among more waves (kernels/mxfp4_gemm.cuh); as
+    many stages as fit, at most 8."""
     block_m = next((b for b in BLOCK_MS if expected_m <= b), BLOCK_MS[-1])
-    block_n = 128 if n % 128 == 0 and num_groups * n // 128 >= num_sms else 64
+    widths = [b for b in (256, 128) if n % b == 0 and num_groups * n // b >= num_sms and (b < 256 or block_m <= 16)]
+    block_n = widths[0] if widths else 64
     for stages in range(MAX_STAGES, 0, -1):
         try:
             return Mxfp4Config(n, k, num_groups, block_m, block_n, stages)
@@ -114,34 +117,7 @@ def render_source(config: Mxfp4Config, simulator: bool = False) -> tuple[str, st
     return name, render(TEMPLATE, config.constants(name), extra_code=extra)
 
 
-# ---------------------------------------------------------------------------------------------- kernel metadata
-def kernel_metadata(shift: torch.Tensor, block_exp: torch.Tensor, per32: torch.Tensor) -> torch.Tensor:
-    """The kernel's per-row records ``[G, K/128, N, 2]`` int32 from a prepared weight's ``shift [G, N, K/32]`` int8,
-    ``block_exp [G, N, K/128]`` int16 and ``per32 [G, N, K/128]`` bool (include/deep_fp8_gemm/mxfp4.cuh):
-
-    word 0: a folded row's four table offsets ``8 (d_i + 8)`` (byte i), a per-32 row's raw shifts d_i;
-    word 1: E in bits 0-15, bit 16 the row is per-32, bit 17 some row of its 64-row wave is.
-    A folded row with E < -126 is re-based to E = -126 (its shifts lowered by as much, still in [-8, 6]: such a
-    block's exponents are all below -120), the same operand values x 2^E, so that 2^E is a normal float.
-    8 bytes per row and 128 K (12.5% of the nibbles), built once per prepared weight."""
-    g, n, kb = block_exp.shape
-    if n % 64:
-        raise ValueError(f"the MXFP4 kernel takes N a multiple of 64, got N={n}")
-    d = shift.to(torch.int32).view(g, n, kb, 4)
-    e = block_exp.to(torch.int32)
-    adjust = torch.where(per32, torch.zeros_like(e), (MIN_NORMAL_EXP - e).clamp(min=0))
-    e = e + adjust
-    folded = ((d - adjust.unsqueeze(-1) + 8) * 8) & 0xFF
-    raw = d & 0xFF
-    bytes_ = torch.where(per32.unsqueeze(-1), raw, folded).to(torch.int64)
-    word0 = bytes_[..., 0] | bytes_[..., 1] << 8 | bytes_[..., 2] << 16 | bytes_[..., 3] << 24
-    wave = per32.view(g, n // 64, 64, kb).any(dim=2, keepdim=True).expand(g, n // 64, 64, kb).reshape(g, n, kb)
-    word1 = (e.to(torch.int64) & 0xFFFF) | per32.to(torch.int64) * ROW_PER32 | wave.to(torch.int64) * WAVE_PER32
-    words = torch.stack((word0, word1), dim=-1)
-    words = torch.where(words >= 2 ** 31, words - 2 ** 32, words).to(torch.int32)
-    return words.permute(0, 2, 1, 3).contiguous()
-
-
+# ---------------------------------------------------------------------------------------------- scales
 def column_scales(sa: torch.Tensor) -> torch.Tensor:
     """``sa [G, m_max, K/128]`` fp32 -> ``[G, K/128, m_pad]`` (m_pad = m_max rounded up to 4: 16-byte rows), the
     M-major layout the kernel's sA box reads; a copy (G x K/128 x m_pad floats, small at decode)."""
@@ -159,30 +135,28 @@ class Mxfp4Params(ctypes.Structure):
     """Byte image of ``dfg::mxfp4::Mxfp4Params`` (576 bytes; the header ``static_assert``s every offset)."""
 
     _fields_ = [("tma_w", _MapBytes), ("tma_a", _MapBytes), ("tma_meta", _MapBytes), ("tma_sa", _MapBytes),
-                ("d", ctypes.c_uint64), ("masked_m", ctypes.c_uint64), ("m_max", ctypes.c_uint32),
-                ("reserved", ctypes.c_ubyte * 44)]
+                ("d", ctypes.c_uint64), ("masked_m", ctypes.c_uint64), ("wave_per32", ctypes.c_uint64),
+                ("m_max", ctypes.c_uint32), ("reserved", ctypes.c_ubyte * 36)]
 
 
-assert ctypes.sizeof(Mxfp4Params) == 576 and Mxfp4Params.m_max.offset == 528
+assert ctypes.sizeof(Mxfp4Params) == 576 and Mxfp4Params.m_max.offset == 536
 
 
-def _stride16(nbytes: int) -> int:
-    return max(16, -(-nbytes // 16) * 16)
-
-
-def map_args(cfg: Mxfp4Config, x: torch.Tensor, nibbles: torch.Tensor, meta: torch.Tensor, sa_cols: torch.Tensor):
-    """The four rank-3 maps: nibbles ``[G N, K/2]`` u8 (box 64 x BLOCK_N, 64-byte swizzle), A ``[G, m_max, K]`` e4m3
-    (box 128 x BLOCK_M, 128-byte swizzle), metadata ``[G, K/128, 2N]`` (box 2 BLOCK_N) and sA ``[G, K/128, m_pad]``
-    (box BLOCK_M)."""
+def map_args(cfg: Mxfp4Config, x: torch.Tensor, tiles: torch.Tensor, meta: torch.Tensor, sa_cols: torch.Tensor):
+    """The four rank-3 maps: the prepared tiles ``[G K/128 N/64][16][256]`` u8 (box: the tile's waves), A
+    ``[G, m_max, K]`` e4m3 (box 128 x BLOCK_M, 128-byte swizzle), the metadata ``[G K/128 N/64][17][16]`` u8 (box: the
+    tile's waves) and sA ``[G, K/128, m_pad]`` (box BLOCK_M). A wave's tile / metadata is one contiguous record, the
+    tile's waves consecutive ones (``[G][K/128][N/64]`` order)."""
     g, m_max, k = x.shape
-    n, kb = cfg.n, k // BLOCK_K
+    kb = k // BLOCK_K
+    records = g * kb * (cfg.n // 64)
+    waves = cfg.block_n // 64
     m_pad = sa_cols.shape[2]
     return (
-        (TmaDtype.UINT8, nibbles.data_ptr(), (k // 2, g * n, 1), (k // 2, _stride16(g * n * k // 2)),
-         (PACKED_ROW_BYTES, cfg.block_n, 1), TmaSwizzle.B64),
-        (TmaDtype.UINT8, x.data_ptr(), (k, m_max, g), (k, m_max * k), (BLOCK_K, cfg.block_m, 1), TmaSwizzle.B128),
-        (TmaDtype.FLOAT32, meta.data_ptr(), (2 * n, kb, g), (2 * n * 4, kb * 2 * n * 4), (2 * cfg.block_n, 1, 1),
+        (TmaDtype.UINT8, tiles.data_ptr(), (256, 16, records), (256, WAVE_TILE_BYTES), (256, 16, waves),
          TmaSwizzle.NONE),
+        (TmaDtype.UINT8, x.data_ptr(), (k, m_max, g), (k, m_max * k), (BLOCK_K, cfg.block_m, 1), TmaSwizzle.B128),
+        (TmaDtype.UINT8, meta.data_ptr(), (16, 17, records), (16, WAVE_META_BYTES), (16, 17, waves), TmaSwizzle.NONE),
         (TmaDtype.FLOAT32, sa_cols.data_ptr(), (m_pad, kb, g), (m_pad * 4, kb * m_pad * 4), (cfg.block_m, 1, 1),
          TmaSwizzle.NONE),
     )
@@ -223,18 +197,19 @@ def num_ctas(backend: Backend) -> int:
     return get_num_sms()
 
 
-def launch(config: Mxfp4Config, x: torch.Tensor, sa: torch.Tensor, nibbles: torch.Tensor, meta: torch.Tensor,
-           d: torch.Tensor, masked_m: torch.Tensor, backend: Backend) -> None:
-    """The kernel on validated tensors: ``x [G, m_max, K]`` e4m3, ``sa [G, m_max, K/128]`` fp32, ``nibbles [G, N,
-    K/2]`` int8, ``meta`` (:func:`kernel_metadata`), ``d [G, m_max, N]`` bf16 (contiguous), ``masked_m [G]`` int32;
-    the one place an MXFP4 launch branches on the backend."""
+def launch(config: Mxfp4Config, x: torch.Tensor, sa: torch.Tensor, prepared, d: torch.Tensor, masked_m: torch.Tensor,
+           backend: Backend) -> None:
+    """The kernel on validated tensors: ``x [G, m_max, K]`` e4m3, ``sa [G, m_max, K/128]`` fp32, ``prepared`` an
+    :class:`deep_fp8_gemm.ops.mxfp4.PreparedMxfp4` (contiguous tiles, meta, wave_per32), ``d [G, m_max, N]`` bf16
+    (contiguous), ``masked_m [G]`` int32; the one place an MXFP4 launch branches on the backend."""
     g, m_max, _ = x.shape
     if m_max == 0 or g == 0:
         return
     sa_cols = column_scales(sa)
-    maps = encode_maps(map_args(config, x, nibbles, meta, sa_cols), backend)
+    maps = encode_maps(map_args(config, x, prepared.tiles, prepared.meta, sa_cols), backend)
     params = param_structs.pack(Mxfp4Params, tma_w=maps[0], tma_a=maps[1], tma_meta=maps[2], tma_sa=maps[3],
-                                d=d.data_ptr(), masked_m=masked_m.data_ptr(), m_max=m_max)
+                                d=d.data_ptr(), masked_m=masked_m.data_ptr(),
+                                wave_per32=prepared.wave_per32.data_ptr(), m_max=m_max)
     tiles = g * (config.n // config.block_n) * -(-m_max // config.block_m)
     grid = max(1, min(num_ctas(backend), tiles))
     if backend is Backend.SIM:
@@ -263,12 +238,12 @@ AUDIT_GROUPS = 32
 
 
 def audit_configs() -> list[Mxfp4Config]:
-    """The decode tiles: BLOCK_M 8 / 16 / 32 x BLOCK_N 128 on every audit shape, and BLOCK_N 64 at BLOCK_M 16."""
+    """The decode tiles on every audit shape: BLOCK_M 8 / 16 at BLOCK_N 256 (the picks at decode), BLOCK_M 32 at
+    BLOCK_N 128, and BLOCK_N 64 at BLOCK_M 16 (few experts)."""
     configs = []
     for n, k in AUDIT_SHAPES:
-        for block_m in BLOCK_MS:
-            configs.append(dataclasses.replace(pick_config(n, k, AUDIT_GROUPS, block_m, 132), block_n=128))
-        configs.append(dataclasses.replace(pick_config(n, k, AUDIT_GROUPS, 16, 132), block_n=64))
+        for block_m, block_n in ((8, 256), (16, 256), (32, 128), (16, 64)):
+            configs.append(dataclasses.replace(pick_config(n, k, AUDIT_GROUPS, block_m, 132), block_n=block_n))
     return configs
 
 

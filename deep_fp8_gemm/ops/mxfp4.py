@@ -5,20 +5,23 @@ A checkpoint's MXFP4 weight is ``w [G, N, K/2]`` int8 (two e2m1 codes per byte, 
 ``2j`` in bits 0-3, ``2j + 1`` in bits 4-7) with ``sf [G, N, K/32]`` float32 UE8M0 scales (positive powers of two,
 one per row per 32 K). Hopper has no FP4 tensor core; e2m1 x 2^d is exactly an e4m3 value for every
 ``d`` in [-8, +6] (:func:`conversion_exact_shifts` proves it), so within a 128-K block a row's four sub-block scales
-2^e_i fold into the operand when they span at most 14 binades: ``E = max_i e_i - 6`` is the block's exponent, the
-sub-block shifts ``d_i = e_i - E`` lie in [-8, +6], and the K loop promotes once per 128 K by ``2^E x sA``.
-A block spanning more than 14 binades is flagged: its operand takes shift 0 and each 32-K partial is promoted by its
-own ``2^(E + d_i) x sA`` with ``E = max_i e_i`` (the per-32 path; its ``d_i`` in [-128, 0]).
+2^e_s fold into the operand when they span at most 14 binades: ``E = max(max_s e_s - 6, -126)`` is the block's
+exponent, the sub-block shifts ``d_s = e_s - E`` lie in [-8, +6], and the K loop promotes once per 128 K by
+``2^E x sA``. A 64-row wave with a block spanning more than 14 binades takes the per-32 path in that 128-K block
+(all its 64 rows: the warpgroup issues one path per wave): its operand is e2m1 alone and each 32-K partial is
+promoted by its own ``2^e_s x sA``.
 
 The fold is exact in the operand values, not in the result: a 128-K block runs in one tensor-core chain (about 13
 bits kept, aligned to the largest term), so a sub-block far below its neighbours loses bits as in the FP8 kernel.
 
-Preparation stores the nibbles unchanged (the same tensor, not copied) plus per row: ``shift [G, N, K/32]`` int8,
-``block_exp [G, N, K/128]`` int16 (E) and ``per32 [G, N, K/128]`` bool. Bytes beside the nibbles per row and 128 K:
-4 (shifts) + 2 (E) + 1 (flag) = 7 against 64 of nibbles (11%; the checkpoint's fp32 scales are 16, dropped).
-NOTES: measured on the 2-core development machine (torch 2.13 CPU, one thread): 16 experts of Kimi-K3's w13
-(N 6144, K 3584; 168 MiB of nibbles) prepare in 0.31 s, ~4.9 s for a 256-expert layer, adding 18.4 MiB (0.109 of the
-nibbles); the transient working set is a few int32 copies of the scales (one expert at a time would bound it).
+The stored form (:class:`PreparedMxfp4`) is what the kernel's TMA loads: the codes, unchanged in value, permuted into
+the math threads' fragment order per (expert, 128-K block, 64-row wave), and per wave and block a 272-byte record
+(per row a u32: the two pair-table indices of its folded shifts and 2^E's exponent bits, or its four UE8M0 exponents
+on a per-32 wave; the wave's flag). 64 + 4.25 bytes per row and 128 K against the checkpoint's 64 + 4 (codes + UE8M0
+bytes): the kernel reads 0.4% more than the checkpoint's bytes.
+NOTES: measured on the 2-core development machine (torch 2.13 CPU): 16 experts of Kimi-K3's w13 (N 6144, K 3584;
+168 MiB of codes) prepare in 0.83 s (~13 s for a 256-expert layer), one expert's codes transient at a time;
+``in_place=True`` leaves no second copy even while the caller holds the checkpoint tensor.
 """
 
 from __future__ import annotations
@@ -90,83 +93,183 @@ def check_mxfp4_weights(w: object, sf: object, name: str = "rhs") -> tuple[int, 
     return g, n, k
 
 
+#: Weight rows per wave (the wgmma M side of one warpgroup) and the kernel's stored-form units per (expert, 128-K
+#: block, wave): the packed codes in fragment order and the wave's metadata (include/deep_fp8_gemm/mxfp4.cuh).
+WAVE_ROWS = 64
+TILE_BYTES = WAVE_ROWS * GRAN_K // 2  # 4096
+META_WORD_BYTES = 256  # 64 rows x u32, in pair order (r0, r0 + 8)
+META_BYTES = META_WORD_BYTES + 16  # + the wave's per-32 flag (u32) and 12 bytes of padding (TMA boxes: 16-byte rows)
+#: Shifts a folded sub-block's table takes (d + 8 in 0..14) and the pair tables' index: 15 (d_a + 8) + (d_b + 8).
+NUM_SHIFTS = SHIFT_MAX - SHIFT_MIN + 1
+#: The biased exponent byte (UE8M0: 2^(e - 127)); a folded row's E byte is >= 1, a per-32 wave's E bytes are 0.
+EXP_BIAS = 127
+MIN_EXP = -126  # the smallest UE8M0 scale a float32 holds as a normal number (2^-127 is refused)
+
+
+def _thread_rows() -> tuple[np.ndarray, np.ndarray]:
+    """``(r0 [128], q [128])``: thread t = 32 warp + lane of the math warpgroup holds rows r0 and r0 + 8 of every
+    wave, and K 4q.. / 16 + 4q.. of every k32 sub-block (dfg::WgmmaFragmentA)."""
+    t = np.arange(128)
+    return 16 * (t // 32) + (t % 32) // 4, t % 4
+
+
+def _pair_rows() -> np.ndarray:
+    """``[64]``: the wave's rows in metadata order: pair p = 8 warp + lane / 4 is (r0, r0 + 8) of the quad of threads
+    holding them, so that one 8-byte load gives a thread both rows' words (the quad's four lanes read the same
+    address: a broadcast)."""
+    p = np.arange(32)
+    r0 = 16 * (p // 8) + p % 8
+    return np.stack((r0, r0 + 8), -1).reshape(-1)
+
+
+def _tile_gather() -> np.ndarray:
+    """``[2048]``: for each u16 of a wave's 4096-byte tile, its index in the wave's ``[64 rows, 32 u16]`` codes of one
+    128-K block (u16 i of a row = codes 4i..4i+3). Tile byte ``h 2048 + 16 t + 4 j + 2 p``: half h holds sub-blocks
+    2h, 2h + 1; word j = (sub-block 2h + j / 2, row r0 + 8 (j % 2)); u16 p = the codes of K 4q.. (p = 0) or
+    16 + 4q.. (p = 1) of that sub-block, so that a thread's two 16-byte loads hold its eight words in
+    ``convert_word`` order and a warp's loads are 512 contiguous bytes (conflict-free)."""
+    r0, q = _thread_rows()
+    h, t, j, p = np.meshgrid(np.arange(2), np.arange(128), np.arange(4), np.arange(2), indexing="ij")
+    s = 2 * h + j // 2
+    row = r0[t] + 8 * (j % 2)
+    return (row * 32 + 8 * s + 4 * p + q[t]).reshape(-1)
+
+
+_GATHER = torch.from_numpy(_tile_gather())
+_SCATTER = torch.from_numpy(np.argsort(_tile_gather()))
+
+
 @dataclasses.dataclass(frozen=True)
 class PreparedMxfp4:
-    """MXFP4 expert weights in the stored form the kernel reads (see the module docstring).
+    """MXFP4 expert weights in the stored form the kernel reads (include/deep_fp8_gemm/mxfp4.cuh has the byte maps).
 
-    ``nibbles [G, N, K/2]`` int8: the checkpoint's tensor itself; ``shift [G, N, K/32]`` int8 (d_i = e_i - E: the
-    operand's shift on a folded block, the 32-K partial's scale offset on a per-32 block); ``block_exp
-    [G, N, K/128]`` int16 (E: ``max e - 6`` folded, ``max e`` per-32); ``per32 [G, N, K/128]`` bool.
+    ``tiles [G, K/128, N/64, 4096]`` uint8: the checkpoint's e2m1 codes, unchanged in value, permuted in 16-bit units
+    (four codes) into each math thread's fragment order per (expert, 128-K block, 64-row wave) (:func:`_tile_gather`);
+    ``meta [G, K/128, N/64, 272]`` uint8 per wave: 64 x u32 in :func:`_pair_rows` order, then the wave's per-32 flag
+    (u32, 1: per-32) and 12 zero bytes. A folded row's word: bits 0-7 the pair-table index ``15 (d_0 + 8) + (d_1 + 8)``
+    of sub-blocks 0 and 1, bits 8-15 that of sub-blocks 2 and 3, bits 23-30 ``E + 127`` (>= 1: the float32 bits of
+    2^E under the mask 0x7F800000); a per-32 wave's words: byte s = the biased exponent ``e_s + 127``.
+    ``wave_per32 [G, N/64]`` uint8: 1 where some 128-K block of that wave takes the per-32 path (the kernel's tile
+    dispatch). 4096 + 272 bytes per 64 rows and 128 K: per row the checkpoint's 64 + 4 bytes (codes + UE8M0 scales)
+    plus 0.25.
     """
 
-    nibbles: torch.Tensor
-    shift: torch.Tensor
-    block_exp: torch.Tensor
-    per32: torch.Tensor
+    tiles: torch.Tensor
+    meta: torch.Tensor
+    wave_per32: torch.Tensor
 
     @property
     def shape(self) -> tuple[int, int, int]:
-        g, n, half_k = self.nibbles.shape
-        return g, n, 2 * half_k
+        g, kb, waves, _ = self.tiles.shape
+        return g, waves * WAVE_ROWS, kb * GRAN_K
 
     def extra_bytes(self) -> int:
-        """Resident bytes beside the nibbles."""
-        return sum(t.numel() * t.element_size() for t in (self.shift, self.block_exp, self.per32))
+        """Resident bytes beside the codes (the metadata and the wave flags)."""
+        return sum(t.numel() * t.element_size() for t in (self.meta, self.wave_per32))
+
+    def codes(self) -> torch.Tensor:
+        """``[G, N, K/2]`` int8: the codes back in the checkpoint's order (a copy)."""
+        g, n, k = self.shape
+        u16 = self.tiles.view(torch.int16).reshape(g, k // GRAN_K, n // WAVE_ROWS, 2048)[..., _SCATTER]
+        return u16.view(g, k // GRAN_K, n // WAVE_ROWS, WAVE_ROWS, 32).permute(0, 2, 3, 1, 4).reshape(
+            g, n, k // 4).contiguous().view(torch.int8)
+
+    def paths(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(per32 [G, N, K/128] bool, block_exp [G, N, K/128] int64, shift [G, N, K/32] int64)`` as the metadata
+        records them: a folded block's E and shifts d_s (operand e2m1 x 2^d_s, sum x 2^E); a per-32 block (its whole
+        wave) E = 0 and shift = e_s (operand e2m1, 32-K partial s x 2^e_s)."""
+        g, n, k = self.shape
+        kb, waves = k // GRAN_K, n // WAVE_ROWS
+        order = torch.argsort(torch.from_numpy(_pair_rows())).to(self.meta.device)
+        b = self.meta[..., :META_WORD_BYTES].reshape(g, kb, waves, WAVE_ROWS, 4).to(torch.int64)[..., order, :]
+        flag = self.meta[..., META_WORD_BYTES].to(torch.bool)  # [g, kb, waves]
+        per32 = flag.unsqueeze(-1).expand(g, kb, waves, WAVE_ROWS)
+        word = b[..., 0] | b[..., 1] << 8 | b[..., 2] << 16 | b[..., 3] << 24
+        pairs = torch.stack((b[..., 0] // NUM_SHIFTS, b[..., 0] % NUM_SHIFTS, b[..., 1] // NUM_SHIFTS,
+                             b[..., 1] % NUM_SHIFTS), -1) + SHIFT_MIN
+        shift = torch.where(per32.unsqueeze(-1), b - EXP_BIAS, pairs)
+        block_exp = torch.where(per32, torch.zeros_like(word), ((word >> 23) & 0xFF) - EXP_BIAS)
+        as_rows = lambda t: t.permute(0, 2, 3, 1, *range(4, t.dim())).reshape(g, n, kb, *t.shape[4:])
+        return as_rows(per32), as_rows(block_exp), as_rows(shift).reshape(g, n, k // MX_GRAN_K)
 
 
-def prepare_mxfp4_weights(w: torch.Tensor, sf: torch.Tensor, *, max_span: int = MAX_FOLD_SPAN) -> PreparedMxfp4:
+def prepare_mxfp4_weights(w: torch.Tensor, sf: torch.Tensor, *, max_span: int = MAX_FOLD_SPAN,
+                          in_place: bool = False) -> PreparedMxfp4:
     """A checkpoint's ``(w [G, N, K/2] int8, sf [G, N, K/32] float32 UE8M0)`` -> :class:`PreparedMxfp4`.
 
-    The nibbles are not copied. Per row and 128-K block with sub-block exponents e_0..e_3: when
-    ``max e - min e <= max_span`` (14 by default, the widest span e4m3 represents exactly) ``E = max e - 6`` and
-    ``shift = e - E`` (in [-8, +6]); otherwise the block is flagged ``per32``, ``E = max e`` and ``shift = e - E``
-    (``ValueError`` naming the block when a shift is below -128: a sub-block 2^-128 below its block's largest).
+    Per row and 128-K block with sub-block exponents e_0..e_3: when ``max e - min e <= max_span`` (14 by default, the
+    widest span e4m3 represents exactly) the block folds: ``E = max(max e - 6, -126)`` (a normal float32 2^E) and
+    ``d_s = e_s - E`` in [-8, +6]. A 64-row wave with a wider block anywhere in a 128-K block takes the per-32 path
+    there for all its 64 rows (the warpgroup issues one path per wave): operand e2m1, each 32-K partial scaled by
+    2^e_s. N must be a multiple of 64 (the waves). The codes are copied into fragment order one expert at a time;
+    ``in_place=True`` writes them into ``w``'s own storage instead (``w`` then holds the stored form, not the
+    checkpoint's order), so that a caller holding ``w`` does not keep two copies.
     """
     g, n, k = check_mxfp4_weights(w, sf)
     if isinstance(max_span, bool) or not isinstance(max_span, int) or not 0 <= max_span <= MAX_FOLD_SPAN:
         raise ValueError(f"max_span must be an int in [0, {MAX_FOLD_SPAN}], got max_span={max_span!r}")
-    e = _ue8m0_exponents(sf, "rhs[1]").to(torch.int32).view(g, n, k // GRAN_K, SUBBLOCKS)
+    if n % WAVE_ROWS:
+        raise ValueError(f"rhs[0]: N = {n} must be a multiple of {WAVE_ROWS} (the MXFP4 kernel's 64-row waves)")
+    if in_place and not w.is_contiguous():
+        raise ValueError("rhs[0] must be contiguous to be prepared in_place")
+    kb, waves = k // GRAN_K, n // WAVE_ROWS
+    e = _ue8m0_exponents(sf, "rhs[1]").view(g, n, kb, SUBBLOCKS)
     hi, lo = e.amax(dim=-1), e.amin(dim=-1)
-    per32 = (hi - lo) > max_span
-    if bool(((hi - lo) > 128).any()):
-        idx = tuple(int(i) for i in ((hi - lo) > 128).nonzero()[0])
-        raise ValueError(f"rhs[1]: the scales of 128-K block {idx} (expert, row, block) span {int(hi[idx] - lo[idx])} "
-                         f"binades; at most 128 are stored")
-    block_exp = torch.where(per32, hi, hi - SHIFT_MAX)
-    shift = e - block_exp.unsqueeze(-1)
-    return PreparedMxfp4(nibbles=w.view(torch.int8), shift=shift.to(torch.int8).view(g, n, k // MX_GRAN_K),
-                         block_exp=block_exp.to(torch.int16), per32=per32)
+    wide = (hi - lo) > max_span  # [g, n, kb]
+    wave32 = wide.view(g, waves, WAVE_ROWS, kb).any(dim=2)  # [g, waves, kb]
+    per32 = wave32.unsqueeze(2).expand(g, waves, WAVE_ROWS, kb).reshape(g, n, kb)
+    block_exp = (hi - SHIFT_MAX).clamp(min=MIN_EXP)
+    d = e - block_exp.unsqueeze(-1) - SHIFT_MIN  # d + 8 in 0..14 on a folded block
+    folded = (NUM_SHIFTS * d[..., 0] + d[..., 1]) | (NUM_SHIFTS * d[..., 2] + d[..., 3]) << 8 | (
+        block_exp + EXP_BIAS) << 23
+    biased = e + EXP_BIAS
+    per32_word = biased[..., 0] | biased[..., 1] << 8 | biased[..., 2] << 16 | biased[..., 3] << 24
+    word = torch.where(per32, per32_word, folded).to(torch.int64)  # [g, n, kb]
+    rows = torch.from_numpy(_pair_rows()).to(w.device)  # per wave: the rows in metadata order
+    word_w = word.view(g, waves, WAVE_ROWS, kb)[:, :, rows].permute(0, 3, 1, 2)  # [g, kb, waves, 64]
+    word_bytes = torch.stack([(word_w >> (8 * i)) & 0xFF for i in range(4)], -1).reshape(g, kb, waves, META_WORD_BYTES)
+    tail = torch.zeros(g, kb, waves, META_BYTES - META_WORD_BYTES, dtype=torch.int64, device=w.device)
+    tail[..., 0] = wave32.permute(0, 2, 1).to(torch.int64)
+    meta = torch.cat((word_bytes, tail), dim=-1).to(torch.uint8)
+    tiles = w.view(torch.uint8) if in_place else torch.empty(g, kb, waves, TILE_BYTES, dtype=torch.uint8,
+                                                              device=w.device)
+    for x in range(g):  # one expert at a time: the transient copy is one expert's codes
+        u16 = w[x].contiguous().view(torch.int16).view(waves, WAVE_ROWS, kb, 32).permute(2, 0, 1, 3)
+        fragment = u16.reshape(kb, waves, 2048)[..., _GATHER.to(w.device)].contiguous()
+        tiles.view(g, -1)[x].copy_(fragment.view(torch.uint8).view(-1))
+    tiles = tiles.view(g, kb, waves, TILE_BYTES)
+    return PreparedMxfp4(tiles=tiles, meta=meta.contiguous(), wave_per32=wave32.any(dim=-1).to(torch.uint8))
 
 
 def dequantize_prepared(p: PreparedMxfp4) -> torch.Tensor:
     """float64 ``[G, N, K]`` weights the prepared form records (equal to the checkpoint's values exactly)."""
     g, n, k = p.shape
-    vals = decode_e2m1(unpack_nibbles(p.nibbles)).view(g, n, k // MX_GRAN_K, MX_GRAN_K)
-    exp = p.block_exp.to(torch.int64).repeat_interleave(SUBBLOCKS, dim=-1) + p.shift.to(torch.int64)
+    per32, block_exp, shift = p.paths()
+    vals = decode_e2m1(unpack_nibbles(p.codes())).view(g, n, k // MX_GRAN_K, MX_GRAN_K)
+    exp = block_exp.repeat_interleave(SUBBLOCKS, dim=-1) + shift
     return (vals * torch.exp2(exp.to(torch.float64)).unsqueeze(-1)).view(g, n, k)
 
 
 def masked_gemm_reference(a: torch.Tensor, sa: torch.Tensor, p: PreparedMxfp4, masked_m: torch.Tensor
                           ) -> torch.Tensor:
     """float64 ``D [G, m_max, N]`` of FP8 activations ``a [G, m_max, K]`` (``sa [G, m_max, K/128]`` fp32) times the
-    prepared weights, following the path each block records: a folded block is one 128-K sum of
-    ``a x (e2m1 x 2^d)`` scaled by ``2^E x sa``; a per-32 block is four 32-K sums of ``a x e2m1`` each scaled by
-    ``2^(E + d_i) x sa``.
-    Rows at or past ``masked_m[g]`` are zero."""
+    prepared weights, following the path each block records (:meth:`PreparedMxfp4.paths`): a folded block is one
+    128-K sum of ``a x (e2m1 x 2^d)`` scaled by ``2^E x sa``; a per-32 block is four 32-K sums of ``a x e2m1`` each
+    scaled by ``2^e_s x sa``. Rows at or past ``masked_m[g]`` are zero."""
     g, n, k = p.shape
     m_max = a.shape[1]
     kb = k // GRAN_K
+    per32, block_exp, shift = p.paths()
     av = a.to(torch.float64).view(g, m_max, kb, SUBBLOCKS, MX_GRAN_K)
-    codes = decode_e2m1(unpack_nibbles(p.nibbles)).view(g, n, kb, SUBBLOCKS, MX_GRAN_K)
-    shift = torch.exp2(p.shift.to(torch.float64)).view(g, n, kb, SUBBLOCKS)
-    block = torch.exp2(p.block_exp.to(torch.float64))
-    per32 = p.per32.unsqueeze(-1)
+    codes = decode_e2m1(unpack_nibbles(p.codes())).view(g, n, kb, SUBBLOCKS, MX_GRAN_K)
+    scale = torch.exp2(shift.to(torch.float64)).view(g, n, kb, SUBBLOCKS)
+    block = torch.exp2(block_exp.to(torch.float64))
     # The operand the tensor core reads: e2m1 x 2^d folded, e2m1 alone on a per-32 block.
-    operand = codes * torch.where(per32, torch.ones_like(shift), shift).unsqueeze(-1)
+    operand = codes * torch.where(per32.unsqueeze(-1), torch.ones_like(scale), scale).unsqueeze(-1)
     part = torch.einsum("gmbsk,gnbsk->gmnbs", av, operand)  # [g, m, n, kb, 4]: the 32-K partial sums
     fold_sum = part.sum(-1) * block.unsqueeze(1)
-    per32_sum = (part * (shift * block.unsqueeze(-1)).unsqueeze(1)).sum(-1)
-    blocks = torch.where(p.per32.unsqueeze(1), per32_sum, fold_sum)  # [g, m, n, kb]
+    per32_sum = (part * scale.unsqueeze(1)).sum(-1)
+    blocks = torch.where(per32.unsqueeze(1), per32_sum, fold_sum)  # [g, m, n, kb]
     d = (blocks * sa.to(torch.float64).unsqueeze(2)).sum(-1)
     rows = torch.arange(m_max, device=a.device).view(1, m_max, 1)
     return torch.where(rows < masked_m.to(a.device).view(g, 1, 1), d, torch.zeros((), dtype=torch.float64))
@@ -332,23 +435,6 @@ def m_grouped_gemm_fp8_fp4_bf16_nt_masked(a: tuple[torch.Tensor, torch.Tensor],
     d.copy_(torch.where(rows, ref, d))
 
 
-def kernel_metadata(p: PreparedMxfp4) -> torch.Tensor:
-    """The kernel's per-row records of ``p`` (kernels/mxfp4_gemm.py ``kernel_metadata``, 8 bytes per row and 128 K),
-    built once per prepared weight and kept beside it."""
-    from ..kernels import mxfp4_gemm
-
-    meta = _KERNEL_METADATA.get(id(p))
-    if meta is None or meta[0] is not p:
-        meta = (p, mxfp4_gemm.kernel_metadata(p.shift, p.block_exp, p.per32))
-        _KERNEL_METADATA[id(p)] = meta
-    return meta[1]
-
-
-#: id(prepared) -> (prepared, metadata): the prepared form is a frozen dataclass; the entry keeps it alive, so the
-#: id is not reused while the entry exists.
-_KERNEL_METADATA: dict[int, tuple[PreparedMxfp4, torch.Tensor]] = {}
-
-
 def _run_kernel(x: torch.Tensor, sa: torch.Tensor, p: PreparedMxfp4, d: torch.Tensor, masked_m: torch.Tensor,
                 expected_m: int) -> None:
     """The MXFP4 kernel on checked tensors (CUDA on an sm_90 GPU, the simulator for CPU tensors)."""
@@ -356,10 +442,9 @@ def _run_kernel(x: torch.Tensor, sa: torch.Tensor, p: PreparedMxfp4, d: torch.Te
     from ..runtime.target import backend_of
 
     g, n, k = p.shape
-    if n % 64 or not d.is_contiguous() or not x.is_contiguous():
-        raise ValueError(f"the MXFP4 kernel needs N a multiple of 64 and contiguous a[0] and d, got N={n}, "
-                         f"a[0] contiguous {x.is_contiguous()}, d contiguous {d.is_contiguous()}")
+    if not d.is_contiguous() or not x.is_contiguous():
+        raise ValueError(f"the MXFP4 kernel needs contiguous a[0] and d, got a[0] contiguous {x.is_contiguous()}, "
+                         f"d contiguous {d.is_contiguous()}")
     backend = backend_of(x.device, "gemm")
     config = mxfp4_gemm.pick_config(n, k, g, expected_m, mxfp4_gemm.num_ctas(backend))
-    mxfp4_gemm.launch(config, x, sa.contiguous(), p.nibbles.contiguous(), kernel_metadata(p), d,
-                      masked_m.to(x.device), backend)
+    mxfp4_gemm.launch(config, x, sa.contiguous(), p, d, masked_m.to(x.device), backend)

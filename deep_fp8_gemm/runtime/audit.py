@@ -129,7 +129,8 @@ def _check_kloop(record: dict, target: AuditTarget, sass: str, ceilings: dict) -
                                       num_math_warpgroups=cfg["num_math_warpgroups"], function=target.name,
                                       mma_chunks=cfg.get("mma_chunks", 1),
                                       scale_slices=cfg.get("scale_groups_per_k_block", 1) if
-                                      cfg.get("scale_groups_per_k_block", 1) > 1 else 0)
+                                      cfg.get("scale_groups_per_k_block", 1) > 1 else 0,
+                                      loop_qgmma=cfg.get("kloop_qgmma"))
     except ValueError as exc:
         record["problems"].append(f"K-loop analysis: {exc}")
         return

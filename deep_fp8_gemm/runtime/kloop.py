@@ -321,7 +321,8 @@ def _scale_warp_report(loops: list[Loop], instrs: list[Instruction], slices: int
 
 
 def analyse_function(instrs: list[Instruction], labels: dict[str, int], *, block_m: int, block_n: int,
-                     num_math_warpgroups: int, mma_chunks: int = 1, scale_slices: int = 0) -> dict:
+                     num_math_warpgroups: int, mma_chunks: int = 1, scale_slices: int = 0,
+                     loop_qgmma: int | None = None) -> dict:
     """The math and producer loop reports of one function (see the module docstring).
 
     Returns ``{"math": {...} | None, "producer": {...} | None, "issue_per_tensor_cycle": float | None}``;
@@ -330,6 +331,9 @@ def analyse_function(instrs: list[Instruction], labels: dict[str, int], *, block
     ``drain_to_wgmma_per_k_block`` and ``overhead_per_k_block_per_wave`` (:func:`overhead_per_wave`).
     ``scale_slices`` (the 1x32 recipe: 4): also ``"scale_warps"``, the scale warps' instructions per K block
     (:func:`_scale_warp_report`), which share the SM sub-partitions with the math warps.
+    ``loop_qgmma``: a kernel with more than one math loop (the MXFP4 kernel's folded and general loops) names the one
+    to measure by its wgmma count per iteration; the other loops holding QGMMA are reported under ``"other_math"``
+    (their body instructions and QGMMA counts).
     """
     if block_m % (64 * num_math_warpgroups):
         raise ValueError(f"block_m={block_m} is not a multiple of 64 x num_math_warpgroups={num_math_warpgroups}")
@@ -338,9 +342,17 @@ def analyse_function(instrs: list[Instruction], labels: dict[str, int], *, block
     result: dict = {"math": None, "producer": None, "issue_per_tensor_cycle": None}
 
     math_loops = _innermost_holding(loops, instrs, "QGMMA")
+    qgmma_of = lambda lp: sum(instrs[j].base == "QGMMA" for j in lp.body)
+    if loop_qgmma is not None:
+        chosen = [lp for lp in math_loops if qgmma_of(lp) == loop_qgmma]
+        if not chosen:
+            raise ValueError(f"no math loop with {loop_qgmma} QGMMA (loops hold {[qgmma_of(lp) for lp in math_loops]})")
+        result["other_math"] = [{"body_instructions": len(lp.body), "qgmma": qgmma_of(lp)}
+                                for lp in math_loops if qgmma_of(lp) != loop_qgmma]
+        math_loops = chosen
     if math_loops:
         # The main loop: most wgmmas (an unrolled copy), then the longest body.
-        lp = max(math_loops, key=lambda lp: (sum(instrs[j].base == "QGMMA" for j in lp.body), len(lp.body)))
+        lp = max(math_loops, key=lambda lp: (qgmma_of(lp), len(lp.body)))
         body = [instrs[j] for j in lp.body]
         qgmma = sum(ins.base == "QGMMA" for ins in body)
         k_blocks = qgmma / (WGMMAS_PER_K_BLOCK_PER_WAVE * waves_m * mma_chunks)
@@ -369,7 +381,8 @@ def analyse_function(instrs: list[Instruction], labels: dict[str, int], *, block
 
 
 def analyse_sass(sass: str, *, block_m: int, block_n: int, num_math_warpgroups: int,
-                 function: str | None = None, mma_chunks: int = 1, scale_slices: int = 0) -> dict:
+                 function: str | None = None, mma_chunks: int = 1, scale_slices: int = 0,
+                 loop_qgmma: int | None = None) -> dict:
     """:func:`analyse_function` on one function of a disassembly (``function`` = its name; default: the
     only function, or the first one holding ``QGMMA``)."""
     functions = parse_functions(sass)
@@ -381,7 +394,7 @@ def analyse_sass(sass: str, *, block_m: int, block_n: int, num_math_warpgroups: 
         chosen = next((f for f in functions.values() if any(i.base == "QGMMA" for i in f[0])), None)
         instrs, labels = chosen or next(iter(functions.values()))
     return analyse_function(instrs, labels, block_m=block_m, block_n=block_n, num_math_warpgroups=num_math_warpgroups,
-                            mma_chunks=mma_chunks, scale_slices=scale_slices)
+                            mma_chunks=mma_chunks, scale_slices=scale_slices, loop_qgmma=loop_qgmma)
 
 
 # ---------------------------------------------------------------------------------------- CI ceilings

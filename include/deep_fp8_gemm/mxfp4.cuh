@@ -1,18 +1,23 @@
 // MXFP4 weights on the FP8 tensor cores (issue 42): the in-register e2m1 -> e4m3 conversion of a thread's wgmma A
 // fragment, its per-row metadata and the per-row promotion. The Python model of every bit is ops/mxfp4.py
-// (lookup_table, convert_u32, fragment_a_words / fragment_a_registers); tests/kernels/test_sim_mxfp4.py checks the
-// kernel against it.
+// (PreparedMxfp4, lookup_table, convert_u32, fragment_a_words / fragment_a_registers); tests/kernels/test_sim_mxfp4.py
+// checks the kernel against it.
 //
-// Shared memory the conversion reads (kernels/mxfp4_gemm.cuh fills it):
-//   packed tile  [rows][64] bytes: one 128-K block of a row's e2m1 codes (low nibble first), written by TMA with the
-//                64-byte swizzle: the 16-byte chunk c of row r (sub-block c: 32 codes) sits at chunk c ^ ((r / 2) % 4).
-//                A thread's loads of one sub-block (rows r and r + 8, four bytes at 4 (q / 2) and 8 + 4 (q / 2)) then
-//                hit 16 distinct banks per warp (rows r / 2 differ in their chunk, r % 2 in the bank half).
-//   metadata     [rows] x {word0, word1} (u32): word0 byte i = sub-block i's table offset 8 (d_i + 8) (a folded row)
-//                or its raw shift d_i (int8, a per-32 row); word1 bits 0-15 = E (int16), bit 16 = the row is per-32,
-//                bit 17 = some row of its 64-row wave is (set on all 64 rows, so that the wave's path is uniform over
-//                the warpgroup). kernels/mxfp4_gemm.py kernel_metadata writes it.
-//   tables       kE4m3Tables: 15 x 8 bytes, e4m3 of E2M1_VALUES[c] x 2^d for d = -8..6 (ops/mxfp4.py lookup_table).
+// Shared memory the conversion reads, per 64-row wave and 128-K block (the prepared weights' stored form, loaded by
+// TMA unchanged; kernels/mxfp4_gemm.cuh):
+//   packed tile  4096 bytes in fragment order: byte h 2048 + 16 t + 4 j of thread t = 32 warp + lane is its word j of
+//                half h: sub-block 2h + j / 2, row r0 + 8 (j % 2) (r0 = 16 warp + lane / 4), low 16 bits the codes of
+//                K 4q..4q+3 of that sub-block, high 16 bits those of K 16+4q.. (q = lane % 4). A thread's eight
+//                words are two 16-byte loads, a warp's 512 contiguous bytes each (no bank conflict).
+//   metadata     272 bytes: 64 x u32 in pair order (pair p = 8 warp + lane / 4 holds rows r0, r0 + 8: one 8-byte
+//                load per thread, a broadcast within the quad), then the wave's per-32 flag (u32) and 12 zero bytes.
+//                A folded row's word: bits 0-7 the pair-table index 15 (d_0 + 8) + (d_1 + 8) of sub-blocks 0 and 1,
+//                bits 8-15 that of sub-blocks 2 and 3, bits 23-30 E + 127 (the float bits of 2^E under 0x7F800000).
+//                A per-32 wave (some row of it spans more than 14 binades in this 128-K block): byte s of every
+//                row's word is the biased exponent e_s + 127 of sub-block s (operand e2m1 x 1).
+//   pair tables  kNumShifts^2 x 16 bytes: entry 15 (d_a + 8) + (d_b + 8) = {table(d_a), table(d_b)}, table(d) the
+//                e4m3 bytes of E2M1_VALUES[c] x 2^d (kE4m3Tables, ops/mxfp4.py lookup_table): one 16-byte load gives
+//                a row the tables of two sub-blocks.
 #pragma once
 #include "common.cuh"
 #include "hal.cuh"
@@ -22,12 +27,12 @@
 namespace dfg {
 namespace mxfp4 {
 
-constexpr u32 kPackedRowBytes = 64;  // 128 K of e2m1 codes
-constexpr u32 kSubBlocks = 4;        // 32-K scale blocks per 128-K block (one k32 wgmma each)
-constexpr u32 kNumTables = 15;       // shifts -8..6
-constexpr u32 kFoldedShift0Offset = 8 * 8;  // the table offset of shift 0 (a per-32 row's operand)
-constexpr u32 kRowPer32 = 1u << 16;
-constexpr u32 kWavePer32 = 1u << 17;
+constexpr u32 kWaveTileBytes = 4096;  // 64 rows x 128 K of e2m1 codes
+constexpr u32 kWaveMetaBytes = 272;   // 64 x u32 + the per-32 flag + padding
+constexpr u32 kMetaFlagOffset = 256;
+constexpr u32 kSubBlocks = 4;         // 32-K scale blocks per 128-K block (one k32 wgmma each)
+constexpr u32 kNumTables = 15;        // shifts -8..6
+constexpr u32 kShift0 = 8;            // the table of shift 0 (a per-32 wave's operand)
 
 // e4m3 bytes of the e2m1 magnitudes (0, 0.5, 1, 1.5 | 2, 3, 4, 6) x 2^d, d = -8..6, as the two prmt sources: the
 // subnormal rows (d <= -6) are why the fold is a lookup, not an exponent add. Equal to ops/mxfp4.py lookup_table(d)
@@ -49,24 +54,34 @@ constexpr u32 kE4m3Tables[kNumTables][2] = {
     {0x64605800u, 0x74706c68u},  // d = 5
     {0x6c686000u, 0x7c787470u},  // d = 6
 };
-constexpr u32 kTableBytes = 128;  // kNumTables x 8, rounded
+constexpr u32 kPairTableBytes = kNumTables * kNumTables * 16;  // 3600
 
-// Two adjacent u32 read as one 8-byte shared load (a row's metadata, a table).
+// Word i (0..3) of pair-table entry `entry` (what the kernel's threads store into shared memory at start).
+DFG_HOST_DEVICE constexpr u32 pair_table_word(u32 entry, u32 i) {
+    return kE4m3Tables[i < 2 ? entry / kNumTables : entry % kNumTables][i % 2];
+}
+
+// Two / four adjacent u32 read as one 8- / 16-byte shared load.
 struct alignas(8) U32x2 {
     u32 x, y;
 };
+struct alignas(16) U32x4 {
+    u32 x, y, z, w;
+};
 
-// The low `bits` bits of `value` as a signed integer.
-DFG_DEVICE i32 sign_extend(u32 value, u32 bits) { return static_cast<i32>(value << (32 - bits)) >> (32 - bits); }
-
-// 2^e as a float for e in [-127, 127] (2^-127 is subnormal; the folded rows' E is >= -126 by construction).
-DFG_DEVICE float exp2_int(i32 e) {
-    const u32 bits = e >= -126 ? static_cast<u32>(e + 127) << 23 : 0x00400000u;
+// The float with bit pattern `bits`.
+DFG_DEVICE float bits_float(u32 bits) {
     union {
         u32 u;
         float f;
     } v{bits};
     return v.f;
+}
+
+// 2^(e - 127) for the biased exponent in byte `byte` of `word` (1..254: a normal float): the byte moved to bits
+// 23..30 by a prmt to byte 3 and a shift (2 ALU).
+DFG_DEVICE float exp2_biased_byte(u32 word, u32 byte) {
+    return bits_float(hal::prmt(word, 0u, 0x0444u | (byte << 12)) >> 1);
 }
 
 // Eight e2m1 codes (a u32 of packed nibbles, low nibble first) -> eight e4m3 bytes in K order, through the table
@@ -80,73 +95,52 @@ DFG_DEVICE void convert_word(u32 raw, u32 t0, u32 t1, u32& lo, u32& hi) {
     hi = hal::prmt(t0, t1, mags >> 16) | (hal::prmt(raw, shifted, 0x3726u) & 0x80808080u);
 }
 
-// One thread's view of a packed tile: the byte offsets of its words (rows r0 = 16 warp + lane / 4 and r0 + 8 of a
-// 64-row wave; within sub-block s the four bytes at 4 (q / 2) and 8 + 4 (q / 2), q = lane % 4, swizzled), and the
-// prmt selector that keeps the 16-bit half q % 2 of each (ops/mxfp4.py fragment_a_words: K 4q.. and 16 + 4q..).
-struct FragmentLoader {
-    u32 offset[kSubBlocks];  // row r0's word of sub-block s in wave 0; +8 bytes the high half, +512 row r0 + 8
-    u32 selector;
+// This thread's eight words of one wave's packed tile (two 16-byte loads): w[2 s + j] = sub-block s, row r0 + 8 j.
+DFG_DEVICE void load_fragment(const u8* wave_tile, u32 thread, u32 (&w)[2 * kSubBlocks]) {
+    const U32x4 lo = *reinterpret_cast<const U32x4*>(wave_tile + 16 * thread);
+    const U32x4 hi = *reinterpret_cast<const U32x4*>(wave_tile + 2048 + 16 * thread);
+    w[0] = lo.x, w[1] = lo.y, w[2] = lo.z, w[3] = lo.w;
+    w[4] = hi.x, w[5] = hi.y, w[6] = hi.z, w[7] = hi.w;
+}
 
-    DFG_DEVICE static FragmentLoader of(u32 warp_in_wg, u32 lane) {
-        FragmentLoader f;
-        const u32 r0 = 16 * warp_in_wg + lane / 4;
-        const u32 swizzle = (r0 / 2) % 4;  // the same for r0 + 8 and r0 + 64
-        DFG_UNROLL
-        for (u32 s = 0; s < kSubBlocks; ++s)
-            f.offset[s] = hal::pin(r0 * kPackedRowBytes + ((s ^ swizzle) * 16) + 4 * ((lane % 4) / 2));
-        f.selector = hal::pin(lane % 2 ? 0x7632u : 0x5410u);
-        return f;
+// A thread's two rows' metadata for one wave and 128-K block (see the top of this file).
+struct WaveMeta {
+    u32 row[2];  // rows r0, r0 + 8
+    DFG_DEVICE static WaveMeta load(const u8* wave_meta, u32 warp, u32 lane) {
+        const U32x2 w = *reinterpret_cast<const U32x2*>(wave_meta + 8 * (8 * warp + lane / 4));
+        return WaveMeta{{w.x, w.y}};
     }
-
-    // The u32 of packed codes of row r0 (+8: `second`) for sub-block s: the halves at K 4q and 16 + 4q.
-    DFG_DEVICE u32 word(const u8* wave_tile, u32 s, bool second) const {
-        const u8* p = wave_tile + offset[s] + (second ? 8 * kPackedRowBytes : 0u);
-        const u32 lo = *reinterpret_cast<const u32*>(p);
-        const u32 hi = *reinterpret_cast<const u32*>(p + 8);
-        return hal::prmt(lo, hi, selector);
+    // The wave's path: uniform over its 64 rows, so over the warpgroup (one broadcast load).
+    DFG_DEVICE static bool per32(const u8* wave_meta) {
+        return *reinterpret_cast<const u32*>(wave_meta + kMetaFlagOffset) != 0;
     }
-};
-
-// A row's metadata for one 128-K block (see the top of this file).
-struct RowMeta {
-    u32 offsets;  // four table offsets (a per-32 row: all the offset of shift 0)
-    u32 word0;    // as stored (a per-32 row: its raw shifts)
-    u32 word1;
-    DFG_DEVICE static RowMeta load(const u8* meta, u32 row) {
-        const U32x2 w = *reinterpret_cast<const U32x2*>(meta + 8 * row);
-        const bool per32 = (w.y & kRowPer32) != 0;
-        return RowMeta{per32 ? kFoldedShift0Offset * 0x01010101u : w.x, w.x, w.y};
-    }
-    DFG_DEVICE i32 block_exp() const { return sign_extend(word1 & 0xFFFFu, 16); }
-    DFG_DEVICE bool wave_per32() const { return (word1 & kWavePer32) != 0; }
-    // The scale of the 128-K block's sum (a folded row): 2^E.
-    DFG_DEVICE float block_scale() const { return exp2_int(block_exp()); }
-    // The scale of sub-block s's 32-K sum: 2^(E + d_s) for a per-32 row, 2^E for a folded one (its operand holds d_s).
-    DFG_DEVICE float sub_block_scale(u32 s) const {
-        if (word1 & kRowPer32)
-            return exp2_int(block_exp() + sign_extend((word0 >> (8 * s)) & 0xFFu, 8));
-        return block_scale();
-    }
-    // The table {t0, t1} of sub-block s.
-    DFG_DEVICE void table(const u8* tables, u32 s, u32& t0, u32& t1) const {
-        const U32x2 t = *reinterpret_cast<const U32x2*>(tables + ((offsets >> (8 * s)) & 0xFFu));
-        t0 = t.x;
-        t1 = t.y;
+    // A folded row's block scale 2^E: its word's bits 23-30 are the float's exponent field (1 LOP).
+    DFG_DEVICE float block_scale(u32 j) const { return bits_float(row[j] & 0x7F800000u); }
+    // A per-32 row's sub-block scale 2^e_s.
+    DFG_DEVICE float sub_block_scale(u32 j, u32 s) const { return exp2_biased_byte(row[j], s); }
+    // A folded row's tables of sub-blocks 2h and 2h + 1: pair-table entry (byte h of its word), one 16-byte load.
+    DFG_DEVICE U32x4 tables(const u8* pair_tables, u32 j, u32 h) const {
+        const u32 entry = h == 0 ? (row[j] & 0xFFu) : hal::prmt(row[j], 0u, 0x4441u);
+        return *reinterpret_cast<const U32x4*>(pair_tables + 16 * entry);
     }
 };
 
 // This thread's A fragments of one 64-row wave and 128-K block: a[s] for the k32 wgmma of sub-block s, in the layout
-// of WgmmaFragmentA (a[s][0] / a[s][2]: row r0's K 4q.. / 16 + 4q..; a[s][1] / a[s][3]: row r0 + 8's).
-DFG_DEVICE void convert_wave(const FragmentLoader& f, const u8* wave_tile, const u8* tables, const RowMeta& m0,
-                             const RowMeta& m1, u32 (&a)[kSubBlocks][WgmmaFragmentA::kRegisters]) {
+// of WgmmaFragmentA (a[s][0] / a[s][2]: row r0's K 4q.. / 16 + 4q..; a[s][1] / a[s][3]: row r0 + 8's). Folded: each
+// (row, sub-block) through its own table; per-32 (`unscaled`): every word through the shift-0 table, compile-time.
+DFG_DEVICE void convert_wave(const u32 (&w)[2 * kSubBlocks], const u8* pair_tables, const WaveMeta& m, bool unscaled,
+                             u32 (&a)[kSubBlocks][WgmmaFragmentA::kRegisters]) {
     DFG_UNROLL
-    for (u32 s = 0; s < kSubBlocks; ++s) {
-        u32 t0, t1;
-        m0.table(tables, s, t0, t1);
-        convert_word(f.word(wave_tile, s, false), t0, t1, a[s][0], a[s][2]);
-        m1.table(tables, s, t0, t1);
-        convert_word(f.word(wave_tile, s, true), t0, t1, a[s][1], a[s][3]);
-    }
+    for (u32 h = 0; h < 2; ++h)
+        DFG_UNROLL
+        for (u32 j = 0; j < 2; ++j) {
+            U32x4 t{kE4m3Tables[kShift0][0], kE4m3Tables[kShift0][1], kE4m3Tables[kShift0][0],
+                    kE4m3Tables[kShift0][1]};
+            if (!unscaled)
+                t = m.tables(pair_tables, j, h);
+            convert_word(w[4 * h + j], t.x, t.y, a[2 * h][j], a[2 * h][j + 2]);
+            convert_word(w[4 * h + 2 + j], t.z, t.w, a[2 * h + 1][j], a[2 * h + 1][j + 2]);
+        }
 }
 
 // acc += scratch * row_scale * sA[column] for one m64 wave of the transposed tile (fragment of m64nBLOCK_M: values

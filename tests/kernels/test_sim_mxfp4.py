@@ -61,18 +61,18 @@ def dequantised_product(a, sa, w, sf):
 
 # ------------------------------------------------------------------------------------------------- the conversion
 class ConvertParams(ctypes.Structure):
-    _fields_ = [("tma_w", ctypes.c_uint8 * 128), ("meta", ctypes.c_void_p), ("out", ctypes.c_void_p),
-                ("pad", ctypes.c_uint8 * 48)]
+    _fields_ = [("tma_w", ctypes.c_uint8 * 128), ("tma_meta", ctypes.c_uint8 * 128), ("out", ctypes.c_void_p),
+                ("pad", ctypes.c_uint8 * 56)]
 
 
-def run_convert(packed: np.ndarray, meta: torch.Tensor) -> np.ndarray:
-    """``[128, 4, 4]`` u32: a[s][j] of every thread for the packed tile ``[64, 64]`` u8 and ``meta [64, 2]`` int32."""
-    tile = torch.from_numpy(np.ascontiguousarray(packed))
-    out = torch.zeros(128 * 16, dtype=torch.int64).to(torch.int32)
-    meta = meta.contiguous()
-    p = ConvertParams(sim_kernels.tensor_map_field(sim_kernels.tensor_map_3d(tile, (64, 64, 1), TmaSwizzle.B64)),
-                      meta.data_ptr(), out.data_ptr())
-    sim_kernels.run("mxfp4_convert", p, grid=1, block=128, cluster=1, smem_bytes=4096 + 512 + 128 + 8)
+def run_convert(p: mxfp4.PreparedMxfp4) -> np.ndarray:
+    """``[128, 4, 4]`` u32: a[s][j] of every thread for wave 0, K block 0 of expert 0 of ``p``."""
+    tile = p.tiles[0, 0, 0].contiguous().view(1, 16, 256)
+    meta = p.meta[0, 0, 0].contiguous().view(1, 17, 16)
+    out = torch.zeros(128 * 16, dtype=torch.int32)
+    params = ConvertParams(sim_kernels.tensor_map_field(sim_kernels.tensor_map_3d(tile, (256, 16, 1))),
+                           sim_kernels.tensor_map_field(sim_kernels.tensor_map_3d(meta, (16, 17, 1))), out.data_ptr())
+    sim_kernels.run("mxfp4_convert", params, grid=1, block=128, cluster=1, smem_bytes=4096 + 384 + 3600 + 8)
     return out.numpy().view(np.uint32).reshape(128, 4, 4)
 
 
@@ -83,22 +83,30 @@ def test_header_tables_are_the_models():
     assert all((int(t0, 16), int(t1, 16)) == mxfp4.lookup_table(int(d)) for t0, t1, d in rows)
 
 
-def test_conversion_is_the_models_bit_for_bit():
-    """Every thread's registers of the four sub-blocks equal ops/mxfp4.py fragment_a_registers, over every code and
-    every shift in [-8, 6] (random rows), per-32 rows (shift 0 operand) included."""
-    rng = np.random.default_rng(3)
+def _conversion_case(wide: bool):
+    """One 64-row wave, one 128-K block: random codes, sub-block exponents spanning <= 14 binades per row (folded)
+    or, with ``wide``, one row spanning 30 (the wave takes the per-32 path)."""
+    rng = np.random.default_rng(3 + wide)
     packed = rng.integers(0, 256, (64, 64), dtype=np.uint8)
     w = torch.from_numpy(packed.view(np.int8)).view(1, 64, 64)
-    e = torch.from_numpy(rng.integers(-20, 20, (64, 4))).to(torch.int32)
-    e[:, 0] = e[:, 1:].amax(1).clamp(max=e[:, 1:].amin(1) + 14)  # mostly folded; a few rows widened below
-    e[5, 1] = e[5, 0] - 30
-    e[40, 3] = e[40, 0] + 20
-    sf = torch.exp2(e.float()).view(1, 64, 4)
-    p = mxfp4.prepare_mxfp4_weights(w, sf)
-    assert 0 < int(p.per32.sum()) < 64
-    meta = mxfp4_gemm.kernel_metadata(p.shift, p.block_exp, p.per32)[0, 0]
-    got = run_convert(packed, meta)
-    shifts = torch.where(p.per32[0, :, :1], torch.zeros_like(p.shift[0]), p.shift[0]).numpy()
+    # every row spans at most 14 binades (folds) ...
+    e = torch.from_numpy(rng.integers(-20, 5, (64, 1)) + rng.integers(0, 15, (64, 4))).to(torch.int32)
+    e[0] = torch.tensor([-20, -6, -13, -7], dtype=torch.int32)  # the extremes: shifts -8 and 6 in one row
+    if wide:
+        e[5, 1] = e[5, 0] - 30  # ... but this one
+    return packed, mxfp4.prepare_mxfp4_weights(w, torch.exp2(e.float()).view(1, 64, 4))
+
+
+@pytest.mark.parametrize("wide", [False, True], ids=["folded", "per32"])
+def test_conversion_is_the_models_bit_for_bit(wide):
+    """Every thread's registers of the four sub-blocks equal ops/mxfp4.py fragment_a_registers of the checkpoint's
+    codes through the recorded shifts (a folded wave: every (row, sub-block) its own table, all 15 shifts occurring;
+    a per-32 wave: shift 0)."""
+    packed, p = _conversion_case(wide)
+    per32, _, shift = p.paths()
+    assert bool(per32.all()) is wide and (wide or set(shift.flatten().tolist()) == set(range(-8, 7)))
+    got = run_convert(p)
+    shifts = torch.where(per32.repeat_interleave(4, -1), torch.zeros_like(shift), shift)[0].numpy()
     for s in range(4):
         sub_block = packed[:, 16 * s:16 * s + 16]
         for t in range(128):
@@ -131,11 +139,19 @@ def test_folded_against_float64(monkeypatch):
     check(*run_op(monkeypatch))
 
 
+def test_four_waves_against_float64(monkeypatch):
+    """BLOCK_N 256 (the decode pick with many experts: four waves per tile, their chains in flight together)."""
+    monkeypatch.setattr(mxfp4_gemm, "pick_config", lambda n, k, g, m, sms: mxfp4_gemm.Mxfp4Config(n, k, g, 8, 256, 2))
+    check(*run_op(monkeypatch, g=2, n=256, k=256, m_max=8, masked=(8, 3)))
+
+
 def test_per32_blocks_against_float64(monkeypatch):
-    """Rows whose first 128-K block spans 30 binades (the per-32 path, in both waves of a 128-row tile)."""
+    """Rows whose first 128-K block spans 30 binades: their waves take the per-32 path there (the general loop, in
+    both waves of a 128-row tile), the other K blocks and waves fold."""
     wide = ((0, 3), (0, 70), (2, 127))
     w, sf = weights(3, 128, 512, wide_rows=wide)
-    assert int(mxfp4.prepare_mxfp4_weights(w, sf).per32.sum()) == len(wide)
+    p = mxfp4.prepare_mxfp4_weights(w, sf)
+    assert int(p.paths()[0].sum()) == 64 * len(wide) and p.wave_per32.tolist() == [[1, 1], [0, 0], [0, 1]]
     check(*run_op(monkeypatch, wide_rows=wide))
 
 
@@ -143,9 +159,9 @@ def test_per32_blocks_against_float64(monkeypatch):
 PLANTS = {
     "nibble_order": ("mxfp4.cuh", "const u32 mags = raw & 0x77777777u;",
                      "const u32 mags = (((raw >> 4) & 0x0F0F0F0Fu) | ((raw << 4) & 0xF0F0F0F0u)) & 0x77777777u;"),
-    "shift_sub_block": ("mxfp4.cuh", "m0.table(tables, s, t0, t1);", "m0.table(tables, (s + 1) % kSubBlocks, t0, t1);"),
-    "per32_ignored": ("mxfp4.cuh", "DFG_DEVICE bool wave_per32() const { return (word1 & kWavePer32) != 0; }",
-                      "DFG_DEVICE bool wave_per32() const { return false; }"),
+    "shift_sub_block": ("mxfp4.cuh", "convert_word(w[4 * h + 2 + j], t.z, t.w,", "convert_word(w[4 * h + 2 + j], t.x, t.y,"),
+    "per32_ignored": ("mxfp4.cuh", "return *reinterpret_cast<const u32*>(wave_meta + kMetaFlagOffset) != 0;",
+                      "return false;"),
     "fence_missing": ("kernels/mxfp4_gemm.cuh", "hal::wgmma_fence();  // folded chain: orders the converted A registers",
                       ""),
 }

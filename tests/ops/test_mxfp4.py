@@ -78,16 +78,39 @@ def _weights(g, n, k, span=4, seed=0):
     return codes.view(g, n, k // 2), sf.view(g, n, k // 32)
 
 
-def test_prepare_keeps_nibbles_and_values():
-    w, sf = _weights(3, 8, 256, span=10)
+def test_prepare_keeps_codes_and_values():
+    w, sf = _weights(3, 128, 256, span=10)
     p = mxfp4.prepare_mxfp4_weights(w, sf)
-    assert p.nibbles.data_ptr() == w.data_ptr()  # not copied
-    assert not bool(p.per32.any())
-    assert int(p.shift.min()) >= mxfp4.SHIFT_MIN and int(p.shift.max()) == mxfp4.SHIFT_MAX
+    assert torch.equal(p.codes(), w) and p.tiles.numel() == w.numel()  # a permutation of the codes
+    per32, _, shift = p.paths()
+    assert not bool(per32.any()) and not bool(p.wave_per32.any())
+    assert int(shift.min()) >= mxfp4.SHIFT_MIN and int(shift.max()) == mxfp4.SHIFT_MAX
     exact = mxfp4.decode_e2m1(mxfp4.unpack_nibbles(w)) * sf.to(torch.float64).repeat_interleave(32, -1)
     assert torch.equal(mxfp4.dequantize_prepared(p), exact)
-    # 7 bytes per row per 128 K beside the nibbles' 64
-    assert p.extra_bytes() == 3 * 8 * (256 // 128) * (4 + 2 + 1)
+    # 272 bytes per 64 rows and 128 K beside the codes' 4096: 4.25 per row (the checkpoint's UE8M0 scales: 4)
+    assert p.extra_bytes() == 3 * 2 * (256 // 128) * 272 + 3 * 2
+
+
+def test_prepare_in_place_reuses_the_storage():
+    w, sf = _weights(2, 64, 256, span=10)
+    want = mxfp4.prepare_mxfp4_weights(w, sf)
+    w2 = w.clone()
+    p = mxfp4.prepare_mxfp4_weights(w2, sf, in_place=True)
+    assert p.tiles.data_ptr() == w2.data_ptr() and torch.equal(p.tiles, want.tiles)
+    assert torch.equal(p.codes(), w)
+
+
+def test_tiles_hold_each_threads_fragment_words():
+    """The stored tile is the fragment order the kernel's two 16-byte loads assume: thread t's word j of half h is
+    fragment_a_words of sub-block 2h + j / 2 (row r0 + 8 (j % 2)) of the checkpoint's codes."""
+    w, sf = _weights(1, 64, 128, span=4)
+    tile = mxfp4.prepare_mxfp4_weights(w, sf).tiles[0, 0, 0].numpy()
+    codes = w[0].numpy().view(np.uint8)
+    for t in range(128):
+        for s in range(4):
+            words = mxfp4.fragment_a_words(codes[:, 16 * s:16 * s + 16], t // 32, t % 32)
+            at = (s // 2) * 2048 + 16 * t + 8 * (s % 2)
+            assert tuple(int(x) for x in tile[at:at + 8].view("<u4")) == words, (t, s)
 
 
 def _planted_span(sf, span):
@@ -101,18 +124,23 @@ def _planted_span(sf, span):
 
 @pytest.mark.parametrize("span,per32", [(14, False), (15, True), (40, True), (128, True)])
 def test_prepare_flags_wide_blocks(span, per32):
-    w, sf = _weights(1, 4, 256)
+    w, sf = _weights(1, 64, 256)
     p = mxfp4.prepare_mxfp4_weights(w, _planted_span(sf, span))
-    assert bool(p.per32[0, 0, 0]) is per32
-    assert int(p.per32.sum()) == int(per32)
-    if per32:
-        assert p.shift[0, 0, :4].tolist() == [0, -span, 0, 0] and int(p.block_exp[0, 0, 0]) == max(0, span - 126)
+    flags, block_exp, shift = p.paths()
+    assert bool(flags[0, 0, 0]) is per32
+    assert int(flags.sum()) == 64 * int(per32)  # the whole wave of that block
+    assert p.wave_per32.tolist() == [[int(per32)]]
+    t = max(0, span - 126)
+    if per32:  # the scales themselves, per sub-block
+        assert shift[0, 0, :4].tolist() == [t, t - span, t, t] and int(block_exp[0, 0, 0]) == 0
     else:
-        assert p.shift[0, 0, :4].tolist() == [6, 6 - 14, 6, 6] and int(p.block_exp[0, 0, 0]) == -6
+        assert shift[0, 0, :4].tolist() == [6, 6 - 14, 6, 6] and int(block_exp[0, 0, 0]) == -6
 
 
 def test_prepare_refusals():
-    w, sf = _weights(1, 2, 128)
+    w, sf = _weights(1, 64, 128)
+    with pytest.raises(ValueError, match="N = 8 must be a multiple of 64"):
+        mxfp4.prepare_mxfp4_weights(w[:, :8], sf[:, :8])
     with pytest.raises(TypeError, match=r"rhs\[0\]"):
         mxfp4.prepare_mxfp4_weights(w.float(), sf)
     with pytest.raises(ValueError, match=r"rhs\[1\] must have shape"):
@@ -123,10 +151,12 @@ def test_prepare_refusals():
     bad[0, 1, 2] = 0.75
     with pytest.raises(ValueError, match=r"rhs\[1\]\[0, 1, 2\]=0.75"):
         mxfp4.prepare_mxfp4_weights(w, bad)
+    # any span is stored (a per-32 block keeps each sub-block's own exponent): 129 binades, exactly
     wide = sf.clone()
     wide[0, 1, 0:4] = torch.tensor([2.0 ** 100, 2.0 ** -29, 1.0, 1.0])
-    with pytest.raises(ValueError, match=r"block \(0, 1, 0\) .* span 129 binades"):
-        mxfp4.prepare_mxfp4_weights(w, wide)
+    p = mxfp4.prepare_mxfp4_weights(w, wide)
+    exact = mxfp4.decode_e2m1(mxfp4.unpack_nibbles(w)) * wide.to(torch.float64).repeat_interleave(32, -1)
+    assert bool(p.paths()[0][0, 1, 0]) and torch.equal(mxfp4.dequantize_prepared(p), exact)
     with pytest.raises(ValueError, match="max_span"):
         mxfp4.prepare_mxfp4_weights(w, sf, max_span=15)
 
@@ -134,7 +164,7 @@ def test_prepare_refusals():
 # ------------------------------------------------------------------------------------------------- reference
 @pytest.mark.parametrize("span", [6, 15, 30])
 def test_reference_follows_the_recorded_path(span):
-    g, m_max, n, k = 2, 5, 8, 256
+    g, m_max, n, k = 2, 5, 64, 256
     w, sf = _weights(g, n, k, seed=3)
     p = mxfp4.prepare_mxfp4_weights(w, _planted_span(sf, span))
     gen = torch.Generator().manual_seed(4)
@@ -269,7 +299,7 @@ def test_fragment_a_planted_bugs_fail(bug):
 
 # ------------------------------------------------------------------------------------------------- the 2.x entry point
 def _mxfp4_call(span=6, m_max=4, masked=(4, 1)):
-    g, n, k = len(masked), 16, 256
+    g, n, k = len(masked), 64, 256
     w, sf = _weights(g, n, k, seed=7)
     sf = _planted_span(sf, span)
     gen = torch.Generator().manual_seed(8)
@@ -300,7 +330,7 @@ def test_fp8_fp4_masked_keeps_fp8_b_on_the_fp8_kernel(monkeypatch):
     monkeypatch.setattr(api, "m_grouped_gemm_fp8_fp8_bf16_nt_masked", lambda *args: calls.append("fp8"))
     monkeypatch.setattr(api, "m_grouped_gemm_fp8_fp4_bf16_nt_masked", lambda *args: calls.append("fp4"))
     a, b, d, masked_m = _mxfp4_call()
-    b8 = (torch.zeros(2, 16, 256, dtype=torch.float8_e4m3fn), torch.ones(2, 1, 2))
+    b8 = (torch.zeros(2, 64, 256, dtype=torch.float8_e4m3fn), torch.ones(2, 1, 2))
     api.m_grouped_fp8_fp4_gemm_nt_masked(a, b8, d, masked_m, 2)
     api.m_grouped_fp8_fp4_gemm_nt_masked(a, b, d, masked_m, 2, recipe_a=(1, 128), recipe_b=(1, 32))
     assert calls == ["fp8", "fp4"]
@@ -319,6 +349,6 @@ def test_fp8_fp4_masked_refusals(monkeypatch):
                                          recipe_a=(1, 128), recipe_b=(1, 32))
     with pytest.raises(TypeError, match="expected_m"):
         m_grouped_fp8_fp4_gemm_nt_masked(a, b, d, masked_m, 2.0, recipe_a=(1, 128), recipe_b=(1, 32))
-    monkeypatch.setenv("DFG_SIMULATE", "1")
-    with pytest.raises(ValueError, match="N a multiple of 64"):  # the kernel's tiles (N = 16 here)
-        m_grouped_fp8_fp4_gemm_nt_masked(a, b, d, masked_m, 2, recipe_a=(1, 128), recipe_b=(1, 32))
+    with pytest.raises(ValueError, match="must be a multiple of 64"):  # the kernel's waves, on every backend
+        m_grouped_fp8_fp4_gemm_nt_masked(a, (b[0][:, :16], b[1][:, :16]), d[..., :16], masked_m, 2,
+                                         recipe_a=(1, 128), recipe_b=(1, 32))

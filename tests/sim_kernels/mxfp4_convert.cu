@@ -1,7 +1,7 @@
-// The MXFP4 conversion of one 64-row wave (include/deep_fp8_gemm/mxfp4.cuh convert_wave), for
-// tests/kernels/test_sim_mxfp4.py: thread 0 TMA-loads a packed tile [64 rows][64 bytes] with the 64-byte swizzle (as the
-// kernel's producer does), the threads copy the rows' metadata and the tables into shared memory, and each of the 128
-// threads converts its A fragments of the four sub-blocks and stores them: out[thread][s][j] = a[s][j].
+// The MXFP4 conversion of one 64-row wave (include/deep_fp8_gemm/mxfp4.cuh load_fragment / WaveMeta / convert_wave),
+// for tests/kernels/test_sim_mxfp4.py: thread 0 TMA-loads the wave's 4096-byte packed tile and its 272-byte metadata
+// record (as the kernel's producer does), the threads fill the pair tables, and each of the 128 threads converts its
+// A fragments of the four sub-blocks through the wave's recorded path and stores them: out[thread][s][j] = a[s][j].
 #include <deep_fp8_gemm/hal.cuh>
 #include <deep_fp8_gemm/mxfp4.cuh>
 
@@ -11,37 +11,37 @@ namespace sim_test {
 using namespace dfg;
 
 struct Params {
-    TensorMap tma_w;   // u8 [64][64]: box (64, 64, 1), SW64
-    const u32* meta;   // [64][2]: kernels/mxfp4_gemm.py kernel_metadata's words of one K block
-    u32* out;          // [128][4][4]
+    TensorMap tma_w;     // u8 [1][16][256]: box (256, 16, 1)
+    TensorMap tma_meta;  // u8 [1][17][16]: box (16, 17, 1)
+    u32* out;            // [128][4][4]
 };
 
 DFG_DEVICE void body(const Params& p) {
-    u8* smem = hal::dynamic_smem();  // tile 4096 | meta 512 | tables 128 | barrier 8
+    u8* smem = hal::dynamic_smem();  // tile 4096 | meta 384 | pair tables 3600 | barrier 8
     u8* tile = smem;
     u8* meta = smem + 4096;
-    u8* tables = smem + 4608;
-    u64* bar = reinterpret_cast<u64*>(smem + 4736);
+    u8* tables = smem + 4096 + 384;
+    u64* bar = reinterpret_cast<u64*>(smem + 4096 + 384 + mxfp4::kPairTableBytes);
     const u32 t = hal::thread_idx(), warp = t / 32, lane = t % 32;
     if (t == 0) {
         hal::mbar_init(bar, 1);
         hal::fence_view_async_shared();
         hal::fence_barrier_init();
     }
-    reinterpret_cast<u32*>(meta)[t] = p.meta[t];
-    if (t < mxfp4::kNumTables * 2)
-        reinterpret_cast<u32*>(tables)[t] = mxfp4::kE4m3Tables[t / 2][t % 2];
+    for (u32 i = t; i < mxfp4::kPairTableBytes / 4; i += 128)
+        reinterpret_cast<u32*>(tables)[i] = mxfp4::pair_table_word(i / 4, i % 4);
     hal::sync_threads();
     if (t == 0) {
-        hal::mbar_arrive_expect_tx(bar, 4096);
+        hal::mbar_arrive_expect_tx(bar, mxfp4::kWaveTileBytes + mxfp4::kWaveMetaBytes);
         hal::tma_load_3d(tile, &p.tma_w, bar, 0, 0, 0);
+        hal::tma_load_3d(meta, &p.tma_meta, bar, 0, 0, 0);
     }
     hal::mbar_wait(bar, 0);
-    const mxfp4::FragmentLoader loader = mxfp4::FragmentLoader::of(warp, lane);
-    const u32 row0 = 16 * warp + lane / 4;
-    const mxfp4::RowMeta m0 = mxfp4::RowMeta::load(meta, row0), m1 = mxfp4::RowMeta::load(meta, row0 + 8);
+    u32 words[2 * mxfp4::kSubBlocks];
+    mxfp4::load_fragment(tile, t, words);
+    const mxfp4::WaveMeta m = mxfp4::WaveMeta::load(meta, warp, lane);
     u32 a[mxfp4::kSubBlocks][WgmmaFragmentA::kRegisters];
-    mxfp4::convert_wave(loader, tile, tables, m0, m1, a);
+    mxfp4::convert_wave(words, tables, m, mxfp4::WaveMeta::per32(meta), a);
     for (u32 s = 0; s < mxfp4::kSubBlocks; ++s)
         for (u32 j = 0; j < WgmmaFragmentA::kRegisters; ++j)
             p.out[(t * 4 + s) * 4 + j] = a[s][j];

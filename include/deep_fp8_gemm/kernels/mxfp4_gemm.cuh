@@ -3,35 +3,43 @@
 //   D[g, m, n] (bf16) = sum_kb sA[g, m, kb] * W_g,kb[n, :] . A[g, m, kb-block]   for m < masked_m[g]
 //
 //   A: e4m3 [G, m_max, K] with 1x128 per-token scales sA (fp32, given to the kernel as [G, K/128, m_pad], M-major);
-//   W: the prepared MXFP4 weights (ops/mxfp4.py PreparedMxfp4): e2m1 nibbles [G, N, K/2] (low nibble first) and per
-//   row and 128-K block a metadata record (mxfp4.cuh); rows past masked_m[g] of D are not written.
-//   A folded block (its four 32-K scales within 14 binades): the operand is e2m1 x 2^d_i, exact in e4m3, the whole
-//   128 K is one wgmma chain and the sum is promoted once by 2^E x sA. A per-32 block (wider span, recorded in the
-//   prepared weights): the operand is e2m1 x 1, each k32 wgmma is awaited and promoted by 2^(E + d_i) x sA (the
-//   folded rows of that 64-row wave by 2^E x sA per k32 as well: a wave takes one path, the warpgroup issues it).
+//   W: the prepared MXFP4 weights (ops/mxfp4.py PreparedMxfp4): per expert, 128-K block and 64-row wave a 4096-byte
+//   tile of e2m1 codes in fragment order and a 272-byte metadata record (mxfp4.cuh), and per wave a flag "some block
+//   of mine takes the per-32 path"; rows past masked_m[g] of D are not written.
+//   A folded block (its four 32-K scales within 14 binades): the operand is e2m1 x 2^d_s, exact in e4m3, the whole
+//   128 K is one wgmma chain and the sum is promoted once by 2^E x sA. A per-32 wave-block (a row of the 64 spans
+//   more): the operand is e2m1 x 1, each k32 wgmma is awaited and promoted by 2^e_s x sA.
 //
 // Swap-AB (policy_swap_ab.cuh): the weights' BLOCK_N rows are the wgmma's M side (BLOCK_N / 64 waves of 64 rows),
 // the tile's BLOCK_M tokens its N side (wgmma m64 nBLOCK_M k32). A comes from registers (hal::WgmmaFp8RegA): each
 // math thread converts its own fragment's packed bytes (mxfp4.cuh convert_wave) and fences them with wgmma.fence
 // before the wgmma reads them; the tokens' tile is the B operand through its shared-memory descriptor.
 //
+// Two K loops, chosen per tile (uniform over the CTA) by the waves' per-32 flags:
+//   folded   (every tile of a checkpoint whose blocks all span <= 14 binades): per K block, every wave's conversion
+//            and wgmma chain are issued back to back (a wave converts while the earlier waves' chains run), then each
+//            wave is awaited in order and promoted once. The per-K-block work beside the waves (barriers, scales,
+//            descriptors: ~35 issue slots) is shared by BLOCK_N / 64 waves, so decode tiles take 4 (BLOCK_N 256).
+//            The audit's K-loop figures are this loop's (kernels/mxfp4_gemm.py).
+//   general  (a tile with some per-32 wave-block): per K block and wave, the path its metadata records.
+//
 // Warp roles (kNumThreads = 256):
-//   threads [0, 128)    the math warpgroup: per tile and K block, per wave: its rows' metadata, the conversion, the
-//                       wgmmas, the promotion; then the transposed tile's bf16 values to D with plain stores (rows
-//                       m < masked_m[g] only).
+//   threads [0, 128)    the math warpgroup: the conversion, the wgmmas, the promotion; then the transposed tile's
+//                       bf16 values to D with plain stores (rows m < masked_m[g] only).
 //   threads [128, 256)  producer warpgroup; one lane of its first warp (elect.sync) issues every TMA load.
 //
 // Barriers (shared memory, one pair per stage; pipeline.cuh's ring):
-//   full[s]   producer -> math: 1 arrive.expect_tx, tx = kStageTxBytes (W + A + metadata + sA boxes).
+//   full[s]   producer -> math: 1 arrive.expect_tx, tx = kStageTxBytes (W tiles + A + metadata + sA boxes).
 //   empty[s]  math -> producer: 4 arrives (lane 0 of each math warp after bar.warp.sync, once the last wave's
 //             wgmmas retired: every lane's shared reads of the stage are then before the release).
 //
 // Shared memory (dynamic, 1024-aligned; = kernels/mxfp4_gemm.py smem_bytes by static_assert):
-//   W stages [kNumStages][BLOCK_N][64] (64-byte swizzle) | A stages [kNumStages][BLOCK_M][128] (128-byte swizzle) |
-//   metadata [kNumStages][BLOCK_N][8] | sA [kNumStages][BLOCK_M] fp32 (128-byte rounded) | tables (128) | full, empty
+//   W stages [kNumStages][kWaves][4096] | A stages [kNumStages][BLOCK_M][128] (128-byte swizzle) |
+//   metadata [kNumStages][kWaves x 272, 128-rounded] | sA [kNumStages][BLOCK_M] fp32 (128-rounded) | pair tables |
+//   full, empty
 //
-// Registers: a math thread holds BLOCK_N / 64 waves x BLOCK_M / 2 accumulators, BLOCK_M / 2 scratch, the wave's 16 A
-// registers and its loader's offsets; no setmaxnreg (256 threads launch with up to 255 registers each).
+// Registers: a math thread holds kWaves x (BLOCK_M / 2 accumulators + BLOCK_M / 2 scratch + 16 A registers); no
+// setmaxnreg (256 threads launch with up to 255 registers each).
 //
 // NOTES: tiles come from TileScheduler<GroupedMasked> (the FP8 masked kernel's), BLOCK_M tokens x BLOCK_N weight
 // rows per tile, so an expert with more than BLOCK_M tokens reads its weights once per m-block (decode: one).
@@ -50,18 +58,20 @@ namespace mxfp4 {
 
 // The kernel's one parameter. Byte layout mirrored by deep_fp8_gemm/kernels/mxfp4_gemm.py (Mxfp4Params).
 struct Mxfp4Params {
-    TensorMap tma_w;     // nibbles as u8 [G * N][K / 2]: dims (K / 2, G * N, 1), box (64, BLOCK_N, 1), SW64
+    TensorMap tma_w;     // tiles u8 [G K/128 N/64][16][256]: dims (256, 16, G K/128 N/64), box (256, 16, kWaves)
     TensorMap tma_a;     // e4m3 [G][m_max][K]: dims (K, m_max, G), box (128, BLOCK_M, 1), SW128
-    TensorMap tma_meta;  // u32 [G][K / 128][N][2]: dims (2 N, K / 128, G), box (2 BLOCK_N, 1, 1)
+    TensorMap tma_meta;  // u8 [G K/128 N/64][17][16]: dims (16, 17, G K/128 N/64), box (16, 17, kWaves)
     TensorMap tma_sa;    // fp32 [G][K / 128][m_pad]: dims (m_pad, K / 128, G), box (BLOCK_M, 1, 1)
     u16* d;              // bf16 [G][m_max][N]
     const i32* masked_m; // [G]
+    const u8* wave_per32;  // [G][N / 64]: 1 where some 128-K block of the wave takes the per-32 path
     u32 m_max;
-    u8 reserved[44];     // 0: a multiple of the tensor maps' 64-byte alignment
+    u8 reserved[36];     // 0: a multiple of the tensor maps' 64-byte alignment
 };
 static_assert(DFG_OFFSETOF(Mxfp4Params, tma_a) == 128 && DFG_OFFSETOF(Mxfp4Params, tma_meta) == 256 &&
                   DFG_OFFSETOF(Mxfp4Params, tma_sa) == 384 && DFG_OFFSETOF(Mxfp4Params, d) == 512 &&
-                  DFG_OFFSETOF(Mxfp4Params, masked_m) == 520 && DFG_OFFSETOF(Mxfp4Params, m_max) == 528 &&
+                  DFG_OFFSETOF(Mxfp4Params, masked_m) == 520 && DFG_OFFSETOF(Mxfp4Params, wave_per32) == 528 &&
+                  DFG_OFFSETOF(Mxfp4Params, m_max) == 536 &&
                   sizeof(Mxfp4Params) == 576,
               "Mxfp4Params layout is mirrored in deep_fp8_gemm/kernels/mxfp4_gemm.py");
 
@@ -70,28 +80,30 @@ struct Mxfp4MaskedKernel {
     static constexpr u32 BLOCK_K = 128;
     static constexpr u32 kNumKBlocks = SHAPE_K / BLOCK_K;
     static constexpr u32 kWaves = BLOCK_N / 64;
+    static constexpr u32 kWavesPerExpert = SHAPE_N / 64;
     static constexpr u32 kAccValues = WgmmaFragment<BLOCK_M>::kValues;
     static constexpr u32 kNumMathThreads = 128;
     static constexpr u32 kNumMathWarps = 4;
     static constexpr u32 kNumThreads = 256;
     static_assert(SHAPE_K % BLOCK_K == 0 && SHAPE_N % BLOCK_N == 0, "K a multiple of 128, N of BLOCK_N");
     static_assert(BLOCK_M == 8 || BLOCK_M == 16 || BLOCK_M == 32, "tokens per tile: 8, 16 or 32 (sA box: 16 bytes)");
-    static_assert(BLOCK_N == 64 || BLOCK_N == 128, "one math warpgroup of one or two 64-row waves");
+    static_assert(BLOCK_N == 64 || BLOCK_N == 128 || (BLOCK_N == 256 && BLOCK_M <= 16),
+                  "one math warpgroup of one, two or four 64-row waves (four: at most 16 tokens, for the registers)");
 
     // ---------------------------------------------------------------- shared-memory map
-    static constexpr u32 kSmemWBytes = BLOCK_N * kPackedRowBytes;
+    static constexpr u32 kSmemWBytes = kWaves * kWaveTileBytes;
     static constexpr u32 kSmemABytes = BLOCK_M * BLOCK_K;
-    static constexpr u32 kSmemMetaBytes = BLOCK_N * 8;
-    static constexpr u32 kSmemSaBytes = round_up(BLOCK_M * 4u, 128u);  // TMA destinations: 128-byte aligned
+    static constexpr u32 kSmemMetaBytes = round_up(kWaves * kWaveMetaBytes, 128u);  // TMA destinations: 128-aligned
+    static constexpr u32 kSmemSaBytes = round_up(BLOCK_M * 4u, 128u);
     static constexpr u32 kSmemW = 0;
     static constexpr u32 kSmemA = kSmemW + kNumStages * kSmemWBytes;
     static constexpr u32 kSmemMeta = kSmemA + kNumStages * kSmemABytes;
     static constexpr u32 kSmemSa = kSmemMeta + kNumStages * kSmemMetaBytes;
     static constexpr u32 kSmemTables = round_up(kSmemSa + kNumStages * kSmemSaBytes, 16u);
-    static constexpr u32 kSmemFull = kSmemTables + kTableBytes;
+    static constexpr u32 kSmemFull = kSmemTables + kPairTableBytes;
     static constexpr u32 kSmemEmpty = kSmemFull + 8 * kNumStages;
     static constexpr u32 kSmemBytes = kSmemEmpty + 8 * kNumStages;
-    static constexpr u32 kStageTxBytes = kSmemWBytes + kSmemABytes + kSmemMetaBytes + BLOCK_M * 4;
+    static constexpr u32 kStageTxBytes = kSmemWBytes + kSmemABytes + kWaves * kWaveMetaBytes + BLOCK_M * 4;
     static_assert(kSmemWBytes % 1024 == 0 && kSmemABytes % 1024 == 0, "tiles keep their swizzle patterns' alignment");
     static_assert(kSmemBytes <= 232448, "227 KB of shared memory per block");
     static_assert(kSmemBytes + 1024 <= kMaxSmemWindow, "desc_advance needs shared addresses below 2^18");
@@ -124,8 +136,9 @@ struct Mxfp4MaskedKernel {
             hal::fence_view_async_shared();
             hal::fence_barrier_init();
         }
-        if (thread < kNumTables * 2)  // the conversion tables: compile-time constants, no global read
-            reinterpret_cast<u32*>(smem + kSmemTables)[thread] = kE4m3Tables[thread / 2][thread % 2];
+        // The pair tables: compile-time constants, no global read.
+        for (u32 i = thread; i < kPairTableBytes / 4; i += kNumThreads)
+            reinterpret_cast<u32*>(smem + kSmemTables)[i] = pair_table_word(i / 4, i % 4);
         hal::sync_threads();
 
         // PDL (deep_fp8_gemm.set_pdl): everything above touches only shared memory and the parameter block.
@@ -146,19 +159,19 @@ struct Mxfp4MaskedKernel {
         Pipe pipe;
         TileInfo tile;
         while (scheduler.next(tile)) {
-            const i32 w_row = static_cast<i32>(tile.group * SHAPE_N + tile.n_block * BLOCK_N);
             const i32 m0 = static_cast<i32>(tile.m_block * BLOCK_M);
             const i32 g = static_cast<i32>(tile.group);
             pipe.for_each_use(kNumKBlocks, [&](u32 stage, u32 phase, u32 kb) {
                 hal::mbar_wait(&empty[stage], phase ^ 1u, empty_barrier(stage));
                 u64* bar = &full[stage];
                 hal::mbar_arrive_expect_tx(bar, kStageTxBytes);
-                hal::tma_load_3d(smem + kSmemW + stage * kSmemWBytes, &params.tma_w, bar,
-                                 static_cast<i32>(kb * kPackedRowBytes), w_row, 0);
+                // the tile's kWaves consecutive records of (expert g, K block kb): [G][K/128][N/64] order
+                const i32 wave = static_cast<i32>((tile.group * kNumKBlocks + kb) * kWavesPerExpert +
+                                                  tile.n_block * kWaves);
+                hal::tma_load_3d(smem + kSmemW + stage * kSmemWBytes, &params.tma_w, bar, 0, 0, wave);
                 hal::tma_load_3d(smem + kSmemA + stage * kSmemABytes, &params.tma_a, bar,
                                  static_cast<i32>(kb * BLOCK_K), m0, g);
-                hal::tma_load_3d(smem + kSmemMeta + stage * kSmemMetaBytes, &params.tma_meta, bar,
-                                 static_cast<i32>(2 * tile.n_block * BLOCK_N), static_cast<i32>(kb), g);
+                hal::tma_load_3d(smem + kSmemMeta + stage * kSmemMetaBytes, &params.tma_meta, bar, 0, 0, wave);
                 hal::tma_load_3d(smem + kSmemSa + stage * kSmemSaBytes, &params.tma_sa, bar, m0,
                                  static_cast<i32>(kb), g);
             });
@@ -166,16 +179,54 @@ struct Mxfp4MaskedKernel {
     }
 
     // ---------------------------------------------------------------- math warpgroup
+    using Fragments = u32[kSubBlocks][WgmmaFragmentA::kRegisters];
+
+    // One wave's k32 wgmmas over sub-blocks [s0, s1) into `scratch` (a fresh sum), committed as one group.
+    static DFG_DEVICE void issue(const Fragments& a, u64 b_desc, float (&scratch)[kAccValues], u32 s0, u32 s1) {
+        DFG_UNROLL
+        for (u32 i = 0; i < kAccValues; ++i)
+            hal::fence_operand(scratch[i]);
+        DFG_UNROLL
+        for (u32 s = s0; s < s1; ++s)
+            hal::WgmmaFp8RegA<BLOCK_M>::mma(a[s], desc_advance(b_desc, s * kWgmmaK), scratch, s > s0);
+        hal::wgmma_commit();
+    }
+
+    static DFG_DEVICE void fence_fragments(Fragments& a) {
+        DFG_UNROLL
+        for (u32 s = 0; s < kSubBlocks; ++s)
+            DFG_UNROLL
+            for (u32 j = 0; j < WgmmaFragmentA::kRegisters; ++j)
+                hal::fence_operand(a[s][j]);
+    }
+
+    static DFG_DEVICE void retire(float (&scratch)[kAccValues]) {
+        DFG_UNROLL
+        for (u32 i = 0; i < kAccValues; ++i)
+            hal::fence_operand(scratch[i]);
+    }
+
+    // The folded loop's waves W.. in issue order: each awaited (its commit group and the earlier ones retired, the
+    // later ones still in flight) and promoted once by 2^E x sA.
+    template <u32 W>
+    static DFG_DEVICE void drain(float (&acc)[kWaves][kAccValues], float (&scratch)[kWaves][kAccValues],
+                                 const WaveMeta (&m)[kWaves], const SwapAbColumnScales<BLOCK_M>& sa_cols) {
+        hal::wgmma_wait<kWaves - 1 - W>();
+        retire(scratch[W]);
+        promote_rows<BLOCK_M>(acc[W], scratch[W], m[W].block_scale(0), m[W].block_scale(1), sa_cols);
+        if constexpr (W + 1 < kWaves)
+            drain<W + 1>(acc, scratch, m, sa_cols);
+    }
+
     static DFG_DEVICE void consume(const Mxfp4Params& params, u8* smem, Barriers full, Barriers empty, u32 warp,
                                    u32 lane) {
-        const u32 row0 = 16 * warp + lane / 4;  // the thread's first row of every wave (and row0 + 8)
-        const FragmentLoader loader = FragmentLoader::of(warp, lane);
+        const u32 thread = 32 * warp + lane;
         const u8* tables = smem + kSmemTables;
         const u64 b_desc0 = make_k_major_sw128_desc(hal::smem_addr(smem + kSmemA));
 
         float acc[kWaves][kAccValues];
-        float scratch[kAccValues];
-        u32 a[kSubBlocks][WgmmaFragmentA::kRegisters];
+        float scratch[kWaves][kAccValues];
+        Fragments a[kWaves];
 
         Scheduler scheduler(params.m_max, params.masked_m, hal::block_idx(), hal::grid_dim());
         Pipe pipe;
@@ -186,67 +237,80 @@ struct Mxfp4MaskedKernel {
                 DFG_UNROLL
                 for (u32 i = 0; i < kAccValues; ++i)
                     acc[w][i] = 0.0f;
+            // The tile's path, uniform over the CTA: any wave with a per-32 block anywhere in K takes the general loop.
+            bool general = false;
+            DFG_UNROLL
+            for (u32 w = 0; w < kWaves; ++w)
+                general |= params.wave_per32[tile.group * kWavesPerExpert + tile.n_block * kWaves + w] != 0;
 
-            pipe.for_each_use(kNumKBlocks, [&](u32 stage, u32 phase, u32 /*kb*/) {
-                hal::mbar_wait(&full[stage], phase, full_barrier(stage));
-                const u8* w_tile = smem + kSmemW + stage * kSmemWBytes;
-                const u8* meta = smem + kSmemMeta + stage * kSmemMetaBytes;
-                const u64 b_desc = desc_advance(b_desc0, stage * kSmemABytes);
-                SwapAbColumnScales<BLOCK_M> sa_cols;
-                sa_cols.load(reinterpret_cast<const float*>(smem + kSmemSa + stage * kSmemSaBytes), lane);
-                DFG_UNROLL
-                for (u32 w = 0; w < kWaves; ++w) {
-                    const RowMeta m0 = RowMeta::load(meta, w * 64 + row0);
-                    const RowMeta m1 = RowMeta::load(meta, w * 64 + row0 + 8);
-                    // The A registers are written here, before the wgmma.fence that orders them for the wgmmas.
-                    convert_wave(loader, w_tile + w * 64 * kPackedRowBytes, tables, m0, m1, a);
+            if (!general) {  // folded: every wave's chain issued, then each awaited and promoted once
+                pipe.for_each_use(kNumKBlocks, [&](u32 stage, u32 phase, u32 /*kb*/) {
+                    hal::mbar_wait(&full[stage], phase, full_barrier(stage));
+                    const u8* w_tile = smem + kSmemW + stage * kSmemWBytes;
+                    const u8* meta = smem + kSmemMeta + stage * kSmemMetaBytes;
+                    const u64 b_desc = desc_advance(b_desc0, stage * kSmemABytes);
+                    SwapAbColumnScales<BLOCK_M> sa_cols;
+                    sa_cols.load(reinterpret_cast<const float*>(smem + kSmemSa + stage * kSmemSaBytes), lane);
+                    WaveMeta m[kWaves];
                     DFG_UNROLL
-                    for (u32 s = 0; s < kSubBlocks; ++s)
-                        DFG_UNROLL
-                        for (u32 j = 0; j < WgmmaFragmentA::kRegisters; ++j)
-                            hal::fence_operand(a[s][j]);
-                    if (!m0.wave_per32()) {  // folded: one chain over the 128 K, one promotion
-                        DFG_UNROLL
-                        for (u32 i = 0; i < kAccValues; ++i)
-                            hal::fence_operand(scratch[i]);
+                    for (u32 w = 0; w < kWaves; ++w) {
+                        u32 words[2 * kSubBlocks];
+                        load_fragment(w_tile + w * kWaveTileBytes, thread, words);
+                        m[w] = WaveMeta::load(meta + w * kWaveMetaBytes, warp, lane);
+                        convert_wave(words, tables, m[w], false, a[w]);
+                        fence_fragments(a[w]);
                         hal::wgmma_fence();  // folded chain: orders the converted A registers
-                        DFG_UNROLL
-                        for (u32 s = 0; s < kSubBlocks; ++s)
-                            hal::WgmmaFp8RegA<BLOCK_M>::mma(a[s], desc_advance(b_desc, s * kWgmmaK), scratch, s > 0);
-                        hal::wgmma_commit();
-                        hal::wgmma_wait<0>();
-                        DFG_UNROLL
-                        for (u32 i = 0; i < kAccValues; ++i)
-                            hal::fence_operand(scratch[i]);
-                        promote_rows<BLOCK_M>(acc[w], scratch, m0.block_scale(), m1.block_scale(), sa_cols);
-                    } else {  // per-32: each k32 sum promoted by its own scale
-                        DFG_UNROLL
-                        for (u32 s = 0; s < kSubBlocks; ++s) {
-                            DFG_UNROLL
-                            for (u32 i = 0; i < kAccValues; ++i)
-                                hal::fence_operand(scratch[i]);
-                            hal::wgmma_fence();
-                            hal::WgmmaFp8RegA<BLOCK_M>::mma(a[s], desc_advance(b_desc, s * kWgmmaK), scratch, false);
-                            hal::wgmma_commit();
-                            hal::wgmma_wait<0>();
-                            DFG_UNROLL
-                            for (u32 i = 0; i < kAccValues; ++i)
-                                hal::fence_operand(scratch[i]);
-                            promote_rows<BLOCK_M>(acc[w], scratch, m0.sub_block_scale(s), m1.sub_block_scale(s),
-                                                  sa_cols);
-                        }
+                        issue(a[w], b_desc, scratch[w], 0, kSubBlocks);
                     }
+                    drain<0>(acc, scratch, m, sa_cols);
                     DFG_UNROLL
-                    for (u32 s = 0; s < kSubBlocks; ++s)
-                        DFG_UNROLL
-                        for (u32 j = 0; j < WgmmaFragmentA::kRegisters; ++j)
-                            hal::fence_operand(a[s][j]);
-                }
-                // Lane 0 arrives for the warp: every lane's reads of the stage are ordered before it.
-                hal::warp_sync();
-                if (lane == 0)
-                    hal::mbar_arrive(&empty[stage]);
-            });
+                    for (u32 w = 0; w < kWaves; ++w)
+                        fence_fragments(a[w]);
+                    // Lane 0 arrives for the warp: every lane's reads of the stage are ordered before it.
+                    hal::warp_sync();
+                    if (lane == 0)
+                        hal::mbar_arrive(&empty[stage]);
+                });
+            } else {  // general: per K block and wave, the recorded path
+                pipe.for_each_use(kNumKBlocks, [&](u32 stage, u32 phase, u32 /*kb*/) {
+                    hal::mbar_wait(&full[stage], phase, full_barrier(stage));
+                    const u8* w_tile = smem + kSmemW + stage * kSmemWBytes;
+                    const u8* meta = smem + kSmemMeta + stage * kSmemMetaBytes;
+                    const u64 b_desc = desc_advance(b_desc0, stage * kSmemABytes);
+                    SwapAbColumnScales<BLOCK_M> sa_cols;
+                    sa_cols.load(reinterpret_cast<const float*>(smem + kSmemSa + stage * kSmemSaBytes), lane);
+                    DFG_UNROLL
+                    for (u32 w = 0; w < kWaves; ++w) {
+                        u32 words[2 * kSubBlocks];
+                        load_fragment(w_tile + w * kWaveTileBytes, thread, words);
+                        const WaveMeta m = WaveMeta::load(meta + w * kWaveMetaBytes, warp, lane);
+                        const bool per32 = WaveMeta::per32(meta + w * kWaveMetaBytes);
+                        convert_wave(words, tables, m, per32, a[w]);
+                        fence_fragments(a[w]);
+                        if (!per32) {
+                            hal::wgmma_fence();
+                            issue(a[w], b_desc, scratch[w], 0, kSubBlocks);
+                            hal::wgmma_wait<0>();
+                            retire(scratch[w]);
+                            promote_rows<BLOCK_M>(acc[w], scratch[w], m.block_scale(0), m.block_scale(1), sa_cols);
+                        } else {  // per-32: each k32 sum promoted by its own scale
+                            DFG_UNROLL
+                            for (u32 s = 0; s < kSubBlocks; ++s) {
+                                hal::wgmma_fence();
+                                issue(a[w], b_desc, scratch[w], s, s + 1);
+                                hal::wgmma_wait<0>();
+                                retire(scratch[w]);
+                                promote_rows<BLOCK_M>(acc[w], scratch[w], m.sub_block_scale(0, s),
+                                                      m.sub_block_scale(1, s), sa_cols);
+                            }
+                        }
+                        fence_fragments(a[w]);
+                    }
+                    hal::warp_sync();
+                    if (lane == 0)
+                        hal::mbar_arrive(&empty[stage]);
+                });
+            }
             store(params, tile, warp, lane, acc);
         }
     }
