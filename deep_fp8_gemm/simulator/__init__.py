@@ -9,7 +9,7 @@ into one stream; they raise :class:`SimulationError` with the simulator's report
 
 from .build import SimBuildError, build_library
 from .runner import (FLAG_EXACT_MMA, FLAG_NO_RACES, FLAG_ZERO_SMEM, LaunchConfig, SimulationError, StreamLaunch,
-                     launch, launch_stream, ptxas_registers, stream)
+                     launch, launch_stream, ptxas_registers, stream, tma_load_bytes)
 from .tensor_map_pack import TENSOR_MAP_BYTES, pack_tensor_map
 
 __all__ = [
@@ -27,4 +27,5 @@ __all__ = [
     "pack_tensor_map",
     "ptxas_registers",
     "stream",
+    "tma_load_bytes",
 ]

@@ -117,6 +117,8 @@ def _runtime() -> tuple[ctypes.CDLL, str]:
         runtime.dfg_sim_stream_open.argtypes = []
         runtime.dfg_sim_stream_close.restype = None
         runtime.dfg_sim_stream_close.argtypes = []
+        runtime.dfg_sim_tma_load_bytes.restype = ctypes.c_ulonglong
+        runtime.dfg_sim_tma_load_bytes.argtypes = []
         _RUNTIMES[key] = runtime
     return runtime, key
 
@@ -303,3 +305,12 @@ def stream() -> Iterator[None]:
         with _LAUNCH_LOCK:
             _OPEN.clear()
             runtime.dfg_sim_stream_close()
+
+
+def tma_load_bytes() -> int:
+    """Global bytes the simulated TMA loads of this process have read so far (each load's in-bounds box elements,
+    once however many CTAs a multicast writes; hal/sim/tma.hpp). The difference across a launch is that launch's
+    operand traffic through TMA; its plain global loads (e.g. ``masked_m``) are not counted."""
+    runtime, _ = _runtime()
+    return int(runtime.dfg_sim_tma_load_bytes())
+

@@ -722,6 +722,9 @@ DFG_SIM_EXPORT int dfg_sim_run_stream(const dfg::sim::StreamItem* items, dfg::u3
 // launch, also when that one ran in an earlier call (deep_fp8_gemm.simulator.stream()).
 DFG_SIM_EXPORT int dfg_sim_stream_open() { return dfg::sim::detail::open_stream(); }
 DFG_SIM_EXPORT void dfg_sim_stream_close() { dfg::sim::detail::close_stream(); }
+
+// The global bytes TMA loads have read since the runtime was loaded (sim/tma.hpp g_tma_load_bytes).
+DFG_SIM_EXPORT unsigned long long dfg_sim_tma_load_bytes() { return dfg::sim::detail::g_tma_load_bytes; }
 #endif
 
 // Kernel entry: `extern "C" int NAME_sim(const PARAMS_T* params, const dfg::sim::LaunchConfig* cfg)` runs

@@ -163,6 +163,11 @@ inline void check_no_wgmma_reader(u32 cta, u32 offset, u32 bytes, const char* wh
             }
 }
 
+// Global bytes the TMA loads of this process have read (their boxes' in-bounds elements, once per load however many
+// CTAs a multicast writes): the memory traffic a kernel's operands cost, for the tests' byte budgets
+// (dfg_sim_tma_load_bytes; deep_fp8_gemm.simulator.tma_load_bytes).
+inline u64 g_tma_load_bytes = 0;
+
 // cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes[.multicast::cluster]
 // (PTX ISA "cp.async.bulk.tensor"): the whole box is written (out-of-bounds elements filled) and its full
 // byte count is signalled as complete-tx on the barrier at the same offset in each destination CTA. Checked
@@ -201,6 +206,12 @@ DFG_SIM_API void tma_load(void* dst, const TensorMap* map, u64* bar, u32 cta_mas
             if (const u8* g = box.row_global(row))
                 async_access(t, uintptr_t(g + lo * box.eb), u32(hi - lo) * box.eb, false, true, site,
                              "a TMA load's read");
+    }
+    {
+        const auto [lo, hi] = box.x_range();
+        for (u32 row = 0; row < box.rows && hi > lo; ++row)
+            if (box.row_global(row) != nullptr)
+                g_tma_load_bytes += u64(hi - lo) * box.eb;
     }
     PendingLoad load{box.map, {c0, c1, c2}, first, cta_mask, offset, bar_offset};
     load.issuer = t.clocks;
