@@ -69,10 +69,11 @@ from .ops.moe import (check_expert_sizes, check_routed_inputs, check_same_device
                       swiglu_weights)
 from .quant import per_token_cast_to_fp8, silu_mul_quant
 from .ops.masked import check_masked_values
+from .ops.mxfp4 import PreparedMxfp4, check_mxfp4_experts, experts_masked_mxfp4, prepare_mxfp4_weights
 from .ops.outputs import SwigluWeights
 from ._core.checks import check_expected_m, layout_values_checked
 
-__all__ = ["FP8MoE", "fp8_moe_forward", "fp8_moe_forward_masked", "silu_mul_quant"]
+__all__ = ["FP8MoE", "fp8_moe_forward", "fp8_moe_forward_masked", "mxfp4_moe_forward", "silu_mul_quant"]
 
 #: The token dtypes the inference forward takes: quantised per token as they are, the output in the same dtype (the
 #: layer's FP8 weights stay FP8 under ``.half()``, ``FP8StateModule``).
@@ -140,7 +141,9 @@ def fp8_moe_forward_masked(hidden_per_expert: torch.Tensor, counts: torch.Tensor
             tensors: ``ValueError`` naming ``counts``). Never read on the host for CUDA tensors (unless
             ``DFG_CHECK_LAYOUTS=1``): nothing here synchronises, so a CUDA graph captured once replays with new
             counts (run the call once before capturing so that its kernels are compiled and loaded).
-        w13, w13_scale, w2, w2_scale: as :func:`fp8_moe_forward`.
+        w13, w13_scale, w2, w2_scale: as :func:`fp8_moe_forward`; or MXFP4 experts: ``w13`` / ``w2``
+            :class:`~deep_fp8_gemm.ops.mxfp4.PreparedMxfp4` (``[E, 2I, H]`` / ``[E, H, I]``) with both scales None
+            (the MXFP4 decode kernel, issue 42; ``w13_swiglu`` must then be None).
         expected_m: host hint of the typical count for the GEMM heuristic (default ``m_max``).
         w13_swiglu: as :func:`fp8_moe_forward` (fused: the masked SwiGLU kernel).
 
@@ -149,8 +152,15 @@ def fp8_moe_forward_masked(hidden_per_expert: torch.Tensor, counts: torch.Tensor
         rows ``>= counts[e]`` are unspecified. Routing weights are not applied (the combine step that
         un-dispatches tokens applies them).
     """
-    num_experts, hidden_size, inter = check_weights(w13, w13_scale, w2, w2_scale)
-    check_swiglu_weights(w13_swiglu, w13, w13_scale)
+    mxfp4 = isinstance(w13, PreparedMxfp4) or isinstance(w2, PreparedMxfp4)
+    if mxfp4:
+        if w13_scale is not None or w2_scale is not None or w13_swiglu is not None:
+            raise ValueError("MXFP4 experts (PreparedMxfp4 w13 / w2) carry their scales: w13_scale, w2_scale and "
+                             "w13_swiglu must be None")
+        num_experts, hidden_size, inter = check_mxfp4_experts(w13, w2)
+    else:
+        num_experts, hidden_size, inter = check_weights(w13, w13_scale, w2, w2_scale)
+        check_swiglu_weights(w13_swiglu, w13, w13_scale)
     check_tensor_of(hidden_per_expert, "hidden_per_expert", (torch.bfloat16,), 3)
     check_tensor_of(counts, "counts", (torch.int32,), 1)
     if hidden_per_expert.shape[0] != num_experts or hidden_per_expert.shape[2] != hidden_size:
@@ -158,8 +168,9 @@ def fp8_moe_forward_masked(hidden_per_expert: torch.Tensor, counts: torch.Tensor
                          f"hidden_per_expert.shape={tuple(hidden_per_expert.shape)}")
     if counts.shape[0] != num_experts:
         raise ValueError(f"counts must be [E={num_experts}], got counts.shape={tuple(counts.shape)}")
-    check_same_device(((hidden_per_expert, "hidden_per_expert"), (counts, "counts"), (w13, "w13"),
-                       (w13_scale, "w13_scale"), (w2, "w2"), (w2_scale, "w2_scale")))
+    check_same_device(((hidden_per_expert, "hidden_per_expert"), (counts, "counts")) + (
+        ((w13.tiles, "w13"), (w2.tiles, "w2")) if mxfp4 else
+        ((w13, "w13"), (w13_scale, "w13_scale"), (w2, "w2"), (w2_scale, "w2_scale"))))
     m_max = hidden_per_expert.shape[1]
     if expected_m is None:
         expected_m = max(m_max, 1)
@@ -173,8 +184,63 @@ def fp8_moe_forward_masked(hidden_per_expert: torch.Tensor, counts: torch.Tensor
     # then view the scales as [E, m_max, g] (put in the per-expert M-major layout by _experts_masked).
     x_fp8, x_scales = per_token_cast_to_fp8(hidden_per_expert.reshape(num_experts * m_max, hidden_size))
     a = x_fp8.view(num_experts, m_max, hidden_size)
+    if mxfp4:
+        return experts_masked_mxfp4(a, x_scales.view(num_experts, m_max, -1).contiguous(), counts, w13, w2, expected_m)
     return experts_masked(a, x_scales.view(num_experts, m_max, -1), counts, w13, w13_scale, w2, w2_scale, expected_m,
                           w13_swiglu)
+
+
+def mxfp4_moe_forward(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w13: PreparedMxfp4,
+                      w2: PreparedMxfp4) -> torch.Tensor:
+    """The MoE forward of routed tokens with MXFP4 experts (issue 42: the masked decode kernel; a prefill layout is
+    issue 43's). Same math and arguments as :func:`fp8_moe_forward` but the weights: ``w13`` ``[E, 2I, H]`` and
+    ``w2`` ``[E, H, I]`` :class:`~deep_fp8_gemm.ops.mxfp4.PreparedMxfp4`.
+
+    Pipeline: quantise ``hidden`` per token once; dispatch each routed slot to row ``p`` of its expert (``p`` its rank
+    among the expert's slots in (token, slot) order) of a ``[E, m_max, H]`` masked layout, ``m_max`` the largest
+    count (one host read of the counts, as :func:`fp8_moe_forward`'s exact layout); the MXFP4 experts
+    (:func:`~deep_fp8_gemm.ops.mxfp4.experts_masked_mxfp4`); the weighted combine in fp32 in slot order, rounded once.
+    A token's bits do not depend on the batch (the kernels never split K; the combine is per token). Returns
+    ``[T, H]`` of hidden's dtype."""
+    num_experts, hidden_size, _ = check_mxfp4_experts(w13, w2)
+    check_tensor_of(hidden, "hidden", _TOKEN_DTYPES, 2)
+    check_tensor_of(topk_ids, "topk_ids", (torch.int32, torch.int64), 2)
+    check_tensor_of(topk_weights, "topk_weights", (torch.float32, torch.bfloat16, torch.float16), 2)
+    num_tokens, top_k = topk_ids.shape
+    if hidden.shape != (num_tokens, hidden_size) or topk_weights.shape != topk_ids.shape:
+        raise ValueError(f"hidden must be [T, H={hidden_size}] and topk_weights like topk_ids [T, top_k], got "
+                         f"hidden {tuple(hidden.shape)}, topk_ids {tuple(topk_ids.shape)}, topk_weights "
+                         f"{tuple(topk_weights.shape)}")
+    check_same_device(((hidden, "hidden"), (topk_ids, "topk_ids"), (topk_weights, "topk_weights"),
+                       (w13.tiles, "w13"), (w2.tiles, "w2")))
+    ids = topk_ids.reshape(-1).to(torch.int64)
+    if bool(((ids < -1) | (ids >= num_experts)).any()):
+        raise ValueError(f"topk_ids must hold expert ids in [0, {num_experts}) or -1 (dropped)")
+    if num_tokens == 0 or top_k == 0 or bool((ids < 0).all()):
+        return hidden.new_zeros((num_tokens, hidden_size))
+    valid = ids >= 0
+    expert = torch.where(valid, ids, torch.full_like(ids, num_experts))
+    counts = torch.bincount(expert, minlength=num_experts + 1)[:num_experts]
+    order = torch.argsort(expert, stable=True)
+    starts = torch.cumsum(counts, 0) - counts
+    pos = torch.empty_like(ids)
+    pos[order] = torch.arange(ids.numel(), device=ids.device) - torch.cat((starts, starts.new_zeros(1)))[expert[order]]
+    m_max = int(counts.max())
+    x_fp8, x_scales = per_token_cast_to_fp8(hidden)
+    token = torch.arange(num_tokens, device=ids.device).repeat_interleave(top_k)
+    a = torch.zeros((num_experts, m_max, hidden_size), dtype=x_fp8.dtype, device=hidden.device)
+    sa = torch.ones((num_experts, m_max, x_scales.shape[1]), dtype=torch.float32, device=hidden.device)
+    a[ids[valid], pos[valid]] = x_fp8[token[valid]]
+    sa[ids[valid], pos[valid]] = x_scales[token[valid]]
+    down = experts_masked_mxfp4(a, sa, counts.to(torch.int32), w13, w2, max(m_max, 1))
+    gathered = torch.zeros((num_tokens * top_k, hidden_size), dtype=torch.bfloat16, device=hidden.device)
+    gathered[valid] = down[ids[valid], pos[valid]]
+    gathered = gathered.view(num_tokens, top_k, hidden_size)
+    weights = topk_weights.float()
+    acc = gathered[:, 0].float() * weights[:, :1]
+    for j in range(1, top_k):  # slot order, as ops.moe.combine
+        acc.addcmul_(gathered[:, j], weights[:, j: j + 1])
+    return acc.to(hidden.dtype)
 
 
 # ---------------------------------------------------------------------------------------------- module
@@ -216,6 +282,8 @@ class FP8MoE(FP8StateModule):
     """
 
     master_dtype: torch.dtype | None = None  # None: the inference module (e4m3 buffers)
+    #: "e4m3" (the buffers above) or "mxfp4" (:meth:`from_mxfp4`: the experts' stored MXFP4 form instead)
+    experts_format: str = "e4m3"
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, *,
                  device: torch.device | str | None = None, master_dtype: torch.dtype | None = None,
@@ -296,9 +364,49 @@ class FP8MoE(FP8StateModule):
         module._set_weights(w13, w2)
         return module
 
+    @classmethod
+    def from_mxfp4(cls, w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor, *,
+                   in_place: bool = False) -> FP8MoE:
+        """An inference layer of MXFP4 experts (DeepSeek-V4 / Kimi-K3 checkpoints; issue 42): ``w13`` ``[E, 2I, H/2]``
+        and ``w2`` ``[E, H, I/2]`` int8 / uint8 (two e2m1 codes per byte, low nibble first) with ``w13_scale``
+        ``[E, 2I, H/32]`` / ``w2_scale`` ``[E, H, I/32]`` float32 UE8M0 scales (``per_token_cast_to_fp4(w,
+        use_ue8m0=True, gran_k=32)``). Prepared once (:func:`~deep_fp8_gemm.ops.mxfp4.prepare_mxfp4_weights`; with
+        ``in_place=True`` into the checkpoint tensors' own storage) and held as buffers ``w13_mxfp4_tiles``,
+        ``w13_mxfp4_meta``, ``w13_mxfp4_wave_per32`` (and ``w2_...``): the state dict saves the stored form. The
+        forward is :func:`mxfp4_moe_forward` (the MXFP4 masked decode kernel on an sm_90 GPU or under
+        ``DFG_SIMULATE=1``, the float64 reference of its path on CPU); inference only."""
+        p13 = prepare_mxfp4_weights(w13, w13_scale, in_place=in_place)
+        p2 = prepare_mxfp4_weights(w2, w2_scale, in_place=in_place)
+        num_experts, hidden, inter = check_mxfp4_experts(p13, p2)
+        module = cls(num_experts, hidden, inter, device="meta", fused_swiglu=False)
+        module.experts_format = "mxfp4"
+        for name in ("w13", "w13_scale", "w2", "w2_scale"):
+            module.register_buffer(name, None)
+        for name, p in (("w13", p13), ("w2", p2)):
+            module.register_buffer(f"{name}_mxfp4_tiles", p.tiles)
+            module.register_buffer(f"{name}_mxfp4_meta", p.meta)
+            module.register_buffer(f"{name}_mxfp4_wave_per32", p.wave_per32)
+        return module
+
+    @property
+    def mxfp4_experts(self) -> tuple[PreparedMxfp4, PreparedMxfp4]:
+        """``(w13, w2)`` as :class:`~deep_fp8_gemm.ops.mxfp4.PreparedMxfp4` views of a :meth:`from_mxfp4` layer's
+        buffers (on their current device)."""
+        if self.experts_format != "mxfp4":
+            raise ValueError(f"mxfp4_experts: this layer's experts are {self.experts_format}, not mxfp4")
+        return tuple(PreparedMxfp4(getattr(self, f"{n}_mxfp4_tiles"), getattr(self, f"{n}_mxfp4_meta"),
+                                   getattr(self, f"{n}_mxfp4_wave_per32")) for n in ("w13", "w2"))
+
     def forward(self, hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
         """``hidden [T, H]`` bf16, ``topk_ids [T, top_k]`` int (-1 = dropped), ``topk_weights [T, top_k]``
-        fp32 -> ``[T, H]`` bf16 (see :func:`fp8_moe_forward`; training: :func:`deep_fp8_gemm.autograd.fp8_moe`)."""
+        fp32 -> ``[T, H]`` bf16 (see :func:`fp8_moe_forward`; training: :func:`deep_fp8_gemm.autograd.fp8_moe`;
+        MXFP4 experts: :func:`mxfp4_moe_forward`)."""
+        if self.experts_format == "mxfp4":
+            if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
+                                               for t in (hidden, topk_weights)):
+                raise NotImplementedError("FP8MoE with MXFP4 experts is inference-only (no backward): run it under "
+                                          "torch.no_grad() or with inputs that do not require grad")
+            return mxfp4_moe_forward(hidden, topk_ids, topk_weights, *self.mxfp4_experts)
         if self.master_dtype is not None:
             return fp8_moe(hidden, topk_ids, topk_weights, self.w13, self.w2)
         if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
@@ -309,6 +417,7 @@ class FP8MoE(FP8StateModule):
 
     def extra_repr(self) -> str:
         master = "" if self.master_dtype is None else f", master_dtype={self.master_dtype}"
-        master += "" if self.fused_swiglu else ", fused_swiglu=False"
+        master += "" if self.fused_swiglu or self.experts_format != "e4m3" else ", fused_swiglu=False"
+        master += ", experts_format=mxfp4" if self.experts_format == "mxfp4" else ""
         return (f"num_experts={self.num_experts}, hidden_size={self.hidden_size}, "
                 f"intermediate_size={self.intermediate_size}{master}")

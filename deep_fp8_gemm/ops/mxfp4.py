@@ -448,3 +448,36 @@ def _run_kernel(x: torch.Tensor, sa: torch.Tensor, p: PreparedMxfp4, d: torch.Te
     backend = backend_of(x.device, "gemm")
     config = mxfp4_gemm.pick_config(n, k, g, expected_m, mxfp4_gemm.num_ctas(backend))
     mxfp4_gemm.launch(config, x, sa.contiguous(), p, d, masked_m.to(x.device), backend)
+
+
+# ---------------------------------------------------------------------------------------------- MoE experts
+def check_mxfp4_experts(w13: object, w2: object) -> tuple[int, int, int]:
+    """Two prepared expert weights of one SwiGLU layer: ``w13`` ``[E, 2I, H]`` and ``w2`` ``[E, H, I]`` (shapes of
+    :class:`PreparedMxfp4`); returns ``(E, H, I)``."""
+    for t, name in ((w13, "w13"), (w2, "w2")):
+        if not isinstance(t, PreparedMxfp4):
+            raise TypeError(f"{name} must be a PreparedMxfp4 (prepare_mxfp4_weights of a checkpoint's pair), got "
+                            f"{type(t).__name__}")
+    (e, two_i, h), (e2, h2, i) = w13.shape, w2.shape
+    if e2 != e or h2 != h or two_i != 2 * i:
+        raise ValueError(f"w13 must be [E, 2I, H] and w2 [E, H, I], got w13 {w13.shape} and w2 {w2.shape}")
+    if w13.tiles.device != w2.tiles.device:
+        raise ValueError(f"w13 and w2 must be on one device, got {w13.tiles.device} and {w2.tiles.device}")
+    return e, h, i
+
+
+def experts_masked_mxfp4(a: torch.Tensor, a_scales: torch.Tensor, counts: torch.Tensor, w13: PreparedMxfp4,
+                         w2: PreparedMxfp4, expected_m: int) -> torch.Tensor:
+    """The MoE experts on the masked layout with MXFP4 weights (the decode path of ``ops.moe.experts_masked``):
+    ``a`` ``[E, m_max, H]`` e4m3 with ``a_scales`` ``[E, m_max, H/128]`` fp32 (1x128 per token), ``counts`` ``[E]``
+    int32 -> ``[E, m_max, H]`` bf16 (rows ``>= counts[e]`` unspecified): the up-projection
+    (:func:`m_grouped_gemm_fp8_fp4_bf16_nt_masked`, bf16 ``gate | up``), ``silu_mul_quant``, the down-projection."""
+    from ..quant import silu_mul_quant
+
+    num_experts, m_max, hidden = a.shape
+    gate_up = torch.zeros((num_experts, m_max, w13.shape[1]), dtype=torch.bfloat16, device=a.device)
+    m_grouped_gemm_fp8_fp4_bf16_nt_masked((a, a_scales), w13, gate_up, counts, expected_m)
+    h_fp8, h_scales = silu_mul_quant(gate_up)
+    out = torch.zeros((num_experts, m_max, hidden), dtype=torch.bfloat16, device=a.device)
+    m_grouped_gemm_fp8_fp4_bf16_nt_masked((h_fp8, h_scales.contiguous()), w2, out, counts, expected_m)
+    return out
