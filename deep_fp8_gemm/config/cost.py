@@ -191,3 +191,41 @@ def silu_mul_quant_bytes(rows: int, inter: int) -> int:
 def silu_mul_quant_seconds(rows: int, inter: int) -> float:
     """Modelled time of the unfused path's second kernel (a launch plus its bytes at the quantisers' bandwidth)."""
     return KERNEL_LAUNCH_SECONDS + silu_mul_quant_bytes(rows, inter) / (HBM_BYTES_PER_SECOND * _QUANT_HBM_EFFICIENCY)
+
+
+# ---------------------------------------------------------------------------------------------- MXFP4 experts
+#: The MXFP4 decode kernel's folded K loop, issue slots per K block per SMSP by (BLOCK_M, BLOCK_N): measured by the
+#: audit (``python -m deep_fp8_gemm audit --kind mxfp4``, NVRTC 13.5; tests/kernels/test_mxfp4_cost.py compares).
+MXFP4_ISSUE_PER_K_BLOCK = {(8, 256): 488, (16, 256): 521, (32, 128): 313, (16, 64): 158}
+#: Bytes the kernel reads per weight row and 128 K: 64 of codes + the 272-byte record per 64 rows (ops/mxfp4.py).
+MXFP4_BYTES_PER_ROW_K_BLOCK = 64 + 272 / 64
+#: The checkpoint's: 64 of codes + 4 UE8M0 scales (the FP4 HBM floor's bytes).
+MXFP4_CHECKPOINT_BYTES_PER_ROW_K_BLOCK = 64 + 4
+
+
+def mxfp4_hbm_bytes(m: int, n: int, k: int, num_groups: int, block_n: int, stored: bool = True) -> float:
+    """HBM bytes of a masked MXFP4 GEMM with ``m`` tokens in each of ``num_groups`` experts: the weights (the stored
+    form, or the checkpoint's with ``stored=False``), the activations and their scales once (every tile of ``block_n``
+    weight rows reads its expert's tokens; after the first, from L2: decode's tokens are a few MB against 50 MB),
+    D in bf16. ``block_n`` is the tile's (unused by the HBM count; kept for the call sites' symmetry with the
+    simulator's TMA byte count, which counts every tile's read)."""
+    k_blocks = ceil_div(k, BLOCK_K)
+    per_row = MXFP4_BYTES_PER_ROW_K_BLOCK if stored else MXFP4_CHECKPOINT_BYTES_PER_ROW_K_BLOCK
+    weights = num_groups * n * k_blocks * per_row
+    tokens = num_groups * m * (k + (4 * k_blocks if stored else 0))
+    return weights + tokens + num_groups * m * n * 2
+
+
+def mxfp4_estimate_seconds(m: int, n: int, k: int, num_groups: int, block_m: int, block_n: int,
+                           num_sms: int = 132) -> float:
+    """Modelled time of the MXFP4 masked kernel (kernels/mxfp4_gemm.cuh) for ``m`` tokens per expert: tiles of
+    ``block_n`` weight rows x ``block_m`` tokens over the SMs, each the larger of its issue time (the measured folded
+    loop, :data:`MXFP4_ISSUE_PER_K_BLOCK`, one math warp per SMSP) and its share of HBM, plus the per-tile fixed cost;
+    bounded below by all bytes at the HBM bandwidth. A prediction, not a measurement."""
+    tiles = num_groups * ceil_div(max(m, 1), block_m) * ceil_div(n, block_n)
+    sm_waves = ceil_div(tiles, num_sms)
+    k_blocks = ceil_div(k, BLOCK_K)
+    issue = k_blocks * MXFP4_ISSUE_PER_K_BLOCK[(block_m, block_n)]
+    tile = issue + _TILE_FIXED_CYCLES
+    hbm = mxfp4_hbm_bytes(m, n, k, num_groups, block_n) / (_HBM_BYTES_PER_CLK_PER_SM * num_sms)
+    return max(sm_waves * tile, hbm) / MODEL_CLOCK_HZ
