@@ -120,7 +120,7 @@ struct WaveMeta {
     DFG_DEVICE float sub_block_scale(u32 j, u32 s) const { return exp2_biased_byte(row[j], s); }
     // A folded row's tables of sub-blocks 2h and 2h + 1: pair-table entry (byte h of its word), one 16-byte load.
     DFG_DEVICE U32x4 tables(const u8* pair_tables, u32 j, u32 h) const {
-        const u32 entry = h == 0 ? (row[j] & 0xFFu) : hal::prmt(row[j], 0u, 0x4441u);
+        const u32 entry = hal::prmt(row[j], 0u, 0x4440u | h);  // byte h, zero-extended (1 ALU)
         return *reinterpret_cast<const U32x4*>(pair_tables + 16 * entry);
     }
 };
