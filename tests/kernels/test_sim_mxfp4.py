@@ -183,7 +183,7 @@ PLANTS = {
     "shift_sub_block": ("mxfp4.cuh", "convert_word(w[4 * h + 2 + j], t.z, t.w,", "convert_word(w[4 * h + 2 + j], t.x, t.y,"),
     "per32_ignored": ("mxfp4.cuh", "return *reinterpret_cast<const u32*>(wave_meta + kMetaFlagOffset) != 0;",
                       "return false;"),
-    "fence_missing": ("kernels/mxfp4_gemm.cuh", "hal::wgmma_fence();  // folded chain: orders the converted A registers",
+    "fence_missing": ("kernels/mxfp4_gemm.cuh", "hal::wgmma_fence();  // folded chains: orders the converted A registers",
                       ""),
 }
 

@@ -16,10 +16,10 @@
 // before the wgmma reads them; the tokens' tile is the B operand through its shared-memory descriptor.
 //
 // Two K loops, chosen per tile (uniform over the CTA) by the waves' per-32 flags:
-//   folded   (every tile of a checkpoint whose blocks all span <= 14 binades): per K block, every wave's conversion
-//            and wgmma chain are issued back to back (a wave converts while the earlier waves' chains run), then each
-//            wave is awaited in order and promoted once. The per-K-block work beside the waves (barriers, scales,
-//            descriptors: ~35 issue slots) is shared by BLOCK_N / 64 waves, so decode tiles take 4 (BLOCK_N 256).
+//   folded   (every tile of a checkpoint whose blocks all span <= 14 binades): per K block, every wave's conversion,
+//            then all waves' wgmma chains (one commit group), then each wave promoted once. The per-K-block work
+//            beside the waves (barriers, scales, descriptors: ~35 issue slots) is shared by BLOCK_N / 64 waves, so
+//            decode tiles take 4 (BLOCK_N 256).
 //            The audit's K-loop figures are this loop's (kernels/mxfp4_gemm.py).
 //   general  (a tile with some per-32 wave-block): per K block and wave, the path its metadata records.
 //
@@ -206,18 +206,6 @@ struct Mxfp4MaskedKernel {
             hal::fence_operand(scratch[i]);
     }
 
-    // The folded loop's waves W.. in issue order: each awaited (its commit group and the earlier ones retired, the
-    // later ones still in flight) and promoted once by 2^E x sA.
-    template <u32 W>
-    static DFG_DEVICE void drain(float (&acc)[kWaves][kAccValues], float (&scratch)[kWaves][kAccValues],
-                                 const WaveMeta (&m)[kWaves], const SwapAbColumnScales<BLOCK_M>& sa_cols) {
-        hal::wgmma_wait<kWaves - 1 - W>();
-        retire(scratch[W]);
-        promote_rows<BLOCK_M>(acc[W], scratch[W], m[W].block_scale(0), m[W].block_scale(1), sa_cols);
-        if constexpr (W + 1 < kWaves)
-            drain<W + 1>(acc, scratch, m, sa_cols);
-    }
-
     static DFG_DEVICE void consume(const Mxfp4Params& params, u8* smem, Barriers full, Barriers empty, u32 warp,
                                    u32 lane) {
         const u32 thread = 32 * warp + lane;
@@ -259,10 +247,29 @@ struct Mxfp4MaskedKernel {
                         m[w] = WaveMeta::load(meta + w * kWaveMetaBytes, warp, lane);
                         convert_wave(words, tables, m[w], false, a[w]);
                         fence_fragments(a[w]);
-                        hal::wgmma_fence();  // folded chain: orders the converted A registers
-                        issue(a[w], b_desc, scratch[w], 0, kSubBlocks);
                     }
-                    drain<0>(acc, scratch, m, sa_cols);
+                    // Every wave's chain, sub-block by sub-block (the waves' wgmmas of one sub-block read the same
+                    // tokens), one commit group after all the conversions: decode is bound by the weights' HBM bytes,
+                    // not by this serialisation (at 16x256 ~510 issue + ~200 wgmma cycles per K block against ~880
+                    // of HBM), and it issues fewer instructions than a commit group and a wait per wave.
+                    DFG_UNROLL
+                    for (u32 w = 0; w < kWaves; ++w)
+                        retire(scratch[w]);
+                    hal::wgmma_fence();  // folded chains: orders the converted A registers
+                    DFG_UNROLL
+                    for (u32 s = 0; s < kSubBlocks; ++s) {
+                        const u64 desc = desc_advance(b_desc, s * kWgmmaK);
+                        DFG_UNROLL
+                        for (u32 w = 0; w < kWaves; ++w)
+                            hal::WgmmaFp8RegA<BLOCK_M>::mma(a[w][s], desc, scratch[w], s > 0);
+                    }
+                    hal::wgmma_commit();
+                    hal::wgmma_wait<0>();
+                    DFG_UNROLL
+                    for (u32 w = 0; w < kWaves; ++w) {
+                        retire(scratch[w]);
+                        promote_rows<BLOCK_M>(acc[w], scratch[w], m[w].block_scale(0), m[w].block_scale(1), sa_cols);
+                    }
                     DFG_UNROLL
                     for (u32 w = 0; w < kWaves; ++w)
                         fence_fragments(a[w]);
