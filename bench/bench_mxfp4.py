@@ -51,6 +51,37 @@ def model_rows(groups: int = GROUPS) -> list[dict]:
     return rows
 
 
+PREFILL_TOKENS = (64, 256, 1024, 4096)
+
+
+def prefill_rows(groups: int = GROUPS) -> list[dict]:
+    """The cost model at prefill: ``m`` tokens per expert on the contiguous layout, the register-A kernel's pick
+    (BLOCK_M 32: the weights converted once per 32 tokens) against the FP8 contiguous kernel's model at the
+    heuristic's pick (m_sum = groups x m)."""
+    from deep_fp8_gemm.config import get_config
+    from deep_fp8_gemm.config.cost import estimate_seconds, mxfp4_estimate_seconds
+    from deep_fp8_gemm.kernels.mxfp4_gemm import pick_config
+
+    rows = []
+    for model, proj, n, k in SHAPES:
+        for m in PREFILL_TOKENS:
+            cfg = pick_config(n, k, groups, 32, 132, "contiguous")
+            t = mxfp4_estimate_seconds(m, n, k, groups, cfg.block_m, cfg.block_n)
+            fp8 = estimate_seconds(get_config(groups * m, n, k, groups, "contiguous"), groups * m)
+            rows.append(dict(model=model, proj=proj, n=n, k=k, m=m, tile=f"{cfg.block_m}x{cfg.block_n}",
+                             mxfp4_us=t * 1e6, fp8_us=fp8 * 1e6, speedup_vs_fp8=fp8 / t))
+    return rows
+
+
+def format_prefill(rows: list[dict]) -> str:
+    lines = ["| model | GEMM | N | K | M / expert | tile | MXFP4 register-A (model) us | FP8 contiguous (model) us | "
+             "FP8 / MXFP4 |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['model']} | {r['proj']} | {r['n']} | {r['k']} | {r['m']} | {r['tile']} | "
+                     f"{r['mxfp4_us']:.1f} | {r['fp8_us']:.1f} | {r['speedup_vs_fp8']:.2f} |")
+    return "\n".join(lines)
+
+
 def format_model(rows: list[dict]) -> str:
     lines = ["| model | GEMM | N | K | M / expert | tile | MXFP4 (model) us | FP4 floor us | / floor | FP8 masked "
              "(model) us | FP8 / MXFP4 |", "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -120,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.model:
         print(format_model(model_rows()))
+        print()
+        print(format_prefill(prefill_rows()))
         return 0
     reason = _skip_reason()
     if reason:

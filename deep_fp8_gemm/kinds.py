@@ -176,7 +176,8 @@ RULES: tuple[Rule, ...] = (
     Rule("packing", "e2m1x2", "granularity", ("1x128/1x32",), "MXFP4 weights carry 1x32 UE8M0 scales with 1x128 "
          "activation scales"),
     Rule("granularity", "1x128/1x32", "packing", ("e2m1x2",), "the 1x32 per-row weight recipe is MXFP4's"),
-    Rule("packing", "e2m1x2", "layout", ("masked",), "MXFP4 experts run the decode (masked) layout this round"),
+    Rule("packing", "e2m1x2", "layout", ("masked", "contiguous", "psum"), "MXFP4 experts are the M-grouped MoE GEMMs "
+         "(decode: masked; prefill: contiguous m_indices or psum)"),
     Rule("packing", "e2m1x2", "output", ("bf16",), "the MXFP4 decode kernel stores bf16"),
     Rule("packing", "e2m1x2", "order", ("register_a",), "the weights are wgmma's register A operand, on the M side"),
     Rule("order", "register_a", "packing", ("e2m1x2",), "only packed weights need converting in registers (e4m3 "
@@ -263,6 +264,10 @@ ROWS: tuple[KindRow, ...] = (
             accumulation="none", granularity="none", scale_dtype="none"),
     # MXFP4 experts (issue 42): the register-A decode kernel (kernels/mxfp4_gemm.cuh)
     KindRow("mxfp4_masked", "Mxfp4GroupedMasked", 18, "masked", output="bf16", accumulation="mx",
+            granularity="1x128/1x32", packing="e2m1x2", orders=("register_a",)),
+    KindRow("mxfp4_contiguous", "Mxfp4GroupedContiguous", 19, "contiguous", output="bf16", accumulation="mx",
+            granularity="1x128/1x32", packing="e2m1x2", orders=("register_a",)),
+    KindRow("mxfp4_psum", "Mxfp4GroupedContiguousPsum", 20, "psum", output="bf16", accumulation="mx",
             granularity="1x128/1x32", packing="e2m1x2", orders=("register_a",)),
 )
 

@@ -69,7 +69,8 @@ from .ops.moe import (check_expert_sizes, check_routed_inputs, check_same_device
                       swiglu_weights)
 from .quant import per_token_cast_to_fp8, silu_mul_quant
 from .ops.masked import check_masked_values
-from .ops.mxfp4 import PreparedMxfp4, check_mxfp4_experts, experts_masked_mxfp4, prepare_mxfp4_weights
+from .ops.mxfp4 import (PreparedMxfp4, check_mxfp4_experts, experts_contiguous_mxfp4, experts_masked_mxfp4,
+                         prepare_mxfp4_weights)
 from .ops.outputs import SwigluWeights
 from ._core.checks import check_expected_m, layout_values_checked
 
@@ -190,18 +191,29 @@ def fp8_moe_forward_masked(hidden_per_expert: torch.Tensor, counts: torch.Tensor
                           w13_swiglu)
 
 
+#: Rows per expert up to which :func:`mxfp4_moe_forward` dispatches to the masked (decode) layout: the masked
+#: kernels' widest token tile (kernels/mxfp4_gemm.py BLOCK_MS); beyond, the contiguous layout keeps the dispatch
+#: buffer at the routed rows instead of E x m_max.
+MXFP4_DECODE_MAX_ROWS = 32
+
+
 def mxfp4_moe_forward(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w13: PreparedMxfp4,
                       w2: PreparedMxfp4) -> torch.Tensor:
-    """The MoE forward of routed tokens with MXFP4 experts (issue 42: the masked decode kernel; a prefill layout is
-    issue 43's). Same math and arguments as :func:`fp8_moe_forward` but the weights: ``w13`` ``[E, 2I, H]`` and
-    ``w2`` ``[E, H, I]`` :class:`~deep_fp8_gemm.ops.mxfp4.PreparedMxfp4`.
+    """The MoE forward of routed tokens with MXFP4 experts (issues 42, 43). Same math and arguments as
+    :func:`fp8_moe_forward` but the weights: ``w13`` ``[E, 2I, H]`` and ``w2`` ``[E, H, I]``
+    :class:`~deep_fp8_gemm.ops.mxfp4.PreparedMxfp4`.
 
-    Pipeline: quantise ``hidden`` per token once; dispatch each routed slot to row ``p`` of its expert (``p`` its rank
-    among the expert's slots in (token, slot) order) of a ``[E, m_max, H]`` masked layout, ``m_max`` the largest
-    count (one host read of the counts, as :func:`fp8_moe_forward`'s exact layout); the MXFP4 experts
-    (:func:`~deep_fp8_gemm.ops.mxfp4.experts_masked_mxfp4`); the weighted combine in fp32 in slot order, rounded once.
-    A token's bits do not depend on the batch (the kernels never split K; the combine is per token). Returns
-    ``[T, H]`` of hidden's dtype."""
+    Pipeline: quantise ``hidden`` per token once; the per-expert counts (one host read, as :func:`fp8_moe_forward`'s
+    exact layout); then
+    * decode (at most :data:`MXFP4_DECODE_MAX_ROWS` rows for every expert): each routed slot to row ``p`` of its expert
+      (``p`` its rank among the expert's slots in (token, slot) order) of a ``[E, m_max, H]`` masked layout and the
+      masked kernels (:func:`~deep_fp8_gemm.ops.mxfp4.experts_masked_mxfp4`);
+    * prefill: the contiguous layout (:func:`~deep_fp8_gemm.ops.moe.route`) and the contiguous kernels
+      (:func:`~deep_fp8_gemm.ops.mxfp4.experts_contiguous_mxfp4`);
+    then the weighted combine in fp32 in slot order, rounded once. A token's bits do not depend on the batch, nor on
+    the path its batch took: both paths run the same register-A kernel arithmetic per row (K never split, the same
+    chain and promotions; tests/kernels/test_sim_mxfp4.py checks the GEMM's bits across the two in the simulator), the
+    same ``silu_mul_quant`` per row and the same combine. Returns ``[T, H]`` of hidden's dtype."""
     num_experts, hidden_size, _ = check_mxfp4_experts(w13, w2)
     check_tensor_of(hidden, "hidden", _TOKEN_DTYPES, 2)
     check_tensor_of(topk_ids, "topk_ids", (torch.int32, torch.int64), 2)
@@ -227,6 +239,13 @@ def mxfp4_moe_forward(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights
     pos[order] = torch.arange(ids.numel(), device=ids.device) - torch.cat((starts, starts.new_zeros(1)))[expert[order]]
     m_max = int(counts.max())
     x_fp8, x_scales = per_token_cast_to_fp8(hidden)
+    if m_max > MXFP4_DECODE_MAX_ROWS:  # prefill: the contiguous layout
+        routed = route(topk_ids, num_experts, None)
+        rows = routed.gather_index.clamp(min=0)
+        a = x_fp8.view(torch.uint8).index_select(0, rows).view(x_fp8.dtype)
+        sa = x_scales.index_select(0, rows).contiguous()
+        down = experts_contiguous_mxfp4(a, sa, routed.layout.m_indices, w13, w2)
+        return combine(down, routed.scatter_index, topk_weights, hidden.dtype)
     token = torch.arange(num_tokens, device=ids.device).repeat_interleave(top_k)
     a = torch.zeros((num_experts, m_max, hidden_size), dtype=x_fp8.dtype, device=hidden.device)
     sa = torch.ones((num_experts, m_max, x_scales.shape[1]), dtype=torch.float32, device=hidden.device)

@@ -52,7 +52,7 @@ from ..ops.contiguous import m_grouped_gemm_fp8_fp8_bf16_nt_contiguous
 from ..ops.dense import gemm_fp8_fp8_bf16_nt, gemm_fp8_fp8_bf16_nt_block32
 from ..ops.k_grouped import k_grouped_gemm_fp8_fp8_fp32_nt
 from ..ops.masked import m_grouped_gemm_fp8_fp8_bf16_nt_masked
-from ..ops.mxfp4 import m_grouped_gemm_fp8_fp4_bf16_nt_masked
+from ..ops.mxfp4 import m_grouped_gemm_fp8_fp4_bf16_nt_contiguous, m_grouped_gemm_fp8_fp4_bf16_nt_masked
 from ..ops.psum import m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum
 from ..ops.wgrad_1d1d import gemm_fp8_fp8_fp32_nt_1d1d
 from ..utils import get_col_major_tma_aligned_tensor
@@ -324,7 +324,46 @@ def k_grouped_fp8_gemm_nt_contiguous(
 fp8_m_grouped_gemm_nt_masked = m_grouped_fp8_gemm_nt_masked
 #: The reference's newest spellings of the same entry points (they also take FP4 on SM100).
 fp8_fp4_gemm_nt = fp8_gemm_nt
-m_grouped_fp8_fp4_gemm_nt_contiguous = m_grouped_fp8_gemm_nt_contiguous
+
+
+def m_grouped_fp8_fp4_gemm_nt_contiguous(
+    a: tuple[torch.Tensor, torch.Tensor],
+    b: tuple[torch.Tensor, torch.Tensor],
+    d: torch.Tensor,
+    grouped_layout: torch.Tensor,
+    recipe: tuple[int, int, int] | None = None,
+    recipe_a: tuple[int, int] | None = None,
+    recipe_b: tuple[int, int] | None = None,
+    compiled_dims: str = "nk",
+    disable_ue8m0_cast: bool = False,
+    use_psum_layout: bool = False,
+    ensure_zero_padding: bool = True,
+    expected_m_for_psum_layout: int | None = None,
+) -> None:
+    """:func:`m_grouped_fp8_gemm_nt_contiguous` for FP8 ``b``; for MXFP4 experts (``b = (int8 / uint8 [G, N, K/2]`` two
+    e2m1 codes per byte low nibble first, ``fp32 UE8M0 [G, N, K/32])``, ``recipe_a=(1, 128)``, ``recipe_b=(1, 32)``,
+    no ``recipe``: vLLM's ``DeepGemmFP4Experts`` call) :func:`deep_fp8_gemm.ops.mxfp4.m_grouped_gemm_fp8_fp4_bf16_nt_contiguous`
+    (the MXFP4 register-A kernel on sm_90 and under DFG_SIMULATE, the float64 reference of its path on CPU), with
+    the same layouts and padding-row rule as the FP8 kernel."""
+    data = b[0] if isinstance(b, (tuple, list)) and len(b) == 2 else None
+    if not (isinstance(data, torch.Tensor) and data.dtype in (torch.int8, torch.uint8)):
+        m_grouped_fp8_gemm_nt_contiguous(a, b, d, grouped_layout, recipe, recipe_a, recipe_b, compiled_dims,
+                                         disable_ue8m0_cast, use_psum_layout, ensure_zero_padding,
+                                         expected_m_for_psum_layout)
+        return
+    if recipe is not None or recipe_a is None or recipe_b is None or (tuple(recipe_a), tuple(recipe_b)) != (
+            (1, 128), (1, 32)):
+        raise ValueError(f"MXFP4 b (b[0].dtype={data.dtype}) takes recipe_a=(1, 128), recipe_b=(1, 32) and no recipe, "
+                         f"got recipe={recipe}, recipe_a={recipe_a}, recipe_b={recipe_b}")
+    check_compiled_dims(compiled_dims)
+    check_bool(disable_ue8m0_cast, "disable_ue8m0_cast")
+    check_bool(ensure_zero_padding, "ensure_zero_padding")
+    check_bool(use_psum_layout, "use_psum_layout")
+    if expected_m_for_psum_layout is not None and not use_psum_layout:
+        raise ValueError("expected_m_for_psum_layout is for use_psum_layout=True only, got "
+                         f"expected_m_for_psum_layout={expected_m_for_psum_layout!r}")
+    _check_sm100_operands(a, (None, b[1]))
+    m_grouped_gemm_fp8_fp4_bf16_nt_contiguous(a, b, d, grouped_layout, use_psum_layout=use_psum_layout)
 
 
 def m_grouped_fp8_fp4_gemm_nt_masked(
@@ -341,8 +380,8 @@ def m_grouped_fp8_fp4_gemm_nt_masked(
 ) -> None:
     """:func:`m_grouped_fp8_gemm_nt_masked` for FP8 ``b``; for MXFP4 experts (``b = (int8 [G, N, K/2] two e2m1
     codes per byte low nibble first, fp32 UE8M0 [G, N, K/32])``, ``recipe_a=(1, 128)``, ``recipe_b=(1, 32)``,
-    no ``recipe``) :func:`deep_fp8_gemm.ops.mxfp4.m_grouped_gemm_fp8_fp4_bf16_nt_masked` (CPU reference today;
-    the kernel: issue 42)."""
+    no ``recipe``) :func:`deep_fp8_gemm.ops.mxfp4.m_grouped_gemm_fp8_fp4_bf16_nt_masked` (the MXFP4 decode kernel on
+    sm_90 and under DFG_SIMULATE, the float64 reference of its path on CPU)."""
     data = b[0] if isinstance(b, (tuple, list)) and len(b) == 2 else None
     if not (isinstance(data, torch.Tensor) and data.dtype in (torch.int8, torch.uint8)):
         m_grouped_fp8_gemm_nt_masked(a, b, d, masked_m, expected_m, recipe, recipe_a, recipe_b, compiled_dims,

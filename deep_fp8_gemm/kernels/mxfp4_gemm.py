@@ -25,7 +25,9 @@ from ..utils import PROCESS_SETTINGS
 from .wgmma_gen import wgmma_fp8_rs_wrapper
 
 TEMPLATE = "mxfp4_gemm.cu"
-KERNEL_PREFIX = "dfg_mxfp4_masked"
+KERNEL_PREFIX = "dfg_mxfp4_grouped"
+#: The layouts (the kinds table's mxfp4 rows) and their dfg::GemmKind enumerators.
+LAYOUTS = {"masked": "GroupedMasked", "contiguous": "GroupedContiguous", "psum": "GroupedContiguousPsum"}
 TENSOR_MAP_BYTES = 128
 NUM_THREADS = 256  # one math warpgroup, one producer warpgroup
 BLOCK_K = 128
@@ -51,8 +53,13 @@ class Mxfp4Config:
     block_m: int
     block_n: int
     num_stages: int
+    layout: str = "masked"  # "masked" | "contiguous" (m_indices) | "psum" (group ends)
+    group_alignment: int = 128  # psum: the layout's group-start alignment (64 or 128); compiled in
 
     def __post_init__(self) -> None:
+        if self.layout not in LAYOUTS or self.group_alignment not in (64, 128):
+            raise ValueError(f"layout must be one of {tuple(LAYOUTS)} and group_alignment 64 or 128, got "
+                             f"{self.layout=} {self.group_alignment=}")
         if self.block_m not in BLOCK_MS or self.block_n not in BLOCK_NS:
             raise ValueError(f"block_m must be in {BLOCK_MS} and block_n in {BLOCK_NS}, got {self.block_m=} "
                              f"{self.block_n=}")
@@ -76,19 +83,20 @@ class Mxfp4Config:
     def constants(self, kernel_name: str) -> dict[str, object]:
         return {"SHAPE_N": self.n, "SHAPE_K": self.k, "BLOCK_M": self.block_m, "BLOCK_N": self.block_n,
                 "NUM_STAGES": self.num_stages, "NUM_GROUPS": self.num_groups, "SMEM_BYTES": self.smem_bytes,
-                "KERNEL_NAME": kernel_name}
+                "LAYOUT": LAYOUTS[self.layout], "GROUP_ALIGNMENT": self.group_alignment, "KERNEL_NAME": kernel_name}
 
     def as_dict(self) -> dict:
         """JSON-safe record for the audit. The K-loop analysis reads the wgmma tile (``mma_rows`` = BLOCK_N weight rows,
         ``mma_cols`` = BLOCK_M tokens) of the folded loop (``kloop_qgmma``: its 4 wgmmas per wave and K block; the
         general loop, which holds both paths, is reported beside it)."""
-        return {"n": self.n, "k": self.k, "num_groups": self.num_groups, "block_m": self.block_m,
+        return {"layout": self.layout, "n": self.n, "k": self.k, "num_groups": self.num_groups, "block_m": self.block_m,
                 "block_n": self.block_n, "num_stages": self.num_stages, "smem_bytes": self.smem_bytes,
                 "num_threads": NUM_THREADS, "num_math_warpgroups": 1, "mma_rows": self.block_n,
                 "mma_cols": self.block_m, "kloop_qgmma": 4 * (self.block_n // 64)}
 
 
-def pick_config(n: int, k: int, num_groups: int, expected_m: int, num_sms: int) -> Mxfp4Config:
+def pick_config(n: int, k: int, num_groups: int, expected_m: int, num_sms: int, layout: str = "masked",
+                group_alignment: int = 128) -> Mxfp4Config:
     """The tile for a call: BLOCK_M the smallest of 8 / 16 / 32 holding ``expected_m`` tokens (32 beyond); BLOCK_N the
     widest of 256 / 128 / 64 dividing N that still gives every SM a tile (``G x N / BLOCK_N >= num_sms``; 256 only
     with BLOCK_M <= 16): wider tiles share the K loop's per-block work among more waves (kernels/mxfp4_gemm.cuh); as
@@ -98,7 +106,7 @@ def pick_config(n: int, k: int, num_groups: int, expected_m: int, num_sms: int) 
     block_n = widths[0] if widths else 64
     for stages in range(MAX_STAGES, 0, -1):
         try:
-            return Mxfp4Config(n, k, num_groups, block_m, block_n, stages)
+            return Mxfp4Config(n, k, num_groups, block_m, block_n, stages, layout, group_alignment)
         except ValueError:
             continue
     raise ValueError(f"no MXFP4 tile fits {n=} {k=}")
@@ -135,11 +143,11 @@ class Mxfp4Params(ctypes.Structure):
     """Byte image of ``dfg::mxfp4::Mxfp4Params`` (576 bytes; the header ``static_assert``s every offset)."""
 
     _fields_ = [("tma_w", _MapBytes), ("tma_a", _MapBytes), ("tma_meta", _MapBytes), ("tma_sa", _MapBytes),
-                ("d", ctypes.c_uint64), ("masked_m", ctypes.c_uint64), ("wave_per32", ctypes.c_uint64),
-                ("m_max", ctypes.c_uint32), ("reserved", ctypes.c_ubyte * 36)]
+                ("d", ctypes.c_uint64), ("grouped_layout", ctypes.c_uint64), ("wave_per32", ctypes.c_uint64),
+                ("num_rows", ctypes.c_uint32), ("reserved", ctypes.c_ubyte * 36)]
 
 
-assert ctypes.sizeof(Mxfp4Params) == 576 and Mxfp4Params.m_max.offset == 536
+assert ctypes.sizeof(Mxfp4Params) == 576 and Mxfp4Params.num_rows.offset == 536
 
 
 def map_args(cfg: Mxfp4Config, x: torch.Tensor, tiles: torch.Tensor, meta: torch.Tensor, sa_cols: torch.Tensor):
@@ -147,17 +155,17 @@ def map_args(cfg: Mxfp4Config, x: torch.Tensor, tiles: torch.Tensor, meta: torch
     ``[G, m_max, K]`` e4m3 (box 128 x BLOCK_M, 128-byte swizzle), the metadata ``[G K/128 N/64][17][16]`` u8 (box: the
     tile's waves) and sA ``[G, K/128, m_pad]`` (box BLOCK_M). A wave's tile / metadata is one contiguous record, the
     tile's waves consecutive ones (``[G][K/128][N/64]`` order)."""
-    g, m_max, k = x.shape
+    batches, rows, k = x.shape  # masked: [G, m_max, K]; contiguous: [1, M_sum, K]
     kb = k // BLOCK_K
-    records = g * kb * (cfg.n // 64)
+    records = cfg.num_groups * kb * (cfg.n // 64)
     waves = cfg.block_n // 64
     m_pad = sa_cols.shape[2]
     return (
         (TmaDtype.UINT8, tiles.data_ptr(), (256, 16, records), (256, WAVE_TILE_BYTES), (256, 16, waves),
          TmaSwizzle.NONE),
-        (TmaDtype.UINT8, x.data_ptr(), (k, m_max, g), (k, m_max * k), (BLOCK_K, cfg.block_m, 1), TmaSwizzle.B128),
+        (TmaDtype.UINT8, x.data_ptr(), (k, rows, batches), (k, rows * k), (BLOCK_K, cfg.block_m, 1), TmaSwizzle.B128),
         (TmaDtype.UINT8, meta.data_ptr(), (16, 17, records), (16, WAVE_META_BYTES), (16, 17, waves), TmaSwizzle.NONE),
-        (TmaDtype.FLOAT32, sa_cols.data_ptr(), (m_pad, kb, g), (m_pad * 4, kb * m_pad * 4), (cfg.block_m, 1, 1),
+        (TmaDtype.FLOAT32, sa_cols.data_ptr(), (m_pad, kb, batches), (m_pad * 4, kb * m_pad * 4), (cfg.block_m, 1, 1),
          TmaSwizzle.NONE),
     )
 
@@ -197,20 +205,24 @@ def num_ctas(backend: Backend) -> int:
     return get_num_sms()
 
 
-def launch(config: Mxfp4Config, x: torch.Tensor, sa: torch.Tensor, prepared, d: torch.Tensor, masked_m: torch.Tensor,
-           backend: Backend) -> None:
-    """The kernel on validated tensors: ``x [G, m_max, K]`` e4m3, ``sa [G, m_max, K/128]`` fp32, ``prepared`` an
-    :class:`deep_fp8_gemm.ops.mxfp4.PreparedMxfp4` (contiguous tiles, meta, wave_per32), ``d [G, m_max, N]`` bf16
-    (contiguous), ``masked_m [G]`` int32; the one place an MXFP4 launch branches on the backend."""
-    g, m_max, _ = x.shape
-    if m_max == 0 or g == 0:
+def launch(config: Mxfp4Config, x: torch.Tensor, sa: torch.Tensor, prepared, d: torch.Tensor,
+           grouped_layout: torch.Tensor, backend: Backend) -> None:
+    """The kernel on validated tensors: ``x`` e4m3 ``[G, m_max, K]`` (masked) or ``[M_sum, K]`` (contiguous) with
+    ``sa`` fp32 of the same rows by ``K/128``; ``prepared`` an :class:`deep_fp8_gemm.ops.mxfp4.PreparedMxfp4`;
+    ``d`` bf16 ``[G, m_max, N]`` / ``[M_sum, N]`` (contiguous); ``grouped_layout`` int32 ``masked_m [G]``,
+    ``m_indices [M_sum]`` or psum ends ``[G]`` (``config.layout``). The one place an MXFP4 launch branches on the
+    backend."""
+    if config.layout != "masked":  # one batch of M_sum rows
+        x, sa = x.unsqueeze(0), sa.unsqueeze(0)
+    batches, rows, _ = x.shape
+    if rows == 0 or batches == 0:
         return
     sa_cols = column_scales(sa)
     maps = encode_maps(map_args(config, x, prepared.tiles, prepared.meta, sa_cols), backend)
     params = param_structs.pack(Mxfp4Params, tma_w=maps[0], tma_a=maps[1], tma_meta=maps[2], tma_sa=maps[3],
-                                d=d.data_ptr(), masked_m=masked_m.data_ptr(),
-                                wave_per32=prepared.wave_per32.data_ptr(), m_max=m_max)
-    tiles = g * (config.n // config.block_n) * -(-m_max // config.block_m)
+                                d=d.data_ptr(), grouped_layout=grouped_layout.data_ptr(),
+                                wave_per32=prepared.wave_per32.data_ptr(), num_rows=rows)
+    tiles = batches * (config.n // config.block_n) * -(-rows // config.block_m)
     grid = max(1, min(num_ctas(backend), tiles))
     if backend is Backend.SIM:
         from ..simulator import launch as sim_launch, ptxas_registers
@@ -239,11 +251,15 @@ AUDIT_GROUPS = 32
 
 def audit_configs() -> list[Mxfp4Config]:
     """The decode tiles on every audit shape: BLOCK_M 8 / 16 at BLOCK_N 256 (the picks at decode), BLOCK_M 32 at
-    BLOCK_N 128, and BLOCK_N 64 at BLOCK_M 16 (few experts)."""
+    BLOCK_N 128, and BLOCK_N 64 at BLOCK_M 16 (few experts); the contiguous and psum layouts' prefill pick."""
     configs = []
     for n, k in AUDIT_SHAPES:
         for block_m, block_n in ((8, 256), (16, 256), (32, 128), (16, 64)):
             configs.append(dataclasses.replace(pick_config(n, k, AUDIT_GROUPS, block_m, 132), block_n=block_n))
+    # The contiguous layouts (issue 43, vLLM's call) at the prefill pick: m_indices (alignment 128), psum (64).
+    n, k = AUDIT_SHAPES[0]
+    configs.append(pick_config(n, k, AUDIT_GROUPS, 32, 132, "contiguous", 128))
+    configs.append(pick_config(n, k, AUDIT_GROUPS, 32, 132, "psum", 64))
     return configs
 
 

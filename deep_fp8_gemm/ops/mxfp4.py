@@ -481,3 +481,119 @@ def experts_masked_mxfp4(a: torch.Tensor, a_scales: torch.Tensor, counts: torch.
     out = torch.zeros((num_experts, m_max, hidden), dtype=torch.bfloat16, device=a.device)
     m_grouped_gemm_fp8_fp4_bf16_nt_masked((h_fp8, h_scales.contiguous()), w2, out, counts, expected_m)
     return out
+
+
+# ---------------------------------------------------------------------------------------------- contiguous layouts
+def contiguous_row_groups(grouped_layout: torch.Tensor, m_sum: int, num_groups: int, use_psum_layout: bool,
+                          alignment: int) -> torch.Tensor:
+    """``[m_sum]`` int64: the group each row is computed with, -1 for rows left untouched, as the kernels (and the FP8
+    contiguous kernels) compute rows: per ``alignment``-row block, the larger of its first and last rows'
+    ``m_indices`` (``scheduler.cuh`` ``contiguous_block_expert``), or the psum group holding its first row
+    (``psum_block_group``); every row of a block with a group takes it, padding rows included."""
+    blocks = -(-m_sum // alignment)
+    first = torch.arange(blocks) * alignment
+    if use_psum_layout:
+        ends = grouped_layout.to(torch.int64).cpu()
+        starts = torch.cat((torch.zeros(1, dtype=torch.int64),
+                            (ends[:-1].clamp(min=0) + alignment - 1) // alignment * alignment))
+        g = torch.searchsorted(ends, first, right=True)  # the first group with ends[g] > first
+        valid = g < num_groups
+        gc = g.clamp(max=num_groups - 1)
+        group = torch.where(valid & (starts[gc] <= first), gc, torch.full_like(gc, -1))
+    else:
+        idx = grouped_layout.to(torch.int64).cpu()
+        last = torch.minimum(first + alignment, torch.tensor(m_sum)) - 1
+        group = torch.maximum(idx[first], idx[last])
+    return group.repeat_interleave(alignment)[:m_sum]
+
+
+def m_grouped_gemm_fp8_fp4_bf16_nt_contiguous(a: tuple[torch.Tensor, torch.Tensor],
+                                               b: tuple[torch.Tensor, torch.Tensor] | PreparedMxfp4,
+                                               d: torch.Tensor, grouped_layout: torch.Tensor, *,
+                                               use_psum_layout: bool = False) -> None:
+    """``d[r] = (a[r] * sa[r]) . W_g(r)^T`` in bf16 for MXFP4 experts on the contiguous layouts (issue 43, part: the
+    register-A kernel; vLLM's ``DeepGemmFP4Experts`` call).
+
+    ``a = (e4m3 [M_sum, K], sa fp32 [M_sum, K/128])`` (any strides); ``b`` a checkpoint's ``(int8 [G, N, K/2], fp32
+    UE8M0 [G, N, K/32])`` (prepared on every call) or a :class:`PreparedMxfp4`; ``d`` bf16 ``[M_sum, N]`` written in
+    place; ``grouped_layout`` int32: ``m_indices [M_sum]`` (expert per row, -1 padding) or, with
+    ``use_psum_layout=True``, the groups' ends ``[G]`` (group g owns rows ``[round_up(ends[g-1], alignment),
+    ends[g])``). ``alignment`` = ``get_m_alignment_for_contiguous_layout()`` (64 or 128). Rows are computed as the
+    FP8 contiguous kernels compute them (:func:`contiguous_row_groups`): padding rows sharing an alignment block with
+    a group's rows take that group, padding-only blocks are left untouched. CPU tensors run the float64 reference of
+    the recorded path (their layout values checked); an sm_90 GPU or ``DFG_SIMULATE=1`` the MXFP4 kernel."""
+    from .._core.checks import layout_values_checked
+    from ..utils import get_m_alignment_for_contiguous_layout
+    from .contiguous import check_contiguous_values
+    from .psum import check_psum_layout_values
+
+    p = b if isinstance(b, PreparedMxfp4) else prepare_mxfp4_weights(*b)
+    g, n, k = p.shape
+    if not isinstance(a, (tuple, list)) or len(a) != 2 or not all(isinstance(t, torch.Tensor) for t in a):
+        raise TypeError(f"a must be a pair of tensors (e4m3 [M_sum, K], fp32 [M_sum, K/128]), got {a!r:.80}")
+    x, sa = a
+    if x.dtype != torch.float8_e4m3fn or x.dim() != 2 or x.shape[1] != k:
+        raise ValueError(f"a[0] must be float8_e4m3fn [M_sum, K] with K={k}, got {x.dtype} {tuple(x.shape)}")
+    m_sum = x.shape[0]
+    if sa.dtype != torch.float32 or tuple(sa.shape) != (m_sum, k // GRAN_K):
+        raise ValueError(f"a[1] must be float32 [M_sum, K/128] = {(m_sum, k // GRAN_K)}, got {sa.dtype} "
+                         f"{tuple(sa.shape)}")
+    if not isinstance(d, torch.Tensor) or d.dtype != torch.bfloat16 or tuple(d.shape) != (m_sum, n):
+        raise ValueError(f"d must be bfloat16 [M_sum, N] = {(m_sum, n)}, got {getattr(d, 'dtype', type(d).__name__)} "
+                         f"{tuple(getattr(d, 'shape', ()))}")
+    if not isinstance(use_psum_layout, bool):
+        raise TypeError(f"use_psum_layout must be a bool, got {type(use_psum_layout).__name__}")
+    want = (g,) if use_psum_layout else (m_sum,)
+    if not isinstance(grouped_layout, torch.Tensor) or grouped_layout.dtype != torch.int32 or (
+            tuple(grouped_layout.shape) != want):
+        raise ValueError(f"grouped_layout must be int32 {'group ends [G]' if use_psum_layout else 'm_indices [M_sum]'}"
+                         f" = {list(want)}, got {getattr(grouped_layout, 'dtype', type(grouped_layout).__name__)} "
+                         f"{tuple(getattr(grouped_layout, 'shape', ()))}")
+    devices = {t.device for t in (x, sa, d, grouped_layout, p.tiles)}
+    if len(devices) != 1:
+        raise ValueError(f"a, b, d and grouped_layout must be on one device, got {sorted(map(str, devices))}")
+    if layout_values_checked(grouped_layout.device):
+        if use_psum_layout:
+            check_psum_layout_values(grouped_layout, m_sum)
+        else:
+            check_contiguous_values(grouped_layout, m_sum, g)
+    alignment = get_m_alignment_for_contiguous_layout()
+    if m_sum == 0:
+        return
+    if x.device.type != "cpu" or simulate():
+        from ..kernels import mxfp4_gemm
+        from ..runtime.target import backend_of
+
+        if not d.is_contiguous() or not x.is_contiguous():
+            raise ValueError(f"the MXFP4 kernel needs contiguous a[0] and d, got a[0] contiguous "
+                             f"{x.is_contiguous()}, d contiguous {d.is_contiguous()}")
+        backend = backend_of(x.device, "gemm")
+        config = mxfp4_gemm.pick_config(n, k, g, min(32, max(1, m_sum // max(g, 1))), mxfp4_gemm.num_ctas(backend),
+                                        "psum" if use_psum_layout else "contiguous", alignment)
+        mxfp4_gemm.launch(config, x, sa.contiguous(), p, d, grouped_layout, backend)
+        return
+    rows = contiguous_row_groups(grouped_layout, m_sum, g, use_psum_layout, alignment)
+    for e in rows.unique().tolist():
+        if e < 0:
+            continue
+        r = (rows == e).nonzero().view(-1)
+        one = PreparedMxfp4(p.tiles[e:e + 1], p.meta[e:e + 1], p.wave_per32[e:e + 1])
+        ref = masked_gemm_reference(x[r].unsqueeze(0), sa[r].unsqueeze(0), one,
+                                    torch.tensor([len(r)], dtype=torch.int32))
+        d[r] = ref[0].to(torch.bfloat16)
+
+
+def experts_contiguous_mxfp4(a: torch.Tensor, a_scales: torch.Tensor, m_indices: torch.Tensor, w13: PreparedMxfp4,
+                             w2: PreparedMxfp4) -> torch.Tensor:
+    """The MoE experts on the contiguous layout with MXFP4 weights (the prefill path): ``a`` ``[m_sum, H]`` e4m3 with
+    ``a_scales`` ``[m_sum, H/128]`` fp32, ``m_indices`` ``[m_sum]`` int32 -> ``[m_sum + 1, H]`` bf16 whose last row is
+    zeros (``ops.moe.combine``'s convention); the up-projection, ``silu_mul_quant``, the down-projection."""
+    from ..quant import silu_mul_quant
+
+    m_sum, hidden = a.shape
+    gate_up = torch.zeros((m_sum, w13.shape[1]), dtype=torch.bfloat16, device=a.device)
+    m_grouped_gemm_fp8_fp4_bf16_nt_contiguous((a, a_scales), w13, gate_up, m_indices)
+    h_fp8, h_scales = silu_mul_quant(gate_up)
+    down = torch.zeros((m_sum + 1, hidden), dtype=torch.bfloat16, device=a.device)
+    m_grouped_gemm_fp8_fp4_bf16_nt_contiguous((h_fp8, h_scales), w2, down[:m_sum], m_indices)
+    return down

@@ -92,8 +92,10 @@ enum class GemmKind : int {
     Bf16GroupedMasked = 16,  // bf16_masked
     Tf32HcPrenorm = 17,  // tf32_hc_prenorm
     Mxfp4GroupedMasked = 18,  // mxfp4_masked
+    Mxfp4GroupedContiguous = 19,  // mxfp4_contiguous
+    Mxfp4GroupedContiguousPsum = 20,  // mxfp4_psum
 };
-DFG_HOST_DEVICE constexpr int num_gemm_kinds() { return 19; }
+DFG_HOST_DEVICE constexpr int num_gemm_kinds() { return 21; }
 
 // A kind's point on the axes (operand orders: supports_order).
 struct KindAxes {
@@ -127,6 +129,8 @@ DFG_HOST_DEVICE constexpr KindAxes kind_axes(GemmKind kind) {
         case GemmKind::Bf16GroupedMasked: return KindAxes{KindLayout::Masked, KindOperand::Bf16, KindAccumulation::TensorCore, KindScaleGranularity::Unscaled, KindScaleDtype::NoScales, KindWeightPacking::Bf16, KindOutput::Bf16};
         case GemmKind::Tf32HcPrenorm: return KindAxes{KindLayout::Dense, KindOperand::Tf32, KindAccumulation::TensorCore, KindScaleGranularity::Unscaled, KindScaleDtype::NoScales, KindWeightPacking::Fp32, KindOutput::Fp32Accumulate};
         case GemmKind::Mxfp4GroupedMasked: return KindAxes{KindLayout::Masked, KindOperand::E4m3, KindAccumulation::PromoteMx, KindScaleGranularity::Mx32, KindScaleDtype::Fp32, KindWeightPacking::E2m1x2, KindOutput::Bf16};
+        case GemmKind::Mxfp4GroupedContiguous: return KindAxes{KindLayout::Contiguous, KindOperand::E4m3, KindAccumulation::PromoteMx, KindScaleGranularity::Mx32, KindScaleDtype::Fp32, KindWeightPacking::E2m1x2, KindOutput::Bf16};
+        case GemmKind::Mxfp4GroupedContiguousPsum: return KindAxes{KindLayout::Psum, KindOperand::E4m3, KindAccumulation::PromoteMx, KindScaleGranularity::Mx32, KindScaleDtype::Fp32, KindWeightPacking::E2m1x2, KindOutput::Bf16};
         default: return KindAxes{};  // unreachable: every enumerator has a case
     }
 }
@@ -153,6 +157,8 @@ DFG_HOST_DEVICE constexpr GemmKind layout_of(GemmKind kind) {
         case GemmKind::Bf16GroupedMasked: return GemmKind::Bf16GroupedMasked;
         case GemmKind::Tf32HcPrenorm: return GemmKind::Tf32HcPrenorm;
         case GemmKind::Mxfp4GroupedMasked: return GemmKind::Mxfp4GroupedMasked;
+        case GemmKind::Mxfp4GroupedContiguous: return GemmKind::Mxfp4GroupedContiguous;
+        case GemmKind::Mxfp4GroupedContiguousPsum: return GemmKind::Mxfp4GroupedContiguousPsum;
         default: return kind;
     }
 }
@@ -179,6 +185,8 @@ DFG_HOST_DEVICE constexpr bool supports_order(GemmKind kind, KindOperandOrder or
         case GemmKind::Bf16GroupedMasked: return order == KindOperandOrder::AB;
         case GemmKind::Tf32HcPrenorm: return order == KindOperandOrder::AB;
         case GemmKind::Mxfp4GroupedMasked: return order == KindOperandOrder::RegisterA;
+        case GemmKind::Mxfp4GroupedContiguous: return order == KindOperandOrder::RegisterA;
+        case GemmKind::Mxfp4GroupedContiguousPsum: return order == KindOperandOrder::RegisterA;
         default: return false;
     }
 }

@@ -18,7 +18,6 @@ pytestmark = [pytest.mark.gpu]
 # (G, N, K, m_max, masked_m per expert (cycled), expected_m, per-32 rows)
 MXFP4_CASES = [(8, 6144, 3584, 16, (1, 8, 0, 16), 8, 0), (8, 3584, 3072, 8, (8, 3, 0), 4, 2),
                (4, 4096, 7168, 32, (32, 17, 0, 5), 16, 3), (16, 7168, 2048, 64, (64, 0, 40), 32, 0)]
-GPU_CASE_TABLES = (MXFP4_CASES,)
 
 
 def test_cases_are_legal_tiles():
@@ -46,3 +45,40 @@ def test_mxfp4_masked_against_float64(case):
     for _ in range(20):
         m_grouped_fp8_fp4_gemm_nt_masked(*args, recipe_a=(1, 128), recipe_b=(1, 32))
         assert torch.equal(d, first)
+
+
+# (alignment, psum): vLLM's DeepGemmFP4Experts call, both layouts (issue 43)
+CONTIGUOUS_CASES = [(64, False), (128, False), (64, True), (128, True)]
+GPU_CASE_TABLES = (MXFP4_CASES, CONTIGUOUS_CASES)
+
+
+def test_contiguous_cases_are_legal_tiles():
+    for alignment, psum in CONTIGUOUS_CASES:
+        mxfp4_gemm.pick_config(128, 256, 3, 32, 132, "psum" if psum else "contiguous", alignment)
+
+
+@requires_sm90
+@pytest.mark.parametrize("case", CONTIGUOUS_CASES)
+def test_mxfp4_contiguous_against_float64(case):
+    import deep_fp8_gemm
+    from deep_fp8_gemm.compat.api import m_grouped_fp8_fp4_gemm_nt_contiguous
+    from deep_fp8_gemm.utils import calc_diff
+    from tests.kernels.test_sim_mxfp4 import contiguous_case
+
+    alignment, psum = case
+    deep_fp8_gemm.set_mk_alignment_for_contiguous_layout(alignment)
+    try:
+        a, sa, w, sf, d, layout, m_indices = contiguous_case(alignment, psum)
+        want = dequantised_product(a.unsqueeze(0), sa.unsqueeze(0), w, sf)
+        dev = torch.device("cuda")
+        out = d.to(dev)
+        m_grouped_fp8_fp4_gemm_nt_contiguous((a.to(dev), sa.to(dev)), (w.to(dev), sf.to(dev)), out, layout.to(dev),
+                                             use_psum_layout=psum, recipe_a=(1, 128), recipe_b=(1, 32))
+    finally:
+        deep_fp8_gemm.set_mk_alignment_for_contiguous_layout(128)
+    out = out.cpu()
+    for e in range(3):
+        rows = (m_indices == e).nonzero().view(-1)
+        if len(rows):
+            assert calc_diff(out[rows].double(), want[e, rows]) <= 1e-3
+    assert bool((out[-alignment:] == 7.0).all())  # the padding-only block untouched

@@ -176,6 +176,84 @@ def test_global_bytes_are_the_checkpoints(monkeypatch):
     assert abs(counted / checkpoint - 1) <= 0.02, (counted, checkpoint)
 
 
+# ------------------------------------------------------------------------------------------------- contiguous layouts
+def contiguous_case(alignment: int, psum: bool, seed: int = 5):
+    """Three experts of 13, 0 and 40 tokens in the contiguous layout padded to ``alignment`` (an empty expert, a
+    padding-only block at the tail), as m_indices or psum ends; A's padding rows zero, D a 7.0 sentinel."""
+    g, n, k, counts = 3, 128, 256, (13, 0, 40)
+    w, sf = weights(g, n, k, seed=seed)
+    starts, rows = [], 0
+    for c in counts:
+        starts.append(rows)
+        rows += -(-c // alignment) * alignment
+    m_sum = rows + alignment  # plus one padding-only block
+    m_indices = torch.full((m_sum,), -1, dtype=torch.int32)
+    ends = []
+    for e, (s0, c) in enumerate(zip(starts, counts)):
+        m_indices[s0:s0 + c] = e
+        ends.append(s0 + c)
+    a, sa = activations(1, m_sum, k, seed + 1)
+    a, sa = a[0], sa[0]
+    a.view(torch.uint8)[m_indices < 0] = 0
+    layout = torch.tensor(ends, dtype=torch.int32) if psum else m_indices
+    d = torch.full((m_sum, n), 7.0, dtype=torch.bfloat16)
+    return a, sa, w, sf, d, layout, m_indices
+
+
+@pytest.mark.parametrize("alignment", [64, 128])
+@pytest.mark.parametrize("psum", [False, True], ids=["m_indices", "psum"])
+def test_contiguous_against_float64_and_the_cpu_path(alignment, psum, monkeypatch):
+    """vLLM's call (m_grouped_fp8_fp4_gemm_nt_contiguous, recipe_b (1, 32)) under DFG_SIMULATE=1: the experts' rows
+    within 1e-3 of float64 of the dequantised operands, padding rows sharing a block with an expert's rows computed
+    with it (zero: A's padding rows are zero), the padding-only blocks untouched; equal to the CPU path's rows."""
+    import deep_fp8_gemm
+    from deep_fp8_gemm.compat.api import m_grouped_fp8_fp4_gemm_nt_contiguous
+    monkeypatch.setenv("DFG_SIM_NUM_SMS", "4")
+    deep_fp8_gemm.set_mk_alignment_for_contiguous_layout(alignment)
+    try:
+        a, sa, w, sf, d, layout, m_indices = contiguous_case(alignment, psum)
+        kw = dict(use_psum_layout=psum, recipe_a=(1, 128), recipe_b=(1, 32))
+        cpu = d.clone()
+        monkeypatch.delenv("DFG_SIMULATE", raising=False)
+        m_grouped_fp8_fp4_gemm_nt_contiguous((a, sa), (w, sf), cpu, layout, **kw)
+        monkeypatch.setenv("DFG_SIMULATE", "1")
+        m_grouped_fp8_fp4_gemm_nt_contiguous((a, sa), (w, sf), d, layout, **kw)
+    finally:
+        deep_fp8_gemm.set_mk_alignment_for_contiguous_layout(128)
+    want = dequantised_product(a.unsqueeze(0), sa.unsqueeze(0), w, sf)[..., :]  # [G, m_sum, n] per expert
+    for e in range(3):
+        rows = (m_indices == e).nonzero().view(-1)
+        if len(rows):
+            assert calc_diff(d[rows].double(), want[e, rows]) <= 1e-3
+    written = (d != 7.0).any(dim=1)
+    assert torch.equal(written, (cpu != 7.0).any(dim=1))  # the same rows on both backends
+    assert not bool(written[-alignment:].any())  # the padding-only block
+    padding = (m_indices < 0) & written
+    assert bool(padding.any()) and not bool(d[padding].any())  # padding rows in an expert's block: zeros
+    assert calc_diff(d[written].double(), cpu[written].double()) <= 1e-5
+
+
+def test_a_tokens_bits_are_the_same_on_the_decode_and_prefill_paths(monkeypatch):
+    """One token through the masked (decode) and the contiguous (prefill) kernels, with different tile widths: the
+    same bits (the K order and every promotion are the tile's rows' own)."""
+    monkeypatch.setenv("DFG_SIMULATE", "1")
+    monkeypatch.setenv("DFG_SIM_NUM_SMS", "4")
+    g, n, k = 2, 128, 256
+    w, sf = weights(g, n, k, wide_rows=((1, 70),), seed=11)
+    p = mxfp4.prepare_mxfp4_weights(w, sf)
+    a, sa = activations(1, 256, k, seed=12)
+    a, sa = a[0], sa[0]
+    m_indices = torch.tensor([0] * 40 + [-1] * 88 + [1] * 50 + [-1] * 78, dtype=torch.int32)
+    d = torch.zeros(256, n, dtype=torch.bfloat16)
+    mxfp4.m_grouped_gemm_fp8_fp4_bf16_nt_contiguous((a, sa), p, d, m_indices)
+    for row, e in ((3, 0), (170, 1)):
+        dm = torch.zeros(g, 8, n, dtype=torch.bfloat16)
+        am, sam = torch.zeros(g, 8, k, dtype=a.dtype), torch.ones(g, 8, k // 128)
+        am.view(torch.uint8)[e, 5], sam[e, 5] = a.view(torch.uint8)[row], sa[row]
+        mxfp4.m_grouped_gemm_fp8_fp4_bf16_nt_masked((am, sam), p, dm, torch.tensor([8, 8], dtype=torch.int32), 8)
+        assert torch.equal(dm[e, 5], d[row]), row
+
+
 # ------------------------------------------------------------------------------------------------- planted bugs
 PLANTS = {
     "nibble_order": ("mxfp4.cuh", "const u32 mags = raw & 0x77777777u;",

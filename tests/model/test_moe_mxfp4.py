@@ -54,6 +54,21 @@ def test_forward_against_float64_on_cpu(layer, monkeypatch):
     assert deep_fp8_gemm.calc_diff(out, _model(layer, hidden, ids, weights)) < 2e-5
 
 
+def test_prefill_takes_the_contiguous_layout(layer, monkeypatch):
+    """More than 32 rows for an expert: the contiguous kernels (issue 43); against the float64 model, and every
+    token's bits equal to its own decode-path forward (batch invariance across the two paths)."""
+    import deep_fp8_gemm.moe as moe
+    monkeypatch.delenv("DFG_SIMULATE", raising=False)
+    calls = []
+    real = moe.experts_contiguous_mxfp4
+    monkeypatch.setattr(moe, "experts_contiguous_mxfp4", lambda *a: calls.append(1) or real(*a))
+    hidden, ids, weights = _inputs(80, seed=7, drop=0.1)
+    out = layer(hidden, ids, weights)
+    assert calls and deep_fp8_gemm.calc_diff(out, _model(layer, hidden, ids, weights)) < 2e-5
+    for t in (0, 41, 79):
+        assert torch.equal(layer(hidden[t: t + 1], ids[t: t + 1], weights[t: t + 1])[0], out[t])
+
+
 def test_a_tokens_bits_do_not_depend_on_the_batch(layer, monkeypatch):
     monkeypatch.delenv("DFG_SIMULATE", raising=False)
     hidden, ids, weights = _inputs(12, seed=2)

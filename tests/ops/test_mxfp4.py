@@ -229,25 +229,29 @@ def test_conversion_model_planted_bugs_fail(bug):
 
 
 # ------------------------------------------------------------------------------------------------- the kinds table
-def test_kinds_table_has_the_one_mxfp4_row():
-    """The MXFP4 decode kernel is one row (mxfp4_masked, its own kernel family); every other e2m1x2 / 1x32 / mx /
-    register_a point is refused by a named rule."""
+def test_kinds_table_has_the_mxfp4_rows():
+    """The MXFP4 register-A kernel is three rows (masked, contiguous, psum: its own kernel family); every other
+    e2m1x2 / 1x32 / mx / register_a point is refused by a named rule."""
     from deep_fp8_gemm.kinds import KERNEL_FAMILY, TABLE
     assert "e2m1x2" in TABLE.axis("packing").names and "1x128/1x32" in TABLE.axis("granularity").names
     points = [p for p in TABLE.product() if p["packing"] == "e2m1x2" or p["granularity"] == "1x128/1x32"
               or p["accumulation"] == "mx" or p["order"] == "register_a"]
     legal = [p for p in points if not TABLE.conflict(p)]
-    assert legal == [TABLE.row("mxfp4_masked").point("register_a")]
-    assert TABLE.names_of("mxfp4_gemm") == ("mxfp4_masked",) and KERNEL_FAMILY["e2m1x2"] == "mxfp4_gemm"
-    assert "mxfp4_masked" not in TABLE.names_of("fp8_gemm")  # the FP8 template never sees it
+    rows = ("mxfp4_masked", "mxfp4_contiguous", "mxfp4_psum")
+    assert sorted(map(str, legal)) == sorted(str(TABLE.row(r).point("register_a")) for r in rows)
+    assert TABLE.names_of("mxfp4_gemm") == rows and KERNEL_FAMILY["e2m1x2"] == "mxfp4_gemm"
+    assert not set(rows) & set(TABLE.names_of("fp8_gemm"))  # the FP8 template never sees them
     stated = {(r.other, r.allowed) for r in TABLE.rules if (r.axis, r.value) == ("packing", "e2m1x2")}
-    assert stated == {("layout", ("masked",)), ("output", ("bf16",)), ("order", ("register_a",)),
+    assert stated == {("layout", ("masked", "contiguous", "psum")), ("output", ("bf16",)), ("order", ("register_a",)),
                       ("granularity", ("1x128/1x32",)), ("accumulation", ("mx",))}
     message = TABLE.conflict(dict(TABLE.row("masked").point(), packing="e2m1x2"))
     assert "packing=e2m1x2 conflicts with" in message
-    # the FP8 masked kernel has no register-A order: refused by name
     assert "order=register_a conflicts with packing=e4m3" in TABLE.conflict(dict(TABLE.row("masked").point("ab"),
                                                                                    order="register_a"))
+    # the kernel's layouts are the rows' (kernels/mxfp4_gemm.py LAYOUTS)
+    from deep_fp8_gemm.kernels import mxfp4_gemm
+    assert {TABLE.row(r).layout for r in rows} == set(mxfp4_gemm.LAYOUTS)
+    assert {TABLE.row(r).cpp.removeprefix("Mxfp4") for r in rows} == set(mxfp4_gemm.LAYOUTS.values())
 
 
 # ------------------------------------------------------------------------------------------------- register A fragment

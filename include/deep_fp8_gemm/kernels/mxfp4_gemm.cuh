@@ -1,8 +1,15 @@
-// MXFP4 experts on the FP8 tensor cores, masked layout, bf16 out (issue 42; the decode path):
+// MXFP4 experts on the FP8 tensor cores, masked or contiguous layout, bf16 out (issues 42, 43; register A):
 //
-//   D[g, m, n] (bf16) = sum_kb sA[g, m, kb] * W_g,kb[n, :] . A[g, m, kb-block]   for m < masked_m[g]
+//   masked (kLayout GroupedMasked):   D[g, m, n] = sum_kb sA[g, m, kb] * W_g,kb[n, :] . A[g, m, kb-block]
+//                                     for m < masked_m[g]
+//   contiguous (GroupedContiguous / GroupedContiguousPsum): D[r, n] = the same with g the group of row r's
+//                                     kGroupAlignment-row block (its first or last row's m_indices, or the psum group
+//                                     holding its first row), as the FP8 contiguous kernels compute rows: padding rows
+//                                     sharing such a block with a group's rows get that group, padding-only blocks
+//                                     are skipped (rows untouched)
 //
-//   A: e4m3 [G, m_max, K] with 1x128 per-token scales sA (fp32, given to the kernel as [G, K/128, m_pad], M-major);
+//   A: e4m3 [G, m_max, K] (masked) or [M_sum, K] (contiguous) with 1x128 per-token scales sA (fp32, given to the
+//   kernel as [G, K/128, m_pad] / [1, K/128, m_pad], M-major);
 //   W: the prepared MXFP4 weights (ops/mxfp4.py PreparedMxfp4): per expert, 128-K block and 64-row wave a 4096-byte
 //   tile of e2m1 codes in fragment order and a 272-byte metadata record (mxfp4.cuh), and per wave a flag "some block
 //   of mine takes the per-32 path"; rows past masked_m[g] of D are not written.
@@ -59,24 +66,28 @@ namespace mxfp4 {
 // The kernel's one parameter. Byte layout mirrored by deep_fp8_gemm/kernels/mxfp4_gemm.py (Mxfp4Params).
 struct Mxfp4Params {
     TensorMap tma_w;     // tiles u8 [G K/128 N/64][16][256]: dims (256, 16, G K/128 N/64), box (256, 16, kWaves)
-    TensorMap tma_a;     // e4m3 [G][m_max][K]: dims (K, m_max, G), box (128, BLOCK_M, 1), SW128
+    TensorMap tma_a;     // e4m3 [G][m_max][K] (contiguous: [1][M_sum][K]): dims (K, rows, G), box (128, BLOCK_M, 1), SW128
     TensorMap tma_meta;  // u8 [G K/128 N/64][17][16]: dims (16, 17, G K/128 N/64), box (16, 17, kWaves)
-    TensorMap tma_sa;    // fp32 [G][K / 128][m_pad]: dims (m_pad, K / 128, G), box (BLOCK_M, 1, 1)
-    u16* d;              // bf16 [G][m_max][N]
-    const i32* masked_m; // [G]
+    TensorMap tma_sa;    // fp32 [G or 1][K / 128][m_pad]: dims (m_pad, K / 128, G or 1), box (BLOCK_M, 1, 1)
+    u16* d;              // bf16 [G][m_max][N] (contiguous: [M_sum][N])
+    const i32* grouped_layout;  // masked_m [G] | m_indices [M_sum] | psum group ends [G]
     const u8* wave_per32;  // [G][N / 64]: 1 where some 128-K block of the wave takes the per-32 path
-    u32 m_max;
+    u32 num_rows;        // m_max (masked) or M_sum (contiguous)
     u8 reserved[36];     // 0: a multiple of the tensor maps' 64-byte alignment
 };
 static_assert(DFG_OFFSETOF(Mxfp4Params, tma_a) == 128 && DFG_OFFSETOF(Mxfp4Params, tma_meta) == 256 &&
                   DFG_OFFSETOF(Mxfp4Params, tma_sa) == 384 && DFG_OFFSETOF(Mxfp4Params, d) == 512 &&
-                  DFG_OFFSETOF(Mxfp4Params, masked_m) == 520 && DFG_OFFSETOF(Mxfp4Params, wave_per32) == 528 &&
-                  DFG_OFFSETOF(Mxfp4Params, m_max) == 536 &&
+                  DFG_OFFSETOF(Mxfp4Params, grouped_layout) == 520 && DFG_OFFSETOF(Mxfp4Params, wave_per32) == 528 &&
+                  DFG_OFFSETOF(Mxfp4Params, num_rows) == 536 &&
                   sizeof(Mxfp4Params) == 576,
               "Mxfp4Params layout is mirrored in deep_fp8_gemm/kernels/mxfp4_gemm.py");
 
-template <u32 SHAPE_N, u32 SHAPE_K, u32 BLOCK_M, u32 BLOCK_N, u32 kNumStages, u32 kNumGroups, u32 kExpectedSmemBytes>
-struct Mxfp4MaskedKernel {
+template <u32 SHAPE_N, u32 SHAPE_K, u32 BLOCK_M, u32 BLOCK_N, u32 kNumStages, u32 kNumGroups, u32 kExpectedSmemBytes,
+          GemmKind kLayout, u32 kGroupAlignment>
+struct Mxfp4GroupedKernel {
+    static constexpr bool kMasked = kLayout == GemmKind::GroupedMasked;
+    static_assert(kMasked || kLayout == GemmKind::GroupedContiguous || kLayout == GemmKind::GroupedContiguousPsum,
+                  "the MXFP4 kernel's layouts: masked, contiguous (m_indices) and psum");
     static constexpr u32 BLOCK_K = 128;
     static constexpr u32 kNumKBlocks = SHAPE_K / BLOCK_K;
     static constexpr u32 kWaves = BLOCK_N / 64;
@@ -112,7 +123,32 @@ struct Mxfp4MaskedKernel {
 
     using Pipe = PipelineState<kNumStages>;
     using Barriers = StageBarriers<8>;
-    using Scheduler = TileScheduler<GemmKind::GroupedMasked, SHAPE_N, BLOCK_M, BLOCK_N, kNumGroups, 1, 1, 1>;
+    // Masked: the FP8 masked kernel's walk. Contiguous layouts: a dense walk of the M_sum rows in BLOCK_M blocks, each
+    // block's group that of its kGroupAlignment-row block (GroupLookup: the FP8 contiguous / psum kernels' blocks,
+    // whose BLOCK_M is the alignment), so that exactly the FP8 kernels' rows are computed, padding rows sharing a block
+    // with a group's rows included, and padding-only alignment blocks skipped.
+    static constexpr GemmKind kWalk = kMasked ? kLayout : GemmKind::Dense;
+    using Scheduler = TileScheduler<kWalk, SHAPE_N, BLOCK_M, BLOCK_N, kMasked ? kNumGroups : 1u, 1, 1, 1>;
+    using GroupLookup = TileScheduler<kLayout, SHAPE_N, kGroupAlignment, BLOCK_N, kNumGroups, 1, 1, 1, 1,
+                                      kGroupAlignment>;
+    static_assert(kMasked || kGroupAlignment % BLOCK_M == 0, "a tile lies in one alignment block");
+
+    // The next tile of this CTA with its group (contiguous: padding-only alignment blocks skipped).
+    static DFG_DEVICE bool next_tile(Scheduler& scheduler, const Mxfp4Params& params, TileInfo& tile) {
+        while (scheduler.next(tile)) {
+            if constexpr (!kMasked) {
+                const GroupLookup lookup(params.num_rows, params.grouped_layout, 0, 1);
+                const u32 block = tile.m_block * BLOCK_M / kGroupAlignment;
+                const i32 group = kLayout == GemmKind::GroupedContiguous ? lookup.contiguous_block_expert(block)
+                                                                         : lookup.psum_block_group(block);
+                if (group < 0)
+                    continue;  // padding-only: no loads, no MMAs, no stores
+                tile.group = static_cast<u32>(group);
+            }
+            return true;
+        }
+        return false;
+    }
 
     // ---------------------------------------------------------------- entry
     static DFG_DEVICE void run(const Mxfp4Params& params) {
@@ -155,12 +191,12 @@ struct Mxfp4MaskedKernel {
 
     // ---------------------------------------------------------------- producer (one lane)
     static DFG_DEVICE void produce(const Mxfp4Params& params, u8* smem, Barriers full, Barriers empty) {
-        Scheduler scheduler(params.m_max, params.masked_m, hal::block_idx(), hal::grid_dim());
+        Scheduler scheduler(params.num_rows, params.grouped_layout, hal::block_idx(), hal::grid_dim());
         Pipe pipe;
         TileInfo tile;
-        while (scheduler.next(tile)) {
+        while (next_tile(scheduler, params, tile)) {
             const i32 m0 = static_cast<i32>(tile.m_block * BLOCK_M);
-            const i32 g = static_cast<i32>(tile.group);
+            const i32 g = kMasked ? static_cast<i32>(tile.group) : 0;  // A / sA batch: contiguous rows are one
             pipe.for_each_use(kNumKBlocks, [&](u32 stage, u32 phase, u32 kb) {
                 hal::mbar_wait(&empty[stage], phase ^ 1u, empty_barrier(stage));
                 u64* bar = &full[stage];
@@ -216,10 +252,10 @@ struct Mxfp4MaskedKernel {
         float scratch[kWaves][kAccValues];
         Fragments a[kWaves];
 
-        Scheduler scheduler(params.m_max, params.masked_m, hal::block_idx(), hal::grid_dim());
+        Scheduler scheduler(params.num_rows, params.grouped_layout, hal::block_idx(), hal::grid_dim());
         Pipe pipe;
         TileInfo tile;
-        while (scheduler.next(tile)) {
+        while (next_tile(scheduler, params, tile)) {
             DFG_UNROLL
             for (u32 w = 0; w < kWaves; ++w)
                 DFG_UNROLL
@@ -322,12 +358,17 @@ struct Mxfp4MaskedKernel {
         }
     }
 
-    // The transposed tile's values to D[g, m0 + column, n0 + row] in bf16, for columns below masked_m[g] (and m_max).
+    // The transposed tile's values to D in bf16: masked, D[g, m0 + column, n0 + row] for columns below masked_m[g]
+    // (and m_max); contiguous, D[m0 + column, n0 + row] below M_sum (the tile's alignment block is its group's).
     static DFG_DEVICE void store(const Mxfp4Params& params, const TileInfo& tile, u32 warp, u32 lane,
                                  const float (&acc)[kWaves][kAccValues]) {
-        const i32 valid = params.masked_m[tile.group];
-        const u32 rows = valid <= 0 ? 0u : min_of(static_cast<u32>(valid), params.m_max);
-        u16* d = params.d + static_cast<u64>(tile.group) * params.m_max * SHAPE_N + tile.n_block * BLOCK_N;
+        u32 rows = params.num_rows;
+        u16* d = params.d + tile.n_block * BLOCK_N;
+        if constexpr (kMasked) {
+            const i32 valid = params.grouped_layout[tile.group];
+            rows = valid <= 0 ? 0u : min_of(static_cast<u32>(valid), params.num_rows);
+            d += static_cast<u64>(tile.group) * params.num_rows * SHAPE_N;
+        }
         DFG_UNROLL
         for (u32 w = 0; w < kWaves; ++w)
             DFG_UNROLL
