@@ -55,9 +55,9 @@ PREFILL_TOKENS = (64, 256, 1024, 4096)
 
 
 def prefill_rows(groups: int = GROUPS) -> list[dict]:
-    """The cost model at prefill: ``m`` tokens per expert on the contiguous layout, the register-A kernel's pick
-    (BLOCK_M 32: the weights converted once per 32 tokens) against the FP8 contiguous kernel's model at the
-    heuristic's pick (m_sum = groups x m)."""
+    """The cost model at prefill: ``m`` tokens per expert on the contiguous layout (alignment 128), the register-A
+    kernel's pick (BLOCK_M up to 128 tokens: the weights converted once per tile of tokens) against the FP8 contiguous
+    kernel's model at the heuristic's pick (m_sum = groups x m)."""
     from deep_fp8_gemm.config import get_config
     from deep_fp8_gemm.config.cost import estimate_seconds, mxfp4_estimate_seconds
     from deep_fp8_gemm.kernels.mxfp4_gemm import pick_config
@@ -65,7 +65,7 @@ def prefill_rows(groups: int = GROUPS) -> list[dict]:
     rows = []
     for model, proj, n, k in SHAPES:
         for m in PREFILL_TOKENS:
-            cfg = pick_config(n, k, groups, 32, 132, "contiguous")
+            cfg = pick_config(n, k, groups, m, 132, "contiguous")
             t = mxfp4_estimate_seconds(m, n, k, groups, cfg.block_m, cfg.block_n)
             fp8 = estimate_seconds(get_config(groups * m, n, k, groups, "contiguous"), groups * m)
             rows.append(dict(model=model, proj=proj, n=n, k=k, m=m, tile=f"{cfg.block_m}x{cfg.block_n}",

@@ -196,7 +196,8 @@ def silu_mul_quant_seconds(rows: int, inter: int) -> float:
 # ---------------------------------------------------------------------------------------------- MXFP4 experts
 #: The MXFP4 decode kernel's folded K loop, issue slots per K block per SMSP by (BLOCK_M, BLOCK_N): measured by the
 #: audit (``python -m deep_fp8_gemm audit --kind mxfp4``, NVRTC 13.5; tests/kernels/test_mxfp4_cost.py compares).
-MXFP4_ISSUE_PER_K_BLOCK = {(8, 256): 474, (16, 256): 507, (32, 128): 307, (16, 64): 156}
+MXFP4_ISSUE_PER_K_BLOCK = {(8, 256): 474, (16, 256): 507, (32, 128): 307, (16, 64): 156, (64, 64): 210,
+                           (128, 64): 282}
 #: Bytes the kernel reads per weight row and 128 K: 64 of codes + the 272-byte record per 64 rows (ops/mxfp4.py).
 MXFP4_BYTES_PER_ROW_K_BLOCK = 64 + 272 / 64
 #: The checkpoint's: 64 of codes + 4 UE8M0 scales (the FP4 HBM floor's bytes).
@@ -220,12 +221,14 @@ def mxfp4_estimate_seconds(m: int, n: int, k: int, num_groups: int, block_m: int
                            num_sms: int = 132) -> float:
     """Modelled time of the MXFP4 masked kernel (kernels/mxfp4_gemm.cuh) for ``m`` tokens per expert: tiles of
     ``block_n`` weight rows x ``block_m`` tokens over the SMs, each the larger of its issue time (the measured folded
-    loop, :data:`MXFP4_ISSUE_PER_K_BLOCK`, one math warp per SMSP) and its share of HBM, plus the per-tile fixed cost;
+    loop, :data:`MXFP4_ISSUE_PER_K_BLOCK`, one math warp per SMSP) and its tensor-core time, plus the per-tile fixed cost;
     bounded below by all bytes at the HBM bandwidth. A prediction, not a measurement."""
     tiles = num_groups * ceil_div(max(m, 1), block_m) * ceil_div(n, block_n)
     sm_waves = ceil_div(tiles, num_sms)
     k_blocks = ceil_div(k, BLOCK_K)
     issue = k_blocks * MXFP4_ISSUE_PER_K_BLOCK[(block_m, block_n)]
-    tile = issue + _TILE_FIXED_CYCLES
+    # The tensor cores: m64 waves of the weights' rows (one math warpgroup, the FP8 model's m64 efficiency).
+    mma = 2 * block_n * block_m * k_blocks * BLOCK_K / (_MMA_FLOP_PER_CLK * _MMA_EFFICIENCY[64])
+    tile = max(issue, mma) + _TILE_FIXED_CYCLES
     hbm = mxfp4_hbm_bytes(m, n, k, num_groups, block_n) / (_HBM_BYTES_PER_CLK_PER_SM * num_sms)
     return max(sm_waves * tile, hbm) / MODEL_CLOCK_HZ

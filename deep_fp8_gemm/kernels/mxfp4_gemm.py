@@ -34,7 +34,7 @@ BLOCK_K = 128
 WAVE_TILE_BYTES = 4096  # 64 rows x 128 K of e2m1 codes (ops/mxfp4.py TILE_BYTES)
 WAVE_META_BYTES = 272  # ops/mxfp4.py META_BYTES
 PAIR_TABLE_BYTES = 15 * 15 * 16  # include/deep_fp8_gemm/mxfp4.cuh kPairTableBytes
-BLOCK_MS = (8, 16, 32)
+BLOCK_MS = (8, 16, 32, 64, 128)
 BLOCK_NS = (64, 128, 256)
 SMEM_LIMIT = 232_448
 MAX_STAGES = 8
@@ -63,8 +63,12 @@ class Mxfp4Config:
         if self.block_m not in BLOCK_MS or self.block_n not in BLOCK_NS:
             raise ValueError(f"block_m must be in {BLOCK_MS} and block_n in {BLOCK_NS}, got {self.block_m=} "
                              f"{self.block_n=}")
-        if self.block_n == 256 and self.block_m > 16:
-            raise ValueError(f"block_n 256 (four waves) takes block_m <= 16 (the registers), got {self.block_m=}")
+        if (self.block_n == 256 and self.block_m > 16) or (self.block_m > 32 and self.block_n != 64):
+            raise ValueError(f"block_n 256 (four waves) takes block_m <= 16 and block_m 64 / 128 (prefill tiles) "
+                             f"block_n 64, for the registers; got {self.block_m=} {self.block_n=}")
+        if self.layout != "masked" and self.group_alignment % self.block_m:
+            raise ValueError(f"a contiguous layout's tiles lie in one alignment block: block_m must divide "
+                             f"group_alignment, got {self.block_m=} {self.group_alignment=}")
         if self.k % BLOCK_K or self.n % self.block_n or self.num_groups < 1:
             raise ValueError(f"K must be a multiple of 128 and N of block_n, G >= 1, got {self.n=} {self.k=} "
                              f"{self.num_groups=} {self.block_n=}")
@@ -97,12 +101,15 @@ class Mxfp4Config:
 
 def pick_config(n: int, k: int, num_groups: int, expected_m: int, num_sms: int, layout: str = "masked",
                 group_alignment: int = 128) -> Mxfp4Config:
-    """The tile for a call: BLOCK_M the smallest of 8 / 16 / 32 holding ``expected_m`` tokens (32 beyond); BLOCK_N the
-    widest of 256 / 128 / 64 dividing N that still gives every SM a tile (``G x N / BLOCK_N >= num_sms``; 256 only
-    with BLOCK_M <= 16): wider tiles share the K loop's per-block work among more waves (kernels/mxfp4_gemm.cuh); as
-    many stages as fit, at most 8."""
-    block_m = next((b for b in BLOCK_MS if expected_m <= b), BLOCK_MS[-1])
-    widths = [b for b in (256, 128) if n % b == 0 and num_groups * n // b >= num_sms and (b < 256 or block_m <= 16)]
+    """The tile for a call: BLOCK_M the smallest of 8 / 16 / 32 / 64 / 128 holding ``expected_m`` tokens (128 beyond;
+    a contiguous layout's divides its alignment); BLOCK_N the widest of 256 / 128 / 64 dividing N that still gives
+    every SM a tile (``G x N / BLOCK_N >= num_sms``; 256 only with BLOCK_M <= 16, 64 with BLOCK_M >= 64): wider tiles
+    share the K loop's per-block work among more waves, wider token tiles share each wave's conversion among more
+    tokens (kernels/mxfp4_gemm.cuh); as many stages as fit, at most 8."""
+    tokens = BLOCK_MS if layout == "masked" else tuple(b for b in BLOCK_MS if group_alignment % b == 0)
+    block_m = next((b for b in tokens if expected_m <= b), tokens[-1])
+    widths = [b for b in (256, 128) if n % b == 0 and num_groups * n // b >= num_sms and (b < 256 or block_m <= 16)
+              and block_m <= 32]
     block_n = widths[0] if widths else 64
     for stages in range(MAX_STAGES, 0, -1):
         try:
@@ -256,10 +263,11 @@ def audit_configs() -> list[Mxfp4Config]:
     for n, k in AUDIT_SHAPES:
         for block_m, block_n in ((8, 256), (16, 256), (32, 128), (16, 64)):
             configs.append(dataclasses.replace(pick_config(n, k, AUDIT_GROUPS, block_m, 132), block_n=block_n))
-    # The contiguous layouts (issue 43, vLLM's call) at the prefill pick: m_indices (alignment 128), psum (64).
+    # The contiguous layouts (issue 43, vLLM's call) at the prefill picks: m_indices (alignment 128: 128 tokens),
+    # psum (alignment 64: 64 tokens).
     n, k = AUDIT_SHAPES[0]
-    configs.append(pick_config(n, k, AUDIT_GROUPS, 32, 132, "contiguous", 128))
-    configs.append(pick_config(n, k, AUDIT_GROUPS, 32, 132, "psum", 64))
+    configs.append(pick_config(n, k, AUDIT_GROUPS, 4096, 132, "contiguous", 128))
+    configs.append(pick_config(n, k, AUDIT_GROUPS, 4096, 132, "psum", 64))
     return configs
 
 

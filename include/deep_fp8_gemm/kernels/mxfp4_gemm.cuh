@@ -97,7 +97,9 @@ struct Mxfp4GroupedKernel {
     static constexpr u32 kNumMathWarps = 4;
     static constexpr u32 kNumThreads = 256;
     static_assert(SHAPE_K % BLOCK_K == 0 && SHAPE_N % BLOCK_N == 0, "K a multiple of 128, N of BLOCK_N");
-    static_assert(BLOCK_M == 8 || BLOCK_M == 16 || BLOCK_M == 32, "tokens per tile: 8, 16 or 32 (sA box: 16 bytes)");
+    static_assert(BLOCK_M == 8 || BLOCK_M == 16 || BLOCK_M == 32 || BLOCK_M == 64 || BLOCK_M == 128,
+                  "tokens per tile: 8..128 (sA box: 16-byte multiples)");
+    static_assert(BLOCK_M <= 32 || BLOCK_N == 64, "64 / 128 tokens (prefill tiles): one wave, for the registers");
     static_assert(BLOCK_N == 64 || BLOCK_N == 128 || (BLOCK_N == 256 && BLOCK_M <= 16),
                   "one math warpgroup of one, two or four 64-row waves (four: at most 16 tokens, for the registers)");
 
