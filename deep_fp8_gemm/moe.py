@@ -247,9 +247,10 @@ def mxfp4_moe_forward(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights
         down = experts_contiguous_mxfp4(a, sa, routed.layout.m_indices, w13, w2)
         return combine(down, routed.scatter_index, topk_weights, hidden.dtype)
     token = torch.arange(num_tokens, device=ids.device).repeat_interleave(top_k)
-    a = torch.zeros((num_experts, m_max, hidden_size), dtype=x_fp8.dtype, device=hidden.device)
+    a = torch.zeros((num_experts, m_max, hidden_size), dtype=torch.uint8, device=hidden.device)
     sa = torch.ones((num_experts, m_max, x_scales.shape[1]), dtype=torch.float32, device=hidden.device)
-    a[ids[valid], pos[valid]] = x_fp8[token[valid]]
+    a[ids[valid], pos[valid]] = x_fp8.view(torch.uint8)[token[valid]]  # bytes: index_put has no e4m3 kernel
+    a = a.view(x_fp8.dtype)
     sa[ids[valid], pos[valid]] = x_scales[token[valid]]
     down = experts_masked_mxfp4(a, sa, counts.to(torch.int32), w13, w2, max(m_max, 1))
     gathered = torch.zeros((num_tokens * top_k, hidden_size), dtype=torch.bfloat16, device=hidden.device)
