@@ -196,8 +196,8 @@ def silu_mul_quant_seconds(rows: int, inter: int) -> float:
 # ---------------------------------------------------------------------------------------------- MXFP4 experts
 #: The MXFP4 decode kernel's folded K loop, issue slots per K block per SMSP by (BLOCK_M, BLOCK_N): measured by the
 #: audit (``python -m deep_fp8_gemm audit --kind mxfp4``, NVRTC 13.5; tests/kernels/test_mxfp4_cost.py compares).
-MXFP4_ISSUE_PER_K_BLOCK = {(8, 256): 474, (16, 256): 507, (32, 128): 307, (16, 64): 156, (64, 64): 210,
-                           (128, 64): 282}
+MXFP4_ISSUE_PER_K_BLOCK = {(8, 256): 442, (16, 256): 475, (32, 128): 291, (16, 64): 148, (64, 64): 202,
+                           (128, 64): 274}
 #: Bytes the kernel reads per weight row and 128 K: 64 of codes + the 272-byte record per 64 rows (ops/mxfp4.py).
 MXFP4_BYTES_PER_ROW_K_BLOCK = 64 + 272 / 64
 #: The checkpoint's: 64 of codes + 4 UE8M0 scales (the FP4 HBM floor's bytes).

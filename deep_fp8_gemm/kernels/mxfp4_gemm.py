@@ -28,6 +28,10 @@ TEMPLATE = "mxfp4_gemm.cu"
 KERNEL_PREFIX = "dfg_mxfp4_grouped"
 #: The layouts (the kinds table's mxfp4 rows) and their dfg::GemmKind enumerators.
 LAYOUTS = {"masked": "GroupedMasked", "contiguous": "GroupedContiguous", "psum": "GroupedContiguousPsum"}
+#: The outputs (the kinds table's output values) and their dfg::mxfp4::Mxfp4Output enumerators; the weight rows a tile
+#: needs for each (whole 128-column scale groups of D: SwiGLU's take 256 rows of the interleaved w13).
+OUTPUTS = {"bf16": "Bf16", "fp8": "Fp8", "swiglu_fp8": "SwigluFp8"}
+OUTPUT_BLOCK_N = {"bf16": 64, "fp8": 128, "swiglu_fp8": 256}
 TENSOR_MAP_BYTES = 128
 NUM_THREADS = 256  # one math warpgroup, one producer warpgroup
 BLOCK_K = 128
@@ -55,8 +59,13 @@ class Mxfp4Config:
     num_stages: int
     layout: str = "masked"  # "masked" | "contiguous" (m_indices) | "psum" (group ends)
     group_alignment: int = 128  # psum: the layout's group-start alignment (64 or 128); compiled in
+    output: str = "bf16"  # "bf16" | "fp8" | "swiglu_fp8"
+    ue8m0: bool = False  # FP8 outputs: power-of-two scales
 
     def __post_init__(self) -> None:
+        if self.output not in OUTPUTS or self.block_n % OUTPUT_BLOCK_N[self.output]:
+            raise ValueError(f"output must be one of {tuple(OUTPUTS)} with block_n a multiple of its "
+                             f"{OUTPUT_BLOCK_N.get(self.output)} rows, got {self.output=} {self.block_n=}")
         if self.layout not in LAYOUTS or self.group_alignment not in (64, 128):
             raise ValueError(f"layout must be one of {tuple(LAYOUTS)} and group_alignment 64 or 128, got "
                              f"{self.layout=} {self.group_alignment=}")
@@ -81,39 +90,44 @@ class Mxfp4Config:
         waves = self.block_n // 64
         per_stage = (waves * WAVE_TILE_BYTES + self.block_m * BLOCK_K + -(-waves * WAVE_META_BYTES // 128) * 128
                      + -(-self.block_m * 4 // 128) * 128)
-        tables = -(-self.num_stages * per_stage // 16) * 16 + PAIR_TABLE_BYTES
+        red = 0 if self.output == "bf16" else self.block_n // OUTPUT_BLOCK_N[self.output] * 4 * self.block_m * 4
+        tables = -(-self.num_stages * per_stage // 16) * 16 + PAIR_TABLE_BYTES + red
         return tables + 16 * self.num_stages
 
     def constants(self, kernel_name: str) -> dict[str, object]:
         return {"SHAPE_N": self.n, "SHAPE_K": self.k, "BLOCK_M": self.block_m, "BLOCK_N": self.block_n,
                 "NUM_STAGES": self.num_stages, "NUM_GROUPS": self.num_groups, "SMEM_BYTES": self.smem_bytes,
-                "LAYOUT": LAYOUTS[self.layout], "GROUP_ALIGNMENT": self.group_alignment, "KERNEL_NAME": kernel_name}
+                "LAYOUT": LAYOUTS[self.layout], "GROUP_ALIGNMENT": self.group_alignment, "OUTPUT": OUTPUTS[self.output],
+                "UE8M0": "true" if self.ue8m0 else "false", "KERNEL_NAME": kernel_name}
 
     def as_dict(self) -> dict:
         """JSON-safe record for the audit. The K-loop analysis reads the wgmma tile (``mma_rows`` = BLOCK_N weight rows,
         ``mma_cols`` = BLOCK_M tokens) of the folded loop (``kloop_qgmma``: its 4 wgmmas per wave and K block; the
         general loop, which holds both paths, is reported beside it)."""
-        return {"layout": self.layout, "n": self.n, "k": self.k, "num_groups": self.num_groups, "block_m": self.block_m,
+        return {"layout": self.layout, "output": self.output, "n": self.n, "k": self.k, "num_groups": self.num_groups, "block_m": self.block_m,
                 "block_n": self.block_n, "num_stages": self.num_stages, "smem_bytes": self.smem_bytes,
                 "num_threads": NUM_THREADS, "num_math_warpgroups": 1, "mma_rows": self.block_n,
                 "mma_cols": self.block_m, "kloop_qgmma": 4 * (self.block_n // 64)}
 
 
 def pick_config(n: int, k: int, num_groups: int, expected_m: int, num_sms: int, layout: str = "masked",
-                group_alignment: int = 128) -> Mxfp4Config:
+                group_alignment: int = 128, output: str = "bf16", ue8m0: bool = False) -> Mxfp4Config:
     """The tile for a call: BLOCK_M the smallest of 8 / 16 / 32 / 64 / 128 holding ``expected_m`` tokens (128 beyond;
     a contiguous layout's divides its alignment); BLOCK_N the widest of 256 / 128 / 64 dividing N that still gives
     every SM a tile (``G x N / BLOCK_N >= num_sms``; 256 only with BLOCK_M <= 16, 64 with BLOCK_M >= 64): wider tiles
     share the K loop's per-block work among more waves, wider token tiles share each wave's conversion among more
     tokens (kernels/mxfp4_gemm.cuh); as many stages as fit, at most 8."""
+    need = OUTPUT_BLOCK_N[output]  # FP8 outputs: whole 128-column groups in a tile (SwiGLU: 256 rows)
     tokens = BLOCK_MS if layout == "masked" else tuple(b for b in BLOCK_MS if group_alignment % b == 0)
+    if need > 64:  # one-wave prefill tiles cannot hold a group
+        tokens = tuple(b for b in tokens if b <= (16 if need == 256 else 32))
     block_m = next((b for b in tokens if expected_m <= b), tokens[-1])
     widths = [b for b in (256, 128) if n % b == 0 and num_groups * n // b >= num_sms and (b < 256 or block_m <= 16)
-              and block_m <= 32]
-    block_n = widths[0] if widths else 64
+              and block_m <= 32 and b % need == 0]
+    block_n = widths[0] if widths else max(need, 64)
     for stages in range(MAX_STAGES, 0, -1):
         try:
-            return Mxfp4Config(n, k, num_groups, block_m, block_n, stages, layout, group_alignment)
+            return Mxfp4Config(n, k, num_groups, block_m, block_n, stages, layout, group_alignment, output, ue8m0)
         except ValueError:
             continue
     raise ValueError(f"no MXFP4 tile fits {n=} {k=}")
@@ -151,10 +165,11 @@ class Mxfp4Params(ctypes.Structure):
 
     _fields_ = [("tma_w", _MapBytes), ("tma_a", _MapBytes), ("tma_meta", _MapBytes), ("tma_sa", _MapBytes),
                 ("d", ctypes.c_uint64), ("grouped_layout", ctypes.c_uint64), ("wave_per32", ctypes.c_uint64),
-                ("num_rows", ctypes.c_uint32), ("reserved", ctypes.c_ubyte * 36)]
+                ("sd", ctypes.c_uint64), ("num_rows", ctypes.c_uint32), ("sd_rows", ctypes.c_uint32),
+                ("reserved", ctypes.c_ubyte * 24)]
 
 
-assert ctypes.sizeof(Mxfp4Params) == 576 and Mxfp4Params.num_rows.offset == 536
+assert ctypes.sizeof(Mxfp4Params) == 576 and Mxfp4Params.num_rows.offset == 544
 
 
 def map_args(cfg: Mxfp4Config, x: torch.Tensor, tiles: torch.Tensor, meta: torch.Tensor, sa_cols: torch.Tensor):
@@ -213,10 +228,11 @@ def num_ctas(backend: Backend) -> int:
 
 
 def launch(config: Mxfp4Config, x: torch.Tensor, sa: torch.Tensor, prepared, d: torch.Tensor,
-           grouped_layout: torch.Tensor, backend: Backend) -> None:
+           grouped_layout: torch.Tensor, backend: Backend, sd: torch.Tensor | None = None) -> None:
     """The kernel on validated tensors: ``x`` e4m3 ``[G, m_max, K]`` (masked) or ``[M_sum, K]`` (contiguous) with
     ``sa`` fp32 of the same rows by ``K/128``; ``prepared`` an :class:`deep_fp8_gemm.ops.mxfp4.PreparedMxfp4`;
-    ``d`` bf16 ``[G, m_max, N]`` / ``[M_sum, N]`` (contiguous); ``grouped_layout`` int32 ``masked_m [G]``,
+    ``d`` ``[G, m_max, N_out]`` / ``[M_sum, N_out]`` (contiguous): bf16, or e4m3 for the FP8 outputs with ``sd`` their
+    1x128 scales in the M-major TMA-aligned layout; ``grouped_layout`` int32 ``masked_m [G]``,
     ``m_indices [M_sum]`` or psum ends ``[G]`` (``config.layout``). The one place an MXFP4 launch branches on the
     backend."""
     if config.layout != "masked":  # one batch of M_sum rows
@@ -228,7 +244,8 @@ def launch(config: Mxfp4Config, x: torch.Tensor, sa: torch.Tensor, prepared, d: 
     maps = encode_maps(map_args(config, x, prepared.tiles, prepared.meta, sa_cols), backend)
     params = param_structs.pack(Mxfp4Params, tma_w=maps[0], tma_a=maps[1], tma_meta=maps[2], tma_sa=maps[3],
                                 d=d.data_ptr(), grouped_layout=grouped_layout.data_ptr(),
-                                wave_per32=prepared.wave_per32.data_ptr(), num_rows=rows)
+                                wave_per32=prepared.wave_per32.data_ptr(), num_rows=rows,
+                                sd=0 if sd is None else sd.data_ptr(), sd_rows=0 if sd is None else sd.stride(-1))
     tiles = batches * (config.n // config.block_n) * -(-rows // config.block_m)
     grid = max(1, min(num_ctas(backend), tiles))
     if backend is Backend.SIM:
@@ -258,7 +275,8 @@ AUDIT_GROUPS = 32
 
 def audit_configs() -> list[Mxfp4Config]:
     """The decode tiles on every audit shape: BLOCK_M 8 / 16 at BLOCK_N 256 (the picks at decode), BLOCK_M 32 at
-    BLOCK_N 128, and BLOCK_N 64 at BLOCK_M 16 (few experts); the contiguous and psum layouts' prefill pick."""
+    BLOCK_N 128, and BLOCK_N 64 at BLOCK_M 16 (few experts); the contiguous and psum layouts' prefill picks; the FP8
+    and SwiGLU·FP8 outputs at decode."""
     configs = []
     for n, k in AUDIT_SHAPES:
         for block_m, block_n in ((8, 256), (16, 256), (32, 128), (16, 64)):
@@ -268,6 +286,10 @@ def audit_configs() -> list[Mxfp4Config]:
     n, k = AUDIT_SHAPES[0]
     configs.append(pick_config(n, k, AUDIT_GROUPS, 4096, 132, "contiguous", 128))
     configs.append(pick_config(n, k, AUDIT_GROUPS, 4096, 132, "psum", 64))
+    # The FP8-output epilogues at the decode picks (issue 43): the down-projection's input and the fused
+    # up-projection (SwiGLU of the interleaved w13).
+    configs.append(pick_config(n, k, AUDIT_GROUPS, 8, 132, "masked", 128, "fp8"))
+    configs.append(pick_config(n, k, AUDIT_GROUPS, 16, 132, "masked", 128, "swiglu_fp8"))
     return configs
 
 

@@ -597,3 +597,142 @@ def experts_contiguous_mxfp4(a: torch.Tensor, a_scales: torch.Tensor, m_indices:
     down = torch.zeros((m_sum + 1, hidden), dtype=torch.bfloat16, device=a.device)
     m_grouped_gemm_fp8_fp4_bf16_nt_contiguous((h_fp8, h_scales), w2, down[:m_sum], m_indices)
     return down
+
+
+# ---------------------------------------------------------------------------------------------- FP8 outputs
+def interleave_swiglu_mxfp4(w13: PreparedMxfp4) -> PreparedMxfp4:
+    """A prepared ``w13 [G, 2I, H]`` (rows ``[0, I)`` gate, ``[I, 2I)`` up, ``I % 128 == 0``) in the SwiGLU kinds' row
+    order (``ops.outputs.interleave_swiglu_weights``: 128-row blocks gate c, up c, ...): its 64-row wave records and
+    flags reordered, nothing re-encoded (a copy of the stored form)."""
+    g, two_i, _ = w13.shape
+    inter = two_i // 2
+    if inter % GRAN_K:
+        raise ValueError(f"the SwiGLU layout interleaves 128-row blocks: I = {inter} must be a multiple of 128")
+    order = []
+    for c in range(inter // GRAN_K):
+        order += [2 * c, 2 * c + 1, inter // WAVE_ROWS + 2 * c, inter // WAVE_ROWS + 2 * c + 1]
+    order = torch.tensor(order, device=w13.tiles.device)
+    return PreparedMxfp4(w13.tiles[:, :, order].contiguous(), w13.meta[:, :, order].contiguous(),
+                         w13.wave_per32[:, order].contiguous())
+
+
+def _fp8_output(output: str, x: torch.Tensor, sa: torch.Tensor, p: PreparedMxfp4, out: object,
+                grouped_layout: torch.Tensor, layout: str, expected_m: int, use_ue8m0: bool) -> None:
+    """The FP8 outputs (``output`` "fp8" or "swiglu_fp8") of the masked / contiguous MXFP4 GEMM on checked operands:
+    ``out = (d e4m3 [.., rows, N_out], sd fp32 [.., rows, N_out/128] M-major TMA-aligned)``."""
+    from .outputs import FP8_OUT, SWIGLU_FP8, check_out, check_out_layout
+
+    policy = SWIGLU_FP8 if output == "swiglu_fp8" else FP8_OUT
+    g, n, k = p.shape
+    masked = layout == "masked"
+    lead = (g,) if masked else ()
+    rows = x.shape[-2]
+    check_out(out, lead, rows, policy.n_out(n), x.device, "m_max" if masked else "m_sum")
+    d, sd = out
+    if not isinstance(use_ue8m0, bool):
+        raise TypeError(f"use_ue8m0 must be a bool, got {type(use_ue8m0).__name__}")
+    if x.device.type != "cpu" or simulate():
+        from ..kernels import mxfp4_gemm
+        from ..runtime.target import backend_of
+        from ..utils import get_m_alignment_for_contiguous_layout
+
+        check_out_layout(d, sd)
+        backend = backend_of(x.device, "gemm")
+        alignment = 128 if masked else get_m_alignment_for_contiguous_layout()
+        config = mxfp4_gemm.pick_config(n, k, g, expected_m, mxfp4_gemm.num_ctas(backend), layout, alignment, output,
+                                        use_ue8m0)
+        mxfp4_gemm.launch(config, x, sa.contiguous(), p, d, grouped_layout, backend, sd)
+        return
+    if masked:
+        acc = masked_gemm_reference(x, sa, p, grouped_layout).float()
+        for e in range(g):
+            c = int(grouped_layout[e])
+            if c:
+                policy.store((d[e], sd[e]), slice(0, c), acc[e, :c], (use_ue8m0,))
+        return
+    from ..utils import get_m_alignment_for_contiguous_layout
+    row_groups = contiguous_row_groups(grouped_layout, rows, g, layout == "psum", get_m_alignment_for_contiguous_layout())
+    for e in row_groups.unique().tolist():
+        if e < 0:
+            continue
+        r = (row_groups == e).nonzero().view(-1)
+        one = PreparedMxfp4(p.tiles[e:e + 1], p.meta[e:e + 1], p.wave_per32[e:e + 1])
+        acc = masked_gemm_reference(x[r].unsqueeze(0), sa[r].unsqueeze(0), one,
+                                    torch.tensor([len(r)], dtype=torch.int32))[0].float()
+        policy.store((d, sd), r, acc, (use_ue8m0,))
+
+
+def m_grouped_gemm_fp8_fp4_fp8_nt_masked(a: tuple[torch.Tensor, torch.Tensor], b: PreparedMxfp4,
+                                          out: tuple[torch.Tensor, torch.Tensor], masked_m: torch.Tensor,
+                                          expected_m: int, *, use_ue8m0: bool = False, swiglu: bool = False) -> None:
+    """:func:`m_grouped_gemm_fp8_fp4_bf16_nt_masked` with an FP8 output: ``out = (d e4m3 [G, m_max, N_out], sd fp32
+    [G, m_max, N_out/128] M-major TMA-aligned)``, ``d = e4m3(x * fl(1 / sd))`` per row and 128 columns
+    (``per_token_cast_to_fp8_torch(values, use_ue8m0, reciprocal=True)``, the FP8-output kinds' rule). With
+    ``swiglu=True``, ``b`` is :func:`interleave_swiglu_mxfp4` of ``w13`` and the values are ``SiLU(gate) * up``
+    (``N_out = I``: the MoE up-projection). The kernel needs whole 128-column groups per tile (BLOCK_N 128; SwiGLU
+    256 rows, so at most 16 tokens per tile: decode)."""
+    if not isinstance(b, PreparedMxfp4):
+        raise TypeError(f"b must be a PreparedMxfp4 (prepare_mxfp4_weights; SwiGLU: interleave_swiglu_mxfp4), got "
+                        f"{type(b).__name__}")
+    x, sa = a
+    g, n, k = b.shape
+    _check_masked_args(x, sa, masked_m, expected_m, g, k)
+    _fp8_output("swiglu_fp8" if swiglu else "fp8", x, sa, b, out, masked_m.to(x.device), "masked", expected_m,
+                use_ue8m0)
+
+
+def m_grouped_gemm_fp8_fp4_fp8_nt_contiguous(a: tuple[torch.Tensor, torch.Tensor], b: PreparedMxfp4,
+                                              out: tuple[torch.Tensor, torch.Tensor], grouped_layout: torch.Tensor,
+                                              *, use_psum_layout: bool = False, use_ue8m0: bool = False,
+                                              swiglu: bool = False) -> None:
+    """:func:`m_grouped_gemm_fp8_fp4_bf16_nt_contiguous` with the FP8 output of
+    :func:`m_grouped_gemm_fp8_fp4_fp8_nt_masked` (``out`` rows ``M_sum``; the same rows computed)."""
+    from .._core.checks import layout_values_checked
+    from .contiguous import check_contiguous_values
+    from .psum import check_psum_layout_values
+
+    if not isinstance(b, PreparedMxfp4):
+        raise TypeError(f"b must be a PreparedMxfp4 (prepare_mxfp4_weights; SwiGLU: interleave_swiglu_mxfp4), got "
+                        f"{type(b).__name__}")
+    x, sa = a
+    g, n, k = b.shape
+    if x.dtype != torch.float8_e4m3fn or x.dim() != 2 or x.shape[1] != k:
+        raise ValueError(f"a[0] must be float8_e4m3fn [M_sum, K] with K={k}, got {x.dtype} {tuple(x.shape)}")
+    m_sum = x.shape[0]
+    if sa.dtype != torch.float32 or tuple(sa.shape) != (m_sum, k // GRAN_K):
+        raise ValueError(f"a[1] must be float32 [M_sum, K/128] = {(m_sum, k // GRAN_K)}, got {sa.dtype} "
+                         f"{tuple(sa.shape)}")
+    want = (g,) if use_psum_layout else (m_sum,)
+    if not isinstance(grouped_layout, torch.Tensor) or grouped_layout.dtype != torch.int32 or (
+            tuple(grouped_layout.shape) != want):
+        raise ValueError(f"grouped_layout must be int32 of shape {list(want)}, got "
+                         f"{getattr(grouped_layout, 'dtype', type(grouped_layout).__name__)} "
+                         f"{tuple(getattr(grouped_layout, 'shape', ()))}")
+    if layout_values_checked(grouped_layout.device):
+        if use_psum_layout:
+            check_psum_layout_values(grouped_layout, m_sum)
+        else:
+            check_contiguous_values(grouped_layout, m_sum, g)
+    if m_sum == 0:
+        return
+    _fp8_output("swiglu_fp8" if swiglu else "fp8", x, sa, b, out, grouped_layout,
+                "psum" if use_psum_layout else "contiguous", min(32, max(1, m_sum // max(g, 1))), use_ue8m0)
+
+
+def _check_masked_args(x, sa, masked_m, expected_m, g: int, k: int) -> None:
+    """The masked layout's operand checks (shared by the bf16 and FP8 outputs)."""
+    if x.dtype != torch.float8_e4m3fn or x.dim() != 3 or x.shape[0] != g or x.shape[2] != k:
+        raise ValueError(f"a[0] must be float8_e4m3fn [G, m_max, K] with G={g}, K={k}, got {x.dtype} "
+                         f"{tuple(x.shape)}")
+    m_max = x.shape[1]
+    if sa.dtype != torch.float32 or tuple(sa.shape) != (g, m_max, k // GRAN_K):
+        raise ValueError(f"a[1] must be float32 [G, m_max, K/128] = {(g, m_max, k // GRAN_K)}, got {sa.dtype} "
+                         f"{tuple(sa.shape)}")
+    if not isinstance(masked_m, torch.Tensor) or masked_m.dtype != torch.int32 or tuple(masked_m.shape) != (g,):
+        raise ValueError(f"masked_m must be int32 [G] = [{g}], got {getattr(masked_m, 'dtype', type(masked_m))} "
+                         f"{tuple(getattr(masked_m, 'shape', ()))}")
+    check_expected_m(expected_m)
+    bad = (masked_m < 0) | (masked_m > m_max)
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0])
+        raise ValueError(f"masked_m[{i}]={int(masked_m[i])} must be in [0, m_max={m_max}]")

@@ -254,6 +254,76 @@ def test_a_tokens_bits_are_the_same_on_the_decode_and_prefill_paths(monkeypatch)
         assert torch.equal(dm[e, 5], d[row]), row
 
 
+# ------------------------------------------------------------------------------------------------- FP8 outputs
+def _fp8_reference(acc: torch.Tensor, use_ue8m0: bool):
+    from deep_fp8_gemm.quant import per_token_cast_to_fp8_torch
+    return per_token_cast_to_fp8_torch(acc.float(), use_ue8m0, reciprocal=True)
+
+
+@pytest.mark.parametrize("swiglu", [False, True], ids=["fp8", "swiglu_fp8"])
+@pytest.mark.parametrize("layout", ["masked", "contiguous"])
+def test_fp8_outputs_against_the_reference_rule(swiglu, layout, monkeypatch):
+    """The FP8-output and SwiGLU·FP8 epilogues (issue 43) under DFG_SIMULATE=1: sD equal to the rule's scales of the
+    float64 product (the up-projection's SiLU(gate) * up), D's dequantised values within 1e-3, rows past masked_m /
+    padding-only blocks untouched. The scales agree to the tensor core's accumulation (~13 bits per chain in the
+    simulator's model), so to 2e-3 relative, and with the CPU path's the same way."""
+    from deep_fp8_gemm.ops.outputs import deinterleave_swiglu_columns, swiglu_values
+    from deep_fp8_gemm.utils import empty_m_major
+    monkeypatch.setenv("DFG_SIM_NUM_SMS", "4")
+    g, n, k, m_max = 2, 256, 256, 8
+    w, sf = weights(g, n, k, seed=21)
+    p = mxfp4.prepare_mxfp4_weights(w, sf)
+    pb = mxfp4.interleave_swiglu_mxfp4(p) if swiglu else p
+    n_out = n // 2 if swiglu else n
+    a, sa = activations(g, m_max, k, seed=22)
+    exact = dequantised_product(a, sa, w, sf)  # [g, m, n] checkpoint order
+    values = swiglu_values(exact.float()) if swiglu else exact.float()
+    if layout == "masked":
+        masked_m = torch.tensor([8, 5], dtype=torch.int32)
+        outs = []
+        for sim in (False, True):
+            if sim:
+                monkeypatch.setenv("DFG_SIMULATE", "1")
+            else:
+                monkeypatch.delenv("DFG_SIMULATE", raising=False)
+            d = torch.full((g, m_max, n_out), 7.0).to(torch.float8_e4m3fn)
+            sd = empty_m_major((g, m_max, n_out // 128), "cpu").fill_(-1.0)
+            mxfp4.m_grouped_gemm_fp8_fp4_fp8_nt_masked((a, sa), pb, (d, sd), masked_m, 8, swiglu=swiglu)
+            outs.append((d, sd))
+        (dc, sdc), (d, sd) = outs
+        for e, c in enumerate(masked_m.tolist()):
+            want_q, want_s = _fp8_reference(values[e, :c], False)
+            assert torch.allclose(sd[e, :c], want_s, rtol=2e-3) and torch.allclose(sdc[e, :c], want_s, rtol=1e-5), e
+            for dd, ss in ((d, sd), (dc, sdc)):
+                deq = dd[e, :c].float() * ss[e, :c].repeat_interleave(128, -1)
+                assert calc_diff(deq.double(), values[e, :c].double()) <= 1e-3
+            assert bool((d[e, c:].float() == 7.0).all()) and bool((sd[e, c:] == -1.0).all())
+    else:
+        a2, sa2 = a.reshape(g * m_max, k), sa.reshape(g * m_max, k // 128)
+        m_indices = torch.tensor([0] * 8 + [1] * 5 + [-1] * 3, dtype=torch.int32)
+        import deep_fp8_gemm
+        deep_fp8_gemm.set_mk_alignment_for_contiguous_layout(64)
+        try:
+            m_indices = torch.cat((torch.tensor([0] * 8 + [-1] * 56), torch.tensor([1] * 5 + [-1] * 59))).int()
+            rows = torch.cat((torch.arange(8), 8 + torch.arange(5)))
+            a3 = torch.zeros(128, k, dtype=torch.uint8)
+            a3[torch.cat((torch.arange(8), 64 + torch.arange(5)))] = a2.view(torch.uint8)[rows]
+            a3 = a3.view(torch.float8_e4m3fn)
+            sa3 = torch.ones(128, k // 128)
+            sa3[torch.cat((torch.arange(8), 64 + torch.arange(5)))] = sa2[rows]
+            monkeypatch.setenv("DFG_SIMULATE", "1")
+            d = torch.full((128, n_out), 7.0).to(torch.float8_e4m3fn)
+            sd = empty_m_major((128, n_out // 128), "cpu").fill_(-1.0)
+            mxfp4.m_grouped_gemm_fp8_fp4_fp8_nt_contiguous((a3, sa3), pb, (d, sd), m_indices, swiglu=swiglu)
+        finally:
+            deep_fp8_gemm.set_mk_alignment_for_contiguous_layout(128)
+        for e, (r0, c) in enumerate(((0, 8), (64, 5))):
+            want_q, want_s = _fp8_reference(values[e, :c], False)
+            assert torch.allclose(sd[r0:r0 + c], want_s, rtol=2e-3), e
+            deq = d[r0:r0 + c].float() * sd[r0:r0 + c].repeat_interleave(128, -1)
+            assert calc_diff(deq.double(), values[e, :c].double()) <= 1e-3
+
+
 # ------------------------------------------------------------------------------------------------- planted bugs
 PLANTS = {
     "nibble_order": ("mxfp4.cuh", "const u32 mags = raw & 0x77777777u;",
@@ -278,3 +348,13 @@ def test_planted_bugs_fail(bug, tmp_path, monkeypatch):
         return
     with pytest.raises(AssertionError):
         check(d, want, masked_m)
+
+
+def test_planted_fp8_output_bug_fails(tmp_path, monkeypatch):
+    """The FP8 epilogue's amax over the four warps' partials (a token's 128 values span the warpgroup): reduced over
+    the thread's own warp only, the scales come out too small and values saturate; the test above's checks fail."""
+    mutated_headers(tmp_path, monkeypatch, "kernels/mxfp4_gemm.cuh", "for (u32 wp = 0; wp < 4; ++wp)",
+                    "for (u32 wp = warp; wp < warp + 1; ++wp)")
+    with pytest.raises(AssertionError):
+        test_fp8_outputs_against_the_reference_rule(False, "masked", monkeypatch)
+

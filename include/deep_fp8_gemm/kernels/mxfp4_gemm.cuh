@@ -58,7 +58,9 @@
 #include "../mxfp4.cuh"
 #include "../pipeline.cuh"
 #include "../policy_swap_ab.cuh"
+#include "../policy_swiglu.cuh"
 #include "../scheduler.cuh"
+#include "quant.cuh"
 
 namespace dfg {
 namespace mxfp4 {
@@ -69,22 +71,32 @@ struct Mxfp4Params {
     TensorMap tma_a;     // e4m3 [G][m_max][K] (contiguous: [1][M_sum][K]): dims (K, rows, G), box (128, BLOCK_M, 1), SW128
     TensorMap tma_meta;  // u8 [G K/128 N/64][17][16]: dims (16, 17, G K/128 N/64), box (16, 17, kWaves)
     TensorMap tma_sa;    // fp32 [G or 1][K / 128][m_pad]: dims (m_pad, K / 128, G or 1), box (BLOCK_M, 1, 1)
-    u16* d;              // bf16 [G][m_max][N] (contiguous: [M_sum][N])
+    u8* d;               // [G][m_max][N_out] (contiguous: [M_sum][N_out]): bf16, or e4m3 (kOutput Fp8 / SwigluFp8)
     const i32* grouped_layout;  // masked_m [G] | m_indices [M_sum] | psum group ends [G]
     const u8* wave_per32;  // [G][N / 64]: 1 where some 128-K block of the wave takes the per-32 path
+    float* sd;           // FP8 outputs: the 1x128 scales of D, M-major: scale (batch, r, j) at (batch * N_out / 128 + j)
+                         // * sd_rows + r (the layout per_token_cast_to_fp8 returns)
     u32 num_rows;        // m_max (masked) or M_sum (contiguous)
-    u8 reserved[36];     // 0: a multiple of the tensor maps' 64-byte alignment
+    u32 sd_rows;         // FP8 outputs: rows of sD's M-major layout (the TMA-aligned row count)
+    u8 reserved[24];     // 0: a multiple of the tensor maps' 64-byte alignment
 };
 static_assert(DFG_OFFSETOF(Mxfp4Params, tma_a) == 128 && DFG_OFFSETOF(Mxfp4Params, tma_meta) == 256 &&
                   DFG_OFFSETOF(Mxfp4Params, tma_sa) == 384 && DFG_OFFSETOF(Mxfp4Params, d) == 512 &&
                   DFG_OFFSETOF(Mxfp4Params, grouped_layout) == 520 && DFG_OFFSETOF(Mxfp4Params, wave_per32) == 528 &&
-                  DFG_OFFSETOF(Mxfp4Params, num_rows) == 536 &&
+                  DFG_OFFSETOF(Mxfp4Params, sd) == 536 && DFG_OFFSETOF(Mxfp4Params, num_rows) == 544 &&
+                  DFG_OFFSETOF(Mxfp4Params, sd_rows) == 548 &&
                   sizeof(Mxfp4Params) == 576,
               "Mxfp4Params layout is mirrored in deep_fp8_gemm/kernels/mxfp4_gemm.py");
 
+// What the epilogue writes: bf16 D, or e4m3 D with 1x128 scales per row (FP8-output: BLOCK_N a multiple of 128), or
+// SiLU(gate) * up of the interleaved w13 quantised so (SwiGLU: BLOCK_N a multiple of 256; interleave_swiglu_mxfp4).
+enum class Mxfp4Output : u32 { Bf16 = 0, Fp8 = 1, SwigluFp8 = 2 };
+
 template <u32 SHAPE_N, u32 SHAPE_K, u32 BLOCK_M, u32 BLOCK_N, u32 kNumStages, u32 kNumGroups, u32 kExpectedSmemBytes,
-          GemmKind kLayout, u32 kGroupAlignment>
+          GemmKind kLayout, u32 kGroupAlignment, Mxfp4Output kOutput = Mxfp4Output::Bf16, bool kUe8m0 = false>
 struct Mxfp4GroupedKernel {
+    static constexpr bool kFp8Out = kOutput != Mxfp4Output::Bf16;
+    static constexpr bool kSwiglu = kOutput == Mxfp4Output::SwigluFp8;
     static constexpr bool kMasked = kLayout == GemmKind::GroupedMasked;
     static_assert(kMasked || kLayout == GemmKind::GroupedContiguous || kLayout == GemmKind::GroupedContiguousPsum,
                   "the MXFP4 kernel's layouts: masked, contiguous (m_indices) and psum");
@@ -92,6 +104,12 @@ struct Mxfp4GroupedKernel {
     static constexpr u32 kNumKBlocks = SHAPE_K / BLOCK_K;
     static constexpr u32 kWaves = BLOCK_N / 64;
     static constexpr u32 kWavesPerExpert = SHAPE_N / 64;
+    // Output columns: the weights' rows, or half of them (SwiGLU: a 256-row block gives 128 columns of h).
+    static constexpr u32 SHAPE_N_OUT = kSwiglu ? SHAPE_N / 2 : SHAPE_N;
+    static constexpr u32 kValueWaves = kSwiglu ? kWaves / 2 : kWaves;  // 64-column slices of D per tile
+    static constexpr u32 kOutGroups = kValueWaves / 2;                  // 128-column scale groups per tile
+    static_assert(!kFp8Out || (kSwiglu ? BLOCK_N % 256 == 0 : BLOCK_N % 128 == 0),
+                  "FP8 outputs quantise whole 128-column groups in the tile: BLOCK_N 128 / 256 (SwiGLU: 256)");
     static constexpr u32 kAccValues = WgmmaFragment<BLOCK_M>::kValues;
     static constexpr u32 kNumMathThreads = 128;
     static constexpr u32 kNumMathWarps = 4;
@@ -113,7 +131,9 @@ struct Mxfp4GroupedKernel {
     static constexpr u32 kSmemMeta = kSmemA + kNumStages * kSmemABytes;
     static constexpr u32 kSmemSa = kSmemMeta + kNumStages * kSmemMetaBytes;
     static constexpr u32 kSmemTables = round_up(kSmemSa + kNumStages * kSmemSaBytes, 16u);
-    static constexpr u32 kSmemFull = kSmemTables + kPairTableBytes;
+    static constexpr u32 kSmemRed = kSmemTables + kPairTableBytes;  // FP8 outputs: [groups][4 warps][BLOCK_M] amax
+    static constexpr u32 kSmemRedBytes = kFp8Out ? kOutGroups * 4 * BLOCK_M * 4 : 0;
+    static constexpr u32 kSmemFull = kSmemRed + kSmemRedBytes;
     static constexpr u32 kSmemEmpty = kSmemFull + 8 * kNumStages;
     static constexpr u32 kSmemBytes = kSmemEmpty + 8 * kNumStages;
     static constexpr u32 kStageTxBytes = kSmemWBytes + kSmemABytes + kWaves * kWaveMetaBytes + BLOCK_M * 4;
@@ -356,7 +376,16 @@ struct Mxfp4GroupedKernel {
                         hal::mbar_arrive(&empty[stage]);
                 });
             }
-            store(params, tile, warp, lane, acc);
+            if constexpr (kFp8Out) {
+                store_fp8(params, tile, warp, lane, acc, reinterpret_cast<u32*>(smem + kSmemRed));
+            } else {
+                store(params, tile, warp, lane, acc);
+                // The math warpgroup converges once per tile (as store_fp8's barriers make it): with that, NVRTC keeps
+                // the K loops' stage arithmetic and the tokens' descriptors in uniform registers instead of moving
+                // each descriptor with R2UR before every wgmma (measured: 32 issue slots per K block at 4 waves,
+                // 474 -> 442 at 8x256). One bar.sync per tile.
+                hal::named_barrier_sync(1, kNumMathThreads);
+            }
         }
     }
 
@@ -365,7 +394,7 @@ struct Mxfp4GroupedKernel {
     static DFG_DEVICE void store(const Mxfp4Params& params, const TileInfo& tile, u32 warp, u32 lane,
                                  const float (&acc)[kWaves][kAccValues]) {
         u32 rows = params.num_rows;
-        u16* d = params.d + tile.n_block * BLOCK_N;
+        u16* d = reinterpret_cast<u16*>(params.d) + tile.n_block * BLOCK_N;
         if constexpr (kMasked) {
             const i32 valid = params.grouped_layout[tile.group];
             rows = valid <= 0 ? 0u : min_of(static_cast<u32>(valid), params.num_rows);
@@ -380,6 +409,83 @@ struct Mxfp4GroupedKernel {
                 if (m < rows)
                     d[static_cast<u64>(m) * SHAPE_N + n] = static_cast<u16>(hal::pack_bf16x2(acc[w][i], 0.0f) & 0xFFFFu);
             }
+    }
+
+    // FP8 outputs: the tile's D columns as e4m3 with one scale per row (token) and 128 columns, the rule of
+    // epilogue_fp8.cuh (per_token_cast_to_fp8_torch(values, use_ue8m0, reciprocal=True)). A token's 128 values of
+    // one group lie in two 64-row slices, over the 8 lanes of a lane % 4 class in each of the 4 warps: its amax is
+    // reduced over those lanes by shuffles, then over the warps through shared memory (`red`, one named barrier for
+    // the math warpgroup before the reads and one after, so that the next tile's partials wait for them).
+    static DFG_DEVICE void store_fp8(const Mxfp4Params& params, const TileInfo& tile, u32 warp, u32 lane,
+                                     const float (&acc)[kWaves][kAccValues], u32* red) {
+        float v[kValueWaves][kAccValues];
+        DFG_UNROLL
+        for (u32 w = 0; w < kValueWaves; ++w)
+            DFG_UNROLL
+            for (u32 i = 0; i < kAccValues; ++i) {
+                if constexpr (kSwiglu)  // interleaved w13: per 256 rows, gate slices 0, 1 then up slices 2, 3
+                    v[w][i] = swiglu(acc[4 * (w / 2) + w % 2][i], acc[4 * (w / 2) + 2 + w % 2][i]);
+                else
+                    v[w][i] = acc[w][i];
+            }
+        constexpr u32 kColSlots = BLOCK_M / 4;  // columns per thread: 8 j + 2 (lane % 4) + b
+        u32 rows = params.num_rows;
+        u8* d = params.d;
+        u32 batch = 0;
+        if constexpr (kMasked) {
+            const i32 valid = params.grouped_layout[tile.group];
+            rows = valid <= 0 ? 0u : min_of(static_cast<u32>(valid), params.num_rows);
+            batch = tile.group;
+            d += static_cast<u64>(tile.group) * params.num_rows * SHAPE_N_OUT;
+        }
+        DFG_UNROLL
+        for (u32 g = 0; g < kOutGroups; ++g) {
+            DFG_UNROLL
+            for (u32 c = 0; c < kColSlots; ++c) {
+                const u32 j = c / 2, b = c % 2;
+                u32 bits = 0;
+                DFG_UNROLL
+                for (u32 w = 2 * g; w < 2 * g + 2; ++w)
+                    DFG_UNROLL
+                    for (u32 h = 0; h < 2; ++h)
+                        bits = max_of(bits, quant::float_to_bits(v[w][4 * j + 2 * h + b]) & 0x7FFFFFFFu);
+                DFG_UNROLL
+                for (u32 mask = 4; mask <= 16; mask *= 2)
+                    bits = max_of(bits, quant::float_to_bits(hal::shfl_xor(quant::bits_to_float(bits), mask)));
+                if (lane < 4)
+                    red[(g * 4 + warp) * BLOCK_M + 8 * j + 2 * lane + b] = bits;
+            }
+        }
+        hal::named_barrier_sync(1, kNumMathThreads);
+        DFG_UNROLL
+        for (u32 g = 0; g < kOutGroups; ++g) {
+            DFG_UNROLL
+            for (u32 c = 0; c < kColSlots; ++c) {
+                const u32 j = c / 2, b = c % 2;
+                const u32 col = 8 * j + 2 * (lane % 4) + b;
+                u32 bits = 0;
+                DFG_UNROLL
+                for (u32 wp = 0; wp < 4; ++wp)
+                    bits = max_of(bits, red[(g * 4 + wp) * BLOCK_M + col]);
+                const float scale = quant::amax_to_scale<kUe8m0 ? quant::kUe8m0Scales : 0u>(bits);
+                const float inv = 1.0f / scale;  // one IEEE reciprocal per token and group (epilogue_fp8.cuh)
+                const u32 m = tile.m_block * BLOCK_M + col;
+                if (m >= rows)
+                    continue;
+                const u32 n_group = tile.n_block * kValueWaves / 2 + g;  // the scale group's index in D's columns
+                DFG_UNROLL
+                for (u32 w = 2 * g; w < 2 * g + 2; ++w)
+                    DFG_UNROLL
+                    for (u32 h = 0; h < 2; ++h) {
+                        const u32 n = tile.n_block * kValueWaves * 64 + w * 64 + 16 * warp + lane / 4 + 8 * h;
+                        d[static_cast<u64>(m) * SHAPE_N_OUT + n] =
+                            static_cast<u8>(hal::pack_e4m3x2(v[w][4 * j + 2 * h + b] * inv, 0.0f) & 0xFFu);
+                    }
+                if (warp == 0 && lane < 4)
+                    params.sd[(static_cast<u64>(batch) * (SHAPE_N_OUT / 128) + n_group) * params.sd_rows + m] = scale;
+            }
+        }
+        hal::named_barrier_sync(1, kNumMathThreads);  // the next tile's partials after every read of these
     }
 };
 
