@@ -72,7 +72,7 @@ setup(
         "nvidia-cutlass>=4.2",
     ],
     extras_require={
-        "test": ["pytest", "hypothesis"],
+        "test": ["pytest", "pytest-xdist", "hypothesis"],
         "bench": ["matplotlib"],
     },
     classifiers=[

@@ -92,6 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("audit", help="compile and statically check kernels (no GPU needed)")
     _add_kernel_selection(p)
     p.add_argument("--json", metavar="PATH", help="write the records as JSON to PATH ('-' = stdout, nothing else)")
+    p.add_argument("--jobs", "-j", type=int, default=1, help="audit in N worker processes (default 1)")
 
     p = sub.add_parser("precompile", help="fill the JIT cache for the given shapes")
     _add_kernel_selection(p)
@@ -169,10 +170,12 @@ def _check_json_path(path: str | None) -> None:
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
-    from .runtime.audit import audit, format_table
+    from .runtime.audit import audit_parallel, format_table
 
+    if args.jobs <= 0:
+        raise CliError(f"--jobs must be positive, got {args.jobs}")
     _check_json_path(args.json)
-    records = audit(_targets_from_args(args), progress=True)
+    records = audit_parallel(_targets_from_args(args), args.jobs, progress=True)
     if args.json == "-":
         json.dump(records, sys.stdout, indent=1)
         sys.stdout.write("\n")

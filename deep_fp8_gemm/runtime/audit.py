@@ -201,6 +201,37 @@ def audit(targets: Iterable[AuditTarget], *, progress: bool = True) -> list[dict
     return [record for record, _, _ in pending]
 
 
+def _audit_chunk(targets: list[AuditTarget]) -> list[dict]:
+    """One worker's share of :func:`audit_parallel` (no progress bar: the parent draws it)."""
+    return audit(targets, progress=False)
+
+
+def audit_parallel(targets: Iterable[AuditTarget], jobs: int, *, progress: bool = True) -> list[dict]:
+    """:func:`audit` in ``jobs`` worker processes ("spawn": no forked torch threads), the records in the targets'
+    order. Each worker compiles and disassembles its share (NVRTC and nvdisasm both keep a core busy); the disk
+    cache's per-key locks make concurrent compiles of one kernel safe. ``jobs`` 1: :func:`audit` itself."""
+    targets = list(targets)
+    if jobs <= 1 or len(targets) < 2:
+        return audit(targets, progress=progress)
+    import multiprocessing
+
+    chunks = [targets[i::jobs] for i in range(jobs)]  # interleaved: each worker gets every kind's kernels
+    start = time.perf_counter()
+    results: list[list[dict] | None] = [None] * jobs
+    with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {pool.submit(_audit_chunk, chunk): i for i, chunk in enumerate(chunks)}
+        done = 0
+        for future in concurrent.futures.as_completed(futures):
+            results[futures[future]] = future.result()
+            done += len(chunks[futures[future]])
+            if progress:
+                print_progress(done, len(targets), time.perf_counter() - start, f"worker {futures[future]}")
+    records: list[dict] = [None] * len(targets)  # type: ignore[list-item]
+    for i, chunk_records in enumerate(results):
+        records[i::jobs] = chunk_records
+    return records
+
+
 def print_progress(done: int, total: int, seconds: float, label: str) -> None:
     """Progress on stderr: a redrawn bar on a terminal; in logs (not a TTY) one line per ~10%."""
     if sys.stderr.isatty():

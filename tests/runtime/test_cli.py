@@ -41,6 +41,19 @@ def test_audit_json_stdout_is_only_json(jit_cache, targets, capsys):
     assert "1/1" in err  # progress bar on stderr
 
 
+def test_audit_jobs_gives_the_same_records_in_order(jit_cache, capsys, tmp_path):
+    """``audit --jobs 2`` (worker processes, each its share) reports the same kernels in the same order, with the same
+    binaries, as one process."""
+    one, two = tmp_path / "one.json", tmp_path / "two.json"
+    assert cli.main(["audit", "--kind", "tf32", "--json", str(one)]) == 0
+    assert cli.main(["audit", "--kind", "tf32", "--jobs", "2", "--json", str(two)]) == 0
+    a, b = json.loads(one.read_text()), json.loads(two.read_text())
+    assert len(a) == 2 and [(r["name"], r["cubin_sha256"], r["ok"]) for r in a] == \
+        [(r["name"], r["cubin_sha256"], r["ok"]) for r in b]
+    assert cli.main(["audit", "--kind", "tf32", "--jobs", "0"]) == 2
+    assert "--jobs must be positive, got 0" in capsys.readouterr().err
+
+
 def test_audit_failure_sets_exit_status_and_writes_table(jit_cache, targets, capsys, tmp_path):
     targets += [_probe_target("dfg_test_cli_ok"),
                 AuditTarget("test", {}, "dfg_test_cli_spill", simple_source("spill.cu", "dfg_test_cli_spill"),

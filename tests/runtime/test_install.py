@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-TEST_COMMAND = "python -m pytest -q tests"
+TEST_COMMAND = "python -m pytest -q -n auto tests"
 
 
 def _relative_files(root: Path, suffixes: set[str]) -> set[str]:
