@@ -326,6 +326,22 @@ fp8_m_grouped_gemm_nt_masked = m_grouped_fp8_gemm_nt_masked
 fp8_fp4_gemm_nt = fp8_gemm_nt
 
 
+def _mxfp4_b(b: object, recipe, recipe_a, recipe_b, compiled_dims: str, disable_ue8m0_cast: bool) -> bool:
+    """Whether the ``fp8_fp4`` grouped names' ``b`` is MXFP4 (int8 / uint8 codes): then the recipes must be MXFP4's
+    (``recipe_a=(1, 128)``, ``recipe_b=(1, 32)``, no ``recipe``; ``ValueError`` naming them otherwise) and the common
+    knobs are checked here. False: FP8 ``b``, for the FP8 names (which check everything themselves)."""
+    data = b[0] if isinstance(b, (tuple, list)) and len(b) == 2 else None
+    if not (isinstance(data, torch.Tensor) and data.dtype in (torch.int8, torch.uint8)):
+        return False
+    if recipe is not None or recipe_a is None or recipe_b is None or (tuple(recipe_a), tuple(recipe_b)) != (
+            (1, 128), (1, 32)):
+        raise ValueError(f"MXFP4 b (b[0].dtype={data.dtype}) takes recipe_a=(1, 128), recipe_b=(1, 32) and no recipe, "
+                         f"got recipe={recipe}, recipe_a={recipe_a}, recipe_b={recipe_b}")
+    check_compiled_dims(compiled_dims)
+    check_bool(disable_ue8m0_cast, "disable_ue8m0_cast")
+    return True
+
+
 def m_grouped_fp8_fp4_gemm_nt_contiguous(
     a: tuple[torch.Tensor, torch.Tensor],
     b: tuple[torch.Tensor, torch.Tensor],
@@ -345,18 +361,11 @@ def m_grouped_fp8_fp4_gemm_nt_contiguous(
     no ``recipe``: vLLM's ``DeepGemmFP4Experts`` call) :func:`deep_fp8_gemm.ops.mxfp4.m_grouped_gemm_fp8_fp4_bf16_nt_contiguous`
     (the MXFP4 register-A kernel on sm_90 and under DFG_SIMULATE, the float64 reference of its path on CPU), with
     the same layouts and padding-row rule as the FP8 kernel."""
-    data = b[0] if isinstance(b, (tuple, list)) and len(b) == 2 else None
-    if not (isinstance(data, torch.Tensor) and data.dtype in (torch.int8, torch.uint8)):
+    if not _mxfp4_b(b, recipe, recipe_a, recipe_b, compiled_dims, disable_ue8m0_cast):
         m_grouped_fp8_gemm_nt_contiguous(a, b, d, grouped_layout, recipe, recipe_a, recipe_b, compiled_dims,
                                          disable_ue8m0_cast, use_psum_layout, ensure_zero_padding,
                                          expected_m_for_psum_layout)
         return
-    if recipe is not None or recipe_a is None or recipe_b is None or (tuple(recipe_a), tuple(recipe_b)) != (
-            (1, 128), (1, 32)):
-        raise ValueError(f"MXFP4 b (b[0].dtype={data.dtype}) takes recipe_a=(1, 128), recipe_b=(1, 32) and no recipe, "
-                         f"got recipe={recipe}, recipe_a={recipe_a}, recipe_b={recipe_b}")
-    check_compiled_dims(compiled_dims)
-    check_bool(disable_ue8m0_cast, "disable_ue8m0_cast")
     check_bool(ensure_zero_padding, "ensure_zero_padding")
     check_bool(use_psum_layout, "use_psum_layout")
     if expected_m_for_psum_layout is not None and not use_psum_layout:
@@ -382,17 +391,10 @@ def m_grouped_fp8_fp4_gemm_nt_masked(
     codes per byte low nibble first, fp32 UE8M0 [G, N, K/32])``, ``recipe_a=(1, 128)``, ``recipe_b=(1, 32)``,
     no ``recipe``) :func:`deep_fp8_gemm.ops.mxfp4.m_grouped_gemm_fp8_fp4_bf16_nt_masked` (the MXFP4 decode kernel on
     sm_90 and under DFG_SIMULATE, the float64 reference of its path on CPU)."""
-    data = b[0] if isinstance(b, (tuple, list)) and len(b) == 2 else None
-    if not (isinstance(data, torch.Tensor) and data.dtype in (torch.int8, torch.uint8)):
+    if not _mxfp4_b(b, recipe, recipe_a, recipe_b, compiled_dims, disable_ue8m0_cast):
         m_grouped_fp8_gemm_nt_masked(a, b, d, masked_m, expected_m, recipe, recipe_a, recipe_b, compiled_dims,
                                      disable_ue8m0_cast)
         return
-    if recipe is not None or recipe_a is None or recipe_b is None or (tuple(recipe_a), tuple(recipe_b)) != (
-            (1, 128), (1, 32)):
-        raise ValueError(f"MXFP4 b (b[0].dtype={data.dtype}) takes recipe_a=(1, 128), recipe_b=(1, 32) and no recipe, "
-                         f"got recipe={recipe}, recipe_a={recipe_a}, recipe_b={recipe_b}")
-    check_compiled_dims(compiled_dims)
-    check_bool(disable_ue8m0_cast, "disable_ue8m0_cast")
     _check_sm100_operands(a, (None, b[1]))
     m_grouped_gemm_fp8_fp4_bf16_nt_masked(a, b, d, masked_m, expected_m)
 

@@ -110,6 +110,7 @@ class Mxfp4Config:
                 "mma_cols": self.block_m, "kloop_qgmma": 4 * (self.block_n // 64)}
 
 
+@functools.lru_cache(maxsize=4096)  # pure: called on every launch
 def pick_config(n: int, k: int, num_groups: int, expected_m: int, num_sms: int, layout: str = "masked",
                 group_alignment: int = 128, output: str = "bf16", ue8m0: bool = False) -> Mxfp4Config:
     """The tile for a call: BLOCK_M the smallest of 8 / 16 / 32 / 64 / 128 holding ``expected_m`` tokens (128 beyond;

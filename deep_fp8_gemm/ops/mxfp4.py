@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from .._core.checks import check_expected_m
+from .._core.checks import check_expected_m, layout_values_checked
 from ..constants import GRAN_K
 from ..env import simulate
 from .mxfp4_format import (  # noqa: F401 (re-exported: the format's public names)
@@ -184,41 +184,17 @@ def m_grouped_gemm_fp8_fp4_bf16_nt_contiguous(a: tuple[torch.Tensor, torch.Tenso
     FP8 contiguous kernels compute them (:func:`contiguous_row_groups`): padding rows sharing an alignment block with
     a group's rows take that group, padding-only blocks are left untouched. CPU tensors run the float64 reference of
     the recorded path (their layout values checked); an sm_90 GPU or ``DFG_SIMULATE=1`` the MXFP4 kernel."""
-    from .._core.checks import layout_values_checked
     from ..utils import get_m_alignment_for_contiguous_layout
-    from .contiguous import check_contiguous_values
-    from .psum import check_psum_layout_values
 
     p = b if isinstance(b, PreparedMxfp4) else prepare_mxfp4_weights(*b)
     g, n, k = p.shape
-    if not isinstance(a, (tuple, list)) or len(a) != 2 or not all(isinstance(t, torch.Tensor) for t in a):
-        raise TypeError(f"a must be a pair of tensors (e4m3 [M_sum, K], fp32 [M_sum, K/128]), got {a!r:.80}")
-    x, sa = a
-    if x.dtype != torch.float8_e4m3fn or x.dim() != 2 or x.shape[1] != k:
-        raise ValueError(f"a[0] must be float8_e4m3fn [M_sum, K] with K={k}, got {x.dtype} {tuple(x.shape)}")
-    m_sum = x.shape[0]
-    if sa.dtype != torch.float32 or tuple(sa.shape) != (m_sum, k // GRAN_K):
-        raise ValueError(f"a[1] must be float32 [M_sum, K/128] = {(m_sum, k // GRAN_K)}, got {sa.dtype} "
-                         f"{tuple(sa.shape)}")
+    x, sa, m_sum = _check_contiguous_args(a, g, k, grouped_layout, use_psum_layout)
     if not isinstance(d, torch.Tensor) or d.dtype != torch.bfloat16 or tuple(d.shape) != (m_sum, n):
         raise ValueError(f"d must be bfloat16 [M_sum, N] = {(m_sum, n)}, got {getattr(d, 'dtype', type(d).__name__)} "
                          f"{tuple(getattr(d, 'shape', ()))}")
-    if not isinstance(use_psum_layout, bool):
-        raise TypeError(f"use_psum_layout must be a bool, got {type(use_psum_layout).__name__}")
-    want = (g,) if use_psum_layout else (m_sum,)
-    if not isinstance(grouped_layout, torch.Tensor) or grouped_layout.dtype != torch.int32 or (
-            tuple(grouped_layout.shape) != want):
-        raise ValueError(f"grouped_layout must be int32 {'group ends [G]' if use_psum_layout else 'm_indices [M_sum]'}"
-                         f" = {list(want)}, got {getattr(grouped_layout, 'dtype', type(grouped_layout).__name__)} "
-                         f"{tuple(getattr(grouped_layout, 'shape', ()))}")
     devices = {t.device for t in (x, sa, d, grouped_layout, p.tiles)}
     if len(devices) != 1:
         raise ValueError(f"a, b, d and grouped_layout must be on one device, got {sorted(map(str, devices))}")
-    if layout_values_checked(grouped_layout.device):
-        if use_psum_layout:
-            check_psum_layout_values(grouped_layout, m_sum)
-        else:
-            check_contiguous_values(grouped_layout, m_sum, g)
     alignment = get_m_alignment_for_contiguous_layout()
     if m_sum == 0:
         return
@@ -333,36 +309,50 @@ def m_grouped_gemm_fp8_fp4_fp8_nt_contiguous(a: tuple[torch.Tensor, torch.Tensor
                                               swiglu: bool = False) -> None:
     """:func:`m_grouped_gemm_fp8_fp4_bf16_nt_contiguous` with the FP8 output of
     :func:`m_grouped_gemm_fp8_fp4_fp8_nt_masked` (``out`` rows ``M_sum``; the same rows computed)."""
-    from .._core.checks import layout_values_checked
-    from .contiguous import check_contiguous_values
-    from .psum import check_psum_layout_values
 
     if not isinstance(b, PreparedMxfp4):
         raise TypeError(f"b must be a PreparedMxfp4 (prepare_mxfp4_weights; SwiGLU: interleave_swiglu_mxfp4), got "
                         f"{type(b).__name__}")
-    x, sa = a
     g, n, k = b.shape
+    x, sa, m_sum = _check_contiguous_args(a, g, k, grouped_layout, use_psum_layout)
+    if m_sum == 0:
+        return
+    _fp8_output("swiglu_fp8" if swiglu else "fp8", x, sa, b, out, grouped_layout,
+                "psum" if use_psum_layout else "contiguous", min(32, max(1, m_sum // max(g, 1))), use_ue8m0)
+
+
+def _check_contiguous_args(a, g: int, k: int, grouped_layout, use_psum_layout) -> tuple:
+    """The contiguous layouts' operand checks (shared by the bf16 and FP8 outputs): ``a = (e4m3 [M_sum, K], fp32
+    [M_sum, K/128])``, ``grouped_layout`` int32 ``m_indices [M_sum]`` or psum ends ``[G]``, its values where the
+    layouts are checked (``layout_values_checked``: CPU tensors, or ``DFG_CHECK_LAYOUTS=1``). Returns
+    ``(x, sa, m_sum)``."""
+    from .._core.checks import layout_values_checked
+    from .contiguous import check_contiguous_values
+    from .psum import check_psum_layout_values
+
+    if not isinstance(a, (tuple, list)) or len(a) != 2 or not all(isinstance(t, torch.Tensor) for t in a):
+        raise TypeError(f"a must be a pair of tensors (e4m3 [M_sum, K], fp32 [M_sum, K/128]), got {a!r:.80}")
+    x, sa = a
     if x.dtype != torch.float8_e4m3fn or x.dim() != 2 or x.shape[1] != k:
         raise ValueError(f"a[0] must be float8_e4m3fn [M_sum, K] with K={k}, got {x.dtype} {tuple(x.shape)}")
     m_sum = x.shape[0]
     if sa.dtype != torch.float32 or tuple(sa.shape) != (m_sum, k // GRAN_K):
         raise ValueError(f"a[1] must be float32 [M_sum, K/128] = {(m_sum, k // GRAN_K)}, got {sa.dtype} "
                          f"{tuple(sa.shape)}")
+    if not isinstance(use_psum_layout, bool):
+        raise TypeError(f"use_psum_layout must be a bool, got {type(use_psum_layout).__name__}")
     want = (g,) if use_psum_layout else (m_sum,)
     if not isinstance(grouped_layout, torch.Tensor) or grouped_layout.dtype != torch.int32 or (
             tuple(grouped_layout.shape) != want):
-        raise ValueError(f"grouped_layout must be int32 of shape {list(want)}, got "
-                         f"{getattr(grouped_layout, 'dtype', type(grouped_layout).__name__)} "
+        raise ValueError(f"grouped_layout must be int32 {'group ends [G]' if use_psum_layout else 'm_indices [M_sum]'}"
+                         f" = {list(want)}, got {getattr(grouped_layout, 'dtype', type(grouped_layout).__name__)} "
                          f"{tuple(getattr(grouped_layout, 'shape', ()))}")
     if layout_values_checked(grouped_layout.device):
         if use_psum_layout:
             check_psum_layout_values(grouped_layout, m_sum)
         else:
             check_contiguous_values(grouped_layout, m_sum, g)
-    if m_sum == 0:
-        return
-    _fp8_output("swiglu_fp8" if swiglu else "fp8", x, sa, b, out, grouped_layout,
-                "psum" if use_psum_layout else "contiguous", min(32, max(1, m_sum // max(g, 1))), use_ue8m0)
+    return x, sa, m_sum
 
 
 def _check_masked_args(x, sa, masked_m, expected_m, g: int, k: int) -> None:
@@ -378,6 +368,8 @@ def _check_masked_args(x, sa, masked_m, expected_m, g: int, k: int) -> None:
         raise ValueError(f"masked_m must be int32 [G] = [{g}], got {getattr(masked_m, 'dtype', type(masked_m))} "
                          f"{tuple(getattr(masked_m, 'shape', ()))}")
     check_expected_m(expected_m)
+    if not layout_values_checked(masked_m.device):  # CUDA: never read on the host (CUDA-graph capture)
+        return
     bad = (masked_m < 0) | (masked_m > m_max)
     if bool(bad.any()):
         i = int(bad.nonzero()[0])
