@@ -3,11 +3,15 @@ builds (the sm_90a compile and the CPU simulator) for the rest of the test."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 from deep_fp8_gemm.runtime import cache, compiler, paths
+
+_SESSION_CACHE_DIR = os.environ.get("DFG_JIT_CACHE_DIR")  # imported at collection, before any test's fixture
 
 
 def mutated_headers(tmp_path: Path, monkeypatch, header: str, original: str, planted: str) -> None:
@@ -44,11 +48,12 @@ def _carry_simulator_runtime(mutated: Path, fresh: Path) -> None:
 def carry_simulator_entries(cache_dir: Path) -> None:
     """Puts the session cache's runtime library and prelude (built there first if missing) into ``cache_dir``'s
     ``sim/``, each with its source and sidecar, in the cache's modes: a test's fresh cache then builds only its own
-    kernel libraries. The prelude (~70 MB) is hard-linked where the file system allows (the library never writes an
-    entry in place: a rebuild replaces the file), else copied."""
+    kernel libraries. The session's cache is the one the run started with (``DFG_JIT_CACHE_DIR`` then, whatever a
+    fixture set since). The prelude (~70 MB) is hard-linked where the file system allows (the library never writes
+    an entry in place: a rebuild replaces the file), else copied."""
     from deep_fp8_gemm.simulator import build
 
-    with build.open_runtime() as runtime, build.open_prelude() as prelude:
+    with _session_cache(), build.open_runtime() as runtime, build.open_prelude() as prelude:
         entries = [(runtime.path, ".so"), (prelude.path, f".{build.PRELUDE_KIND}")]
     target = cache_dir / "sim"
     target.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -60,6 +65,23 @@ def carry_simulator_entries(cache_dir: Path) -> None:
             if not (suffix == f".{build.PRELUDE_KIND}" and _hard_link(source, copy)):
                 shutil.copyfile(source, copy)  # small files: a test may edit its cache's copy in place
             os.chmod(copy, 0o600)
+
+
+@contextlib.contextmanager
+def _session_cache() -> Iterator[None]:
+    now = os.environ.get("DFG_JIT_CACHE_DIR")
+    _set_cache_dir(_SESSION_CACHE_DIR)
+    try:
+        yield
+    finally:
+        _set_cache_dir(now)
+
+
+def _set_cache_dir(value: str | None) -> None:
+    if value is None:
+        os.environ.pop("DFG_JIT_CACHE_DIR", None)
+    else:
+        os.environ["DFG_JIT_CACHE_DIR"] = value
 
 
 def _hard_link(source: Path, link: Path) -> bool:

@@ -31,7 +31,6 @@ from tests._mutate import carry_simulator_entries
 from tests.jit_kernels import PYTHON, REPO_ROOT, jit_cache, probe_source, simple_source, subprocess_env  # noqa: F401
 
 OTHER_UID = 65534  # nobody
-SESSION_CACHE_DIR = os.environ.get("DFG_JIT_CACHE_DIR")  # as the run set it, before any test's fixture
 REFUSED = r"(?s)will not use the JIT cache directory .*DFG_JIT_CACHE_DIR"
 
 
@@ -119,15 +118,10 @@ def empty_sim_cache(jit_cache, monkeypatch):
 
 
 @pytest.fixture
-def sim_cache(empty_sim_cache, monkeypatch):
+def sim_cache(empty_sim_cache):
     """:func:`empty_sim_cache` holding the session's runtime library and prelude (tests/_mutate.py), for the tests
     about a kernel library's entry: a launch there builds only its library (~8 s of g++ less per test)."""
-    with monkeypatch.context() as session:  # the session's cache, where they are built once
-        if SESSION_CACHE_DIR is None:
-            session.delenv("DFG_JIT_CACHE_DIR", raising=False)
-        else:
-            session.setenv("DFG_JIT_CACHE_DIR", SESSION_CACHE_DIR)
-        carry_simulator_entries(empty_sim_cache)
+    carry_simulator_entries(empty_sim_cache)
     return empty_sim_cache
 
 
