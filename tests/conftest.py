@@ -7,6 +7,8 @@ Use ``@pytest.mark.gpu`` (or ``from tests._gpu import requires_sm90``) on tests 
 ``set_batch_invariant(False)`` (docs/batch-invariance.md); the default mode is restored after the test.
 ``--dfg-test-timeout SECONDS``: a test running longer dumps every thread's stack and ends the process (a
 hung kernel cannot be interrupted from Python); bench/device_check.sh's smoke step uses it.
+Under pytest-xdist (``-n``) each worker gets its share of the cores for torch's intra-op threads
+(:func:`_share_the_cores`).
 """
 
 from __future__ import annotations
@@ -72,7 +74,21 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 _STDERR_FD: list[int] = []  # a copy of the real stderr: fd 2 is redirected while pytest captures a test's output
 
 
+def _share_the_cores() -> None:
+    """An xdist worker runs torch's intra-op pool on cores // workers threads (at least 1), not on every core: with
+    N workers each holding a pool of every core, the OpenMP threads of one worker spin-wait (libgomp's busy wait
+    after each parallel region) on cores the other workers' simulator runs need. Measured on 2 cores: a simulator
+    test's CPU time 20.1 s with one thread against 26.6 s with two (tests/kernels/test_sim_exact_configs.py's masked
+    anchors), the same results."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+    if workers > 1 and "OMP_NUM_THREADS" not in os.environ:
+        import torch
+
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    _share_the_cores()
     if config.getoption("--dfg-test-timeout") > 0 and not _STDERR_FD:
         _STDERR_FD.append(os.dup(2))  # capture is suspended during configure: this is the terminal / log
 

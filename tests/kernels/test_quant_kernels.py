@@ -27,6 +27,7 @@ import deep_fp8_gemm.kernels.quant as kq
 from deep_fp8_gemm.quant import per_block_cast_to_fp8_torch, per_token_cast_to_fp8_torch
 from deep_fp8_gemm.runtime.paths import include_dir
 from tests._gpu import requires_sm90
+from tests._mutate import carry_simulator_entries
 
 
 def _nvrtc_available() -> str | None:
@@ -297,10 +298,12 @@ def test_emulated_empty_inputs(emulated):
 
 # ---------------------------------------------------------------------------------------------- simulator
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not found: the CPU simulator cannot build kernels")
-def test_real_simulator_runs_the_rendered_kernels(private_jit_cache):
+def test_real_simulator_runs_the_rendered_kernels(private_jit_cache, tmp_path):
     """The exact translation units NVRTC compiles, built with -DDFG_SIMULATOR against hal/sim.hpp (which also
     checks shared-memory bounds and barrier use), one build per kind (~5 s each, hence only three)."""
     from deep_fp8_gemm.simulator.runner import launch as sim_launch
+
+    carry_simulator_entries(tmp_path / "jit-cache")  # the session's runtime and prelude: only the kernels are built
 
     def launch(config, params, grid, device):
         name, source = kq.render_source(config)

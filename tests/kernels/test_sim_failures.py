@@ -13,6 +13,7 @@ import torch
 from deep_fp8_gemm.runtime.tensor_map import TmaSwizzle
 from deep_fp8_gemm.simulator import SimBuildError, SimulationError, build_library, launch
 from tests import sim_kernels
+from tests._mutate import carry_simulator_entries
 from tests.sim_kernels import tensor_map_3d, tensor_map_field
 
 SMEM_BYTES = 32 * 1024
@@ -84,6 +85,7 @@ def test_compile_error_carries_the_compiler_log():
 
 
 def test_build_is_cached_by_content(tmp_path, monkeypatch):
+    carry_simulator_entries(tmp_path)  # the session's runtime and prelude: this test is about the library's entry
     monkeypatch.setenv("DFG_JIT_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv("DFG_JIT_DISABLE_CACHE", raising=False)
     name, source = sim_kernels.source("stmatrix")

@@ -27,6 +27,7 @@ from deep_fp8_gemm import cli
 from deep_fp8_gemm.runtime import cache, paths
 from deep_fp8_gemm.runtime.compiler import CompileError, compile_kernel
 from deep_fp8_gemm.simulator import build, build_library, launch
+from tests._mutate import carry_simulator_entries
 from tests.jit_kernels import PYTHON, REPO_ROOT, jit_cache, probe_source, simple_source, subprocess_env  # noqa: F401
 
 OTHER_UID = 65534  # nobody
@@ -109,10 +110,19 @@ def umask0():
 
 
 @pytest.fixture
-def sim_cache(jit_cache, monkeypatch):
-    """A private cache for the simulator too (the sim tests share ``jit_cache``'s directory)."""
+def empty_sim_cache(jit_cache, monkeypatch):
+    """A private cache for the simulator too (the sim tests share ``jit_cache``'s directory), empty: the first
+    launch builds the simulator's runtime library there."""
     monkeypatch.delenv("DFG_JIT_DISABLE_CACHE", raising=False)
     return jit_cache
+
+
+@pytest.fixture
+def sim_cache(empty_sim_cache):
+    """:func:`empty_sim_cache` holding the session's runtime library and prelude (tests/_mutate.py), for the tests
+    about a kernel library's entry: a launch there builds only its library (~8 s of g++ less per test)."""
+    carry_simulator_entries(empty_sim_cache)
+    return empty_sim_cache
 
 
 def test_planted_library_runs_when_loaded(tmp_path):
@@ -333,7 +343,7 @@ def test_cubin_entry_others_could_write_is_rebuilt_not_loaded(jit_cache, tmp_pat
     assert cubin_path.stat().st_uid == os.geteuid() and stat.S_IMODE(cubin_path.stat().st_mode) == 0o600
 
 
-def test_checks_run_once_per_process_and_directory(sim_cache, monkeypatch):
+def test_checks_run_once_per_process_and_directory(empty_sim_cache, monkeypatch):
     """The ownership walk runs on a directory's first use only; in-memory hits and repeated launches touch
     neither the walk nor the library's checksum."""
     from deep_fp8_gemm.runtime import cachedir
@@ -348,7 +358,7 @@ def test_checks_run_once_per_process_and_directory(sim_cache, monkeypatch):
         compile_kernel("dfg_test_sec_once", probe_source("dfg_test_sec_once"))
     cache.clear_memory_cache()
     compile_kernel("dfg_test_sec_once", probe_source("dfg_test_sec_once"))  # a disk hit
-    assert sorted(walks) == sorted(os.path.realpath(p) for p in (sim_cache, sim_cache / "sim")), walks
+    assert sorted(walks) == sorted(os.path.realpath(p) for p in (empty_sim_cache, empty_sim_cache / "sim")), walks
     # the builds' own checksums (the runtime's, then the library's): the launch loads the descriptor it hashed
     assert len(hashes) == 2
 
@@ -366,7 +376,7 @@ _RACER = textwrap.dedent("""
 """)
 
 
-def test_concurrent_processes_share_a_private_library_cache(sim_cache, tmp_path):
+def test_concurrent_processes_share_a_private_library_cache(empty_sim_cache, tmp_path):
     """Four processes launching one kernel in a fresh private cache: one compiles (the entry's lock), all
     load that one checked library."""
     num_procs = 4
@@ -379,7 +389,7 @@ def test_concurrent_processes_share_a_private_library_cache(sim_cache, tmp_path)
                        f'  *" -shared "*) echo built >> "{builds}";; esac\n'
                        f'exec {shutil.which("g++")} "$@"\n')
     wrapper.chmod(0o755)
-    env = subprocess_env(DFG_JIT_CACHE_DIR=str(sim_cache), PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    env = subprocess_env(DFG_JIT_CACHE_DIR=str(empty_sim_cache), PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     script = _RACER.format(repo=str(REPO_ROOT), sync=str(sync), name=name, source=source)
     procs = [subprocess.Popen([PYTHON, "-c", script, str(i)], env=env, stderr=subprocess.PIPE, text=True)
              for i in range(num_procs)]
@@ -391,9 +401,10 @@ def test_concurrent_processes_share_a_private_library_cache(sim_cache, tmp_path)
     errors = [p.communicate(timeout=120)[1] for p in procs]
     assert all(p.returncode == 0 for p in procs), errors
     assert sorted(builds.read_text().split()) == ["built", "runtime"]
-    entry = _next_library(sim_cache, name, source)
-    assert sorted(p.name for p in (sim_cache / "sim").iterdir()) == _entry_files(sim_cache, entry)  # no temporaries
-    assert set(_modes(sim_cache).values()) == {"dir 0700", "file 0600"}
+    entry = _next_library(empty_sim_cache, name, source)
+    built = sorted(p.name for p in (empty_sim_cache / "sim").iterdir())
+    assert built == _entry_files(empty_sim_cache, entry)  # no temporaries
+    assert set(_modes(empty_sim_cache).values()) == {"dir 0700", "file 0600"}
 
 
 def test_sidecar_is_verified_before_the_library_is_loaded(sim_cache):
