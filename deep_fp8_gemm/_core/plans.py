@@ -102,7 +102,11 @@ try:
 except ImportError:  # pragma: no cover - present in the supported torch (2.13)
     _empty_cpu = _empty_cuda = None
 ALLOCATORS = {"cpu": _empty_cpu, "cuda": _empty_cuda}  # device type -> fast allocator (None: not in this torch)
-_is_compiling = torch.compiler.is_compiling
+# Dynamo folds is_dynamo_compiling() to True while it traces (one frame, returns False: ~0.1 µs less per call
+# than is_compiling(), which also reads torch.jit.is_scripting()). is_compiling() is also True for Python that runs,
+# not traced, during a compile session or a non-strict export (AOTAutograd, make_fx): there the tensors are
+# FakeTensors (type check) or a dispatch mode is active (_dispatch_depth), so the entries refuse them all the same.
+_is_compiling = torch.compiler.is_dynamo_compiling
 _dispatch_depth = torch._C._len_torch_dispatch_stack
 _FP8, _F32, _BF16, _I32 = torch.float8_e4m3fn, torch.float32, torch.bfloat16, torch.int32
 
