@@ -475,6 +475,23 @@ def test_plan_catches_changes_on_the_gpu_path(fake_gpu):
     assert len(fake_gpu.launches) == launches
 
 
+def test_plan_keeps_blocks_only_for_pointers_that_passed_the_checks(fake_gpu):
+    """A plan's parameter block per pointer tuple lets a repeated call skip the pointer checks (issue 45), so a
+    block must exist only for pointers that passed them: a refused tuple raises on every call, builds nothing."""
+    args = _canonical(BUILDERS["dense"]())
+    fake_gpu.on()
+    _call("dense", dict(args))
+    (plan,) = plans.plans_of("dense")
+    assert len(plan.blocks) == 1
+    overlapping = args["a"].view(-1)[: args["out"].numel() * 2].view(torch.bfloat16).view(args["out"].shape)
+    for _ in range(2):
+        with pytest.raises(ValueError, match="out must not overlap lhs"):
+            _call("dense", dict(args, out=overlapping))
+    assert len(plan.blocks) == 1 and len(fake_gpu.launches) == 1
+    _call("dense", dict(args))  # the checked tuple: launched from its block
+    assert len(plan.blocks) == 1 and fake_gpu.launches[-1]["params"] == fake_gpu.launches[0]["params"]
+
+
 @pytest.mark.parametrize("name,kind,offset,ue8m0", [("per_token", kq.QuantKind.PER_TOKEN, 0, False),
                                                      ("per_token", kq.QuantKind.PER_TOKEN, 2, False),
                                                      ("per_token", kq.QuantKind.PER_TOKEN, 0, True),
