@@ -103,12 +103,19 @@ def problem_targets(problem: ServingProblem, num_sms: int) -> list:
                         gate_kloop=name in gated, **sass_rules(cfg)) for name, cfg in configs.items()]
 
 
+#: M values per sweep task: each problem's range is cut into pieces of this many, so that a build box's
+#: ``--jobs 16`` has more than the 12 problems to share out.
+SWEEP_CHUNK = 2048
+
+
 def serving_targets(model: str, tp: int, num_sms: int, map_fn=map) -> list:
-    """Every distinct kernel of :func:`problems` (:func:`problem_targets`, run through ``map_fn``: a process
-    pool's ``map`` sweeps the problems in parallel), first pick first, then the quantisers'."""
+    """Every distinct kernel of :func:`problems` (:func:`problem_targets` of each problem's M range in pieces of
+    :data:`SWEEP_CHUNK`, run through ``map_fn``: a process pool's ``map`` sweeps them in parallel), first pick first,
+    then the quantisers'."""
     from . import quant
 
-    items = problems(model, tp)
+    items = [dataclasses.replace(p, ms=p.ms[i:i + SWEEP_CHUNK]) for p in problems(model, tp)
+             for i in range(0, len(p.ms), SWEEP_CHUNK)]
     targets, seen = [], set()
     for chunk in map_fn(problem_targets, items, [num_sms] * len(items)):
         for target in chunk:
