@@ -30,12 +30,14 @@ Parameters are packed by field name (``kernels.gemm.GemmParams`` / ``kernels.qua
 ``runtime.params.FieldPacker``), the same layouts the general path fills, never a second hand-written copy.
 
 Tensor maps: a ``CUtensorMap`` is opaque (the driver API documents no field offsets, so its global address
-cannot be patched on the host), so a GEMM plan caches its whole parameter block — the four encoded maps and the
-tail (sB's and the grouped layout's pointers, the row count) — under the six data pointers it holds
-(:data:`MAX_MAP_SETS` pointer tuples per plan, then cleared), on top of the driver's LRU keyed by the full encode
-arguments (weights always hit there). The allocator hands a decode loop the same addresses, so a steady state
-never encodes nor packs: a call looks its block up and launches from it (a block is never written once built, so
-any thread may launch from it; split-K copies it into the thread's slot and adds its stream's workspace).
+cannot be patched on the host), so a GEMM plan caches the four encoded maps under their four data pointers, and,
+from the second call with the same six pointers (those and sB's and the grouped layout's), its whole parameter block
+— maps and tail — under those (:data:`MAX_MAP_SETS` tuples per plan each, then cleared), on top of the driver's LRU
+keyed by the full encode arguments (weights always hit there). The allocator hands a decode loop the same addresses,
+so a steady state never encodes nor packs: a call looks its block up and launches from it (a block is never written
+once built, so any thread may launch from it; split-K copies it into the thread's slot and adds its stream's
+workspace); a pointer tuple met once (say, a grouped layout allocated anew at each step) packs the thread's slot
+from the cached maps instead, as every call did before.
 
 Quantiser outputs: every call returns two new tensors, each with its own storage of exactly its size (offset 0,
 the documented shapes and strides). The common call (:meth:`QuantPlan._fast_call`, one Python frame) makes them
@@ -145,7 +147,7 @@ class GemmPlan:
     ``plan(a, sa, b, sb, out, grouped_layout)`` (``grouped_layout`` None for dense)."""
 
     __slots__ = ("family", "layout_name", "expected_m", "empty", "index", "rows", "groups", "cfg", "launcher", "blocks",
-                 "sa_ready", "sb_ready", "gl_ready", "ready", "spans", "values_check", "workspace", "device",
+                 "heads", "seen", "sa_ready", "sb_ready", "gl_ready", "ready", "spans", "values_check", "workspace", "device",
                  "fast", "_function", "_context", "_get_current", "_launch_ex")
 
     def __init__(self, spec: GemmEntrySpec, a, sa, b, sb, out, gl, expected_m: int | None):
@@ -171,6 +173,10 @@ class GemmPlan:
         # Whole parameter blocks (maps and tail) per pointer tuple (pa, psa, pb, pd, psb, pgl): never written after
         # they are built, so any thread launches from one (the launch copies the bytes).
         self.blocks: dict[tuple[int, int, int, int, int, int], object] = {}
+        # The encoded maps per (pa, psa, pb, pd), and the six-pointer tuples seen once (a block is built on the
+        # second call with a tuple: a grouped layout allocated anew every step costs no block per call).
+        self.heads: dict[tuple[int, int, int, int], bytes] = {}
+        self.seen: dict[tuple[int, int, int, int, int, int], None] = {}
         self.sa_ready = sa.numel() == 0 or sa.stride() == m_major_strides(tuple(sa.shape))
         self.sb_ready = sb.is_contiguous()
         self.gl_ready = gl is None or gl.is_contiguous()
@@ -214,7 +220,8 @@ class GemmPlan:
         if self.workspace is not None:  # split-K: the block with its stream's workspace, in this thread's slot
             slot = _param_slot(_GEMM_PARAMS_BYTES)
             view = slot.view
-            view[:_GEMM_PARAMS_BYTES] = block.view
+            if block is not slot:
+                view[:_GEMM_PARAMS_BYTES] = block.view
             ws = self._split_k_workspace(stream)
             _pack_workspace(view, _WORKSPACE_START, ws[0], ws[1])
             launcher.launch(slot, stream)
@@ -267,8 +274,29 @@ class GemmPlan:
                 pgl = gl.data_ptr()
         key = (pa, psa, pb, pd, psb, pgl)
         block = self.blocks.get(key)
-        if block is None:
-            block = self._build_block(a, sa, b, out, key)
+        if block is not None:
+            return block
+        head = self.heads.get(key[:4])
+        if head is None:
+            head = self._encode(a, sa, b, out, key[:4])
+        second = key in self.seen
+        if second:  # the second call with these pointers: a block of their own, never written again
+            from ..runtime import driver
+
+            block = driver.param_block(_GEMM_PARAMS_BYTES)
+        else:  # the first: this thread's slot, packed for this launch only
+            if len(self.seen) >= 4 * MAX_MAP_SETS:
+                self.seen.clear()
+            self.seen[key] = None
+            block = _param_slot(_GEMM_PARAMS_BYTES)
+        view = block.view
+        view[:_MAPS_BYTES] = head
+        _pack_tail(view, _TAIL_START, psb, pgl, self.rows, 0, 0)  # split-K's workspace: written per launch
+        if second:
+            self.seen.pop(key, None)
+            if len(self.blocks) >= MAX_MAP_SETS:
+                self.blocks.clear()
+            self.blocks[key] = block
         return block
 
     def _split_k_workspace(self, stream: int) -> tuple:
@@ -288,21 +316,14 @@ class GemmPlan:
             ws = self.workspace[stream] = (counters.data_ptr(), partials.data_ptr(), counters, partials)
         return ws
 
-    def _build_block(self, a, sa, b, out, key: tuple):
-        """The parameter block of pointer tuple ``key`` = (pa, psa, pb, pd, psb, pgl): the four tensor maps (encoded
-        here, the driver's map cache serving what it holds) and the tail, split-K's workspace pointers 0 (the
-        split-K path writes its own)."""
-        from ..runtime import driver
-
-        block = driver.param_block(_GEMM_PARAMS_BYTES)
-        view = block.view
-        view[:_MAPS_BYTES] = b"".join(
-            gemm_host.encode_maps(gemm_host.tensor_map_args_1d2d(self.cfg, a, sa, b, out), Backend.CUDA))
-        _pack_tail(view, _TAIL_START, key[4], key[5], self.rows, 0, 0)
-        if len(self.blocks) >= MAX_MAP_SETS:
-            self.blocks.clear()
-        self.blocks[key] = block
-        return block
+    def _encode(self, a, sa, b, out, key: tuple) -> bytes:
+        """The four tensor maps of pointers ``key`` = (pa, psa, pb, pd), encoded (the driver's map cache serving
+        what it holds) and cached."""
+        head = b"".join(gemm_host.encode_maps(gemm_host.tensor_map_args_1d2d(self.cfg, a, sa, b, out), Backend.CUDA))
+        if len(self.heads) >= MAX_MAP_SETS:
+            self.heads.clear()
+        self.heads[key] = head
+        return head
 
 
 class GemmEntrySpec:

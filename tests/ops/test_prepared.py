@@ -482,14 +482,31 @@ def test_plan_keeps_blocks_only_for_pointers_that_passed_the_checks(fake_gpu):
     fake_gpu.on()
     _call("dense", dict(args))
     (plan,) = plans.plans_of("dense")
-    assert len(plan.blocks) == 1
+    assert len(plan.blocks) == 0  # met once: packed into the thread's slot
+    _call("dense", dict(args))
+    assert len(plan.blocks) == 1  # the second call with these pointers: their own block
     overlapping = args["a"].view(-1)[: args["out"].numel() * 2].view(torch.bfloat16).view(args["out"].shape)
     for _ in range(2):
         with pytest.raises(ValueError, match="out must not overlap lhs"):
             _call("dense", dict(args, out=overlapping))
-    assert len(plan.blocks) == 1 and len(fake_gpu.launches) == 1
+    assert len(plan.blocks) == 1 and len(fake_gpu.launches) == 2
     _call("dense", dict(args))  # the checked tuple: launched from its block
     assert len(plan.blocks) == 1 and fake_gpu.launches[-1]["params"] == fake_gpu.launches[0]["params"]
+
+
+def test_plan_builds_no_block_for_a_layout_allocated_anew_each_call(fake_gpu):
+    """A grouped layout made fresh every step has a new address each time: each call packs the thread's slot from
+    the maps cached per (A, sA, B, D) and launches what the uncached path launches; no block piles up."""
+    args = _canonical(BUILDERS["masked"]())
+    fake_gpu.on()
+    layouts = [args["masked_m"].clone() for _ in range(3)]  # all alive: three distinct addresses
+    for layout in layouts:
+        _call("masked", dict(args, masked_m=layout))
+        fast = fake_gpu.launches[-1]["params"]
+        _uncached_launch("masked", dict(args, masked_m=layout), args["out"])
+        assert fake_gpu.launches[-1]["params"] == fast
+    (plan,) = plans.plans_of("masked")
+    assert len(plan.blocks) == 0 and len(plan.heads) == 1
 
 
 @pytest.mark.parametrize("name,kind,offset,ue8m0", [("per_token", kq.QuantKind.PER_TOKEN, 0, False),
