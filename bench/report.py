@@ -53,6 +53,9 @@ QUANT_TARGET = 0.8
 PEAK_FP8_TFLOPS = 1979.0
 HBM_TBS = 4.8
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
+#: Host time per call on the stub driver (a CPU measurement, kept apart from the GPU families' JSONs): the runs
+#: ``python -m bench.bench_host --device stub`` printed, before and after a change (issue 45).
+HOST_RESULTS = RESULTS_DIR / "host_stub.json"
 SUMMARY = Path(__file__).resolve().parent / "RESULTS.md"
 NOT_MEASURED = "not yet measured on a GPU"
 
@@ -485,6 +488,27 @@ I = 2048, T in {1, 16, 128, 1024, 4096}) against the bf16 PyTorch layer and a pe
 `torch._scaled_mm`, with calc_diff against the bf16 layer."""
 
 
+def host_markdown(path: Path) -> list[str]:
+    """The summary's host-time section from ``path`` (:data:`HOST_RESULTS`; nothing when it is absent): per op the
+    µs per call, the launch floor and their ratio in each recorded run, side by side."""
+    if not path.exists():
+        return []
+    doc = json.loads(path.read_text())
+    runs = doc["runs"]
+    ops = [row["op"] for row in runs[0]["ops"]]
+    head = "| op | " + " | ".join(f"{r['label']}: µs / floor µs / ratio" for r in runs) + " |"
+    lines = ["## Host time per call (CPU, stub driver)", "", f"{doc['what']}; {doc['machine']}. The bar (issue 45): "
+             "ratio <= 1.5 on every entry point.", "", head, "|---|" + "---|" * len(runs)]
+    for op in ops:
+        cells = []
+        for run in runs:
+            row = next((r for r in run["ops"] if r["op"] == op), None)
+            cells.append("–" if row is None else
+                         f"{row['call_us']:.2f} / {row['launch_floor_us']:.2f} / **{row['ratio']:.2f}x**")
+        lines.append(f"| {op} | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
 def write_summary(results_dir: Path | str = RESULTS_DIR, summary: Path | str = SUMMARY, plots: bool = False) -> Path:
     """Rebuilds the summary Markdown from every ``<family>.json`` in ``results_dir`` (``plots``: redraw PNGs)."""
     results_dir, summary = Path(results_dir), Path(summary)
@@ -525,6 +549,7 @@ def write_summary(results_dir: Path | str = RESULTS_DIR, summary: Path | str = S
             if extra:
                 parts += [extra, ""]
         parts += [f"Method: {docs[0]['method']}.", "", TARGETS, ""]
+    parts += host_markdown(HOST_RESULTS)
     parts += ["## Reference design's published numbers (H800 SXM, NVCC 12.8)", "",
               "From `../shared/ANCHORS.md`. Different GPU: the H800 has the H200's 132 SMs and 1979 TFLOPS FP8 peak "
               "but "

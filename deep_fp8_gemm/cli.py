@@ -7,9 +7,13 @@
 * ``demo``: on an sm_90 GPU the layer's GEMMs against the reference and cuBLAS; without one, the layer's kernels
   compiled and audited, the math on the CPU reference and one call per kind in the CPU simulator.
 * ``precompile``: the same kernel list, only compiled into the disk cache (for build boxes: pass the
-  serving GPU's ``--num-sms``).
+  serving GPU's ``--num-sms``), or with ``--model deepseek-v3 --tp 8`` a model's serving set
+  (:mod:`deep_fp8_gemm.kernels.serving`); ``--jobs N`` worker processes, a progress bar, the total time;
+  ``--check`` lists what the cache lacks and times the warm start.
 * ``cache info`` / ``cache clear``: the on-disk caches (cubins, simulator libraries, saved failing sources)
-  and the result of their ownership checks; ``env``: versions and paths the JIT uses.
+  and the result of their ownership checks; ``cache export FILE`` / ``cache import FILE``: the cubin cache as a tar
+  file, verified entries only both ways (:mod:`deep_fp8_gemm.runtime.cache_archive`); ``env``: versions and paths
+  the JIT uses.
 * ``bench``: the benchmarks of a checkout's ``bench/`` (listed; ``bench NAME ARGS`` runs one).
 * ``kinds``: the kinds table (each GEMM kind's point on the axes); ``kinds --header`` prints the C++ header generated
   from it (``include/deep_fp8_gemm/kinds.cuh``).
@@ -36,6 +40,7 @@ ALL_KINDS = (*GEMM_KINDS, "quant", "attention", "bf16", "tf32", "mxfp4")
 #: The audit's families whose kernels do not depend on the problem shape (every variant is audited). ``bf16`` / ``tf32``:
 #: the BF16 GEMM and the TF32 hc-prenorm kernel families (the kinds table's bf16_* and tf32_hc_prenorm rows; run-time
 #: shapes: kernels/bf16_gemm.py, kernels/hc_prenorm.py audit_configs).
+SERVING_MODELS = ("deepseek-v3",)  # kernels.serving.MODELS (kept here: --help without importing torch)
 SHAPELESS_KINDS = {"quant": "quant", "attention": "mqa_logits", "bf16": "bf16_gemm",
                    "tf32": "hc_prenorm", "mxfp4": "mxfp4_gemm"}  # family -> kernels module
 
@@ -94,15 +99,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="PATH", help="write the records as JSON to PATH ('-' = stdout, nothing else)")
     p.add_argument("--jobs", "-j", type=int, default=1, help="audit in N worker processes (default 1)")
 
-    p = sub.add_parser("precompile", help="fill the JIT cache for the given shapes")
+    p = sub.add_parser("precompile", help="fill the JIT cache for the given shapes, or a model's serving set")
     _add_kernel_selection(p)
+    p.add_argument("--model", choices=SERVING_MODELS, default=None,
+                   help="instead of --kind / --shapes / --m: every kernel the model's serving can call, M 1..8192 "
+                        "per rank (deep_fp8_gemm.kernels.serving; docs/cli.md)")
+    p.add_argument("--tp", type=int, default=1, help="with --model: tensor-parallel ranks (experts split over them)")
     p.add_argument("--jobs", "-j", type=int, default=1, help="compile in N worker processes (default 1)")
     p.add_argument("--check", action="store_true",
                    help="compile nothing: list the kernels the cache lacks (exit 1 if any) and time reading and "
                         "verifying the ones it has (the warm start)")
 
-    p = sub.add_parser("cache", help="inspect (with its ownership checks) or empty the on-disk caches")
-    p.add_argument("action", choices=("info", "clear"))
+    p = sub.add_parser("cache", help="inspect (with its ownership checks) or empty the on-disk caches; export / "
+                                     "import the cubin cache as a tar file (verified both ways)")
+    p.add_argument("action", choices=("info", "clear", "export", "import"))
+    p.add_argument("file", nargs="?", help="export / import: the tar file")
 
     sub.add_parser("env", help="versions and paths the JIT uses")
 
@@ -198,14 +209,50 @@ def _precompile_one(target) -> str:
 
 
 def cmd_precompile(args: argparse.Namespace) -> int:
-    from .runtime.audit import print_progress
-
     if args.jobs <= 0:
         raise CliError(f"--jobs must be positive, got {args.jobs}")
-    targets = _targets_from_args(args)
-    if args.check:
-        return _precompile_check(targets)
     start = time.perf_counter()
+    pool = None
+    if args.jobs > 1:
+        # Processes, not threads: NVRTC's thread-safety differs between versions, and the disk cache's
+        # per-key locks already make concurrent processes safe. "spawn" avoids forking torch's threads.
+        pool = concurrent.futures.ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn"))
+    try:
+        targets = _serving_targets(args, pool) if args.model else _targets_from_args(args)
+        if args.check:
+            return _precompile_check(targets)
+        return _precompile_targets(targets, pool, start)
+    finally:
+        if pool is not None:
+            pool.shutdown()
+
+
+def _serving_targets(args: argparse.Namespace, pool) -> list:
+    """``precompile --model``: the model's serving set (``kernels.serving``), its M sweeps in the pool's workers."""
+    if args.kind != "all" or args.shapes or args.m or args.num_groups:
+        raise CliError("--model selects the kernels itself: --kind, --shapes, --m and --num-groups do not apply")
+    if args.num_sms <= 0:
+        raise CliError(f"--num-sms must be positive, got {args.num_sms}")
+    from .kernels import serving
+
+    start = time.perf_counter()
+    try:
+        targets = serving.serving_targets(args.model, args.tp, args.num_sms, map_fn=pool.map if pool else map)
+    except ValueError as exc:
+        raise CliError(f"--model {args.model} --tp {args.tp}: {exc}") from exc
+    kinds = {}
+    for t in targets:
+        kinds[t.kind] = kinds.get(t.kind, 0) + 1
+    print(f"{args.model} tp {args.tp}, {args.num_sms} SMs: {len(targets)} kernels ("
+          + ", ".join(f"{kind} {n}" for kind, n in kinds.items()) + f"), selected in {time.perf_counter() - start:.1f} s",
+          file=sys.stderr)
+    return targets
+
+
+def _precompile_targets(targets: list, pool, start: float) -> int:
+    """Compile ``targets`` into the disk cache (in ``pool`` if given) with a progress bar; print the total."""
+    from .runtime.audit import print_progress
+
     outcomes: list[str] = []
 
     def record(i: int, outcome: str, name: str) -> None:
@@ -214,15 +261,12 @@ def cmd_precompile(args: argparse.Namespace) -> int:
             print(f"\n{outcome}", file=sys.stderr)
         print_progress(i + 1, len(targets), time.perf_counter() - start, name)
 
-    if args.jobs == 1:
+    if pool is None:
         for i, target in enumerate(targets):
             record(i, _precompile_one(target), target.name)
     else:
-        # Processes, not threads: NVRTC's thread-safety differs between versions, and the disk cache's
-        # per-key locks already make concurrent processes safe. "spawn" avoids forking torch's threads.
-        with concurrent.futures.ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-            for i, (target, outcome) in enumerate(zip(targets, pool.map(_precompile_one, targets))):
-                record(i, outcome, target.name)
+        for i, (target, outcome) in enumerate(zip(targets, pool.map(_precompile_one, targets))):
+            record(i, outcome, target.name)
     failed = sum(o.startswith("error: ") for o in outcomes)
     new = outcomes.count("")
     print(f"precompiled {len(targets)} kernels ({new} compiled, {len(targets) - new - failed} cached, "
@@ -255,7 +299,13 @@ def cmd_cache(args: argparse.Namespace) -> int:
     from .simulator import build
 
     directory = env.jit_cache_dir()
+    if (args.file is None) != (args.action in ("info", "clear")):
+        raise CliError(f"cache {args.action} " + ("takes no file" if args.file else "needs a FILE (a tar file)"))
     passed, checks = cachedir.describe(directory)
+    if args.action in ("export", "import"):
+        if not passed:
+            raise CliError(f"not using {directory}: {checks}")
+        return _cache_transfer(args.action, args.file)
     if args.action == "clear":
         if not passed:
             raise CliError(f"not clearing {directory}: {checks}")
@@ -271,6 +321,36 @@ def cmd_cache(args: argparse.Namespace) -> int:
                         ("saved failing sources", compiler.saved_sources_info())):
         print(f"{label}: {part['entries']} ({part['bytes']} bytes in {part['dir']})")
     return 0
+
+
+def _cache_transfer(action: str, file: str) -> int:
+    """``cache export FILE`` / ``cache import FILE`` (runtime.cache_archive: verified entries only, both ways)."""
+    import tarfile
+    from pathlib import Path
+
+    from . import env
+    from .runtime import cache_archive, compiler
+
+    start = time.perf_counter()
+    if action == "export":
+        if os.path.isdir(file) or not os.path.isdir(os.path.dirname(os.path.abspath(file))):
+            raise CliError(f"cache export {file}: name a file in an existing directory")
+        count = cache_archive.export_archive(Path(file))
+        print(f"exported {count} entries of {env.jit_cache_dir()} to {file} ({os.path.getsize(file)} bytes) in "
+              f"{time.perf_counter() - start:.2f} s")
+        return 0
+    try:
+        report = cache_archive.import_archive(Path(file), compiler.compiler_identity())
+    except (tarfile.TarError, OSError) as exc:
+        raise CliError(f"cache import {file}: not a readable tar file ({exc})") from exc
+    for what, why in report.refused:
+        print(f"refused: {what}: {why}", file=sys.stderr)
+    print(f"imported {report.imported} entries into {env.jit_cache_dir()} ({report.present} already there, "
+          f"{len(report.refused)} refused) in {time.perf_counter() - start:.2f} s")
+    if report.other_compiler:
+        print(f"note: {report.other_compiler} imported entries were built by another compiler than "
+              f"{compiler.compiler_identity()}: never looked up here", file=sys.stderr)
+    return 1 if report.refused else 0
 
 
 def env_report() -> dict:

@@ -30,10 +30,14 @@ Parameters are packed by field name (``kernels.gemm.GemmParams`` / ``kernels.qua
 ``runtime.params.FieldPacker``), the same layouts the general path fills, never a second hand-written copy.
 
 Tensor maps: a ``CUtensorMap`` is opaque (the driver API documents no field offsets, so its global address
-cannot be patched on the host), so the four encoded maps are cached per plan under the four data pointers
-(:data:`MAX_MAP_SETS` pointer tuples per plan, then cleared), on top of the driver's LRU keyed by the full encode
-arguments (weights always hit there). The allocator hands a decode loop the same addresses, so a steady state
-never encodes.
+cannot be patched on the host), so a GEMM plan caches the four encoded maps under their four data pointers, and,
+from the second call with the same six pointers (those and sB's and the grouped layout's), its whole parameter block
+— maps and tail — under those (:data:`MAX_MAP_SETS` tuples per plan each, then cleared), on top of the driver's LRU
+keyed by the full encode arguments (weights always hit there). The allocator hands a decode loop the same addresses,
+so a steady state never encodes nor packs: a call looks its block up and launches from it (a block is never written
+once built, so any thread may launch from it; split-K copies it into the thread's slot and adds its stream's
+workspace); a pointer tuple met once (say, a grouped layout allocated anew at each step) packs the thread's slot
+from the cached maps instead, as every call did before.
 
 Quantiser outputs: every call returns two new tensors, each with its own storage of exactly its size (offset 0,
 the documented shapes and strides). The common call (:meth:`QuantPlan._fast_call`, one Python frame) makes them
@@ -84,6 +88,7 @@ _GEMM_PARAMS_BYTES = gemm_host.PARAMS_BYTES
 # struct.pack_into and the offset of the bf16 kinds' tail / the quantisers' three pointers, bound once: the hot
 # path packs them with one C call, no Python frame of FieldPacker's.
 _pack_tail, _TAIL_START = gemm_host.params_packer(gemm_host.TAIL_1D2D).bound()
+_pack_workspace, _WORKSPACE_START = gemm_host.params_packer(("split_counters", "split_partials")).bound()
 _QUANT_POINTERS = quant_host.params_packer(quant_host.POINTER_FIELDS)
 _param_slot = None  # driver.param_slot, bound when the first GPU plan is built (no CUDA import before)
 try:  # torch's C++ tensor-metadata check (dynamo's own); None: the signature dicts alone serve (tests set it so)
@@ -99,7 +104,11 @@ try:
 except ImportError:  # pragma: no cover - present in the supported torch (2.13)
     _empty_cpu = _empty_cuda = None
 ALLOCATORS = {"cpu": _empty_cpu, "cuda": _empty_cuda}  # device type -> fast allocator (None: not in this torch)
-_is_compiling = torch.compiler.is_compiling
+# Dynamo folds is_dynamo_compiling() to True while it traces (one frame, returns False: ~0.1 µs less per call
+# than is_compiling(), which also reads torch.jit.is_scripting()). is_compiling() is also True for Python that runs,
+# not traced, during a compile session or a non-strict export (AOTAutograd, make_fx): there the tensors are
+# FakeTensors (type check) or a dispatch mode is active (_dispatch_depth), so the entries refuse them all the same.
+_is_compiling = torch.compiler.is_dynamo_compiling
 _dispatch_depth = torch._C._len_torch_dispatch_stack
 _FP8, _F32, _BF16, _I32 = torch.float8_e4m3fn, torch.float32, torch.bfloat16, torch.int32
 
@@ -137,8 +146,9 @@ class GemmPlan:
     psum; see the module docstring). Call it with tensors of that signature:
     ``plan(a, sa, b, sb, out, grouped_layout)`` (``grouped_layout`` None for dense)."""
 
-    __slots__ = ("family", "layout_name", "expected_m", "empty", "index", "rows", "groups", "cfg", "launcher", "heads",
-                 "sa_ready", "sb_ready", "gl_ready", "ready", "spans", "values_check", "workspace", "device")
+    __slots__ = ("family", "layout_name", "expected_m", "empty", "index", "rows", "groups", "cfg", "launcher", "blocks",
+                 "heads", "seen", "sa_ready", "sb_ready", "gl_ready", "ready", "spans", "values_check", "workspace", "device",
+                 "fast", "_function", "_context", "_get_current", "_launch_ex")
 
     def __init__(self, spec: GemmEntrySpec, a, sa, b, sb, out, gl, expected_m: int | None):
         problem = spec.check(a, sa, b, sb, out, gl, expected_m)
@@ -160,11 +170,18 @@ class GemmPlan:
         self.cfg = self.launcher = None
         self.workspace = None  # split-K: {stream: (counters, partials, buffers kept alive)}; else None
         self.device = a.device
+        # Whole parameter blocks (maps and tail) per pointer tuple (pa, psa, pb, pd, psb, pgl): never written after
+        # they are built, so any thread launches from one (the launch copies the bytes).
+        self.blocks: dict[tuple[int, int, int, int, int, int], object] = {}
+        # The encoded maps per (pa, psa, pb, pd), and the six-pointer tuples seen once (a block is built on the
+        # second call with a tuple: a grouped layout allocated anew every step costs no block per call).
         self.heads: dict[tuple[int, int, int, int], bytes] = {}
+        self.seen: dict[tuple[int, int, int, int, int, int], None] = {}
         self.sa_ready = sa.numel() == 0 or sa.stride() == m_major_strides(tuple(sa.shape))
         self.sb_ready = sb.is_contiguous()
         self.gl_ready = gl is None or gl.is_contiguous()
         self.ready = self.sa_ready and self.sb_ready and self.gl_ready  # no conversion needed on any call
+        self.fast = False  # a GPU launch with neither conversions nor a value check (set by _prepare_gpu)
         if self.index is not None:
             self._prepare_gpu(a, b)
 
@@ -180,10 +197,54 @@ class GemmPlan:
         self.cfg = cfg
         if cfg.split_k > 1:
             self.workspace = {}
+        # What a call's launch needs, bound once (the binding is the module's ``driver`` at plan time): the fast
+        # path of PreparedLaunch.launch, inlined in __call__.
+        kernel = self.launcher.kernel
+        self._function, self._context = kernel.function, kernel.context
+        self._get_current, self._launch_ex = driver.driver.cuCtxGetCurrent, driver.driver.cuLaunchKernelEx
+        self.fast = self.ready and self.values_check is None
 
     def __call__(self, a, sa, b, sb, out, gl=None) -> None:
         pa, psa, pb, psb, pd = a.data_ptr(), sa.data_ptr(), b.data_ptr(), sb.data_ptr(), out.data_ptr()
         pgl = 0 if gl is None else gl.data_ptr()
+        # A block exists only for pointers that passed the pointer checks (a function of the pointers and this
+        # plan's spans alone): a hit skips them. Only on the plain GPU path (``fast``: no conversion, no value
+        # check): otherwise blocks are keyed by the converted operands' pointers.
+        block = self.blocks.get((pa, psa, pb, pd, psb, pgl)) if self.fast else None
+        if block is None:
+            block = self._checked_block(a, sa, b, sb, out, gl, pa, psa, pb, psb, pd, pgl)
+            if block is None:  # nothing to launch: CPU / empty problem, done
+                return
+        launcher = self.launcher
+        stream = target.current_stream(self.index)
+        if self.workspace is not None:  # split-K: the block with its stream's workspace, in this thread's slot
+            slot = _param_slot(_GEMM_PARAMS_BYTES)
+            view = slot.view
+            if block is not slot:
+                view[:_GEMM_PARAMS_BYTES] = block.view
+            ws = self._split_k_workspace(stream)
+            _pack_workspace(view, _WORKSPACE_START, ws[0], ws[1])
+            launcher.launch(slot, stream)
+            return
+        # PreparedLaunch.launch's fast path (a known stream; on the null stream the kernel's context current),
+        # inlined: anything else goes through launch(), which holds every rule.
+        config = launcher._configs.get(stream)
+        if config is None:
+            launcher.launch(block, stream)
+            return
+        if stream == 0:
+            err, current = self._get_current()
+            if err or current != self._context:  # CUcontext == compares the handles
+                launcher.launch(block, stream)
+                return
+        err = self._launch_ex(config, self._function, block.pointers_address, 0)[0]
+        if err:
+            launcher.raise_error(err, stream)
+
+    def _checked_block(self, a, sa, b, sb, out, gl, pa, psa, pb, psb, pd, pgl):
+        """A call whose pointers have no block yet, or any call of a plan that is not ``fast``: the pointer checks,
+        the CPU / empty path (returns None: done), the layout value check and the operand conversions, then the
+        block of the (converted) pointers, built if new."""
         span_a, span_sa, span_b, span_sb, span_out, span_gl = self.spans
         hi = pd + span_out
         # Conservative: any possible misalignment or overlap (empty tensors included) runs the full check,
@@ -193,13 +254,12 @@ class GemmPlan:
                 or (pgl and pd < pgl + span_gl and pgl < hi)):
             extra = () if gl is None else ((gl, self.layout_name),)
             check_pointers(a, sa, b, sb, out, extra)
-        launcher = self.launcher
-        if launcher is None:  # empty problem, or CPU: the reference (or the simulator), through the family
+        if self.launcher is None:  # empty problem, or CPU: the reference (or the simulator), through the family
             if self.values_check is not None and (self.index is None or not _capturing()):
                 self.values_check(gl, self.rows, self.groups)
             if not self.empty:
                 self.family.dispatch(a, sa, b, sb, out, gl, self.expected_m)
-            return
+            return None
         if self.values_check is not None and not _capturing():  # DFG_CHECK_LAYOUTS=1 on a GPU: syncs
             self.values_check(gl, self.rows, self.groups)
         if not self.ready or psa & 15:
@@ -212,20 +272,32 @@ class GemmPlan:
             if not self.gl_ready:
                 gl = gl.contiguous()
                 pgl = gl.data_ptr()
-        key = (pa, psa, pb, pd)
-        head = self.heads.get(key)
+        key = (pa, psa, pb, pd, psb, pgl)
+        block = self.blocks.get(key)
+        if block is not None:
+            return block
+        head = self.heads.get(key[:4])
         if head is None:
-            head = self._encode(a, sa, b, out, key)
-        slot = _param_slot(_GEMM_PARAMS_BYTES)
-        view = slot.view
+            head = self._encode(a, sa, b, out, key[:4])
+        second = key in self.seen
+        if second:  # the second call with these pointers: a block of their own, never written again
+            from ..runtime import driver
+
+            block = driver.param_block(_GEMM_PARAMS_BYTES)
+        else:  # the first: this thread's slot, packed for this launch only
+            if len(self.seen) >= 4 * MAX_MAP_SETS:
+                self.seen.clear()
+            self.seen[key] = None
+            block = _param_slot(_GEMM_PARAMS_BYTES)
+        view = block.view
         view[:_MAPS_BYTES] = head
-        stream = target.current_stream(self.index)
-        if self.workspace is None:
-            _pack_tail(view, _TAIL_START, psb, pgl, self.rows, 0, 0)
-        else:
-            ws = self._split_k_workspace(stream)
-            _pack_tail(view, _TAIL_START, psb, pgl, self.rows, ws[0], ws[1])
-        launcher.launch(slot, stream)
+        _pack_tail(view, _TAIL_START, psb, pgl, self.rows, 0, 0)  # split-K's workspace: written per launch
+        if second:
+            self.seen.pop(key, None)
+            if len(self.blocks) >= MAX_MAP_SETS:
+                self.blocks.clear()
+            self.blocks[key] = block
+        return block
 
     def _split_k_workspace(self, stream: int) -> tuple:
         """``(counters, partials, ...)`` of this launch: eager, this plan's buffers on ``stream``, held by the plan
@@ -244,7 +316,9 @@ class GemmPlan:
             ws = self.workspace[stream] = (counters.data_ptr(), partials.data_ptr(), counters, partials)
         return ws
 
-    def _encode(self, a, sa, b, out, key) -> bytes:
+    def _encode(self, a, sa, b, out, key: tuple) -> bytes:
+        """The four tensor maps of pointers ``key`` = (pa, psa, pb, pd), encoded (the driver's map cache serving
+        what it holds) and cached."""
         head = b"".join(gemm_host.encode_maps(gemm_host.tensor_map_args_1d2d(self.cfg, a, sa, b, out), Backend.CUDA))
         if len(self.heads) >= MAX_MAP_SETS:
             self.heads.clear()

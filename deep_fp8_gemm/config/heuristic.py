@@ -46,6 +46,27 @@ def _split_k_choices(kind: str, m: int, n: int, k: int, block_m: int, block_n: i
     return (1, *(s for s in range(2, MAX_SPLIT_K + 1) if k_blocks % s == 0 and tiles * s <= num_sms))
 
 
+@functools.lru_cache(maxsize=1024)
+def _legal_tiles(kind: str, n: int, shape_k: int, num_groups: int, smem_limit: int,
+                 block_ms: tuple[int, ...]) -> tuple[tuple[int, int, int], ...]:
+    """``(block_m, block_n, num_stages)`` of every tile :func:`check_config` accepts for this problem without M
+    (its rules do not read M), BLOCK_M-major in the heuristic's order. Cached: a sweep over M (``precompile
+    --model``) asks for the same list thousands of times."""
+    tiles = []
+    for block_m in block_ms:
+        for block_n in block_n_choices(kind):
+            num_stages = max_stages(block_m, block_n, smem_limit, kind)
+            candidate = GemmConfig(kind=kind, shape_n=n, shape_k=shape_k, num_groups=num_groups, block_m=block_m,
+                                   block_n=block_n, num_stages=num_stages, cluster_m=1, cluster_n=1, band_width=1,
+                                   grid_size=1)
+            try:
+                check_config(candidate, smem_limit)
+            except ValueError:
+                continue
+            tiles.append((block_m, block_n, num_stages))
+    return tuple(tiles)
+
+
 @functools.lru_cache(maxsize=4096)
 def get_config(
     m: int,
@@ -83,27 +104,18 @@ def get_config(
     block_ms = ((contiguous_block_m(contiguous_alignment),) if kind in CONTIGUOUS_KINDS
                 else BLOCK32_BLOCK_M if kind in BLOCK32_KINDS else BLOCK_M_CHOICES)
     best = None
-    for block_m in block_ms:
+    for block_m, block_n, num_stages in _legal_tiles(kind, n, shape_k, num_groups, smem_limit, block_ms):
         if block_m > 64 and m_eff <= 64 and kind not in CONTIGUOUS_KINDS:
             continue  # a 64-row tile already covers all rows
-        for block_n in block_n_choices(kind):
-            num_stages = max_stages(block_m, block_n, smem_limit, kind)
-            candidate = GemmConfig(kind=kind, shape_n=n, shape_k=shape_k, num_groups=num_groups, block_m=block_m,
-                                   block_n=block_n, num_stages=num_stages, cluster_m=1, cluster_n=1, band_width=1,
-                                   grid_size=1)
-            try:
-                check_config(candidate, smem_limit)
-            except ValueError:
-                continue
-            splits = (1,) if batch_invariant else _split_k_choices(kind, m_eff, n, k, block_m, block_n, num_sms)
-            for split_k in splits:
-                cost = estimate_cycles(kind, m_eff, n, k, num_groups, block_m, block_n, num_sms, split_k)
-                if split_k > 1:  # uncalibrated model: split only on a clear win (not for n = 4096, m = 1: -1%)
-                    cost *= 1 + SPLIT_K_MARGIN
-                # Ties: no split, then larger tiles (fewer, better-amortised), then larger BLOCK_M.
-                key = (round(cost), split_k, -block_m * block_n, -block_m)
-                if best is None or key < best[0]:
-                    best = (key, block_m, block_n, num_stages, split_k, False)
+        splits = (1,) if batch_invariant else _split_k_choices(kind, m_eff, n, k, block_m, block_n, num_sms)
+        for split_k in splits:
+            cost = estimate_cycles(kind, m_eff, n, k, num_groups, block_m, block_n, num_sms, split_k)
+            if split_k > 1:  # uncalibrated model: split only on a clear win (not for n = 4096, m = 1: -1%)
+                cost *= 1 + SPLIT_K_MARGIN
+            # Ties: no split, then larger tiles (fewer, better-amortised), then larger BLOCK_M.
+            key = (round(cost), split_k, -block_m * block_n, -block_m)
+            if best is None or key < best[0]:
+                best = (key, block_m, block_n, num_stages, split_k, False)
     if best is None:
         raise ValueError(f"no legal config for {kind=} {m=} {n=} {k=} {num_groups=} {smem_limit=}")
     swap_applies = kind in SWAP_AB_KINDS and m_eff <= SWAP_AB_MAX_M

@@ -505,6 +505,7 @@ def round_up(a: int, b: int) -> int:
     return ceil_div(a, b) * b
 
 
+@functools.lru_cache(maxsize=4096)  # pure; the heuristic asks it for every candidate tile of every problem
 def max_stages(block_m: int, block_n: int, smem_limit: int, kind: str = "dense") -> int:
     stages = MAX_STAGES
     while stages >= 2 and smem_bytes(block_m, block_n, stages, kind) > smem_limit:

@@ -113,9 +113,14 @@ def compiler_identity() -> str:
 
 
 def nvrtc_options(arch: str = DEFAULT_ARCH, options: Sequence[str] = ()) -> list[str]:
-    """The full NVRTC option list: target (a real ``sm_`` arch makes NVRTC emit a CUBIN), C++17, our
-    include directory, the ptxas report, then the caller's ``options``."""
-    base = [f"--gpu-architecture={arch}", "-std=c++17", _INCLUDE_TOKEN, "--ptxas-options=-v"]
+    """The full NVRTC option list: target (a real ``sm_`` arch makes NVRTC emit a CUBIN), C++17, ``--minimal``,
+    our include directory, the ptxas report, then the caller's ``options``.
+
+    ``--minimal`` (NVRTC >= 12.4; this package needs 13): NVRTC leaves out the texture / surface API, the device
+    runtime's ``cuda*`` functions, device-side launches and the runtime's types, none of which our headers use; the
+    front end parses less. Issue 45: every kernel of ``audit --kind all`` (321) compiles to the same cubin, bit for
+    bit, 2.5% faster in total and ~4% on the DeepSeek-V3 dense set."""
+    base = [f"--gpu-architecture={arch}", "-std=c++17", "--minimal", _INCLUDE_TOKEN, "--ptxas-options=-v"]
     return [f"-I{include_dir()}" if o == _INCLUDE_TOKEN else o for o in base] + list(options)
 
 

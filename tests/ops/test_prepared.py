@@ -475,6 +475,40 @@ def test_plan_catches_changes_on_the_gpu_path(fake_gpu):
     assert len(fake_gpu.launches) == launches
 
 
+def test_plan_keeps_blocks_only_for_pointers_that_passed_the_checks(fake_gpu):
+    """A plan's parameter block per pointer tuple lets a repeated call skip the pointer checks (issue 45), so a
+    block must exist only for pointers that passed them: a refused tuple raises on every call, builds nothing."""
+    args = _canonical(BUILDERS["dense"]())
+    fake_gpu.on()
+    _call("dense", dict(args))
+    (plan,) = plans.plans_of("dense")
+    assert len(plan.blocks) == 0  # met once: packed into the thread's slot
+    _call("dense", dict(args))
+    assert len(plan.blocks) == 1  # the second call with these pointers: their own block
+    overlapping = args["a"].view(-1)[: args["out"].numel() * 2].view(torch.bfloat16).view(args["out"].shape)
+    for _ in range(2):
+        with pytest.raises(ValueError, match="out must not overlap lhs"):
+            _call("dense", dict(args, out=overlapping))
+    assert len(plan.blocks) == 1 and len(fake_gpu.launches) == 2
+    _call("dense", dict(args))  # the checked tuple: launched from its block
+    assert len(plan.blocks) == 1 and fake_gpu.launches[-1]["params"] == fake_gpu.launches[0]["params"]
+
+
+def test_plan_builds_no_block_for_a_layout_allocated_anew_each_call(fake_gpu):
+    """A grouped layout made fresh every step has a new address each time: each call packs the thread's slot from
+    the maps cached per (A, sA, B, D) and launches what the uncached path launches; no block piles up."""
+    args = _canonical(BUILDERS["masked"]())
+    fake_gpu.on()
+    layouts = [args["masked_m"].clone() for _ in range(3)]  # all alive: three distinct addresses
+    for layout in layouts:
+        _call("masked", dict(args, masked_m=layout))
+        fast = fake_gpu.launches[-1]["params"]
+        _uncached_launch("masked", dict(args, masked_m=layout), args["out"])
+        assert fake_gpu.launches[-1]["params"] == fast
+    (plan,) = plans.plans_of("masked")
+    assert len(plan.blocks) == 0 and len(plan.heads) == 1
+
+
 @pytest.mark.parametrize("name,kind,offset,ue8m0", [("per_token", kq.QuantKind.PER_TOKEN, 0, False),
                                                      ("per_token", kq.QuantKind.PER_TOKEN, 2, False),
                                                      ("per_token", kq.QuantKind.PER_TOKEN, 0, True),
