@@ -275,20 +275,55 @@ def _precompile_targets(targets: list, pool, start: float) -> int:
 
 
 def _precompile_check(targets: list) -> int:
-    """``precompile --check``: which of ``targets`` the disk cache lacks, and the warm start's disk part (each
-    cubin read and its checksum verified; the driver's module load is not timed here: it needs a GPU)."""
+    """``precompile --check``: which of ``targets`` the disk cache lacks, and the warm start: its disk part (each
+    cubin read and its checksum verified) and, where an sm_90 GPU is present, its driver part (each present cubin
+    loaded as a boot loads it, :func:`~deep_fp8_gemm.runtime.driver.load_kernel`, and made resident)."""
     from . import env
     from .runtime.compiler import cached_kernel
 
     start = time.perf_counter()
-    missing = [t.name for t in targets if cached_kernel(t.name, t.source, options=t.options) is None]
+    found = [(t, cached_kernel(t.name, t.source, options=t.options)) for t in targets]
     seconds = time.perf_counter() - start
+    missing = [t.name for t, kernel in found if kernel is None]
     for name in missing:
         print(f"missing: {name}")
     have = len(targets) - len(missing)
     print(f"{have} of {len(targets)} kernels in {env.jit_cache_dir()} ({len(missing)} missing); warm start: "
           f"{have} cubins read and verified in {seconds:.2f} s")
+    device = _sm90_device()
+    if device is None:
+        print("warm start, driver part: not timed (no sm_90 GPU here: loading a cubin needs the driver)")
+    else:
+        loaded = [kernel for _, kernel in found if kernel is not None]
+        seconds = _time_driver_load(loaded, device)
+        print(f"warm start, driver part: {len(loaded)} kernels loaded on GPU {device} in {seconds:.2f} s "
+              f"(cuLibraryLoadData + cuLibraryGetKernel, each made resident)")
     return 1 if missing else 0
+
+
+def _sm90_device() -> int | None:
+    """The current CUDA device's ordinal when it is an sm_90 GPU, else None (no torch CUDA, no driver)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    from .runtime import target
+
+    index = target.current_device()
+    return index if target.capability(index) == (9, 0) else None
+
+
+def _time_driver_load(kernels: list, device: int) -> float:
+    """Seconds to load ``kernels`` (``CompiledKernel`` entries of the disk cache) into the driver on ``device`` the way a
+    first call does. With lazy loading (CUDA_MODULE_LOADING=LAZY, the default since CUDA 12.2) cuLibraryLoadData
+    defers the device-side load to first use: a kernel attribute query makes each one resident, so the figure is
+    the whole load a boot pays, not the lazy part of it."""
+    from .runtime import driver
+
+    start = time.perf_counter()
+    for kernel in kernels:
+        driver.make_resident(driver.load_kernel(kernel.cubin, kernel.name, device, key=kernel.key))
+    return time.perf_counter() - start
 
 
 def cmd_cache(args: argparse.Namespace) -> int:

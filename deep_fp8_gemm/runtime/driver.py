@@ -351,6 +351,20 @@ def load_kernel(cubin: bytes, name: str, device: int, *, key: str | None = None)
     return loaded
 
 
+def make_resident(kernel: LoadedKernel) -> None:
+    """Finish loading ``kernel`` onto its device now. With lazy loading (``CUDA_MODULE_LOADING=LAZY``, the
+    default since CUDA 12.2) ``cuLibraryLoadData`` leaves the device-side load to the first launch;
+    ``precompile --check`` times a boot's whole load, so it asks for it here: ``cuKernelGetFunction`` (the
+    function in the kernel's primary context, pushed for the call: a CUkernel's function is per context) then
+    ``cuFuncLoad`` (no effect on a loaded one)."""
+    check(driver.cuCtxPushCurrent(kernel.context), "cuCtxPushCurrent(primary context)")
+    try:
+        function = check(driver.cuKernelGetFunction(kernel.kernel), f"cuKernelGetFunction({kernel.name!r})")
+        check(driver.cuFuncLoad(function), f"cuFuncLoad({kernel.name!r})")
+    finally:
+        check(driver.cuCtxPopCurrent(), "cuCtxPopCurrent()")
+
+
 # ---------------------------------------------------------------------------------------- tensor maps
 _c_encode_tiled = None  # ctypes function for cuTensorMapEncodeTiled, made on first use
 

@@ -166,6 +166,27 @@ def test_scale_kernel_output_matches_torch(compiled, device):
 
 
 @gpu_test
+def test_make_resident_loads_a_lazily_loaded_kernel_in_its_context(compiled, device):
+    """``precompile --check``'s warm start: ``make_resident`` finishes the load of a kernel (lazy loading leaves it
+    to the first launch), leaves the caller's current context as it was, and the kernel then runs."""
+    from cuda.bindings import driver as binding
+
+    kernel = _load(compiled, "dfg_test_scale", device)
+    before = drv._current_context()
+    drv.make_resident(kernel)
+    drv.make_resident(kernel)  # a loaded one: no effect
+    assert drv._current_context() == before
+    function = drv.check(binding.cuKernelGetFunction(kernel.kernel), "cuKernelGetFunction")
+    assert int(drv.check(binding.cuFuncIsLoaded(function), "cuFuncIsLoaded")) == int(
+        binding.CUfunctionLoadingState.CU_FUNCTION_LOADING_STATE_LOADED)
+    a = torch.randn(SCALE_N, device=device)
+    out = torch.empty_like(a)
+    drv.launch(kernel, ScaleParams(a=a.data_ptr(), out=out.data_ptr(), n=SCALE_N), grid=(SCALE_N + 127) // 128,
+               block=128, smem_bytes=0, stream=_stream(device))
+    torch.testing.assert_close(out, a * 2 + (torch.arange(SCALE_N, device=device) // 128).float(), rtol=0, atol=0)
+
+
+@gpu_test
 def test_launch_checks_the_parameter_size_reported_by_the_driver(compiled, device):
     kernel = _load(compiled, "dfg_test_scale", device)
     with pytest.raises(ValueError, match="24-byte parameter struct, got 16 bytes"):

@@ -95,6 +95,31 @@ def test_precompile_check_names_what_the_cache_lacks_and_compiles_nothing(jit_ca
     assert cli.main(["precompile", "--check"]) == 1 and "missing: dfg_test_cli_chk_a" in capsys.readouterr().out
 
 
+def test_precompile_check_times_the_driver_load_only_where_a_gpu_is(jit_cache, targets, capsys, monkeypatch):
+    """The warm start's driver part: without an sm_90 GPU it says it was not timed; with one (the device and the
+    driver calls stood in for here; tests/gpu/test_gpu_jit.py runs the real ones) every present cubin, and only
+    those, is loaded by its cache key and made resident."""
+    from deep_fp8_gemm.runtime import driver
+
+    targets += [_probe_target("dfg_test_cli_warm_a"), _probe_target("dfg_test_cli_warm_b")]
+    assert cli.main(["precompile"]) == 0
+    targets.append(_probe_target("dfg_test_cli_warm_c"))  # not in the cache
+    capsys.readouterr()
+    assert cli.main(["precompile", "--check"]) == 1
+    assert "driver part: not timed (no sm_90 GPU here" in capsys.readouterr().out
+    loaded, resident = [], []
+    monkeypatch.setattr(cli, "_sm90_device", lambda: 3)
+    monkeypatch.setattr(driver, "load_kernel",
+                        lambda cubin, name, device, *, key: loaded.append((name, device, key, cubin[:4])) or name)
+    monkeypatch.setattr(driver, "make_resident", resident.append)
+    assert cli.main(["precompile", "--check"]) == 1
+    out = capsys.readouterr().out
+    assert "missing: dfg_test_cli_warm_c" in out and "driver part: 2 kernels loaded on GPU 3 in" in out
+    assert [(n, d, c) for n, d, _, c in loaded] == [("dfg_test_cli_warm_a", 3, b"\x7fELF"),
+                                                   ("dfg_test_cli_warm_b", 3, b"\x7fELF")]
+    assert all(len(key) == 64 for _, _, key, _ in loaded) and resident == ["dfg_test_cli_warm_a", "dfg_test_cli_warm_b"]
+
+
 def test_bad_arguments_exit_2(capsys):
     assert cli.main(["audit", "--shapes", "7168"]) == 2
     assert "shape must be N,K" in capsys.readouterr().err
