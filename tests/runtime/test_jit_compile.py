@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
 import pytest
 
 from deep_fp8_gemm.runtime import sass
@@ -100,6 +103,26 @@ def test_probe_sass_has_hopper_instructions(probe):
         assert histogram[opcode] > 0, opcode
     assert histogram["USETMAXREG"] == 2 and histogram["UTMALDG"] == 2
     assert histogram["STL"] == 0 and histogram["LDL"] == 0
+
+
+def test_nvdisasm_without_dataflow_gives_the_plain_text(probe):
+    """sass.NVDISASM_OPTIONS leaves out nvdisasm's dataflow pass (20% of its time): the text must be what plain
+    ``-c`` prints, on the probe and on a shipped kernel with the most control flow (the MXFP4 register-A kernel:
+    two K loops, per-tile branches)."""
+    import subprocess
+
+    from deep_fp8_gemm.kernels import mxfp4_gemm
+
+    tool, path = sass.find_disassembler()
+    if tool != "nvdisasm":
+        pytest.skip(f"the disassembler here is {tool}")
+    shipped = compile_kernel(*mxfp4_gemm.render_source(mxfp4_gemm.audit_configs()[0])).cubin
+    for cubin in (probe[0].cubin, shipped):
+        with tempfile.TemporaryDirectory() as tmp:
+            file = Path(tmp) / "k.cubin"
+            file.write_bytes(cubin)
+            plain = subprocess.run([str(path), "-c", str(file)], capture_output=True, text=True, check=True).stdout
+        assert sass.disassemble(cubin) == plain and "-ndf" in sass.NVDISASM_OPTIONS
 
 
 def test_histogram_parsing():
