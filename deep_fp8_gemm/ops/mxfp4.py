@@ -172,9 +172,9 @@ def experts_masked_mxfp4(a: torch.Tensor, a_scales: torch.Tensor, counts: torch.
 def m_grouped_gemm_fp8_fp4_bf16_nt_contiguous(a: tuple[torch.Tensor, torch.Tensor],
                                                b: tuple[torch.Tensor, torch.Tensor] | PreparedMxfp4,
                                                d: torch.Tensor, grouped_layout: torch.Tensor, *,
-                                               use_psum_layout: bool = False) -> None:
-    """``d[r] = (a[r] * sa[r]) . W_g(r)^T`` in bf16 for MXFP4 experts on the contiguous layouts (issue 43, part: the
-    register-A kernel; vLLM's ``DeepGemmFP4Experts`` call).
+                                               use_psum_layout: bool = False, kernel: str | None = None) -> None:
+    """``d[r] = (a[r] * sa[r]) . W_g(r)^T`` in bf16 for MXFP4 experts on the contiguous layouts (issue 43; vLLM's
+    ``DeepGemmFP4Experts`` call).
 
     ``a = (e4m3 [M_sum, K], sa fp32 [M_sum, K/128])`` (any strides); ``b`` a checkpoint's ``(int8 [G, N, K/2], fp32
     UE8M0 [G, N, K/32])`` (prepared on every call) or a :class:`PreparedMxfp4`; ``d`` bf16 ``[M_sum, N]`` written in
@@ -183,9 +183,14 @@ def m_grouped_gemm_fp8_fp4_bf16_nt_contiguous(a: tuple[torch.Tensor, torch.Tenso
     ends[g])``). ``alignment`` = ``get_m_alignment_for_contiguous_layout()`` (64 or 128). Rows are computed as the
     FP8 contiguous kernels compute them (:func:`contiguous_row_groups`): padding rows sharing an alignment block with
     a group's rows take that group, padding-only blocks are left untouched. CPU tensors run the float64 reference of
-    the recorded path (their layout values checked); an sm_90 GPU or ``DFG_SIMULATE=1`` the MXFP4 kernel."""
+    the recorded path (their layout values checked); an sm_90 GPU or ``DFG_SIMULATE=1`` an MXFP4 kernel: ``kernel``
+    ``None`` picks by the cost model (:func:`deep_fp8_gemm.kernels.mxfp4_gemm.pick_contiguous_path`), ``"register_a"``
+    the register-A kernel, ``"convert"`` the kernel with the shared-memory conversion stage (prefill tiles: the
+    alignment's tokens x 128 weight rows). Both give a row the same bits (docs/mxfp4.md, "The bit contract")."""
     from ..utils import get_m_alignment_for_contiguous_layout
 
+    if kernel not in (None, "register_a", "convert"):
+        raise ValueError(f"kernel must be None, 'register_a' or 'convert', got {kernel!r}")
     p = b if isinstance(b, PreparedMxfp4) else prepare_mxfp4_weights(*b)
     g, n, k = p.shape
     x, sa, m_sum = _check_contiguous_args(a, g, k, grouped_layout, use_psum_layout)
@@ -206,8 +211,13 @@ def m_grouped_gemm_fp8_fp4_bf16_nt_contiguous(a: tuple[torch.Tensor, torch.Tenso
             raise ValueError(f"the MXFP4 kernel needs contiguous a[0] and d, got a[0] contiguous "
                              f"{x.is_contiguous()}, d contiguous {d.is_contiguous()}")
         backend = backend_of(x.device, "gemm")
-        config = mxfp4_gemm.pick_config(n, k, g, min(32, max(1, m_sum // max(g, 1))), mxfp4_gemm.num_ctas(backend),
-                                        "psum" if use_psum_layout else "contiguous", alignment)
+        layout, sms = "psum" if use_psum_layout else "contiguous", mxfp4_gemm.num_ctas(backend)
+        if kernel == "convert":
+            config = mxfp4_gemm.pick_convert_config(n, k, g, layout, alignment)
+        elif kernel == "register_a":
+            config = mxfp4_gemm.pick_config(n, k, g, min(32, max(1, m_sum // max(g, 1))), sms, layout, alignment)
+        else:
+            config = mxfp4_gemm.pick_contiguous_path(n, k, g, m_sum, sms, layout, alignment)
         mxfp4_gemm.launch(config, x, sa.contiguous(), p, d, grouped_layout, backend)
         return
     rows = contiguous_row_groups(grouped_layout, m_sum, g, use_psum_layout, alignment)

@@ -269,7 +269,7 @@ def test_shipped_ceilings_cover_every_gemm_kind():
     ceilings = kloop.load_ceilings()
     assert set(ceilings) == {"dense", "dense_swap_ab", "contiguous", "masked", "1d1d", "k_grouped", "dense_fp8out",
                              "contiguous_fp8out", "masked_fp8out", "psum_fp8out", "contiguous_swiglu", "masked_swiglu",
-                             "dense_block32", "bf16", "tf32", "mxfp4"}
+                             "dense_block32", "bf16", "tf32", "mxfp4", "mxfp4_convert"}
     # The swap-AB kernels' ceilings are no looser than the plain 64-row kernel's where they are comparable.
     swap, plain = ceilings["dense_swap_ab"], ceilings["dense"]
     for key in ("math_per_k_block", "producer_per_k_block", "overhead_per_k_block_per_wave"):
