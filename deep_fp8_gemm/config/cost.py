@@ -221,7 +221,7 @@ def mxfp4_hbm_bytes(m: int, n: int, k: int, num_groups: int, block_n: int, store
 #: (the conversion warps' issue slots, the math loop's per warp), measured by the audit (``python -m deep_fp8_gemm audit
 #: --kind mxfp4``, NVRTC 13.5, kind ``mxfp4_convert``: the conversion figure is static, both table paths of a unit
 #: counted). A conversion warp shares its SM sub-partition with BLOCK_M / 64 math warps.
-MXFP4_CONVERT_ISSUE_PER_K_BLOCK = {128: (678, 184), 64: (678, 186)}
+MXFP4_CONVERT_ISSUE_PER_K_BLOCK = {128: (618, 184), 64: (618, 187)}
 
 
 def mxfp4_convert_estimate_seconds(m: int, n: int, k: int, num_groups: int, block_m: int,

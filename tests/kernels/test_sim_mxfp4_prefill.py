@@ -124,10 +124,8 @@ PLANTS = {
     # The converted B tile handed to the wgmma (async proxy) without the writers' fence: the proxy rule.
     "proxy_fence_dropped": ("hal::fence_view_async_shared();  // the converted B tile to the async proxy", ""),
     # The converted stores without the 128-byte swizzle the wgmma descriptor reads: K chunks land in the wrong place.
-    "swizzle_dropped": ("(((2 * s) ^ (lane / 4)) << 4) + 4 * q) = lo;\n"
-                        "                            *reinterpret_cast<u32*>(row + (((2 * s + 1) ^ (lane / 4)) << 4)",
-                        "((2 * s) << 4) + 4 * q) = lo;\n"
-                        "                            *reinterpret_cast<u32*>(row + ((2 * s + 1) << 4)"),
+    "swizzle_dropped": ("chunk[c] = x * BLOCK_K + 4 * (lane % 4) + ((c ^ (x & 3u)) << 4);",
+                        "chunk[c] = x * BLOCK_K + 4 * (lane % 4) + (c << 4);"),
     # Tiles with per-32 waves through the folded loop: their k32 sums are promoted by sB row 0 only.
     "per32_dropped": ("if (!general) {  // folded", "if (true) {  // folded"),
 }

@@ -56,10 +56,13 @@
 //   waves) | pair tables (3600) | raw, full, empty barriers.
 //
 // NOTES: the conversion stage per K block: 512 16-byte units (2 waves x 2 halves x 128 fragment threads), each one
-// 16-byte load of codes, the row's metadata (8 bytes, a quad broadcast), two 16-byte table loads, 4 x convert_word
+// 16-byte load of codes, the rows' metadata (8 bytes, a quad broadcast), two 16-byte table loads, 4 x convert_word
 // (36 ALU) and 8 four-byte stores (conflict-free: a warp's stores land in 8 distinct 16-byte chunks of 8 rows);
-// 3 warps share them (6 / 5 / 5 units per lane). The audit's K-loop analysis of the conversion loop gives its issue
-// slots per K block (docs/mxfp4.md).
+// 3 warps share them (6 / 5 / 5 warp-units). Audit (NVRTC 13.5, static): 92 instructions per unit, 618 per K block
+// for the busiest conversion warp, against 512 tensor cycles of a 128x128 K block, on a sub-partition that also
+// runs BLOCK_M / 64 math warps (184 each): the tile is issue-bound (docs/mxfp4.md, the cost model), slower than the
+// register-A kernel's 128x64 prefill tile by the model. Two 64-column halves of one scratch accumulator as the
+// general loop's sums made ptxas serialise every wgmma (C7511): they have their own array.
 #pragma once
 #include "../common.cuh"
 #include "../hal.cuh"
@@ -96,6 +99,11 @@ struct Mxfp4ConvertKernel {
     static constexpr u32 kWaveValues = WgmmaFragment<64>::kValues;  // one stored wave's 64 columns
     // The conversion's units per K block: (wave, half, fragment warp) x 32 lanes, 16 bytes of codes each.
     static constexpr u32 kConvertUnits = kWaves * 2 * 4;
+    // The pair-table entry {table(0), table(0)}: a per-32 wave's operand is e2m1 x 1.
+    static constexpr u32 kUnscaledEntry = kNumTables * kShift0 + kShift0;
+    static_assert(pair_table_word(kUnscaledEntry, 0) == kE4m3Tables[kShift0][0] &&
+                      pair_table_word(kUnscaledEntry, 2) == kE4m3Tables[kShift0][0],
+                  "the unscaled entry holds the shift-0 table twice");
     static_assert(SHAPE_K % BLOCK_K == 0 && SHAPE_N % BLOCK_N == 0, "K a multiple of 128, N of BLOCK_N");
     static_assert(kProducerRegisters * 128 + kMathRegisters * kNumMathThreads <= 65536, "register file is 64K");
 
@@ -221,7 +229,15 @@ struct Mxfp4ConvertKernel {
     // and + 96), out of the unit loop so that its body is the conversion alone.
     static DFG_DEVICE void convert(const Mxfp4Params& params, u8* smem, Barriers raw, Barriers full, u32 cw, u32 lane) {
         const u8* tables = smem + kSmemTables;
-        const u32 q = lane % 4;
+        // Where a unit's stores land: chunk c' (0..3: sub-block 2 half + c' / 2, its low / high 16 K) of a half is the
+        // row's 16-byte chunk (4 half + c') ^ x (x = n % 8 = lane / 4); the half's bit and the low two bits XOR apart,
+        // so four per-thread offsets (row x's byte 4q included) and one per-unit term serve every unit.
+        const u32 x = lane / 4;
+        u32 chunk[4];
+        DFG_UNROLL
+        for (u32 c = 0; c < 4; ++c)
+            chunk[c] = x * BLOCK_K + 4 * (lane % 4) + ((c ^ (x & 3u)) << 4);
+        const u32 half_x = (x & 4u) << 4;
         Scheduler scheduler(params.num_rows, params.grouped_layout, hal::block_idx(), hal::grid_dim());
         Pipe pipe;
         TileInfo tile;
@@ -241,21 +257,19 @@ struct Mxfp4ConvertKernel {
                     const WaveMeta m = WaveMeta::load(wave_meta, fw, lane);
                     const bool per32 = WaveMeta::per32(wave_meta);
                     const u32 w[4] = {words.x, words.y, words.z, words.w};
+                    u8* base = b_tile + (wave * 64 + 16 * fw) * BLOCK_K + ((64 * half) ^ half_x);
                     DFG_UNROLL
-                    for (u32 j = 0; j < 2; ++j) {  // rows r0, r0 + 8
-                        U32x4 t{kE4m3Tables[kShift0][0], kE4m3Tables[kShift0][1], kE4m3Tables[kShift0][0],
-                                kE4m3Tables[kShift0][1]};
-                        if (!per32)
-                            t = m.tables(tables, j, half);
-                        const u32 n = wave * 64 + 16 * fw + lane / 4 + 8 * j;
-                        u8* row = b_tile + n * BLOCK_K;
+                    for (u32 j = 0; j < 2; ++j) {  // rows r0, r0 + 8 (8 rows = 1024 bytes apart)
+                        // The row's tables of sub-blocks 2 half, 2 half + 1: its pair-table entry, or a per-32
+                        // wave's shift 0 for both (one select, no branch).
+                        const u32 entry = per32 ? kUnscaledEntry : hal::prmt(m.row[j], 0u, 0x4440u | half);
+                        const U32x4 t = *reinterpret_cast<const U32x4*>(tables + 16 * entry);
                         DFG_UNROLL
                         for (u32 i = 0; i < 2; ++i) {  // sub-blocks 2 half + i
-                            const u32 s = 2 * half + i;
                             u32 lo, hi;
                             convert_word(w[2 * i + j], i == 0 ? t.x : t.z, i == 0 ? t.y : t.w, lo, hi);
-                            *reinterpret_cast<u32*>(row + (((2 * s) ^ (lane / 4)) << 4) + 4 * q) = lo;
-                            *reinterpret_cast<u32*>(row + (((2 * s + 1) ^ (lane / 4)) << 4) + 4 * q) = hi;
+                            *reinterpret_cast<u32*>(base + 1024 * j + chunk[2 * i]) = lo;
+                            *reinterpret_cast<u32*>(base + 1024 * j + chunk[2 * i + 1]) = hi;
                         }
                     }
                 }
@@ -327,8 +341,8 @@ struct Mxfp4ConvertKernel {
         float acc[kAccValues];
         float scratch[kAccValues];
         // NOTES: the general loop's m64n64 sums in an array of their own: in halves of `scratch` (the folded loop's
-        // m64n128 accumulator), ptxas serialised every wgmma of the kernel (C7511, "insufficient register resources
-        // for the wgmma pipeline"; NVRTC 13.5).
+        // m64n128 accumulator), or both waves' in its first half, ptxas serialised every wgmma of the kernel (C7511,
+        // "insufficient register resources for the wgmma pipeline"; NVRTC 13.5).
         float part[kWaveValues];
 
         Scheduler scheduler(params.num_rows, params.grouped_layout, hal::block_idx(), hal::grid_dim());
