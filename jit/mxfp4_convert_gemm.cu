@@ -9,7 +9,8 @@
 
 namespace {
 using Kernel = dfg::mxfp4::Mxfp4ConvertKernel<{{SHAPE_N}}, {{SHAPE_K}}, {{BLOCK_M}}, {{BLOCK_N}}, {{NUM_STAGES}},
-                                              {{NUM_GROUPS}}, {{SMEM_BYTES}}, dfg::GemmKind::{{LAYOUT}}>;
+                                              {{NUM_GROUPS}}, {{SMEM_BYTES}}, dfg::GemmKind::{{LAYOUT}},
+                                              dfg::mxfp4::Mxfp4Output::{{OUTPUT}}, {{UE8M0}}>;
 }  // namespace
 
 DFG_DEFINE_KERNEL({{KERNEL_NAME}}, Kernel::kNumThreads, dfg::mxfp4::Mxfp4Params, Kernel::run)

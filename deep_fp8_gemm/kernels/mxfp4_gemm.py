@@ -110,8 +110,9 @@ class Mxfp4Config:
             raise ValueError(f"the conversion kernel runs the contiguous layouts with block_m = group_alignment (64 or "
                              f"128) and block_n {CONVERT_BLOCK_N}, got {self.layout=} {self.block_m=} "
                              f"{self.group_alignment=} {self.block_n=}")
-        if self.output != "bf16":
-            raise ValueError(f"the conversion kernel writes bf16, got {self.output=}")
+        if self.output == "swiglu_fp8" or (self.ue8m0 and self.output != "fp8"):
+            raise ValueError(f"the conversion kernel writes bf16 or fp8 (SwiGLU needs 256 weight rows per tile: over "
+                             f"the register budget), ue8m0 with fp8 only; got {self.output=} {self.ue8m0=}")
         if self.k % BLOCK_K or self.n % self.block_n or self.num_groups < 1:
             raise ValueError(f"K must be a multiple of 128 and N of 128, G >= 1, got {self.n=} {self.k=} "
                              f"{self.num_groups=}")
@@ -133,7 +134,8 @@ class Mxfp4Config:
             per_stage = (self.block_m * BLOCK_K + self.block_n * BLOCK_K + waves * WAVE_TILE_BYTES
                          + -(-waves * WAVE_META_BYTES // 128) * 128 + -(-self.block_m * 4 // 128) * 128
                          + 4 * self.block_n * 4)
-            return -(-(self.num_stages * per_stage + PAIR_TABLE_BYTES) // 8) * 8 + 24 * self.num_stages
+            red = self.block_m // 64 * 4 * 2 * 32 * 4 if self.output == "fp8" else 0  # the quads' amax partials
+            return -(-(self.num_stages * per_stage + PAIR_TABLE_BYTES + red) // 8) * 8 + 24 * self.num_stages
         waves = self.block_n // 64
         per_stage = (waves * WAVE_TILE_BYTES + self.block_m * BLOCK_K + -(-waves * WAVE_META_BYTES // 128) * 128
                      + -(-self.block_m * 4 // 128) * 128)
@@ -145,7 +147,8 @@ class Mxfp4Config:
         if self.path == "convert":
             return {"SHAPE_N": self.n, "SHAPE_K": self.k, "BLOCK_M": self.block_m, "BLOCK_N": self.block_n,
                     "NUM_STAGES": self.num_stages, "NUM_GROUPS": self.num_groups, "SMEM_BYTES": self.smem_bytes,
-                    "LAYOUT": LAYOUTS[self.layout], "KERNEL_NAME": kernel_name}
+                    "LAYOUT": LAYOUTS[self.layout], "OUTPUT": OUTPUTS[self.output],
+                    "UE8M0": "true" if self.ue8m0 else "false", "KERNEL_NAME": kernel_name}
         return {"SHAPE_N": self.n, "SHAPE_K": self.k, "BLOCK_M": self.block_m, "BLOCK_N": self.block_n,
                 "NUM_STAGES": self.num_stages, "NUM_GROUPS": self.num_groups, "SMEM_BYTES": self.smem_bytes,
                 "LAYOUT": LAYOUTS[self.layout], "GROUP_ALIGNMENT": self.group_alignment, "OUTPUT": OUTPUTS[self.output],
@@ -193,35 +196,38 @@ def pick_config(n: int, k: int, num_groups: int, expected_m: int, num_sms: int, 
 
 
 @functools.lru_cache(maxsize=4096)
-def pick_convert_config(n: int, k: int, num_groups: int, layout: str, group_alignment: int) -> Mxfp4Config:
+def pick_convert_config(n: int, k: int, num_groups: int, layout: str, group_alignment: int, output: str = "bf16",
+                        ue8m0: bool = False) -> Mxfp4Config:
     """The conversion kernel's tile for a contiguous-layout call: BLOCK_M = the alignment (64: one math warpgroup,
-    128: two), BLOCK_N 128, as many stages as fit (at most 8)."""
+    128: two), BLOCK_N 128, as many stages as fit (at most 8); ``output`` "bf16" or "fp8"."""
     for stages in range(MAX_STAGES, 1, -1):
         try:
             return Mxfp4Config(n, k, num_groups, group_alignment, CONVERT_BLOCK_N, stages, layout, group_alignment,
-                               path="convert")
+                               output, ue8m0, path="convert")
         except ValueError:
             continue
     raise ValueError(f"no MXFP4 conversion tile fits {n=} {k=} {layout=} {group_alignment=}")
 
 
 def pick_contiguous_path(n: int, k: int, num_groups: int, m_sum: int, num_sms: int, layout: str,
-                         group_alignment: int) -> Mxfp4Config:
+                         group_alignment: int, output: str = "bf16", ue8m0: bool = False) -> Mxfp4Config:
     """The contiguous-layout call's kernel and tile by the cost model (config/cost.py), for ``m_sum / G`` tokens per
     expert: the fastest modelled of the register-A kernel's pick at up to 32 tokens per tile, its pick for the whole
-    count (the prefill tiles: 64 / 128 tokens x 64 rows) and the conversion kernel (:func:`pick_convert_config`).
-    Register-A tiles without a measured issue figure are not candidates (the 32-token pick always has one). Every
-    candidate gives a row the same bits (docs/mxfp4.md, "The bit contract"), so the choice is speed only."""
+    count (bf16: the prefill tiles, 64 / 128 tokens x 64 rows; the FP8 outputs keep 32 tokens, BLOCK_N 128) and the
+    conversion kernel (:func:`pick_convert_config`; bf16 and fp8, not SwiGLU). Register-A tiles without a measured
+    issue figure are not candidates (the 32-token pick always has one). Every candidate gives a row the same bits
+    (docs/mxfp4.md, "The bit contract"), so the choice is speed only."""
     from ..config.cost import MXFP4_ISSUE_PER_K_BLOCK, mxfp4_convert_estimate_seconds, mxfp4_estimate_seconds
 
     m = max(1, m_sum // max(num_groups, 1))
     candidates = []
     for tokens in (min(32, m), m):
-        cfg = pick_config(n, k, num_groups, tokens, num_sms, layout, group_alignment)
+        cfg = pick_config(n, k, num_groups, tokens, num_sms, layout, group_alignment, output, ue8m0)
         if (cfg.block_m, cfg.block_n) in MXFP4_ISSUE_PER_K_BLOCK:
             candidates.append((mxfp4_estimate_seconds(m, n, k, num_groups, cfg.block_m, cfg.block_n, num_sms), cfg))
-    convert = pick_convert_config(n, k, num_groups, layout, group_alignment)
-    candidates.append((mxfp4_convert_estimate_seconds(m, n, k, num_groups, convert.block_m, num_sms), convert))
+    if output != "swiglu_fp8":
+        convert = pick_convert_config(n, k, num_groups, layout, group_alignment, output, ue8m0)
+        candidates.append((mxfp4_convert_estimate_seconds(m, n, k, num_groups, convert.block_m, num_sms), convert))
     return min(candidates, key=lambda c: c[0])[1]
 
 
@@ -393,8 +399,13 @@ def audit_configs() -> list[Mxfp4Config]:
 def convert_audit_configs() -> list[Mxfp4Config]:
     """The conversion kernel's picks (issue 43, prefill): both contiguous layouts at their alignments (m_indices 128:
     two math warpgroups; psum 64: one) on every audit shape."""
-    return [pick_convert_config(n, k, AUDIT_GROUPS, layout, alignment)
-            for n, k in AUDIT_SHAPES for layout, alignment in (("contiguous", 128), ("psum", 64))]
+    configs = [pick_convert_config(n, k, AUDIT_GROUPS, layout, alignment)
+               for n, k in AUDIT_SHAPES for layout, alignment in (("contiguous", 128), ("psum", 64))]
+    # The FP8 output (the down-projection's input at prefill) at both tiles.
+    n, k = AUDIT_SHAPES[0]
+    configs += [pick_convert_config(n, k, AUDIT_GROUPS, layout, alignment, "fp8")
+                for layout, alignment in (("contiguous", 128), ("psum", 64))]
+    return configs
 
 
 def audit_targets() -> list:

@@ -8,9 +8,11 @@ simulator, through ``ops.mxfp4.m_grouped_gemm_fp8_fp4_bf16_nt_contiguous(..., ke
 * the bit contract: every row equal, bit for bit, to the register-A kernel's (kernel="register_a"), under the
   simulator's default tensor-core model (the 13-bit truncating accumulator);
 * the cost model's pick (kernel=None) is one of the candidates and gives the same bits;
+* the FP8 output (``m_grouped_gemm_fp8_fp4_fp8_nt_contiguous(..., kernel="convert")``) against the FP8-output rule,
+  and bit for bit against the register-A kernel's FP8 output;
 * planted bugs (a copy of the headers with one change, tests/_mutate.py) that must fail: the proxy fence after the
   conversion dropped (the simulator's proxy rule), the 128-byte swizzle of the converted stores dropped, the per-32
-  handling dropped (every tile through the folded loop).
+  handling dropped (every tile through the folded loop), the FP8 output's rows quantised with the wrong row's scale.
 """
 
 from __future__ import annotations
@@ -119,6 +121,49 @@ def test_kernel_argument_is_checked():
             torch.zeros(128, 64, dtype=torch.bfloat16), torch.zeros(128, dtype=torch.int32), kernel="fast")
 
 
+# ------------------------------------------------------------------------------------------------- FP8 output
+def run_fp8(monkeypatch, alignment: int, psum: bool, kernel, use_ue8m0: bool = False):
+    """``(d e4m3 [M_sum, N], sd, a, sa, w, sf, m_indices)`` of the FP8-output name under DFG_SIMULATE=1 (D 7.0, sD -1
+    everywhere first)."""
+    from deep_fp8_gemm.utils import empty_m_major
+    monkeypatch.setenv("DFG_SIMULATE", "1")
+    monkeypatch.setenv("DFG_SIM_NUM_SMS", "4")
+    a, sa, w, sf, layout, m_indices = case(alignment, psum)
+    p = mxfp4.prepare_mxfp4_weights(w, sf)
+    d = torch.full((a.shape[0], N), 7.0).to(torch.float8_e4m3fn)
+    sd = empty_m_major((a.shape[0], N // 128), "cpu").fill_(-1.0)
+    deep_fp8_gemm.set_mk_alignment_for_contiguous_layout(alignment)
+    try:
+        mxfp4.m_grouped_gemm_fp8_fp4_fp8_nt_contiguous((a, sa), p, (d, sd), layout, use_psum_layout=psum,
+                                                        use_ue8m0=use_ue8m0, kernel=kernel)
+    finally:
+        deep_fp8_gemm.set_mk_alignment_for_contiguous_layout(128)
+    return d, sd, a, sa, w, sf, m_indices
+
+
+@pytest.mark.parametrize("alignment, psum, use_ue8m0", [(128, False, False), (64, True, True)],
+                         ids=["m_indices-128", "psum-64-ue8m0"])
+def test_fp8_output_against_the_rule_and_the_register_a_bits(alignment, psum, use_ue8m0, monkeypatch):
+    """The FP8 output (the FP8-output kinds' rule, per_token_cast_to_fp8_torch(values, use_ue8m0, reciprocal=True)):
+    sD within 2e-3 of the rule's scales of the float64 product (the tensor core's ~13-bit chains), D's dequantised
+    values within calc_diff 1e-3, the padding-only block untouched; D and sD equal bit for bit to the register-A
+    kernel's FP8 output."""
+    from deep_fp8_gemm.quant import per_token_cast_to_fp8_torch
+    d, sd, a, sa, w, sf, m_indices = run_fp8(monkeypatch, alignment, psum, "convert", use_ue8m0)
+    want = dequantised_product(a.unsqueeze(0), sa.unsqueeze(0), w, sf)
+    for e in range(G):
+        rows = (m_indices == e).nonzero().view(-1)
+        if not len(rows):
+            continue
+        _, want_s = per_token_cast_to_fp8_torch(want[e, rows].float(), use_ue8m0, reciprocal=True)
+        assert torch.allclose(sd[rows], want_s, rtol=2e-3), e
+        deq = d[rows].float() * sd[rows].repeat_interleave(128, -1)
+        assert calc_diff(deq.double(), want[e, rows]) <= 1e-3, e
+    assert bool((d[-alignment:].float() == 7.0).all()) and bool((sd[-alignment:] == -1.0).all())
+    d_ref, sd_ref = run_fp8(monkeypatch, alignment, psum, "register_a", use_ue8m0)[:2]
+    assert torch.equal(d.view(torch.uint8), d_ref.view(torch.uint8)) and torch.equal(sd, sd_ref)
+
+
 # ------------------------------------------------------------------------------------------------- planted bugs
 PLANTS = {
     # The converted B tile handed to the wgmma (async proxy) without the writers' fence: the proxy rule.
@@ -129,6 +174,15 @@ PLANTS = {
     # Tiles with per-32 waves through the folded loop: their k32 sums are promoted by sB row 0 only.
     "per32_dropped": ("if (!general) {  // folded", "if (true) {  // folded"),
 }
+
+
+def test_planted_fp8_output_bug_fails(tmp_path, monkeypatch):
+    """The FP8 output with row r + 8's values quantised by row r's scale (the reciprocal of the wrong row): the checks
+    above fail."""
+    mutated_headers(tmp_path, monkeypatch, HEADER, "const float inv = 1.0f / scale[0][h];",
+                    "const float inv = 1.0f / scale[0][0];")
+    with pytest.raises(AssertionError):
+        test_fp8_output_against_the_rule_and_the_register_a_bits(128, False, False, monkeypatch)
 
 
 @pytest.mark.parametrize("bug", sorted(PLANTS))

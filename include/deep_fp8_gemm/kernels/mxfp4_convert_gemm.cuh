@@ -7,6 +7,9 @@
 //       TileScheduler), so padding rows sharing a block with a group's rows get that group and padding-only blocks
 //       are skipped (rows untouched), exactly as the FP8 contiguous kernels and the register-A contiguous kernel.
 //
+//   FP8 output (kOutput Fp8): (D, sD) = e4m3 D [M_sum, N] with 1x128 per-row scales sD of those values, the
+//       FP8-output kinds' rule (epilogue_fp8.cuh), bit for bit the register-A kernel's store_fp8.
+//
 //   A: e4m3 [M_sum, K] with 1x128 per-token scales sA (fp32, given as [1, K/128, m_pad], M-major); W: the prepared
 //   MXFP4 weights (ops/mxfp4_format.py PreparedMxfp4: per expert, 128-K block and 64-row wave a 4096-byte tile of e2m1
 //   codes in register-A fragment order and a 272-byte metadata record, mxfp4.cuh), the same stored form and the same
@@ -32,7 +35,7 @@
 //   general  per K block and wave (64 columns), the path its metadata records.
 //
 // Warp roles (kNumThreads = 128 * (kNumMathWarpgroups + 1)):
-//   threads [0, 128 kNumMathWarpgroups)  math warpgroups: the wgmmas, the promotion, the bf16 stores.
+//   threads [0, 128 kNumMathWarpgroups)  math warpgroups: the wgmmas, the promotion, the bf16 / e4m3 stores.
 //                                        setmaxnreg.inc to kMathRegisters (240 / 232, the FP8 kernel's split).
 //   producer warpgroup, warp 0           one lane (elect.sync) issues every TMA load.
 //   producer warpgroup, warps 1..3       the conversion warps: per stage, the raw codes and metadata -> the e4m3
@@ -53,7 +56,7 @@
 //   A stages [kNumStages][BLOCK_M][128] (TMA, SW128) | B stages [kNumStages][128][128] e4m3 (converted, SW128) |
 //   raw stages [kNumStages][2][4096] (TMA) | metadata [kNumStages][2 x 272, 128-rounded] (TMA) |
 //   sA [kNumStages][BLOCK_M] fp32 (TMA) | sB [kNumStages][4][128] fp32 (converted: 2^E in [0], 2^e_s in [s] on per-32
-//   waves) | pair tables (3600) | raw, full, empty barriers.
+//   waves) | pair tables (3600) | FP8 output: amax partials [math warps][2][32] u32 | raw, full, empty barriers.
 //
 // NOTES: the conversion stage per K block: 512 16-byte units (2 waves x 2 halves x 128 fragment threads), each one
 // 16-byte load of codes, the rows' metadata (8 bytes, a quad broadcast), two 16-byte table loads, 4 x convert_word
@@ -65,6 +68,7 @@
 // general loop's sums made ptxas serialise every wgmma (C7511): they have their own array.
 #pragma once
 #include "../common.cuh"
+#include "../epilogue_fp8.cuh"
 #include "../hal.cuh"
 #include "../kinds.cuh"
 #include "../mma.cuh"
@@ -78,8 +82,15 @@ namespace dfg {
 namespace mxfp4 {
 
 template <u32 SHAPE_N, u32 SHAPE_K, u32 BLOCK_M, u32 BLOCK_N, u32 kNumStages, u32 kNumGroups, u32 kExpectedSmemBytes,
-          GemmKind kLayout>
+          GemmKind kLayout, Mxfp4Output kOutput = Mxfp4Output::Bf16, bool kUe8m0 = false>
 struct Mxfp4ConvertKernel {
+    static constexpr bool kFp8Out = kOutput == Mxfp4Output::Fp8;
+    static_assert(kOutput != Mxfp4Output::SwigluFp8,
+                  "SwiGLU needs gate and up in one tile (BLOCK_N 256): over the register budget with per-row scales");
+    static_assert(!kUe8m0 || kFp8Out, "power-of-two scales are an FP8-output option");
+    // FP8 output: the tile's 128 columns are one scale group (epilogue_fp8.cuh's tile helpers, one m64 wave per
+    // math warpgroup).
+    using Fp8Rows = Fp8Tile<BLOCK_M, 1>;
     static_assert(kLayout == GemmKind::GroupedContiguous || kLayout == GemmKind::GroupedContiguousPsum,
                   "the conversion kernel's layouts: contiguous (m_indices) and psum");
     static_assert(BLOCK_M == 64 || BLOCK_M == 128, "BLOCK_M = the layout's alignment: one m64 wave per warpgroup");
@@ -121,7 +132,10 @@ struct Mxfp4ConvertKernel {
     static constexpr u32 kSmemSa = kSmemMeta + kNumStages * kSmemMetaBytes;
     static constexpr u32 kSmemSb = kSmemSa + kNumStages * kSmemSaBytes;
     static constexpr u32 kSmemTables = kSmemSb + kNumStages * kSmemSbBytes;
-    static constexpr u32 kSmemRawBar = round_up(kSmemTables + kPairTableBytes, 8u);
+    // FP8 output: the quads' amax partials (epilogue_fp8.cuh, [math warps][2][32] u32).
+    static constexpr u32 kSmemRed = kSmemTables + kPairTableBytes;
+    static constexpr u32 kSmemRedBytes = kFp8Out ? Fp8Rows::kAmaxBytes : 0u;
+    static constexpr u32 kSmemRawBar = round_up(kSmemRed + kSmemRedBytes, 8u);
     static constexpr u32 kSmemFull = kSmemRawBar + 8 * kNumStages;
     static constexpr u32 kSmemEmpty = kSmemFull + 8 * kNumStages;
     static constexpr u32 kSmemBytes = kSmemEmpty + 8 * kNumStages;
@@ -415,8 +429,39 @@ struct Mxfp4ConvertKernel {
                         hal::mbar_arrive(&empty[stage]);
                 });
             }
-            store(params, tile, wg, warp_in_wg, lane, acc);
+            if constexpr (kFp8Out)
+                store_fp8(params, tile, wg, lane, frag_row,
+                          reinterpret_cast<u32*>(smem + kSmemRed) + warp * Fp8Rows::kPartials * 32, acc);
+            else
+                store(params, tile, wg, warp_in_wg, lane, acc);
         }
+    }
+
+    // FP8 output: D[r, n] e4m3 = RNE(x * fl(1 / s_r)) with s_r the row's 1x128 scale (epilogue_fp8.cuh's rule, the
+    // register-A kernel's store_fp8 numerics): the quad's amax through `partials` (this warp's slice), one reciprocal
+    // per row; 2-byte plain stores of the column pairs, lane % 4 == 0 stores the row's scale at
+    // sd[n_block * sd_rows + r] (D's scale group = the tile's n-block: BLOCK_N 128).
+    static DFG_DEVICE void store_fp8(const Mxfp4Params& params, const TileInfo& tile, u32 wg, u32 lane, u32 frag_row,
+                                     u32* partials, const float (&acc)[kAccValues]) {
+        const float (&v)[1][kAccValues] = *reinterpret_cast<const float(*)[1][kAccValues]>(&acc);
+        float scale[1][2];
+        hal::warp_sync();  // the previous tile's reads of the partials before these writes
+        Fp8Rows::template row_scales<kUe8m0>(partials, lane, v, scale);
+        u8* d = params.d + tile.n_block * BLOCK_N + 2 * (lane % 4);
+        DFG_UNROLL
+        for (u32 h = 0; h < 2; ++h) {
+            const u32 row = tile.m_block * BLOCK_M + wg * 64 + frag_row + 8 * h;
+            if (row >= params.num_rows)
+                continue;
+            const float inv = 1.0f / scale[0][h];
+            DFG_UNROLL
+            for (u32 j = 0; j < BLOCK_N / 8; ++j)
+                *reinterpret_cast<u16*>(d + static_cast<u64>(row) * SHAPE_N + 8 * j) =
+                    hal::pack_e4m3x2(v[0][4 * j + 2 * h] * inv, v[0][4 * j + 2 * h + 1] * inv);
+            if (lane % 4 == 0)
+                params.sd[static_cast<u64>(tile.n_block) * params.sd_rows + row] = scale[0][h];
+        }
+        hal::warp_sync();
     }
 
     // The tile's bf16 values to D[M_sum][N]: rows m_block BLOCK_M + 64 wg + frag_row (+ 8), below M_sum; a thread's
