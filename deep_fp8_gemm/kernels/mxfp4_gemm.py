@@ -214,7 +214,7 @@ def pick_contiguous_path(n: int, k: int, num_groups: int, m_sum: int, num_sms: i
     """The contiguous-layout call's kernel and tile by the cost model (config/cost.py), for ``m_sum / G`` tokens per
     expert: the fastest modelled of the register-A kernel's pick at up to 32 tokens per tile, its pick for the whole
     count (bf16: the prefill tiles, 64 / 128 tokens x 64 rows; the FP8 outputs keep 32 tokens, BLOCK_N 128) and the
-    conversion kernel (:func:`pick_convert_config`; bf16 and fp8, not SwiGLU). Register-A tiles without a measured
+    conversion kernel (:func:`pick_convert_config`; bf16 and fp8, not SwiGLU; N a multiple of 128). Register-A tiles without a measured
     issue figure are not candidates (the 32-token pick always has one). Every candidate gives a row the same bits
     (docs/mxfp4.md, "The bit contract"), so the choice is speed only."""
     from ..config.cost import MXFP4_ISSUE_PER_K_BLOCK, mxfp4_convert_estimate_seconds, mxfp4_estimate_seconds
@@ -225,7 +225,7 @@ def pick_contiguous_path(n: int, k: int, num_groups: int, m_sum: int, num_sms: i
         cfg = pick_config(n, k, num_groups, tokens, num_sms, layout, group_alignment, output, ue8m0)
         if (cfg.block_m, cfg.block_n) in MXFP4_ISSUE_PER_K_BLOCK:
             candidates.append((mxfp4_estimate_seconds(m, n, k, num_groups, cfg.block_m, cfg.block_n, num_sms), cfg))
-    if output != "swiglu_fp8":
+    if output != "swiglu_fp8" and n % CONVERT_BLOCK_N == 0:  # the conversion kernel's tiles are 128 rows wide
         convert = pick_convert_config(n, k, num_groups, layout, group_alignment, output, ue8m0)
         candidates.append((mxfp4_convert_estimate_seconds(m, n, k, num_groups, convert.block_m, num_sms), convert))
     return min(candidates, key=lambda c: c[0])[1]

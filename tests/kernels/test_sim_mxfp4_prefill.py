@@ -127,6 +127,32 @@ def test_adversarial_schedules_give_the_same_bits(alignment, psum, monkeypatch):
         assert torch.equal(d.view(torch.int16), base.view(torch.int16)), seed
 
 
+def test_a_partial_last_block_and_an_odd_width(monkeypatch):
+    """M_sum not a multiple of the alignment (the last expert's block cut short: A and sA boxes zero-filled past
+    M_sum, no store past it), 37 + 20 tokens; and N = 192 (a multiple of 64, not of 128): the cost model leaves the
+    conversion kernel out, kernel="convert" is refused with the reason."""
+    monkeypatch.setenv("DFG_SIMULATE", "1")
+    monkeypatch.setenv("DFG_SIM_NUM_SMS", "4")
+    w, sf = weights(2, N, 256, seed=9)
+    p = mxfp4.prepare_mxfp4_weights(w, sf)
+    m_indices = torch.tensor([0] * 37 + [-1] * 91 + [1] * 20, dtype=torch.int32)
+    a, sa = activations(1, 148, 256, seed=10)
+    a, sa = a[0], sa[0]
+    d = torch.full((148, N), 7.0, dtype=torch.bfloat16)
+    mxfp4.m_grouped_gemm_fp8_fp4_bf16_nt_contiguous((a, sa), p, d, m_indices, kernel="convert")
+    ref = torch.full((148, N), 7.0, dtype=torch.bfloat16)
+    mxfp4.m_grouped_gemm_fp8_fp4_bf16_nt_contiguous((a, sa), p, ref, m_indices, kernel="register_a")
+    assert torch.equal(d.view(torch.int16), ref.view(torch.int16))
+    want = dequantised_product(a.unsqueeze(0), sa.unsqueeze(0), w, sf)
+    assert calc_diff(d[128:].double(), want[1, 128:]) <= 1e-3
+    assert mxfp4_gemm.pick_contiguous_path(192, 256, 2, 4096, 132, "contiguous", 128).path == "register_a"
+    w2, sf2 = weights(1, 192, 256, seed=9)
+    with pytest.raises(ValueError, match="conversion"):
+        mxfp4.m_grouped_gemm_fp8_fp4_bf16_nt_contiguous(
+            (a, sa), mxfp4.prepare_mxfp4_weights(w2, sf2), torch.zeros(148, 192, dtype=torch.bfloat16),
+            torch.zeros(148, dtype=torch.int32), kernel="convert")
+
+
 def test_kernel_argument_is_checked():
     with pytest.raises(ValueError, match="kernel must be"):
         mxfp4.m_grouped_gemm_fp8_fp4_bf16_nt_contiguous(
