@@ -134,6 +134,8 @@ AXES: tuple[Axis, ...] = (
         AxisValue("swap_ab", "SwapAB", "B's rows on the M side, tokens on N (policy_swap_ab.cuh; decode, m <= 32)"),
         AxisValue("register_a", "RegisterA", "B's rows on the M side as wgmma's register A operand, converted in "
                   "registers; tokens on N (kernels/mxfp4_gemm.cuh; decode)"),
+        AxisValue("convert_smem", "ConvertSmem", "A's rows on the M side, B converted into shared memory by a "
+                  "conversion stage between its TMA load and the wgmma (kernels/mxfp4_convert_gemm.cuh; prefill)"),
     )),
 )
 
@@ -179,7 +181,12 @@ RULES: tuple[Rule, ...] = (
     Rule("packing", "e2m1x2", "layout", ("masked", "contiguous", "psum"), "MXFP4 experts are the M-grouped MoE GEMMs "
          "(decode: masked; prefill: contiguous m_indices or psum)"),
     Rule("packing", "e2m1x2", "output", ("bf16",), "the MXFP4 decode kernel stores bf16"),
-    Rule("packing", "e2m1x2", "order", ("register_a",), "the weights are wgmma's register A operand, on the M side"),
+    Rule("packing", "e2m1x2", "order", ("register_a", "convert_smem"), "the weights are converted to e4m3 before the "
+         "wgmma: in registers (wgmma's register A operand, on the M side) or into shared memory"),
+    Rule("order", "convert_smem", "packing", ("e2m1x2",), "only packed weights need a conversion stage (e4m3 weights "
+         "are TMA-loaded as the tensor core reads them)"),
+    Rule("order", "convert_smem", "layout", ("contiguous", "psum"), "the shared-memory conversion serves prefill "
+         "tiles (BLOCK_M = the contiguous layout's alignment)"),
     Rule("order", "register_a", "packing", ("e2m1x2",), "only packed weights need converting in registers (e4m3 "
          "weights are read by the tensor core from shared memory)"),
     Rule("packing", "e2m1x2", "accumulation", ("mx",), "the MXFP4 fold promotes by 2^E per weight row"),
@@ -262,13 +269,14 @@ ROWS: tuple[KindRow, ...] = (
     KindRow("bf16_masked", "Bf16GroupedMasked", 16, "masked", output="bf16", **_BF16_TC),
     KindRow("tf32_hc_prenorm", "Tf32HcPrenorm", 17, "dense", output="fp32_acc", operand="tf32", packing="fp32",
             accumulation="none", granularity="none", scale_dtype="none"),
-    # MXFP4 experts (issue 42): the register-A decode kernel (kernels/mxfp4_gemm.cuh)
+    # MXFP4 experts (issue 42): the register-A decode kernel (kernels/mxfp4_gemm.cuh); the contiguous layouts also
+    # the prefill kernel with the shared-memory conversion stage (issue 43, kernels/mxfp4_convert_gemm.cuh)
     KindRow("mxfp4_masked", "Mxfp4GroupedMasked", 18, "masked", output="bf16", accumulation="mx",
             granularity="1x128/1x32", packing="e2m1x2", orders=("register_a",)),
     KindRow("mxfp4_contiguous", "Mxfp4GroupedContiguous", 19, "contiguous", output="bf16", accumulation="mx",
-            granularity="1x128/1x32", packing="e2m1x2", orders=("register_a",)),
+            granularity="1x128/1x32", packing="e2m1x2", orders=("register_a", "convert_smem")),
     KindRow("mxfp4_psum", "Mxfp4GroupedContiguousPsum", 20, "psum", output="bf16", accumulation="mx",
-            granularity="1x128/1x32", packing="e2m1x2", orders=("register_a",)),
+            granularity="1x128/1x32", packing="e2m1x2", orders=("register_a", "convert_smem")),
 )
 
 #: The kernel family each weight packing's rows run on (their kernels, configs and audit lists live apart): the FP8

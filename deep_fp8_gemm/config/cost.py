@@ -217,6 +217,32 @@ def mxfp4_hbm_bytes(m: int, n: int, k: int, num_groups: int, block_n: int, store
     return weights + tokens + num_groups * m * n * 2
 
 
+#: The MXFP4 conversion kernel (kernels/mxfp4_convert_gemm.cuh, prefill) per K block by BLOCK_M (BLOCK_N 128):
+#: (the conversion warps' issue slots, the math loop's per warp), measured by the audit (``python -m deep_fp8_gemm audit
+#: --kind mxfp4``, NVRTC 13.5, kind ``mxfp4_convert``: the conversion figure is static, both table paths of a unit
+#: counted). A conversion warp shares its SM sub-partition with BLOCK_M / 64 math warps.
+MXFP4_CONVERT_ISSUE_PER_K_BLOCK = {128: (618, 184), 64: (618, 187)}
+
+
+def mxfp4_convert_estimate_seconds(m: int, n: int, k: int, num_groups: int, block_m: int,
+                                   num_sms: int = 132) -> float:
+    """Modelled time of the MXFP4 conversion kernel (kernels/mxfp4_convert_gemm.cuh) for ``m`` tokens per expert on a
+    contiguous layout: tiles of ``block_m`` tokens x 128 weight rows over the SMs, each the larger of its busiest SM
+    sub-partition's issue time (a conversion warp and BLOCK_M / 64 math warps, :data:`MXFP4_CONVERT_ISSUE_PER_K_BLOCK`)
+    and its tensor time (the FP8 model's efficiency at ``block_m``), plus the per-tile fixed cost; bounded below by the
+    bytes at the HBM bandwidth (the weights once per m-block of an expert beyond L2 are not modelled: as
+    :func:`mxfp4_estimate_seconds`). A prediction, not a measurement."""
+    tiles = num_groups * ceil_div(max(m, 1), block_m) * ceil_div(n, 128)
+    sm_waves = ceil_div(tiles, num_sms)
+    k_blocks = ceil_div(k, BLOCK_K)
+    convert, math = MXFP4_CONVERT_ISSUE_PER_K_BLOCK[block_m]
+    issue = k_blocks * (convert + block_m // 64 * math)
+    mma = 2 * 128 * block_m * k_blocks * BLOCK_K / (_MMA_FLOP_PER_CLK * _MMA_EFFICIENCY[block_m])
+    tile = max(issue, mma) + _TILE_FIXED_CYCLES
+    hbm = mxfp4_hbm_bytes(m, n, k, num_groups, 128) / (_HBM_BYTES_PER_CLK_PER_SM * num_sms)
+    return max(sm_waves * tile, hbm) / MODEL_CLOCK_HZ
+
+
 def mxfp4_estimate_seconds(m: int, n: int, k: int, num_groups: int, block_m: int, block_n: int,
                            num_sms: int = 132) -> float:
     """Modelled time of the MXFP4 masked kernel (kernels/mxfp4_gemm.cuh) for ``m`` tokens per expert: tiles of

@@ -22,10 +22,21 @@ from ..runtime import params as param_structs
 from ..runtime.target import Backend
 from ..runtime.tensor_map import TensorMapSpec, TmaDtype, TmaSwizzle
 from ..utils import PROCESS_SETTINGS
-from .wgmma_gen import wgmma_fp8_rs_wrapper
+from .wgmma_gen import wgmma_fp8_rs_wrapper, wgmma_fp8_wrapper
 
 TEMPLATE = "mxfp4_gemm.cu"
 KERNEL_PREFIX = "dfg_mxfp4_grouped"
+#: The prefill kernel with the shared-memory conversion stage (issue 43; kernels/mxfp4_convert_gemm.cuh).
+CONVERT_TEMPLATE = "mxfp4_convert_gemm.cu"
+CONVERT_PREFIX = "dfg_mxfp4_convert"
+#: The two kernels: "register_a" (swap-AB, the weights converted in registers: decode and the contiguous layouts at
+#: any size) and "convert" (the weights converted into shared memory by the producer warpgroup's spare warps, the
+#: normal tile: BLOCK_M = the contiguous layout's alignment tokens x 128 weight rows; prefill).
+PATHS = ("register_a", "convert")
+CONVERT_BLOCK_N = 128
+#: The conversion stage per K block (mxfp4_convert_gemm.cuh): 16 warp-units of 16-byte code loads (2 waves x 2
+#: halves x 4 fragment warps) over the producer warpgroup's 3 spare warps.
+CONVERT_UNITS, CONVERT_WARPS = 16, 3
 #: The layouts (the kinds table's mxfp4 rows) and their dfg::GemmKind enumerators.
 LAYOUTS = {"masked": "GroupedMasked", "contiguous": "GroupedContiguous", "psum": "GroupedContiguousPsum"}
 #: The outputs (the kinds table's output values) and their dfg::mxfp4::Mxfp4Output enumerators; the weight rows a tile
@@ -45,6 +56,9 @@ MAX_STAGES = 8
 #: SASS every MXFP4 kernel must contain: FP8 wgmma (its A from registers), TMA loads, the byte permutes of the
 #: conversion, griddepcontrol.wait (PDL).
 REQUIRED_SASS = ("QGMMA", "UTMALDG", "PRMT", "ACQBULK")
+#: The conversion kernel's: the same, and the proxy fence that hands the converted tile to the wgmma
+#: (fence.proxy.async.shared::cta: FENCE.VIEW.ASYNC.S).
+CONVERT_REQUIRED_SASS = (*REQUIRED_SASS, "FENCE")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,8 +75,14 @@ class Mxfp4Config:
     group_alignment: int = 128  # psum: the layout's group-start alignment (64 or 128); compiled in
     output: str = "bf16"  # "bf16" | "fp8" | "swiglu_fp8"
     ue8m0: bool = False  # FP8 outputs: power-of-two scales
+    path: str = "register_a"  # "register_a" | "convert" (PATHS)
 
     def __post_init__(self) -> None:
+        if self.path not in PATHS:
+            raise ValueError(f"path must be one of {PATHS}, got {self.path=}")
+        if self.path == "convert":
+            self._check_convert()
+            return
         if self.output not in OUTPUTS or self.block_n % OUTPUT_BLOCK_N[self.output]:
             raise ValueError(f"output must be one of {tuple(OUTPUTS)} with block_n a multiple of its "
                              f"{OUTPUT_BLOCK_N.get(self.output)} rows, got {self.output=} {self.block_n=}")
@@ -84,9 +104,38 @@ class Mxfp4Config:
         if not 1 <= self.num_stages <= MAX_STAGES or self.smem_bytes > SMEM_LIMIT:
             raise ValueError(f"num_stages must be in [1, {MAX_STAGES}] and fit {SMEM_LIMIT} bytes, got {self}")
 
+    def _check_convert(self) -> None:
+        """The conversion kernel's legality (kernels/mxfp4_convert_gemm.cuh static_asserts the same)."""
+        if self.layout == "masked" or self.block_m != self.group_alignment or self.block_n != CONVERT_BLOCK_N:
+            raise ValueError(f"the conversion kernel runs the contiguous layouts with block_m = group_alignment (64 or "
+                             f"128) and block_n {CONVERT_BLOCK_N}, got {self.layout=} {self.block_m=} "
+                             f"{self.group_alignment=} {self.block_n=}")
+        if self.output == "swiglu_fp8" or (self.ue8m0 and self.output != "fp8"):
+            raise ValueError(f"the conversion kernel writes bf16 or fp8 (SwiGLU needs 256 weight rows per tile: over "
+                             f"the register budget), ue8m0 with fp8 only; got {self.output=} {self.ue8m0=}")
+        if self.k % BLOCK_K or self.n % self.block_n or self.num_groups < 1:
+            raise ValueError(f"K must be a multiple of 128 and N of 128, G >= 1, got {self.n=} {self.k=} "
+                             f"{self.num_groups=}")
+        if not 2 <= self.num_stages <= MAX_STAGES or self.smem_bytes > SMEM_LIMIT:
+            raise ValueError(f"num_stages must be in [2, {MAX_STAGES}] and fit {SMEM_LIMIT} bytes, got {self}")
+
+    @property
+    def num_threads(self) -> int:
+        """Threads per CTA: the register-A kernel's two warpgroups, or the conversion kernel's BLOCK_M / 64 math
+        warpgroups and its producer / conversion warpgroup."""
+        return NUM_THREADS if self.path == "register_a" else 128 * (self.block_m // 64 + 1)
+
     @property
     def smem_bytes(self) -> int:
-        """Dynamic shared memory: ``Mxfp4MaskedKernel``'s map (the kernel static_asserts the same value)."""
+        """Dynamic shared memory: ``Mxfp4GroupedKernel``'s or ``Mxfp4ConvertKernel``'s map (the kernels
+        static_assert the same value)."""
+        if self.path == "convert":
+            waves = self.block_n // 64
+            per_stage = (self.block_m * BLOCK_K + self.block_n * BLOCK_K + waves * WAVE_TILE_BYTES
+                         + -(-waves * WAVE_META_BYTES // 128) * 128 + -(-self.block_m * 4 // 128) * 128
+                         + 4 * self.block_n * 4)
+            red = self.block_m // 64 * 4 * 2 * 32 * 4 if self.output == "fp8" else 0  # the quads' amax partials
+            return -(-(self.num_stages * per_stage + PAIR_TABLE_BYTES + red) // 8) * 8 + 24 * self.num_stages
         waves = self.block_n // 64
         per_stage = (waves * WAVE_TILE_BYTES + self.block_m * BLOCK_K + -(-waves * WAVE_META_BYTES // 128) * 128
                      + -(-self.block_m * 4 // 128) * 128)
@@ -95,6 +144,11 @@ class Mxfp4Config:
         return tables + 16 * self.num_stages
 
     def constants(self, kernel_name: str) -> dict[str, object]:
+        if self.path == "convert":
+            return {"SHAPE_N": self.n, "SHAPE_K": self.k, "BLOCK_M": self.block_m, "BLOCK_N": self.block_n,
+                    "NUM_STAGES": self.num_stages, "NUM_GROUPS": self.num_groups, "SMEM_BYTES": self.smem_bytes,
+                    "LAYOUT": LAYOUTS[self.layout], "OUTPUT": OUTPUTS[self.output],
+                    "UE8M0": "true" if self.ue8m0 else "false", "KERNEL_NAME": kernel_name}
         return {"SHAPE_N": self.n, "SHAPE_K": self.k, "BLOCK_M": self.block_m, "BLOCK_N": self.block_n,
                 "NUM_STAGES": self.num_stages, "NUM_GROUPS": self.num_groups, "SMEM_BYTES": self.smem_bytes,
                 "LAYOUT": LAYOUTS[self.layout], "GROUP_ALIGNMENT": self.group_alignment, "OUTPUT": OUTPUTS[self.output],
@@ -104,6 +158,13 @@ class Mxfp4Config:
         """JSON-safe record for the audit. The K-loop analysis reads the wgmma tile (``mma_rows`` = BLOCK_N weight rows,
         ``mma_cols`` = BLOCK_M tokens) of the folded loop (``kloop_qgmma``: its 4 wgmmas per wave and K block; the
         general loop, which holds both paths, is reported beside it)."""
+        if self.path == "convert":  # the normal tile: tokens on the wgmma's M side, the folded loop's 4 wgmmas
+            return {"path": "convert", "layout": self.layout, "output": self.output, "n": self.n, "k": self.k,
+                    "num_groups": self.num_groups, "block_m": self.block_m, "block_n": self.block_n,
+                    "num_stages": self.num_stages, "smem_bytes": self.smem_bytes, "num_threads": self.num_threads,
+                    "num_math_warpgroups": self.block_m // 64, "mma_rows": self.block_m, "mma_cols": self.block_n,
+                    "kloop_qgmma": 4, "math_registers": 240 if self.block_m == 64 else 232,
+                    "producer_registers": 40, "convert_units_per_warp": -(-CONVERT_UNITS // CONVERT_WARPS)}
         return {"layout": self.layout, "output": self.output, "n": self.n, "k": self.k, "num_groups": self.num_groups, "block_m": self.block_m,
                 "block_n": self.block_n, "num_stages": self.num_stages, "smem_bytes": self.smem_bytes,
                 "num_threads": NUM_THREADS, "num_math_warpgroups": 1, "mma_rows": self.block_n,
@@ -134,6 +195,42 @@ def pick_config(n: int, k: int, num_groups: int, expected_m: int, num_sms: int, 
     raise ValueError(f"no MXFP4 tile fits {n=} {k=}")
 
 
+@functools.lru_cache(maxsize=4096)
+def pick_convert_config(n: int, k: int, num_groups: int, layout: str, group_alignment: int, output: str = "bf16",
+                        ue8m0: bool = False) -> Mxfp4Config:
+    """The conversion kernel's tile for a contiguous-layout call: BLOCK_M = the alignment (64: one math warpgroup,
+    128: two), BLOCK_N 128, as many stages as fit (at most 8); ``output`` "bf16" or "fp8"."""
+    for stages in range(MAX_STAGES, 1, -1):
+        try:
+            return Mxfp4Config(n, k, num_groups, group_alignment, CONVERT_BLOCK_N, stages, layout, group_alignment,
+                               output, ue8m0, path="convert")
+        except ValueError:
+            continue
+    raise ValueError(f"no MXFP4 conversion tile fits {n=} {k=} {layout=} {group_alignment=}")
+
+
+def pick_contiguous_path(n: int, k: int, num_groups: int, m_sum: int, num_sms: int, layout: str,
+                         group_alignment: int, output: str = "bf16", ue8m0: bool = False) -> Mxfp4Config:
+    """The contiguous-layout call's kernel and tile by the cost model (config/cost.py), for ``m_sum / G`` tokens per
+    expert: the fastest modelled of the register-A kernel's pick at up to 32 tokens per tile, its pick for the whole
+    count (bf16: the prefill tiles, 64 / 128 tokens x 64 rows; the FP8 outputs keep 32 tokens, BLOCK_N 128) and the
+    conversion kernel (:func:`pick_convert_config`; bf16 and fp8, not SwiGLU; N a multiple of 128). Register-A tiles without a measured
+    issue figure are not candidates (the 32-token pick always has one). Every candidate gives a row the same bits
+    (docs/mxfp4.md, "The bit contract"), so the choice is speed only."""
+    from ..config.cost import MXFP4_ISSUE_PER_K_BLOCK, mxfp4_convert_estimate_seconds, mxfp4_estimate_seconds
+
+    m = max(1, m_sum // max(num_groups, 1))
+    candidates = []
+    for tokens in (min(32, m), m):
+        cfg = pick_config(n, k, num_groups, tokens, num_sms, layout, group_alignment, output, ue8m0)
+        if (cfg.block_m, cfg.block_n) in MXFP4_ISSUE_PER_K_BLOCK:
+            candidates.append((mxfp4_estimate_seconds(m, n, k, num_groups, cfg.block_m, cfg.block_n, num_sms), cfg))
+    if output != "swiglu_fp8" and n % CONVERT_BLOCK_N == 0:  # the conversion kernel's tiles are 128 rows wide
+        convert = pick_convert_config(n, k, num_groups, layout, group_alignment, output, ue8m0)
+        candidates.append((mxfp4_convert_estimate_seconds(m, n, k, num_groups, convert.block_m, num_sms), convert))
+    return min(candidates, key=lambda c: c[0])[1]
+
+
 # ---------------------------------------------------------------------------------------------- source
 @functools.lru_cache(maxsize=None)
 def render_source(config: Mxfp4Config, simulator: bool = False) -> tuple[str, str]:
@@ -141,6 +238,11 @@ def render_source(config: Mxfp4Config, simulator: bool = False) -> tuple[str, st
     and simulator builds share it."""
     from ..runtime.render import kernel_name, render
 
+    if config.path == "convert":
+        anonymous = render(CONVERT_TEMPLATE, config.constants(CONVERT_PREFIX))
+        name = kernel_name(CONVERT_PREFIX, anonymous)
+        extra = "" if simulator else wgmma_fp8_wrapper(config.block_n) + wgmma_fp8_wrapper(64)
+        return name, render(CONVERT_TEMPLATE, config.constants(name), extra_code=extra)
     anonymous = render(TEMPLATE, config.constants(KERNEL_PREFIX))
     name = kernel_name(KERNEL_PREFIX, anonymous)
     extra = "" if simulator else wgmma_fp8_rs_wrapper(config.block_m)
@@ -255,13 +357,13 @@ def launch(config: Mxfp4Config, x: torch.Tensor, sa: torch.Tensor, prepared, d: 
         name, source = render_source(config)
         registers = ptxas_registers(name, source)
         _, sim_source = render_source(config, simulator=True)
-        sim_launch(name, sim_source, params, grid=grid, block=NUM_THREADS, cluster=1, smem_bytes=config.smem_bytes,
+        sim_launch(name, sim_source, params, grid=grid, block=config.num_threads, cluster=1, smem_bytes=config.smem_bytes,
                    registers=registers)
     elif backend is Backend.CUDA:
         from ..runtime import driver, target
 
         index = target.gpu_index(x.device)
-        driver.launch(cuda_kernel(config, index), params, grid=grid, block=NUM_THREADS, smem_bytes=config.smem_bytes,
+        driver.launch(cuda_kernel(config, index), params, grid=grid, block=config.num_threads, smem_bytes=config.smem_bytes,
                       stream=target.current_stream(index), pdl=PROCESS_SETTINGS.pdl)
     else:
         raise ValueError(f"the MXFP4 kernel launches on Backend.CUDA or Backend.SIM, got {backend}")
@@ -294,12 +396,29 @@ def audit_configs() -> list[Mxfp4Config]:
     return configs
 
 
+def convert_audit_configs() -> list[Mxfp4Config]:
+    """The conversion kernel's picks (issue 43, prefill): both contiguous layouts at their alignments (m_indices 128:
+    two math warpgroups; psum 64: one) on every audit shape."""
+    configs = [pick_convert_config(n, k, AUDIT_GROUPS, layout, alignment)
+               for n, k in AUDIT_SHAPES for layout, alignment in (("contiguous", 128), ("psum", 64))]
+    # The FP8 output (the down-projection's input at prefill) at both tiles.
+    n, k = AUDIT_SHAPES[0]
+    configs += [pick_convert_config(n, k, AUDIT_GROUPS, layout, alignment, "fp8")
+                for layout, alignment in (("contiguous", 128), ("psum", 64))]
+    return configs
+
+
 def audit_targets() -> list:
-    """One :class:`deep_fp8_gemm.runtime.audit.AuditTarget` (kind ``"mxfp4"``) per config of :func:`audit_configs`."""
+    """One :class:`deep_fp8_gemm.runtime.audit.AuditTarget` per config: kind ``"mxfp4"`` for :func:`audit_configs`
+    (the register-A kernel), ``"mxfp4_convert"`` for :func:`convert_audit_configs` (its own K-loop ceilings)."""
     from ..runtime.audit import AuditTarget
 
     targets = []
     for config in audit_configs():
         name, source = render_source(config)
         targets.append(AuditTarget("mxfp4", config.as_dict(), name, source, required_sass=REQUIRED_SASS))
+    for config in convert_audit_configs():
+        name, source = render_source(config)
+        targets.append(AuditTarget("mxfp4_convert", config.as_dict(), name, source,
+                                   required_sass=CONVERT_REQUIRED_SASS))
     return targets

@@ -172,9 +172,9 @@ def experts_masked_mxfp4(a: torch.Tensor, a_scales: torch.Tensor, counts: torch.
 def m_grouped_gemm_fp8_fp4_bf16_nt_contiguous(a: tuple[torch.Tensor, torch.Tensor],
                                                b: tuple[torch.Tensor, torch.Tensor] | PreparedMxfp4,
                                                d: torch.Tensor, grouped_layout: torch.Tensor, *,
-                                               use_psum_layout: bool = False) -> None:
-    """``d[r] = (a[r] * sa[r]) . W_g(r)^T`` in bf16 for MXFP4 experts on the contiguous layouts (issue 43, part: the
-    register-A kernel; vLLM's ``DeepGemmFP4Experts`` call).
+                                               use_psum_layout: bool = False, kernel: str | None = None) -> None:
+    """``d[r] = (a[r] * sa[r]) . W_g(r)^T`` in bf16 for MXFP4 experts on the contiguous layouts (issue 43; vLLM's
+    ``DeepGemmFP4Experts`` call).
 
     ``a = (e4m3 [M_sum, K], sa fp32 [M_sum, K/128])`` (any strides); ``b`` a checkpoint's ``(int8 [G, N, K/2], fp32
     UE8M0 [G, N, K/32])`` (prepared on every call) or a :class:`PreparedMxfp4`; ``d`` bf16 ``[M_sum, N]`` written in
@@ -183,9 +183,14 @@ def m_grouped_gemm_fp8_fp4_bf16_nt_contiguous(a: tuple[torch.Tensor, torch.Tenso
     ends[g])``). ``alignment`` = ``get_m_alignment_for_contiguous_layout()`` (64 or 128). Rows are computed as the
     FP8 contiguous kernels compute them (:func:`contiguous_row_groups`): padding rows sharing an alignment block with
     a group's rows take that group, padding-only blocks are left untouched. CPU tensors run the float64 reference of
-    the recorded path (their layout values checked); an sm_90 GPU or ``DFG_SIMULATE=1`` the MXFP4 kernel."""
+    the recorded path (their layout values checked); an sm_90 GPU or ``DFG_SIMULATE=1`` an MXFP4 kernel: ``kernel``
+    ``None`` picks by the cost model (:func:`deep_fp8_gemm.kernels.mxfp4_gemm.pick_contiguous_path`), ``"register_a"``
+    the register-A kernel, ``"convert"`` the kernel with the shared-memory conversion stage (prefill tiles: the
+    alignment's tokens x 128 weight rows). Both give a row the same bits (docs/mxfp4.md, "The bit contract")."""
     from ..utils import get_m_alignment_for_contiguous_layout
 
+    if kernel not in (None, "register_a", "convert"):
+        raise ValueError(f"kernel must be None, 'register_a' or 'convert', got {kernel!r}")
     p = b if isinstance(b, PreparedMxfp4) else prepare_mxfp4_weights(*b)
     g, n, k = p.shape
     x, sa, m_sum = _check_contiguous_args(a, g, k, grouped_layout, use_psum_layout)
@@ -206,8 +211,13 @@ def m_grouped_gemm_fp8_fp4_bf16_nt_contiguous(a: tuple[torch.Tensor, torch.Tenso
             raise ValueError(f"the MXFP4 kernel needs contiguous a[0] and d, got a[0] contiguous "
                              f"{x.is_contiguous()}, d contiguous {d.is_contiguous()}")
         backend = backend_of(x.device, "gemm")
-        config = mxfp4_gemm.pick_config(n, k, g, min(32, max(1, m_sum // max(g, 1))), mxfp4_gemm.num_ctas(backend),
-                                        "psum" if use_psum_layout else "contiguous", alignment)
+        layout, sms = "psum" if use_psum_layout else "contiguous", mxfp4_gemm.num_ctas(backend)
+        if kernel == "convert":
+            config = mxfp4_gemm.pick_convert_config(n, k, g, layout, alignment)
+        elif kernel == "register_a":
+            config = mxfp4_gemm.pick_config(n, k, g, min(32, max(1, m_sum // max(g, 1))), sms, layout, alignment)
+        else:
+            config = mxfp4_gemm.pick_contiguous_path(n, k, g, m_sum, sms, layout, alignment)
         mxfp4_gemm.launch(config, x, sa.contiguous(), p, d, grouped_layout, backend)
         return
     rows = contiguous_row_groups(grouped_layout, m_sum, g, use_psum_layout, alignment)
@@ -239,9 +249,11 @@ def experts_contiguous_mxfp4(a: torch.Tensor, a_scales: torch.Tensor, m_indices:
 
 # ---------------------------------------------------------------------------------------------- FP8 outputs
 def _fp8_output(output: str, x: torch.Tensor, sa: torch.Tensor, p: PreparedMxfp4, out: object,
-                grouped_layout: torch.Tensor, layout: str, expected_m: int, use_ue8m0: bool) -> None:
+                grouped_layout: torch.Tensor, layout: str, expected_m: int, use_ue8m0: bool,
+                kernel: str | None = "register_a") -> None:
     """The FP8 outputs (``output`` "fp8" or "swiglu_fp8") of the masked / contiguous MXFP4 GEMM on checked operands:
-    ``out = (d e4m3 [.., rows, N_out], sd fp32 [.., rows, N_out/128] M-major TMA-aligned)``."""
+    ``out = (d e4m3 [.., rows, N_out], sd fp32 [.., rows, N_out/128] M-major TMA-aligned)``. ``kernel``: "register_a"
+    at ``expected_m`` tokens, "convert" (contiguous layouts, fp8), or None (contiguous: the cost model's pick)."""
     from .outputs import FP8_OUT, SWIGLU_FP8, check_out, check_out_layout
 
     policy = SWIGLU_FP8 if output == "swiglu_fp8" else FP8_OUT
@@ -261,8 +273,13 @@ def _fp8_output(output: str, x: torch.Tensor, sa: torch.Tensor, p: PreparedMxfp4
         check_out_layout(d, sd)
         backend = backend_of(x.device, "gemm")
         alignment = 128 if masked else get_m_alignment_for_contiguous_layout()
-        config = mxfp4_gemm.pick_config(n, k, g, expected_m, mxfp4_gemm.num_ctas(backend), layout, alignment, output,
-                                        use_ue8m0)
+        sms = mxfp4_gemm.num_ctas(backend)
+        if kernel == "convert":
+            config = mxfp4_gemm.pick_convert_config(n, k, g, layout, alignment, output, use_ue8m0)
+        elif kernel is None:  # the contiguous layouts: the cost model's pick
+            config = mxfp4_gemm.pick_contiguous_path(n, k, g, rows, sms, layout, alignment, output, use_ue8m0)
+        else:
+            config = mxfp4_gemm.pick_config(n, k, g, expected_m, sms, layout, alignment, output, use_ue8m0)
         mxfp4_gemm.launch(config, x, sa.contiguous(), p, d, grouped_layout, backend, sd)
         return
     if masked:
@@ -306,9 +323,14 @@ def m_grouped_gemm_fp8_fp4_fp8_nt_masked(a: tuple[torch.Tensor, torch.Tensor], b
 def m_grouped_gemm_fp8_fp4_fp8_nt_contiguous(a: tuple[torch.Tensor, torch.Tensor], b: PreparedMxfp4,
                                               out: tuple[torch.Tensor, torch.Tensor], grouped_layout: torch.Tensor,
                                               *, use_psum_layout: bool = False, use_ue8m0: bool = False,
-                                              swiglu: bool = False) -> None:
+                                              swiglu: bool = False, kernel: str | None = None) -> None:
     """:func:`m_grouped_gemm_fp8_fp4_bf16_nt_contiguous` with the FP8 output of
-    :func:`m_grouped_gemm_fp8_fp4_fp8_nt_masked` (``out`` rows ``M_sum``; the same rows computed)."""
+    :func:`m_grouped_gemm_fp8_fp4_fp8_nt_masked` (``out`` rows ``M_sum``; the same rows computed). ``kernel`` as
+    there: ``None`` the cost model's pick, ``"register_a"`` (at most 32 tokens per tile: BLOCK_N 128 / SwiGLU 256),
+    ``"convert"`` the shared-memory conversion kernel (FP8 only: SwiGLU is register-A's)."""
+    if kernel not in (None, "register_a", "convert") or (kernel == "convert" and swiglu):
+        raise ValueError(f"kernel must be None, 'register_a' or 'convert' ('convert' without swiglu), got "
+                         f"{kernel!r} with {swiglu=}")
 
     if not isinstance(b, PreparedMxfp4):
         raise TypeError(f"b must be a PreparedMxfp4 (prepare_mxfp4_weights; SwiGLU: interleave_swiglu_mxfp4), got "
@@ -318,7 +340,7 @@ def m_grouped_gemm_fp8_fp4_fp8_nt_contiguous(a: tuple[torch.Tensor, torch.Tensor
     if m_sum == 0:
         return
     _fp8_output("swiglu_fp8" if swiglu else "fp8", x, sa, b, out, grouped_layout,
-                "psum" if use_psum_layout else "contiguous", min(32, max(1, m_sum // max(g, 1))), use_ue8m0)
+                "psum" if use_psum_layout else "contiguous", min(32, max(1, m_sum // max(g, 1))), use_ue8m0, kernel)
 
 
 def _check_contiguous_args(a, g: int, k: int, grouped_layout, use_psum_layout) -> tuple:

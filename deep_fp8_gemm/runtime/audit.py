@@ -130,7 +130,8 @@ def _check_kloop(record: dict, target: AuditTarget, sass: str, ceilings: dict) -
                                       mma_chunks=cfg.get("mma_chunks", 1),
                                       scale_slices=cfg.get("scale_groups_per_k_block", 1) if
                                       cfg.get("scale_groups_per_k_block", 1) > 1 else 0,
-                                      loop_qgmma=cfg.get("kloop_qgmma"))
+                                      loop_qgmma=cfg.get("kloop_qgmma"),
+                                      convert_units=cfg.get("convert_units_per_warp", 0))
     except ValueError as exc:
         record["problems"].append(f"K-loop analysis: {exc}")
         return

@@ -320,9 +320,39 @@ def _scale_warp_report(loops: list[Loop], instrs: list[Instruction], slices: int
     return None
 
 
+def _convert_warp_report(loops: list[Loop], instrs: list[Instruction], units_per_warp: int,
+                         block_m: int, block_n: int) -> dict | None:
+    """The MXFP4 conversion warps (kernels/mxfp4_convert_gemm.cuh): per K block, a stage loop (wait on the raw
+    barrier, the unit loop, the per-row scales, ``fence.proxy.async``, the arrive) around the unit loop (the
+    innermost loop holding ``PRMT`` and ``STS`` and no ``QGMMA`` / ``UTMALDG``; one 16-byte unit of codes per
+    iteration). Static counts, every branch of a body counted (both table paths of a unit: an upper bound on what a
+    folded unit issues): ``per_k_block`` = the stage loop's instructions outside the unit loop + ``units_per_warp``
+    x the unit loop's. ``per_tensor_cycle``: per_k_block / the tensor time of the tile's K block (BLOCK_M x BLOCK_N
+    x 128 x 2 FLOP at 8192 per clock): one conversion warp per SM sub-partition."""
+    def holds(lp: Loop, op: str) -> bool:
+        return any(instrs[j].base == op for j in lp.body)
+
+    units = [lp for lp in loops if holds(lp, "PRMT") and holds(lp, "STS") and not holds(lp, "QGMMA")
+             and not holds(lp, "UTMALDG")]
+    inner = [lp for lp in units if not any(o is not lp and set(o.body) < set(lp.body) for o in units)]
+    if not inner:
+        return None
+    unit = max(inner, key=lambda lp: sum(instrs[j].base == "PRMT" for j in lp.body))
+    around = [lp for lp in loops if lp is not unit and set(unit.body) < set(lp.body)]
+    if not around:
+        return None
+    stage = min(around, key=lambda lp: len(lp.body))
+    outside = len(stage.body) - len(unit.body)
+    per_k_block = outside + units_per_warp * len(unit.body)
+    body = [instrs[j] for j in unit.body]
+    return {"unit_loop": len(unit.body), "stage_outside_units": outside, "units_per_warp": units_per_warp,
+            "per_k_block": per_k_block, "unit_by_class": class_counts(body),
+            "per_tensor_cycle": round(per_k_block / (block_m * block_n * 128 * 2 / 8192), 3)}
+
+
 def analyse_function(instrs: list[Instruction], labels: dict[str, int], *, block_m: int, block_n: int,
                      num_math_warpgroups: int, mma_chunks: int = 1, scale_slices: int = 0,
-                     loop_qgmma: int | None = None) -> dict:
+                     loop_qgmma: int | None = None, convert_units: int = 0) -> dict:
     """The math and producer loop reports of one function (see the module docstring).
 
     Returns ``{"math": {...} | None, "producer": {...} | None, "issue_per_tensor_cycle": float | None}``;
@@ -331,6 +361,8 @@ def analyse_function(instrs: list[Instruction], labels: dict[str, int], *, block
     ``drain_to_wgmma_per_k_block`` and ``overhead_per_k_block_per_wave`` (:func:`overhead_per_wave`).
     ``scale_slices`` (the 1x32 recipe: 4): also ``"scale_warps"``, the scale warps' instructions per K block
     (:func:`_scale_warp_report`), which share the SM sub-partitions with the math warps.
+    ``convert_units`` (the MXFP4 conversion kernel: the most 16-byte units one conversion warp converts per K
+    block): also ``"convert_warps"`` (:func:`_convert_warp_report`).
     ``loop_qgmma``: a kernel with more than one math loop (the MXFP4 kernel's folded and general loops) names the one
     to measure by its wgmma count per iteration; the other loops holding QGMMA are reported under ``"other_math"``
     (their body instructions and QGMMA counts).
@@ -377,12 +409,14 @@ def analyse_function(instrs: list[Instruction], labels: dict[str, int], *, block
         result["producer"] = _loop_report(body, float(max(waits, 1)))
     if scale_slices:
         result["scale_warps"] = _scale_warp_report(loops, instrs, scale_slices)
+    if convert_units:
+        result["convert_warps"] = _convert_warp_report(loops, instrs, convert_units, block_m, block_n)
     return result
 
 
 def analyse_sass(sass: str, *, block_m: int, block_n: int, num_math_warpgroups: int,
                  function: str | None = None, mma_chunks: int = 1, scale_slices: int = 0,
-                 loop_qgmma: int | None = None) -> dict:
+                 loop_qgmma: int | None = None, convert_units: int = 0) -> dict:
     """:func:`analyse_function` on one function of a disassembly (``function`` = its name; default: the
     only function, or the first one holding ``QGMMA``)."""
     functions = parse_functions(sass)
@@ -394,7 +428,8 @@ def analyse_sass(sass: str, *, block_m: int, block_n: int, num_math_warpgroups: 
         chosen = next((f for f in functions.values() if any(i.base == "QGMMA" for i in f[0])), None)
         instrs, labels = chosen or next(iter(functions.values()))
     return analyse_function(instrs, labels, block_m=block_m, block_n=block_n, num_math_warpgroups=num_math_warpgroups,
-                            mma_chunks=mma_chunks, scale_slices=scale_slices, loop_qgmma=loop_qgmma)
+                            mma_chunks=mma_chunks, scale_slices=scale_slices, loop_qgmma=loop_qgmma,
+                            convert_units=convert_units)
 
 
 # ---------------------------------------------------------------------------------------- CI ceilings
@@ -425,7 +460,8 @@ def check_ceilings(kind: str, block_m: int, analysis: dict, ceilings: dict[str, 
     wave: independent of BLOCK_N, so it catches bookkeeping growth in wide and narrow tiles alike),
     ``drain_per_wave`` (the longest ``drain_to_wgmma`` gap: what a wave runs between its wgmma wait and the next
     wgmma, which catches work moved out from under the tensor cores at an unchanged instruction count),
-    ``scale_warps_per_k_block`` (the 1x32 recipe's scale warps, :func:`_scale_warp_report`).
+    ``scale_warps_per_k_block`` (the 1x32 recipe's scale warps, :func:`_scale_warp_report`),
+    ``convert_per_k_block`` (the MXFP4 conversion warps, :func:`_convert_warp_report`).
     A kind without an entry is not gated; a GEMM kernel without a math loop is a problem.
     """
     limits = ceilings.get(kind)
@@ -463,4 +499,11 @@ def check_ceilings(kind: str, block_m: int, analysis: dict, ceilings: dict[str, 
         elif scale["per_k_block"] > limits["scale_warps_per_k_block"]:
             problems.append(f"scale warps issue {scale['per_k_block']} instructions per K block > ceiling "
                             f"{limits['scale_warps_per_k_block']} ({kind})")
+    if "convert_per_k_block" in limits:
+        convert = analysis.get("convert_warps")
+        if convert is None:
+            problems.append(f"K-loop analysis found no conversion loop (PRMT and STS outside the math loop) ({kind})")
+        elif convert["per_k_block"] > limits["convert_per_k_block"]:
+            problems.append(f"conversion warps issue {convert['per_k_block']} instructions per K block > ceiling "
+                            f"{limits['convert_per_k_block']} ({kind})")
     return problems

@@ -69,6 +69,7 @@ enum class KindOperandOrder : int {
     AB = 0,  // ab: A's rows on the wgmma's M side
     SwapAB = 1,  // swap_ab: B's rows on the M side, tokens on N (policy_swap_ab.cuh; decode, m <= 32)
     RegisterA = 2,  // register_a: B's rows on the M side as wgmma's register A operand, converted in registers; tokens on N (kernels/mxfp4_gemm.cuh; decode)
+    ConvertSmem = 3,  // convert_smem: A's rows on the M side, B converted into shared memory by a conversion stage between its TMA load and the wgmma (kernels/mxfp4_convert_gemm.cuh; prefill)
 };
 
 // The kinds (deep_fp8_gemm.config.GemmKind: same names and values).
@@ -185,8 +186,8 @@ DFG_HOST_DEVICE constexpr bool supports_order(GemmKind kind, KindOperandOrder or
         case GemmKind::Bf16GroupedMasked: return order == KindOperandOrder::AB;
         case GemmKind::Tf32HcPrenorm: return order == KindOperandOrder::AB;
         case GemmKind::Mxfp4GroupedMasked: return order == KindOperandOrder::RegisterA;
-        case GemmKind::Mxfp4GroupedContiguous: return order == KindOperandOrder::RegisterA;
-        case GemmKind::Mxfp4GroupedContiguousPsum: return order == KindOperandOrder::RegisterA;
+        case GemmKind::Mxfp4GroupedContiguous: return order == KindOperandOrder::RegisterA || order == KindOperandOrder::ConvertSmem;
+        case GemmKind::Mxfp4GroupedContiguousPsum: return order == KindOperandOrder::RegisterA || order == KindOperandOrder::ConvertSmem;
         default: return false;
     }
 }

@@ -82,3 +82,108 @@ def test_mxfp4_contiguous_against_float64(case):
         if len(rows):
             assert calc_diff(out[rows].double(), want[e, rows]) <= 1e-3
     assert bool((out[-alignment:] == 7.0).all())  # the padding-only block untouched
+
+
+# The prefill kernel with the shared-memory conversion stage (issue 43, kernel="convert"): (G, N, K, alignment, psum,
+# tokens per expert (cycled)) at expert shapes, folded and per-32 waves; every row's bits against the register-A kernel.
+CONVERT_CASES = [(4, 6144, 3584, 128, False, (300, 0, 129, 1)), (4, 7168, 2048, 64, True, (64, 200, 0, 17))]
+GPU_CASE_TABLES = (*GPU_CASE_TABLES, CONVERT_CASES)
+
+
+def test_convert_cases_are_legal_tiles():
+    for g, n, k, alignment, psum, _ in CONVERT_CASES:
+        mxfp4_gemm.pick_convert_config(n, k, g, "psum" if psum else "contiguous", alignment)
+
+
+@requires_sm90
+@pytest.mark.parametrize("case", CONVERT_CASES)
+def test_mxfp4_convert_against_float64_and_register_a_bits(case):
+    """The conversion kernel on the GPU: within calc_diff 1e-3 of float64 of the dequantised operands, padding-only
+    blocks untouched, and a row's bits equal to the register-A kernel's (the bit contract, which rests on the tensor
+    core's D(A, B) = D(B, A)^T: test_gpu_confirms_the_model_assumptions_and_the_fragment_layout checks it)."""
+    import deep_fp8_gemm
+    from deep_fp8_gemm.ops import mxfp4
+    from deep_fp8_gemm.utils import calc_diff
+
+    g, n, k, alignment, psum, counts = case
+    counts = [counts[e % len(counts)] for e in range(g)]
+    w, sf = weights(g, n, k)
+    sf[0, 70, 1] = sf[0, 70, 0] * 2.0 ** -30  # expert 0's wave 1 takes the per-32 path in K block 0
+    starts, rows = [], 0
+    for c in counts:
+        starts.append(rows)
+        rows += -(-c // alignment) * alignment
+    m_sum = rows + alignment
+    m_indices = torch.full((m_sum,), -1, dtype=torch.int32)
+    for e, (s0, c) in enumerate(zip(starts, counts)):
+        m_indices[s0:s0 + c] = e
+    layout = torch.tensor([s0 + c for s0, c in zip(starts, counts)], dtype=torch.int32) if psum else m_indices
+    a, sa = activations(1, m_sum, k)
+    a, sa = a[0], sa[0]
+    a.view(torch.uint8)[m_indices < 0] = 0
+    want = dequantised_product(a.unsqueeze(0), sa.unsqueeze(0), w, sf)
+    dev = torch.device("cuda")
+    p = mxfp4.prepare_mxfp4_weights(w.to(dev), sf.to(dev))
+    outs = {}
+    deep_fp8_gemm.set_mk_alignment_for_contiguous_layout(alignment)
+    try:
+        for kernel in ("convert", "register_a"):
+            out = torch.full((m_sum, n), 7.0, dtype=torch.bfloat16, device=dev)
+            mxfp4.m_grouped_gemm_fp8_fp4_bf16_nt_contiguous((a.to(dev), sa.to(dev)), p, out, layout.to(dev),
+                                                            use_psum_layout=psum, kernel=kernel)
+            outs[kernel] = out.cpu()
+    finally:
+        deep_fp8_gemm.set_mk_alignment_for_contiguous_layout(128)
+    out = outs["convert"]
+    for e in range(g):
+        rows_e = (m_indices == e).nonzero().view(-1)
+        if len(rows_e):
+            assert calc_diff(out[rows_e].double(), want[e, rows_e]) <= 1e-3
+    assert bool((out[-alignment:] == 7.0).all())
+    assert torch.equal(out.view(torch.int16), outs["register_a"].view(torch.int16))
+
+
+@requires_sm90
+@pytest.mark.parametrize("case", CONVERT_CASES)
+def test_mxfp4_convert_fp8_output_equals_register_a(case):
+    """The conversion kernel's FP8 output on the GPU: D and sD bit for bit the register-A kernel's FP8 output, and
+    dequantised D within calc_diff 1e-3 of float64."""
+    import deep_fp8_gemm
+    from deep_fp8_gemm.ops import mxfp4
+    from deep_fp8_gemm.utils import calc_diff, empty_m_major
+
+    g, n, k, alignment, psum, counts = case
+    counts = [counts[e % len(counts)] for e in range(g)]
+    w, sf = weights(g, n, k)
+    starts, rows = [], 0
+    for c in counts:
+        starts.append(rows)
+        rows += -(-c // alignment) * alignment
+    m_sum = rows
+    m_indices = torch.full((m_sum,), -1, dtype=torch.int32)
+    for e, (s0, c) in enumerate(zip(starts, counts)):
+        m_indices[s0:s0 + c] = e
+    layout = torch.tensor([s0 + c for s0, c in zip(starts, counts)], dtype=torch.int32) if psum else m_indices
+    a, sa = activations(1, m_sum, k)
+    a, sa = a[0], sa[0]
+    want = dequantised_product(a.unsqueeze(0), sa.unsqueeze(0), w, sf)
+    dev = torch.device("cuda")
+    p = mxfp4.prepare_mxfp4_weights(w.to(dev), sf.to(dev))
+    outs = {}
+    deep_fp8_gemm.set_mk_alignment_for_contiguous_layout(alignment)
+    try:
+        for kernel in ("convert", "register_a"):
+            d = torch.zeros((m_sum, n), device=dev).to(torch.float8_e4m3fn)
+            sd = empty_m_major((m_sum, n // 128), dev).zero_()
+            mxfp4.m_grouped_gemm_fp8_fp4_fp8_nt_contiguous((a.to(dev), sa.to(dev)), p, (d, sd), layout.to(dev),
+                                                            use_psum_layout=psum, kernel=kernel)
+            outs[kernel] = (d.cpu(), sd.cpu())
+    finally:
+        deep_fp8_gemm.set_mk_alignment_for_contiguous_layout(128)
+    (d, sd), (d_ref, sd_ref) = outs["convert"], outs["register_a"]
+    assert torch.equal(d.view(torch.uint8), d_ref.view(torch.uint8)) and torch.equal(sd, sd_ref)
+    for e in range(g):
+        rows_e = (m_indices == e).nonzero().view(-1)
+        if len(rows_e):
+            deq = d[rows_e].float() * sd[rows_e].repeat_interleave(128, -1)
+            assert calc_diff(deq.double(), want[e, rows_e]) <= 1e-3

@@ -269,7 +269,7 @@ def test_shipped_ceilings_cover_every_gemm_kind():
     ceilings = kloop.load_ceilings()
     assert set(ceilings) == {"dense", "dense_swap_ab", "contiguous", "masked", "1d1d", "k_grouped", "dense_fp8out",
                              "contiguous_fp8out", "masked_fp8out", "psum_fp8out", "contiguous_swiglu", "masked_swiglu",
-                             "dense_block32", "bf16", "tf32", "mxfp4"}
+                             "dense_block32", "bf16", "tf32", "mxfp4", "mxfp4_convert"}
     # The swap-AB kernels' ceilings are no looser than the plain 64-row kernel's where they are comparable.
     swap, plain = ceilings["dense_swap_ab"], ceilings["dense"]
     for key in ("math_per_k_block", "producer_per_k_block", "overhead_per_k_block_per_wave"):
@@ -432,3 +432,29 @@ def test_real_swiglu_kernel():
     assert kloop.check_ceilings("masked_swiglu", cfg.block_m, r, kloop.load_ceilings()) == []
     modelled = math_issue_per_k_block("masked_swiglu", cfg.block_m, cfg.block_n)
     assert abs(modelled - math["per_k_block"]["total"]) <= 0.1 * math["per_k_block"]["total"], (modelled, math)
+
+
+def test_real_mxfp4_convert_kernel():
+    """The MXFP4 prefill kernel (issue 43): the folded math loop (4 wgmmas per K block), the producer loop and the
+    conversion warps' report (the stage outside the unit loop + 6 units of the unit loop), within the kind's
+    ceilings, which the cost model's figures (cost.MXFP4_CONVERT_ISSUE_PER_K_BLOCK) equal; a ceiling below the
+    conversion's figure fails."""
+    from deep_fp8_gemm.config.cost import MXFP4_CONVERT_ISSUE_PER_K_BLOCK
+    from deep_fp8_gemm.kernels import mxfp4_gemm
+    from deep_fp8_gemm.runtime.compiler import compile_kernel
+    from deep_fp8_gemm.runtime.sass import disassemble
+
+    cfg = mxfp4_gemm.pick_convert_config(6144, 3584, 32, "contiguous", 128)
+    info = cfg.as_dict()
+    name, source = mxfp4_gemm.render_source(cfg)
+    r = kloop.analyse_sass(disassemble(compile_kernel(name, source).cubin), block_m=cfg.block_m, block_n=cfg.block_n,
+                           num_math_warpgroups=info["num_math_warpgroups"], function=name,
+                           loop_qgmma=info["kloop_qgmma"], convert_units=info["convert_units_per_warp"])
+    convert = r["convert_warps"]
+    assert convert["per_k_block"] == convert["stage_outside_units"] + 6 * convert["unit_loop"]
+    assert convert["unit_by_class"]["QGMMA"] == 0 and convert["unit_by_class"]["total"] == convert["unit_loop"]
+    assert (convert["per_k_block"], r["math"]["per_k_block"]["total"]) == MXFP4_CONVERT_ISSUE_PER_K_BLOCK[128]
+    ceilings = kloop.load_ceilings()
+    assert kloop.check_ceilings("mxfp4_convert", cfg.block_m, r, ceilings, cfg.block_n) == []
+    tight = {"mxfp4_convert": dict(ceilings["mxfp4_convert"], convert_per_k_block=convert["per_k_block"] - 1)}
+    assert "conversion warps issue" in kloop.check_ceilings("mxfp4_convert", cfg.block_m, r, tight, cfg.block_n)[0]

@@ -230,19 +230,22 @@ def test_conversion_model_planted_bugs_fail(bug):
 
 # ------------------------------------------------------------------------------------------------- the kinds table
 def test_kinds_table_has_the_mxfp4_rows():
-    """The MXFP4 register-A kernel is three rows (masked, contiguous, psum: its own kernel family); every other
-    e2m1x2 / 1x32 / mx / register_a point is refused by a named rule."""
+    """The MXFP4 kernels are three rows (masked, contiguous, psum: their own kernel family), register-A for all three
+    and the shared-memory conversion (order convert_smem, issue 43) for the contiguous two; every other e2m1x2 / 1x32 /
+    mx / register_a / convert_smem point is refused by a named rule."""
     from deep_fp8_gemm.kinds import KERNEL_FAMILY, TABLE
     assert "e2m1x2" in TABLE.axis("packing").names and "1x128/1x32" in TABLE.axis("granularity").names
     points = [p for p in TABLE.product() if p["packing"] == "e2m1x2" or p["granularity"] == "1x128/1x32"
-              or p["accumulation"] == "mx" or p["order"] == "register_a"]
+              or p["accumulation"] == "mx" or p["order"] in ("register_a", "convert_smem")]
     legal = [p for p in points if not TABLE.conflict(p)]
     rows = ("mxfp4_masked", "mxfp4_contiguous", "mxfp4_psum")
-    assert sorted(map(str, legal)) == sorted(str(TABLE.row(r).point("register_a")) for r in rows)
+    assert sorted(map(str, legal)) == sorted([str(TABLE.row(r).point("register_a")) for r in rows] +
+                                             [str(TABLE.row(r).point("convert_smem")) for r in rows[1:]])
     assert TABLE.names_of("mxfp4_gemm") == rows and KERNEL_FAMILY["e2m1x2"] == "mxfp4_gemm"
     assert not set(rows) & set(TABLE.names_of("fp8_gemm"))  # the FP8 template never sees them
     stated = {(r.other, r.allowed) for r in TABLE.rules if (r.axis, r.value) == ("packing", "e2m1x2")}
-    assert stated == {("layout", ("masked", "contiguous", "psum")), ("output", ("bf16",)), ("order", ("register_a",)),
+    assert stated == {("layout", ("masked", "contiguous", "psum")), ("output", ("bf16",)),
+                      ("order", ("register_a", "convert_smem")),
                       ("granularity", ("1x128/1x32",)), ("accumulation", ("mx",))}
     message = TABLE.conflict(dict(TABLE.row("masked").point(), packing="e2m1x2"))
     assert "packing=e2m1x2 conflicts with" in message
