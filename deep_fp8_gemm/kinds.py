@@ -180,13 +180,16 @@ RULES: tuple[Rule, ...] = (
     Rule("granularity", "1x128/1x32", "packing", ("e2m1x2",), "the 1x32 per-row weight recipe is MXFP4's"),
     Rule("packing", "e2m1x2", "layout", ("masked", "contiguous", "psum"), "MXFP4 experts are the M-grouped MoE GEMMs "
          "(decode: masked; prefill: contiguous m_indices or psum)"),
-    Rule("packing", "e2m1x2", "output", ("bf16",), "the MXFP4 decode kernel stores bf16"),
+    Rule("packing", "e2m1x2", "output", ("bf16", "fp8", "swiglu_fp8"), "the MXFP4 kernels store bf16, or e4m3 + 1x128 "
+         "scales by the FP8-output rule, SiLU(gate)·up first for the up-projection (issue 43)"),
     Rule("packing", "e2m1x2", "order", ("register_a", "convert_smem"), "the weights are converted to e4m3 before the "
          "wgmma: in registers (wgmma's register A operand, on the M side) or into shared memory"),
     Rule("order", "convert_smem", "packing", ("e2m1x2",), "only packed weights need a conversion stage (e4m3 weights "
          "are TMA-loaded as the tensor core reads them)"),
     Rule("order", "convert_smem", "layout", ("contiguous", "psum"), "the shared-memory conversion serves prefill "
          "tiles (BLOCK_M = the contiguous layout's alignment)"),
+    Rule("order", "convert_smem", "output", ("bf16", "fp8"), "SwiGLU needs gate and up (256 weight rows) in one "
+         "tile: over the conversion kernel's register budget with per-row scales (docs/mxfp4.md)"),
     Rule("order", "register_a", "packing", ("e2m1x2",), "only packed weights need converting in registers (e4m3 "
          "weights are read by the tensor core from shared memory)"),
     Rule("packing", "e2m1x2", "accumulation", ("mx",), "the MXFP4 fold promotes by 2^E per weight row"),
@@ -244,6 +247,7 @@ class KindRow:
 
 _E4M3_1D2D = dict(accumulation="1d2d", granularity="1x128/128x128")
 _E4M3_1D1D = dict(accumulation="1d1d", granularity="1x128/1x128", output="fp32_acc")
+_MXFP4 = dict(accumulation="mx", granularity="1x128/1x32", packing="e2m1x2")
 _BF16_TC = dict(operand="bf16", packing="bf16", accumulation="none", granularity="none", scale_dtype="none")
 
 #: The kinds, in ``dfg::GemmKind`` order (the ids are the enum's values; kernel names use the names).
@@ -277,6 +281,17 @@ ROWS: tuple[KindRow, ...] = (
             granularity="1x128/1x32", packing="e2m1x2", orders=("register_a", "convert_smem")),
     KindRow("mxfp4_psum", "Mxfp4GroupedContiguousPsum", 20, "psum", output="bf16", accumulation="mx",
             granularity="1x128/1x32", packing="e2m1x2", orders=("register_a", "convert_smem")),
+    # their FP8 outputs (issue 43): e4m3 D + 1x128 scales, and SiLU(gate)·up first on the interleaved w13
+    KindRow("mxfp4_masked_fp8out", "Mxfp4GroupedMaskedFp8Out", 21, "masked", output="fp8", **_MXFP4,
+            orders=("register_a",)),
+    KindRow("mxfp4_contiguous_fp8out", "Mxfp4GroupedContiguousFp8Out", 22, "contiguous", output="fp8", **_MXFP4,
+            orders=("register_a", "convert_smem")),
+    KindRow("mxfp4_psum_fp8out", "Mxfp4GroupedContiguousPsumFp8Out", 23, "psum", output="fp8", **_MXFP4,
+            orders=("register_a", "convert_smem")),
+    KindRow("mxfp4_masked_swiglu", "Mxfp4GroupedMaskedSwiglu", 24, "masked", output="swiglu_fp8", **_MXFP4,
+            orders=("register_a",)),
+    KindRow("mxfp4_contiguous_swiglu", "Mxfp4GroupedContiguousSwiglu", 25, "contiguous", output="swiglu_fp8",
+            **_MXFP4, orders=("register_a",)),
 )
 
 #: The kernel family each weight packing's rows run on (their kernels, configs and audit lists live apart): the FP8

@@ -33,6 +33,7 @@ CONVERT_PREFIX = "dfg_mxfp4_convert"
 #: any size) and "convert" (the weights converted into shared memory by the producer warpgroup's spare warps, the
 #: normal tile: BLOCK_M = the contiguous layout's alignment tokens x 128 weight rows; prefill).
 PATHS = ("register_a", "convert")
+ORDER_OF_PATH = {"register_a": "register_a", "convert": "convert_smem"}  # the kinds table's order axis
 CONVERT_BLOCK_N = 128
 #: The conversion stage per K block (mxfp4_convert_gemm.cuh): 16 warp-units of 16-byte code loads (2 waves x 2
 #: halves x 4 fragment warps) over the producer warpgroup's 3 spare warps.
@@ -61,6 +62,24 @@ REQUIRED_SASS = ("QGMMA", "UTMALDG", "PRMT", "ACQBULK")
 CONVERT_REQUIRED_SASS = (*REQUIRED_SASS, "FENCE")
 
 
+@functools.lru_cache(maxsize=None)  # pure (a refusal raises, and is not cached)
+def kind_of(layout: str, output: str, path: str | None = None) -> str:
+    """The kinds-table row (deep_fp8_gemm/kinds.py, packing e2m1x2) of an MXFP4 GEMM with ``layout`` ("masked" |
+    "contiguous" | "psum") and ``output`` ("bf16" | "fp8" | "swiglu_fp8"), run by ``path``'s kernel when given
+    ("register_a" | "convert": the row's order ``register_a`` / ``convert_smem``). The table is the one statement of
+    which combinations exist: ``ValueError`` naming the values for any other."""
+    from ..kinds import TABLE
+
+    for row in TABLE.rows:
+        if row.packing == "e2m1x2" and (row.layout, row.output) == (layout, output):
+            if path is None or ORDER_OF_PATH.get(path) in row.orders:
+                return row.name
+            raise ValueError(f"the MXFP4 kind {row.name} (layout {layout!r}, output {output!r}) runs on "
+                             f"{list(row.orders)}, not path {path!r} (order {ORDER_OF_PATH.get(path)!r})")
+    raise ValueError(f"no MXFP4 GEMM kind has layout {layout!r} and output {output!r} (the kinds table: "
+                     f"`python -m deep_fp8_gemm kinds`)")
+
+
 @dataclasses.dataclass(frozen=True)
 class Mxfp4Config:
     """Everything that changes the binary of an MXFP4 masked kernel."""
@@ -80,6 +99,7 @@ class Mxfp4Config:
     def __post_init__(self) -> None:
         if self.path not in PATHS:
             raise ValueError(f"path must be one of {PATHS}, got {self.path=}")
+        kind_of(self.layout, self.output, self.path)
         if self.path == "convert":
             self._check_convert()
             return
@@ -118,6 +138,11 @@ class Mxfp4Config:
                              f"{self.num_groups=}")
         if not 2 <= self.num_stages <= MAX_STAGES or self.smem_bytes > SMEM_LIMIT:
             raise ValueError(f"num_stages must be in [2, {MAX_STAGES}] and fit {SMEM_LIMIT} bytes, got {self}")
+
+    @property
+    def kind(self) -> str:
+        """The kinds-table row this kernel computes (:func:`kind_of`)."""
+        return kind_of(self.layout, self.output, self.path)
 
     @property
     def num_threads(self) -> int:
@@ -179,6 +204,7 @@ def pick_config(n: int, k: int, num_groups: int, expected_m: int, num_sms: int, 
     every SM a tile (``G x N / BLOCK_N >= num_sms``; 256 only with BLOCK_M <= 16, 64 with BLOCK_M >= 64): wider tiles
     share the K loop's per-block work among more waves, wider token tiles share each wave's conversion among more
     tokens (kernels/mxfp4_gemm.cuh); as many stages as fit, at most 8."""
+    kind_of(layout, output, "register_a")  # a kinds-table row, refused by name before any tile is tried
     need = OUTPUT_BLOCK_N[output]  # FP8 outputs: whole 128-column groups in a tile (SwiGLU: 256 rows)
     tokens = BLOCK_MS if layout == "masked" else tuple(b for b in BLOCK_MS if group_alignment % b == 0)
     if need > 64:  # one-wave prefill tiles cannot hold a group
@@ -200,6 +226,7 @@ def pick_convert_config(n: int, k: int, num_groups: int, layout: str, group_alig
                         ue8m0: bool = False) -> Mxfp4Config:
     """The conversion kernel's tile for a contiguous-layout call: BLOCK_M = the alignment (64: one math warpgroup,
     128: two), BLOCK_N 128, as many stages as fit (at most 8); ``output`` "bf16" or "fp8"."""
+    kind_of(layout, output, "convert")
     for stages in range(MAX_STAGES, 1, -1):
         try:
             return Mxfp4Config(n, k, num_groups, group_alignment, CONVERT_BLOCK_N, stages, layout, group_alignment,
@@ -209,6 +236,7 @@ def pick_convert_config(n: int, k: int, num_groups: int, layout: str, group_alig
     raise ValueError(f"no MXFP4 conversion tile fits {n=} {k=} {layout=} {group_alignment=}")
 
 
+@functools.lru_cache(maxsize=4096)  # pure, on every contiguous launch (a bounded cache: m_sum varies per step)
 def pick_contiguous_path(n: int, k: int, num_groups: int, m_sum: int, num_sms: int, layout: str,
                          group_alignment: int, output: str = "bf16", ue8m0: bool = False) -> Mxfp4Config:
     """The contiguous-layout call's kernel and tile by the cost model (config/cost.py), for ``m_sum / G`` tokens per
@@ -393,6 +421,8 @@ def audit_configs() -> list[Mxfp4Config]:
     # up-projection (SwiGLU of the interleaved w13).
     configs.append(pick_config(n, k, AUDIT_GROUPS, 8, 132, "masked", 128, "fp8"))
     configs.append(pick_config(n, k, AUDIT_GROUPS, 16, 132, "masked", 128, "swiglu_fp8"))
+    # ... and the contiguous layout's SwiGLU (the kinds table's mxfp4_contiguous_swiglu: 32 tokens of a 128 block)
+    configs.append(pick_config(n, k, AUDIT_GROUPS, 32, 132, "contiguous", 128, "swiglu_fp8"))
     return configs
 
 

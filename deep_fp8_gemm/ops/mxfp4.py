@@ -254,8 +254,10 @@ def _fp8_output(output: str, x: torch.Tensor, sa: torch.Tensor, p: PreparedMxfp4
     """The FP8 outputs (``output`` "fp8" or "swiglu_fp8") of the masked / contiguous MXFP4 GEMM on checked operands:
     ``out = (d e4m3 [.., rows, N_out], sd fp32 [.., rows, N_out/128] M-major TMA-aligned)``. ``kernel``: "register_a"
     at ``expected_m`` tokens, "convert" (contiguous layouts, fp8), or None (contiguous: the cost model's pick)."""
+    from ..kernels import mxfp4_gemm
     from .outputs import FP8_OUT, SWIGLU_FP8, check_out, check_out_layout
 
+    mxfp4_gemm.kind_of(layout, output)  # a row of the kinds table, on every backend
     policy = SWIGLU_FP8 if output == "swiglu_fp8" else FP8_OUT
     g, n, k = p.shape
     masked = layout == "masked"
@@ -266,7 +268,6 @@ def _fp8_output(output: str, x: torch.Tensor, sa: torch.Tensor, p: PreparedMxfp4
     if not isinstance(use_ue8m0, bool):
         raise TypeError(f"use_ue8m0 must be a bool, got {type(use_ue8m0).__name__}")
     if x.device.type != "cpu" or simulate():
-        from ..kernels import mxfp4_gemm
         from ..runtime.target import backend_of
         from ..utils import get_m_alignment_for_contiguous_layout
 
@@ -331,6 +332,9 @@ def m_grouped_gemm_fp8_fp4_fp8_nt_contiguous(a: tuple[torch.Tensor, torch.Tensor
     if kernel not in (None, "register_a", "convert") or (kernel == "convert" and swiglu):
         raise ValueError(f"kernel must be None, 'register_a' or 'convert' ('convert' without swiglu), got "
                          f"{kernel!r} with {swiglu=}")
+    if swiglu and use_psum_layout:
+        raise ValueError("swiglu=True takes the m_indices layout (use_psum_layout=False): the SwiGLU kinds are "
+                         "contiguous and masked (mxfp4_contiguous_swiglu, mxfp4_masked_swiglu), as the FP8 ones")
 
     if not isinstance(b, PreparedMxfp4):
         raise TypeError(f"b must be a PreparedMxfp4 (prepare_mxfp4_weights; SwiGLU: interleave_swiglu_mxfp4), got "

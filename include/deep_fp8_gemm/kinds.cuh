@@ -95,8 +95,13 @@ enum class GemmKind : int {
     Mxfp4GroupedMasked = 18,  // mxfp4_masked
     Mxfp4GroupedContiguous = 19,  // mxfp4_contiguous
     Mxfp4GroupedContiguousPsum = 20,  // mxfp4_psum
+    Mxfp4GroupedMaskedFp8Out = 21,  // mxfp4_masked_fp8out
+    Mxfp4GroupedContiguousFp8Out = 22,  // mxfp4_contiguous_fp8out
+    Mxfp4GroupedContiguousPsumFp8Out = 23,  // mxfp4_psum_fp8out
+    Mxfp4GroupedMaskedSwiglu = 24,  // mxfp4_masked_swiglu
+    Mxfp4GroupedContiguousSwiglu = 25,  // mxfp4_contiguous_swiglu
 };
-DFG_HOST_DEVICE constexpr int num_gemm_kinds() { return 21; }
+DFG_HOST_DEVICE constexpr int num_gemm_kinds() { return 26; }
 
 // A kind's point on the axes (operand orders: supports_order).
 struct KindAxes {
@@ -132,6 +137,11 @@ DFG_HOST_DEVICE constexpr KindAxes kind_axes(GemmKind kind) {
         case GemmKind::Mxfp4GroupedMasked: return KindAxes{KindLayout::Masked, KindOperand::E4m3, KindAccumulation::PromoteMx, KindScaleGranularity::Mx32, KindScaleDtype::Fp32, KindWeightPacking::E2m1x2, KindOutput::Bf16};
         case GemmKind::Mxfp4GroupedContiguous: return KindAxes{KindLayout::Contiguous, KindOperand::E4m3, KindAccumulation::PromoteMx, KindScaleGranularity::Mx32, KindScaleDtype::Fp32, KindWeightPacking::E2m1x2, KindOutput::Bf16};
         case GemmKind::Mxfp4GroupedContiguousPsum: return KindAxes{KindLayout::Psum, KindOperand::E4m3, KindAccumulation::PromoteMx, KindScaleGranularity::Mx32, KindScaleDtype::Fp32, KindWeightPacking::E2m1x2, KindOutput::Bf16};
+        case GemmKind::Mxfp4GroupedMaskedFp8Out: return KindAxes{KindLayout::Masked, KindOperand::E4m3, KindAccumulation::PromoteMx, KindScaleGranularity::Mx32, KindScaleDtype::Fp32, KindWeightPacking::E2m1x2, KindOutput::Fp8};
+        case GemmKind::Mxfp4GroupedContiguousFp8Out: return KindAxes{KindLayout::Contiguous, KindOperand::E4m3, KindAccumulation::PromoteMx, KindScaleGranularity::Mx32, KindScaleDtype::Fp32, KindWeightPacking::E2m1x2, KindOutput::Fp8};
+        case GemmKind::Mxfp4GroupedContiguousPsumFp8Out: return KindAxes{KindLayout::Psum, KindOperand::E4m3, KindAccumulation::PromoteMx, KindScaleGranularity::Mx32, KindScaleDtype::Fp32, KindWeightPacking::E2m1x2, KindOutput::Fp8};
+        case GemmKind::Mxfp4GroupedMaskedSwiglu: return KindAxes{KindLayout::Masked, KindOperand::E4m3, KindAccumulation::PromoteMx, KindScaleGranularity::Mx32, KindScaleDtype::Fp32, KindWeightPacking::E2m1x2, KindOutput::SwigluFp8};
+        case GemmKind::Mxfp4GroupedContiguousSwiglu: return KindAxes{KindLayout::Contiguous, KindOperand::E4m3, KindAccumulation::PromoteMx, KindScaleGranularity::Mx32, KindScaleDtype::Fp32, KindWeightPacking::E2m1x2, KindOutput::SwigluFp8};
         default: return KindAxes{};  // unreachable: every enumerator has a case
     }
 }
@@ -160,6 +170,11 @@ DFG_HOST_DEVICE constexpr GemmKind layout_of(GemmKind kind) {
         case GemmKind::Mxfp4GroupedMasked: return GemmKind::Mxfp4GroupedMasked;
         case GemmKind::Mxfp4GroupedContiguous: return GemmKind::Mxfp4GroupedContiguous;
         case GemmKind::Mxfp4GroupedContiguousPsum: return GemmKind::Mxfp4GroupedContiguousPsum;
+        case GemmKind::Mxfp4GroupedMaskedFp8Out: return GemmKind::Mxfp4GroupedMaskedFp8Out;
+        case GemmKind::Mxfp4GroupedContiguousFp8Out: return GemmKind::Mxfp4GroupedContiguousFp8Out;
+        case GemmKind::Mxfp4GroupedContiguousPsumFp8Out: return GemmKind::Mxfp4GroupedContiguousPsumFp8Out;
+        case GemmKind::Mxfp4GroupedMaskedSwiglu: return GemmKind::Mxfp4GroupedMaskedSwiglu;
+        case GemmKind::Mxfp4GroupedContiguousSwiglu: return GemmKind::Mxfp4GroupedContiguousSwiglu;
         default: return kind;
     }
 }
@@ -188,6 +203,11 @@ DFG_HOST_DEVICE constexpr bool supports_order(GemmKind kind, KindOperandOrder or
         case GemmKind::Mxfp4GroupedMasked: return order == KindOperandOrder::RegisterA;
         case GemmKind::Mxfp4GroupedContiguous: return order == KindOperandOrder::RegisterA || order == KindOperandOrder::ConvertSmem;
         case GemmKind::Mxfp4GroupedContiguousPsum: return order == KindOperandOrder::RegisterA || order == KindOperandOrder::ConvertSmem;
+        case GemmKind::Mxfp4GroupedMaskedFp8Out: return order == KindOperandOrder::RegisterA;
+        case GemmKind::Mxfp4GroupedContiguousFp8Out: return order == KindOperandOrder::RegisterA || order == KindOperandOrder::ConvertSmem;
+        case GemmKind::Mxfp4GroupedContiguousPsumFp8Out: return order == KindOperandOrder::RegisterA || order == KindOperandOrder::ConvertSmem;
+        case GemmKind::Mxfp4GroupedMaskedSwiglu: return order == KindOperandOrder::RegisterA;
+        case GemmKind::Mxfp4GroupedContiguousSwiglu: return order == KindOperandOrder::RegisterA;
         default: return false;
     }
 }

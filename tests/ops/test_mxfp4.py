@@ -230,31 +230,67 @@ def test_conversion_model_planted_bugs_fail(bug):
 
 # ------------------------------------------------------------------------------------------------- the kinds table
 def test_kinds_table_has_the_mxfp4_rows():
-    """The MXFP4 kernels are three rows (masked, contiguous, psum: their own kernel family), register-A for all three
-    and the shared-memory conversion (order convert_smem, issue 43) for the contiguous two; every other e2m1x2 / 1x32 /
-    mx / register_a / convert_smem point is refused by a named rule."""
+    """The MXFP4 kernels are eight rows (their own kernel family): masked, contiguous and psum in bf16 and FP8 out,
+    SwiGLU·FP8 on masked and contiguous; register-A for all, and the shared-memory conversion (order convert_smem,
+    issue 43) for the contiguous layouts' bf16 and FP8 outputs; every other e2m1x2 / 1x32 / mx / register_a /
+    convert_smem point is refused by a named rule."""
     from deep_fp8_gemm.kinds import KERNEL_FAMILY, TABLE
     assert "e2m1x2" in TABLE.axis("packing").names and "1x128/1x32" in TABLE.axis("granularity").names
     points = [p for p in TABLE.product() if p["packing"] == "e2m1x2" or p["granularity"] == "1x128/1x32"
               or p["accumulation"] == "mx" or p["order"] in ("register_a", "convert_smem")]
     legal = [p for p in points if not TABLE.conflict(p)]
-    rows = ("mxfp4_masked", "mxfp4_contiguous", "mxfp4_psum")
+    bf16 = ("mxfp4_masked", "mxfp4_contiguous", "mxfp4_psum")
+    fp8 = ("mxfp4_masked_fp8out", "mxfp4_contiguous_fp8out", "mxfp4_psum_fp8out")
+    swiglu = ("mxfp4_masked_swiglu", "mxfp4_contiguous_swiglu")
+    rows = bf16 + fp8 + swiglu
+    converted = bf16[1:] + fp8[1:]
     assert sorted(map(str, legal)) == sorted([str(TABLE.row(r).point("register_a")) for r in rows] +
-                                             [str(TABLE.row(r).point("convert_smem")) for r in rows[1:]])
+                                             [str(TABLE.row(r).point("convert_smem")) for r in converted])
     assert TABLE.names_of("mxfp4_gemm") == rows and KERNEL_FAMILY["e2m1x2"] == "mxfp4_gemm"
     assert not set(rows) & set(TABLE.names_of("fp8_gemm"))  # the FP8 template never sees them
     stated = {(r.other, r.allowed) for r in TABLE.rules if (r.axis, r.value) == ("packing", "e2m1x2")}
-    assert stated == {("layout", ("masked", "contiguous", "psum")), ("output", ("bf16",)),
+    assert stated == {("layout", ("masked", "contiguous", "psum")), ("output", ("bf16", "fp8", "swiglu_fp8")),
                       ("order", ("register_a", "convert_smem")),
                       ("granularity", ("1x128/1x32",)), ("accumulation", ("mx",))}
     message = TABLE.conflict(dict(TABLE.row("masked").point(), packing="e2m1x2"))
     assert "packing=e2m1x2 conflicts with" in message
     assert "order=register_a conflicts with packing=e4m3" in TABLE.conflict(dict(TABLE.row("masked").point("ab"),
                                                                                    order="register_a"))
-    # the kernel's layouts are the rows' (kernels/mxfp4_gemm.py LAYOUTS)
+    assert "output=swiglu_fp8 conflicts with" in TABLE.conflict(dict(TABLE.row("mxfp4_psum").point("register_a"),
+                                                                      output="swiglu_fp8"))
+    assert "order=convert_smem" in TABLE.conflict(dict(TABLE.row("mxfp4_contiguous_swiglu").point("register_a"),
+                                                       order="convert_smem"))
+    # the kernel's layouts and outputs are the rows' (kernels/mxfp4_gemm.py LAYOUTS / OUTPUTS), and every kernel the
+    # audit lists is a row, by its path's order
     from deep_fp8_gemm.kernels import mxfp4_gemm
     assert {TABLE.row(r).layout for r in rows} == set(mxfp4_gemm.LAYOUTS)
-    assert {TABLE.row(r).cpp.removeprefix("Mxfp4") for r in rows} == set(mxfp4_gemm.LAYOUTS.values())
+    assert {TABLE.row(r).output for r in rows} == set(mxfp4_gemm.OUTPUTS)
+    assert {TABLE.row(r).cpp.removeprefix("Mxfp4") for r in bf16} == set(mxfp4_gemm.LAYOUTS.values())
+    audited = {c.kind for c in mxfp4_gemm.audit_configs() + mxfp4_gemm.convert_audit_configs()}
+    assert audited == set(rows)  # every row has a kernel in the audit
+    assert {(c.kind, c.path) for c in mxfp4_gemm.convert_audit_configs()} <= {(r, "convert") for r in converted}
+
+
+def test_mxfp4_configs_and_names_refuse_what_is_not_a_kind():
+    """A combination the kinds table has no row for is refused by name, on the CPU path as on the kernels': SwiGLU on
+    the psum layout, SwiGLU or masked on the conversion kernel."""
+    from deep_fp8_gemm.kernels import mxfp4_gemm
+    with pytest.raises(ValueError, match="no MXFP4 GEMM kind has layout 'psum' and output 'swiglu_fp8'"):
+        mxfp4_gemm.pick_config(256, 256, 2, 16, 132, "psum", 64, "swiglu_fp8")
+    with pytest.raises(ValueError, match="mxfp4_contiguous_swiglu .* not path 'convert'"):
+        mxfp4_gemm.Mxfp4Config(256, 256, 2, 128, 128, 2, "contiguous", 128, "swiglu_fp8", path="convert")
+    with pytest.raises(ValueError, match="mxfp4_masked .* not path 'convert'"):
+        mxfp4_gemm.Mxfp4Config(256, 256, 2, 128, 128, 2, "masked", 128, path="convert")
+    assert mxfp4_gemm.kind_of("psum", "fp8", "convert") == "mxfp4_psum_fp8out"
+    g, n, k = 2, 256, 256
+    w, sf = _weights(g, n, k, seed=3)
+    p = mxfp4.interleave_swiglu_mxfp4(mxfp4.prepare_mxfp4_weights(w, sf))
+    a = torch.zeros(128, k).to(torch.float8_e4m3fn), torch.ones(128, k // 128)
+    from deep_fp8_gemm.utils import empty_m_major
+    out = torch.empty(128, n // 2).to(torch.float8_e4m3fn), empty_m_major((128, n // 256), "cpu")
+    with pytest.raises(ValueError, match=r"swiglu=True takes the m_indices layout \(use_psum_layout=False\)"):
+        mxfp4.m_grouped_gemm_fp8_fp4_fp8_nt_contiguous(a, p, out, torch.tensor([64, 128], dtype=torch.int32),
+                                                       use_psum_layout=True, swiglu=True)
 
 
 # ------------------------------------------------------------------------------------------------- register A fragment
