@@ -11,6 +11,9 @@ namespace {
 using Kernel = dfg::mxfp4::Mxfp4ConvertKernel<{{SHAPE_N}}, {{SHAPE_K}}, {{BLOCK_M}}, {{BLOCK_N}}, {{NUM_STAGES}},
                                               {{NUM_GROUPS}}, {{SMEM_BYTES}}, dfg::GemmKind::{{LAYOUT}},
                                               dfg::mxfp4::Mxfp4Output::{{OUTPUT}}, {{UE8M0}}>;
+// The register split the audit's setmaxnreg deadlock check reads (Mxfp4Config.math_registers / PRODUCER_REGISTERS).
+static_assert(Kernel::kMathRegisters == {{MATH_REGISTERS}} && Kernel::kProducerRegisters == {{PRODUCER_REGISTERS}},
+              "the kernel's register split is the config's");
 }  // namespace
 
 DFG_DEFINE_KERNEL({{KERNEL_NAME}}, Kernel::kNumThreads, dfg::mxfp4::Mxfp4Params, Kernel::run)

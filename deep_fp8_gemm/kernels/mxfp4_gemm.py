@@ -35,6 +35,7 @@ CONVERT_PREFIX = "dfg_mxfp4_convert"
 PATHS = ("register_a", "convert")
 ORDER_OF_PATH = {"register_a": "register_a", "convert": "convert_smem"}  # the kinds table's order axis
 CONVERT_BLOCK_N = 128
+CONVERT_PRODUCER_REGISTERS = 40  # the producer / conversion warpgroup's setmaxnreg.dec (static_asserted in the kernel)
 #: The conversion stage per K block (mxfp4_convert_gemm.cuh): 16 warp-units of 16-byte code loads (2 waves x 2
 #: halves x 4 fragment warps) over the producer warpgroup's 3 spare warps.
 CONVERT_UNITS, CONVERT_WARPS = 16, 3
@@ -140,6 +141,12 @@ class Mxfp4Config:
             raise ValueError(f"num_stages must be in [2, {MAX_STAGES}] and fit {SMEM_LIMIT} bytes, got {self}")
 
     @property
+    def math_registers(self) -> int:
+        """The conversion kernel's setmaxnreg.inc count for its math warpgroups (240 with one, 232 with two: the FP8
+        kernel's split); the kernel static_asserts its own against it, the audit's deadlock check reads it."""
+        return 240 if self.block_m == 64 else 232
+
+    @property
     def kind(self) -> str:
         """The kinds-table row this kernel computes (:func:`kind_of`)."""
         return kind_of(self.layout, self.output, self.path)
@@ -173,7 +180,8 @@ class Mxfp4Config:
             return {"SHAPE_N": self.n, "SHAPE_K": self.k, "BLOCK_M": self.block_m, "BLOCK_N": self.block_n,
                     "NUM_STAGES": self.num_stages, "NUM_GROUPS": self.num_groups, "SMEM_BYTES": self.smem_bytes,
                     "LAYOUT": LAYOUTS[self.layout], "OUTPUT": OUTPUTS[self.output],
-                    "UE8M0": "true" if self.ue8m0 else "false", "KERNEL_NAME": kernel_name}
+                    "UE8M0": "true" if self.ue8m0 else "false", "MATH_REGISTERS": self.math_registers,
+                    "PRODUCER_REGISTERS": CONVERT_PRODUCER_REGISTERS, "KERNEL_NAME": kernel_name}
         return {"SHAPE_N": self.n, "SHAPE_K": self.k, "BLOCK_M": self.block_m, "BLOCK_N": self.block_n,
                 "NUM_STAGES": self.num_stages, "NUM_GROUPS": self.num_groups, "SMEM_BYTES": self.smem_bytes,
                 "LAYOUT": LAYOUTS[self.layout], "GROUP_ALIGNMENT": self.group_alignment, "OUTPUT": OUTPUTS[self.output],
@@ -188,8 +196,8 @@ class Mxfp4Config:
                     "num_groups": self.num_groups, "block_m": self.block_m, "block_n": self.block_n,
                     "num_stages": self.num_stages, "smem_bytes": self.smem_bytes, "num_threads": self.num_threads,
                     "num_math_warpgroups": self.block_m // 64, "mma_rows": self.block_m, "mma_cols": self.block_n,
-                    "kloop_qgmma": 4, "math_registers": 240 if self.block_m == 64 else 232,
-                    "producer_registers": 40, "convert_units_per_warp": -(-CONVERT_UNITS // CONVERT_WARPS)}
+                    "kloop_qgmma": 4, "math_registers": self.math_registers,
+                    "producer_registers": CONVERT_PRODUCER_REGISTERS, "convert_units_per_warp": -(-CONVERT_UNITS // CONVERT_WARPS)}
         return {"layout": self.layout, "output": self.output, "n": self.n, "k": self.k, "num_groups": self.num_groups, "block_m": self.block_m,
                 "block_n": self.block_n, "num_stages": self.num_stages, "smem_bytes": self.smem_bytes,
                 "num_threads": NUM_THREADS, "num_math_warpgroups": 1, "mma_rows": self.block_n,

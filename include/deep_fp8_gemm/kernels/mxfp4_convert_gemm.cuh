@@ -50,7 +50,11 @@
 //   empty[s]  math -> producer: kNumMathWarps arrives (lane 0 of each math warp after bar.warp.sync, once its
 //             wgmmas of the stage retired and its sB / sA reads are done). The conversion warps write stage s only
 //             after raw[s], which the producer arms only after empty[s]: the math warps' reads of the previous use
-//             are ordered before the writes.
+//             are ordered before the writes. The math warps also read the stage's metadata records (the general
+//             loop's per-32 flags), which TMA writes on raw[s], a barrier they never wait on: the conversion warps'
+//             wait on raw[s] acquires those bytes (a bulk copy's completion includes a generic-async proxy fence)
+//             and their arrive on full[s] releases them on to the math warps' wait; those reads too come before the
+//             math warps' empty[s] arrive, so the next TMA into the records waits for them.
 //
 // Shared memory (dynamic, 1024-aligned; = kernels/mxfp4_gemm.py Mxfp4Config.smem_bytes by static_assert):
 //   A stages [kNumStages][BLOCK_M][128] (TMA, SW128) | B stages [kNumStages][128][128] e4m3 (converted, SW128) |
