@@ -32,8 +32,8 @@ CONVERT_PREFIX = "dfg_mxfp4_convert"
 #: The two kernels: "register_a" (swap-AB, the weights converted in registers: decode and the contiguous layouts at
 #: any size) and "convert" (the weights converted into shared memory by the producer warpgroup's spare warps, the
 #: normal tile: BLOCK_M = the contiguous layout's alignment tokens x 128 weight rows; prefill).
-PATHS = ("register_a", "convert")
-ORDER_OF_PATH = {"register_a": "register_a", "convert": "convert_smem"}  # the kinds table's order axis
+ORDER_OF_PATH = {"register_a": "register_a", "convert": "convert_smem"}  # each path's value on the kinds' order axis
+PATHS = tuple(ORDER_OF_PATH)
 CONVERT_BLOCK_N = 128
 CONVERT_PRODUCER_REGISTERS = 40  # the producer / conversion warpgroup's setmaxnreg.dec (static_asserted in the kernel)
 #: The conversion stage per K block (mxfp4_convert_gemm.cuh): 16 warp-units of 16-byte code loads (2 waves x 2
@@ -126,14 +126,13 @@ class Mxfp4Config:
             raise ValueError(f"num_stages must be in [1, {MAX_STAGES}] and fit {SMEM_LIMIT} bytes, got {self}")
 
     def _check_convert(self) -> None:
-        """The conversion kernel's legality (kernels/mxfp4_convert_gemm.cuh static_asserts the same)."""
-        if self.layout == "masked" or self.block_m != self.group_alignment or self.block_n != CONVERT_BLOCK_N:
-            raise ValueError(f"the conversion kernel runs the contiguous layouts with block_m = group_alignment (64 or "
-                             f"128) and block_n {CONVERT_BLOCK_N}, got {self.layout=} {self.block_m=} "
-                             f"{self.group_alignment=} {self.block_n=}")
-        if self.output == "swiglu_fp8" or (self.ue8m0 and self.output != "fp8"):
-            raise ValueError(f"the conversion kernel writes bf16 or fp8 (SwiGLU needs 256 weight rows per tile: over "
-                             f"the register budget), ue8m0 with fp8 only; got {self.output=} {self.ue8m0=}")
+        """The conversion kernel's legality beyond its kinds-table rows (the contiguous layouts, bf16 or fp8:
+        :func:`kind_of`); kernels/mxfp4_convert_gemm.cuh static_asserts the same."""
+        if self.block_m != self.group_alignment or self.block_n != CONVERT_BLOCK_N:
+            raise ValueError(f"the conversion kernel runs block_m = group_alignment (64 or 128) and block_n "
+                             f"{CONVERT_BLOCK_N}, got {self.block_m=} {self.group_alignment=} {self.block_n=}")
+        if self.ue8m0 and self.output != "fp8":
+            raise ValueError(f"ue8m0 scales are the fp8 output's, got {self.output=} {self.ue8m0=}")
         if self.k % BLOCK_K or self.n % self.block_n or self.num_groups < 1:
             raise ValueError(f"K must be a multiple of 128 and N of 128, G >= 1, got {self.n=} {self.k=} "
                              f"{self.num_groups=}")

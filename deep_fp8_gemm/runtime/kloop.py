@@ -492,18 +492,17 @@ def check_ceilings(kind: str, block_m: int, analysis: dict, ceilings: dict[str, 
             producer["per_k_block"]["total"] > limits["producer_per_k_block"]:
         problems.append(f"producer loop {producer['per_k_block']['total']} instructions per K block > ceiling "
                         f"{limits['producer_per_k_block']} ({kind})")
-    if "scale_warps_per_k_block" in limits:
-        scale = analysis.get("scale_warps")
-        if scale is None:
-            problems.append(f"K-loop analysis found no scale-warp stage (products and their stores) ({kind})")
-        elif scale["per_k_block"] > limits["scale_warps_per_k_block"]:
-            problems.append(f"scale warps issue {scale['per_k_block']} instructions per K block > ceiling "
-                            f"{limits['scale_warps_per_k_block']} ({kind})")
-    if "convert_per_k_block" in limits:
-        convert = analysis.get("convert_warps")
-        if convert is None:
-            problems.append(f"K-loop analysis found no conversion loop (PRMT and STS outside the math loop) ({kind})")
-        elif convert["per_k_block"] > limits["convert_per_k_block"]:
-            problems.append(f"conversion warps issue {convert['per_k_block']} instructions per K block > ceiling "
-                            f"{limits['convert_per_k_block']} ({kind})")
+    # The side stages beside the math loop, each with its own ceiling: (limit key, analysis key, what is missing, who).
+    for key, stage, missing, who in (
+            ("scale_warps_per_k_block", "scale_warps", "scale-warp stage (products and their stores)", "scale warps"),
+            ("convert_per_k_block", "convert_warps", "conversion loop (PRMT and STS outside the math loop)",
+             "conversion warps")):
+        if key not in limits:
+            continue
+        found = analysis.get(stage)
+        if found is None:
+            problems.append(f"K-loop analysis found no {missing} ({kind})")
+        elif found["per_k_block"] > limits[key]:
+            problems.append(f"{who} issue {found['per_k_block']} instructions per K block > ceiling {limits[key]} "
+                            f"({kind})")
     return problems

@@ -11,7 +11,7 @@ import torch
 from deep_fp8_gemm.kernels import mxfp4_gemm
 
 from tests._gpu import requires_sm90
-from tests.kernels.test_sim_mxfp4 import activations, check, dequantised_product, weights
+from tests.kernels.test_sim_mxfp4 import activations, check, contiguous_rows, dequantised_product, weights
 
 pytestmark = [pytest.mark.gpu]
 
@@ -109,18 +109,8 @@ def test_mxfp4_convert_against_float64_and_register_a_bits(case):
     counts = [counts[e % len(counts)] for e in range(g)]
     w, sf = weights(g, n, k)
     sf[0, 70, 1] = sf[0, 70, 0] * 2.0 ** -30  # expert 0's wave 1 takes the per-32 path in K block 0
-    starts, rows = [], 0
-    for c in counts:
-        starts.append(rows)
-        rows += -(-c // alignment) * alignment
-    m_sum = rows + alignment
-    m_indices = torch.full((m_sum,), -1, dtype=torch.int32)
-    for e, (s0, c) in enumerate(zip(starts, counts)):
-        m_indices[s0:s0 + c] = e
-    layout = torch.tensor([s0 + c for s0, c in zip(starts, counts)], dtype=torch.int32) if psum else m_indices
-    a, sa = activations(1, m_sum, k)
-    a, sa = a[0], sa[0]
-    a.view(torch.uint8)[m_indices < 0] = 0
+    a, sa, layout, m_indices = contiguous_rows(counts, alignment, psum, k)
+    m_sum = m_indices.numel()
     want = dequantised_product(a.unsqueeze(0), sa.unsqueeze(0), w, sf)
     dev = torch.device("cuda")
     p = mxfp4.prepare_mxfp4_weights(w.to(dev), sf.to(dev))
@@ -155,17 +145,8 @@ def test_mxfp4_convert_fp8_output_equals_register_a(case):
     g, n, k, alignment, psum, counts = case
     counts = [counts[e % len(counts)] for e in range(g)]
     w, sf = weights(g, n, k)
-    starts, rows = [], 0
-    for c in counts:
-        starts.append(rows)
-        rows += -(-c // alignment) * alignment
-    m_sum = rows
-    m_indices = torch.full((m_sum,), -1, dtype=torch.int32)
-    for e, (s0, c) in enumerate(zip(starts, counts)):
-        m_indices[s0:s0 + c] = e
-    layout = torch.tensor([s0 + c for s0, c in zip(starts, counts)], dtype=torch.int32) if psum else m_indices
-    a, sa = activations(1, m_sum, k)
-    a, sa = a[0], sa[0]
+    a, sa, layout, m_indices = contiguous_rows(counts, alignment, psum, k, tail_block=False)
+    m_sum = m_indices.numel()
     want = dequantised_product(a.unsqueeze(0), sa.unsqueeze(0), w, sf)
     dev = torch.device("cuda")
     p = mxfp4.prepare_mxfp4_weights(w.to(dev), sf.to(dev))

@@ -23,7 +23,6 @@ from deep_fp8_gemm.compat.casts import per_token_cast_to_fp4, per_token_cast_to_
 from deep_fp8_gemm.kernels import mxfp4_gemm
 from deep_fp8_gemm.ops import mxfp4
 from deep_fp8_gemm.runtime import paths
-from deep_fp8_gemm.runtime.tensor_map import TmaSwizzle
 from deep_fp8_gemm.simulator import SimulationError
 from deep_fp8_gemm.utils import calc_diff
 from tests import sim_kernels
@@ -177,26 +176,33 @@ def test_global_bytes_are_the_checkpoints(monkeypatch):
 
 
 # ------------------------------------------------------------------------------------------------- contiguous layouts
+def contiguous_rows(counts, alignment: int, psum: bool, k: int, seed: int = 1, tail_block: bool = True):
+    """The contiguous layout of ``counts[e]`` tokens of expert e, each group padded to ``alignment`` (and one
+    padding-only block at the tail when ``tail_block``): ``(a e4m3 [m_sum, k] with the padding rows zero, sa fp32
+    [m_sum, k / 128], layout, m_indices [m_sum] int32)``, ``layout`` the m_indices or, with ``psum``, the groups' ends
+    ``[G]`` int32. Shared by the simulator and GPU tests of the contiguous MXFP4 kernels."""
+    starts, rows = [], 0
+    for c in counts:
+        starts.append(rows)
+        rows += -(-c // alignment) * alignment
+    m_sum = rows + (alignment if tail_block else 0)
+    m_indices = torch.full((m_sum,), -1, dtype=torch.int32)
+    for e, (s0, c) in enumerate(zip(starts, counts)):
+        m_indices[s0:s0 + c] = e
+    a, sa = activations(1, m_sum, k, seed)
+    a, sa = a[0], sa[0]
+    a.view(torch.uint8)[m_indices < 0] = 0
+    layout = torch.tensor([s0 + c for s0, c in zip(starts, counts)], dtype=torch.int32) if psum else m_indices
+    return a, sa, layout, m_indices
+
+
 def contiguous_case(alignment: int, psum: bool, seed: int = 5):
     """Three experts of 13, 0 and 40 tokens in the contiguous layout padded to ``alignment`` (an empty expert, a
     padding-only block at the tail), as m_indices or psum ends; A's padding rows zero, D a 7.0 sentinel."""
     g, n, k, counts = 3, 128, 256, (13, 0, 40)
     w, sf = weights(g, n, k, seed=seed)
-    starts, rows = [], 0
-    for c in counts:
-        starts.append(rows)
-        rows += -(-c // alignment) * alignment
-    m_sum = rows + alignment  # plus one padding-only block
-    m_indices = torch.full((m_sum,), -1, dtype=torch.int32)
-    ends = []
-    for e, (s0, c) in enumerate(zip(starts, counts)):
-        m_indices[s0:s0 + c] = e
-        ends.append(s0 + c)
-    a, sa = activations(1, m_sum, k, seed + 1)
-    a, sa = a[0], sa[0]
-    a.view(torch.uint8)[m_indices < 0] = 0
-    layout = torch.tensor(ends, dtype=torch.int32) if psum else m_indices
-    d = torch.full((m_sum, n), 7.0, dtype=torch.bfloat16)
+    a, sa, layout, m_indices = contiguous_rows(counts, alignment, psum, k, seed + 1)
+    d = torch.full((m_indices.numel(), n), 7.0, dtype=torch.bfloat16)
     return a, sa, w, sf, d, layout, m_indices
 
 
@@ -267,7 +273,7 @@ def test_fp8_outputs_against_the_reference_rule(swiglu, layout, monkeypatch):
     float64 product (the up-projection's SiLU(gate) * up), D's dequantised values within 1e-3, rows past masked_m /
     padding-only blocks untouched. The scales agree to the tensor core's accumulation (~13 bits per chain in the
     simulator's model), so to 2e-3 relative, and with the CPU path's the same way."""
-    from deep_fp8_gemm.ops.outputs import deinterleave_swiglu_columns, swiglu_values
+    from deep_fp8_gemm.ops.outputs import swiglu_values
     from deep_fp8_gemm.utils import empty_m_major
     monkeypatch.setenv("DFG_SIM_NUM_SMS", "4")
     g, n, k, m_max = 2, 256, 256, 8

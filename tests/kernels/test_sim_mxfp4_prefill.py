@@ -29,7 +29,7 @@ from deep_fp8_gemm.ops import mxfp4
 from deep_fp8_gemm.simulator import SimulationError
 from deep_fp8_gemm.utils import calc_diff
 from tests._mutate import mutated_headers
-from tests.kernels.test_sim_mxfp4 import activations, dequantised_product, weights
+from tests.kernels.test_sim_mxfp4 import activations, contiguous_rows, dequantised_product, weights
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="the simulator builds kernels with g++")
 
@@ -44,20 +44,7 @@ def case(alignment: int, psum: bool, seed: int = 7):
     w, sf = weights(G, N, K, seed=seed)
     sf[0, 200, 5] = sf[0, 200, 4] * 2.0 ** 24
     sf[2, 70, 1] = sf[2, 70, 0] * 2.0 ** -30
-    starts, rows = [], 0
-    for c in COUNTS:
-        starts.append(rows)
-        rows += -(-c // alignment) * alignment
-    m_sum = rows + alignment
-    m_indices = torch.full((m_sum,), -1, dtype=torch.int32)
-    ends = []
-    for e, (s0, c) in enumerate(zip(starts, COUNTS)):
-        m_indices[s0:s0 + c] = e
-        ends.append(s0 + c)
-    a, sa = activations(1, m_sum, K, seed + 1)
-    a, sa = a[0], sa[0]
-    a.view(torch.uint8)[m_indices < 0] = 0
-    layout = torch.tensor(ends, dtype=torch.int32) if psum else m_indices
+    a, sa, layout, m_indices = contiguous_rows(COUNTS, alignment, psum, K, seed + 1)
     return a, sa, w, sf, layout, m_indices
 
 
