@@ -107,7 +107,9 @@ def _split(output: OutputPolicy, lay: GemmLayout, rest: tuple, kwargs: dict) -> 
     if len(rest) > len(names):
         raise TypeError(f"expected at most {4 + len(names)} arguments, got {4 + len(rest)}")
     values = list(rest) + [kwargs.pop(name, default) for name, default in zip(names[len(rest):], defaults[len(rest):])]
-    if kwargs or _REQUIRED in values:
+    # `is`, not `in`: `in` would call Tensor.__eq__(_REQUIRED) on every tensor (~30 µs each: torch raises and
+    # catches a TypeError inside).
+    if kwargs or any(value is _REQUIRED for value in values):
         raise TypeError(f"arguments (a, sa, b, sb, {', '.join(names)}) expected, got {len(rest)} more positional and "
                         f"{sorted(kwargs)} by name")
     outs, n_lay = tuple(values[: output.arity]), len(lay.arguments)
