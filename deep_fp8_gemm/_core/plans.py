@@ -70,7 +70,7 @@ from ..kernels import split_k
 from ..runtime import target
 from ..runtime.target import Backend
 from ..utils import PROCESS_SETTINGS, get_num_sms, m_major_strides
-from .checks import byte_span, capturing as _capturing, check_expected_m, check_pointers, is_meta
+from .checks import byte_span, capturing as _capturing, check_expected_m, is_meta
 from .dispatch import normalise_scales, operands
 from .family import GemmFamily
 
@@ -133,6 +133,18 @@ def guard(*tensors):
         return None
 
 
+def _overlaps_or_misaligned(p: int, span: int, *others: tuple[int, int]) -> bool:
+    """True when the 4-byte-aligned range ``[p, p + span)`` (sD: fp32 scales) might be misaligned or share a byte
+    with any ``(pointer, span)`` of ``others`` (a zero pointer: an absent tensor)."""
+    if p & 3:
+        return True
+    hi = p + span
+    for q, q_span in others:
+        if q and p < q + q_span and q < hi:
+            return True
+    return False
+
+
 def _remember(plans: dict, key: tuple, plan):
     if len(plans) >= MAX_PLANS:
         plans.clear()
@@ -142,21 +154,25 @@ def _remember(plans: dict, key: tuple, plan):
 
 # ---------------------------------------------------------------------------------------------- GEMM plans
 class GemmPlan:
-    """The checked, prepared form of one signature of a bf16-output GEMM family (dense, contiguous, masked,
-    psum; see the module docstring). Call it with tensors of that signature:
-    ``plan(a, sa, b, sb, out, grouped_layout)`` (``grouped_layout`` None for dense)."""
+    """The checked, prepared form of one signature of a 1D2D GEMM family of any output (bf16; FP8 and SwiGLU·FP8,
+    whose output is the pair ``(D, sD)`` and whose option is ``use_ue8m0``; dense, contiguous, masked, psum; see the
+    module docstring). Call it with tensors of that signature: ``plan(a, sa, b, sb, out, grouped_layout, sd)``
+    (``grouped_layout`` None for dense; ``out`` = D and ``sd`` = sD for the FP8 outputs, ``sd`` None for bf16)."""
 
-    __slots__ = ("family", "layout_name", "expected_m", "empty", "index", "rows", "groups", "cfg", "launcher", "blocks",
-                 "heads", "seen", "sa_ready", "sb_ready", "gl_ready", "ready", "spans", "values_check", "workspace", "device",
-                 "fast", "_function", "_context", "_get_current", "_launch_ex")
+    __slots__ = ("family", "spec", "expected_m", "options", "empty", "index", "rows", "groups", "cfg", "launcher",
+                 "blocks", "heads", "seen", "sa_ready", "sb_ready", "gl_ready", "ready", "spans", "ld_sd", "values_check",
+                 "workspace", "device", "fast", "_function", "_context", "_get_current", "_launch_ex")
 
-    def __init__(self, spec: GemmEntrySpec, a, sa, b, sb, out, gl, expected_m: int | None):
-        problem = spec.check(a, sa, b, sb, out, gl, expected_m)
-        self.family, self.layout_name, self.expected_m = spec.family, spec.layout_name, expected_m
+    def __init__(self, spec: GemmEntrySpec, a, sa, b, sb, out, gl, expected_m: int | None, sd=None,
+                 options: tuple = ()):
+        outs = (out,) if sd is None else (out, sd)
+        problem = spec.check(a, sa, b, sb, *outs, gl, expected_m)
+        self.family, self.spec, self.expected_m, self.options = spec.family, spec, expected_m, options
         self.empty = problem.empty
-        # Byte spans of A, sA, B, sB, out, grouped layout from their data pointers (0: empty / absent).
+        # Byte spans of A, sA, B, sB, out (D), grouped layout, sD from their data pointers (0: empty / absent).
         self.spans = (byte_span(a), byte_span(sa), byte_span(b), byte_span(sb), byte_span(out),
-                      0 if gl is None else byte_span(gl))
+                      0 if gl is None else byte_span(gl), 0 if sd is None else byte_span(sd))
+        self.ld_sd = 0 if sd is None else sd.stride(-1)  # the FP8 outputs' sD column stride (a kernel field)
         self.rows, self.groups = a.shape[-2], problem.groups
         # A value check of the grouped layout on every call: on a CPU always (as the op does it), on a GPU only in
         # the DFG_CHECK_LAYOUTS debug mode (a sync; graph-safe otherwise), the empty problem included. Meta tensors:
@@ -190,7 +206,7 @@ class GemmPlan:
 
         target.backend_of(a.device, "gemm")  # RuntimeError on a GPU other than sm_90, as the op
         _bind_driver()
-        cfg = self.family.plan(a, b, self.expected_m, get_num_sms())
+        cfg = self.family.plan(a, b, self.expected_m, get_num_sms(), *self.options)
         self.launcher = driver.PreparedLaunch(gemm_host.cuda_kernel(cfg, self.index), _GEMM_PARAMS_BYTES,
                                               grid=cfg.grid_size, block=cfg.num_threads, cluster=cfg.cluster_size,
                                               smem_bytes=cfg.smem_bytes, pdl=PROCESS_SETTINGS.pdl)
@@ -204,15 +220,16 @@ class GemmPlan:
         self._get_current, self._launch_ex = driver.driver.cuCtxGetCurrent, driver.driver.cuLaunchKernelEx
         self.fast = self.ready and self.values_check is None
 
-    def __call__(self, a, sa, b, sb, out, gl=None) -> None:
+    def __call__(self, a, sa, b, sb, out, gl=None, sd=None) -> None:
         pa, psa, pb, psb, pd = a.data_ptr(), sa.data_ptr(), b.data_ptr(), sb.data_ptr(), out.data_ptr()
         pgl = 0 if gl is None else gl.data_ptr()
+        psd = 0 if sd is None else sd.data_ptr()
         # A block exists only for pointers that passed the pointer checks (a function of the pointers and this
         # plan's spans alone): a hit skips them. Only on the plain GPU path (``fast``: no conversion, no value
         # check): otherwise blocks are keyed by the converted operands' pointers.
-        block = self.blocks.get((pa, psa, pb, pd, psb, pgl)) if self.fast else None
+        block = self.blocks.get((pa, psa, pb, pd, psb, pgl, psd)) if self.fast else None
         if block is None:
-            block = self._checked_block(a, sa, b, sb, out, gl, pa, psa, pb, psb, pd, pgl)
+            block = self._checked_block(a, sa, b, sb, out, gl, sd, pa, psa, pb, psb, pd, pgl, psd)
             if block is None:  # nothing to launch: CPU / empty problem, done
                 return
         launcher = self.launcher
@@ -241,24 +258,27 @@ class GemmPlan:
         if err:
             launcher.raise_error(err, stream)
 
-    def _checked_block(self, a, sa, b, sb, out, gl, pa, psa, pb, psb, pd, pgl):
+    def _checked_block(self, a, sa, b, sb, out, gl, sd, pa, psa, pb, psb, pd, pgl, psd):
         """A call whose pointers have no block yet, or any call of a plan that is not ``fast``: the pointer checks,
         the CPU / empty path (returns None: done), the layout value check and the operand conversions, then the
         block of the (converted) pointers, built if new."""
-        span_a, span_sa, span_b, span_sb, span_out, span_gl = self.spans
+        span_a, span_sa, span_b, span_sb, span_out, span_gl, span_sd = self.spans
         hi = pd + span_out
-        # Conservative: any possible misalignment or overlap (empty tensors included) runs the full check,
-        # which raises the usual message, or passes.
+        # Conservative: any possible misalignment or overlap (empty tensors included) runs the op's full check,
+        # which raises its usual message (the metadata is the plan's, so the first rule that fails is a pointer
+        # rule), or passes.
         if ((pa | pb | pd) & 15 or (pd < pa + span_a and pa < hi) or (pd < psa + span_sa and psa < hi)
                 or (pd < pb + span_b and pb < hi) or (pd < psb + span_sb and psb < hi)
-                or (pgl and pd < pgl + span_gl and pgl < hi)):
-            extra = () if gl is None else ((gl, self.layout_name),)
-            check_pointers(a, sa, b, sb, out, extra)
+                or (pgl and pd < pgl + span_gl and pgl < hi)
+                or (psd and _overlaps_or_misaligned(psd, span_sd, (pa, span_a), (psa, span_sa), (pb, span_b),
+                                                    (psb, span_sb), (pgl, span_gl), (pd, span_out)))):
+            self.spec.check(a, sa, b, sb, *((out,) if sd is None else (out, sd)), gl, self.expected_m)
         if self.launcher is None:  # empty problem, or CPU: the reference (or the simulator), through the family
             if self.values_check is not None and (self.index is None or not _capturing()):
                 self.values_check(gl, self.rows, self.groups)
             if not self.empty:
-                self.family.dispatch(a, sa, b, sb, out, gl, self.expected_m)
+                self.family.dispatch(a, sa, b, sb, *((out,) if sd is None else (out, sd)), gl, self.expected_m,
+                                     *self.options)
             return None
         if self.values_check is not None and not _capturing():  # DFG_CHECK_LAYOUTS=1 on a GPU: syncs
             self.values_check(gl, self.rows, self.groups)
@@ -272,7 +292,7 @@ class GemmPlan:
             if not self.gl_ready:
                 gl = gl.contiguous()
                 pgl = gl.data_ptr()
-        key = (pa, psa, pb, pd, psb, pgl)
+        key = (pa, psa, pb, pd, psb, pgl, psd)
         block = self.blocks.get(key)
         if block is not None:
             return block
@@ -291,7 +311,8 @@ class GemmPlan:
             block = _param_slot(_GEMM_PARAMS_BYTES)
         view = block.view
         view[:_MAPS_BYTES] = head
-        _pack_tail(view, _TAIL_START, psb, pgl, self.rows, 0, 0)  # split-K's workspace: written per launch
+        # The whole tail (sD and its stride 0 for bf16); split-K's workspace is written per launch.
+        _pack_tail(view, _TAIL_START, psb, pgl, self.rows, psd, self.ld_sd, 0, 0)
         if second:
             self.seen.pop(key, None)
             if len(self.blocks) >= MAX_MAP_SETS:
@@ -327,28 +348,31 @@ class GemmPlan:
 
 
 class GemmEntrySpec:
-    """How a bf16-output GEMM family's eager calls are planned (made by the family module):
+    """How a 1D2D GEMM family's eager calls are planned (made by the family module):
 
     * ``family``: its :class:`~deep_fp8_gemm._core.family.GemmFamily` (``plan`` and ``dispatch`` with the uniform
-      signatures ``plan(a, b, expected_m, num_sms)`` / ``dispatch(a, sa, b, sb, out, grouped_layout, expected_m)``);
-    * ``check(a, sa, b, sb, out, grouped_layout, expected_m) -> Problem``: the op's full checks;
+      signatures ``plan(a, b, expected_m, num_sms, *options)`` / ``dispatch(a, sa, b, sb, *outs, grouped_layout,
+      expected_m, *options)``);
+    * ``check(a, sa, b, sb, *outs, grouped_layout, expected_m) -> Problem``: the op's full checks;
     * ``layout_name``: the grouped-layout argument's name in messages (None: dense, no such argument);
     * ``expected_m``: ``"none"`` (the kind takes none), ``"required"`` or ``"optional"``;
     * ``values_check(grouped_layout, rows, groups)``: the check of the layout's values, run on every CPU call and,
-      with ``DFG_CHECK_LAYOUTS=1``, on every GPU call; None for dense.
+      with ``DFG_CHECK_LAYOUTS=1``, on every GPU call; None for dense;
+    * ``pair_output``: the output is ``(D, sD)`` with one bool option, ``use_ue8m0`` (the FP8 and SwiGLU·FP8
+      outputs); False: one bf16 tensor, no option.
     """
 
-    __slots__ = ("family", "check", "layout_name", "expected_m", "values_check")
+    __slots__ = ("family", "check", "layout_name", "expected_m", "values_check", "pair_output")
 
     def __init__(self, family: GemmFamily, check: Callable, layout_name: str | None, expected_m: str,
-                 values_check: Callable | None = None):
+                 values_check: Callable | None = None, pair_output: bool = False):
         if expected_m not in ("none", "required", "optional"):
             raise ValueError(f"expected_m must be 'none', 'required' or 'optional', got {expected_m!r}")
         self.family, self.check, self.layout_name = family, check, layout_name
-        self.expected_m, self.values_check = expected_m, values_check
+        self.expected_m, self.values_check, self.pair_output = expected_m, values_check, pair_output
 
 
-#: kind -> the eager entry of every bf16-output GEMM family (filled by :func:`gemm_entry`).
+#: kind -> the eager entry of every 1D2D GEMM family (filled by :func:`gemm_entry` and :func:`pair_output_entry`).
 GEMM_ENTRIES: dict[str, Callable] = {}
 
 
@@ -442,6 +466,96 @@ def gemm_entry(spec: GemmEntrySpec) -> Callable:
             plan_and_call(key, expected_m, (a, sa, b, sb, out, gl))
             return True
 
+    def hit(a, sa, b, sb, out, gl=None, expected_m=None) -> bool:
+        """Run the call through a plan of the weight's index when one matches, else return False having done
+        nothing (no plan built, no check run): see :func:`cached_call`."""
+        if _is_compiling() or _dispatch_depth() or type(a) is not _Tensor or type(sa) is not _Tensor or \
+                type(b) is not _Tensor or type(sb) is not _Tensor or type(out) is not _Tensor or \
+                (expected_m is not None and type(expected_m) is not int):  # True == 1: never an int's match
+            return False
+        entries = index.get(id(b))
+        if entries is None:
+            return False
+        if spec.layout_name is None:
+            if gl is not None:
+                return False
+            tensors = (a, sa, b, sb, out)
+        elif type(gl) is not _Tensor:
+            return False
+        else:
+            tensors = (a, sa, b, sb, out, gl)
+        key = settings.key
+        for g, em, k, plan in entries:
+            if k is key and em == expected_m and g.check(*tensors):
+                plan(a, sa, b, sb, out, gl)
+                return True
+        return False
+
+    entry.kind, entry.plans, entry.index, entry.spec, entry.hit = spec.family.kind, plans, index, spec, hit
+    GEMM_ENTRIES[spec.family.kind] = entry
+    return entry
+
+
+def cached_call(kind: str) -> Callable:
+    """``hit(a, sa, b, sb, out, grouped_layout=None, expected_m=None) -> bool`` of the bf16-output family ``kind``:
+    runs an eager call through the plan of its exact signature (tensor metadata, expected_m, process settings) if
+    the family's entry holds one, and returns False, having done nothing, if not. A plan exists only for a
+    signature whose call passed every check of the op, so a wrapper whose own argument rules are functions of that
+    signature (the reference-compatible names of :mod:`deep_fp8_gemm.compat`: no SM100 dtypes, a bf16 ``d``)
+    may call it before them; on False it runs them and the op, which builds the plan for the next call."""
+    return GEMM_ENTRIES[kind].hit
+
+
+def pair_output_entry(spec: GemmEntrySpec) -> Callable:
+    """The eager entry of an FP8-output or SwiGLU·FP8 family (``spec.pair_output``): ``entry(a, sa, b, sb, d, sd,
+    grouped_layout, expected_m, use_ue8m0) -> bool``, as :func:`gemm_entry`'s (same plans, same index, same rules)
+    with the output pair and the option in the signature. One closure for the three layouts (dense: no grouped
+    layout; with or without expected_m): these calls' floor is higher (6-8 arguments) and their epilogue longer, so
+    a few branches cost proportionally less than on the bf16 entries."""
+    plans: dict[tuple, GemmPlan] = {}
+    index: dict[int, list] = {}
+    expected_rule, dense = spec.expected_m, spec.layout_name is None
+    settings = PROCESS_SETTINGS
+
+    def entry(a, sa, b, sb, d, sd, gl, expected_m, ue8m0) -> bool:
+        if _is_compiling() or _dispatch_depth() or type(a) is not _Tensor or type(sa) is not _Tensor or \
+                type(b) is not _Tensor or type(sb) is not _Tensor or type(d) is not _Tensor or \
+                type(sd) is not _Tensor or type(ue8m0) is not bool or (gl is not None if dense else
+                                                                       type(gl) is not _Tensor):
+            return False
+        if expected_rule == "none":
+            if expected_m is not None:
+                return False  # the op's own path raises
+        elif (expected_m is not None or expected_rule == "required") and \
+                (type(expected_m) is not int or expected_m <= 0):
+            if expected_rule == "required":  # as gemm_entry: the required kind raises here
+                check_expected_m(expected_m)
+            return False
+        tensors = (a, sa, b, sb, d, sd) if dense else (a, sa, b, sb, d, sd, gl)
+        key = settings.key
+        entries = index.get(id(b))
+        if entries is not None:
+            for g, em, k, option, plan in entries:
+                if k is key and em == expected_m and option is ue8m0 and g.check(*tensors):
+                    plan(a, sa, b, sb, d, gl, sd)
+                    return True
+        signature = tuple(x for t in tensors for x in (t.shape, t.stride(), t.dtype, t.device)) + (expected_m, key,
+                                                                                                    ue8m0)
+        plan = plans.get(signature)
+        if plan is None:
+            plan = _remember(plans, signature, GemmPlan(spec, a, sa, b, sb, d, gl, expected_m, sd, (ue8m0,)))
+        g = guard(*tensors)
+        if g is not None:
+            entries = index.get(id(b))
+            if entries is None:
+                if len(index) >= MAX_PLANS:
+                    index.clear()
+                entries = index[id(b)] = []
+            entries.insert(0, (g, expected_m, key, ue8m0, plan))
+            del entries[MAX_GUARDS_PER_WEIGHT:]
+        plan(a, sa, b, sb, d, gl, sd)
+        return True
+
     entry.kind, entry.plans, entry.index, entry.spec = spec.family.kind, plans, index, spec
     GEMM_ENTRIES[spec.family.kind] = entry
     return entry
@@ -534,16 +648,17 @@ def prepare_gemm(kind: str, lhs, rhs, out, grouped_layout: torch.Tensor | None =
         The op's TypeError / ValueError / RuntimeError for bad example arguments; ValueError for an unknown
         ``kind`` or a grouped_layout given to / missing from the wrong kind.
     """
-    if kind not in GEMM_ENTRIES:
-        raise ValueError(f"kind must be one of {', '.join(repr(k) for k in GEMM_ENTRIES)}, got {kind!r}")
+    kinds = [k for k, e in GEMM_ENTRIES.items() if not e.spec.pair_output]  # the bf16-output families
+    if kind not in kinds:
+        raise ValueError(f"kind must be one of {', '.join(repr(k) for k in kinds)}, got {kind!r}")
     spec = GEMM_ENTRIES[kind].spec
     if (grouped_layout is None) != (spec.layout_name is None):
-        raise ValueError(f"prepare_gemm('dense', ...) takes no grouped_layout" if kind == "dense" else
+        raise ValueError("prepare_gemm('dense', ...) takes no grouped_layout" if kind == "dense" else
                          f"prepare_gemm({kind!r}, ...) needs grouped_layout ({spec.layout_name})")
     if spec.expected_m == "required" or (spec.expected_m == "optional" and expected_m is not None):
         check_expected_m(expected_m)
     elif spec.expected_m == "none" and expected_m is not None:
-        kinds = [k for k, e in GEMM_ENTRIES.items() if e.spec.expected_m != "none"]
+        kinds = [k for k in kinds if GEMM_ENTRIES[k].spec.expected_m != "none"]
         raise ValueError(f"expected_m is only for kind={' or '.join(repr(k) for k in kinds)}, got {expected_m=} "
                          f"for {kind=}")
     extra = () if grouped_layout is None else ((grouped_layout, spec.layout_name),)

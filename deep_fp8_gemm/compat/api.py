@@ -47,7 +47,10 @@ from __future__ import annotations
 
 import torch
 
+from itertools import permutations
+
 from .._core.checks import check_bool, check_expected_m, unpack_pair
+from .._core.plans import cached_call
 from ..ops.contiguous import m_grouped_gemm_fp8_fp8_bf16_nt_contiguous
 from ..ops.dense import gemm_fp8_fp8_bf16_nt, gemm_fp8_fp8_bf16_nt_block32
 from ..ops.k_grouped import k_grouped_gemm_fp8_fp8_fp32_nt
@@ -58,6 +61,12 @@ from ..ops.wgrad_1d1d import gemm_fp8_fp8_fp32_nt_1d1d
 from ..utils import get_col_major_tma_aligned_tensor
 
 _DEFAULT_RECIPE = (1, 128, 128)
+#: Every valid ``compiled_dims`` (distinct letters of "mnk", any order, "" included): what check_compiled_dims accepts.
+_COMPILED_DIMS = frozenset("".join(p) for r in range(4) for p in permutations("mnk", r))
+# The bf16-output families' known-signature calls (_core.plans.cached_call): the names below try them first when the
+# arguments are the defaults whose checks depend only on the tensors' signature. A plan exists only for tensors that
+# passed every check of the op: FP8 data with fp32 scales (so no SM100 dtype) and a bf16 d (so the 1D2D recipe).
+_DENSE_HIT, _CONTIGUOUS_HIT, _PSUM_HIT, _MASKED_HIT = (cached_call(k) for k in ("dense", "contiguous", "psum", "masked"))
 _ONE_D_ONE_D = "the 1D1D weight-gradient kernel (per-channel B scales, fp32 D accumulated into C)"
 _FP4_DTYPES = tuple(getattr(torch, name) for name in ("float4_e2m1fn_x2",) if hasattr(torch, name)) + (
     torch.int8, torch.uint8)
@@ -193,6 +202,11 @@ def fp8_gemm_nt(
     rules are this library's N % 8 / K % 16. Everything else is :func:`deep_fp8_gemm.gemm_fp8_fp8_bf16_nt_block32`.
     The other 2.x arguments as in the module docstring.
     """
+    if c is None and recipe is None and recipe_a is None and recipe_b is None and alpha is None and \
+            type(disable_ue8m0_cast) is bool and type(compiled_dims) is str and compiled_dims in _COMPILED_DIMS and \
+            type(a) is tuple and len(a) == 2 and type(b) is tuple and len(b) == 2 and \
+            _DENSE_HIT(a[0], a[1], b[0], b[1], d):
+        return  # a known signature: every check below passed for it (the module's _DENSE_HIT note)
     selected = _common_checks(a, b, recipe, recipe_a, recipe_b, compiled_dims, disable_ue8m0_cast, dense=True)
     if alpha is not None:
         raise NotImplementedError(f"alpha={alpha!r}: the output scale exists only on the reference's SM100 kernels")
@@ -244,6 +258,13 @@ def m_grouped_fp8_gemm_nt_contiguous(
     a group's rows are computed with that group (zeros where A's padding rows are zero), padding-only blocks are
     left untouched, on every backend.
     """
+    if recipe is None and recipe_a is None and recipe_b is None and type(disable_ue8m0_cast) is bool and \
+            type(compiled_dims) is str and compiled_dims in _COMPILED_DIMS and type(ensure_zero_padding) is bool and \
+            type(a) is tuple and len(a) == 2 and type(b) is tuple and len(b) == 2 and \
+            ((_PSUM_HIT(a[0], a[1], b[0], b[1], d, grouped_layout, expected_m_for_psum_layout)
+              if use_psum_layout else expected_m_for_psum_layout is None and
+              _CONTIGUOUS_HIT(a[0], a[1], b[0], b[1], d, grouped_layout)) if type(use_psum_layout) is bool else False):
+        return  # a known signature (the module's _DENSE_HIT note)
     _common_checks(a, b, recipe, recipe_a, recipe_b, compiled_dims, disable_ue8m0_cast)
     check_bool(use_psum_layout, "use_psum_layout")
     check_bool(ensure_zero_padding, "ensure_zero_padding")
@@ -274,6 +295,11 @@ def m_grouped_fp8_gemm_nt_masked(
     """Grouped GEMM over a fixed-size buffer per group: A ``[G, m_max, k]``, B ``[G, n, k]``, d ``[G, m_max, n]``
     bf16, ``masked_m`` ``[G]`` int32 valid rows per group (device-side), ``expected_m`` a positive int hint.
     Everything else is :func:`deep_fp8_gemm.m_grouped_gemm_fp8_fp8_bf16_nt_masked`."""
+    if recipe is None and recipe_a is None and recipe_b is None and type(disable_ue8m0_cast) is bool and \
+            type(compiled_dims) is str and compiled_dims in _COMPILED_DIMS and \
+            type(a) is tuple and len(a) == 2 and type(b) is tuple and len(b) == 2 and \
+            _MASKED_HIT(a[0], a[1], b[0], b[1], d, masked_m, expected_m):
+        return  # a known signature (the module's _DENSE_HIT note)
     _common_checks(a, b, recipe, recipe_a, recipe_b, compiled_dims, disable_ue8m0_cast)
     _check_output(d)
     m_grouped_gemm_fp8_fp8_bf16_nt_masked(a, b, d, masked_m, expected_m)

@@ -102,8 +102,9 @@ class GemmParams(ctypes.Structure):
 
 PARAMS_BYTES = ctypes.sizeof(GemmParams)
 assert PARAMS_BYTES == 576  # import-time check of our own mirror, not a user check
-#: The 1D2D kinds' fields after the tensor maps, in the order the per-call fast path packs them.
-TAIL_1D2D = ("sb", "grouped_layout", "rows", "split_counters", "split_partials")
+#: The 1D2D kinds' fields after the tensor maps, in the order the per-call fast path packs them: the whole tail
+#: (the gaps written as zeros), sd / ld_sd 0 for the bf16 output.
+TAIL_1D2D = ("sb", "grouped_layout", "rows", "sd", "ld_sd", "split_counters", "split_partials")
 MAPS_BYTES = 4 * TENSOR_MAP_BYTES  # the four maps at the front: what a per-pointer map cache holds
 
 

@@ -35,7 +35,7 @@ from .._core.checks import (BLOCK128, Granularity, Problem, check_aligned_ptr, c
                             check_row_major_tma, is_meta, layout_values_checked, unpack_pair)
 from .._core.dispatch import eager, normalise_scales, operands
 from .._core.family import GemmFamily, register_op
-from .._core.plans import GemmEntrySpec, gemm_entry
+from .._core.plans import GemmEntrySpec, gemm_entry, pair_output_entry
 from .._core.reference_math import gemm_nt_promoted
 from ..config import GemmConfig, get_config
 from ..kernels import gemm as gemm_host
@@ -260,7 +260,18 @@ def _entry_point(family: GemmFamily, lay: GemmLayout, output: OutputPolicy, impl
             (impl if eager(a, sa, b, sb, out, gl) else op)(a, sa, b, sb, out, *flat_layout_args(gl, expected_m))
         return call
 
+    arity = output.arity
+    entry = pair_output_entry(GemmEntrySpec(
+        family, lambda a, sa, b, sb, *rest: family.check(a, sa, b, sb, *rest[:arity], *flat_layout_args(*rest[arity:])),
+        grouped_name, lay.expected_m, lay.values_check if grouped_name else None, pair_output=True))
+    default_option = output.options[0][2]
+
     def call(lhs, rhs, out, gl=None, expected_m=None, *options) -> None:
+        d, sd = out if type(out) is tuple and len(out) == 2 else output.unpack(out)  # the op's order: out first
+        a, sa = lhs if type(lhs) is tuple and len(lhs) == 2 else unpack_pair(lhs, "lhs")
+        b, sb = rhs if type(rhs) is tuple and len(rhs) == 2 else unpack_pair(rhs, "rhs")
+        if len(options) <= 1 and entry(a, sa, b, sb, d, sd, gl, expected_m, options[0] if options else default_option):
+            return  # eager: checks cached per tensor signature (_core.plans)
         outs = output.unpack(out)
         a, sa, b, sb = operands(lhs, rhs, outs[0], *zip(outs[1:], output.names[1:]),
                                 *(((gl, grouped_name),) if grouped_name else ()), out_name=output.names[0])

@@ -13,6 +13,7 @@ import importlib
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import deep_fp8_gemm as dfg
 from deep_fp8_gemm import calc_diff
@@ -305,17 +306,27 @@ def test_layout_values_checked_where_the_bf16_twins_check_them(monkeypatch, kind
     DFG_CHECK_LAYOUTS=1 on CUDA) checks them before the launch."""
     calls = _recording_launcher(monkeypatch)
     monkeypatch.setenv("DFG_SIMULATE", "1")
-    module = importlib.import_module("deep_fp8_gemm.ops.gemm_family")  # where every 1D2D family decides it
+    module = importlib.import_module("deep_fp8_gemm.ops.gemm_family")  # where every 1D2D custom op decides it
     call = _grouped_call(kind)
     bad, text, _ = _LAYOUTS[kind]
     asked = []
     monkeypatch.setattr(module, "layout_values_checked", lambda device: asked.append(device) or False)
-    call(bad)
+    # Under a dispatch mode the call runs the custom op (what compiled code runs), whose kernel decides here; an
+    # eager call decides in its plan (_core.plans.GemmPlan, the rule the bf16 twins' plans share).
+    with _PassThrough():
+        call(bad)
     assert calls == [kind] and asked == [torch.device("cpu")]
     monkeypatch.setattr(module, "layout_values_checked", lambda device: True)
-    with pytest.raises(ValueError, match=text):
+    with _PassThrough(), pytest.raises(ValueError, match=text):
         call(bad)
     assert calls == [kind]
+
+
+class _PassThrough(TorchDispatchMode):
+    """A dispatch mode that runs every op as is: the public call then goes through the custom op."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
 
 
 def test_contiguous_block_m_is_the_alignment(alignment_64):

@@ -18,6 +18,8 @@ import torch
 
 import deep_fp8_gemm as dfg
 from deep_fp8_gemm import ops, utils
+from deep_fp8_gemm.compat import api as compat_api
+from deep_fp8_gemm.ops import outputs
 from deep_fp8_gemm._core import plans
 from deep_fp8_gemm.kernels import gemm, group_maps
 from deep_fp8_gemm.kernels import quant as kq
@@ -807,3 +809,196 @@ def test_split_k_launch_captured_into_a_graph_gets_its_own_workspace(fake_gpu, m
     assert fake_gpu.launches[-1]["params"][560:576] == cached
     split_k.clear()
     utils.reset_num_sms()
+
+
+# ---------------------------------------------------------------------------------------------- FP8 / SwiGLU outputs
+_PAIR_KINDS = ("dense_fp8out", "contiguous_fp8out", "masked_fp8out", "psum_fp8out", "contiguous_swiglu",
+               "masked_swiglu")
+
+
+def _pair_case(kind: str):
+    """``(call, args)`` of a small valid call of an FP8-output / SwiGLU kind: ``call(**args)`` with args ``lhs``,
+    ``rhs``, ``out`` (the (D, sD) pair), ``layout`` (None for dense) and ``use_ue8m0``."""
+    from tests._operands import gemm_operands
+
+    swiglu, masked, dense = kind.endswith("swiglu"), kind.startswith("masked"), kind.startswith("dense")
+    n, k = 256, 256
+    a, sa, b, sb = gemm_operands((2, 32) if masked else ((64,) if dense else (128,)), n, k, None if dense else 2,
+                                 seed=11)
+    sa = utils.get_col_major_tma_aligned_tensor(sa)
+    if swiglu:
+        b, sb = dfg.interleave_swiglu_weights(b, sb)
+    n_out = n // 2 if swiglu else n
+    out = outputs.empty_out((2,) if masked else (), a.shape[-2], n_out, "cpu")
+    layout = {"dense": None, "masked": torch.tensor([32, 7], dtype=torch.int32),
+              "contiguous": torch.tensor([0] * 100 + [-1] * 28, dtype=torch.int32),
+              "psum": torch.tensor([0, 100], dtype=torch.int32)}[kind.split("_")[0]]
+    op = ops.FAMILIES[kind].public
+
+    def call(lhs, rhs, out, layout, use_ue8m0):
+        if dense:
+            return op(lhs, rhs, out, use_ue8m0=use_ue8m0)
+        return op(lhs, rhs, out, layout, *((16,) if masked else ()), use_ue8m0=use_ue8m0)
+
+    return call, dict(lhs=(a, sa), rhs=(b, sb), out=out, layout=layout, use_ue8m0=False)
+
+
+def _fresh_out(out):
+    return tuple(torch.full_like(t, 3) if t.dtype == torch.float32 else torch.zeros_like(t) for t in out)
+
+
+def _bits(out):
+    return [t.view(torch.uint8) if t.dtype != torch.float32 else t for t in out]
+
+
+@pytest.mark.parametrize("kind", _PAIR_KINDS)
+def test_pair_output_plans_compute_the_uncached_bits_and_key_use_ue8m0(kind):
+    """A cached plan computes what the uncached path does (fresh outputs and inputs of the signature); use_ue8m0 is
+    part of the signature (a plan per value); a non-bool use_ue8m0 is the op's TypeError on a cached signature."""
+    call, args = _pair_case(kind)
+    expected = {}
+    for ue8m0 in (False, True):
+        plans.clear()
+        expected[ue8m0] = _fresh_out(args["out"])
+        call(**dict(args, out=expected[ue8m0], use_ue8m0=ue8m0))
+    plans.clear()
+    for ue8m0 in (False, True, False, True):
+        out = _fresh_out(args["out"])
+        (a, sa) = args["lhs"]
+        call(**dict(args, lhs=(a.clone(), sa.clone()), out=out, use_ue8m0=ue8m0))
+        rows = slice(None) if not kind.startswith(("contiguous", "psum")) else slice(0, 100)
+        for got, want in zip(_bits(out), _bits(expected[ue8m0])):
+            if kind.startswith("masked"):
+                assert torch.equal(got[0], want[0]) and torch.equal(got[1, :7], want[1, :7])
+            else:
+                assert torch.equal(got[rows], want[rows])
+    assert plans.stats()[kind][0] == 2
+    with pytest.raises(TypeError, match="use_ue8m0 must be a bool"):
+        call(**dict(args, use_ue8m0=1))
+
+
+def _pair_changes(args):
+    """Pointer-only changes of a cached signature that break a rule: (name, new out pair, error text)."""
+    d, sd = args["out"]
+    a = args["lhs"][0]
+    sd_in_a = a.view(-1)[: sd.numel() * 4].view(torch.float32).as_strided(sd.shape, sd.stride())  # sD over A
+    d_in_sd = torch.empty(d.numel() + 4 * sd.numel() + 64, dtype=torch.uint8)
+    return [
+        ("sD overlaps A", (d, sd_in_a), r"out\[1\] \(sD\)"),
+        ("D overlaps sD", (d_in_sd[:d.numel()].view(d.dtype).view(d.shape),
+                           d_in_sd[16:16 + 4 * sd.numel()].view(torch.float32).as_strided(sd.shape, sd.stride())),
+         r"out\[0\] \(D\)"),
+        ("D misaligned", (_offset_view(d, 8), sd), r"out\[0\] \(D\)"),
+    ]
+
+
+@pytest.mark.parametrize("kind", _PAIR_KINDS)
+def test_pair_output_pointer_changes_are_caught_on_the_cached_plan(kind):
+    """sD over an input, D over sD, D misaligned: after a cached call, on the same plan, the op's message."""
+    call, args = _pair_case(kind)
+    call(**args)
+    for name, out, text in _pair_changes(args):
+        with pytest.raises(ValueError, match=text) as warm:
+            call(**dict(args, out=out))
+        assert plans.stats()[kind][0] == 1, name
+        plans.clear()
+        with pytest.raises(ValueError) as cold:
+            call(**dict(args, out=out))
+        assert str(warm.value) == str(cold.value), name
+        call(**args)
+
+
+def _uncached_pair_launch(kind, args, out) -> None:
+    a, sa = args["lhs"]
+    b, sb = args["rhs"]
+    cfg = ops.FAMILIES[kind].plan(a, b, 16 if kind.startswith("masked") else None, utils.get_num_sms(),
+                                  args["use_ue8m0"])
+    gemm.launch_fp8_output(cfg, a, sa, b, sb, *out, args["layout"], "cuda")
+
+
+@pytest.mark.parametrize("kind", _PAIR_KINDS)
+def test_pair_output_plan_launches_what_the_uncached_path_launches(fake_gpu, kind):
+    """The plan's parameter block (maps, sB, layout, rows, sD and its stride), grid and launch: the uncached
+    launch's, bit for bit; the same pointers again encode nothing; a new (D, sD) encodes D's map only."""
+    call, args = _pair_case(kind)
+    args["use_ue8m0"] = kind.startswith("masked")  # both option values across the kinds
+    fake_gpu.on()
+    call(**args)
+    encoded = len(fake_gpu.specs)
+    call(**args)
+    assert len(fake_gpu.specs) == encoded
+    fast = fake_gpu.launches[-1]
+    _uncached_pair_launch(kind, args, args["out"])
+    slow = fake_gpu.launches[-1]
+    for field in ("params", "grid", "block", "smem", "stream", "attrs", "function"):
+        assert fast[field] == slow[field], field
+    out2 = _fresh_out(args["out"])
+    call(**dict(args, out=out2))
+    assert fake_gpu.specs[-1].global_address == out2[0].data_ptr()
+    fast = fake_gpu.launches[-1]
+    _uncached_pair_launch(kind, args, out2)
+    assert fast["params"] == fake_gpu.launches[-1]["params"]
+    assert struct.unpack_from("<QI", fast["params"], 536 + 0)[0] == out2[1].data_ptr()  # sd
+    assert struct.unpack_from("<I", fast["params"], 552)[0] == out2[1].stride(-1)  # ld_sd
+    assert plans.stats()[kind][0] == 1
+
+
+# ---------------------------------------------------------------------------------------------- the 2.x names
+_COMPAT = {
+    "dense": lambda args, **kw: compat_api.fp8_gemm_nt(args["lhs"], args["rhs"], args["out"], **kw),
+    "masked": lambda args, **kw: compat_api.m_grouped_fp8_gemm_nt_masked(
+        args["lhs"], args["rhs"], args["out"], args["masked_m"], args["expected_m"], **kw),
+    "contiguous": lambda args, **kw: compat_api.m_grouped_fp8_gemm_nt_contiguous(
+        args["lhs"], args["rhs"], args["out"], args["m_indices"], **kw),
+    "psum": lambda args, **kw: compat_api.m_grouped_fp8_gemm_nt_contiguous(
+        args["lhs"], args["rhs"], args["out"], args["grouped_layout"], use_psum_layout=True,
+        expected_m_for_psum_layout=args["expected_m"], **kw),
+}
+_COMPAT_BAD = [
+    ("recipe", dict(recipe=(1, 128, 64)), ValueError, "recipe"),
+    ("recipe-bool", dict(recipe=(True, 128, 128)), TypeError, "recipe"),
+    ("compiled_dims", dict(compiled_dims="mx"), ValueError, "compiled_dims"),
+    ("compiled_dims-list", dict(compiled_dims=["m"]), TypeError, "compiled_dims"),
+    ("disable_ue8m0_cast", dict(disable_ue8m0_cast=1), TypeError, "disable_ue8m0_cast"),
+]
+
+
+def _compat_args(kind):
+    args = _canonical(BUILDERS[kind]())
+    return dict(args, lhs=(args["a"], args["sa"]), rhs=(args["b"], args["sb"]),
+                expected_m=args.get("expected_m", 16 if kind == "masked" else None))
+
+
+@pytest.mark.parametrize("kind", list(_COMPAT))
+@pytest.mark.parametrize("case,kwargs,exc,text", _COMPAT_BAD, ids=[c[0] for c in _COMPAT_BAD])
+def test_compat_names_check_their_own_arguments_on_a_cached_signature(kind, case, kwargs, exc, text):
+    """The 2.x names call the cached plan first (``_core.plans.cached_call``) only with their defaults' argument
+    kinds: a bad 2.x argument on a known signature raises what it raises with no plan cached."""
+    args = _compat_args(kind)
+    _COMPAT[kind](args)
+    _COMPAT[kind](args)  # served by the cached plan
+    with pytest.raises(exc, match=text) as warm:
+        _COMPAT[kind](args, **kwargs)
+    plans.clear()
+    with pytest.raises(exc) as cold:
+        _COMPAT[kind](args, **kwargs)
+    assert str(warm.value) == str(cold.value)
+
+
+def test_compat_cached_call_serves_only_its_signature():
+    """fp8_gemm_nt on a known signature: the cached plan's bits; an SM100 scale dtype, an fp32 d or a C still take
+    the 2.x checks (NotImplementedError / TypeError / ValueError as without a plan)."""
+    args = _compat_args("dense")
+    expected = torch.empty_like(args["out"])
+    dfg.gemm_fp8_fp8_bf16_nt(args["lhs"], args["rhs"], expected)
+    for _ in range(2):
+        out = torch.zeros_like(args["out"])
+        compat_api.fp8_gemm_nt(args["lhs"], args["rhs"], out, disable_ue8m0_cast=True)
+        assert torch.equal(out, expected)
+    a, sa = args["lhs"]
+    with pytest.raises(NotImplementedError, match="packed UE8M0"):
+        compat_api.fp8_gemm_nt((a, sa.view(torch.int32)), args["rhs"], args["out"])
+    with pytest.raises(TypeError, match="recipe=\\(1, 1, 128\\)"):
+        compat_api.fp8_gemm_nt(args["lhs"], args["rhs"], args["out"].float())
+    with pytest.raises(ValueError, match="not supported"):
+        compat_api.fp8_gemm_nt(args["lhs"], args["rhs"], args["out"], c=args["out"])
