@@ -1,7 +1,9 @@
 """Host time per call of every eager op, against the floor of any Python launcher.
 
 ``python -m bench.bench_host [--json PATH|-] [--quick] [--ops a,b] [--device all|stub|cuda]`` prints, per op
-(dense, contiguous, masked, psum GEMM; the fused quantisers per_token, per_block, silu_mul_quant)::
+(dense, contiguous, masked, psum GEMM; the FP8-output dense GEMM and the masked SwiGLU·FP8 one; the reference's
+names ``fp8_gemm_nt``, ``m_grouped_fp8_gemm_nt_contiguous``, ``fp8_m_grouped_gemm_nt_masked`` as vLLM calls them
+through the drop-in ``deep_gemm`` module; the fused quantisers per_token, per_block, silu_mul_quant)::
 
     {"ops": [{"op": "dense", "call_us": ..., "launch_floor_us": ..., "ratio": ..., "device": "stub", ...}, ...]}
 
@@ -12,8 +14,9 @@
   prebuilt ``CUlaunchConfig`` and the op's argument count passed the way a Python launcher passes kernel
   arguments (``((values...), (ctypes types...))``, marshalled by the binding): one argument per tensor the op
   reads or writes plus one per Python scalar argument (dense 5, contiguous 6, masked 7, psum 6 — called without
-  its optional ``expected_m`` —, quantisers 3: input, output, scales).
-* ``ratio = call_us / launch_floor_us`` (the issue's bar: 2.5).
+  its optional ``expected_m`` —, dense_fp8out 6, masked_swiglu 8, the reference's names one more than their rows
+  for ``disable_ue8m0_cast``, quantisers 3: input, output, scales).
+* ``ratio = call_us / launch_floor_us`` (issue 45's bar: 1.5).
 * ``alloc_us`` (quantisers): what allocating and freeing tensors like the op's two outputs costs by itself, made
   the way the ops make them (torch's ``_empty_strided_{cpu,cuda}(sizes, strides, dtype)``, see
   ``_core.plans.QuantPlan``; ``new_empty_strided`` of a 0-element prototype where torch lacks it), x 2: part of
@@ -67,6 +70,10 @@ PSUM = dict(ends=(100, 228, 356, 484), m_sum=512, n=4096, k=7168)  # 4 groups of
 PER_TOKEN = dict(m=64, k=7168)
 PER_BLOCK = dict(n=576, k=7168)
 SILU = dict(m=64, two_i=4096)
+SWIGLU = dict(groups=8, m_max=64, two_i=4096, k=7168, expected_m=32)  # w13 of 8 local experts (EP), decode
+#: The GEMM family of each row whose name is not its kind (precompile).
+FAMILY_OF = {"dense_prepared": "dense", "fp8_gemm_nt": "dense", "m_grouped_fp8_gemm_nt_contiguous": "contiguous",
+             "fp8_m_grouped_gemm_nt_masked": "masked"}
 
 
 # ---------------------------------------------------------------------------------------------- operands
@@ -128,6 +135,42 @@ def make_ops(device: torch.device) -> list[tuple[str, int, str, object, tuple]]:
     out = torch.empty((m_sum, n), dtype=torch.bfloat16, device=device)
     layout = torch.tensor(ends, dtype=torch.int32, device=device)
     ops.append(("psum", 6, "gemm", dfg.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum, (lhs, rhs, out, layout)))
+
+    # The FP8-output kinds: the dense GEMM whose output feeds the next GEMM, and the MoE decode up-projection.
+    m, n, k = DENSE["m"], DENSE["n"], DENSE["k"]
+    kb = (k + 127) // 128
+    sa = empty_m_major((m, kb), device)
+    sa.fill_(1.0)
+    lhs = (_fp8((m, k), device, gpu), sa)
+    rhs = (_fp8((n, k), device, gpu), _scales(((n + 127) // 128, kb), device))
+    out8 = (_fp8((m, n), device, gpu), empty_m_major((m, (n + 127) // 128), device))
+    ops.append(("dense_fp8out", 6, "gemm", dfg.gemm_fp8_fp8_fp8_nt, (lhs, rhs, out8)))
+    g, m_max, n, k = SWIGLU["groups"], SWIGLU["m_max"], SWIGLU["two_i"], SWIGLU["k"]
+    kb = (k + 127) // 128
+    sa = empty_m_major((g, m_max, kb), device)
+    sa.fill_(1.0)
+    lhs = (_fp8((g, m_max, k), device, gpu), sa)
+    rhs = (_fp8((g, n, k), device, gpu), _scales((g, (n + 127) // 128, kb), device))
+    out8 = (_fp8((g, m_max, n // 2), device, gpu), empty_m_major((g, m_max, (n // 2 + 127) // 128), device))
+    masked_m = torch.full((g,), SWIGLU["expected_m"], dtype=torch.int32, device=device)
+    ops.append(("masked_swiglu", 8, "gemm", dfg.m_grouped_gemm_fp8_fp8_fp8_nt_masked_swiglu,
+                (lhs, rhs, out8, masked_m, SWIGLU["expected_m"])))
+
+    # The reference's names as vLLM calls them (``import deep_gemm``: the drop-in module; disable_ue8m0_cast passed to
+    # every FP8 GEMM, ANCHORS.md section 6b), on the dense / contiguous / masked rows' operands above.
+    from deep_fp8_gemm.compat import deep_gemm
+
+    for name, row, call in (
+            ("fp8_gemm_nt", "dense", lambda lhs, rhs, out: deep_gemm.fp8_gemm_nt(lhs, rhs, out,
+                                                                                 disable_ue8m0_cast=True)),
+            ("m_grouped_fp8_gemm_nt_contiguous", "contiguous",
+             lambda lhs, rhs, out, layout: deep_gemm.m_grouped_fp8_gemm_nt_contiguous(lhs, rhs, out, layout,
+                                                                                     disable_ue8m0_cast=True)),
+            ("fp8_m_grouped_gemm_nt_masked", "masked",
+             lambda lhs, rhs, out, masked_m, expected_m: deep_gemm.fp8_m_grouped_gemm_nt_masked(
+                 lhs, rhs, out, masked_m, expected_m, disable_ue8m0_cast=True))):
+        _, num_args, kind, _, args = next(op for op in ops if op[0] == row)
+        ops.append((name, num_args + 1, kind, call, args))
 
     x = torch.zeros((PER_TOKEN["m"], PER_TOKEN["k"]), dtype=torch.bfloat16, device=device)
     ops.append(("per_token", 3, "quant", dfg.per_token_cast_to_fp8, (x,)))
@@ -322,8 +365,8 @@ def precompile(only: set[str] | None) -> None:
             continue
         counts.add(num_args)
         if params_kind == "gemm":
-            expected_m = args[4] if name == "masked" else None
-            kind = "dense" if name == "dense_prepared" else name
+            kind = FAMILY_OF.get(name, name)
+            expected_m = args[4] if kind.startswith("masked") else None
             cfg = ops.FAMILIES[kind].plan(args[0][0], args[1][0], expected_m, get_num_sms())
             compile_kernel(cfg.kernel_name(), gemm.render_source(cfg))
         else:
@@ -406,10 +449,11 @@ def main(argv: list[str] | None = None) -> int:
             Path(args.json).parent.mkdir(parents=True, exist_ok=True)
             Path(args.json).write_text(text + "\n")
     if not stub_dir and args.json != "-":
-        print(f"{'op':<16}{'device':<8}{'call_us':>10}{'floor_us':>10}{'ratio':>8}{'alloc_us':>10}")
+        width = max([len("op")] + [len(row["op"]) for row in rows]) + 2
+        print(f"{'op':<{width}}{'device':<8}{'call_us':>10}{'floor_us':>10}{'ratio':>8}{'alloc_us':>10}")
         for row in rows:
             alloc = f"{row['alloc_us']:>10.2f}" if "alloc_us" in row else ""
-            print(f"{row['op']:<16}{row['device']:<8}{row['call_us']:>10.2f}{row['launch_floor_us']:>10.2f}"
+            print(f"{row['op']:<{width}}{row['device']:<8}{row['call_us']:>10.2f}{row['launch_floor_us']:>10.2f}"
                   f"{row['ratio']:>8.2f}{alloc}")
     return 0
 
