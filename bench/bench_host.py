@@ -1,7 +1,8 @@
 """Host time per call of every eager op, against the floor of any Python launcher.
 
 ``python -m bench.bench_host [--json PATH|-] [--quick] [--ops a,b] [--device all|stub|cuda]`` prints, per op
-(dense, contiguous, masked, psum GEMM; the fused quantisers per_token, per_block, silu_mul_quant)::
+(dense, contiguous, masked, psum GEMM; the fused quantisers per_token, per_block, silu_mul_quant; the BF16 GEMM
+bf16_dense = ``bf16_gemm_nt``)::
 
     {"ops": [{"op": "dense", "call_us": ..., "launch_floor_us": ..., "ratio": ..., "device": "stub", ...}, ...]}
 
@@ -12,7 +13,7 @@
   prebuilt ``CUlaunchConfig`` and the op's argument count passed the way a Python launcher passes kernel
   arguments (``((values...), (ctypes types...))``, marshalled by the binding): one argument per tensor the op
   reads or writes plus one per Python scalar argument (dense 5, contiguous 6, masked 7, psum 6 — called without
-  its optional ``expected_m`` —, quantisers 3: input, output, scales).
+  its optional ``expected_m`` —, quantisers 3: input, output, scales; bf16_dense 3: a, b, d).
 * ``ratio = call_us / launch_floor_us`` (the issue's bar: 2.5).
 * ``alloc_us`` (quantisers): what allocating and freeing tensors like the op's two outputs costs by itself, made
   the way the ops make them (torch's ``_empty_strided_{cpu,cuda}(sizes, strides, dtype)``, see
@@ -58,6 +59,7 @@ _REPO = Path(__file__).resolve().parent.parent
 _STUB_SOURCE = _REPO / "tests" / "gpu_kernels" / "stub_libcuda.c"
 GEMM_PARAMS_BYTES = 576
 QUANT_PARAMS_BYTES = 72
+BF16_PARAMS_BYTES = 384  # kernels.bf16_gemm.Bf16GemmParams
 
 # Decode-sized problems (DeepSeek-V3 shapes, ANCHORS.md section 5).
 DENSE = dict(m=64, n=2112, k=7168)
@@ -67,6 +69,7 @@ PSUM = dict(ends=(100, 228, 356, 484), m_sum=512, n=4096, k=7168)  # 4 groups of
 PER_TOKEN = dict(m=64, k=7168)
 PER_BLOCK = dict(n=576, k=7168)
 SILU = dict(m=64, two_i=4096)
+BF16_DENSE = dict(m=64, n=2112, k=7168)  # bf16_gemm_nt: a [m, k], b [n, k], d [m, n] bf16
 
 
 # ---------------------------------------------------------------------------------------------- operands
@@ -135,6 +138,12 @@ def make_ops(device: torch.device) -> list[tuple[str, int, str, object, tuple]]:
     ops.append(("per_block", 3, "quant", dfg.per_block_cast_to_fp8, (w,)))
     h = torch.zeros((SILU["m"], SILU["two_i"]), dtype=torch.bfloat16, device=device)
     ops.append(("silu_mul_quant", 3, "quant", silu_mul_quant, (h,)))
+
+    m, n, k = BF16_DENSE["m"], BF16_DENSE["n"], BF16_DENSE["k"]
+    a = torch.zeros((m, k), dtype=torch.bfloat16, device=device)
+    b = torch.zeros((n, k), dtype=torch.bfloat16, device=device)
+    d = torch.empty((m, n), dtype=torch.bfloat16, device=device)
+    ops.append(("bf16_dense", 3, "bf16", dfg.bf16_gemm_nt, (a, b, d)))
     return ops
 
 
@@ -283,7 +292,7 @@ def _run_stub_child(stub_dir: str, calls: int, repeats: int, only: set[str] | No
     stub = ctypes.CDLL(os.path.join(stub_dir, "libcuda.so.1"))
     param_size = ctypes.c_size_t.in_dll(stub, "g_param_size")
     launches = ctypes.c_int.in_dll(stub, "g_launches")
-    sizes = {"gemm": GEMM_PARAMS_BYTES, "quant": QUANT_PARAMS_BYTES, "floor": 8}
+    sizes = {"gemm": GEMM_PARAMS_BYTES, "quant": QUANT_PARAMS_BYTES, "bf16": BF16_PARAMS_BYTES, "floor": 8}
 
     def before_warmup(kind: str) -> None:
         # cuKernelGetParamInfo of the stub reports this size for the kernel loaded next; the stub's launch
@@ -310,7 +319,7 @@ def precompile(only: set[str] | None) -> None:
     NVRTC itself crashes in a process whose ``libcuda.so.1`` is the stub (it calls into the driver), so the
     child must only get cache hits (and ``DFG_JIT_DISABLE_CACHE`` must be off)."""
     from deep_fp8_gemm import ops
-    from deep_fp8_gemm.kernels import gemm, quant
+    from deep_fp8_gemm.kernels import bf16_gemm, gemm, quant
     from deep_fp8_gemm.runtime.compiler import compile_kernel
     from deep_fp8_gemm.utils import get_num_sms
 
@@ -326,6 +335,11 @@ def precompile(only: set[str] | None) -> None:
             kind = "dense" if name == "dense_prepared" else name
             cfg = ops.FAMILIES[kind].plan(args[0][0], args[1][0], expected_m, get_num_sms())
             compile_kernel(cfg.kernel_name(), gemm.render_source(cfg))
+        elif params_kind == "bf16":
+            a, b, d = args
+            cfg = bf16_gemm.pick_config(bf16_gemm.Bf16Form.DENSE, a.shape[0], b.shape[0], a.shape[1], 1, "k", "k",
+                                        d.dtype, False, get_num_sms())
+            compile_kernel(*bf16_gemm.render_source(cfg))
         else:
             x = args[0]
             plan = quant.plan_quant(x, kinds[name])
