@@ -335,3 +335,28 @@ def test_empty_and_k_zero_take_the_ops_path(fake_gpu):
     assert torch.equal(d, c)
     dfg.bf16_gemm_nt(a[:0], b, d[:0])
     assert not fake_gpu.launches and _plans("nt") == 3
+
+
+def test_compat_names_check_compiled_dims_as_before():
+    """deep_gemm's BF16 names skip check_compiled_dims for the strings it accepts (its cost was a fifth of the call):
+    exactly those, so every other value still gets its error."""
+    import itertools
+
+    from deep_fp8_gemm.compat import bf16 as compat_bf16
+    from deep_fp8_gemm.compat.api import check_compiled_dims
+
+    accepted = set()
+    for r in range(5):
+        for letters in itertools.product("mnkx", repeat=r):
+            value = "".join(letters)
+            try:
+                check_compiled_dims(value)
+                accepted.add(value)
+            except ValueError:
+                pass
+    assert compat_bf16._VALID_DIMS == accepted
+    a, b = _operands("nt")
+    d = torch.empty(M, N, dtype=BF16)
+    for value, exc in (("mm", ValueError), ("nkx", ValueError), (["n", "k"], TypeError), (None, TypeError)):
+        with pytest.raises(exc, match="compiled_dims"):
+            compat_bf16.bf16_gemm_nt(a, b, d, compiled_dims=value)
