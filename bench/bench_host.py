@@ -1,8 +1,8 @@
 """Host time per call of every eager op, against the floor of any Python launcher.
 
 ``python -m bench.bench_host [--json PATH|-] [--quick] [--ops a,b] [--device all|stub|cuda]`` prints, per op
-(dense, contiguous, masked, psum GEMM; the fused quantisers per_token, per_block, silu_mul_quant; the BF16 GEMM
-bf16_dense = ``bf16_gemm_nt``)::
+(dense, contiguous, masked, psum GEMM; the fused quantisers per_token, per_block, silu_mul_quant; the BF16 GEMMs
+bf16_dense = ``bf16_gemm_nt``, bf16_masked, bf16_contiguous = ``m_grouped_bf16_gemm_nt_{masked,contiguous}``)::
 
     {"ops": [{"op": "dense", "call_us": ..., "launch_floor_us": ..., "ratio": ..., "device": "stub", ...}, ...]}
 
@@ -13,7 +13,8 @@ bf16_dense = ``bf16_gemm_nt``)::
   prebuilt ``CUlaunchConfig`` and the op's argument count passed the way a Python launcher passes kernel
   arguments (``((values...), (ctypes types...))``, marshalled by the binding): one argument per tensor the op
   reads or writes plus one per Python scalar argument (dense 5, contiguous 6, masked 7, psum 6 — called without
-  its optional ``expected_m`` —, quantisers 3: input, output, scales; bf16_dense 3: a, b, d).
+  its optional ``expected_m`` —, quantisers 3: input, output, scales; bf16_dense 3: a, b, d; bf16_masked 5: a, b,
+  d, masked_m, expected_m; bf16_contiguous 4: a, b, d, grouped_layout).
 * ``ratio = call_us / launch_floor_us`` (the issue's bar: 2.5).
 * ``alloc_us`` (quantisers): what allocating and freeing tensors like the op's two outputs costs by itself, made
   the way the ops make them (torch's ``_empty_strided_{cpu,cuda}(sizes, strides, dtype)``, see
@@ -70,6 +71,8 @@ PER_TOKEN = dict(m=64, k=7168)
 PER_BLOCK = dict(n=576, k=7168)
 SILU = dict(m=64, two_i=4096)
 BF16_DENSE = dict(m=64, n=2112, k=7168)  # bf16_gemm_nt: a [m, k], b [n, k], d [m, n] bf16
+BF16_MASKED = dict(groups=8, m_max=64, n=4096, k=2048, expected_m=32)  # m_grouped_bf16_gemm_nt_masked
+BF16_CONTIGUOUS = dict(groups=4, m_per_group=128, n=4096, k=2048)  # m_grouped_bf16_gemm_nt_contiguous
 
 
 # ---------------------------------------------------------------------------------------------- operands
@@ -144,6 +147,21 @@ def make_ops(device: torch.device) -> list[tuple[str, int, str, object, tuple]]:
     b = torch.zeros((n, k), dtype=torch.bfloat16, device=device)
     d = torch.empty((m, n), dtype=torch.bfloat16, device=device)
     ops.append(("bf16_dense", 3, "bf16", dfg.bf16_gemm_nt, (a, b, d)))
+
+    g, m_max, n, k = BF16_MASKED["groups"], BF16_MASKED["m_max"], BF16_MASKED["n"], BF16_MASKED["k"]
+    a = torch.zeros((g, m_max, k), dtype=torch.bfloat16, device=device)
+    b = torch.zeros((g, n, k), dtype=torch.bfloat16, device=device)
+    d = torch.empty((g, m_max, n), dtype=torch.bfloat16, device=device)
+    masked_m = torch.full((g,), BF16_MASKED["expected_m"], dtype=torch.int32, device=device)
+    ops.append(("bf16_masked", 5, "bf16", dfg.m_grouped_bf16_gemm_nt_masked,
+                (a, b, d, masked_m, BF16_MASKED["expected_m"])))
+
+    g, mg, n, k = BF16_CONTIGUOUS["groups"], BF16_CONTIGUOUS["m_per_group"], BF16_CONTIGUOUS["n"], BF16_CONTIGUOUS["k"]
+    a = torch.zeros((g * mg, k), dtype=torch.bfloat16, device=device)
+    b = torch.zeros((g, n, k), dtype=torch.bfloat16, device=device)
+    d = torch.empty((g * mg, n), dtype=torch.bfloat16, device=device)
+    m_indices = torch.arange(g * mg, dtype=torch.int32, device=device) // mg
+    ops.append(("bf16_contiguous", 4, "bf16", dfg.m_grouped_bf16_gemm_nt_contiguous, (a, b, d, m_indices)))
     return ops
 
 
@@ -336,9 +354,12 @@ def precompile(only: set[str] | None) -> None:
             cfg = ops.FAMILIES[kind].plan(args[0][0], args[1][0], expected_m, get_num_sms())
             compile_kernel(cfg.kernel_name(), gemm.render_source(cfg))
         elif params_kind == "bf16":
-            a, b, d = args
-            cfg = bf16_gemm.pick_config(bf16_gemm.Bf16Form.DENSE, a.shape[0], b.shape[0], a.shape[1], 1, "k", "k",
-                                        d.dtype, False, get_num_sms())
+            a, b, d = args[:3]
+            form = {"bf16_dense": bf16_gemm.Bf16Form.DENSE, "bf16_masked": bf16_gemm.Bf16Form.M_GROUPED_MASKED,
+                    "bf16_contiguous": bf16_gemm.Bf16Form.M_GROUPED_CONTIGUOUS}[name]
+            groups = b.shape[0] if b.dim() == 3 else 1
+            cfg = bf16_gemm.pick_config(form, a.shape[-2], b.shape[-2], a.shape[-1], groups, "k", "k", d.dtype, False,
+                                        get_num_sms())
             compile_kernel(*bf16_gemm.render_source(cfg))
         else:
             x = args[0]

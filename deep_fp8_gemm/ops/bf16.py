@@ -27,10 +27,10 @@ simulator under ``DFG_SIMULATE=1``. Operands whose strides a TMA map cannot desc
 backends (what the CPU path accepts, the kernels compute). The reference's SM90 refusals hold on every backend:
 ``k % 64`` for the grouped names, K-major ``a`` for the contiguous one, K-major ``a`` and ``b`` for the masked one.
 
-Host time (issue 45): an eager call of a dense name looks up a plan for its tensors' signature
-(:class:`Bf16DensePlan`, the FP8 families' design of ``_core.plans``): the checks, the config, the loaded kernel and
-the constant parameters are computed once per signature; a call checks its data pointers and launches
-(``bench.bench_host``'s ``bf16_dense`` row). The grouped names take the general path on every call.
+Host time (issue 45): an eager call looks up a plan for its tensors' signature (:class:`Bf16Plan`, the FP8 families'
+design of ``_core.plans``): the checks, the config, the loaded kernel and the constant parameters are computed once
+per signature; a call checks its data pointers and launches (``bench.bench_host``'s ``bf16_*`` rows). The psum layout
+(``use_psum_layout=True``: its per-row groups are computed on every call) takes the general path.
 """
 
 from __future__ import annotations
@@ -38,15 +38,14 @@ from __future__ import annotations
 import torch
 
 from .._core import bf16_math
-from .._core.checks import (INDEX_DTYPE, byte_span, check_expected_m, check_no_overlap, check_not_self_overlapping,
+from .._core.checks import (INDEX_DTYPE, check_expected_m, check_no_overlap, check_not_self_overlapping,
                             check_same_device, check_shape, check_tensor, is_meta, layout_values_checked)
-from .._core.plans import MAX_GUARDS_PER_WEIGHT, MAX_MAP_SETS, MAX_PLANS, guard
 from ..kernels import launching
-from ..runtime import params as param_structs
 from ..runtime import target
-from ..utils import PROCESS_SETTINGS, get_m_alignment_for_contiguous_layout, get_num_sms
+from ..utils import get_m_alignment_for_contiguous_layout
 from ..runtime.target import Backend
 from . import contiguous as contiguous_layout
+from .bf16_plans import Bf16Plan, major_of, plan_entry, tma_strides_ok
 from . import masked as masked_layout
 from . import psum as psum_layout
 
@@ -68,17 +67,6 @@ def _check_output(d: torch.Tensor, inputs: tuple[tuple[torch.Tensor, str], ...])
     check_not_self_overlapping(d, "d")
     if not is_meta(d):
         check_no_overlap(d, inputs, "d")
-
-
-def tma_strides_ok(t: torch.Tensor) -> bool:
-    """A TMA map can describe ``t``'s strides: K- or MN-major (one unit stride in the last two dims), every other
-    stride of a dim with more than one element a positive 16-byte multiple. (The address is the other rule.)"""
-    size = t.element_size()
-    inner = -1 if t.stride(-1) == 1 else (-2 if t.dim() >= 2 and t.stride(-2) == 1 else None)
-    if inner is None:
-        return False
-    others = [s for i, s in enumerate(t.stride()) if i != t.dim() + inner and t.shape[i] > 1]
-    return all(s > 0 and (s * size) % 16 == 0 for s in others)
 
 
 def tma_view(t: torch.Tensor) -> torch.Tensor:
@@ -130,252 +118,26 @@ def _dense(layout: str, a, b, d, c) -> None:
     kernels.launch(cfg, A, B, d, c, backend=backend)
 
 
-def major_of(t: torch.Tensor) -> str:
-    """``"k"`` when the last (K) dim has unit stride, else ``"mn"`` (MN-major: the row dim has unit stride)."""
-    return "k" if t.stride(-1) == 1 else "mn"
-
-
-# ---------------------------------------------------------------------------------------- dense: per-call plans
-# The per-call fast path of the dense names (issue 45; the FP8 families' design, ``_core.plans``): everything but the
-# data pointers is a function of the call's signature (per tensor shape, stride(), dtype, device; c given or not;
-# the process settings key), so an eager call looks up a plan for it and only what depends on the pointers runs.
-class Bf16DensePlan:
-    """One checked signature of ``bf16_gemm_<layout>``; ``plan.call(a, b, d, c)`` runs a call of that signature.
-
-    Built by the layout's entry (:func:`dense_entry`) on a new signature, after the op's own checks
-    (:func:`_dense_checks`: its errors, its order). A plan is *fast* when the call launches the kernel on an
-    sm_90 GPU with A and B read in place (non-empty problem, strides a TMA map can describe); then a call:
-
-    * its four data pointers (``c``'s 0 when absent) name a parameter block that passed the pointer checks: launch
-      from it (a block is never written once built, so any thread may launch from it);
-    * else the pointer checks with integer compares against the cached byte spans: 16-byte aligned A and B (else
-      ``tma_view`` would copy), ``d`` overlapping neither, ``c`` either ``d`` itself with ``d``'s strides or not
-      overlapping it. On any possible miss the op's own path runs (:func:`_dense`: it raises the usual message, or
-      copies the misaligned operand and launches). Passed: the maps of (A, B) cached per pointer pair, the constant
-      tail packed once per plan, ``d`` / ``c`` packed by name; from the second call with the same pointers a block
-      of their own (:data:`~deep_fp8_gemm._core.plans.MAX_MAP_SETS` per plan), before that the thread's slot.
-
-    Any other plan (CPU: the reference or the simulator; meta; empty or ``k == 0``; an operand that must be copied
-    on every call) calls :func:`_dense` itself: nothing cached reaches a CPU result. No temporaries, no workspace
-    (K is never split): a launch captured into a CUDA graph points at the caller's tensors only.
-    """
-
-    __slots__ = ("layout", "call", "trans", "spans", "in_place", "index", "cfg", "launcher", "tail", "pointers",
-                 "heads", "blocks", "seen", "_function", "_context", "_get_current", "_launch_ex")
-
-    def __init__(self, layout: str, a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Tensor | None):
-        A, B, m, n, k = _dense_checks(layout, a, b, d, c)
-        self.layout = layout
-        self.call = self._op
-        if m == 0 or n == 0 or k == 0 or is_meta(d) or target.gpu_index(d.device) is None:
-            return
-        target.backend_of(d.device, "gemm")  # a GPU: sm_90 (CUDA) or the op's RuntimeError
-        if not (tma_strides_ok(A) and tma_strides_ok(B)):  # copied on every call: the op's path
-            return
-        self._prepare(A, B, d, c, m, n, k)
-
-    def _prepare(self, A, B, d, c, m: int, n: int, k: int) -> None:
-        from ..runtime import driver
-
-        kernels = kernel_module()
-        self.index = index = target.gpu_index(d.device)
-        self.trans = bf16_math.LAYOUTS[self.layout]
-        # Byte spans of a, b, d, c from their data pointers (the views A, B start where a, b do).
-        self.spans = (byte_span(A), byte_span(B), byte_span(d), 0 if c is None else byte_span(c))
-        self.in_place = c is not None and c.stride() == d.stride()  # c may then be d itself
-        num_sms = get_num_sms()
-        self.cfg = cfg = kernels.pick_config(kernels.Bf16Form.DENSE, m, n, k, 1, major_of(A), major_of(B), d.dtype,
-                                             c is not None, num_sms)
-        self.launcher = driver.PreparedLaunch(kernels.cuda_kernel(cfg, index), kernels.PARAMS_BYTES,
-                                              grid=kernels.grid_size(cfg, m, n, 1, num_sms), block=cfg.num_threads,
-                                              smem_bytes=cfg.smem_bytes(), pdl=PROCESS_SETTINGS.pdl)
-        # Everything after the maps but d and c, packed once from the one struct definition.
-        self.tail = param_structs.pack(kernels.Bf16GemmParams, **kernels.scalar_fields(d, c, m, n, k, 1)
-                                       )[kernels.MAPS_BYTES:]
-        self.pointers = kernels.params_packer(("d", "c"))
-        self.heads: dict[tuple[int, int], bytes] = {}  # encoded (tma_a, tma_b) per (pa, pb)
-        self.blocks: dict[tuple[int, int, int, int], object] = {}  # whole blocks per (pa, pb, pd, pc)
-        self.seen: dict[tuple[int, int, int, int], None] = {}  # pointer tuples met once
-        kernel = self.launcher.kernel
-        self._function, self._context = kernel.function, kernel.context
-        self._get_current, self._launch_ex = driver.driver.cuCtxGetCurrent, driver.driver.cuLaunchKernelEx
-        self.call = self._launch
-
-    def _op(self, a, b, d, c) -> None:
-        _dense(self.layout, a, b, d, c)
-
-    def _launch(self, a, b, d, c) -> None:
-        pa, pb, pd = a.data_ptr(), b.data_ptr(), d.data_ptr()
-        pc = 0 if c is None else c.data_ptr()
-        block = self.blocks.get((pa, pb, pd, pc))
-        if block is None:
-            block = self._checked_block(a, b, d, c, pa, pb, pd, pc)
-            if block is None:  # the op's own path ran (or raised)
-                return
-        launcher = self.launcher
-        stream = target.current_stream(self.index)
-        # PreparedLaunch.launch's fast path (a known stream; on the null stream the kernel's context current),
-        # inlined: anything else goes through launch(), which holds every rule.
-        config = launcher._configs.get(stream)
-        if config is None:
-            launcher.launch(block, stream)
-            return
-        if stream == 0:
-            err, current = self._get_current()
-            if err or current != self._context:  # CUcontext == compares the handles
-                launcher.launch(block, stream)
-                return
-        err = self._launch_ex(config, self._function, block.pointers_address, 0)[0]
-        if err:
-            launcher.raise_error(err, stream)
-
-    def _checked_block(self, a, b, d, c, pa: int, pb: int, pd: int, pc: int):
-        """Pointers without a block: their checks, then the block (built if new); None when the op's path ran."""
-        span_a, span_b, span_d, span_c = self.spans
-        hi = pd + span_d
-        if ((pa | pb) & 15 or (pd < pa + span_a and pa < hi) or (pd < pb + span_b and pb < hi)
-                or (pc and (not self.in_place if pc == pd else pd < pc + span_c and pc < hi))):
-            _dense(self.layout, a, b, d, c)
-            return None
-        from ..runtime import driver
-
-        kernels = kernel_module()
-        key = (pa, pb, pd, pc)
-        head = self.heads.get(key[:2])
-        if head is None:
-            trans_a, trans_b = self.trans
-            maps = kernels.encode_maps(kernels.operand_maps(self.cfg, a.T if trans_a else a, b.T if trans_b else b),
-                                       Backend.CUDA)
-            if len(self.heads) >= MAX_MAP_SETS:
-                self.heads.clear()
-            head = self.heads[key[:2]] = b"".join(maps)
-        second = key in self.seen
-        if second:  # the second call with these pointers: a block of their own, never written again
-            self.seen.pop(key, None)
-            block = driver.param_block(kernels.PARAMS_BYTES)
-        else:  # the first: this thread's slot, packed for this launch only
-            if len(self.seen) >= 4 * MAX_MAP_SETS:
-                self.seen.clear()
-            self.seen[key] = None
-            block = driver.param_slot(kernels.PARAMS_BYTES)
-        view = block.view
-        view[:kernels.MAPS_BYTES] = head
-        view[kernels.MAPS_BYTES:kernels.PARAMS_BYTES] = self.tail
-        self.pointers.pack_into(view, pd, pc)
-        if second:
-            if len(self.blocks) >= MAX_MAP_SETS:
-                self.blocks.clear()
-            self.blocks[key] = block
-        return block
-
-
-_PLAIN = (torch.Tensor, torch.nn.Parameter)  # tensor types a plan serves (subclasses: the op's own path)
-# As in _core.plans: dynamo folds this to True while it traces; a dispatch mode (FakeTensorMode, ...) is active.
-_is_compiling = torch.compiler.is_dynamo_compiling
-_dispatch_depth = torch._C._len_torch_dispatch_stack
-
-
-def dense_entry(layout: str):
-    """The eager entry of ``bf16_gemm_<layout>``: ``entry(a, b, d, c=None)`` runs the call through its plan
-    (:class:`Bf16DensePlan`), or through the op's own path while torch.compile traces, a dispatch mode is active, or
-    an argument is no plain tensor (or Parameter).
-
-    The plans live in the closure: ``entry.plans`` (signature tuple -> plan) and ``entry.indexes``, one per
-    ``c`` absent / given: ``id(b)`` -> ``[(guard check, settings key, plan call)]``, newest first, at most
-    ``MAX_GUARDS_PER_WEIGHT`` (a guard is torch's C++ tensor-metadata check, :func:`~deep_fp8_gemm._core.plans.guard`;
-    ``id(b)`` only narrows the search: the guard checks every tensor, ``b`` included)."""
-    plans: dict[tuple, Bf16DensePlan] = {}
-    indexes: tuple[dict, dict] = ({}, {})
-    settings = PROCESS_SETTINGS
-
-    def miss(key, a, b, d, c) -> None:
-        tensors = (a, b, d) if c is None else (a, b, d, c)
-        signature = tuple(x for t in tensors for x in (t.shape, t.stride(), t.dtype, t.device)) + (key,)
-        plan = plans.get(signature)
-        if plan is None:
-            plan = Bf16DensePlan(layout, a, b, d, c)
-            if len(plans) >= MAX_PLANS:
-                plans.clear()
-            plans[signature] = plan
-        g = guard(*tensors)
-        if g is not None:
-            index = indexes[c is not None]
-            entries = index.get(id(b))
-            if entries is None:
-                if len(index) >= MAX_PLANS:
-                    index.clear()
-                entries = index[id(b)] = []
-            entries.insert(0, (g.check, key, plan.call))
-            del entries[MAX_GUARDS_PER_WEIGHT:]
-        plan.call(a, b, d, c)
-
-    def entry(a, b, d, c=None) -> None:
-        if _is_compiling() or _dispatch_depth() or type(a) not in _PLAIN or type(b) not in _PLAIN or \
-                type(d) not in _PLAIN:
-            return _dense(layout, a, b, d, c)
-        key = settings.key  # interned: `is` compares it
-        if c is None:
-            entries = indexes[0].get(id(b))
-            if entries is not None:
-                for check, k, call in entries:
-                    if k is key and check(a, b, d):
-                        return call(a, b, d, None)
-        elif type(c) not in _PLAIN:
-            return _dense(layout, a, b, d, c)
-        else:
-            entries = indexes[1].get(id(b))
-            if entries is not None:
-                for check, k, call in entries:
-                    if k is key and check(a, b, d, c):
-                        return call(a, b, d, c)
-        miss(key, a, b, d, c)
-
-    entry.plans, entry.indexes = plans, indexes
-    return entry
-
-
-#: layout -> the eager entry of ``bf16_gemm_<layout>`` (:func:`dense_entry`).
-DENSE_ENTRIES = {layout: dense_entry(layout) for layout in bf16_math.LAYOUTS}
-
-
-def clear_plans() -> None:
-    """Forget every BF16 plan (tests; a loaded kernel stays loaded)."""
-    for entry in DENSE_ENTRIES.values():
-        entry.plans.clear()
-        for index in entry.indexes:
-            index.clear()
-
-
-def plan_stats() -> dict[str, tuple[int, int]]:
-    """``{"dense_<layout>": (plans, weights indexed)}``: what tests and benchmarks inspect."""
-    return {f"dense_{layout}": (len(e.plans), sum(len(i) for i in e.indexes)) for layout, e in DENSE_ENTRIES.items()}
-
-
-def plans_of(layout: str) -> list[Bf16DensePlan]:
-    """The plans of ``bf16_gemm_<layout>``'s entry (tests: a pointer-only change must reuse one)."""
-    return list(DENSE_ENTRIES[layout].plans.values())
-
-
 def bf16_gemm_nt(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Tensor | None = None) -> None:
     """``d = c + a · bᵀ`` (``c=None``: ``a · bᵀ``): ``a`` ``[m, k]``, ``b`` ``[n, k]`` bfloat16 (K- or MN-major,
     any strides); ``d`` ``[m, n]`` bfloat16 or float32, row-major; ``c`` None or ``d``'s dtype and shape (``d``
     itself to accumulate in place). ``TypeError`` / ``ValueError`` name the argument (module docstring)."""
-    DENSE_ENTRIES["nt"](a, b, d, c)
+    ENTRIES["dense_nt"](a, b, d, c, None)
 
 
 def bf16_gemm_nn(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Tensor | None = None) -> None:
     """:func:`bf16_gemm_nt` with ``b`` given ``[k, n]``: ``d = c + a · b``."""
-    DENSE_ENTRIES["nn"](a, b, d, c)
+    ENTRIES["dense_nn"](a, b, d, c, None)
 
 
 def bf16_gemm_tn(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Tensor | None = None) -> None:
     """:func:`bf16_gemm_nt` with ``a`` given ``[k, m]`` and ``b`` ``[k, n]``: ``d = c + aᵀ · b``."""
-    DENSE_ENTRIES["tn"](a, b, d, c)
+    ENTRIES["dense_tn"](a, b, d, c, None)
 
 
 def bf16_gemm_tt(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Tensor | None = None) -> None:
     """:func:`bf16_gemm_nt` with ``a`` given ``[k, m]``: ``d = c + aᵀ · bᵀ``."""
-    DENSE_ENTRIES["tt"](a, b, d, c)
+    ENTRIES["dense_tt"](a, b, d, c, None)
 
 
 # ----------------------------------------------------------------------------------------------- grouped
@@ -427,7 +189,8 @@ def _run_grouped(form, a, B, d, groups, m, n, k, *, grouped_layout=None, masked_
     kernels.launch(cfg, A, B, d, None, grouped_layout=grouped_layout, masked_m=masked_m, backend=backend)
 
 
-def _contiguous(name: str, a, b, d, grouped_layout, use_psum_layout, expected_m_for_psum_layout, trans_b) -> None:
+def _contiguous_checks(name: str, a, b, d, grouped_layout, use_psum_layout, expected_m_for_psum_layout, trans_b):
+    """Every check of a contiguous name in its order: ``(B as [G, n, k], G, m, n, k)``."""
     B, groups, m, n, k = _grouped_operands(name, a, b, d, 2, "[G, k, n]" if trans_b else "[G, n, k]", trans_b)
     if not isinstance(use_psum_layout, bool):
         raise TypeError(f"{name}: use_psum_layout must be a bool, got {type(use_psum_layout).__name__}")
@@ -445,6 +208,13 @@ def _contiguous(name: str, a, b, d, grouped_layout, use_psum_layout, expected_m_
     if not grouped_layout.is_contiguous():
         raise ValueError(f"{name}: grouped_layout must be contiguous (the reference asserts it), got strides "
                          f"{tuple(grouped_layout.stride())}")
+    return B, groups, m, n, k
+
+
+def _contiguous(name: str, a, b, d, grouped_layout, use_psum_layout, expected_m_for_psum_layout, trans_b) -> None:
+    """A contiguous name without a plan: the checks, then the reference, the simulator or the kernel."""
+    B, groups, m, n, k = _contiguous_checks(name, a, b, d, grouped_layout, use_psum_layout,
+                                            expected_m_for_psum_layout, trans_b)
     if m == 0 or is_meta(d):
         return
     checked = layout_values_checked(d.device)  # CPU always; CUDA with DFG_CHECK_LAYOUTS=1 (one synchronisation)
@@ -484,15 +254,21 @@ def m_grouped_bf16_gemm_nt_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch
     """Rows of every group concatenated: ``d[r] = a[r] · b[g(r)]ᵀ`` in bf16. ``a`` ``[m_sum, k]`` bfloat16
     K-major, ``b`` ``[G, n, k]`` bfloat16, ``d`` ``[m_sum, n]`` bfloat16 row-major, ``k % 64 == 0``;
     ``grouped_layout`` int32 ``[m_sum]`` (group per row, -1 padding: ``ops.contiguous``) or, with
-    ``use_psum_layout=True``, int32 ``[G]`` end rows (``ops.psum``)."""
-    _contiguous("m_grouped_bf16_gemm_nt_contiguous", a, b, d, grouped_layout, use_psum_layout,
-                expected_m_for_psum_layout, trans_b=False)
+    ``use_psum_layout=True``, int32 ``[G]`` end rows (``ops.psum``; no plan: the rows are computed per call)."""
+    if use_psum_layout is not False or expected_m_for_psum_layout is not None:
+        _contiguous("m_grouped_bf16_gemm_nt_contiguous", a, b, d, grouped_layout, use_psum_layout,
+                    expected_m_for_psum_layout, trans_b=False)
+        return
+    ENTRIES["contiguous_nt"](a, b, d, grouped_layout, None)
 
 
 def m_grouped_bf16_gemm_nn_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, grouped_layout: torch.Tensor,
                                       use_psum_layout: bool = False) -> None:
     """:func:`m_grouped_bf16_gemm_nt_contiguous` with ``b`` given ``[G, k, n]`` (N-major): ``d[r] = a[r] · b[g(r)]``."""
-    _contiguous("m_grouped_bf16_gemm_nn_contiguous", a, b, d, grouped_layout, use_psum_layout, None, trans_b=True)
+    if use_psum_layout is not False:
+        _contiguous("m_grouped_bf16_gemm_nn_contiguous", a, b, d, grouped_layout, use_psum_layout, None, trans_b=True)
+        return
+    ENTRIES["contiguous_nn"](a, b, d, grouped_layout, None)
 
 
 def m_grouped_bf16_gemm_nt_masked(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, masked_m: torch.Tensor,
@@ -501,6 +277,14 @@ def m_grouped_bf16_gemm_nt_masked(a: torch.Tensor, b: torch.Tensor, d: torch.Ten
     ``[G, m_max, k]`` and ``b`` ``[G, n, k]`` bfloat16 K-major, ``d`` ``[G, m_max, n]`` bfloat16 row-major,
     ``k % 64 == 0``, ``masked_m`` int32 ``[G]`` (values in ``[0, m_max]``), ``expected_m`` a positive int (the
     heuristic's rows per group)."""
+    if type(expected_m) is not int or expected_m <= 0:  # the op's path raises, in its order
+        _masked(a, b, d, masked_m, expected_m)
+        return
+    ENTRIES["masked"](a, b, d, masked_m, expected_m)
+
+
+def _masked_checks(a, b, d, masked_m, expected_m):
+    """Every check of the masked name in its order: ``(B, G, m_max, n, k)``."""
     name = "m_grouped_bf16_gemm_nt_masked"
     B, groups, m, n, k = _grouped_operands(name, a, b, d, 3, "[G, n, k]", False)
     if B.stride(-1) != 1:
@@ -513,6 +297,12 @@ def m_grouped_bf16_gemm_nt_masked(a: torch.Tensor, b: torch.Tensor, d: torch.Ten
     if not masked_m.is_contiguous():
         raise ValueError(f"{name}: masked_m must be contiguous (the reference asserts it), got strides "
                          f"{tuple(masked_m.stride())}")
+    return B, groups, m, n, k
+
+
+def _masked(a, b, d, masked_m, expected_m) -> None:
+    """The masked name without a plan: the checks, then the reference, the simulator or the kernel."""
+    B, groups, m, n, k = _masked_checks(a, b, d, masked_m, expected_m)
     if m == 0 or is_meta(d):
         return
     if layout_values_checked(d.device):
@@ -523,3 +313,78 @@ def m_grouped_bf16_gemm_nt_masked(a: torch.Tensor, b: torch.Tensor, d: torch.Ten
                 d[g, :rows] = bf16_math.matmul_f64(a[g, :rows], B[g]).to(d.dtype)
         return
     _run_grouped(kernel_module().Bf16Form.M_GROUPED_MASKED, a, B, d, groups, m, n, k, masked_m=masked_m)
+
+
+# ---------------------------------------------------------------------------------------------- per-call plans
+# Each name's entry (``ops.bf16_plans``: the plan of a signature and the entry that finds it) over its own checks and
+# path. A call is ``(a, b, d, x, expected_m)``: ``x`` the dense names' ``c`` or the grouped names' layout.
+def _same(a, b):
+    """The kernel's views of a name that passes ``a`` and ``b`` as the kernel reads them (masked)."""
+    return a, b
+
+
+def _dense_entry(layout: str):
+    """``bf16_gemm_<layout>``'s entry: A and B the transposed views the layout names, ``x`` = ``c``."""
+    trans_a, trans_b = bf16_math.LAYOUTS[layout]
+
+    def views(a, b):
+        return (a.T if trans_a else a), (b.T if trans_b else b)
+
+    def op(a, b, d, c, expected_m) -> None:
+        _dense(layout, a, b, d, c)
+
+    def make(a, b, d, c) -> Bf16Plan:
+        A, B, m, n, k = _dense_checks(layout, a, b, d, c)
+        return Bf16Plan(op, views, "DENSE", A, B, d, c, True, m, n, k, 1)
+
+    return plan_entry(make, op)
+
+
+def _contiguous_entry(trans_b: bool):
+    """A contiguous name's entry (m_indices layout only; psum takes the general path), ``x`` = ``grouped_layout``."""
+    name = f"m_grouped_bf16_gemm_{'nn' if trans_b else 'nt'}_contiguous"
+
+    def views(a, b):
+        return a, (b.transpose(1, 2) if trans_b else b)
+
+    def op(a, b, d, grouped_layout, expected_m) -> None:
+        _contiguous(name, a, b, d, grouped_layout, False, None, trans_b)
+
+    def make(a, b, d, grouped_layout) -> Bf16Plan:
+        B, groups, m, n, k = _contiguous_checks(name, a, b, d, grouped_layout, False, None, trans_b)
+        return Bf16Plan(op, views, "M_GROUPED_CONTIGUOUS", a, B, d, grouped_layout, False, m, n, k, groups)
+
+    return plan_entry(make, op)
+
+
+def _masked_entry():
+    """The masked name's entry, ``x`` = ``masked_m``; ``expected_m`` changes nothing the plan holds."""
+    def make(a, b, d, masked_m) -> Bf16Plan:
+        B, groups, m, n, k = _masked_checks(a, b, d, masked_m, 1)  # expected_m: checked by the name, not planned
+        return Bf16Plan(_masked, _same, "M_GROUPED_MASKED", a, B, d, masked_m, False, m, n, k, groups)
+
+    return plan_entry(make, _masked)
+
+
+#: name -> the eager entry of a BF16 name (``dense_<layout>``, ``contiguous_{nt,nn}``, ``masked``; psum: none).
+ENTRIES = {**{f"dense_{layout}": _dense_entry(layout) for layout in bf16_math.LAYOUTS},
+           "contiguous_nt": _contiguous_entry(False), "contiguous_nn": _contiguous_entry(True),
+           "masked": _masked_entry()}
+
+
+def clear_plans() -> None:
+    """Forget every BF16 plan (tests; a loaded kernel stays loaded)."""
+    for entry in ENTRIES.values():
+        entry.plans.clear()
+        for index in entry.indexes:
+            index.clear()
+
+
+def plan_stats() -> dict[str, tuple[int, int]]:
+    """``{name: (plans, weights indexed)}`` per entry of :data:`ENTRIES`: what tests and benchmarks inspect."""
+    return {name: (len(e.plans), sum(len(i) for i in e.indexes)) for name, e in ENTRIES.items()}
+
+
+def plans_of(name: str) -> list[Bf16Plan]:
+    """The plans of entry ``name`` (tests: a pointer-only change must reuse one)."""
+    return list(ENTRIES[name].plans.values())

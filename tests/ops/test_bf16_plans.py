@@ -1,4 +1,4 @@
-"""The BF16 dense names' per-call plans (``ops.bf16.Bf16DensePlan``, issue 45): nothing the cached path skips can let
+"""The BF16 names' per-call plans (``ops.bf16_plans.Bf16Plan``, issue 45): nothing the cached path skips can let
 a bad call through or change a result, and on a GPU it launches exactly what the op's own path launches.
 
 The GPU side runs on the CPU as in tests/ops/test_prepared.py: tests/runtime/test_driver.py's FakeDriver (real binding
@@ -160,7 +160,7 @@ def test_plan_launches_what_the_op_launches(fake_gpu, layout, variant):
         fast, slow = fake_gpu.launches[-2:]
         _same_launch(fast, slow)
         assert len(fake_gpu.launches) == 2 * (call + 1) and fast["stream"] == 0x77 and len(fast["params"]) == 384
-    (plan,) = bf16.plans_of(layout)
+    (plan,) = bf16.plans_of(f"dense_{layout}")
     assert plan.call == plan._launch and len(plan.blocks) == 1 and len(plan.heads) == 1
 
 
@@ -189,7 +189,7 @@ def test_changed_pointers_are_checked_with_the_ops_messages(fake_gpu):
     for _ in range(2):
         dfg.bf16_gemm_nt(a, b, d, d)
     launches = len(fake_gpu.launches)
-    (plan,) = bf16.plans_of("nt")
+    (plan,) = bf16.plans_of("dense_nt")
     wide = torch.zeros(M + N * K, dtype=F32)
     with pytest.raises(ValueError, match="d must not overlap a"):  # same signature, d over a's bytes
         dfg.bf16_gemm_nt(a, b, a.view(-1)[:2 * M * N].view(F32).view(M, N), torch.zeros(M, N, dtype=F32))
@@ -197,7 +197,7 @@ def test_changed_pointers_are_checked_with_the_ops_messages(fake_gpu):
         dfg.bf16_gemm_nt(a, b, b.view(-1)[:2 * M * N].view(F32).view(M, N), torch.zeros(M, N, dtype=F32))
     with pytest.raises(ValueError, match="d must not overlap c"):  # c partly over d
         dfg.bf16_gemm_nt(a, b, wide[:M * N].view(M, N), wide[N:N + M * N].view(M, N))
-    assert len(fake_gpu.launches) == launches and bf16.plans_of("nt") == [plan] and len(plan.blocks) == 1
+    assert len(fake_gpu.launches) == launches and bf16.plans_of("dense_nt") == [plan] and len(plan.blocks) == 1
     dfg.bf16_gemm_nt(a, b, d, d)  # the checked tuple: launched from its block
     assert fake_gpu.launches[-1]["params"] == fake_gpu.launches[0]["params"]
 
@@ -235,7 +235,8 @@ def test_misaligned_operand_is_copied_by_the_ops_path(fake_gpu):
     a_map = _a_maps(fake_gpu)[-1]
     assert a_map.global_address != shifted.data_ptr() and a_map.global_address % 16 == 0
     assert len(fake_gpu.launches) == 2 and _plans("nt") == 1
-    assert not bf16.plans_of("nt")[0].blocks and not any(k[0] == shifted.data_ptr() for k in bf16.plans_of("nt")[0].seen)
+    (plan,) = bf16.plans_of("dense_nt")
+    assert not plan.blocks and not any(key[0] == shifted.data_ptr() for key in plan.seen)
 
 
 def test_copy_needing_signature_copies_on_every_call(fake_gpu):
@@ -251,8 +252,8 @@ def test_copy_needing_signature_copies_on_every_call(fake_gpu):
         dfg.bf16_gemm_nt(a, b, d)
         a_map = _a_maps(fake_gpu)[-1]
         assert a_map.global_address != a.data_ptr()
-    (plan,) = bf16.plans_of("nt")
-    assert plan.call == plan._op and len(fake_gpu.launches) == 3
+    (plan,) = bf16.plans_of("dense_nt")
+    assert plan.call is plan.op and len(fake_gpu.launches) == 3
 
 
 @pytest.mark.parametrize("change", ["m", "d-stride", "d-dtype", "a-major", "c-given", "num_sms", "pdl"])
@@ -311,7 +312,7 @@ def test_another_thread_launches_the_same_bytes(fake_gpu):
     fake_gpu.on()
     for _ in range(2):
         dfg.bf16_gemm_nt(a, b, d)
-    (plan,) = bf16.plans_of("nt")
+    (plan,) = bf16.plans_of("dense_nt")
     block = next(iter(plan.blocks.values()))
     before = bytes(block.view)
     worker = threading.Thread(target=lambda: [dfg.bf16_gemm_nt(a, b, x) for x in (d, d2)])
@@ -360,3 +361,132 @@ def test_compat_names_check_compiled_dims_as_before():
     for value, exc in (("mm", ValueError), ("nkx", ValueError), (["n", "k"], TypeError), (None, TypeError)):
         with pytest.raises(exc, match="compiled_dims"):
             compat_bf16.bf16_gemm_nt(a, b, d, compiled_dims=value)
+
+
+# ---------------------------------------------------------------------------------------------- grouped names
+G, M_MAX, K_G = 2, 32, 128
+
+
+def _grouped(kind: str, seed: int = 0) -> dict:
+    """Operands of ``masked`` / ``contiguous_nt`` / ``contiguous_nn`` (2 groups, k = 128)."""
+    g = torch.Generator().manual_seed(seed)
+    if kind == "masked":
+        a = torch.randn(G, M_MAX, K_G, generator=g).to(BF16)
+        return dict(a=a, b=torch.randn(G, N, K_G, generator=g).to(BF16), d=torch.zeros(G, M_MAX, N, dtype=BF16),
+                    x=torch.tensor([M_MAX, 7], dtype=torch.int32), expected_m=16)
+    align = utils.get_m_alignment_for_contiguous_layout()
+    layout = torch.tensor([1] * align + [0] * (align - 5) + [-1] * 5, dtype=torch.int32)
+    b = torch.randn(G, N, K_G, generator=g).to(BF16)
+    return dict(a=torch.randn(2 * align, K_G, generator=g).to(BF16),
+                b=b.transpose(1, 2).contiguous() if kind == "contiguous_nn" else b,
+                d=torch.zeros(2 * align, N, dtype=BF16), x=layout, expected_m=None)
+
+
+def _call_grouped(kind: str, args: dict) -> None:
+    a, b, d, x = args["a"], args["b"], args["d"], args["x"]
+    if kind == "masked":
+        dfg.m_grouped_bf16_gemm_nt_masked(a, b, d, x, args["expected_m"])
+    else:
+        getattr(dfg, f"m_grouped_bf16_gemm_{kind[-2:]}_contiguous")(a, b, d, x)
+
+
+def _op_grouped(kind: str, args: dict) -> None:
+    """The name without a plan."""
+    a, b, d, x = args["a"], args["b"], args["d"], args["x"]
+    if kind == "masked":
+        bf16._masked(a, b, d, x, args["expected_m"])
+    else:
+        bf16._contiguous(f"m_grouped_bf16_gemm_{kind[-2:]}_contiguous", a, b, d, x, False, None, kind[-2:] == "nn")
+
+
+GROUPED = ("masked", "contiguous_nt", "contiguous_nn")
+
+
+def _bad_layout(kind: str) -> torch.Tensor:
+    """Values the kernels compute wrongly: a masked count past m_max, a contiguous block holding two groups."""
+    if kind == "masked":
+        return torch.tensor([M_MAX + 1, 0], dtype=torch.int32)
+    align = utils.get_m_alignment_for_contiguous_layout()
+    return torch.tensor([0] * (align // 2) + [1] * (align + align // 2), dtype=torch.int32)
+
+
+@pytest.mark.parametrize("kind", GROUPED)
+def test_grouped_cpu_calls_through_a_plan_are_the_ops(kind):
+    args = _grouped(kind)
+    expected = torch.zeros_like(args["d"])
+    _op_grouped(kind, dict(args, d=expected))
+    for _ in range(2):
+        args["d"].zero_()
+        _call_grouped(kind, args)
+        assert torch.equal(args["d"], expected)
+    assert bf16.plan_stats()[kind][0] == 1
+    with pytest.raises(ValueError, match="masked_m" if kind == "masked" else "grouped_layout"):
+        _call_grouped(kind, dict(args, x=_bad_layout(kind)))  # the values: checked on every CPU call
+
+
+@pytest.mark.parametrize("kind", GROUPED)
+def test_grouped_plan_launches_what_the_op_launches(fake_gpu, kind):
+    args = _grouped(kind)
+    fake_gpu.on()
+    for call in range(3):
+        _call_grouped(kind, args)
+        _op_grouped(kind, args)
+        _same_launch(*fake_gpu.launches[-2:])
+    x2 = args["x"].clone()  # a layout allocated anew: its pointer packed, no block
+    _call_grouped(kind, dict(args, x=x2))
+    _op_grouped(kind, dict(args, x=x2))
+    _same_launch(*fake_gpu.launches[-2:])
+    (plan,) = bf16.plans_of(kind)
+    assert plan.call == plan._launch and len(plan.blocks) == 1 and len(fake_gpu.launches) == 8
+
+
+@pytest.mark.parametrize("kind", GROUPED)
+def test_grouped_plan_checks_pointers_and_arguments(fake_gpu, kind):
+    args = _grouped(kind)
+    fake_gpu.on()
+    _call_grouped(kind, args)
+    over_a = args["a"].view(-1)[:args["d"].numel()].view(args["d"].shape)
+    with pytest.raises(ValueError, match="d must not overlap a"):
+        _call_grouped(kind, dict(args, d=over_a))
+    if kind == "masked":
+        with pytest.raises(TypeError, match="expected_m must be an int"):
+            _call_grouped(kind, dict(args, expected_m=True))
+        with pytest.raises(ValueError, match="expected_m must be positive"):
+            _call_grouped(kind, dict(args, expected_m=0))
+        _call_grouped(kind, dict(args, expected_m=3))  # a hint the kernel does not read: the same plan
+    else:
+        name = getattr(dfg, f"m_grouped_bf16_gemm_{kind[-2:]}_contiguous")
+        with pytest.raises(TypeError, match="use_psum_layout must be a bool"):
+            name(args["a"], args["b"], args["d"], args["x"], use_psum_layout=0)
+        if kind == "contiguous_nt":
+            with pytest.raises(ValueError, match="expected_m_for_psum_layout is only for use_psum_layout=True"):
+                name(args["a"], args["b"], args["d"], args["x"], expected_m_for_psum_layout=4)
+    assert bf16.plan_stats()[kind][0] == 1 and len(fake_gpu.launches) == (2 if kind == "masked" else 1)
+
+
+@pytest.mark.parametrize("kind", GROUPED)
+def test_grouped_layout_values_are_never_read_on_a_gpu_unless_checked(fake_gpu, monkeypatch, kind):
+    """As the op: on a GPU the values stay there (graph-safe), with DFG_CHECK_LAYOUTS=1 (read when the plan is made)
+    they are checked on every call, through the op's path."""
+    args = _grouped(kind)
+    bad = dict(args, x=_bad_layout(kind))
+    fake_gpu.on()
+    _call_grouped(kind, args)
+    _call_grouped(kind, bad)
+    assert len(fake_gpu.launches) == 2
+    bf16.clear_plans()
+    monkeypatch.setenv("DFG_CHECK_LAYOUTS", "1")
+    for _ in range(2):
+        with pytest.raises(ValueError, match="masked_m" if kind == "masked" else "grouped_layout"):
+            _call_grouped(kind, bad)
+    _call_grouped(kind, args)
+    (plan,) = bf16.plans_of(kind)
+    assert plan.call is plan.op and len(fake_gpu.launches) == 3
+
+
+def test_psum_layout_takes_the_general_path(fake_gpu):
+    args = _grouped("contiguous_nt")
+    ends = torch.tensor([100, 228], dtype=torch.int32)
+    fake_gpu.on()
+    dfg.m_grouped_bf16_gemm_nt_contiguous(args["a"], args["b"], args["d"], ends, use_psum_layout=True)
+    assert len(fake_gpu.launches) == 1 and bf16.plan_stats()["contiguous_nt"] == (0, 0)
