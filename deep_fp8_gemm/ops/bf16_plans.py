@@ -183,11 +183,13 @@ def plan_entry(make, op):
     argument is no plain tensor (or Parameter). ``make(a, b, d, x) -> Bf16Plan`` checks a new signature.
 
     The plans live in the closure: ``entry.plans`` (signature tuple -> plan) and ``entry.indexes``, one per ``x``
-    absent / given: ``id(b)`` -> ``[(guard check, settings key, plan call)]``, newest first, at most
+    absent / given / ``d`` itself: ``id(b)`` -> ``[(guard check, settings key, plan call)]``, newest first, at most
     ``MAX_GUARDS_PER_WEIGHT`` (a guard is torch's C++ tensor-metadata check, :func:`~deep_fp8_gemm._core.plans.guard`;
-    ``id(b)`` only narrows the search: the guard checks every tensor, ``b`` included)."""
+    ``id(b)`` only narrows the search: the guard checks every tensor, ``b`` included). A guard never passes a tensor
+    given twice (dynamo's duplicate-input rule), so ``c=d`` (in place) is guarded on ``(a, b, d)``: ``c`` is ``d``,
+    metadata included."""
     plans: dict[tuple, Bf16Plan] = {}
-    indexes: tuple[dict, dict] = ({}, {})
+    indexes: tuple[dict, dict, dict] = ({}, {}, {})
     settings = PROCESS_SETTINGS
 
     def miss(key, a, b, d, x, expected_m) -> None:
@@ -199,9 +201,10 @@ def plan_entry(make, op):
             if len(plans) >= MAX_PLANS:
                 plans.clear()
             plans[signature] = plan
-        g = guard(*tensors)
+        which = 0 if x is None else (2 if x is d else 1)
+        g = guard(*tensors[:3 if which != 1 else 4])
         if g is not None:
-            index = indexes[x is not None]
+            index = indexes[which]
             entries = index.get(id(b))
             if entries is None:
                 if len(index) >= MAX_PLANS:
@@ -216,12 +219,12 @@ def plan_entry(make, op):
                 type(d) not in _PLAIN:
             return op(a, b, d, x, expected_m)
         key = settings.key  # interned: `is` compares it
-        if x is None:
-            entries = indexes[0].get(id(b))
+        if x is None or x is d:
+            entries = indexes[0 if x is None else 2].get(id(b))
             if entries is not None:
                 for check, k, call in entries:
                     if k is key and check(a, b, d):
-                        return call(a, b, d, None, expected_m)
+                        return call(a, b, d, x, expected_m)
         elif type(x) not in _PLAIN:
             return op(a, b, d, x, expected_m)
         else:

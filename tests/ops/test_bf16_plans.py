@@ -490,3 +490,33 @@ def test_psum_layout_takes_the_general_path(fake_gpu):
     fake_gpu.on()
     dfg.m_grouped_bf16_gemm_nt_contiguous(args["a"], args["b"], args["d"], ends, use_psum_layout=True)
     assert len(fake_gpu.launches) == 1 and bf16.plan_stats()["contiguous_nt"] == (0, 0)
+
+
+@pytest.mark.parametrize("kind", ("dense_nt", "dense_tn+c", *GROUPED))
+def test_warm_calls_make_no_tensor(fake_gpu, kind):
+    """A CUDA graph captures a launch with the addresses it was given: a warm call must point only at the caller's
+    tensors. What it asks of torch is their data pointers (recorded by a TorchFunctionMode), nothing that allocates,
+    copies or views."""
+    from torch.overrides import TorchFunctionMode
+
+    seen = []
+
+    class Record(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            seen.append(getattr(func, "__name__", repr(func)))
+            return func(*args, **(kwargs or {}))
+
+    if kind.startswith("dense"):
+        layout = kind[6:8]
+        a, b = _operands(layout)
+        d = torch.zeros(M, N, dtype=F32)
+        call = lambda: _op(layout)(a, b, d, d if kind.endswith("+c") else None)  # noqa: E731
+    else:
+        args = _grouped(kind)
+        call = lambda: _call_grouped(kind, args)  # noqa: E731
+    fake_gpu.on()
+    call()
+    call()
+    with Record():
+        call()
+    assert set(seen) == {"data_ptr"} and len(fake_gpu.launches) == 3

@@ -16,13 +16,13 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="no C compiler for the stub")
 def test_bench_host_json_rows():
-    run = subprocess.run([sys.executable, "-m", "bench.bench_host", "--quick", "--ops", "dense,masked,psum,per_token",
+    run = subprocess.run([sys.executable, "-m", "bench.bench_host", "--quick", "--ops", "dense,masked,psum,per_token,bf16_dense",
                           "--json", "-"], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr
     result = json.loads(run.stdout)
     rows = {row["op"]: row for row in result["ops"] if row["device"] == "stub"}
-    assert set(rows) == {"dense", "masked", "psum", "per_token"}  # --ops filters
-    assert [rows[op]["args"] for op in ("dense", "masked", "psum", "per_token")] == [5, 7, 6, 3]
+    assert set(rows) == {"dense", "masked", "psum", "per_token", "bf16_dense"}  # --ops filters
+    assert [rows[op]["args"] for op in ("dense", "masked", "psum", "per_token", "bf16_dense")] == [5, 7, 6, 3, 3]
     for row in rows.values():
         assert row["call_us"] > 0 and row["launch_floor_us"] > 0
         assert row["ratio"] == pytest.approx(row["call_us"] / row["launch_floor_us"], rel=0.01)
