@@ -3,7 +3,8 @@
 ``python -m bench.bench_host [--json PATH|-] [--quick] [--ops a,b] [--device all|stub|cuda]`` prints, per op
 (dense, contiguous, masked, psum GEMM; the FP8-output dense GEMM and the masked SwiGLU·FP8 one; the reference's
 names ``fp8_gemm_nt``, ``m_grouped_fp8_gemm_nt_contiguous``, ``fp8_m_grouped_gemm_nt_masked`` as vLLM calls them
-through the drop-in ``deep_gemm`` module; the fused quantisers per_token, per_block, silu_mul_quant)::
+through the drop-in ``deep_gemm`` module; the fused quantisers per_token, per_block, silu_mul_quant; the BF16 GEMMs
+bf16_dense = ``bf16_gemm_nt``, bf16_masked, bf16_contiguous = ``m_grouped_bf16_gemm_nt_{masked,contiguous}``)::
 
     {"ops": [{"op": "dense", "call_us": ..., "launch_floor_us": ..., "ratio": ..., "device": "stub", ...}, ...]}
 
@@ -15,7 +16,8 @@ through the drop-in ``deep_gemm`` module; the fused quantisers per_token, per_bl
   arguments (``((values...), (ctypes types...))``, marshalled by the binding): one argument per tensor the op
   reads or writes plus one per Python scalar argument (dense 5, contiguous 6, masked 7, psum 6 — called without
   its optional ``expected_m`` —, dense_fp8out 6, masked_swiglu 8, the reference's names one more than their rows
-  for ``disable_ue8m0_cast``, quantisers 3: input, output, scales).
+  for ``disable_ue8m0_cast``, quantisers 3: input, output, scales; bf16_dense 3: a, b, d; bf16_masked 5: a, b,
+  d, masked_m, expected_m; bf16_contiguous 4: a, b, d, grouped_layout).
 * ``ratio = call_us / launch_floor_us`` (issue 45's bar: 1.5).
 * ``alloc_us`` (quantisers): what allocating and freeing tensors like the op's two outputs costs by itself, made
   the way the ops make them (torch's ``_empty_strided_{cpu,cuda}(sizes, strides, dtype)``, see
@@ -61,6 +63,7 @@ _REPO = Path(__file__).resolve().parent.parent
 _STUB_SOURCE = _REPO / "tests" / "gpu_kernels" / "stub_libcuda.c"
 GEMM_PARAMS_BYTES = 576
 QUANT_PARAMS_BYTES = 72
+BF16_PARAMS_BYTES = 384  # kernels.bf16_gemm.Bf16GemmParams
 
 # Decode-sized problems (DeepSeek-V3 shapes, ANCHORS.md section 5).
 DENSE = dict(m=64, n=2112, k=7168)
@@ -74,6 +77,9 @@ SWIGLU = dict(groups=8, m_max=64, two_i=4096, k=7168, expected_m=32)  # w13 of 8
 #: The GEMM family of each row whose name is not its kind (precompile).
 FAMILY_OF = {"dense_prepared": "dense", "fp8_gemm_nt": "dense", "m_grouped_fp8_gemm_nt_contiguous": "contiguous",
              "fp8_m_grouped_gemm_nt_masked": "masked"}
+BF16_DENSE = dict(m=64, n=2112, k=7168)  # bf16_gemm_nt: a [m, k], b [n, k], d [m, n] bf16
+BF16_MASKED = dict(groups=8, m_max=64, n=4096, k=2048, expected_m=32)  # m_grouped_bf16_gemm_nt_masked
+BF16_CONTIGUOUS = dict(groups=4, m_per_group=128, n=4096, k=2048)  # m_grouped_bf16_gemm_nt_contiguous
 
 
 # ---------------------------------------------------------------------------------------------- operands
@@ -178,6 +184,27 @@ def make_ops(device: torch.device) -> list[tuple[str, int, str, object, tuple]]:
     ops.append(("per_block", 3, "quant", dfg.per_block_cast_to_fp8, (w,)))
     h = torch.zeros((SILU["m"], SILU["two_i"]), dtype=torch.bfloat16, device=device)
     ops.append(("silu_mul_quant", 3, "quant", silu_mul_quant, (h,)))
+
+    m, n, k = BF16_DENSE["m"], BF16_DENSE["n"], BF16_DENSE["k"]
+    a = torch.zeros((m, k), dtype=torch.bfloat16, device=device)
+    b = torch.zeros((n, k), dtype=torch.bfloat16, device=device)
+    d = torch.empty((m, n), dtype=torch.bfloat16, device=device)
+    ops.append(("bf16_dense", 3, "bf16", dfg.bf16_gemm_nt, (a, b, d)))
+
+    g, m_max, n, k = BF16_MASKED["groups"], BF16_MASKED["m_max"], BF16_MASKED["n"], BF16_MASKED["k"]
+    a = torch.zeros((g, m_max, k), dtype=torch.bfloat16, device=device)
+    b = torch.zeros((g, n, k), dtype=torch.bfloat16, device=device)
+    d = torch.empty((g, m_max, n), dtype=torch.bfloat16, device=device)
+    masked_m = torch.full((g,), BF16_MASKED["expected_m"], dtype=torch.int32, device=device)
+    ops.append(("bf16_masked", 5, "bf16", dfg.m_grouped_bf16_gemm_nt_masked,
+                (a, b, d, masked_m, BF16_MASKED["expected_m"])))
+
+    g, mg, n, k = BF16_CONTIGUOUS["groups"], BF16_CONTIGUOUS["m_per_group"], BF16_CONTIGUOUS["n"], BF16_CONTIGUOUS["k"]
+    a = torch.zeros((g * mg, k), dtype=torch.bfloat16, device=device)
+    b = torch.zeros((g, n, k), dtype=torch.bfloat16, device=device)
+    d = torch.empty((g * mg, n), dtype=torch.bfloat16, device=device)
+    m_indices = torch.arange(g * mg, dtype=torch.int32, device=device) // mg
+    ops.append(("bf16_contiguous", 4, "bf16", dfg.m_grouped_bf16_gemm_nt_contiguous, (a, b, d, m_indices)))
     return ops
 
 
@@ -326,7 +353,7 @@ def _run_stub_child(stub_dir: str, calls: int, repeats: int, only: set[str] | No
     stub = ctypes.CDLL(os.path.join(stub_dir, "libcuda.so.1"))
     param_size = ctypes.c_size_t.in_dll(stub, "g_param_size")
     launches = ctypes.c_int.in_dll(stub, "g_launches")
-    sizes = {"gemm": GEMM_PARAMS_BYTES, "quant": QUANT_PARAMS_BYTES, "floor": 8}
+    sizes = {"gemm": GEMM_PARAMS_BYTES, "quant": QUANT_PARAMS_BYTES, "bf16": BF16_PARAMS_BYTES, "floor": 8}
 
     def before_warmup(kind: str) -> None:
         # cuKernelGetParamInfo of the stub reports this size for the kernel loaded next; the stub's launch
@@ -353,7 +380,7 @@ def precompile(only: set[str] | None) -> None:
     NVRTC itself crashes in a process whose ``libcuda.so.1`` is the stub (it calls into the driver), so the
     child must only get cache hits (and ``DFG_JIT_DISABLE_CACHE`` must be off)."""
     from deep_fp8_gemm import ops
-    from deep_fp8_gemm.kernels import gemm, quant
+    from deep_fp8_gemm.kernels import bf16_gemm, gemm, quant
     from deep_fp8_gemm.runtime.compiler import compile_kernel
     from deep_fp8_gemm.utils import get_num_sms
 
@@ -369,6 +396,14 @@ def precompile(only: set[str] | None) -> None:
             expected_m = args[4] if kind.startswith("masked") else None
             cfg = ops.FAMILIES[kind].plan(args[0][0], args[1][0], expected_m, get_num_sms())
             compile_kernel(cfg.kernel_name(), gemm.render_source(cfg))
+        elif params_kind == "bf16":
+            a, b, d = args[:3]
+            form = {"bf16_dense": bf16_gemm.Bf16Form.DENSE, "bf16_masked": bf16_gemm.Bf16Form.M_GROUPED_MASKED,
+                    "bf16_contiguous": bf16_gemm.Bf16Form.M_GROUPED_CONTIGUOUS}[name]
+            groups = b.shape[0] if b.dim() == 3 else 1
+            cfg = bf16_gemm.pick_config(form, a.shape[-2], b.shape[-2], a.shape[-1], groups, "k", "k", d.dtype, False,
+                                        get_num_sms())
+            compile_kernel(*bf16_gemm.render_source(cfg))
         else:
             x = args[0]
             plan = quant.plan_quant(x, kinds[name])

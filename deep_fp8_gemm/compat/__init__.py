@@ -25,12 +25,13 @@ code written against the reference (or ``import deep_fp8_gemm.compat.deep_gemm a
 deep_gemm`` for the whole module with its submodules and forwarding).
 """
 
-from . import api, attention, bf16, casts, knobs
-from .api import (LOADER_REQUIRED_ENTRIES, check_compiled_dims, check_recipe, fp8_fp4_gemm_nt, fp8_gemm_nt,
+from . import api, arguments, attention, bf16, casts, knobs
+from .api import (LOADER_REQUIRED_ENTRIES, fp8_fp4_gemm_nt, fp8_gemm_nt,
                   fp8_m_grouped_gemm_nt_masked, get_mn_major_tma_aligned_tensor, k_grouped_fp8_gemm_nt_contiguous,
                   k_grouped_wgrad_gemm_fp8_fp8_fp32_nt, m_grouped_fp8_fp4_gemm_nt_contiguous,
                   m_grouped_fp8_fp4_gemm_nt_masked, m_grouped_fp8_gemm_nt_contiguous, m_grouped_fp8_gemm_nt_masked,
                   transform_sf_into_required_layout, unsupported_entry, wgrad_gemm_fp8_fp8_fp32_nt)
+from .arguments import check_compiled_dims, check_recipe
 from .attention import (fp8_fp4_mqa_logits, fp8_fp4_paged_mqa_logits, fp8_mqa_logits, fp8_paged_mqa_logits,
                         get_paged_mqa_logits_metadata)
 from .bf16 import (bf16_gemm_nn, bf16_gemm_nt, bf16_gemm_tn, bf16_gemm_tt, einsum, fp8_einsum,

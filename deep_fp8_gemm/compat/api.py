@@ -47,10 +47,10 @@ from __future__ import annotations
 
 import torch
 
-from itertools import permutations
-
 from .._core.checks import check_bool, check_expected_m, unpack_pair
 from .._core.plans import cached_call
+from .arguments import (RECIPE_1D1D, RECIPE_BLOCK32, check_bf16_output, check_compiled_dims, check_recipe,
+                        check_sm100_operands, common_checks, int_tuple, plain_arguments)
 from ..ops.contiguous import m_grouped_gemm_fp8_fp8_bf16_nt_contiguous
 from ..ops.dense import gemm_fp8_fp8_bf16_nt, gemm_fp8_fp8_bf16_nt_block32
 from ..ops.k_grouped import k_grouped_gemm_fp8_fp8_fp32_nt
@@ -60,116 +60,10 @@ from ..ops.psum import m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum
 from ..ops.wgrad_1d1d import gemm_fp8_fp8_fp32_nt_1d1d
 from ..utils import get_col_major_tma_aligned_tensor
 
-_DEFAULT_RECIPE = (1, 128, 128)
-#: Every valid ``compiled_dims`` (distinct letters of "mnk", any order, "" included): what check_compiled_dims accepts.
-_COMPILED_DIMS = frozenset("".join(p) for r in range(4) for p in permutations("mnk", r))
 # The bf16-output families' known-signature calls (_core.plans.cached_call): the names below try them first when the
 # arguments are the defaults whose checks depend only on the tensors' signature. A plan exists only for tensors that
 # passed every check of the op: FP8 data with fp32 scales (so no SM100 dtype) and a bf16 d (so the 1D2D recipe).
 _DENSE_HIT, _CONTIGUOUS_HIT, _PSUM_HIT, _MASKED_HIT = (cached_call(k) for k in ("dense", "contiguous", "psum", "masked"))
-_ONE_D_ONE_D = "the 1D1D weight-gradient kernel (per-channel B scales, fp32 D accumulated into C)"
-_FP4_DTYPES = tuple(getattr(torch, name) for name in ("float4_e2m1fn_x2",) if hasattr(torch, name)) + (
-    torch.int8, torch.uint8)
-
-
-# ---------------------------------------------------------------------------------------------- argument checks
-def int_tuple(value: object, length: int, name: str) -> tuple[int, ...]:
-    if not isinstance(value, (tuple, list)) or len(value) != length or not all(
-            isinstance(v, int) and not isinstance(v, bool) for v in value):
-        raise TypeError(f"{name} must be a tuple of {length} ints, got {value!r}")
-    return tuple(value)
-
-
-#: The recipes :func:`check_recipe` tells apart: the 1D2D kernel (1, 128, 128), the 1D1D one (1, 1, 128) and the
-#: 1x32 / 32x32 one (1, 32, 32) of DeepSeek-V4.1's dense layers (``gemm_fp8_fp8_bf16_nt_block32``).
-RECIPE_1D2D, RECIPE_1D1D, RECIPE_BLOCK32 = "1d2d", "1d1d", "block32"
-_BLOCK32_RECIPE = (1, 32, 32)
-
-
-def _check_granularity(gran_mn_a: int, gran_mn_b: int, gran_k: int, what: str, allow_1d1d: bool,
-                       allow_block32: bool) -> str:
-    """The recipe a granularity selects (:data:`RECIPE_1D2D`, or where allowed :data:`RECIPE_1D1D` /
-    :data:`RECIPE_BLOCK32`); name what the others are."""
-    if (gran_mn_a, gran_mn_b, gran_k) == _BLOCK32_RECIPE:
-        if allow_block32:
-            return RECIPE_BLOCK32
-        raise NotImplementedError(f"{what} (the 1x32 / 32x32 recipe) exists only as fp8_gemm_nt (dense) on Hopper; "
-                                  "the M-grouped GEMMs use recipe (1, 128, 128)")
-    if gran_k == 32:
-        raise NotImplementedError(f"{what}: gran_k 32 with these block sizes (MXFP8 scale groups) exists only on the "
-                                  "reference's SM100 kernels; Hopper kernels take (1, 128, 128), (1, 1, 128) or "
-                                  "(1, 32, 32)")
-    if (gran_mn_a, gran_k) == (1, 128) and gran_mn_b == 1:
-        if allow_1d1d:
-            return RECIPE_1D1D
-        raise NotImplementedError(f"{what} selects {_ONE_D_ONE_D}, which exists only as fp8_gemm_nt (dense); "
-                                  "the M-grouped GEMMs use recipe (1, 128, 128) with 128x128 B scales")
-    if (gran_mn_a, gran_mn_b, gran_k) != _DEFAULT_RECIPE:
-        raise ValueError(f"{what} is not a recipe of the Hopper kernels: supported (1, 128, 128) (1x128 A scales, "
-                         "128x128 B scales); (1, 1, 128) is the 1D1D kernel, (1, 32, 32) the 1x32 / 32x32 one")
-    return RECIPE_1D2D
-
-
-def check_recipe(recipe: object = None, recipe_a: object = None, recipe_b: object = None, *,
-                 allow_1d1d: bool = False, allow_block32: bool = False) -> str:
-    """Validate the reference's ``recipe`` / ``recipe_a`` + ``recipe_b`` arguments (see the module docstring);
-    returns the recipe they select: :data:`RECIPE_1D2D` (the default), :data:`RECIPE_1D1D` (only with
-    ``allow_1d1d``) or :data:`RECIPE_BLOCK32` (only with ``allow_block32``)."""
-    if recipe is not None and (recipe_a is not None or recipe_b is not None):
-        raise ValueError(f"pass either recipe or the recipe_a / recipe_b pair, not both: {recipe=} {recipe_a=} "
-                         f"{recipe_b=}")
-    if (recipe_a is None) != (recipe_b is None):
-        raise ValueError(f"recipe_a and recipe_b go together, got {recipe_a=} {recipe_b=}")
-    if recipe is not None:
-        gm, gn, gk = int_tuple(recipe, 3, "recipe")
-        return _check_granularity(gm, gn, gk, f"recipe={tuple(recipe)}", allow_1d1d, allow_block32)
-    elif recipe_a is not None:
-        gm, gka = int_tuple(recipe_a, 2, "recipe_a")
-        gn, gkb = int_tuple(recipe_b, 2, "recipe_b")
-        if gka != gkb:
-            raise ValueError(f"recipe_a and recipe_b must share gran_k, got {recipe_a=} {recipe_b=}")
-        return _check_granularity(gm, gn, gka, f"recipe_a={tuple(recipe_a)}, recipe_b={tuple(recipe_b)}",
-                                  allow_1d1d, allow_block32)
-    return RECIPE_1D2D
-
-
-def check_compiled_dims(compiled_dims: object) -> None:
-    """A string of distinct letters from ``"mnk"`` (the reference's compile-time dims hint)."""
-    if not isinstance(compiled_dims, str):
-        raise TypeError(f"compiled_dims must be a str, got {type(compiled_dims).__name__} ({compiled_dims!r})")
-    if set(compiled_dims) - set("mnk") or len(set(compiled_dims)) != len(compiled_dims):
-        raise ValueError(f"compiled_dims must be distinct letters of 'mnk', got {compiled_dims!r}")
-
-
-def _check_sm100_operands(a: object, b: object) -> None:
-    """FP4 data and packed-UE8M0 int scales name the SM100-only feature instead of a dtype error."""
-    for pair, name in ((a, "a"), (b, "b")):
-        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
-            continue  # the 1.x checks raise the TypeError for a malformed pair
-        data, scales = pair
-        if isinstance(data, torch.Tensor) and data.dtype in _FP4_DTYPES:
-            raise NotImplementedError(f"{name}[0].dtype={data.dtype}: FP4 operands exist only on the reference's "
-                                      "SM100 kernels; Hopper kernels take float8_e4m3fn")
-        if isinstance(scales, torch.Tensor) and scales.dtype == torch.int32:
-            raise NotImplementedError(f"{name}[1].dtype=torch.int32: packed UE8M0 scales exist only on the "
-                                      "reference's SM100 kernels; pass float32 scales (power-of-two fp32 scales "
-                                      "from per_token_cast_to_fp8(x, use_ue8m0=True) are fine)")
-
-
-def _common_checks(a, b, recipe, recipe_a, recipe_b, compiled_dims, disable_ue8m0_cast, dense=False) -> str:
-    """The 2.x arguments every GEMM checks; returns the recipe (``dense``: fp8_gemm_nt's 1D1D and 1x32 ones too)."""
-    _check_sm100_operands(a, b)
-    selected = check_recipe(recipe, recipe_a, recipe_b, allow_1d1d=dense, allow_block32=dense)
-    check_compiled_dims(compiled_dims)
-    check_bool(disable_ue8m0_cast, "disable_ue8m0_cast")
-    return selected
-
-
-def _check_output(d: object) -> None:
-    if isinstance(d, torch.Tensor) and d.dtype == torch.float32:
-        raise NotImplementedError(f"d.dtype=torch.float32: an fp32 D is written only by {_ONE_D_ONE_D}, which "
-                                  "exists only as fp8_gemm_nt(..., recipe=(1, 1, 128)); the 1D2D kernels write "
-                                  "bfloat16")
 
 
 # ---------------------------------------------------------------------------------------------- GEMMs
@@ -202,12 +96,11 @@ def fp8_gemm_nt(
     rules are this library's N % 8 / K % 16. Everything else is :func:`deep_fp8_gemm.gemm_fp8_fp8_bf16_nt_block32`.
     The other 2.x arguments as in the module docstring.
     """
-    if c is None and recipe is None and recipe_a is None and recipe_b is None and alpha is None and \
-            type(disable_ue8m0_cast) is bool and type(compiled_dims) is str and compiled_dims in _COMPILED_DIMS and \
-            type(a) is tuple and len(a) == 2 and type(b) is tuple and len(b) == 2 and \
+    if c is None and alpha is None and \
+            plain_arguments(a, b, recipe, recipe_a, recipe_b, compiled_dims, disable_ue8m0_cast) and \
             _DENSE_HIT(a[0], a[1], b[0], b[1], d):
         return  # a known signature: every check below passed for it (the module's _DENSE_HIT note)
-    selected = _common_checks(a, b, recipe, recipe_a, recipe_b, compiled_dims, disable_ue8m0_cast, dense=True)
+    selected = common_checks(a, b, recipe, recipe_a, recipe_b, compiled_dims, disable_ue8m0_cast, dense=True)
     if alpha is not None:
         raise NotImplementedError(f"alpha={alpha!r}: the output scale exists only on the reference's SM100 kernels")
     if selected == RECIPE_1D1D:
@@ -258,17 +151,16 @@ def m_grouped_fp8_gemm_nt_contiguous(
     a group's rows are computed with that group (zeros where A's padding rows are zero), padding-only blocks are
     left untouched, on every backend.
     """
-    if recipe is None and recipe_a is None and recipe_b is None and type(disable_ue8m0_cast) is bool and \
-            type(compiled_dims) is str and compiled_dims in _COMPILED_DIMS and type(ensure_zero_padding) is bool and \
-            type(a) is tuple and len(a) == 2 and type(b) is tuple and len(b) == 2 and \
+    if type(ensure_zero_padding) is bool and \
+            plain_arguments(a, b, recipe, recipe_a, recipe_b, compiled_dims, disable_ue8m0_cast) and \
             ((_PSUM_HIT(a[0], a[1], b[0], b[1], d, grouped_layout, expected_m_for_psum_layout)
               if use_psum_layout else expected_m_for_psum_layout is None and
               _CONTIGUOUS_HIT(a[0], a[1], b[0], b[1], d, grouped_layout)) if type(use_psum_layout) is bool else False):
         return  # a known signature (the module's _DENSE_HIT note)
-    _common_checks(a, b, recipe, recipe_a, recipe_b, compiled_dims, disable_ue8m0_cast)
+    common_checks(a, b, recipe, recipe_a, recipe_b, compiled_dims, disable_ue8m0_cast)
     check_bool(use_psum_layout, "use_psum_layout")
     check_bool(ensure_zero_padding, "ensure_zero_padding")
-    _check_output(d)
+    check_bf16_output(d)
     if use_psum_layout:
         if expected_m_for_psum_layout is not None:  # checked under its own name (the op calls it expected_m)
             check_expected_m(expected_m_for_psum_layout, "expected_m_for_psum_layout")
@@ -295,13 +187,11 @@ def m_grouped_fp8_gemm_nt_masked(
     """Grouped GEMM over a fixed-size buffer per group: A ``[G, m_max, k]``, B ``[G, n, k]``, d ``[G, m_max, n]``
     bf16, ``masked_m`` ``[G]`` int32 valid rows per group (device-side), ``expected_m`` a positive int hint.
     Everything else is :func:`deep_fp8_gemm.m_grouped_gemm_fp8_fp8_bf16_nt_masked`."""
-    if recipe is None and recipe_a is None and recipe_b is None and type(disable_ue8m0_cast) is bool and \
-            type(compiled_dims) is str and compiled_dims in _COMPILED_DIMS and \
-            type(a) is tuple and len(a) == 2 and type(b) is tuple and len(b) == 2 and \
+    if plain_arguments(a, b, recipe, recipe_a, recipe_b, compiled_dims, disable_ue8m0_cast) and \
             _MASKED_HIT(a[0], a[1], b[0], b[1], d, masked_m, expected_m):
         return  # a known signature (the module's _DENSE_HIT note)
-    _common_checks(a, b, recipe, recipe_a, recipe_b, compiled_dims, disable_ue8m0_cast)
-    _check_output(d)
+    common_checks(a, b, recipe, recipe_a, recipe_b, compiled_dims, disable_ue8m0_cast)
+    check_bf16_output(d)
     m_grouped_gemm_fp8_fp8_bf16_nt_masked(a, b, d, masked_m, expected_m)
 
 
@@ -333,7 +223,7 @@ def k_grouped_fp8_gemm_nt_contiguous(
     if check_bool(use_psum_layout, "use_psum_layout"):
         raise NotImplementedError("use_psum_layout=True: the k-grouped NT GEMM takes per-group K sizes (ks_cpu); "
                                   "the psum layout of the reference's k-grouped GEMM exists only in its SM100 TN form")
-    _check_sm100_operands(a, b)
+    check_sm100_operands(a, b)
     if recipe is None:
         recipe = (1, 1, 128)
     if check_recipe(recipe, allow_1d1d=True) != RECIPE_1D1D:
@@ -397,7 +287,7 @@ def m_grouped_fp8_fp4_gemm_nt_contiguous(
     if expected_m_for_psum_layout is not None and not use_psum_layout:
         raise ValueError("expected_m_for_psum_layout is for use_psum_layout=True only, got "
                          f"expected_m_for_psum_layout={expected_m_for_psum_layout!r}")
-    _check_sm100_operands(a, (None, b[1]))
+    check_sm100_operands(a, (None, b[1]))
     m_grouped_gemm_fp8_fp4_bf16_nt_contiguous(a, b, d, grouped_layout, use_psum_layout=use_psum_layout)
 
 
@@ -421,7 +311,7 @@ def m_grouped_fp8_fp4_gemm_nt_masked(
         m_grouped_fp8_gemm_nt_masked(a, b, d, masked_m, expected_m, recipe, recipe_a, recipe_b, compiled_dims,
                                      disable_ue8m0_cast)
         return
-    _check_sm100_operands(a, (None, b[1]))
+    check_sm100_operands(a, (None, b[1]))
     m_grouped_gemm_fp8_fp4_bf16_nt_masked(a, b, d, masked_m, expected_m)
 
 

@@ -22,7 +22,7 @@ import torch
 from ..ops import bf16 as _bf16
 from ..ops.einsum import einsum, fp8_einsum
 from ..ops.hc_prenorm import tf32_hc_prenorm_gemm
-from .api import check_compiled_dims
+from .arguments import check_compiled_dims
 
 __all__ = ["bf16_gemm_nt", "bf16_gemm_nn", "bf16_gemm_tn", "bf16_gemm_tt", "m_grouped_bf16_gemm_nt_contiguous",
            "m_grouped_bf16_gemm_nn_contiguous", "m_grouped_bf16_gemm_nt_masked", "einsum", "fp8_einsum",

@@ -23,7 +23,7 @@ from .._core.checks import check_bool
 from ..constants import DEFAULT_CONTIGUOUS_ALIGNMENT
 from ..utils import (get_m_alignment_for_contiguous_layout, get_num_sms, get_pdl, get_tma_aligned_size,
                      set_batch_invariant, set_mk_alignment_for_contiguous_layout, set_num_sms, set_pdl)
-from .api import int_tuple
+from .arguments import int_tuple
 
 
 # ---------------------------------------------------------------------------------------------- layout helpers

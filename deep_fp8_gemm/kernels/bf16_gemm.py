@@ -169,10 +169,16 @@ def _num_tiles(form: Bf16Form, m: int, n: int, num_groups: int, block_m: int, bl
     return batches * -(-m // block_m) * -(-n // block_n)
 
 
+def grid_size(config: Bf16GemmConfig, m: int, n: int, num_batches: int, num_ctas: int) -> int:
+    """CTAs of a launch: one per output tile, at most ``num_ctas`` (the persistent kernel loops over the rest)."""
+    return max(1, min(num_ctas, _num_tiles(config.form, m, n, num_batches, config.block_m, config.block_n)))
+
+
+@functools.lru_cache(maxsize=4096)
 def pick_config(form: Bf16Form, m: int, n: int, k: int, num_groups: int, major_a: str, major_b: str,
                 out_dtype: torch.dtype, accumulate: bool, num_sms: int) -> Bf16GemmConfig:
     """The config for one problem: ``m`` rows per batch (masked: the per-group capacity; contiguous: all rows),
-    ``num_groups`` the batch / group / s count (1 for DENSE).
+    ``num_groups`` the batch / group / s count (1 for DENSE). A pure function of its arguments, cached.
 
     Heuristic: BLOCK_M 64 (one math warpgroup) when m <= 64, else 128 (two); BLOCK_N from 32 / 64 / 128 / 256 (64 up
     with MN-major B) minimising ``waves x (BLOCK_N + 32)``, the modelled time of the last wave (a tile's K loop costs
@@ -224,6 +230,22 @@ class Bf16GemmParams(ctypes.Structure):
 
 
 assert ctypes.sizeof(Bf16GemmParams) == 384 and Bf16GemmParams.num_batches.offset == 324
+PARAMS_BYTES = ctypes.sizeof(Bf16GemmParams)
+MAPS_BYTES = 2 * TENSOR_MAP_BYTES  # tma_a, tma_b: the struct's head
+assert Bf16GemmParams.d.offset == MAPS_BYTES
+
+
+def params_packer(names: tuple[str, ...]) -> param_structs.FieldPacker:
+    """A :class:`~deep_fp8_gemm.runtime.params.FieldPacker` over the named integer fields of ``Bf16GemmParams``."""
+    return param_structs.FieldPacker(Bf16GemmParams, names)
+
+
+def scalar_fields(d: torch.Tensor, c: torch.Tensor | None, m: int, n: int, k: int, num_batches: int) -> dict[str, int]:
+    """The fields of ``Bf16GemmParams`` that are no data pointer: D's (and C's) strides and the problem's sizes."""
+    return dict(d_row_stride=d.stride(-2), d_batch_stride=d.stride(0) if d.dim() == 3 else 0,
+                c_row_stride=0 if c is None else c.stride(-2),
+                c_batch_stride=c.stride(0) if c is not None and c.dim() == 3 else 0, m=m, n=n, k=k,
+                num_batches=num_batches)
 
 MapArgs = tuple  # (dtype, address, dims, strides, box, swizzle): a TensorMapSpec's fields
 
@@ -260,6 +282,12 @@ def operand_map_args(t: torch.Tensor, name: str, major: str, box_rows: int) -> M
     else:
         dims, box = (rows, k, batches), (MN_BOX, BLOCK_K, 1)
     return TmaDtype.BFLOAT16, t.data_ptr(), dims, tuple(strides), box, TmaSwizzle.B128
+
+
+def operand_maps(config: Bf16GemmConfig, a: torch.Tensor, b: torch.Tensor) -> tuple[MapArgs, MapArgs]:
+    """The map arguments of ``a`` and ``b`` for ``config`` (boxes of ``block_m`` / ``block_n`` rows)."""
+    return (operand_map_args(a, "a", config.major_a, config.block_m),
+            operand_map_args(b, "b", config.major_b, config.block_n))
 
 
 def encode_maps(args, backend: Backend) -> list[bytes]:
@@ -346,15 +374,12 @@ def launch(config: Bf16GemmConfig, a: torch.Tensor, b: torch.Tensor, d: torch.Te
         elif c.data_ptr() != d.data_ptr():
             d.copy_(c)
         return
-    maps = encode_maps((operand_map_args(a, "a", config.major_a, config.block_m),
-                        operand_map_args(b, "b", config.major_b, config.block_n)), backend)
+    maps = encode_maps(operand_maps(config, a, b), backend)
     layout = grouped_layout if config.form is Bf16Form.M_GROUPED_CONTIGUOUS else masked_m
     params = param_structs.pack(
         Bf16GemmParams, tma_a=maps[0], tma_b=maps[1], d=d.data_ptr(), c=0 if c is None else c.data_ptr(),
-        grouped_layout=0 if layout is None else layout.data_ptr(), d_row_stride=d.stride(-2),
-        d_batch_stride=d.stride(0) if d.dim() == 3 else 0, c_row_stride=0 if c is None else c.stride(-2),
-        c_batch_stride=c.stride(0) if c is not None and c.dim() == 3 else 0, m=m, n=n, k=k, num_batches=batches)
-    grid = max(1, min(launching.num_ctas(backend), _num_tiles(config.form, m, n, batches, config.block_m, config.block_n)))
+        grouped_layout=0 if layout is None else layout.data_ptr(), **scalar_fields(d, c, m, n, k, batches))
+    grid = grid_size(config, m, n, batches, launching.num_ctas(backend))
     launching.launch_rendered(functools.partial(render_source, config), params, grid=grid, block=config.num_threads,
                               smem_bytes=config.smem_bytes(), backend=backend, device=d.device,
                               what="a BF16 GEMM kernel")

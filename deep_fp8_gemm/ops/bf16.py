@@ -26,6 +26,11 @@ blocks so that a row's bits never depend on the batch: :func:`.._core.bf16_math.
 simulator under ``DFG_SIMULATE=1``. Operands whose strides a TMA map cannot describe are copied first on the kernel
 backends (what the CPU path accepts, the kernels compute). The reference's SM90 refusals hold on every backend:
 ``k % 64`` for the grouped names, K-major ``a`` for the contiguous one, K-major ``a`` and ``b`` for the masked one.
+
+Host time (issue 45): an eager call looks up a plan for its tensors' signature (:class:`Bf16Plan`, the FP8 families'
+design of ``_core.plans``): the checks, the config, the loaded kernel and the constant parameters are computed once
+per signature; a call checks its data pointers and launches (``bench.bench_host``'s ``bf16_*`` rows). The psum layout
+(``use_psum_layout=True``: its per-row groups are computed on every call) takes the general path.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from ..runtime import target
 from ..utils import get_m_alignment_for_contiguous_layout
 from ..runtime.target import Backend
 from . import contiguous as contiguous_layout
+from .bf16_plans import Bf16Plan, major_of, plan_entry, tma_strides_ok
 from . import masked as masked_layout
 from . import psum as psum_layout
 
@@ -64,15 +70,12 @@ def _check_output(d: torch.Tensor, inputs: tuple[tuple[torch.Tensor, str], ...])
 
 
 def tma_view(t: torch.Tensor) -> torch.Tensor:
-    """``t`` itself when a TMA map can read it (K- or MN-major: one unit stride in the last two dims, the other
-    strides 16-byte multiples, a 16-byte aligned address), else a K-major copy whose rows are padded to a 16-byte
-    multiple (the map's K extent stays ``k``: the padding is never read), so any shape the CPU path accepts runs."""
+    """``t`` itself when a TMA map can read it (:func:`tma_strides_ok` and a 16-byte aligned address), else a
+    K-major copy whose rows are padded to a 16-byte multiple (the map's K extent stays ``k``: the padding is never
+    read), so any shape the CPU path accepts runs."""
+    if t.data_ptr() % 16 == 0 and tma_strides_ok(t):
+        return t
     size = t.element_size()
-    inner = -1 if t.stride(-1) == 1 else (-2 if t.dim() >= 2 and t.stride(-2) == 1 else None)
-    if inner is not None and t.data_ptr() % 16 == 0:
-        others = [s for i, s in enumerate(t.stride()) if i != t.dim() + inner and t.shape[i] > 1]
-        if all(s > 0 and (s * size) % 16 == 0 for s in others):
-            return t
     k = t.shape[-1]
     padded = -(-max(k, 1) * size // 16) * 16 // size
     buffer = torch.zeros(*t.shape[:-1], padded, dtype=t.dtype, device=t.device)
@@ -81,12 +84,19 @@ def tma_view(t: torch.Tensor) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------------------------------------- dense
-def _dense(layout: str, a, b, d, c) -> None:
+def _dense_checks(layout: str, a, b, d, c) -> tuple[torch.Tensor, torch.Tensor, int, int, int]:
+    """Every check of ``bf16_gemm_<layout>`` in its order (the pointer-dependent ones last): ``(A, B, m, n, k)``."""
     A, B, m, n, k = bf16_math.bf16_gemm_operands(layout, a, b, d, c)
     _check_output(d, ((a, "a"), (b, "b")) + (() if c is None or c.data_ptr() == d.data_ptr() else ((c, "c"),)))
     if c is not None and c.data_ptr() == d.data_ptr() and c.stride() != d.stride():
         raise ValueError(f"bf16_gemm_{layout}: c starts where d does but has other strides: c.stride()={c.stride()}, "
                          f"d.stride()={d.stride()}; pass c=d to accumulate in place")
+    return A, B, m, n, k
+
+
+def _dense(layout: str, a, b, d, c) -> None:
+    """``bf16_gemm_<layout>`` without a plan: the checks, then the reference, the simulator or the kernel."""
+    A, B, m, n, k = _dense_checks(layout, a, b, d, c)
     if m == 0 or n == 0 or is_meta(d):
         return
     if k == 0:  # the reference: no accumulation, d = c or 0
@@ -108,31 +118,26 @@ def _dense(layout: str, a, b, d, c) -> None:
     kernels.launch(cfg, A, B, d, c, backend=backend)
 
 
-def major_of(t: torch.Tensor) -> str:
-    """``"k"`` when the last (K) dim has unit stride, else ``"mn"`` (MN-major: the row dim has unit stride)."""
-    return "k" if t.stride(-1) == 1 else "mn"
-
-
 def bf16_gemm_nt(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Tensor | None = None) -> None:
     """``d = c + a · bᵀ`` (``c=None``: ``a · bᵀ``): ``a`` ``[m, k]``, ``b`` ``[n, k]`` bfloat16 (K- or MN-major,
     any strides); ``d`` ``[m, n]`` bfloat16 or float32, row-major; ``c`` None or ``d``'s dtype and shape (``d``
     itself to accumulate in place). ``TypeError`` / ``ValueError`` name the argument (module docstring)."""
-    _dense("nt", a, b, d, c)
+    ENTRIES["dense_nt"](a, b, d, c, None)
 
 
 def bf16_gemm_nn(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Tensor | None = None) -> None:
     """:func:`bf16_gemm_nt` with ``b`` given ``[k, n]``: ``d = c + a · b``."""
-    _dense("nn", a, b, d, c)
+    ENTRIES["dense_nn"](a, b, d, c, None)
 
 
 def bf16_gemm_tn(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Tensor | None = None) -> None:
     """:func:`bf16_gemm_nt` with ``a`` given ``[k, m]`` and ``b`` ``[k, n]``: ``d = c + aᵀ · b``."""
-    _dense("tn", a, b, d, c)
+    ENTRIES["dense_tn"](a, b, d, c, None)
 
 
 def bf16_gemm_tt(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Tensor | None = None) -> None:
     """:func:`bf16_gemm_nt` with ``a`` given ``[k, m]``: ``d = c + aᵀ · bᵀ``."""
-    _dense("tt", a, b, d, c)
+    ENTRIES["dense_tt"](a, b, d, c, None)
 
 
 # ----------------------------------------------------------------------------------------------- grouped
@@ -184,7 +189,8 @@ def _run_grouped(form, a, B, d, groups, m, n, k, *, grouped_layout=None, masked_
     kernels.launch(cfg, A, B, d, None, grouped_layout=grouped_layout, masked_m=masked_m, backend=backend)
 
 
-def _contiguous(name: str, a, b, d, grouped_layout, use_psum_layout, expected_m_for_psum_layout, trans_b) -> None:
+def _contiguous_checks(name: str, a, b, d, grouped_layout, use_psum_layout, expected_m_for_psum_layout, trans_b):
+    """Every check of a contiguous name in its order: ``(B as [G, n, k], G, m, n, k)``."""
     B, groups, m, n, k = _grouped_operands(name, a, b, d, 2, "[G, k, n]" if trans_b else "[G, n, k]", trans_b)
     if not isinstance(use_psum_layout, bool):
         raise TypeError(f"{name}: use_psum_layout must be a bool, got {type(use_psum_layout).__name__}")
@@ -202,6 +208,13 @@ def _contiguous(name: str, a, b, d, grouped_layout, use_psum_layout, expected_m_
     if not grouped_layout.is_contiguous():
         raise ValueError(f"{name}: grouped_layout must be contiguous (the reference asserts it), got strides "
                          f"{tuple(grouped_layout.stride())}")
+    return B, groups, m, n, k
+
+
+def _contiguous(name: str, a, b, d, grouped_layout, use_psum_layout, expected_m_for_psum_layout, trans_b) -> None:
+    """A contiguous name without a plan: the checks, then the reference, the simulator or the kernel."""
+    B, groups, m, n, k = _contiguous_checks(name, a, b, d, grouped_layout, use_psum_layout,
+                                            expected_m_for_psum_layout, trans_b)
     if m == 0 or is_meta(d):
         return
     checked = layout_values_checked(d.device)  # CPU always; CUDA with DFG_CHECK_LAYOUTS=1 (one synchronisation)
@@ -241,15 +254,21 @@ def m_grouped_bf16_gemm_nt_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch
     """Rows of every group concatenated: ``d[r] = a[r] · b[g(r)]ᵀ`` in bf16. ``a`` ``[m_sum, k]`` bfloat16
     K-major, ``b`` ``[G, n, k]`` bfloat16, ``d`` ``[m_sum, n]`` bfloat16 row-major, ``k % 64 == 0``;
     ``grouped_layout`` int32 ``[m_sum]`` (group per row, -1 padding: ``ops.contiguous``) or, with
-    ``use_psum_layout=True``, int32 ``[G]`` end rows (``ops.psum``)."""
-    _contiguous("m_grouped_bf16_gemm_nt_contiguous", a, b, d, grouped_layout, use_psum_layout,
-                expected_m_for_psum_layout, trans_b=False)
+    ``use_psum_layout=True``, int32 ``[G]`` end rows (``ops.psum``; no plan: the rows are computed per call)."""
+    if use_psum_layout is not False or expected_m_for_psum_layout is not None:
+        _contiguous("m_grouped_bf16_gemm_nt_contiguous", a, b, d, grouped_layout, use_psum_layout,
+                    expected_m_for_psum_layout, trans_b=False)
+        return
+    ENTRIES["contiguous_nt"](a, b, d, grouped_layout, None)
 
 
 def m_grouped_bf16_gemm_nn_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, grouped_layout: torch.Tensor,
                                       use_psum_layout: bool = False) -> None:
     """:func:`m_grouped_bf16_gemm_nt_contiguous` with ``b`` given ``[G, k, n]`` (N-major): ``d[r] = a[r] · b[g(r)]``."""
-    _contiguous("m_grouped_bf16_gemm_nn_contiguous", a, b, d, grouped_layout, use_psum_layout, None, trans_b=True)
+    if use_psum_layout is not False:
+        _contiguous("m_grouped_bf16_gemm_nn_contiguous", a, b, d, grouped_layout, use_psum_layout, None, trans_b=True)
+        return
+    ENTRIES["contiguous_nn"](a, b, d, grouped_layout, None)
 
 
 def m_grouped_bf16_gemm_nt_masked(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, masked_m: torch.Tensor,
@@ -258,6 +277,14 @@ def m_grouped_bf16_gemm_nt_masked(a: torch.Tensor, b: torch.Tensor, d: torch.Ten
     ``[G, m_max, k]`` and ``b`` ``[G, n, k]`` bfloat16 K-major, ``d`` ``[G, m_max, n]`` bfloat16 row-major,
     ``k % 64 == 0``, ``masked_m`` int32 ``[G]`` (values in ``[0, m_max]``), ``expected_m`` a positive int (the
     heuristic's rows per group)."""
+    if type(expected_m) is not int or expected_m <= 0:  # the op's path raises, in its order
+        _masked(a, b, d, masked_m, expected_m)
+        return
+    ENTRIES["masked"](a, b, d, masked_m, expected_m)
+
+
+def _masked_checks(a, b, d, masked_m, expected_m):
+    """Every check of the masked name in its order: ``(B, G, m_max, n, k)``."""
     name = "m_grouped_bf16_gemm_nt_masked"
     B, groups, m, n, k = _grouped_operands(name, a, b, d, 3, "[G, n, k]", False)
     if B.stride(-1) != 1:
@@ -270,6 +297,12 @@ def m_grouped_bf16_gemm_nt_masked(a: torch.Tensor, b: torch.Tensor, d: torch.Ten
     if not masked_m.is_contiguous():
         raise ValueError(f"{name}: masked_m must be contiguous (the reference asserts it), got strides "
                          f"{tuple(masked_m.stride())}")
+    return B, groups, m, n, k
+
+
+def _masked(a, b, d, masked_m, expected_m) -> None:
+    """The masked name without a plan: the checks, then the reference, the simulator or the kernel."""
+    B, groups, m, n, k = _masked_checks(a, b, d, masked_m, expected_m)
     if m == 0 or is_meta(d):
         return
     if layout_values_checked(d.device):
@@ -280,3 +313,78 @@ def m_grouped_bf16_gemm_nt_masked(a: torch.Tensor, b: torch.Tensor, d: torch.Ten
                 d[g, :rows] = bf16_math.matmul_f64(a[g, :rows], B[g]).to(d.dtype)
         return
     _run_grouped(kernel_module().Bf16Form.M_GROUPED_MASKED, a, B, d, groups, m, n, k, masked_m=masked_m)
+
+
+# ---------------------------------------------------------------------------------------------- per-call plans
+# Each name's entry (``ops.bf16_plans``: the plan of a signature and the entry that finds it) over its own checks and
+# path. A call is ``(a, b, d, x, expected_m)``: ``x`` the dense names' ``c`` or the grouped names' layout.
+def _same(a, b):
+    """The kernel's views of a name that passes ``a`` and ``b`` as the kernel reads them (masked)."""
+    return a, b
+
+
+def _dense_entry(layout: str):
+    """``bf16_gemm_<layout>``'s entry: A and B the transposed views the layout names, ``x`` = ``c``."""
+    trans_a, trans_b = bf16_math.LAYOUTS[layout]
+
+    def views(a, b):
+        return (a.T if trans_a else a), (b.T if trans_b else b)
+
+    def op(a, b, d, c, expected_m) -> None:
+        _dense(layout, a, b, d, c)
+
+    def make(a, b, d, c) -> Bf16Plan:
+        A, B, m, n, k = _dense_checks(layout, a, b, d, c)
+        return Bf16Plan(op, views, "DENSE", A, B, d, c, True, m, n, k, 1)
+
+    return plan_entry(make, op)
+
+
+def _contiguous_entry(trans_b: bool):
+    """A contiguous name's entry (m_indices layout only; psum takes the general path), ``x`` = ``grouped_layout``."""
+    name = f"m_grouped_bf16_gemm_{'nn' if trans_b else 'nt'}_contiguous"
+
+    def views(a, b):
+        return a, (b.transpose(1, 2) if trans_b else b)
+
+    def op(a, b, d, grouped_layout, expected_m) -> None:
+        _contiguous(name, a, b, d, grouped_layout, False, None, trans_b)
+
+    def make(a, b, d, grouped_layout) -> Bf16Plan:
+        B, groups, m, n, k = _contiguous_checks(name, a, b, d, grouped_layout, False, None, trans_b)
+        return Bf16Plan(op, views, "M_GROUPED_CONTIGUOUS", a, B, d, grouped_layout, False, m, n, k, groups)
+
+    return plan_entry(make, op)
+
+
+def _masked_entry():
+    """The masked name's entry, ``x`` = ``masked_m``; ``expected_m`` changes nothing the plan holds."""
+    def make(a, b, d, masked_m) -> Bf16Plan:
+        B, groups, m, n, k = _masked_checks(a, b, d, masked_m, 1)  # expected_m: checked by the name, not planned
+        return Bf16Plan(_masked, _same, "M_GROUPED_MASKED", a, B, d, masked_m, False, m, n, k, groups)
+
+    return plan_entry(make, _masked)
+
+
+#: name -> the eager entry of a BF16 name (``dense_<layout>``, ``contiguous_{nt,nn}``, ``masked``; psum: none).
+ENTRIES = {**{f"dense_{layout}": _dense_entry(layout) for layout in bf16_math.LAYOUTS},
+           "contiguous_nt": _contiguous_entry(False), "contiguous_nn": _contiguous_entry(True),
+           "masked": _masked_entry()}
+
+
+def clear_plans() -> None:
+    """Forget every BF16 plan (tests; a loaded kernel stays loaded)."""
+    for entry in ENTRIES.values():
+        entry.plans.clear()
+        for index in entry.indexes:
+            index.clear()
+
+
+def plan_stats() -> dict[str, tuple[int, int]]:
+    """``{name: (plans, weights indexed)}`` per entry of :data:`ENTRIES`: what tests and benchmarks inspect."""
+    return {name: (len(e.plans), sum(len(i) for i in e.indexes)) for name, e in ENTRIES.items()}
+
+
+def plans_of(name: str) -> list[Bf16Plan]:
+    """The plans of entry ``name`` (tests: a pointer-only change must reuse one)."""
+    return list(ENTRIES[name].plans.values())
