@@ -121,6 +121,12 @@ def plain_arguments(a, b, recipe, recipe_a, recipe_b, compiled_dims, disable_ue8
             type(b) is tuple and len(b) == 2)
 
 
+def is_block32_recipe(recipe: object) -> bool:
+    """``recipe`` is exactly ``(1, 32, 32)``, a tuple of ints (bools excluded, as :func:`int_tuple` excludes them)."""
+    return (type(recipe) is tuple and len(recipe) == 3 and type(recipe[0]) is int and type(recipe[1]) is int and
+            type(recipe[2]) is int and recipe == _BLOCK32_RECIPE)
+
+
 def check_bf16_output(d: object) -> None:
     if isinstance(d, torch.Tensor) and d.dtype == torch.float32:
         raise NotImplementedError(f"d.dtype=torch.float32: an fp32 D is written only by {_ONE_D_ONE_D}, which "

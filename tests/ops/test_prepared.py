@@ -953,10 +953,13 @@ _COMPAT = {
     "psum": lambda args, **kw: compat_api.m_grouped_fp8_gemm_nt_contiguous(
         args["lhs"], args["rhs"], args["out"], args["grouped_layout"], use_psum_layout=True,
         expected_m_for_psum_layout=args["expected_m"], **kw),
+    "block32": lambda args, **kw: compat_api.fp8_gemm_nt(args["lhs"], args["rhs"], args["out"],
+                                                         **dict(dict(recipe=(1, 32, 32)), **kw)),
 }
 _COMPAT_BAD = [
     ("recipe", dict(recipe=(1, 128, 64)), ValueError, "recipe"),
     ("recipe-bool", dict(recipe=(True, 128, 128)), TypeError, "recipe"),
+    ("recipe-bool-32", dict(recipe=(True, 32, 32)), TypeError, "recipe"),  # == (1, 32, 32) in Python
     ("compiled_dims", dict(compiled_dims="mx"), ValueError, "compiled_dims"),
     ("compiled_dims-list", dict(compiled_dims=["m"]), TypeError, "compiled_dims"),
     ("disable_ue8m0_cast", dict(disable_ue8m0_cast=1), TypeError, "disable_ue8m0_cast"),
@@ -964,6 +967,12 @@ _COMPAT_BAD = [
 
 
 def _compat_args(kind):
+    if kind == "block32":  # SGLang's DeepSeek-V4.1 call: 1x32 activations, 32x32 weights
+        from tests._operands import quantised_activations, quantised_weights
+
+        (a, sa), (b, sb) = quantised_activations((64, 256), 0, gran_k=32), quantised_weights((256, 256), 1, gran_k=32)
+        return dict(lhs=(a, utils.get_col_major_tma_aligned_tensor(sa)), rhs=(b, sb),
+                    out=torch.empty(64, 256, dtype=torch.bfloat16))
     args = _canonical(BUILDERS[kind]())
     return dict(args, lhs=(args["a"], args["sa"]), rhs=(args["b"], args["sb"]),
                 expected_m=args.get("expected_m", 16 if kind == "masked" else None))
