@@ -840,21 +840,36 @@ def quantiser(kind: str, check: Callable, fallback: Callable):
 
 
 # ---------------------------------------------------------------------------------------------- introspection
+#: The plan caches of the families whose plans live next to their ops (``ops.bf16``, ...): prefix -> (clear, stats).
+_OTHER_CACHES: dict[str, tuple[Callable[[], None], Callable[[], dict]]] = {}
+
+
+def register_cache(prefix: str, clear_plans: Callable[[], None], plan_stats: Callable[[], dict]) -> None:
+    """Make :func:`clear` forget another family's plans too and :func:`stats` report them (as ``prefix + name``):
+    one reset for every per-call cache (tests that fake a GPU must not leave plans that later CPU calls meet)."""
+    _OTHER_CACHES[prefix] = (clear_plans, plan_stats)
+
+
 def clear() -> None:
-    """Forget every plan (tests; a loaded kernel stays loaded)."""
+    """Forget every plan, every family's (tests; a loaded kernel stays loaded)."""
     for entry in GEMM_ENTRIES.values():
         entry.plans.clear()
         entry.index.clear()
     _quant_plans.clear()
     for hot in _quant_hot:
         hot.clear()
+    for clear_plans, _ in _OTHER_CACHES.values():
+        clear_plans()
 
 
 def stats() -> dict[str, tuple[int, int]]:
-    """``{kind: (plans, weights indexed)}`` for every GEMM family with an eager entry, and ``"quant"``: (plans, hot
-    entries). What tests and benchmarks inspect instead of the entries' state."""
+    """``{kind: (plans, weights indexed)}`` for every GEMM family with an eager entry, ``"quant"``: (plans, hot
+    entries), and the registered caches' entries as ``prefix + name`` (:func:`register_cache`). What tests and
+    benchmarks inspect instead of the entries' state."""
     out = {kind: (len(e.plans), len(e.index)) for kind, e in GEMM_ENTRIES.items()}
     out["quant"] = (len(_quant_plans), sum(len(h) for h in _quant_hot))
+    for prefix, (_, plan_stats) in _OTHER_CACHES.items():
+        out.update({prefix + name: value for name, value in plan_stats().items()})
     return out
 
 

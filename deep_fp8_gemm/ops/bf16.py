@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import torch
 
-from .._core import bf16_math
+from .._core import bf16_math, plans
 from .._core.checks import (INDEX_DTYPE, check_expected_m, check_no_overlap, check_not_self_overlapping,
                             check_same_device, check_shape, check_tensor, is_meta, layout_values_checked)
 from ..kernels import launching
@@ -388,3 +388,6 @@ def plan_stats() -> dict[str, tuple[int, int]]:
 def plans_of(name: str) -> list[Bf16Plan]:
     """The plans of entry ``name`` (tests: a pointer-only change must reuse one)."""
     return list(ENTRIES[name].plans.values())
+
+
+plans.register_cache("bf16.", clear_plans, plan_stats)  # _core.plans.clear() / stats() cover the BF16 plans too
