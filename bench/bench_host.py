@@ -3,7 +3,8 @@
 ``python -m bench.bench_host [--json PATH|-] [--quick] [--ops a,b] [--device all|stub|cuda]`` prints, per op
 (dense, contiguous, masked, psum GEMM; the FP8-output dense GEMM and the masked SwiGLU·FP8 one; the reference's
 names ``fp8_gemm_nt``, ``m_grouped_fp8_gemm_nt_contiguous``, ``fp8_m_grouped_gemm_nt_masked`` as vLLM calls them
-through the drop-in ``deep_gemm`` module; the fused quantisers per_token, per_block, silu_mul_quant; the BF16 GEMMs
+through the drop-in ``deep_gemm`` module, and ``fp8_gemm_nt_1x32`` = ``fp8_gemm_nt(..., recipe=(1, 32, 32))`` as SGLang
+calls it for DeepSeek-V4.1; the fused quantisers per_token, per_block, silu_mul_quant; the BF16 GEMMs
 bf16_dense = ``bf16_gemm_nt``, bf16_masked, bf16_contiguous = ``m_grouped_bf16_gemm_nt_{masked,contiguous}``)::
 
     {"ops": [{"op": "dense", "call_us": ..., "launch_floor_us": ..., "ratio": ..., "device": "stub", ...}, ...]}
@@ -16,7 +17,7 @@ bf16_dense = ``bf16_gemm_nt``, bf16_masked, bf16_contiguous = ``m_grouped_bf16_g
   arguments (``((values...), (ctypes types...))``, marshalled by the binding): one argument per tensor the op
   reads or writes plus one per Python scalar argument (dense 5, contiguous 6, masked 7, psum 6 — called without
   its optional ``expected_m`` —, dense_fp8out 6, masked_swiglu 8, the reference's names one more than their rows
-  for ``disable_ue8m0_cast``, quantisers 3: input, output, scales; bf16_dense 3: a, b, d; bf16_masked 5: a, b,
+  for ``disable_ue8m0_cast``, ``fp8_gemm_nt_1x32`` 7 (``recipe`` too), quantisers 3: input, output, scales; bf16_dense 3: a, b, d; bf16_masked 5: a, b,
   d, masked_m, expected_m; bf16_contiguous 4: a, b, d, grouped_layout).
 * ``ratio = call_us / launch_floor_us`` (issue 45's bar: 1.5).
 * ``alloc_us`` (quantisers): what allocating and freeing tensors like the op's two outputs costs by itself, made
@@ -76,7 +77,7 @@ SILU = dict(m=64, two_i=4096)
 SWIGLU = dict(groups=8, m_max=64, two_i=4096, k=7168, expected_m=32)  # w13 of 8 local experts (EP), decode
 #: The GEMM family of each row whose name is not its kind (precompile).
 FAMILY_OF = {"dense_prepared": "dense", "fp8_gemm_nt": "dense", "m_grouped_fp8_gemm_nt_contiguous": "contiguous",
-             "fp8_m_grouped_gemm_nt_masked": "masked"}
+             "fp8_m_grouped_gemm_nt_masked": "masked", "fp8_gemm_nt_1x32": "dense_block32"}
 BF16_DENSE = dict(m=64, n=2112, k=7168)  # bf16_gemm_nt: a [m, k], b [n, k], d [m, n] bf16
 BF16_MASKED = dict(groups=8, m_max=64, n=4096, k=2048, expected_m=32)  # m_grouped_bf16_gemm_nt_masked
 BF16_CONTIGUOUS = dict(groups=4, m_per_group=128, n=4096, k=2048)  # m_grouped_bf16_gemm_nt_contiguous
@@ -177,6 +178,18 @@ def make_ops(device: torch.device) -> list[tuple[str, int, str, object, tuple]]:
                  lhs, rhs, out, masked_m, expected_m, disable_ue8m0_cast=True))):
         _, num_args, kind, _, args = next(op for op in ops if op[0] == row)
         ops.append((name, num_args + 1, kind, call, args))
+    # SGLang's DeepSeek-V4.1 dense call: recipe (1, 32, 32), 1x32 activation scales (M-major, as its quantiser
+    # writes them) and 32x32 weight scales.
+    m, n, k = DENSE["m"], DENSE["n"], DENSE["k"]
+    kb = (k + 31) // 32
+    sa = empty_m_major((m, kb), device)
+    sa.fill_(1.0)
+    lhs = (_fp8((m, k), device, gpu), sa)
+    rhs = (_fp8((n, k), device, gpu), _scales(((n + 31) // 32, kb), device))
+    out = torch.empty((m, n), dtype=torch.bfloat16, device=device)
+    ops.append(("fp8_gemm_nt_1x32", 7, "gemm",
+                lambda lhs, rhs, out: deep_gemm.fp8_gemm_nt(lhs, rhs, out, recipe=(1, 32, 32), disable_ue8m0_cast=True),
+                (lhs, rhs, out)))
 
     x = torch.zeros((PER_TOKEN["m"], PER_TOKEN["k"]), dtype=torch.bfloat16, device=device)
     ops.append(("per_token", 3, "quant", dfg.per_token_cast_to_fp8, (x,)))
