@@ -76,10 +76,11 @@ SILU = dict(m=64, two_i=4096)
 SWIGLU = dict(groups=8, m_max=64, two_i=4096, k=7168, expected_m=32)  # w13 of 8 local experts (EP), decode
 #: The GEMM family of each row whose name is not its kind (precompile).
 FAMILY_OF = {"dense_prepared": "dense", "fp8_gemm_nt": "dense", "m_grouped_fp8_gemm_nt_contiguous": "contiguous",
-             "fp8_m_grouped_gemm_nt_masked": "masked"}
+             "fp8_m_grouped_gemm_nt_masked": "masked", "wgrad_1d1d": "1d1d"}
 BF16_DENSE = dict(m=64, n=2112, k=7168)  # bf16_gemm_nt: a [m, k], b [n, k], d [m, n] bf16
 BF16_MASKED = dict(groups=8, m_max=64, n=4096, k=2048, expected_m=32)  # m_grouped_bf16_gemm_nt_masked
 BF16_CONTIGUOUS = dict(groups=4, m_per_group=128, n=4096, k=2048)  # m_grouped_bf16_gemm_nt_contiguous
+WGRAD_1D1D = dict(m=64, n=2112, k=7168)  # gemm_fp8_fp8_fp32_nt_1d1d, d = c [m, n] fp32 (a main-grad buffer)
 
 
 # ---------------------------------------------------------------------------------------------- operands
@@ -205,6 +206,16 @@ def make_ops(device: torch.device) -> list[tuple[str, int, str, object, tuple]]:
     d = torch.empty((g * mg, n), dtype=torch.bfloat16, device=device)
     m_indices = torch.arange(g * mg, dtype=torch.int32, device=device) // mg
     ops.append(("bf16_contiguous", 4, "bf16", dfg.m_grouped_bf16_gemm_nt_contiguous, (a, b, d, m_indices)))
+
+    # The weight-gradient GEMMs, accumulating in place into fp32 d (c = d: one tensor read and written).
+    m, n, k = WGRAD_1D1D["m"], WGRAD_1D1D["n"], WGRAD_1D1D["k"]
+    kb = (k + 127) // 128
+    sa, sb = empty_m_major((m, kb), device), empty_m_major((n, kb), device)
+    sa.fill_(1.0)
+    sb.fill_(1.0)
+    d = torch.zeros((m, n), dtype=torch.float32, device=device)
+    ops.append(("wgrad_1d1d", 5, "gemm", dfg.gemm_fp8_fp8_fp32_nt_1d1d,
+                ((_fp8((m, k), device, gpu), sa), (_fp8((n, k), device, gpu), sb), d, d)))
     return ops
 
 
@@ -393,8 +404,12 @@ def precompile(only: set[str] | None) -> None:
         counts.add(num_args)
         if params_kind == "gemm":
             kind = FAMILY_OF.get(name, name)
-            expected_m = args[4] if kind.startswith("masked") else None
-            cfg = ops.FAMILIES[kind].plan(args[0][0], args[1][0], expected_m, get_num_sms())
+            if kind == "1d1d":  # plan(m, n, k, num_sms)
+                (m, k), n = args[0][0].shape, args[1][0].shape[0]
+                cfg = ops.FAMILIES[kind].plan(m, n, k, get_num_sms())
+            else:
+                expected_m = args[4] if kind.startswith("masked") else None
+                cfg = ops.FAMILIES[kind].plan(args[0][0], args[1][0], expected_m, get_num_sms())
             compile_kernel(cfg.kernel_name(), gemm.render_source(cfg))
         elif params_kind == "bf16":
             a, b, d = args[:3]
