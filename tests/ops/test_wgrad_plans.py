@@ -257,11 +257,17 @@ def test_scales_to_convert_take_the_ops_path(fake_gpu):
     assert len(fake_gpu.launches) == 5
 
 
-@pytest.mark.parametrize("change", ["m", "c-stride", "c-given", "num_sms", "pdl"])
+@pytest.mark.parametrize("change", ["m", "c-stride", "c-given", "num_sms", "pdl", "num_sms+in-place", "pdl+none"])
 def test_each_signature_change_misses(fake_gpu, change):
+    """A changed shape, stride or c kind, or process setting (each c kind has its own index) is a new plan."""
     a, sa, b, sb, c = _operands()
     a2, sa2, _, _, _ = _operands(m=M - 8)
     d = torch.zeros(M, N)
+    if change.endswith("+in-place"):
+        c = d
+    elif change.endswith("+none"):
+        c = None
+    change = change.split("+")[0]
     fake_gpu.on()
     dfg.gemm_fp8_fp8_fp32_nt_1d1d((a, sa), (b, sb), d, c)
     args = [a, sa, b, sb, d, c]
@@ -376,4 +382,8 @@ def test_fp8_gemm_nt_1d1d_recipe_reaches_the_plan(fake_gpu, monkeypatch):
         compat_api.fp8_gemm_nt((a, sa), (b, sb), d, c=d, recipe=(1, 1, 128), compiled_dims="mm")
     with pytest.raises(TypeError, match="disable_ue8m0_cast"):
         compat_api.fp8_gemm_nt((a, sa), (b, sb), d, c=d, recipe=(1, 1, 128), disable_ue8m0_cast=1)
+    with pytest.raises(TypeError, match="needs recipe=\\(1, 1, 128\\)"):  # the default recipe: no 1D1D plan
+        compat_api.fp8_gemm_nt((a, sa), (b, sb), d, c=d)
+    with pytest.raises(ValueError, match="pass either recipe or the recipe_a / recipe_b pair"):
+        compat_api.fp8_gemm_nt((a, sa), (b, sb), d, c=d, recipe=(1, 1, 128), recipe_a=(1, 128))
     assert len(fake_gpu.launches) == 2
