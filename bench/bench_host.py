@@ -17,7 +17,8 @@ bf16_dense = ``bf16_gemm_nt``, bf16_masked, bf16_contiguous = ``m_grouped_bf16_g
   reads or writes plus one per Python scalar argument (dense 5, contiguous 6, masked 7, psum 6 — called without
   its optional ``expected_m`` —, dense_fp8out 6, masked_swiglu 8, the reference's names one more than their rows
   for ``disable_ue8m0_cast``, quantisers 3: input, output, scales; bf16_dense 3: a, b, d; bf16_masked 5: a, b,
-  d, masked_m, expected_m; bf16_contiguous 4: a, b, d, grouped_layout).
+  d, masked_m, expected_m; bf16_contiguous 4: a, b, d, grouped_layout; wgrad_1d1d 5: a, sa, b, sb and d, which is
+  also c: ``gemm_fp8_fp8_fp32_nt_1d1d`` accumulating in place).
 * ``ratio = call_us / launch_floor_us`` (issue 45's bar: 1.5).
 * ``alloc_us`` (quantisers): what allocating and freeing tensors like the op's two outputs costs by itself, made
   the way the ops make them (torch's ``_empty_strided_{cpu,cuda}(sizes, strides, dtype)``, see
