@@ -17,8 +17,9 @@ bf16_dense = ``bf16_gemm_nt``, bf16_masked, bf16_contiguous = ``m_grouped_bf16_g
   arguments (``((values...), (ctypes types...))``, marshalled by the binding): one argument per tensor the op
   reads or writes plus one per Python scalar argument (dense 5, contiguous 6, masked 7, psum 6 — called without
   its optional ``expected_m`` —, dense_fp8out 6, masked_swiglu 8, the reference's names one more than their rows
-  for ``disable_ue8m0_cast``, ``fp8_gemm_nt_1x32`` 7 (``recipe`` too), quantisers 3: input, output, scales; bf16_dense 3: a, b, d; bf16_masked 5: a, b,
-  d, masked_m, expected_m; bf16_contiguous 4: a, b, d, grouped_layout).
+  for ``disable_ue8m0_cast``, ``fp8_gemm_nt_1x32`` 7 (``recipe`` too), quantisers 3: input, output, scales;
+  bf16_dense 3: a, b, d; bf16_masked 5: a, b, d, masked_m, expected_m; bf16_contiguous 4: a, b, d, grouped_layout;
+  wgrad_1d1d 5: a, sa, b, sb and d, which is also c: ``gemm_fp8_fp8_fp32_nt_1d1d`` accumulating in place).
 * ``ratio = call_us / launch_floor_us`` (issue 45's bar: 1.5).
 * ``alloc_us`` (quantisers): what allocating and freeing tensors like the op's two outputs costs by itself, made
   the way the ops make them (torch's ``_empty_strided_{cpu,cuda}(sizes, strides, dtype)``, see
@@ -77,10 +78,11 @@ SILU = dict(m=64, two_i=4096)
 SWIGLU = dict(groups=8, m_max=64, two_i=4096, k=7168, expected_m=32)  # w13 of 8 local experts (EP), decode
 #: The GEMM family of each row whose name is not its kind (precompile).
 FAMILY_OF = {"dense_prepared": "dense", "fp8_gemm_nt": "dense", "m_grouped_fp8_gemm_nt_contiguous": "contiguous",
-             "fp8_m_grouped_gemm_nt_masked": "masked", "fp8_gemm_nt_1x32": "dense_block32"}
+             "fp8_m_grouped_gemm_nt_masked": "masked", "fp8_gemm_nt_1x32": "dense_block32", "wgrad_1d1d": "1d1d"}
 BF16_DENSE = dict(m=64, n=2112, k=7168)  # bf16_gemm_nt: a [m, k], b [n, k], d [m, n] bf16
 BF16_MASKED = dict(groups=8, m_max=64, n=4096, k=2048, expected_m=32)  # m_grouped_bf16_gemm_nt_masked
 BF16_CONTIGUOUS = dict(groups=4, m_per_group=128, n=4096, k=2048)  # m_grouped_bf16_gemm_nt_contiguous
+WGRAD_1D1D = dict(m=64, n=2112, k=7168)  # gemm_fp8_fp8_fp32_nt_1d1d, d = c [m, n] fp32 (a main-grad buffer)
 
 
 # ---------------------------------------------------------------------------------------------- operands
@@ -218,6 +220,16 @@ def make_ops(device: torch.device) -> list[tuple[str, int, str, object, tuple]]:
     d = torch.empty((g * mg, n), dtype=torch.bfloat16, device=device)
     m_indices = torch.arange(g * mg, dtype=torch.int32, device=device) // mg
     ops.append(("bf16_contiguous", 4, "bf16", dfg.m_grouped_bf16_gemm_nt_contiguous, (a, b, d, m_indices)))
+
+    # The weight-gradient GEMMs, accumulating in place into fp32 d (c = d: one tensor read and written).
+    m, n, k = WGRAD_1D1D["m"], WGRAD_1D1D["n"], WGRAD_1D1D["k"]
+    kb = (k + 127) // 128
+    sa, sb = empty_m_major((m, kb), device), empty_m_major((n, kb), device)
+    sa.fill_(1.0)
+    sb.fill_(1.0)
+    d = torch.zeros((m, n), dtype=torch.float32, device=device)
+    ops.append(("wgrad_1d1d", 5, "gemm", dfg.gemm_fp8_fp8_fp32_nt_1d1d,
+                ((_fp8((m, k), device, gpu), sa), (_fp8((n, k), device, gpu), sb), d, d)))
     return ops
 
 
@@ -406,8 +418,12 @@ def precompile(only: set[str] | None) -> None:
         counts.add(num_args)
         if params_kind == "gemm":
             kind = FAMILY_OF.get(name, name)
-            expected_m = args[4] if kind.startswith("masked") else None
-            cfg = ops.FAMILIES[kind].plan(args[0][0], args[1][0], expected_m, get_num_sms())
+            if kind == "1d1d":  # plan(m, n, k, num_sms)
+                (m, k), n = args[0][0].shape, args[1][0].shape[0]
+                cfg = ops.FAMILIES[kind].plan(m, n, k, get_num_sms())
+            else:
+                expected_m = args[4] if kind.startswith("masked") else None
+                cfg = ops.FAMILIES[kind].plan(args[0][0], args[1][0], expected_m, get_num_sms())
             compile_kernel(cfg.kernel_name(), gemm.render_source(cfg))
         elif params_kind == "bf16":
             a, b, d = args[:3]

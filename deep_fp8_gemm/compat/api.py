@@ -50,23 +50,27 @@ import torch
 from .._core.checks import check_bool, check_expected_m, unpack_pair
 from .._core.plans import cached_call
 from .arguments import (RECIPE_1D1D, RECIPE_BLOCK32, check_bf16_output, check_compiled_dims, check_recipe,
-                        check_sm100_operands, common_checks, int_tuple, is_block32_recipe, plain_arguments)
+                        check_sm100_operands, common_checks, int_tuple, is_1d1d_recipe, is_block32_recipe,
+                        plain_arguments)
 from ..ops.contiguous import m_grouped_gemm_fp8_fp8_bf16_nt_contiguous
 from ..ops.dense import gemm_fp8_fp8_bf16_nt, gemm_fp8_fp8_bf16_nt_block32
 from ..ops.k_grouped import k_grouped_gemm_fp8_fp8_fp32_nt
 from ..ops.masked import m_grouped_gemm_fp8_fp8_bf16_nt_masked
 from ..ops.mxfp4 import m_grouped_gemm_fp8_fp4_bf16_nt_contiguous, m_grouped_gemm_fp8_fp4_bf16_nt_masked
 from ..ops.psum import m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_psum
-from ..ops.wgrad_1d1d import gemm_fp8_fp8_fp32_nt_1d1d
+from ..ops.wgrad_1d1d import ENTRY as _1D1D_ENTRY, gemm_fp8_fp8_fp32_nt_1d1d
 from ..utils import get_col_major_tma_aligned_tensor
 
 # The bf16-output families' known-signature calls (_core.plans.cached_call): the names below try them first when the
 # arguments are the defaults whose checks depend only on the tensors' signature. A plan exists only for tensors that
 # passed every check of the op: FP8 data with fp32 scales (so no SM100 dtype) and a bf16 d (so the 1D2D recipe).
 # recipe=(1, 32, 32) (SGLang's DeepSeek-V4.1 call) tries the block32 kind's: its plans exist only for 1x32 / 32x32
-# scale shapes and a bf16 d, which is what that recipe requires.
+# scale shapes and a bf16 d, which is what that recipe requires. recipe=(1, 1, 128) with a c tries the 1D1D plans
+# (ops.wgrad_plans): they exist only for FP8 data, fp32 per-row scales and an fp32 d, which is what that recipe requires
+# once c is given.
 _DENSE_HIT, _CONTIGUOUS_HIT, _PSUM_HIT, _MASKED_HIT, _BLOCK32_HIT = (
     cached_call(k) for k in ("dense", "contiguous", "psum", "masked", "dense_block32"))
+_1D1D_HIT = _1D1D_ENTRY.hit
 
 
 def _no_hit(*args) -> bool:
@@ -108,6 +112,10 @@ def fp8_gemm_nt(
             (_DENSE_HIT if recipe is None else _BLOCK32_HIT if is_block32_recipe(recipe) else _no_hit)(
                 a[0], a[1], b[0], b[1], d):
         return  # a known signature: every check below passed for it (the module's _DENSE_HIT note)
+    if c is not None and alpha is None and is_1d1d_recipe(recipe) and \
+            plain_arguments(a, b, None, recipe_a, recipe_b, compiled_dims, disable_ue8m0_cast) and \
+            _1D1D_HIT(a[0], a[1], b[0], b[1], d, c):
+        return  # likewise, for the 1D1D recipe (the module's _DENSE_HIT note)
     selected = common_checks(a, b, recipe, recipe_a, recipe_b, compiled_dims, disable_ue8m0_cast, dense=True)
     if alpha is not None:
         raise NotImplementedError(f"alpha={alpha!r}: the output scale exists only on the reference's SM100 kernels")

@@ -29,7 +29,7 @@ def int_tuple(value: object, length: int, name: str) -> tuple[int, ...]:
 #: The recipes :func:`check_recipe` tells apart: the 1D2D kernel (1, 128, 128), the 1D1D one (1, 1, 128) and the
 #: 1x32 / 32x32 one (1, 32, 32) of DeepSeek-V4.1's dense layers (``gemm_fp8_fp8_bf16_nt_block32``).
 RECIPE_1D2D, RECIPE_1D1D, RECIPE_BLOCK32 = "1d2d", "1d1d", "block32"
-_BLOCK32_RECIPE = (1, 32, 32)
+_BLOCK32_RECIPE, _1D1D_RECIPE = (1, 32, 32), (1, 1, 128)
 
 
 def _check_granularity(gran_mn_a: int, gran_mn_b: int, gran_k: int, what: str, allow_1d1d: bool,
@@ -123,8 +123,17 @@ def plain_arguments(a, b, recipe, recipe_a, recipe_b, compiled_dims, disable_ue8
 
 def is_block32_recipe(recipe: object) -> bool:
     """``recipe`` is exactly ``(1, 32, 32)``, a tuple of ints (bools excluded, as :func:`int_tuple` excludes them)."""
+    return _is_exactly(recipe, _BLOCK32_RECIPE)
+
+
+def is_1d1d_recipe(recipe: object) -> bool:
+    """``recipe`` is exactly ``(1, 1, 128)``, a tuple of ints (bools excluded, as :func:`int_tuple` excludes them)."""
+    return _is_exactly(recipe, _1D1D_RECIPE)
+
+
+def _is_exactly(recipe: object, value: tuple[int, int, int]) -> bool:
     return (type(recipe) is tuple and len(recipe) == 3 and type(recipe[0]) is int and type(recipe[1]) is int and
-            type(recipe[2]) is int and recipe == _BLOCK32_RECIPE)
+            type(recipe[2]) is int and recipe == value)
 
 
 def check_bf16_output(d: object) -> None:

@@ -12,7 +12,11 @@ Dispatch as the other families (``runtime.target.backend_of(device, "gemm")``): 
 reference (or, with ``DFG_SIMULATE=1``, the kernel in the CPU simulator); CUDA tensors need sm_90 and run the JIT
 kernel (kind ``"1d1d"`` of ``kernels/fp8_gemm.cuh`` with the policies of ``policy_1d1d.cuh``). The custom op is
 ``torch.ops.deep_fp8_gemm.gemm_fp8_fp8_fp32_nt_1d1d(a, sa, b, sb, d, c, accumulate)`` (``c=d`` becomes
-``accumulate=True`` with no ``c``: a mutated argument must not alias another input). No per-call fast path yet.
+``accumulate=True`` with no ``c``: a mutated argument must not alias another input).
+
+Host time (issue 45): an eager call looks up a plan for its tensors' signature (:mod:`.wgrad_plans`, the design of
+``_core.plans``): the checks, the config, the loaded kernel and the constant parameters are computed once per
+signature; a call checks its data pointers and launches (``bench.bench_host``'s ``wgrad_1d1d`` row).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from .._core.checks import (FP8, Problem, check_aligned_ptr, check_c_layout, che
                             check_same_device, check_shape, check_tensor, is_meta, unpack_pair)
 from .._core.dispatch import accumulates_in_place, accumulator, eager, normalise_scales, operands
 from .._core.family import GemmFamily, register_op
+from .._core.plans import register_cache
 from .._core.reference_math import gemm_nt_row_scaled_f64
 from ..config import GemmConfig, get_config
 from ..constants import GRAN_K
@@ -31,6 +36,7 @@ from ..kernels import gemm as gemm_host
 from ..runtime import target
 from ..runtime.target import Backend
 from ..utils import ceil_div
+from .wgrad_plans import Wgrad1d1dPlan, plan_entry
 
 
 def check(a, sa, b, sb, d, c, *, layout: bool = True, pointers: bool = True) -> Problem:
@@ -133,14 +139,8 @@ OP = register_op("gemm_fp8_fp8_fp32_nt_1d1d", "(Tensor a, Tensor sa, Tensor b, T
                  "bool accumulate) -> ()", _op_impl, _op_fake)
 
 
-def gemm_fp8_fp8_fp32_nt_1d1d(lhs, rhs, d: torch.Tensor, c: torch.Tensor | None = None) -> None:
-    """``d = c + (A·sA)·(B·sB)ᵀ`` in float32 (see the module docstring for shapes and layouts).
-
-    Runs as the custom op ``torch.ops.deep_fp8_gemm.gemm_fp8_fp8_fp32_nt_1d1d`` when torch is tracing or a
-    dispatch mode is active (so ``torch.compile(fullgraph=True)`` traces it), directly otherwise. ``c=d`` becomes
-    the op's ``accumulate=True`` with no ``c`` (a mutated argument must not alias another input)."""
-    a, sa = unpack_pair(lhs, "lhs")
-    b, sb = unpack_pair(rhs, "rhs")
+def _unplanned(a, sa, b, sb, d, c) -> None:
+    """:func:`gemm_fp8_fp8_fp32_nt_1d1d` without a plan, after the pairs are unpacked."""
     accumulate = accumulates_in_place(c, d)
     if accumulate:
         c = None
@@ -152,5 +152,46 @@ def gemm_fp8_fp8_fp32_nt_1d1d(lhs, rhs, d: torch.Tensor, c: torch.Tensor | None 
     OP(a, sa, b, sb, d, c, bool(accumulate))
 
 
+def _make_plan(a, sa, b, sb, d, c) -> Wgrad1d1dPlan:
+    """The plan of a new signature, after the op's checks (its errors, its order): ``c`` is checked as the op takes it
+    (``d`` when it aliases ``d``: such a plan runs the op's path, as the op decides per call)."""
+    as_given = c is None or c is d or not accumulates_in_place(c, d)
+    problem = check(a, sa, b, sb, d, c if as_given else d)
+    return Wgrad1d1dPlan(_unplanned, plan, a, sa, b, sb, d, c, problem.empty, as_given)
+
+
+#: The eager entry (``wgrad_plans.plan_entry``): ``ENTRY(a, sa, b, sb, d, c)``; ``ENTRY.hit`` for ``compat``.
+ENTRY = plan_entry(_make_plan, _unplanned)
+
+
+def gemm_fp8_fp8_fp32_nt_1d1d(lhs, rhs, d: torch.Tensor, c: torch.Tensor | None = None) -> None:
+    """``d = c + (A·sA)·(B·sB)ᵀ`` in float32 (see the module docstring for shapes and layouts).
+
+    Runs as the custom op ``torch.ops.deep_fp8_gemm.gemm_fp8_fp8_fp32_nt_1d1d`` when torch is tracing or a
+    dispatch mode is active (so ``torch.compile(fullgraph=True)`` traces it), directly otherwise. ``c=d`` becomes
+    the op's ``accumulate=True`` with no ``c`` (a mutated argument must not alias another input)."""
+    a, sa = lhs if type(lhs) is tuple and len(lhs) == 2 else unpack_pair(lhs, "lhs")
+    b, sb = rhs if type(rhs) is tuple and len(rhs) == 2 else unpack_pair(rhs, "rhs")
+    ENTRY(a, sa, b, sb, d, c)
+
+
+def clear_plans() -> None:
+    """Forget every 1D1D plan (tests; a loaded kernel stays loaded)."""
+    ENTRY.plans.clear()
+    for index in ENTRY.indexes:
+        index.clear()
+
+
+def plan_stats() -> dict[str, tuple[int, int]]:
+    """``{"1d1d": (plans, weights indexed)}``: what tests and benchmarks inspect."""
+    return {"1d1d": (len(ENTRY.plans), sum(len(i) for i in ENTRY.indexes))}
+
+
+def plans_of() -> list[Wgrad1d1dPlan]:
+    """The 1D1D plans (tests: a pointer-only change must reuse one)."""
+    return list(ENTRY.plans.values())
+
+
 FAMILY = GemmFamily(kind="1d1d", public=gemm_fp8_fp8_fp32_nt_1d1d, check=check, reference=reference, dispatch=dispatch,
                     plan=plan, op=OP)
+register_cache("wgrad.", clear_plans, plan_stats)  # _core.plans.clear() / stats() cover the 1D1D plans too
