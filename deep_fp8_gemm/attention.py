@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import torch
 
-from ._core import plans
 from ._core.checks import check_bool, check_is_tensor, check_same_device, check_tensor, is_meta
 from ._core.dispatch import eager
 from ._core.family import register_op
@@ -524,22 +523,7 @@ def _paged_fake(q, kv_cache, weights, context_lens, block_table, schedule_meta, 
 
 
 # Eager calls: per-call plans. Dynamo folds is_dynamo_compiling() to True while it traces (as in _core.plans).
-_is_compiling = torch.compiler.is_dynamo_compiling
-_dispatch_depth = torch._C._len_torch_dispatch_stack
-
-
-def clear_plans() -> None:
-    """Forget the paged logits' plans (``_core.plans.clear()`` calls it: tests that fake a GPU)."""
-    _paged_entry.plans.clear()
-    _paged_entry.hot.clear()
-
-
-def plan_stats() -> dict[str, tuple[int, int]]:
-    """``{"paged_mqa_logits": (plans, hot guards)}``."""
-    return {"paged_mqa_logits": (len(_paged_entry.plans), len(_paged_entry.hot))}
-
-
-plans.register_cache("attention.", clear_plans, plan_stats)  # _core.plans.clear() / stats() cover them too
+_is_compiling, _dispatch_depth = torch.compiler.is_dynamo_compiling, torch._C._len_torch_dispatch_stack
 
 PAGED_OP = register_op(
     "fp8_paged_mqa_logits", "(Tensor q, Tensor kv_cache, Tensor weights, Tensor context_lens, Tensor block_table, "

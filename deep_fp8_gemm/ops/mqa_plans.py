@@ -21,7 +21,7 @@ from typing import Callable
 import torch
 
 from .._core.checks import is_meta
-from .._core.plans import ALLOCATORS, MAX_GUARDS_PER_WEIGHT, MAX_MAP_SETS, MAX_PLANS, guard
+from .._core.plans import ALLOCATORS, MAX_GUARDS_PER_WEIGHT, MAX_MAP_SETS, MAX_PLANS, guard, register_cache
 from ..kernels import mqa_logits as kernels
 from ..runtime import params as param_structs
 from ..runtime import target
@@ -240,5 +240,11 @@ def paged_entry(check: Callable, op: Callable, layout: Callable, other: Callable
                 return other(*tensors, max_context_len, clean_logits, logits_dtype)
         return miss(key, tensors, max_context_len, logits_dtype)
 
+    def clear_plans() -> None:
+        plans.clear()
+        hot.clear()
+
     entry.plans, entry.hot = plans, hot
+    # _core.plans.clear() / stats() cover these plans too ("attention.paged_mqa_logits": (plans, hot guards)).
+    register_cache("attention.", clear_plans, lambda: {"paged_mqa_logits": (len(plans), len(hot))})
     return entry

@@ -247,3 +247,17 @@ def test_deterministic_fill_takes_the_ops_allocation(fake_gpu):
     finally:
         torch.use_deterministic_algorithms(False)
     assert torch.isnan(out).all()
+
+
+def test_slot_left_dirty_by_another_launch_is_fully_rewritten(fake_gpu):
+    """The thread's slot is shared by every launch of the thread: the plan writes all 640 bytes (the reserved tail
+    zero), whatever another launch left there."""
+    args = _operands()
+    fake_gpu.on()
+    slot = drv.param_slot(640)
+    slot.view[:640] = b"\xff" * 640
+    fast = attention.fp8_paged_mqa_logits(*args, 256)
+    assert fake_gpu.launches[-1]["params_address"] == slot.address
+    slot.view[:640] = b"\xff" * 640
+    slow = attention._paged_impl(*args, 256, False, torch.float32)
+    _same_launch(*fake_gpu.launches[-2:], fast, slow)
