@@ -19,7 +19,13 @@ bf16_dense = ``bf16_gemm_nt``, bf16_masked, bf16_contiguous = ``m_grouped_bf16_g
   its optional ``expected_m`` —, dense_fp8out 6, masked_swiglu 8, the reference's names one more than their rows
   for ``disable_ue8m0_cast``, ``fp8_gemm_nt_1x32`` 7 (``recipe`` too), quantisers 3: input, output, scales;
   bf16_dense 3: a, b, d; bf16_masked 5: a, b, d, masked_m, expected_m; bf16_contiguous 4: a, b, d, grouped_layout;
-  wgrad_1d1d 5: a, sa, b, sb and d, which is also c: ``gemm_fp8_fp8_fp32_nt_1d1d`` accumulating in place).
+  wgrad_1d1d 5: a, sa, b, sb and d, which is also c: ``gemm_fp8_fp8_fp32_nt_1d1d`` accumulating in place; the
+  decode-path rows: mqa_logits 7: q, kv, kv_scales, weights, ks, ke, logits; paged_mqa_logits and its
+  ``fp8_fp4_`` spelling 8: q, kv_cache, weights, context_lens, block_table, schedule_meta, logits, max_context_len;
+  hc_prenorm 5: a, b, d, sqr_sum, num_splits; einsum 4: a, b, d, expr; fp8_einsum 6: x, sx, y, sy, d, expr;
+  mxfp4_masked 8: x, sa, d, masked_m, the prepared tiles, meta, wave flags, expected_m; per_channel 3 (plain torch:
+  no kernel, the stub sees no launch); cast_transpose 5: x and its four outputs; k_grouped_transpose 4: x, its two
+  outputs, ks).
 * ``ratio = call_us / launch_floor_us`` (issue 45's bar: 1.5).
 * ``alloc_us`` (quantisers): what allocating and freeing tensors like the op's two outputs costs by itself, made
   the way the ops make them (torch's ``_empty_strided_{cpu,cuda}(sizes, strides, dtype)``, see
@@ -83,6 +89,19 @@ BF16_DENSE = dict(m=64, n=2112, k=7168)  # bf16_gemm_nt: a [m, k], b [n, k], d [
 BF16_MASKED = dict(groups=8, m_max=64, n=4096, k=2048, expected_m=32)  # m_grouped_bf16_gemm_nt_masked
 BF16_CONTIGUOUS = dict(groups=4, m_per_group=128, n=4096, k=2048)  # m_grouped_bf16_gemm_nt_contiguous
 WGRAD_1D1D = dict(m=64, n=2112, k=7168)  # gemm_fp8_fp8_fp32_nt_1d1d, d = c [m, n] fp32 (a main-grad buffer)
+MQA_PARAMS_BYTES = 640  # kernels.mqa_logits.MqaLogitsParams
+HC_PARAMS_BYTES = 320  # kernels.hc_prenorm.HcPrenormParams
+MXFP4_PARAMS_BYTES = 576  # kernels.mxfp4_gemm.Mxfp4Params
+TRANSPOSE_PARAMS_BYTES = 80  # kernels.quant.TransposeParams
+# The DeepSeek-V3.2 / V4 decode-path ops (issue 45's remaining entry points). The indexer: H 64, D 128 (V3.2's).
+MQA = dict(seq_len=64, heads=64, head_dim=128, seq_len_kv=8192)  # fp8_mqa_logits (64 queries, one window each)
+PAGED_MQA = dict(batch=32, next_n=1, heads=64, head_dim=128, context=8192)  # fp8_paged_mqa_logits, one decode step
+HC = dict(m=64, n=24, k=4 * 7168, num_splits=16)  # tf32_hc_prenorm_gemm: V4's mHC at decode (bench_bf16.HC)
+HEADS = dict(b=64, h=8, r=4096, d=1024)  # einsum / fp8_einsum("bhr,hdr->bhd"): V4's o_proj heads (bench_bf16.HEADS)
+MXFP4 = dict(groups=8, m_max=64, n=7168, k=2048, expected_m=8)  # V4's w2 (bench_mxfp4.SHAPES), 8 local experts
+PER_CHANNEL = dict(m=128, n=7168)  # per_channel_cast_to_fp8 (no kernel: plain torch on every device)
+CAST_TRANSPOSE = dict(m=128, k=7168)  # per_token_cast_to_fp8_and_transpose
+K_GROUPED = dict(ks=(128, 128, 128, 128), n=4096)  # transpose_cast_to_fp8_k_grouped
 
 
 # ---------------------------------------------------------------------------------------------- operands
@@ -230,6 +249,74 @@ def make_ops(device: torch.device) -> list[tuple[str, int, str, object, tuple]]:
     d = torch.zeros((m, n), dtype=torch.float32, device=device)
     ops.append(("wgrad_1d1d", 5, "gemm", dfg.gemm_fp8_fp8_fp32_nt_1d1d,
                 ((_fp8((m, k), device, gpu), sa), (_fp8((n, k), device, gpu), sb), d, d)))
+    ops += _decode_path_ops(device, gpu)
+    return ops
+
+
+def _decode_path_ops(device: torch.device, gpu: bool) -> list[tuple[str, int, str, object, tuple]]:
+    """The DeepSeek-V3.2 / V4 decode-path rows (see the module docstring for their argument counts)."""
+    import deep_fp8_gemm as dfg
+    from deep_fp8_gemm import attention
+    from deep_fp8_gemm.compat import attention as compat_attention
+    from deep_fp8_gemm.ops import einsum, hc_prenorm, mxfp4
+    from deep_fp8_gemm.utils import get_num_sms
+
+    ops = []
+    s, h, dh, s_kv = MQA["seq_len"], MQA["heads"], MQA["head_dim"], MQA["seq_len_kv"]
+    q = _fp8((s, h, dh), device, gpu)
+    kv = (_fp8((s_kv, dh), device, gpu), _scales((s_kv,), device))
+    w = _scales((s, h), device)
+    ks = torch.zeros((s,), dtype=torch.int32, device=device)
+    ke = torch.full((s,), s_kv, dtype=torch.int32, device=device)
+    ops.append(("mqa_logits", 7, "mqa", attention.fp8_mqa_logits, (q, kv, w, ks, ke)))
+
+    b, nn_, h, dh, ctx = (PAGED_MQA[x] for x in ("batch", "next_n", "heads", "head_dim", "context"))
+    blocks = ctx // attention.BLOCK_KV
+    q = _fp8((b, nn_, h, dh), device, gpu)
+    cache = torch.zeros((b * blocks, attention.BLOCK_KV, 1, dh + 4), dtype=torch.uint8, device=device)
+    w = _scales((b * nn_, h), device)
+    context_lens = torch.full((b, nn_), ctx, dtype=torch.int32, device=device)
+    block_table = torch.arange(b * blocks, dtype=torch.int32, device=device).view(b, blocks)
+    meta = attention.get_paged_mqa_logits_metadata(context_lens, attention.BLOCK_KV, get_num_sms())
+    args = (q, cache, w, context_lens, block_table, meta, ctx)
+    ops.append(("paged_mqa_logits", 8, "mqa", attention.fp8_paged_mqa_logits, args))
+    ops.append(("fp8_fp4_paged_mqa_logits", 8, "mqa",
+                lambda q, *rest: compat_attention.fp8_fp4_paged_mqa_logits((q, None), *rest), args))
+
+    m, n, k, splits = HC["m"], HC["n"], HC["k"], HC["num_splits"]
+    a = torch.zeros((m, k), dtype=torch.bfloat16, device=device)
+    bw = torch.zeros((n, k), dtype=torch.float32, device=device)
+    d = torch.empty((splits, m, n), dtype=torch.float32, device=device)
+    sqr = torch.empty((splits, m), dtype=torch.float32, device=device)
+    ops.append(("hc_prenorm", 5, "hc", hc_prenorm.tf32_hc_prenorm_gemm, (a, bw, d, sqr, splits)))
+
+    nb, h, r, dd = HEADS["b"], HEADS["h"], HEADS["r"], HEADS["d"]
+    a = torch.zeros((nb, h, r), dtype=torch.bfloat16, device=device)
+    bw = torch.zeros((h, dd, r), dtype=torch.bfloat16, device=device)
+    d = torch.empty((nb, h, dd), dtype=torch.bfloat16, device=device)
+    ops.append(("einsum", 4, "bf16", einsum.einsum, ("bhr,hdr->bhd", a, bw, d)))
+    x = (_fp8((nb, h, r), device, gpu), _scales((nb, h, r // 128), device))
+    y = (_fp8((h, dd, r), device, gpu), _scales((h, dd // 128, r // 128), device))
+    ops.append(("fp8_einsum", 6, "gemm", einsum.fp8_einsum, ("bhr,hdr->bhd", x, y, d)))
+
+    g, m_max, n, k, em = (MXFP4[x] for x in ("groups", "m_max", "n", "k", "expected_m"))
+    prepared = mxfp4.PreparedMxfp4(  # zeros: valid codes and metadata (nothing is read on the stub)
+        torch.zeros((g, k // 128, n // mxfp4.WAVE_ROWS, mxfp4.TILE_BYTES), dtype=torch.uint8, device=device),
+        torch.zeros((g, k // 128, n // mxfp4.WAVE_ROWS, mxfp4.META_BYTES), dtype=torch.uint8, device=device),
+        torch.zeros((g, n // mxfp4.WAVE_ROWS), dtype=torch.uint8, device=device))
+    x = (_fp8((g, m_max, k), device, gpu), _scales((g, m_max, k // 128), device))
+    d = torch.empty((g, m_max, n), dtype=torch.bfloat16, device=device)
+    masked_m = torch.full((g,), em, dtype=torch.int32, device=device)
+    ops.append(("mxfp4_masked", 8, "mxfp4", mxfp4.m_grouped_gemm_fp8_fp4_bf16_nt_masked,
+                (x, prepared, d, masked_m, em)))
+
+    x = torch.zeros((PER_CHANNEL["m"], PER_CHANNEL["n"]), dtype=torch.bfloat16, device=device)
+    ops.append(("per_channel", 3, "none", dfg.per_channel_cast_to_fp8, (x,)))
+    x = torch.zeros((CAST_TRANSPOSE["m"], CAST_TRANSPOSE["k"]), dtype=torch.bfloat16, device=device)
+    ops.append(("cast_transpose", 5, "transpose", dfg.per_token_cast_to_fp8_and_transpose, (x,)))
+    ks = list(K_GROUPED["ks"])
+    x = torch.zeros((sum(ks), K_GROUPED["n"]), dtype=torch.bfloat16, device=device)
+    ops.append(("k_grouped_transpose", 4, "transpose", dfg.transpose_cast_to_fp8_k_grouped, (x, ks)))
     return ops
 
 
@@ -334,9 +421,10 @@ def measure(device: torch.device, *, calls: int, repeats: int, only: set[str] | 
         for _ in range(repeats):
             op_samples.append(per_call_us(fn, args, calls=op_calls, repeats=1, sync=sync))
             floor_samples.append(per_call_us(floor, (), calls=floor_calls, repeats=1, sync=sync))
-        if launched is not None and launched() - before != repeats * (op_calls + floor_calls):
+        op_launches = 0 if params_kind == "none" else op_calls  # "none": plain torch, no kernel
+        if launched is not None and launched() - before != repeats * (op_launches + floor_calls):
             raise RuntimeError(f"{name}: the stub driver saw {launched() - before} launches, expected "
-                               f"{repeats} x ({op_calls} + {floor_calls}): the calls did not reach it")
+                               f"{repeats} x ({op_launches} + {floor_calls}): the calls did not reach it")
         call_us, floor_us = statistics.median(op_samples), statistics.median(floor_samples)
         row = {"op": name, "call_us": round(call_us, 3), "launch_floor_us": round(floor_us, 3),
                "ratio": round(call_us / floor_us, 2), "args": num_args, "device": label}
@@ -378,7 +466,9 @@ def _run_stub_child(stub_dir: str, calls: int, repeats: int, only: set[str] | No
     stub = ctypes.CDLL(os.path.join(stub_dir, "libcuda.so.1"))
     param_size = ctypes.c_size_t.in_dll(stub, "g_param_size")
     launches = ctypes.c_int.in_dll(stub, "g_launches")
-    sizes = {"gemm": GEMM_PARAMS_BYTES, "quant": QUANT_PARAMS_BYTES, "bf16": BF16_PARAMS_BYTES, "floor": 8}
+    sizes = {"gemm": GEMM_PARAMS_BYTES, "quant": QUANT_PARAMS_BYTES, "bf16": BF16_PARAMS_BYTES, "floor": 8,
+             "mqa": MQA_PARAMS_BYTES, "hc": HC_PARAMS_BYTES, "mxfp4": MXFP4_PARAMS_BYTES,
+             "transpose": TRANSPOSE_PARAMS_BYTES, "none": 8}
 
     def before_warmup(kind: str) -> None:
         # cuKernelGetParamInfo of the stub reports this size for the kernel loaded next; the stub's launch
@@ -399,6 +489,77 @@ def _run_stub_child(stub_dir: str, calls: int, repeats: int, only: set[str] | No
                    before_warmup=before_warmup, launched=lambda: launches.value)
 
 
+def _mqa_kernel(args) -> None:
+    from deep_fp8_gemm.kernels import mqa_logits
+    from deep_fp8_gemm.runtime.compiler import compile_kernel
+
+    q = args[0]
+    if q.dim() == 3:  # dense, clean (the default)
+        cfg = mqa_logits.dense_config(q.shape[1], q.shape[2], torch.float32, True, False)
+    else:
+        cfg = mqa_logits.paged_config(q.shape[2], q.shape[3], q.shape[1], torch.float32)
+    compile_kernel(*mqa_logits.render_source(cfg))
+
+
+def _hc_kernel(args) -> None:
+    from deep_fp8_gemm.kernels import hc_prenorm
+    from deep_fp8_gemm.runtime.compiler import compile_kernel
+
+    compile_kernel(*hc_prenorm.render_source(hc_prenorm.pick_config(args[1].shape[0])))
+
+
+def _einsum_kernel(args) -> None:
+    from deep_fp8_gemm.kernels import bf16_gemm
+    from deep_fp8_gemm.runtime.compiler import compile_kernel
+    from deep_fp8_gemm.utils import get_num_sms
+
+    _, a, b, _ = args
+    nb, h, r = a.shape
+    cfg = bf16_gemm.pick_config(bf16_gemm.Bf16Form.BATCHED, nb, b.shape[1], r, h, "k", "k", torch.bfloat16, False,
+                                get_num_sms())
+    compile_kernel(*bf16_gemm.render_source(cfg))
+
+
+def _fp8_einsum_kernel(args) -> None:
+    from deep_fp8_gemm import ops
+    from deep_fp8_gemm.kernels import gemm
+    from deep_fp8_gemm.runtime.compiler import compile_kernel
+    from deep_fp8_gemm.utils import get_num_sms
+
+    _, (x, _), (y, _), _ = args
+    cfg = ops.FAMILIES["masked"].plan(x.permute(1, 0, 2), y, x.shape[0], get_num_sms())
+    compile_kernel(cfg.kernel_name(), gemm.render_source(cfg))
+
+
+def _mxfp4_kernel(args) -> None:
+    from deep_fp8_gemm.kernels import mxfp4_gemm
+    from deep_fp8_gemm.runtime.compiler import compile_kernel
+    from deep_fp8_gemm.utils import get_num_sms
+
+    g, n, k = args[1].shape
+    compile_kernel(*mxfp4_gemm.render_source(mxfp4_gemm.pick_config(n, k, g, args[4], get_num_sms())))
+
+
+def _transpose_kernel(kind_name: str, rows_multiple: int):
+    def compile_one(args) -> None:
+        from deep_fp8_gemm.kernels import quant
+
+        x = args[0]
+        vectorized = x.shape[1] % 16 == 0 and x.data_ptr() % 16 == 0 and x.shape[0] % rows_multiple == 0
+        quant.compile_config(quant.QuantKernelConfig(quant.QuantKind[kind_name], quant.InputType.BF16, vectorized))
+
+    return compile_one
+
+
+#: The decode-path rows' kernels (precompile): name -> compile(args).
+_DECODE_PATH_KERNELS = {
+    "mqa_logits": _mqa_kernel, "paged_mqa_logits": _mqa_kernel, "fp8_fp4_paged_mqa_logits": _mqa_kernel,
+    "hc_prenorm": _hc_kernel, "einsum": _einsum_kernel, "fp8_einsum": _fp8_einsum_kernel, "mxfp4_masked": _mxfp4_kernel,
+    "per_channel": lambda args: None, "cast_transpose": _transpose_kernel("CAST_TRANSPOSE", 16),
+    "k_grouped_transpose": _transpose_kernel("K_GROUPED_TRANSPOSE", 1),
+}
+
+
 def precompile(only: set[str] | None) -> None:
     """Compile (into the on-disk JIT cache) every kernel the stub child loads.
 
@@ -413,10 +574,12 @@ def precompile(only: set[str] | None) -> None:
              "silu_mul_quant": quant.QuantKind.SILU_MUL_PER_TOKEN}
     counts = set()
     for name, num_args, params_kind, _, args in make_ops(torch.device("cpu")):
-        if only and name not in only:
+        if only and name not in only and name != "dense_prepared":  # make_ops loads that one (prepare_gemm)
             continue
         counts.add(num_args)
-        if params_kind == "gemm":
+        if name in _DECODE_PATH_KERNELS:
+            _DECODE_PATH_KERNELS[name](args)
+        elif params_kind == "gemm":
             kind = FAMILY_OF.get(name, name)
             if kind == "1d1d":  # plan(m, n, k, num_sms)
                 (m, k), n = args[0][0].shape, args[1][0].shape[0]

@@ -43,6 +43,7 @@ from ._core.checks import check_bool, check_is_tensor, check_same_device, check_
 from ._core.dispatch import eager
 from ._core.family import register_op
 from .kernels import mqa_logits as kernels
+from .ops import mqa_plans
 from .runtime import target
 from .runtime.target import Backend
 
@@ -521,6 +522,9 @@ def _paged_fake(q, kv_cache, weights, context_lens, block_table, schedule_meta, 
     return torch.empty_strided((rows, max_context_len), (stride, 1), dtype=logits_dtype, device=q.device)
 
 
+# Eager calls: per-call plans. Dynamo folds is_dynamo_compiling() to True while it traces (as in _core.plans).
+_is_compiling, _dispatch_depth = torch.compiler.is_dynamo_compiling, torch._C._len_torch_dispatch_stack
+
 PAGED_OP = register_op(
     "fp8_paged_mqa_logits", "(Tensor q, Tensor kv_cache, Tensor weights, Tensor context_lens, Tensor block_table, "
     "Tensor schedule_meta, int max_context_len, bool clean_logits, ScalarType logits_dtype) -> Tensor",
@@ -557,6 +561,17 @@ def fp8_paged_mqa_logits(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch
         context lengths, ``clean_logits=True``, metadata not of ``get_num_sms()`` rows, bfloat16 weights) and
         wrong shapes, dtypes, devices, contiguity.
     """
+    if not _is_compiling() and not _dispatch_depth():  # eager (plain tensors: the entry checks, else _paged_traced)
+        return _paged_entry(q, kv_cache, weights, context_lens, block_table, schedule_meta, max_context_len,
+                            clean_logits, logits_dtype)
+    return _paged_traced(q, kv_cache, weights, context_lens, block_table, schedule_meta, max_context_len, clean_logits,
+                         logits_dtype)
+
+
+def _paged_traced(q, kv_cache, weights, context_lens, block_table, schedule_meta, max_context_len, clean_logits,
+                  logits_dtype) -> torch.Tensor:
+    """:func:`fp8_paged_mqa_logits` through the custom op (tracing, a dispatch mode, a tensor subclass), or eagerly
+    when ``eager()`` allows it."""
     args = (q, kv_cache, weights, context_lens, block_table, schedule_meta)
     if eager(*args):
         return _paged_impl(*args, max_context_len, clean_logits, logits_dtype)
@@ -578,3 +593,7 @@ def fp8_paged_mqa_logits_reference(q, kv_cache, weights, context_lens, block_tab
     logits = _empty_view(shape, batch * next_n, max_context_len, logits_dtype, q.device)
     reference_paged_into(logits, q, kv_cache, weights, context_lens, block_table)
     return logits
+
+
+# The eager entry of fp8_paged_mqa_logits (ops.mqa_plans): built here, after the paths it falls back to.
+_paged_entry = mqa_plans.paged_entry(check_paged, _paged_impl, paged_logits_layout, _paged_traced)

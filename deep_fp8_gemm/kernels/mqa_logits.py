@@ -170,6 +170,7 @@ class MqaLogitsParams(ctypes.Structure):
 
 
 assert ctypes.sizeof(MqaLogitsParams) == 640 and MqaLogitsParams.block_table_stride.offset == 580
+PARAMS_BYTES = ctypes.sizeof(MqaLogitsParams)
 
 MapArgs = tuple  # (dtype, address, dims, strides, box, swizzle): a TensorMapSpec's fields
 

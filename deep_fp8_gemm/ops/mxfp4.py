@@ -9,6 +9,7 @@ import torch
 from .._core.checks import check_expected_m, layout_values_checked
 from ..constants import GRAN_K
 from ..env import simulate
+from ..runtime import target
 from .mxfp4_format import (  # noqa: F401 (re-exported: the format's public names)
     CONVERT_OPS_PER_U32,
     E2M1_VALUES,
@@ -112,7 +113,7 @@ def m_grouped_gemm_fp8_fp4_bf16_nt_masked(a: tuple[torch.Tensor, torch.Tensor],
     if not isinstance(d, torch.Tensor) or d.dtype != torch.bfloat16 or tuple(d.shape) != (g, m_max, n):
         raise ValueError(f"d must be bfloat16 [G, m_max, N] = {(g, m_max, n)}, got "
                          f"{getattr(d, 'dtype', type(d).__name__)} {tuple(getattr(d, 'shape', ()))}")
-    if x.device.type != "cpu" or simulate():
+    if target.gpu_index(x.device) is not None or simulate():  # runtime.target: the one device seam
         _run_kernel(x, sa, p, d, masked_m, expected_m)
         return
     ref = masked_gemm_reference(x, sa, p, masked_m).to(torch.bfloat16)
@@ -203,7 +204,7 @@ def m_grouped_gemm_fp8_fp4_bf16_nt_contiguous(a: tuple[torch.Tensor, torch.Tenso
     alignment = get_m_alignment_for_contiguous_layout()
     if m_sum == 0:
         return
-    if x.device.type != "cpu" or simulate():
+    if target.gpu_index(x.device) is not None or simulate():  # runtime.target: the one device seam
         from ..kernels import mxfp4_gemm
         from ..runtime.target import backend_of
 
@@ -267,7 +268,7 @@ def _fp8_output(output: str, x: torch.Tensor, sa: torch.Tensor, p: PreparedMxfp4
     d, sd = out
     if not isinstance(use_ue8m0, bool):
         raise TypeError(f"use_ue8m0 must be a bool, got {type(use_ue8m0).__name__}")
-    if x.device.type != "cpu" or simulate():
+    if target.gpu_index(x.device) is not None or simulate():  # runtime.target: the one device seam
         from ..runtime.target import backend_of
         from ..utils import get_m_alignment_for_contiguous_layout
 

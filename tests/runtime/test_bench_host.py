@@ -16,14 +16,15 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="no C compiler for the stub")
 def test_bench_host_json_rows():
-    names = ("dense", "masked", "psum", "masked_swiglu", "fp8_gemm_nt", "per_token", "bf16_dense", "wgrad_1d1d")
+    names = ("dense", "masked", "psum", "masked_swiglu", "fp8_gemm_nt", "per_token", "bf16_dense", "wgrad_1d1d",
+             "paged_mqa_logits")
     run = subprocess.run([sys.executable, "-m", "bench.bench_host", "--quick", "--ops", ",".join(names),
                           "--json", "-"], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr
     result = json.loads(run.stdout)
     rows = {row["op"]: row for row in result["ops"] if row["device"] == "stub"}
     assert set(rows) == set(names)  # --ops filters; every timed call reached the stub's launch (measure checks)
-    assert [rows[op]["args"] for op in names] == [5, 7, 6, 8, 6, 3, 3, 5]
+    assert [rows[op]["args"] for op in names] == [5, 7, 6, 8, 6, 3, 3, 5, 8]
     for row in rows.values():
         assert row["call_us"] > 0 and row["launch_floor_us"] > 0
         assert row["ratio"] == pytest.approx(row["call_us"] / row["launch_floor_us"], rel=0.01)

@@ -1,0 +1,250 @@
+"""``fp8_paged_mqa_logits``' per-call fast path (issue 45): the plan of one tensor signature and the eager entry
+that finds it, the design of ``_core.plans`` / ``ops.bf16_plans`` over the indexer's paged kernel
+(``kernels.mqa_logits``). ``attention`` builds the entry over its own checks, layout rule and path; this module
+knows nothing else of the op.
+
+The indexer runs once per layer per decode step with the same metadata (each layer its own cache), so a call looks
+up a plan by its *signature*: per tensor ``(shape, stride(), dtype, device)`` of ``(q, kv_cache, weights,
+context_lens, block_table, schedule_meta)``, the logits dtype and the process settings key
+(``utils.PROCESS_SETTINGS.key``: ``schedule_meta`` must have ``get_num_sms() + 1`` rows; PDL) — torch's C++
+``TensorGuards`` (:func:`~deep_fp8_gemm._core.plans.guard`) first, the signature tuple as fallback. A new signature runs
+the op's full checks (its errors, its order). ``max_context_len`` is not part of it: the op checks only that it is an
+int >= 0, so any such value takes the plan (the logits' row stride is computed from it per call, by the op's rule);
+``clean_logits`` must be ``False`` (the op refuses anything else): every other scalar goes to the op's path, which
+raises its usual message.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from .._core.checks import is_meta
+from .._core.plans import ALLOCATORS, MAX_GUARDS_PER_WEIGHT, MAX_MAP_SETS, MAX_PLANS, guard, register_cache
+from ..kernels import mqa_logits as kernels
+from ..runtime import params as param_structs
+from ..runtime import target
+from ..runtime.target import Backend
+from ..utils import PROCESS_SETTINGS
+
+_F32, _BF16 = torch.float32, torch.bfloat16
+#: Parameter blocks a plan keeps: one per layer (its cache) and logits address, the pointers a decode step repeats.
+MAX_BLOCKS = MAX_PLANS
+_Tensor = torch.Tensor
+# torch's deterministic mode fills a new tensor's memory (NaN); the plan's allocator does not, and the paged kernel
+# leaves entries unwritten, so in that mode the op's own path allocates.
+_deterministic = torch._C._get_deterministic_algorithms
+_fill_uninitialized = torch._C._get_deterministic_fill_uninitialized_memory
+#: The per-call fields of ``MqaLogitsParams`` after the four maps, in offset order (ks, ke, seq_len_kv: dense only).
+_PAGED_FIELDS = ("logits", "logits_stride", "ks", "ke", "context_lens", "block_table", "schedule", "num_rows",
+                 "seq_len_kv", "logits_width", "block_table_stride")
+
+
+class PagedMqaPlan:
+    """One checked signature of ``fp8_paged_mqa_logits``; ``plan.call(q, kv_cache, weights, context_lens, block_table,
+    schedule_meta, max_context_len)`` runs a call of that signature (``clean_logits=False``, the plan's dtype).
+
+    Built by the entry (:func:`paged_entry`) on a new signature, after the op's own checks. A plan is *fast* on an
+    sm_90 GPU with a non-empty batch (CPU: the reference; meta; empty: the op's path, every call); then a call:
+
+    * ``q``, ``kv_cache`` and ``weights`` at 16-byte aligned addresses (else the op's path: it copies q / weights or
+      refuses kv_cache with its message), ``max_context_len > 0``, the current device the tensors' (the allocator's),
+      torch's deterministic memory fill off; else the op's path;
+    * a fresh logits buffer ``[rows, row_stride]`` (the op's rule, cached per ``max_context_len``), viewed
+      ``[:, :max_context_len]`` as the op returns it;
+    * the thread's parameter slot (:func:`~deep_fp8_gemm.runtime.driver.param_slot`: the logits pointer is new on every
+      call): the maps of (q, weights) cached per pointer pair, those of the cache per cache pointer (one per layer),
+      the fields packed by name (``MqaLogitsParams``), the reserved tail zeroed;
+    * the launch on the current stream (``PreparedLaunch``'s fast path inlined; on the null stream the kernel's
+      context must be current, else ``launch()``, which holds every rule).
+
+    Nothing else is allocated and nothing cached is memory a launch reads, so a launch captured into a CUDA graph
+    points at the caller's tensors and the logits the graph's pool gave it only.
+    """
+
+    __slots__ = ("op", "call", "dtype", "batch", "rows", "index", "launcher", "strides", "layout", "qw_maps", "kv_maps",
+                 "config", "blocks", "seen", "_empty", "_function", "_context", "_get_current", "_launch_ex", "_slot",
+                 "_new_block")
+
+    def __init__(self, check: Callable, op: Callable, layout: Callable, tensors: tuple, max_context_len: int,
+                 logits_dtype: torch.dtype):
+        q = tensors[0]
+        batch, next_n, num_heads, head_dim = check(*tensors, max_context_len, False, logits_dtype)
+        self.op, self.dtype = op, logits_dtype
+        self.call = self._op_path
+        if batch == 0 or is_meta(q) or target.gpu_index(q.device) is None:
+            return
+        if target.backend_of(q.device, "attention") is not Backend.CUDA:  # RuntimeError off sm_90, as the op
+            return
+        empty = ALLOCATORS.get(q.device.type)
+        if empty is None:
+            return
+        from ..runtime import driver
+
+        self.index = index = target.gpu_index(q.device)
+        self.batch, self.rows, self.layout, self._empty = batch, batch * next_n, layout, empty
+        self.config = cfg = kernels.paged_config(num_heads, head_dim, next_n, logits_dtype)
+        self.launcher = driver.PreparedLaunch(kernels.cuda_kernel(cfg, index), kernels.PARAMS_BYTES,
+                                              grid=tensors[5].shape[0] - 1, block=kernels.NUM_THREADS,
+                                              smem_bytes=cfg.smem_bytes, pdl=PROCESS_SETTINGS.pdl)
+        self.strides: dict[int, int] = {}  # max_context_len -> the logits' row stride (the op's layout rule)
+        self.qw_maps: dict[tuple[int, int], bytes] = {}  # encoded (tma_q, tma_weights) per (q, weights) pointers
+        self.kv_maps: dict[int, bytes] = {}  # encoded (tma_kv, tma_kv_scales) per cache pointer (one per layer)
+        kernel = self.launcher.kernel
+        self._function, self._context = kernel.function, kernel.context
+        self._get_current, self._launch_ex = driver.driver.cuCtxGetCurrent, driver.driver.cuLaunchKernelEx
+        # Whole parameter blocks per pointer tuple (q, kv_cache, weights, context_lens, block_table, schedule_meta,
+        # logits, max_context_len), and the tuples met once (a block is built on the second call with a tuple).
+        self.blocks: dict[tuple, object] = {}
+        self.seen: dict[tuple, None] = {}
+        self._slot, self._new_block = driver.param_slot, driver.param_block
+        self.call = self._launch
+
+    def _op_path(self, q, kv_cache, weights, context_lens, block_table, schedule_meta, max_context_len):
+        return self.op(q, kv_cache, weights, context_lens, block_table, schedule_meta, max_context_len, False,
+                       self.dtype)
+
+    def _launch(self, q, kv_cache, weights, context_lens, block_table, schedule_meta, max_context_len):
+        pq, pkv, pw = q.data_ptr(), kv_cache.data_ptr(), weights.data_ptr()
+        index = self.index
+        if (pq | pkv | pw) & 15 or max_context_len == 0 or target.current_device() != index or (
+                _deterministic() and _fill_uninitialized()):
+            return self._op_path(q, kv_cache, weights, context_lens, block_table, schedule_meta, max_context_len)
+        stride = self.strides.get(max_context_len)
+        if stride is None:
+            stride = self._stride(max_context_len)
+        logits = self._empty((self.rows, stride), (stride, 1), self.dtype)
+        key = (pq, pkv, pw, context_lens.data_ptr(), block_table.data_ptr(), schedule_meta.data_ptr(),
+               logits.data_ptr(), max_context_len)
+        slot = self.blocks.get(key)
+        if slot is None:
+            slot = self._block(key, q, kv_cache, weights, block_table, stride)
+        if max_context_len != stride:
+            logits = logits[:, :max_context_len]
+        launcher = self.launcher
+        stream = target.current_stream(index)
+        config = launcher._configs.get(stream)
+        if config is None:
+            launcher.launch(slot, stream)
+            return logits
+        if stream == 0:
+            err, current = self._get_current()
+            if err or current != self._context:  # CUcontext == compares the handles
+                launcher.launch(slot, stream)
+                return logits
+        err = self._launch_ex(config, self._function, slot.pointers_address, 0)[0]
+        if err:
+            launcher.raise_error(err, stream)
+        return logits
+
+    def _stride(self, max_context_len: int) -> int:
+        if len(self.strides) >= MAX_PLANS:
+            self.strides.clear()
+        stride = self.strides[max_context_len] = self.layout(self.rows, max_context_len, self.dtype)[1]
+        return stride
+
+    def _block(self, key: tuple, q, kv_cache, weights, block_table, stride: int):
+        """The parameters of pointer tuple ``key`` (its second call: a block of its own, never written again, which
+        any thread may launch from; its first: this thread's slot, packed for this launch only)."""
+        pq, pkv, pw, pcl, pbt, psm, plogits, max_context_len = key
+        qw = self.qw_maps.get((pq, pw))
+        kv = self.kv_maps.get(pkv)
+        if qw is None or kv is None:
+            qw, kv = self._encode(q, kv_cache, weights, pq, pkv, pw)
+        second = key in self.seen
+        if second:
+            self.seen.pop(key, None)
+            block = self._new_block(_PARAMS_BYTES)
+        else:
+            if len(self.seen) >= 4 * MAX_BLOCKS:
+                self.seen.clear()
+            self.seen[key] = None
+            block = self._slot(_PARAMS_BYTES)
+        view = block.view
+        view[:_HALF_MAPS] = qw
+        view[_HALF_MAPS:_MAPS_BYTES] = kv
+        _pack(view, _FIELDS_START, plogits, stride, 0, 0, pcl, pbt, psm, self.batch, 0, max_context_len,
+              block_table.stride(0))
+        view[_FIELDS_END:_PARAMS_BYTES] = _RESERVED
+        if second:
+            if len(self.blocks) >= MAX_BLOCKS:
+                self.blocks.clear()
+            self.blocks[key] = block
+        return block
+
+    def _encode(self, q, kv_cache, weights, pq: int, pkv: int, pw: int) -> tuple[bytes, bytes]:
+        maps = kernels.encode_maps(kernels.paged_map_args(self.config, q, kv_cache, weights), Backend.CUDA)
+        if len(self.qw_maps) >= MAX_MAP_SETS:
+            self.qw_maps.clear()
+        if len(self.kv_maps) >= MAX_PLANS:
+            self.kv_maps.clear()
+        qw = self.qw_maps[(pq, pw)] = maps[0] + maps[1]
+        kv = self.kv_maps[pkv] = maps[2] + maps[3]
+        return qw, kv
+
+
+_PACKER = param_structs.FieldPacker(kernels.MqaLogitsParams, _PAGED_FIELDS)
+_pack, _FIELDS_START = _PACKER.bound()  # struct.pack_into and the first field's offset: one C call per launch
+_FIELDS_END, _PARAMS_BYTES, _MAPS_BYTES = _FIELDS_START + _PACKER.size, kernels.PARAMS_BYTES, 4 * kernels.TENSOR_MAP_BYTES
+_HALF_MAPS = _MAPS_BYTES // 2  # (tma_q, tma_weights) | (tma_kv, tma_kv_scales)
+_RESERVED = bytes(_PARAMS_BYTES - _FIELDS_END)
+
+
+def paged_entry(check: Callable, op: Callable, layout: Callable, other: Callable):
+    """The eager entry of ``fp8_paged_mqa_logits``: ``entry(q, kv_cache, weights, context_lens, block_table,
+    schedule_meta, max_context_len, clean_logits, logits_dtype)`` returns the logits through the call's plan, or
+    ``other(...)`` (the public function's general path, same arguments) for scalars the plan does not take or a
+    tensor argument that is no plain tensor (a subclass, a Parameter, not a tensor); ``op(...)`` is the op's own
+    eager path (what a plan that does not launch itself calls). The caller has
+    checked that torch.compile is not tracing and no dispatch mode is active; a guard passes only tensors of the exact
+    type it was built with (plain ones), so a hit needs no type check. ``check(...)``: the op's checks (same arguments), returning
+    ``(batch, next_n, num_heads, head_dim)``; ``layout(rows, max_context_len, logits_dtype) -> (rows, row_stride)``.
+
+    The plans live in the closure: ``entry.plans`` (signature tuple -> plan) and ``entry.hot``: ``[(guard check,
+    settings key, logits dtype, plan call)]``, newest first, at most ``MAX_GUARDS_PER_WEIGHT`` (no weight to index
+    by: every layer's call has the same signature). A guard never passes a tensor given twice (dynamo's duplicate-input
+    rule): such a call is served through the signature dict."""
+    plans: dict[tuple, PagedMqaPlan] = {}
+    hot: list[tuple] = []
+    settings = PROCESS_SETTINGS
+
+    def miss(key, tensors, max_context_len, logits_dtype):
+        signature = tuple(v for t in tensors for v in (t.shape, t.stride(), t.dtype, t.device)) + (logits_dtype, key)
+        plan = plans.get(signature)
+        if plan is None:
+            plan = PagedMqaPlan(check, op, layout, tensors, max_context_len, logits_dtype)
+            if len(plans) >= MAX_PLANS:
+                plans.clear()
+            plans[signature] = plan
+        g = guard(*tensors)
+        if g is not None:
+            hot.insert(0, (g.check, key, logits_dtype, plan.call))
+            del hot[MAX_GUARDS_PER_WEIGHT:]
+        return plan.call(*tensors, max_context_len)
+
+    def entry(q, kv_cache, weights, context_lens, block_table, schedule_meta, max_context_len, clean_logits,
+              logits_dtype):
+        if clean_logits is not False or type(max_context_len) is not int or max_context_len < 0 or (
+                logits_dtype is not _F32 and logits_dtype is not _BF16):
+            return other(q, kv_cache, weights, context_lens, block_table, schedule_meta, max_context_len,
+                         clean_logits, logits_dtype)
+        key = settings.key  # interned: `is` compares it
+        for hit, k, dtype, call in hot:
+            if k is key and dtype is logits_dtype and hit(q, kv_cache, weights, context_lens, block_table,
+                                                          schedule_meta):
+                return call(q, kv_cache, weights, context_lens, block_table, schedule_meta, max_context_len)
+        tensors = (q, kv_cache, weights, context_lens, block_table, schedule_meta)
+        for t in tensors:
+            if type(t) is not _Tensor:
+                return other(*tensors, max_context_len, clean_logits, logits_dtype)
+        return miss(key, tensors, max_context_len, logits_dtype)
+
+    def clear_plans() -> None:
+        plans.clear()
+        hot.clear()
+
+    entry.plans, entry.hot = plans, hot
+    # _core.plans.clear() / stats() cover these plans too ("attention.paged_mqa_logits": (plans, hot guards)).
+    register_cache("attention.", clear_plans, lambda: {"paged_mqa_logits": (len(plans), len(hot))})
+    return entry
