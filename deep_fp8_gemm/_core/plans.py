@@ -161,7 +161,7 @@ class GemmPlan:
 
     __slots__ = ("family", "spec", "expected_m", "options", "empty", "index", "rows", "groups", "cfg", "launcher",
                  "blocks", "heads", "seen", "sa_ready", "sb_ready", "gl_ready", "ready", "spans", "ld_sd", "values_check",
-                 "workspace", "device", "fast", "_function", "_context", "_get_current", "_launch_ex")
+                 "workspace", "device", "fast")
 
     def __init__(self, spec: GemmEntrySpec, a, sa, b, sb, out, gl, expected_m: int | None, sd=None,
                  options: tuple = ()):
@@ -213,11 +213,6 @@ class GemmPlan:
         self.cfg = cfg
         if cfg.split_k > 1:
             self.workspace = {}
-        # What a call's launch needs, bound once (the binding is the module's ``driver`` at plan time): the fast
-        # path of PreparedLaunch.launch, inlined in __call__.
-        kernel = self.launcher.kernel
-        self._function, self._context = kernel.function, kernel.context
-        self._get_current, self._launch_ex = driver.driver.cuCtxGetCurrent, driver.driver.cuLaunchKernelEx
         self.fast = self.ready and self.values_check is None
 
     def __call__(self, a, sa, b, sb, out, gl=None, sd=None) -> None:
@@ -243,20 +238,7 @@ class GemmPlan:
             _pack_workspace(view, _WORKSPACE_START, ws[0], ws[1])
             launcher.launch(slot, stream)
             return
-        # PreparedLaunch.launch's fast path (a known stream; on the null stream the kernel's context current),
-        # inlined: anything else goes through launch(), which holds every rule.
-        config = launcher._configs.get(stream)
-        if config is None:
-            launcher.launch(block, stream)
-            return
-        if stream == 0:
-            err, current = self._get_current()
-            if err or current != self._context:  # CUcontext == compares the handles
-                launcher.launch(block, stream)
-                return
-        err = self._launch_ex(config, self._function, block.pointers_address, 0)[0]
-        if err:
-            launcher.raise_error(err, stream)
+        launcher.launch(block, stream)
 
     def _checked_block(self, a, sa, b, sb, out, gl, sd, pa, psa, pb, psb, pd, pgl, psd):
         """A call whose pointers have no block yet, or any call of a plan that is not ``fast``: the pointer checks,

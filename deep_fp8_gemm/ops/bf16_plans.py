@@ -66,7 +66,7 @@ class Bf16Plan:
     """
 
     __slots__ = ("op", "call", "views", "x_is_c", "spans", "in_place", "index", "cfg", "launcher", "tail", "pointers",
-                 "heads", "blocks", "seen", "_function", "_context", "_get_current", "_launch_ex")
+                 "heads", "blocks", "seen")
 
     def __init__(self, op, views, form_name: str, A, B, d, x, x_is_c: bool, m: int, n: int, k: int, batches: int):
         """``op(a, b, d, x, expected_m)``: the name's own path; ``views(a, b) -> (A, B)``: the kernel's views (``A``,
@@ -100,9 +100,6 @@ class Bf16Plan:
         self.heads: dict[tuple[int, int], bytes] = {}  # encoded (tma_a, tma_b) per (pa, pb)
         self.blocks: dict[tuple[int, int, int, int], object] = {}  # whole blocks per (pa, pb, pd, px)
         self.seen: dict[tuple[int, int, int, int], None] = {}  # pointer tuples met once
-        kernel = self.launcher.kernel
-        self._function, self._context = kernel.function, kernel.context
-        self._get_current, self._launch_ex = driver.driver.cuCtxGetCurrent, driver.driver.cuLaunchKernelEx
         self.call = self._launch
 
     def _launch(self, a, b, d, x, expected_m) -> None:
@@ -113,22 +110,7 @@ class Bf16Plan:
             block = self._checked_block(a, b, d, x, expected_m, pa, pb, pd, px)
             if block is None:  # the name's own path ran (or raised)
                 return
-        launcher = self.launcher
-        stream = target.current_stream(self.index)
-        # PreparedLaunch.launch's fast path (a known stream; on the null stream the kernel's context current),
-        # inlined: anything else goes through launch(), which holds every rule.
-        config = launcher._configs.get(stream)
-        if config is None:
-            launcher.launch(block, stream)
-            return
-        if stream == 0:
-            err, current = self._get_current()
-            if err or current != self._context:  # CUcontext == compares the handles
-                launcher.launch(block, stream)
-                return
-        err = self._launch_ex(config, self._function, block.pointers_address, 0)[0]
-        if err:
-            launcher.raise_error(err, stream)
+        self.launcher.launch(block, target.current_stream(self.index))
 
     def _checked_block(self, a, b, d, x, expected_m, pa: int, pb: int, pd: int, px: int):
         """Pointers without a block: their checks, then the block (built if new); None when the name's path ran."""

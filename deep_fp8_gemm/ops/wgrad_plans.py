@@ -51,7 +51,7 @@ class Wgrad1d1dPlan:
     """
 
     __slots__ = ("op", "call", "spans", "c_given", "in_place", "index", "cfg", "launcher", "tail", "heads", "blocks",
-                 "seen", "_function", "_context", "_get_current", "_launch_ex")
+                 "seen")
 
     def __init__(self, op, configure, a, sa, b, sb, d, c, empty: bool, c_as_given: bool):
         """``op(a, sa, b, sb, d, c)``: the op's own path; ``configure(m, n, k, num_sms)``: its config rule;
@@ -82,9 +82,6 @@ class Wgrad1d1dPlan:
         self.heads: dict[tuple[int, int, int, int], bytes] = {}  # encoded maps per (pa, psa, pb, psb)
         self.blocks: dict[tuple[int, ...], object] = {}  # whole blocks per (pa, psa, pb, psb, pd, pc)
         self.seen: dict[tuple[int, ...], None] = {}  # pointer tuples met once
-        kernel = self.launcher.kernel
-        self._function, self._context = kernel.function, kernel.context
-        self._get_current, self._launch_ex = driver.driver.cuCtxGetCurrent, driver.driver.cuLaunchKernelEx
         self.call = self._launch
 
     def _launch(self, a, sa, b, sb, d, c) -> None:
@@ -97,22 +94,7 @@ class Wgrad1d1dPlan:
                 return
         if c is None:  # D = 0 + A·Bᵀ: the kernel reads C = d (the op's accumulator())
             d.zero_()
-        launcher = self.launcher
-        stream = target.current_stream(self.index)
-        # PreparedLaunch.launch's fast path (a known stream; on the null stream the kernel's context current),
-        # inlined as in _core.plans.GemmPlan: anything else goes through launch(), which holds every rule.
-        config = launcher._configs.get(stream)
-        if config is None:
-            launcher.launch(block, stream)
-            return
-        if stream == 0:
-            err, current = self._get_current()
-            if err or current != self._context:  # CUcontext == compares the handles
-                launcher.launch(block, stream)
-                return
-        err = self._launch_ex(config, self._function, block.pointers_address, 0)[0]
-        if err:
-            launcher.raise_error(err, stream)
+        self.launcher.launch(block, target.current_stream(self.index))
 
     def _checked_block(self, a, sa, b, sb, d, c):
         """Pointers without a block: their checks, then the block (built if new); None when the op's path ran."""

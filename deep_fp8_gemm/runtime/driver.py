@@ -642,7 +642,8 @@ class PreparedLaunch:
     CudaDriverError if raising the shared-memory limit fails.
     """
 
-    __slots__ = ("kernel", "grid", "block", "cluster", "smem_bytes", "param_size", "pdl", "_configs")
+    __slots__ = ("kernel", "grid", "block", "cluster", "smem_bytes", "param_size", "pdl", "_configs", "_function",
+                 "_context", "_get_current", "_launch_ex")
 
     def __init__(self, kernel: LoadedKernel, param_size: int, *, grid: int, block: int, cluster: int = 1,
                  smem_bytes: int, pdl: bool = False):
@@ -655,6 +656,10 @@ class PreparedLaunch:
         self.smem_bytes, self.param_size, self.pdl = smem_bytes, param_size, pdl
         self._configs: dict[int, Any] = {}
         _launch_config(grid, block, cluster, smem_bytes, 0)  # validates the shape now
+        # What a launch calls, bound once (the binding is the module's ``driver`` now): launch() is every per-call
+        # plan's launch, so its fast path costs no module or attribute lookups.
+        self._function, self._context = kernel.function, kernel.context
+        self._get_current, self._launch_ex = driver.cuCtxGetCurrent, driver.cuLaunchKernelEx
 
     def launch(self, slot: _ParamSlot, stream: int) -> None:
         """Enqueue the kernel with the first ``param_size`` bytes of ``slot`` (from :func:`param_slot`) on
@@ -663,14 +668,13 @@ class PreparedLaunch:
         if config is None:
             config = self._configs[stream] = _launch_config(self.grid, self.block, self.cluster, self.smem_bytes,
                                                             stream, self.pdl)
-        kernel = self.kernel
         if stream == 0:  # null stream: launch here only if kernel.device's primary context is current
-            err, current = driver.cuCtxGetCurrent()
-            if err != 0 or int(current) != kernel._context_handle:
-                _enqueue(kernel, config, slot, stream, self.grid, self.block, self.cluster, self.smem_bytes)
+            err, current = self._get_current()
+            if err or current != self._context:  # CUcontext == compares the handles
+                _enqueue(self.kernel, config, slot, stream, self.grid, self.block, self.cluster, self.smem_bytes)
                 return
-        err = driver.cuLaunchKernelEx(config, kernel.function, slot.pointers_address, 0)[0]
-        if err != 0:
+        err = self._launch_ex(config, self._function, slot.pointers_address, 0)[0]
+        if err:
             self.raise_error(err, stream)
 
     def raise_error(self, err: int, stream: int) -> None:
