@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import torch
 
-from .._core.checks import check_expected_m, layout_values_checked
+from .._core.checks import check_expected_m
 from ..constants import GRAN_K
 from ..env import simulate
 from ..runtime import target
+from ..runtime.target import layout_values_checked
 from .mxfp4_format import (  # noqa: F401 (re-exported: the format's public names)
     CONVERT_OPS_PER_U32,
     E2M1_VALUES,
@@ -353,7 +354,6 @@ def _check_contiguous_args(a, g: int, k: int, grouped_layout, use_psum_layout) -
     [M_sum, K/128])``, ``grouped_layout`` int32 ``m_indices [M_sum]`` or psum ends ``[G]``, its values where the
     layouts are checked (``layout_values_checked``: CPU tensors, or ``DFG_CHECK_LAYOUTS=1``). Returns
     ``(x, sa, m_sum)``."""
-    from .._core.checks import layout_values_checked
     from .contiguous import check_contiguous_values
     from .psum import check_psum_layout_values
 
