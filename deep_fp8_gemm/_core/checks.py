@@ -30,7 +30,6 @@ from typing import NamedTuple
 
 import torch
 
-from .. import env
 from ..constants import GRAN_K, TMA_ALIGN_BYTES
 from ..utils import ceil_div
 

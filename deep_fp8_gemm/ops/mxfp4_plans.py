@@ -31,8 +31,8 @@ from .mxfp4_format import PreparedMxfp4
 
 
 class Mxfp4MaskedPlan:
-    """One checked signature of the masked MXFP4 GEMM with prepared weights; ``plan.call(a, p, d, masked_m, expected_m)``
-    (``a`` = ``(x, sa)``) runs a call of that signature.
+    """One checked signature of the masked MXFP4 GEMM with prepared weights; ``plan.call(a, p, d, masked_m,
+    expected_m)`` (``a`` = ``(x, sa)``) runs a call of that signature.
 
     Built by the entry (:func:`masked_entry`) after the op's own checks (``check``: its errors, its order). A plan is
     *fast* on an sm_90 GPU with a non-empty problem, contiguous ``x`` and ``d`` (else the op refuses them), every

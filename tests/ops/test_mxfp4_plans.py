@@ -329,3 +329,13 @@ def test_slot_left_dirty_by_another_launch_is_fully_rewritten(fake_gpu):
     slot.view[:576] = b"\xff" * 576
     mxfp4._masked(a, p, d, masked_m, 4)
     _same_launch(fake_gpu, *fake_gpu.launches[-2:], a[1])
+
+
+def test_empty_problem_launches_nothing(fake_gpu):
+    p = _weights()
+    a = (torch.empty(G, 0, K, dtype=torch.float8_e4m3fn), torch.empty(G, 0, K // 128))
+    d, masked_m = torch.empty(G, 0, N, dtype=torch.bfloat16), torch.zeros(G, dtype=torch.int32)
+    fake_gpu.on()
+    for _ in range(2):
+        op(a, p, d, masked_m, 4)
+    assert not fake_gpu.launches and _plans() == 1 and _plan().call is _plan().op
