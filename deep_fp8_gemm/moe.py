@@ -72,7 +72,8 @@ from .ops.masked import check_masked_values
 from .ops.mxfp4 import (PreparedMxfp4, check_mxfp4_experts, experts_contiguous_mxfp4, experts_masked_mxfp4,
                          prepare_mxfp4_weights)
 from .ops.outputs import SwigluWeights
-from ._core.checks import check_expected_m, layout_values_checked
+from ._core.checks import check_expected_m
+from .runtime.target import layout_values_checked
 
 __all__ = ["FP8MoE", "fp8_moe_forward", "fp8_moe_forward_masked", "mxfp4_moe_forward", "silu_mul_quant"]
 

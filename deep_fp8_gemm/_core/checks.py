@@ -17,7 +17,8 @@ Three levels, because they run in three places (every family's ``check`` takes t
 
 Cost: a few dozen attribute reads per call, no loops over elements and no device synchronisation — the values
 of m_indices / masked_m / group ends are never read here. The grouped families check those values separately
-(their ``check_*_values``), where :func:`layout_values_checked` says so.
+(their ``check_*_values``), where :func:`runtime.target.layout_values_checked
+<deep_fp8_gemm.runtime.target.layout_values_checked>` says so.
 
 Meta tensors (no storage) get the shape-only path: every check above but :func:`check_pointers`, then nothing is
 computed (:func:`is_meta`).
@@ -29,7 +30,6 @@ from typing import NamedTuple
 
 import torch
 
-from .. import env
 from ..constants import GRAN_K, TMA_ALIGN_BYTES
 from ..utils import ceil_div
 
@@ -58,19 +58,6 @@ class Problem(NamedTuple):
 def is_meta(t: torch.Tensor) -> bool:
     """A tensor without storage (``device="meta"``): the ops check its metadata and compute nothing."""
     return t.device.type == "meta"
-
-
-def layout_values_checked(device: torch.device) -> bool:
-    """Whether a grouped GEMM on ``device`` checks its layout's *values* (m_indices blocks, psum ends, masked counts)
-    before it runs: CPU tensors always (the reference would compute any layout, the kernels not: what the CPU
-    accepts the GPU must compute); CUDA tensors only with ``DFG_CHECK_LAYOUTS=1`` and not while a CUDA graph is
-    being captured (the check reads the values back: one synchronisation); meta tensors never (no values); never
-    while torch.compile traces (the custom ops' kernels check at run time, where the values exist)."""
-    if torch.compiler.is_compiling():
-        return False
-    if device.type == "cpu":
-        return True
-    return device.type == "cuda" and env.check_layouts() and not capturing()
 
 
 def capturing() -> bool:

@@ -122,6 +122,12 @@ def _b_map_args(b: torch.Tensor, block_n: int) -> tuple:
             TmaSwizzle.B128)
 
 
+def map_args(config: HcPrenormConfig, a: torch.Tensor, b: torch.Tensor) -> tuple:
+    """The two maps' encode arguments: ``a`` bf16 ``[m, k]`` (the BF16 kernel's K-major A map, BLOCK_M rows) and
+    ``b`` (:func:`_b_map_args`); :func:`launch` and the op's per-call plan (``ops.hc_prenorm_plans``) encode these."""
+    return bf16_gemm.operand_map_args(a, "a", "k", BLOCK_M), _b_map_args(b, config.block_n)
+
+
 def cuda_kernel(config: HcPrenormConfig, index: int):
     """``config``'s kernel compiled (cached on disk) and loaded on GPU ``index``, once per process."""
     return launching.cuda_function(*render_source(config), index)
@@ -148,8 +154,7 @@ def launch(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, sqr_sum: torch.Ten
     config = pick_config(n) if config is None else config
     if n > config.block_n:
         raise ValueError(f"n={n} exceeds the config's block_n={config.block_n}")
-    maps = bf16_gemm.encode_maps((bf16_gemm.operand_map_args(a, "a", "k", BLOCK_M), _b_map_args(b, config.block_n)),
-                                 backend)
+    maps = bf16_gemm.encode_maps(map_args(config, a, b), backend)
     params = param_structs.pack(HcPrenormParams, tma_a=maps[0], tma_b=maps[1], d=d.data_ptr(),
                                 sqr_sum=sqr_sum.data_ptr(), m=m, n=n, k=k, num_splits=splits)
     grid = -(-m // BLOCK_M) * splits

@@ -288,10 +288,16 @@ def render_source(config: Mxfp4Config, simulator: bool = False) -> tuple[str, st
 def column_scales(sa: torch.Tensor) -> torch.Tensor:
     """``sa [G, m_max, K/128]`` fp32 -> ``[G, K/128, m_pad]`` (m_pad = m_max rounded up to 4: 16-byte rows), the
     M-major layout the kernel's sA box reads; a copy (G x K/128 x m_pad floats, small at decode)."""
-    g, m_max, kb = sa.shape
-    out = torch.zeros(g, kb, -(-m_max // 4) * 4, dtype=torch.float32, device=sa.device)
-    out[:, :, :m_max] = sa.transpose(1, 2)
+    out, rows = column_buffer(*sa.shape, sa.device)
+    rows.copy_(sa)
     return out
+
+
+def column_buffer(g: int, m_max: int, kb: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(out, rows)``: a zeroed ``[G, K/128, m_pad]`` fp32 buffer of :func:`column_scales`' layout and the view of
+    it that ``sa [G, m_max, K/128]`` is copied into (``rows.copy_(sa)``: one torch op; the padding stays zero)."""
+    out = torch.zeros(g, kb, -(-m_max // 4) * 4, dtype=torch.float32, device=device)
+    return out, out[:, :, :m_max].transpose(1, 2)
 
 
 # ---------------------------------------------------------------------------------------------- parameters
@@ -365,6 +371,12 @@ def num_ctas(backend: Backend) -> int:
     return get_num_sms()
 
 
+def grid_size(config: Mxfp4Config, batches: int, rows: int, num_ctas: int) -> int:
+    """CTAs of a launch: one per tile (``batches x N/BLOCK_N x ceil(rows/BLOCK_M)``), at most ``num_ctas``
+    (persistent), at least one."""
+    return max(1, min(num_ctas, batches * (config.n // config.block_n) * -(-rows // config.block_m)))
+
+
 def launch(config: Mxfp4Config, x: torch.Tensor, sa: torch.Tensor, prepared, d: torch.Tensor,
            grouped_layout: torch.Tensor, backend: Backend, sd: torch.Tensor | None = None) -> None:
     """The kernel on validated tensors: ``x`` e4m3 ``[G, m_max, K]`` (masked) or ``[M_sum, K]`` (contiguous) with
@@ -384,8 +396,7 @@ def launch(config: Mxfp4Config, x: torch.Tensor, sa: torch.Tensor, prepared, d: 
                                 d=d.data_ptr(), grouped_layout=grouped_layout.data_ptr(),
                                 wave_per32=prepared.wave_per32.data_ptr(), num_rows=rows,
                                 sd=0 if sd is None else sd.data_ptr(), sd_rows=0 if sd is None else sd.stride(-1))
-    tiles = batches * (config.n // config.block_n) * -(-rows // config.block_m)
-    grid = max(1, min(num_ctas(backend), tiles))
+    grid = grid_size(config, batches, rows, num_ctas(backend))
     if backend is Backend.SIM:
         from ..simulator import launch as sim_launch, ptxas_registers
 

@@ -39,11 +39,11 @@ import torch
 
 from .._core import bf16_math, plans
 from .._core.checks import (INDEX_DTYPE, check_expected_m, check_no_overlap, check_not_self_overlapping,
-                            check_same_device, check_shape, check_tensor, is_meta, layout_values_checked)
+                            check_same_device, check_shape, check_tensor, is_meta)
 from ..kernels import launching
 from ..runtime import target
 from ..utils import get_m_alignment_for_contiguous_layout
-from ..runtime.target import Backend
+from ..runtime.target import Backend, layout_values_checked
 from . import contiguous as contiguous_layout
 from .bf16_plans import Bf16Plan, major_of, plan_entry, tma_strides_ok
 from . import masked as masked_layout

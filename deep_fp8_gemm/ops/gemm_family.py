@@ -32,7 +32,7 @@ from typing import Callable
 import torch
 
 from .._core.checks import (BLOCK128, Granularity, Problem, check_aligned_ptr, check_divisibility, check_expected_m,
-                            check_row_major_tma, is_meta, layout_values_checked, unpack_pair)
+                            check_row_major_tma, is_meta, unpack_pair)
 from .._core.dispatch import eager, normalise_scales, operands
 from .._core.family import GemmFamily, register_op
 from .._core.plans import GemmEntrySpec, gemm_entry, pair_output_entry
@@ -42,7 +42,7 @@ from ..kernels import gemm as gemm_host
 from ..kinds import TABLE, KindRow
 from ..runtime import target
 from ..utils import PROCESS_SETTINGS
-from ..runtime.target import Backend
+from ..runtime.target import Backend, layout_values_checked
 from .outputs import POLICIES, OutputPolicy
 
 

@@ -21,6 +21,7 @@ from .._core.checks import check_no_overlap, check_not_self_overlapping, is_meta
 from ..runtime import target
 from ..runtime.target import Backend
 from .bf16 import tma_view
+from .hc_prenorm_plans import hc_prenorm_entry
 
 __all__ = ["tf32_hc_prenorm_gemm"]
 
@@ -28,14 +29,25 @@ __all__ = ["tf32_hc_prenorm_gemm"]
 def tf32_hc_prenorm_gemm(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, sqr_sum: torch.Tensor,
                          num_splits: int | None = None) -> None:
     """``d = A·Bᵀ`` (TF32) and ``sqr_sum = Σ_k A²`` per row, per split of K when ``num_splits`` is given (module
-    docstring). ``TypeError`` / ``ValueError`` name the argument and the values."""
+    docstring). ``TypeError`` / ``ValueError`` name the argument and the values. Eager calls go through a per-call
+    plan of their tensor signature (``ops.hc_prenorm_plans``): same checks, same errors, same launch."""
+    _entry(a, b, d, sqr_sum, num_splits)
+
+
+def _checks(a, b, d, sqr_sum, num_splits) -> tuple[int, int, int, int]:
+    """Every check of the op in its order (the pointer-dependent overlaps last): ``(m, n, k, splits)``."""
     m, n, k, splits = hc_prenorm_math.check_hc_prenorm(a, b, d, sqr_sum, num_splits)
     check_not_self_overlapping(d, "d")
-    if is_meta(d):  # shape-only: no storage to compare
-        return
-    check_no_overlap(d, ((a, "a"), (b, "b"), (sqr_sum, "sqr_sum")), "d")
-    check_no_overlap(sqr_sum, ((a, "a"), (b, "b")), "sqr_sum")
-    if m == 0:
+    if not is_meta(d):  # shape-only: no storage to compare
+        check_no_overlap(d, ((a, "a"), (b, "b"), (sqr_sum, "sqr_sum")), "d")
+        check_no_overlap(sqr_sum, ((a, "a"), (b, "b")), "sqr_sum")
+    return m, n, k, splits
+
+
+def _hc_prenorm(a, b, d, sqr_sum, num_splits) -> None:
+    """The op without a plan: the checks, then the reference, the simulator or the kernel."""
+    m = _checks(a, b, d, sqr_sum, num_splits)[0]
+    if m == 0 or is_meta(d):
         return
     backend = target.backend_of(d.device, "gemm")
     if backend is Backend.REFERENCE:
@@ -48,3 +60,6 @@ def tf32_hc_prenorm_gemm(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, sqr_
     kernels.launch(tma_view(a), tma_view(b), out, sqr_sum, num_splits, backend=backend)
     if out is not d:
         d.copy_(out)
+
+
+_entry = hc_prenorm_entry(_checks, _hc_prenorm)

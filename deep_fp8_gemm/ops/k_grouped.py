@@ -22,8 +22,7 @@ from __future__ import annotations
 import torch
 
 from .._core.checks import (FP8, Problem, check_aligned_ptr, check_c_layout, check_fp32_c, check_fp32_out,
-                            check_no_overlap, check_same_device, check_shape, check_tensor, is_meta,
-                            layout_values_checked, unpack_pair)
+                            check_no_overlap, check_same_device, check_shape, check_tensor, is_meta, unpack_pair)
 from .._core.dispatch import accumulates_in_place, accumulator, eager, normalise_scales, operands
 from .._core.family import GemmFamily, register_op
 from .._core.reference_math import gemm_nt_row_scaled_f64
@@ -31,7 +30,7 @@ from ..config import GemmConfig, k_grouped_config
 from ..constants import GRAN_K, K_GROUP_ALIGNMENT
 from ..kernels import gemm as gemm_host
 from ..runtime import target
-from ..runtime.target import Backend
+from ..runtime.target import Backend, layout_values_checked
 
 
 def check_ks(ks: object) -> list[int]:

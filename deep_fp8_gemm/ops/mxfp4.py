@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import torch
 
-from .._core.checks import check_expected_m, layout_values_checked
+from .._core.checks import check_expected_m
 from ..constants import GRAN_K
 from ..env import simulate
 from ..runtime import target
+from ..runtime.target import layout_values_checked
+from .mxfp4_plans import masked_entry
 from .mxfp4_format import (  # noqa: F401 (re-exported: the format's public names)
     CONVERT_OPS_PER_U32,
     E2M1_VALUES,
@@ -102,8 +104,16 @@ def m_grouped_gemm_fp8_fp4_bf16_nt_masked(a: tuple[torch.Tensor, torch.Tensor],
     ``masked_m`` int32 ``[G]``; ``expected_m`` a positive int hint. CPU tensors run the float64 reference of the
     path the prepared weights record; on an sm_90 GPU, or CPU tensors under ``DFG_SIMULATE=1``, the MXFP4 kernel
     (include/deep_fp8_gemm/kernels/mxfp4_gemm.cuh: swap-AB, the weights converted to e4m3 in registers), which needs
-    N a multiple of 64 and ``d`` contiguous."""
-    p = b if isinstance(b, PreparedMxfp4) else prepare_mxfp4_weights(*b)
+    N a multiple of 64 and ``d`` contiguous. Eager calls with a :class:`PreparedMxfp4` go through a per-call plan of
+    their tensor signature (``ops.mxfp4_plans``): same checks, same errors, same launch."""
+    if type(b) is PreparedMxfp4:
+        _masked_entry(a, b, d, masked_m, expected_m)
+        return
+    _masked(a, b, d, masked_m, expected_m)
+
+
+def _masked_checks(a, p: PreparedMxfp4, d, masked_m, expected_m) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every check of the masked bf16 GEMM on prepared weights ``p``, in its order: ``(x, sa)``."""
     g, n, k = p.shape
     if not isinstance(a, (tuple, list)) or len(a) != 2 or not all(isinstance(t, torch.Tensor) for t in a):
         raise TypeError(f"a must be a pair of tensors (e4m3 [G, m_max, K], fp32 [G, m_max, K/128]), got {a!r:.80}")
@@ -113,6 +123,14 @@ def m_grouped_gemm_fp8_fp4_bf16_nt_masked(a: tuple[torch.Tensor, torch.Tensor],
     if not isinstance(d, torch.Tensor) or d.dtype != torch.bfloat16 or tuple(d.shape) != (g, m_max, n):
         raise ValueError(f"d must be bfloat16 [G, m_max, N] = {(g, m_max, n)}, got "
                          f"{getattr(d, 'dtype', type(d).__name__)} {tuple(getattr(d, 'shape', ()))}")
+    return x, sa
+
+
+def _masked(a, b, d, masked_m, expected_m) -> None:
+    """The op without a plan (a checkpoint pair is prepared here, on every call)."""
+    p = b if isinstance(b, PreparedMxfp4) else prepare_mxfp4_weights(*b)
+    x, sa = _masked_checks(a, p, d, masked_m, expected_m)
+    g, m_max = p.shape[0], x.shape[1]
     if target.gpu_index(x.device) is not None or simulate():  # runtime.target: the one device seam
         _run_kernel(x, sa, p, d, masked_m, expected_m)
         return
@@ -353,7 +371,6 @@ def _check_contiguous_args(a, g: int, k: int, grouped_layout, use_psum_layout) -
     [M_sum, K/128])``, ``grouped_layout`` int32 ``m_indices [M_sum]`` or psum ends ``[G]``, its values where the
     layouts are checked (``layout_values_checked``: CPU tensors, or ``DFG_CHECK_LAYOUTS=1``). Returns
     ``(x, sa, m_sum)``."""
-    from .._core.checks import layout_values_checked
     from .contiguous import check_contiguous_values
     from .psum import check_psum_layout_values
 
@@ -401,3 +418,6 @@ def _check_masked_args(x, sa, masked_m, expected_m, g: int, k: int) -> None:
     if bool(bad.any()):
         i = int(bad.nonzero()[0])
         raise ValueError(f"masked_m[{i}]={int(masked_m[i])} must be in [0, m_max={m_max}]")
+
+
+_masked_entry = masked_entry(_masked_checks, _masked)

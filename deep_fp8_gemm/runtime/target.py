@@ -16,6 +16,7 @@ import functools
 import torch
 
 from .. import env
+from .._core.checks import capturing
 from ..constants import SUPPORTED_CAPABILITY
 
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # present in CUDA builds of torch
@@ -66,6 +67,20 @@ def backend_of(device: torch.device, family: str) -> Backend:
     if env.simulate():
         return Backend.SIM
     return Backend.TORCH if family == "quant" else Backend.REFERENCE
+
+
+def layout_values_checked(device: torch.device) -> bool:
+    """Whether a grouped GEMM on ``device`` checks its layout's *values* (m_indices blocks, psum ends, masked counts)
+    before it runs: CPU tensors always (the reference would compute any layout, the kernels not: what the CPU
+    accepts the GPU must compute); GPU tensors (:func:`gpu_index`, so that the stub of ``bench.bench_host`` sees
+    what a GPU call does) only with ``DFG_CHECK_LAYOUTS=1`` and not while a CUDA graph is being captured (the check
+    reads the values back: one synchronisation); meta tensors never (no values); never while torch.compile traces
+    (the custom ops' kernels check at run time, where the values exist)."""
+    if torch.compiler.is_compiling():
+        return False
+    if gpu_index(device) is not None:
+        return env.check_layouts() and not capturing()
+    return device.type == "cpu"
 
 
 def gpu_index(device: torch.device) -> int | None:

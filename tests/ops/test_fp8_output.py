@@ -301,7 +301,7 @@ def test_layout_values_checked_on_every_cpu_path(monkeypatch, kind, simulate):
 
 @pytest.mark.parametrize("kind", sorted(_LAYOUTS))
 def test_layout_values_checked_where_the_bf16_twins_check_them(monkeypatch, kind):
-    """The decision is the twins' ``_core.checks.layout_values_checked(device)``: False (CUDA tensors without
+    """The decision is the twins' ``runtime.target.layout_values_checked(device)``: False (CUDA tensors without
     DFG_CHECK_LAYOUTS=1, or under CUDA-graph capture) launches without reading the values; True (CPU tensors,
     DFG_CHECK_LAYOUTS=1 on CUDA) checks them before the launch."""
     calls = _recording_launcher(monkeypatch)

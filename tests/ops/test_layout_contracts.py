@@ -212,7 +212,7 @@ def test_psum_ends_checked_on_every_cpu_path(monkeypatch, simulate, ends, text):
 
 def test_check_layouts_flag_is_validated(monkeypatch):
     from deep_fp8_gemm import env
-    from deep_fp8_gemm._core.checks import layout_values_checked
+    from deep_fp8_gemm.runtime.target import layout_values_checked
 
     assert layout_values_checked(torch.device("cpu")) and not layout_values_checked(torch.device("meta"))
     monkeypatch.setenv("DFG_CHECK_LAYOUTS", "yes")
