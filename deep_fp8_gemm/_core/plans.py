@@ -152,6 +152,33 @@ def _remember(plans: dict, key: tuple, plan):
     return plan
 
 
+# The three steps of every plan family's miss (a call whose signature the guard index did not serve), one place.
+def signature(tensors: tuple, *extra) -> tuple:
+    """The Python signature of ``tensors`` (per tensor: shape, strides, dtype, device) followed by ``extra`` (the
+    non-tensor part: expected_m, options, the settings key): the key of a family's plans dict."""
+    return tuple(v for t in tensors for v in (t.shape, t.stride(), t.dtype, t.device)) + extra
+
+
+def plan_of(plans: dict, key: tuple, make: Callable[[], object]):
+    """``plans[key]``; made by ``make()`` (which runs the op's full checks) and remembered if absent, the dict
+    cleared when it holds :data:`MAX_PLANS`."""
+    plan = plans.get(key)
+    return plan if plan is not None else _remember(plans, key, make())
+
+
+def index_entry(index: dict, weight: object, entry: tuple) -> None:
+    """Put ``entry`` (a guard check, the non-tensor signature, the plan) first among ``index[id(weight)]``'s: at most
+    :data:`MAX_GUARDS_PER_WEIGHT` per weight, the index cleared when it holds :data:`MAX_PLANS` weights. ``id`` only
+    narrows the search: a reused id is harmless, the guard checks every tensor."""
+    entries = index.get(id(weight))
+    if entries is None:
+        if len(index) >= MAX_PLANS:
+            index.clear()
+        entries = index[id(weight)] = []
+    entries.insert(0, entry)
+    del entries[MAX_GUARDS_PER_WEIGHT:]
+
+
 # ---------------------------------------------------------------------------------------------- GEMM plans
 class GemmPlan:
     """The checked, prepared form of one signature of a 1D2D GEMM family of any output (bf16; FP8 and SwiGLU·FP8,
@@ -379,20 +406,12 @@ def gemm_entry(spec: GemmEntrySpec) -> Callable:
     settings = PROCESS_SETTINGS
 
     def plan_and_call(key, expected_m, tensors) -> None:
-        signature = tuple(x for t in tensors for x in (t.shape, t.stride(), t.dtype, t.device)) + (expected_m, key)
-        plan = plans.get(signature)
-        if plan is None:
-            gl = tensors[5] if len(tensors) > 5 else None
-            plan = _remember(plans, signature, GemmPlan(spec, *tensors[:5], gl, expected_m))
+        gl = tensors[5] if len(tensors) > 5 else None
+        plan = plan_of(plans, signature(tensors, expected_m, key),
+                       lambda: GemmPlan(spec, *tensors[:5], gl, expected_m))
         g = guard(*tensors)
         if g is not None:
-            entries = index.get(id(tensors[2]))
-            if entries is None:
-                if len(index) >= MAX_PLANS:
-                    index.clear()
-                entries = index[id(tensors[2])] = []
-            entries.insert(0, (g, expected_m, key, plan))
-            del entries[MAX_GUARDS_PER_WEIGHT:]
+            index_entry(index, tensors[2], (g, expected_m, key, plan))
         plan(*tensors)
 
     # Index entries are (guard, expected_m, settings key, plan); the settings key is interned, so `is` compares it.
@@ -521,20 +540,11 @@ def pair_output_entry(spec: GemmEntrySpec) -> Callable:
                 if k is key and em == expected_m and option is ue8m0 and g.check(*tensors):
                     plan(a, sa, b, sb, d, gl, sd)
                     return True
-        signature = tuple(x for t in tensors for x in (t.shape, t.stride(), t.dtype, t.device)) + (expected_m, key,
-                                                                                                    ue8m0)
-        plan = plans.get(signature)
-        if plan is None:
-            plan = _remember(plans, signature, GemmPlan(spec, a, sa, b, sb, d, gl, expected_m, sd, (ue8m0,)))
+        plan = plan_of(plans, signature(tensors, expected_m, key, ue8m0),
+                       lambda: GemmPlan(spec, a, sa, b, sb, d, gl, expected_m, sd, (ue8m0,)))
         g = guard(*tensors)
         if g is not None:
-            entries = index.get(id(b))
-            if entries is None:
-                if len(index) >= MAX_PLANS:
-                    index.clear()
-                entries = index[id(b)] = []
-            entries.insert(0, (g, expected_m, key, ue8m0, plan))
-            del entries[MAX_GUARDS_PER_WEIGHT:]
+            index_entry(index, b, (g, expected_m, key, ue8m0, plan))
         plan(a, sa, b, sb, d, gl, sd)
         return True
 

@@ -18,7 +18,7 @@ import torch
 
 from .. import env
 from .._core.checks import byte_span, is_meta
-from .._core.plans import MAX_GUARDS_PER_WEIGHT, MAX_MAP_SETS, MAX_PLANS, guard
+from .._core.plans import MAX_MAP_SETS, guard, index_entry, plan_of, signature
 from ..runtime import params as param_structs
 from ..runtime import target
 from ..runtime.target import Backend
@@ -176,24 +176,11 @@ def plan_entry(make, op):
 
     def miss(key, a, b, d, x, expected_m) -> None:
         tensors = (a, b, d) if x is None else (a, b, d, x)
-        signature = tuple(v for t in tensors for v in (t.shape, t.stride(), t.dtype, t.device)) + (key,)
-        plan = plans.get(signature)
-        if plan is None:
-            plan = make(a, b, d, x)
-            if len(plans) >= MAX_PLANS:
-                plans.clear()
-            plans[signature] = plan
+        plan = plan_of(plans, signature(tensors, key), lambda: make(a, b, d, x))
         which = 0 if x is None else (2 if x is d else 1)
         g = guard(*tensors[:3 if which != 1 else 4])
         if g is not None:
-            index = indexes[which]
-            entries = index.get(id(b))
-            if entries is None:
-                if len(index) >= MAX_PLANS:
-                    index.clear()
-                entries = index[id(b)] = []
-            entries.insert(0, (g.check, key, plan.call))
-            del entries[MAX_GUARDS_PER_WEIGHT:]
+            index_entry(indexes[which], b, (g.check, key, plan.call))
         plan.call(a, b, d, x, expected_m)
 
     def entry(a, b, d, x, expected_m) -> None:

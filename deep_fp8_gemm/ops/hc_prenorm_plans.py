@@ -18,7 +18,7 @@ from typing import Callable
 import torch
 
 from .._core.checks import byte_span, is_meta
-from .._core.plans import MAX_GUARDS_PER_WEIGHT, MAX_MAP_SETS, MAX_PLANS, guard, register_cache
+from .._core.plans import MAX_MAP_SETS, guard, index_entry, plan_of, register_cache, signature
 from ..kernels import bf16_gemm
 from ..kernels import hc_prenorm as kernels
 from ..runtime import params as param_structs
@@ -150,22 +150,11 @@ def hc_prenorm_entry(check: Callable, op: Callable):
 
     def miss(key, a, b, d, sqr_sum, num_splits) -> None:
         tensors = (a, b, d, sqr_sum)
-        signature = tuple(v for t in tensors for v in (t.shape, t.stride(), t.dtype, t.device)) + (num_splits, key)
-        plan = plans.get(signature)
-        if plan is None:
-            plan = HcPrenormPlan(check, op, a, b, d, sqr_sum, num_splits)
-            if len(plans) >= MAX_PLANS:
-                plans.clear()
-            plans[signature] = plan
+        plan = plan_of(plans, signature(tensors, num_splits, key),
+                       lambda: HcPrenormPlan(check, op, a, b, d, sqr_sum, num_splits))
         g = guard(*tensors)
         if g is not None:
-            entries = index.get(id(b))
-            if entries is None:
-                if len(index) >= MAX_PLANS:
-                    index.clear()
-                entries = index[id(b)] = []
-            entries.insert(0, (g.check, key, num_splits, plan.call))
-            del entries[MAX_GUARDS_PER_WEIGHT:]
+            index_entry(index, b, (g.check, key, num_splits, plan.call))
         plan.call(a, b, d, sqr_sum, num_splits)
 
     def entry(a, b, d, sqr_sum, num_splits) -> None:

@@ -21,7 +21,7 @@ from typing import Callable
 import torch
 
 from .._core.checks import is_meta
-from .._core.plans import MAX_GUARDS_PER_WEIGHT, MAX_MAP_SETS, MAX_PLANS, MAX_WORKSPACES, guard, register_cache
+from .._core.plans import MAX_MAP_SETS, MAX_WORKSPACES, guard, index_entry, plan_of, register_cache, signature
 from ..kernels import mxfp4_gemm as kernels
 from ..runtime import params as param_structs
 from ..runtime import target
@@ -178,22 +178,11 @@ def masked_entry(check: Callable, op: Callable):
     settings = PROCESS_SETTINGS
 
     def miss(key, a, tensors, p, expected_m) -> None:
-        signature = tuple(v for t in tensors for v in (t.shape, t.stride(), t.dtype, t.device)) + (expected_m, key)
-        plan = plans.get(signature)
-        if plan is None:
-            plan = Mxfp4MaskedPlan(check, op, tensors[0], tensors[1], p, tensors[2], tensors[3], expected_m)
-            if len(plans) >= MAX_PLANS:
-                plans.clear()
-            plans[signature] = plan
+        plan = plan_of(plans, signature(tensors, expected_m, key),
+                       lambda: Mxfp4MaskedPlan(check, op, tensors[0], tensors[1], p, tensors[2], tensors[3], expected_m))
         g = guard(*tensors)
         if g is not None:
-            entries = index.get(id(p))
-            if entries is None:
-                if len(index) >= MAX_PLANS:
-                    index.clear()
-                entries = index[id(p)] = []
-            entries.insert(0, (g.check, key, expected_m, plan.call))
-            del entries[MAX_GUARDS_PER_WEIGHT:]
+            index_entry(index, p, (g.check, key, expected_m, plan.call))
         plan.call(a, p, tensors[2], tensors[3], expected_m)
 
     def entry(a, p, d, masked_m, expected_m) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from .._core.checks import byte_span, is_meta
-from .._core.plans import MAX_GUARDS_PER_WEIGHT, MAX_MAP_SETS, MAX_PLANS, guard
+from .._core.plans import MAX_MAP_SETS, guard, index_entry, plan_of, signature
 from ..kernels import gemm as kernels
 from ..runtime import target
 from ..runtime.target import Backend
@@ -162,24 +162,11 @@ def plan_entry(make, op):
 
     def miss(key, a, sa, b, sb, d, c) -> None:
         tensors = (a, sa, b, sb, d) if c is None else (a, sa, b, sb, d, c)
-        signature = tuple(v for t in tensors for v in (t.shape, t.stride(), t.dtype, t.device)) + (key,)
-        plan = plans.get(signature)
-        if plan is None:
-            plan = make(a, sa, b, sb, d, c)
-            if len(plans) >= MAX_PLANS:
-                plans.clear()
-            plans[signature] = plan
+        plan = plan_of(plans, signature(tensors, key), lambda: make(a, sa, b, sb, d, c))
         which = 0 if c is None else (2 if c is d else 1)
         g = guard(*tensors[:5 if which != 1 else 6])
         if g is not None:
-            index = indexes[which]
-            entries = index.get(id(b))
-            if entries is None:
-                if len(index) >= MAX_PLANS:
-                    index.clear()
-                entries = index[id(b)] = []
-            entries.insert(0, (g.check, key, plan.call))
-            del entries[MAX_GUARDS_PER_WEIGHT:]
+            index_entry(indexes[which], b, (g.check, key, plan.call))
         plan.call(a, sa, b, sb, d, c)
 
     def lookup(a, sa, b, sb, d, c):
