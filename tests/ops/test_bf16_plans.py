@@ -9,7 +9,6 @@ so the plan's parameter bytes and launch shape can be compared with those of the
 
 from __future__ import annotations
 
-import hashlib
 import threading
 
 import pytest
@@ -20,9 +19,7 @@ from deep_fp8_gemm import utils
 from deep_fp8_gemm._core import bf16_math
 from deep_fp8_gemm.kernels import launching
 from deep_fp8_gemm.ops import bf16
-from deep_fp8_gemm.runtime import driver as drv
-from deep_fp8_gemm.runtime import target
-from tests.runtime.test_driver import FakeDriver
+from tests._fake_gpu import fake_gpu as fake_gpu_context
 
 BF16, F32 = torch.bfloat16, torch.float32
 LAYOUTS = ("nt", "nn", "tn", "tt")
@@ -106,29 +103,8 @@ def test_subclasses_and_meta_take_the_ops_path():
 @pytest.fixture
 def fake_gpu(monkeypatch):
     """CPU tensors launch through the plans into FakeDriver; tensor maps encode to bytes naming their spec."""
-    fake = FakeDriver()
-    monkeypatch.setattr(drv, "driver", fake)
-    drv._reset_for_tests()
-    launching.cuda_function.cache_clear()
-    specs = []
-
-    def encode(spec):
-        specs.append(spec)
-        return hashlib.sha512(repr(spec).encode()).digest() * 2  # 128 bytes, one per distinct spec
-
-    monkeypatch.setattr(drv, "encode_tensor_map", encode)
-
-    def on(stream: int = 0x77):  # after the operands exist
-        monkeypatch.setattr(target, "gpu_index", lambda device: None if device.type == "meta" else 0)
-        monkeypatch.setattr(target, "capability", lambda index: (9, 0))
-        monkeypatch.setattr(target, "current_stream", lambda index: stream)
-        monkeypatch.setattr(target, "current_device", lambda: 0)
-
-    fake.on, fake.specs = on, specs
-    yield fake
-    bf16.clear_plans()  # plans made against the fake GPU must not serve later CPU calls
-    drv._reset_for_tests()
-    launching.cuda_function.cache_clear()
+    with fake_gpu_context(monkeypatch, caches=(launching.cuda_function.cache_clear,)) as fake:
+        yield fake
 
 
 def _a_maps(fake) -> list:

@@ -9,7 +9,6 @@ compared with that of the op without a plan (``ops.hc_prenorm._hc_prenorm``: the
 
 from __future__ import annotations
 
-import hashlib
 import threading
 
 import pytest
@@ -21,8 +20,7 @@ from deep_fp8_gemm._core.hc_prenorm_math import hc_prenorm_reference
 from deep_fp8_gemm.kernels import launching
 from deep_fp8_gemm.ops import hc_prenorm
 from deep_fp8_gemm.runtime import driver as drv
-from deep_fp8_gemm.runtime import target
-from tests.runtime.test_driver import FakeDriver
+from tests._fake_gpu import fake_gpu as fake_gpu_context
 
 M, N, K = 40, 24, 512
 op = hc_prenorm.tf32_hc_prenorm_gemm
@@ -96,30 +94,8 @@ def test_subclasses_and_meta_take_the_ops_path():
 # ---------------------------------------------------------------------------------------------- GPU path, faked
 @pytest.fixture
 def fake_gpu(monkeypatch):
-    fake = FakeDriver()
-    fake.param_sizes = [320]  # HcPrenormParams
-    monkeypatch.setattr(drv, "driver", fake)
-    drv._reset_for_tests()
-    launching.cuda_function.cache_clear()
-    specs = []
-
-    def encode(spec):
-        specs.append(spec)
-        return hashlib.sha512(repr(spec).encode()).digest() * 2  # 128 bytes, one per distinct spec
-
-    monkeypatch.setattr(drv, "encode_tensor_map", encode)
-
-    def on(stream: int = 0x77):  # after the operands exist
-        monkeypatch.setattr(target, "gpu_index", lambda device: None if device.type == "meta" else 0)
-        monkeypatch.setattr(target, "capability", lambda index: (9, 0))
-        monkeypatch.setattr(target, "current_stream", lambda index: stream)
-        monkeypatch.setattr(target, "current_device", lambda: 0)
-
-    fake.on, fake.specs = on, specs
-    yield fake
-    plans.clear()  # plans made against the fake GPU must not serve later CPU calls
-    drv._reset_for_tests()
-    launching.cuda_function.cache_clear()
+    with fake_gpu_context(monkeypatch, 320, caches=(launching.cuda_function.cache_clear,)) as fake:
+        yield fake
 
 
 _FIELDS = ("params", "grid", "block", "smem", "stream", "attrs", "function")

@@ -25,7 +25,7 @@ from deep_fp8_gemm.ops import mxfp4
 from deep_fp8_gemm.runtime import driver as drv
 from deep_fp8_gemm.runtime import target
 from deep_fp8_gemm.runtime.tensor_map import TmaDtype
-from tests.runtime.test_driver import FakeDriver
+from tests._fake_gpu import fake_gpu as fake_gpu_context
 
 G, N, K = 2, 128, 256
 SA_MAP = slice(384, 512)  # Mxfp4Params.tma_sa: the column buffer's map
@@ -112,34 +112,8 @@ def test_checkpoint_pairs_and_subclasses_take_the_ops_path():
 # ---------------------------------------------------------------------------------------------- GPU path, faked
 @pytest.fixture
 def fake_gpu(monkeypatch):
-    fake = FakeDriver()
-    fake.param_sizes = [576]  # Mxfp4Params
-    monkeypatch.setattr(drv, "driver", fake)
-    drv._reset_for_tests()
-    launching.cuda_function.cache_clear()
-    mxfp4_gemm._loaded.clear()
-    specs = []
-
-    def encode(spec):
-        spec.validate()  # the real encoder's refusals (a misaligned address)
-        specs.append(spec)
-        return hashlib.sha512(repr(spec).encode()).digest() * 2  # 128 bytes, one per distinct spec
-
-    monkeypatch.setattr(drv, "encode_tensor_map", encode)
-
-    def on(stream: int = 0x77):  # after the operands exist
-        monkeypatch.setattr(target, "gpu_index", lambda device: None if device.type == "meta" else 0)
-        monkeypatch.setattr(target, "capability", lambda index: (9, 0))
-        monkeypatch.setattr(target, "current_stream", lambda index: stream)
-        monkeypatch.setattr(target, "current_device", lambda: 0)
-        monkeypatch.setattr(target, "is_capturing", lambda index: False)
-
-    fake.on, fake.specs = on, specs
-    yield fake
-    plans.clear()  # plans made against the fake GPU must not serve later CPU calls
-    drv._reset_for_tests()
-    launching.cuda_function.cache_clear()
-    mxfp4_gemm._loaded.clear()
+    with fake_gpu_context(monkeypatch, 576, caches=(launching.cuda_function.cache_clear, mxfp4_gemm._loaded.clear), validate_maps=True) as fake:
+        yield fake
 
 
 _FIELDS = ("grid", "block", "smem", "stream", "attrs", "function")

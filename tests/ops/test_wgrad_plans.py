@@ -10,7 +10,6 @@ its checks, its config, ``kernels.gemm.launch_1d1d``).
 
 from __future__ import annotations
 
-import hashlib
 import threading
 
 import pytest
@@ -22,10 +21,8 @@ from deep_fp8_gemm._core import plans
 from deep_fp8_gemm.compat import api as compat_api
 from deep_fp8_gemm.kernels import gemm
 from deep_fp8_gemm.ops import wgrad_1d1d
-from deep_fp8_gemm.runtime import driver as drv
-from deep_fp8_gemm.runtime import target
 from tests._operands import wgrad_operands
-from tests.runtime.test_driver import FakeDriver
+from tests._fake_gpu import fake_gpu as fake_gpu_context
 
 M, N, K = 40, 64, 384
 F32 = torch.float32
@@ -144,30 +141,8 @@ def test_subclasses_and_meta_take_the_ops_path():
 @pytest.fixture
 def fake_gpu(monkeypatch):
     """CPU tensors launch through the plans into FakeDriver; tensor maps encode to bytes naming their spec."""
-    fake = FakeDriver()
-    fake.param_sizes = [576]
-    monkeypatch.setattr(drv, "driver", fake)
-    drv._reset_for_tests()
-    gemm.cuda_kernel.cache_clear()
-    specs = []
-
-    def encode(spec):
-        specs.append(spec)
-        return hashlib.sha512(repr(spec).encode()).digest() * 2  # 128 bytes, one per distinct spec
-
-    monkeypatch.setattr(drv, "encode_tensor_map", encode)
-
-    def on(stream: int = 0x77):  # after the operands exist
-        monkeypatch.setattr(target, "gpu_index", lambda device: None if device.type == "meta" else 0)
-        monkeypatch.setattr(target, "capability", lambda index: (9, 0))
-        monkeypatch.setattr(target, "current_stream", lambda index: stream)
-        monkeypatch.setattr(target, "current_device", lambda: 0)
-
-    fake.on, fake.specs = on, specs
-    yield fake
-    plans.clear()  # plans made against the fake GPU must not serve later CPU calls
-    drv._reset_for_tests()
-    gemm.cuda_kernel.cache_clear()
+    with fake_gpu_context(monkeypatch, 576, caches=(gemm.cuda_kernel.cache_clear,)) as fake:
+        yield fake
 
 
 _FIELDS = ("params", "grid", "block", "smem", "stream", "attrs", "function", "cluster")
