@@ -29,6 +29,7 @@ from ..kernels import launching
 from ..runtime import target
 from ..runtime.target import Backend
 from . import bf16 as bf16_ops
+from .einsum_plans import fp8_entry
 from .masked import m_grouped_gemm_fp8_fp8_bf16_nt_masked
 
 __all__ = ["einsum", "fp8_einsum", "EINSUM_EXPRESSIONS", "FP8_EINSUM_EXPRESSIONS"]
@@ -192,7 +193,13 @@ def fp8_einsum(expr: str, a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.T
     ``b = (y [h, d, r] e4m3, sy [h, ceil(d/128), ceil(r/128)] fp32)`` (per head 128x128 blocks), ``d`` ``[b, h, d]``
     bfloat16: ``d[:, i] = bf16(dequant(x[:, i]) · dequant(y[i])ᵀ)`` for every head ``i`` as the FP8 masked kernel
     computes it (one group per head, every row valid; the 1D2D promotion). ``c`` (``d``'s shape, bfloat16):
-    ``d = bf16(c + that)``."""
+    ``d = bf16(c + that)``. Host time: a call without ``c`` runs through the plan of its signature
+    (``ops.einsum_plans``)."""
+    _FP8_ENTRY(expr, a, b, d, c, recipe)
+
+
+def _fp8_einsum(expr, a, b, d, c=None, recipe=FP8_EINSUM_RECIPE) -> None:
+    """``fp8_einsum`` without a plan: the checks, then the masked GEMM on the per-head views."""
     fn = "fp8_einsum"
     if not isinstance(expr, str):
         raise TypeError(f"{fn}: expr must be a str, got {type(expr).__name__}")
@@ -206,6 +213,13 @@ def fp8_einsum(expr: str, a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.T
         if not isinstance(pair, (tuple, list)) or len(pair) != 2:
             raise TypeError(f"{fn}: {name} must be a (values, scales) pair, got {type(pair).__name__}")
     (x, sx), (y, sy) = a, b
+    if _fp8_checks(x, sx, y, sy, d, c):
+        _fp8_run(x, sx, y, sy, d, c)
+
+
+def _fp8_checks(x, sx, y, sy, d, c) -> bool:
+    """``fp8_einsum``'s checks of the tensors (its errors, its order); False when there is nothing to compute."""
+    fn = "fp8_einsum"
     d = _tensor(d, "d", fn)
     if d.dtype != torch.bfloat16:
         raise TypeError(f"{fn}: d must be torch.bfloat16 (the reference's SM90 FP8 batched GEMM), got {d.dtype}")
@@ -247,8 +261,14 @@ def fp8_einsum(expr: str, a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.T
         raise ValueError(f"{fn}: c starts where d does but has other strides: c.stride()={c.stride()}, "
                          f"d.stride()={d.stride()}; pass c=d to accumulate in place")
     if is_meta(d) or nb == 0 or h == 0:
-        return
+        return False
     check_no_overlap(d, tuple(named[:4]), "d")
+    return True
+
+
+def _fp8_run(x, sx, y, sy, d, c) -> None:
+    nb, h, _ = x.shape
+    dd = y.shape[1]
     # One masked group per head, every row valid: A_h = x[:, h] ([b, r], row stride h*r), D_h = d[:, h]. Operands
     # and output the FP8 kernel's maps cannot address go through contiguous copies.
     masked_m = torch.full((h,), nb, dtype=torch.int32, device=d.device)
@@ -264,3 +284,13 @@ def fp8_einsum(expr: str, a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.T
         d.copy_(out.permute(1, 0, 2))
     if base is not None:
         d.copy_((base + d.float()).to(torch.bfloat16))
+
+
+def _fp8_plan_op(x, sx, y, sy, d) -> None:
+    """The op's path of a planned call (``c`` None): checks included."""
+    if _fp8_checks(x, sx, y, sy, d, None):
+        _fp8_run(x, sx, y, sy, d, None)
+
+
+_FP8_ENTRY = fp8_entry(lambda x, sx, y, sy, d: _fp8_checks(x, sx, y, sy, d, None), _fp8_plan_op, _fp8_einsum,
+                       FP8_EINSUM_RECIPE)
