@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import torch
 
-from .._core import bf16_math
+from .._core import bf16_math, plans
 from .._core.checks import check_no_overlap, check_not_self_overlapping, is_meta
 from ..kernels import launching
 from ..runtime import target
 from ..runtime.target import Backend
 from . import bf16 as bf16_ops
+from .bf16_plans import Bf16Plan, plan_entry
 from .einsum_plans import fp8_entry
 from .masked import m_grouped_gemm_fp8_fp8_bf16_nt_masked
 
@@ -63,7 +64,26 @@ def einsum(expr: str, a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torc
     """The BF16 Einstein sum ``expr`` of ``a`` and ``b`` into ``d`` in place (module docstring: the three
     expressions, shapes and rules). Every output is the float64 sum of exact bf16 products rounded once on the CPU
     reference; the kernels accumulate in fp32 in a fixed K order (never split), so a row's bits do not depend on the
-    batch."""
+    batch. Host time: the head expressions run through the plan of their signature (``ops.bf16_plans``)."""
+    if c is None and (use_cublaslt is False or use_cublaslt is True) and type(expr) is str:
+        entry = _HEAD_ENTRIES.get(expr)
+        if entry is not None:
+            entry(a, b, d, None, None)
+            return
+    _einsum(expr, a, b, d, c, use_cublaslt)
+
+
+def _einsum(expr, a, b, d, c=None, use_cublaslt=False) -> None:
+    """``einsum`` without a plan: the checks, then the reference, the simulator or the kernel."""
+    a, b, d, c = _einsum_checks(expr, a, b, d, c, use_cublaslt)
+    if expr == "bmk,bnk->mn":
+        _bmk_bnk_mn(a, b, d, c, use_cublaslt)
+    else:
+        _heads(expr, a, b, d, c)
+
+
+def _einsum_checks(expr, a, b, d, c, use_cublaslt):
+    """The checks every expression shares (its errors, its order); returns ``(a, b, d, c)``."""
     fn = "einsum"
     if not isinstance(expr, str):
         raise TypeError(f"{fn}: expr must be a str, got {type(expr).__name__}")
@@ -81,10 +101,7 @@ def einsum(expr: str, a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torc
         c = _tensor(c, "c", fn)
         if c.dtype != d.dtype:
             raise TypeError(f"{fn}: c must have d's dtype {d.dtype}, got {c.dtype}")
-    if expr == "bmk,bnk->mn":
-        _bmk_bnk_mn(a, b, d, c, use_cublaslt)
-    else:
-        _heads(expr, a, b, d, c)
+    return a, b, d, c
 
 
 def _bmk_bnk_mn(a, b, d, c, use_cublaslt) -> None:
@@ -140,6 +157,14 @@ def _bmk_bnk_mn(a, b, d, c, use_cublaslt) -> None:
 
 
 def _heads(expr, a, b, d, c) -> None:
+    problem = _heads_checks(expr, a, b, d, c)
+    if problem is not None:
+        _heads_run(expr, a, b, d, *problem)
+
+
+def _heads_checks(expr, a, b, d, c) -> tuple[int, int, int, int] | None:
+    """A head expression's own checks (its errors, its order); ``(b, h, n, k)``, or None when nothing is written
+    (meta, an empty output)."""
     fn = f"einsum({expr!r})"
     if c is not None:
         raise ValueError(f"{fn}: c must be None (the reference takes no C for the head expressions)")
@@ -162,17 +187,25 @@ def _heads(expr, a, b, d, c) -> None:
     _same_device(fn, ((a, "a"), (b, "b"), (d, "d")))
     check_not_self_overlapping(d, "d")
     if is_meta(d):
-        return
+        return None
     check_no_overlap(d, ((a, "a"), (b, "b")), "d")
     if nb == 0 or h == 0 or n == 0:
-        return
+        return None
+    return nb, h, n, k
+
+
+def _head_views(expr, a, b, d):
+    """Per head: A_h [b, k] (a row stride of h*k), B_h [n, k] (K-major for bhr,hdr->bhd; MN-major for
+    bhd,hdr->bhr), D_h [b, n]: ``(A, B, D)``, views of a, b, d starting at their addresses (the plan's maps read
+    the first two, ``_head_entry``)."""
+    return a.permute(1, 0, 2), (b if expr == "bhr,hdr->bhd" else b.transpose(1, 2)), d.permute(1, 0, 2)
+
+
+def _heads_run(expr, a, b, d, nb, h, n, k) -> None:
     if k == 0:
         d.zero_()
         return
-    # Per head: A_h [b, k] (a row stride of h*k), B_h [n, k] (K-major for bhr,hdr->bhd; MN-major for bhd,hdr->bhr)
-    A = a.permute(1, 0, 2)
-    B = b if out_dim == "d" else b.transpose(1, 2)
-    D = d.permute(1, 0, 2)
+    A, B, D = _head_views(expr, a, b, d)
     backend = target.backend_of(d.device, "gemm")
     if backend is Backend.REFERENCE:
         for head in range(h):
@@ -294,3 +327,48 @@ def _fp8_plan_op(x, sx, y, sy, d) -> None:
 
 _FP8_ENTRY = fp8_entry(lambda x, sx, y, sy, d: _fp8_checks(x, sx, y, sy, d, None), _fp8_plan_op, _fp8_einsum,
                        FP8_EINSUM_RECIPE)
+
+
+def _head_entry(expr: str):
+    """The BF16 head expression ``expr``'s entry (``ops.bf16_plans.plan_entry``, ``x`` = c, always None here): the
+    batched kernel over the per-head views, which need no temporary (the kernel reads and writes them in place)."""
+    def views(a, b):
+        return a.permute(1, 0, 2), (b if expr == "bhr,hdr->bhd" else b.transpose(1, 2))
+
+    def op(a, b, d, c, expected_m) -> None:
+        _einsum(expr, a, b, d, c)
+
+    def make(a, b, d, c) -> Bf16Plan:
+        a, b, d, c = _einsum_checks(expr, a, b, d, c, False)
+        problem = _heads_checks(expr, a, b, d, c)
+        if problem is None:
+            return Bf16Plan(op, views, "BATCHED", a, b, d, None, True, 0, 0, 0, 0)
+        nb, h, n, k = problem
+        A, B, D = _head_views(expr, a, b, d)
+        return Bf16Plan(op, views, "BATCHED", A, B, D, None, True, nb, n, k, h)
+
+    return plan_entry(make, op)
+
+
+#: The head expressions' entries (``bmk,bnk->mn`` has none: its bf16 output goes through an fp32 workspace).
+_HEAD_ENTRIES = {expr: _head_entry(expr) for expr in EINSUM_EXPRESSIONS[1:]}
+
+
+def clear_plans() -> None:
+    """Forget every einsum / fp8_einsum plan (tests; a loaded kernel stays loaded)."""
+    _FP8_ENTRY.clear_plans()
+    for entry in _HEAD_ENTRIES.values():
+        entry.plans.clear()
+        for index in entry.indexes:
+            index.clear()
+
+
+def plan_stats() -> dict[str, tuple[int, int]]:
+    """``{name: (plans, guards indexed)}``: ``fp8_einsum`` and ``einsum <expr>`` per head expression."""
+    out = {"fp8_einsum": _FP8_ENTRY.stats()}
+    for expr, entry in _HEAD_ENTRIES.items():
+        out[f"einsum {expr}"] = (len(entry.plans), sum(len(e) for i in entry.indexes for e in i.values()))
+    return out
+
+
+plans.register_cache("einsum.", clear_plans, plan_stats)  # _core.plans.clear() / stats() cover these plans too

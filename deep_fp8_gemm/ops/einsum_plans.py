@@ -29,8 +29,7 @@ import torch
 from .. import env
 from .._core import plans as core_plans
 from .._core.checks import byte_span, is_meta
-from .._core.plans import (ALLOCATORS, MAX_GUARDS_PER_WEIGHT, MAX_PLANS, MAX_WORKSPACES, GemmPlan, guard,
-                           register_cache)
+from .._core.plans import ALLOCATORS, MAX_GUARDS_PER_WEIGHT, MAX_PLANS, MAX_WORKSPACES, GemmPlan, guard
 from ..runtime import target
 from ..runtime.target import Backend
 from ..utils import PROCESS_SETTINGS, m_major_strides
@@ -191,8 +190,6 @@ def fp8_entry(check: Callable, op: Callable, other: Callable, recipe: tuple):
         plans.clear()
         index.clear()
 
-    entry.plans, entry.index = plans, index
-    # _core.plans.clear() / stats() cover these plans too ("einsum.fp8_einsum": (plans, weights indexed)).
-    register_cache("einsum.", clear_plans,
-                   lambda: {"fp8_einsum": (len(plans), sum(len(e) for e in index.values()))})
+    entry.plans, entry.index, entry.clear_plans = plans, index, clear_plans
+    entry.stats = lambda: (len(plans), sum(len(e) for e in index.values()))  # (plans, guards indexed)
     return entry

@@ -291,3 +291,122 @@ def test_each_signature_change_misses(fake_gpu, change):
         if change == "num_sms":
             utils.set_num_sms(0)
     assert _stats()[0] == 2
+
+
+# ---------------------------------------------------------------------------------------------- BF16 head expressions
+HEAD_EXPRS = ("bhr,hdr->bhd", "bhd,hdr->bhr")
+
+
+def _heads(expr: str, seed: int = 0, nb: int = NB):
+    """``(a, b, d)`` of a head expression (``d`` zeros)."""
+    g = torch.Generator().manual_seed(seed)
+    k, n = (R, DD) if expr == "bhr,hdr->bhd" else (DD, R)
+    a = torch.randn(nb, H, k, generator=g).to(BF16)
+    b = torch.randn(H, DD, R, generator=g).to(BF16)
+    return a, b, torch.zeros(nb, H, n, dtype=BF16)
+
+
+def _head_stats(expr: str) -> tuple[int, int]:
+    return core_plans.stats()[f"einsum.einsum {expr}"]
+
+
+@pytest.mark.parametrize("expr", HEAD_EXPRS)
+def test_head_cpu_calls_through_a_plan_give_the_ops_bits(expr):
+    a, b, expected = _heads(expr)
+    einsum._einsum(expr, a, b, expected)
+    for _ in range(3):
+        d = torch.full_like(expected, 5.0)
+        einsum.einsum(expr, a, b, d)
+        assert torch.equal(d, expected)
+    assert _head_stats(expr) == (1, 1)
+    a2, b2, d = _heads(expr, seed=1)
+    ref = d.clone()
+    einsum.einsum(expr, a2, b2, d)
+    einsum._einsum(expr, a2, b2, ref)
+    assert torch.equal(d, ref) and _head_stats(expr)[0] == 1
+
+
+def test_head_errors_after_a_cached_call_are_the_ops():
+    expr = HEAD_EXPRS[0]
+    a, b, d = _heads(expr)
+    einsum.einsum(expr, a, b, d)
+    with pytest.raises(ValueError, match="d must not overlap a"):
+        einsum.einsum(expr, a, b, a.view(-1)[:d.numel()].view(d.shape))
+    with pytest.raises(ValueError, match="c must be None"):
+        einsum.einsum(expr, a, b, d, torch.zeros_like(d))
+    with pytest.raises(TypeError, match="use_cublaslt must be a bool"):
+        einsum.einsum(expr, a, b, d, use_cublaslt=1)
+    with pytest.raises(TypeError, match="einsum: a must be torch.bfloat16"):
+        einsum.einsum(expr, a.float(), b, d)
+    assert _head_stats(expr)[0] == 1
+
+
+@pytest.mark.parametrize("expr", HEAD_EXPRS)
+def test_head_plan_launches_what_the_op_launches(fake_gpu, expr):
+    """No temporaries: every launch's parameter bytes equal the op's, and from the second call a block serves."""
+    from deep_fp8_gemm.kernels import bf16_gemm
+
+    fake_gpu.param_sizes = [bf16_gemm.PARAMS_BYTES]
+    a, b, d = _heads(expr)
+    fake_gpu.on()
+    for call in range(3):
+        einsum.einsum(expr, a, b, d, use_cublaslt=call == 1)
+        einsum._einsum(expr, a, b, d)
+        fast, slow = fake_gpu.launches[-2:]
+        for field in ("params",) + _FIELDS:
+            assert fast[field] == slow[field], field
+    (plan,) = einsum._HEAD_ENTRIES[expr].plans.values()
+    assert plan.call == plan._launch and len(plan.blocks) == 1 and len(plan.heads) == 1
+
+
+def test_head_pointer_changes_are_checked(fake_gpu):
+    """Same signature: d over a or b raises the op's message; a misaligned a is copied by the op's path."""
+    from deep_fp8_gemm.kernels import bf16_gemm
+
+    fake_gpu.param_sizes = [bf16_gemm.PARAMS_BYTES]
+    expr = HEAD_EXPRS[0]
+    a, b, d = _heads(expr)
+    fake_gpu.on()
+    for _ in range(2):
+        einsum.einsum(expr, a, b, d)
+    launches = len(fake_gpu.launches)
+    with pytest.raises(ValueError, match="d must not overlap a"):
+        einsum.einsum(expr, a, b, a.view(-1)[:d.numel()].view(d.shape))
+    with pytest.raises(ValueError, match="d must not overlap b"):
+        einsum.einsum(expr, a, b, b.view(-1)[:d.numel()].view(d.shape))
+    assert len(fake_gpu.launches) == launches
+    shifted = torch.zeros(a.numel() + 8, dtype=BF16)[1:a.numel() + 1].view(a.shape)
+    shifted.copy_(a)
+    einsum.einsum(expr, shifted, b, d)
+    a_map = [s for s in fake_gpu.specs if s.global_dims[0] == R and s.global_dims[1] == NB][-1]
+    assert a_map.global_address != shifted.data_ptr() and a_map.global_address % 16 == 0
+    assert _head_stats(expr)[0] == 1 and len(fake_gpu.launches) == launches + 1
+
+
+@pytest.mark.parametrize("change", ["b", "a-stride", "num_sms"])
+def test_head_signature_change_misses(fake_gpu, change):
+    from deep_fp8_gemm.kernels import bf16_gemm
+
+    fake_gpu.param_sizes = [bf16_gemm.PARAMS_BYTES]
+    expr = HEAD_EXPRS[0]
+    a, b, d = _heads(expr)
+    fake_gpu.on()
+    einsum.einsum(expr, a, b, d)
+    if change == "b":
+        a, b, d = _heads(expr, nb=NB + 2)
+    elif change == "a-stride":
+        wide = torch.zeros(NB, H, R + 8, dtype=BF16)[:, :, :R]
+        wide.copy_(a)
+        a = wide
+    try:
+        if change == "num_sms":
+            utils.set_num_sms(7)
+        einsum.einsum(expr, a, b, d)
+        einsum._einsum(expr, a, b, d)
+        fast, slow = fake_gpu.launches[-2:]
+        for field in ("params",) + _FIELDS:
+            assert fast[field] == slow[field], field
+    finally:
+        if change == "num_sms":
+            utils.set_num_sms(0)
+    assert _head_stats(expr)[0] == 2
