@@ -12,6 +12,9 @@ the op's full checks (its errors, its order). ``max_context_len`` is not part of
 int >= 0, so any such value takes the plan (the logits' row stride is computed from it per call, by the op's rule);
 ``clean_logits`` must be ``False`` (the op refuses anything else): every other scalar goes to the op's path, which
 raises its usual message.
+
+The dense ``fp8_mqa_logits`` (prefill) has the same design (:class:`DenseMqaPlan`, :func:`dense_entry`): its signature
+adds ``clean_logits``, ``max_seqlen_k`` and the logits dtype (they decide the kernel and the logits' layout).
 """
 
 from __future__ import annotations
@@ -200,8 +203,9 @@ def paged_entry(check: Callable, op: Callable, layout: Callable, other: Callable
     ``other(...)`` (the public function's general path, same arguments) for scalars the plan does not take or a
     tensor argument that is no plain tensor (a subclass, a Parameter, not a tensor), and while torch.compile traces or
     a dispatch mode is active; ``op(...)`` is the op's own eager path (what a plan that does not launch itself calls).
-    A guard passes only tensors of the exact type it was built with (plain ones), so a hit needs no type check. ``check(...)``: the op's checks (same arguments), returning
-    ``(batch, next_n, num_heads, head_dim)``; ``layout(rows, max_context_len, logits_dtype) -> (rows, row_stride)``.
+    A guard passes only tensors of the exact type it was built with (plain ones), so a hit needs no type check.
+    ``check(...)``: the op's checks (same arguments), returning ``(batch, next_n, num_heads, head_dim)``;
+    ``layout(rows, max_context_len, logits_dtype) -> (rows, row_stride)``.
 
     The plans live in the closure: ``entry.plans`` (signature tuple -> plan) and ``entry.hot``: ``[(guard check,
     settings key, logits dtype, plan call)]``, newest first, at most ``MAX_GUARDS_PER_WEIGHT`` (no weight to index
@@ -280,8 +284,8 @@ class DenseMqaPlan:
 
     Nothing else is allocated and nothing cached is memory a launch reads (the logits are the caller's)."""
 
-    __slots__ = ("op", "call", "scalars", "dtype", "index", "launcher", "config", "buffer", "width", "view", "fields", "maps",
-                 "blocks", "seen", "_empty", "_function", "_context", "_get_current", "_launch_ex", "_slot",
+    __slots__ = ("op", "call", "scalars", "dtype", "index", "launcher", "config", "buffer", "width", "view", "fields",
+                 "maps", "blocks", "seen", "_empty", "_function", "_context", "_get_current", "_launch_ex", "_slot",
                  "_new_block")
 
     def __init__(self, check: Callable, op: Callable, layout: Callable, tensors: tuple, clean_logits: bool,
