@@ -271,14 +271,18 @@ def fp8_mqa_logits(q: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor], weigh
         TypeError / ValueError: the reference's refusals (heads other than 32 / 64, bfloat16 weights, int32 KV
         scales, ``clean_logits`` with compressed logits, ...) and wrong shapes, dtypes, devices, contiguity.
     """
-    kv_values, kv_scales = _pair(kv, "kv")
-    args = (q, kv_values, kv_scales, weights, cu_seq_len_k_start, cu_seq_len_k_end)
-    if eager(*args):
-        return _dense_impl(*args, clean_logits, max_seqlen_k, logits_dtype)
+    kv_values, kv_scales = kv if type(kv) is tuple and len(kv) == 2 else _pair(kv, "kv")
+    return _dense_entry(q, kv_values, kv_scales, weights, cu_seq_len_k_start, cu_seq_len_k_end, clean_logits,
+                        max_seqlen_k, logits_dtype)
+
+
+def _dense_general(*args) -> torch.Tensor:  # (q, kv, kv_scales, weights, ks, ke, clean_logits, max_seqlen_k, dtype)
+    if eager(*args[:6]):  # the op's path; else the custom op (tracing, a dispatch mode, a tensor subclass)
+        return _dense_impl(*args)
     for t, name in zip(args, ("q", "kv[0]", "kv[1]", "weights", "cu_seq_len_k_start", "cu_seq_len_k_end")):
         check_is_tensor(t, name)
-    return DENSE_OP(*args, check_bool(clean_logits, "clean_logits"), _check_int(max_seqlen_k, "max_seqlen_k", 0),
-                    _check_logits_dtype(logits_dtype))
+    return DENSE_OP(*args[:6], check_bool(args[6], "clean_logits"), _check_int(args[7], "max_seqlen_k", 0),
+                    _check_logits_dtype(args[8]))
 
 
 def fp8_mqa_logits_reference(q, kv, weights, cu_seq_len_k_start, cu_seq_len_k_end, clean_logits: bool = True,
@@ -522,9 +526,6 @@ def _paged_fake(q, kv_cache, weights, context_lens, block_table, schedule_meta, 
     return torch.empty_strided((rows, max_context_len), (stride, 1), dtype=logits_dtype, device=q.device)
 
 
-# Eager calls: per-call plans. Dynamo folds is_dynamo_compiling() to True while it traces (as in _core.plans).
-_is_compiling, _dispatch_depth = torch.compiler.is_dynamo_compiling, torch._C._len_torch_dispatch_stack
-
 PAGED_OP = register_op(
     "fp8_paged_mqa_logits", "(Tensor q, Tensor kv_cache, Tensor weights, Tensor context_lens, Tensor block_table, "
     "Tensor schedule_meta, int max_context_len, bool clean_logits, ScalarType logits_dtype) -> Tensor",
@@ -561,11 +562,8 @@ def fp8_paged_mqa_logits(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch
         context lengths, ``clean_logits=True``, metadata not of ``get_num_sms()`` rows, bfloat16 weights) and
         wrong shapes, dtypes, devices, contiguity.
     """
-    if not _is_compiling() and not _dispatch_depth():  # eager (plain tensors: the entry checks, else _paged_traced)
-        return _paged_entry(q, kv_cache, weights, context_lens, block_table, schedule_meta, max_context_len,
-                            clean_logits, logits_dtype)
-    return _paged_traced(q, kv_cache, weights, context_lens, block_table, schedule_meta, max_context_len, clean_logits,
-                         logits_dtype)
+    return _paged_entry(q, kv_cache, weights, context_lens, block_table, schedule_meta, max_context_len, clean_logits,
+                        logits_dtype)  # eager calls: the plans; else (tracing, ...) _paged_traced
 
 
 def _paged_traced(q, kv_cache, weights, context_lens, block_table, schedule_meta, max_context_len, clean_logits,
@@ -595,5 +593,6 @@ def fp8_paged_mqa_logits_reference(q, kv_cache, weights, context_lens, block_tab
     return logits
 
 
-# The eager entry of fp8_paged_mqa_logits (ops.mqa_plans): built here, after the paths it falls back to.
+# The eager entries (ops.mqa_plans): built here, after the paths they fall back to.
 _paged_entry = mqa_plans.paged_entry(check_paged, _paged_impl, paged_logits_layout, _paged_traced)
+_dense_entry = mqa_plans.dense_entry(check_dense, _dense_impl, dense_logits_layout, _dense_general)

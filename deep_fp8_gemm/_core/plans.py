@@ -254,6 +254,11 @@ class GemmPlan:
             block = self._checked_block(a, sa, b, sb, out, gl, sd, pa, psa, pb, psb, pd, pgl, psd)
             if block is None:  # nothing to launch: CPU / empty problem, done
                 return
+        self.launch(block)
+
+    def launch(self, block) -> None:
+        """Launch from ``block``, a parameter block of this plan (one it holds in ``blocks``, or one a call packed):
+        on the current stream, with the split-K workspace of that stream added."""
         launcher = self.launcher
         stream = target.current_stream(self.index)
         if self.workspace is not None:  # split-K: the block with its stream's workspace, in this thread's slot

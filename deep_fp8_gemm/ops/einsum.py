@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import torch
 
-from .._core import bf16_math
+from .._core import bf16_math, plans
 from .._core.checks import check_no_overlap, check_not_self_overlapping, is_meta
 from ..kernels import launching
 from ..runtime import target
 from ..runtime.target import Backend
 from . import bf16 as bf16_ops
+from .bf16_plans import Bf16Plan, plan_entry
+from .einsum_plans import fp8_entry
 from .masked import m_grouped_gemm_fp8_fp8_bf16_nt_masked
 
 __all__ = ["einsum", "fp8_einsum", "EINSUM_EXPRESSIONS", "FP8_EINSUM_EXPRESSIONS"]
@@ -62,7 +64,26 @@ def einsum(expr: str, a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torc
     """The BF16 Einstein sum ``expr`` of ``a`` and ``b`` into ``d`` in place (module docstring: the three
     expressions, shapes and rules). Every output is the float64 sum of exact bf16 products rounded once on the CPU
     reference; the kernels accumulate in fp32 in a fixed K order (never split), so a row's bits do not depend on the
-    batch."""
+    batch. Host time: the head expressions run through the plan of their signature (``ops.bf16_plans``)."""
+    if c is None and (use_cublaslt is False or use_cublaslt is True) and type(expr) is str:
+        entry = _HEAD_ENTRIES.get(expr)
+        if entry is not None:
+            entry(a, b, d, None, None)
+            return
+    _einsum(expr, a, b, d, c, use_cublaslt)
+
+
+def _einsum(expr, a, b, d, c=None, use_cublaslt=False) -> None:
+    """``einsum`` without a plan: the checks, then the reference, the simulator or the kernel."""
+    a, b, d, c = _einsum_checks(expr, a, b, d, c, use_cublaslt)
+    if expr == "bmk,bnk->mn":
+        _bmk_bnk_mn(a, b, d, c, use_cublaslt)
+    else:
+        _heads(expr, a, b, d, c)
+
+
+def _einsum_checks(expr, a, b, d, c, use_cublaslt):
+    """The checks every expression shares (its errors, its order); returns ``(a, b, d, c)``."""
     fn = "einsum"
     if not isinstance(expr, str):
         raise TypeError(f"{fn}: expr must be a str, got {type(expr).__name__}")
@@ -80,10 +101,7 @@ def einsum(expr: str, a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torc
         c = _tensor(c, "c", fn)
         if c.dtype != d.dtype:
             raise TypeError(f"{fn}: c must have d's dtype {d.dtype}, got {c.dtype}")
-    if expr == "bmk,bnk->mn":
-        _bmk_bnk_mn(a, b, d, c, use_cublaslt)
-    else:
-        _heads(expr, a, b, d, c)
+    return a, b, d, c
 
 
 def _bmk_bnk_mn(a, b, d, c, use_cublaslt) -> None:
@@ -139,6 +157,14 @@ def _bmk_bnk_mn(a, b, d, c, use_cublaslt) -> None:
 
 
 def _heads(expr, a, b, d, c) -> None:
+    problem = _heads_checks(expr, a, b, d, c)
+    if problem is not None:
+        _heads_run(expr, a, b, d, *problem)
+
+
+def _heads_checks(expr, a, b, d, c) -> tuple[int, int, int, int] | None:
+    """A head expression's own checks (its errors, its order); ``(b, h, n, k)``, or None when nothing is written
+    (meta, an empty output)."""
     fn = f"einsum({expr!r})"
     if c is not None:
         raise ValueError(f"{fn}: c must be None (the reference takes no C for the head expressions)")
@@ -161,17 +187,25 @@ def _heads(expr, a, b, d, c) -> None:
     _same_device(fn, ((a, "a"), (b, "b"), (d, "d")))
     check_not_self_overlapping(d, "d")
     if is_meta(d):
-        return
+        return None
     check_no_overlap(d, ((a, "a"), (b, "b")), "d")
     if nb == 0 or h == 0 or n == 0:
-        return
+        return None
+    return nb, h, n, k
+
+
+def _head_views(expr, a, b, d):
+    """Per head: A_h [b, k] (a row stride of h*k), B_h [n, k] (K-major for bhr,hdr->bhd; MN-major for
+    bhd,hdr->bhr), D_h [b, n]: ``(A, B, D)``, views of a, b, d starting at their addresses (the plan's maps read
+    the first two, ``_head_entry``)."""
+    return a.permute(1, 0, 2), (b if expr == "bhr,hdr->bhd" else b.transpose(1, 2)), d.permute(1, 0, 2)
+
+
+def _heads_run(expr, a, b, d, nb, h, n, k) -> None:
     if k == 0:
         d.zero_()
         return
-    # Per head: A_h [b, k] (a row stride of h*k), B_h [n, k] (K-major for bhr,hdr->bhd; MN-major for bhd,hdr->bhr)
-    A = a.permute(1, 0, 2)
-    B = b if out_dim == "d" else b.transpose(1, 2)
-    D = d.permute(1, 0, 2)
+    A, B, D = _head_views(expr, a, b, d)
     backend = target.backend_of(d.device, "gemm")
     if backend is Backend.REFERENCE:
         for head in range(h):
@@ -192,7 +226,13 @@ def fp8_einsum(expr: str, a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.T
     ``b = (y [h, d, r] e4m3, sy [h, ceil(d/128), ceil(r/128)] fp32)`` (per head 128x128 blocks), ``d`` ``[b, h, d]``
     bfloat16: ``d[:, i] = bf16(dequant(x[:, i]) · dequant(y[i])ᵀ)`` for every head ``i`` as the FP8 masked kernel
     computes it (one group per head, every row valid; the 1D2D promotion). ``c`` (``d``'s shape, bfloat16):
-    ``d = bf16(c + that)``."""
+    ``d = bf16(c + that)``. Host time: a call without ``c`` runs through the plan of its signature
+    (``ops.einsum_plans``)."""
+    _FP8_ENTRY(expr, a, b, d, c, recipe)
+
+
+def _fp8_einsum(expr, a, b, d, c=None, recipe=FP8_EINSUM_RECIPE) -> None:
+    """``fp8_einsum`` without a plan: the checks, then the masked GEMM on the per-head views."""
     fn = "fp8_einsum"
     if not isinstance(expr, str):
         raise TypeError(f"{fn}: expr must be a str, got {type(expr).__name__}")
@@ -206,6 +246,13 @@ def fp8_einsum(expr: str, a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.T
         if not isinstance(pair, (tuple, list)) or len(pair) != 2:
             raise TypeError(f"{fn}: {name} must be a (values, scales) pair, got {type(pair).__name__}")
     (x, sx), (y, sy) = a, b
+    if _fp8_checks(x, sx, y, sy, d, c):
+        _fp8_run(x, sx, y, sy, d, c)
+
+
+def _fp8_checks(x, sx, y, sy, d, c) -> bool:
+    """``fp8_einsum``'s checks of the tensors (its errors, its order); False when there is nothing to compute."""
+    fn = "fp8_einsum"
     d = _tensor(d, "d", fn)
     if d.dtype != torch.bfloat16:
         raise TypeError(f"{fn}: d must be torch.bfloat16 (the reference's SM90 FP8 batched GEMM), got {d.dtype}")
@@ -247,8 +294,14 @@ def fp8_einsum(expr: str, a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.T
         raise ValueError(f"{fn}: c starts where d does but has other strides: c.stride()={c.stride()}, "
                          f"d.stride()={d.stride()}; pass c=d to accumulate in place")
     if is_meta(d) or nb == 0 or h == 0:
-        return
+        return False
     check_no_overlap(d, tuple(named[:4]), "d")
+    return True
+
+
+def _fp8_run(x, sx, y, sy, d, c) -> None:
+    nb, h, _ = x.shape
+    dd = y.shape[1]
     # One masked group per head, every row valid: A_h = x[:, h] ([b, r], row stride h*r), D_h = d[:, h]. Operands
     # and output the FP8 kernel's maps cannot address go through contiguous copies.
     masked_m = torch.full((h,), nb, dtype=torch.int32, device=d.device)
@@ -264,3 +317,58 @@ def fp8_einsum(expr: str, a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.T
         d.copy_(out.permute(1, 0, 2))
     if base is not None:
         d.copy_((base + d.float()).to(torch.bfloat16))
+
+
+def _fp8_plan_op(x, sx, y, sy, d) -> None:
+    """The op's path of a planned call (``c`` None): checks included."""
+    if _fp8_checks(x, sx, y, sy, d, None):
+        _fp8_run(x, sx, y, sy, d, None)
+
+
+_FP8_ENTRY = fp8_entry(lambda x, sx, y, sy, d: _fp8_checks(x, sx, y, sy, d, None), _fp8_plan_op, _fp8_einsum,
+                       FP8_EINSUM_RECIPE)
+
+
+def _head_entry(expr: str):
+    """The BF16 head expression ``expr``'s entry (``ops.bf16_plans.plan_entry``, ``x`` = c, always None here): the
+    batched kernel over the per-head views, which need no temporary (the kernel reads and writes them in place)."""
+    def views(a, b):
+        return a.permute(1, 0, 2), (b if expr == "bhr,hdr->bhd" else b.transpose(1, 2))
+
+    def op(a, b, d, c, expected_m) -> None:
+        _einsum(expr, a, b, d, c)
+
+    def make(a, b, d, c) -> Bf16Plan:
+        a, b, d, c = _einsum_checks(expr, a, b, d, c, False)
+        problem = _heads_checks(expr, a, b, d, c)
+        if problem is None:
+            return Bf16Plan(op, views, "BATCHED", a, b, d, None, True, 0, 0, 0, 0)
+        nb, h, n, k = problem
+        A, B, D = _head_views(expr, a, b, d)
+        return Bf16Plan(op, views, "BATCHED", A, B, D, None, True, nb, n, k, h)
+
+    return plan_entry(make, op)
+
+
+#: The head expressions' entries (``bmk,bnk->mn`` has none: its bf16 output goes through an fp32 workspace).
+_HEAD_ENTRIES = {expr: _head_entry(expr) for expr in EINSUM_EXPRESSIONS[1:]}
+
+
+def clear_plans() -> None:
+    """Forget every einsum / fp8_einsum plan (tests; a loaded kernel stays loaded)."""
+    _FP8_ENTRY.clear_plans()
+    for entry in _HEAD_ENTRIES.values():
+        entry.plans.clear()
+        for index in entry.indexes:
+            index.clear()
+
+
+def plan_stats() -> dict[str, tuple[int, int]]:
+    """``{name: (plans, guards indexed)}``: ``fp8_einsum`` and ``einsum <expr>`` per head expression."""
+    out = {"fp8_einsum": _FP8_ENTRY.stats()}
+    for expr, entry in _HEAD_ENTRIES.items():
+        out[f"einsum {expr}"] = (len(entry.plans), sum(len(e) for i in entry.indexes for e in i.values()))
+    return out
+
+
+plans.register_cache("einsum.", clear_plans, plan_stats)  # _core.plans.clear() / stats() cover these plans too

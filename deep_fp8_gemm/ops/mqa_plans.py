@@ -12,6 +12,9 @@ the op's full checks (its errors, its order). ``max_context_len`` is not part of
 int >= 0, so any such value takes the plan (the logits' row stride is computed from it per call, by the op's rule);
 ``clean_logits`` must be ``False`` (the op refuses anything else): every other scalar goes to the op's path, which
 raises its usual message.
+
+The dense ``fp8_mqa_logits`` (prefill) has the same design (:class:`DenseMqaPlan`, :func:`dense_entry`): its signature
+adds ``clean_logits``, ``max_seqlen_k`` and the logits dtype (they decide the kernel and the logits' layout).
 """
 
 from __future__ import annotations
@@ -32,6 +35,9 @@ _F32, _BF16 = torch.float32, torch.bfloat16
 #: Parameter blocks a plan keeps: one per layer (its cache) and logits address, the pointers a decode step repeats.
 MAX_BLOCKS = MAX_PLANS
 _Tensor = torch.Tensor
+# As in _core.plans: dynamo folds this to True while it traces; a dispatch mode (FakeTensorMode, ...) is active.
+_is_compiling = torch.compiler.is_dynamo_compiling
+_dispatch_depth = torch._C._len_torch_dispatch_stack
 # torch's deterministic mode fills a new tensor's memory (NaN); the plan's allocator does not, and the paged kernel
 # leaves entries unwritten, so in that mode the op's own path allocates.
 _deterministic = torch._C._get_deterministic_algorithms
@@ -195,11 +201,11 @@ def paged_entry(check: Callable, op: Callable, layout: Callable, other: Callable
     """The eager entry of ``fp8_paged_mqa_logits``: ``entry(q, kv_cache, weights, context_lens, block_table,
     schedule_meta, max_context_len, clean_logits, logits_dtype)`` returns the logits through the call's plan, or
     ``other(...)`` (the public function's general path, same arguments) for scalars the plan does not take or a
-    tensor argument that is no plain tensor (a subclass, a Parameter, not a tensor); ``op(...)`` is the op's own
-    eager path (what a plan that does not launch itself calls). The caller has
-    checked that torch.compile is not tracing and no dispatch mode is active; a guard passes only tensors of the exact
-    type it was built with (plain ones), so a hit needs no type check. ``check(...)``: the op's checks (same arguments), returning
-    ``(batch, next_n, num_heads, head_dim)``; ``layout(rows, max_context_len, logits_dtype) -> (rows, row_stride)``.
+    tensor argument that is no plain tensor (a subclass, a Parameter, not a tensor), and while torch.compile traces or
+    a dispatch mode is active; ``op(...)`` is the op's own eager path (what a plan that does not launch itself calls).
+    A guard passes only tensors of the exact type it was built with (plain ones), so a hit needs no type check.
+    ``check(...)``: the op's checks (same arguments), returning ``(batch, next_n, num_heads, head_dim)``;
+    ``layout(rows, max_context_len, logits_dtype) -> (rows, row_stride)``.
 
     The plans live in the closure: ``entry.plans`` (signature tuple -> plan) and ``entry.hot``: ``[(guard check,
     settings key, logits dtype, plan call)]``, newest first, at most ``MAX_GUARDS_PER_WEIGHT`` (no weight to index
@@ -226,7 +232,7 @@ def paged_entry(check: Callable, op: Callable, layout: Callable, other: Callable
     def entry(q, kv_cache, weights, context_lens, block_table, schedule_meta, max_context_len, clean_logits,
               logits_dtype):
         if clean_logits is not False or type(max_context_len) is not int or max_context_len < 0 or (
-                logits_dtype is not _F32 and logits_dtype is not _BF16):
+                logits_dtype is not _F32 and logits_dtype is not _BF16) or _is_compiling() or _dispatch_depth():
             return other(q, kv_cache, weights, context_lens, block_table, schedule_meta, max_context_len,
                          clean_logits, logits_dtype)
         key = settings.key  # interned: `is` compares it
@@ -247,4 +253,191 @@ def paged_entry(check: Callable, op: Callable, layout: Callable, other: Callable
     entry.plans, entry.hot = plans, hot
     # _core.plans.clear() / stats() cover these plans too ("attention.paged_mqa_logits": (plans, hot guards)).
     register_cache("attention.", clear_plans, lambda: {"paged_mqa_logits": (len(plans), len(hot))})
+    return entry
+
+
+# ---------------------------------------------------------------------------------------------- dense (prefill)
+# The [:seq_len, :width] of a fresh buffer: inductor's reinterpret_tensor (an alias with these sizes and strides at
+# offset 0, the buffer's storage; ~1.4 µs here against ~3.2 µs for buffer[:seq_len, :width], which makes the same
+# metadata through the dispatcher but records the buffer as its view base). Private API: slicing where it is missing.
+try:
+    from torch._C._dynamo.guards import _reinterpret_tensor as _alias
+except ImportError:  # pragma: no cover - present in the supported torch (2.13)
+    def _alias(buffer: torch.Tensor, sizes: tuple[int, int], strides: tuple[int, int], offset: int) -> torch.Tensor:
+        return buffer[:sizes[0], :sizes[1]]
+
+
+class DenseMqaPlan:
+    """One checked signature of ``fp8_mqa_logits`` (tensors, ``clean_logits``, ``max_seqlen_k``, logits dtype);
+    ``plan.call(q, kv, kv_scales, weights, ks, ke)`` runs a call of that signature.
+
+    Built by :func:`dense_entry` after the op's own checks. A plan is *fast* on an sm_90 GPU with a non-empty problem
+    (both ``seq_len`` and ``seq_len_kv``) and weights whose row stride the map takes (CPU: the reference; meta; empty:
+    the op's path, every call); then a call, as :class:`PagedMqaPlan`'s:
+
+    * ``q``, ``kv``, ``kv_scales``, ``weights`` at 16-byte aligned addresses (else the op's path: it copies them), the
+      current device the tensors' (the allocator's), torch's deterministic memory fill off; else the op's path;
+    * a fresh logits buffer ``[rows, row_stride]`` (the op's layout, cached in the plan) viewed ``[:seq_len, :width]``;
+    * the parameters: a block of their own per pointer tuple from its second call (the logits address included, which
+      the allocator repeats), else the thread's slot; the four maps cached per (q, weights, kv, kv_scales) pointers;
+    * the launch on the current stream.
+
+    Nothing else is allocated and nothing cached is memory a launch reads (the logits are the caller's)."""
+
+    __slots__ = ("op", "call", "scalars", "dtype", "index", "launcher", "config", "buffer", "width", "view", "fields",
+                 "maps", "blocks", "seen", "_empty", "_function", "_context", "_get_current", "_launch_ex", "_slot",
+                 "_new_block")
+
+    def __init__(self, check: Callable, op: Callable, layout: Callable, tensors: tuple, clean_logits: bool,
+                 max_seqlen_k: int, logits_dtype: torch.dtype):
+        q, weights = tensors[0], tensors[3]
+        seq_len, seq_len_kv, num_heads, head_dim = check(*tensors, clean_logits, max_seqlen_k, logits_dtype)
+        self.op, self.call = op, self._op_path
+        self.scalars = (clean_logits, max_seqlen_k, logits_dtype)
+        if seq_len == 0 or seq_len_kv == 0 or is_meta(q) or target.gpu_index(q.device) is None:
+            return
+        if target.backend_of(q.device, "attention") is not Backend.CUDA:  # RuntimeError off sm_90, as the op
+            return
+        empty = ALLOCATORS.get(q.device.type)
+        if empty is None or (weights.stride(0) * 4) % 16 or weights.stride(0) < weights.shape[1]:
+            return  # the op copies the weights on every call
+        from ..runtime import driver
+        from ..utils import get_num_sms
+
+        self.index = index = target.gpu_index(q.device)
+        self.dtype, self._empty = logits_dtype, empty
+        self.buffer, self.width = layout(seq_len, seq_len_kv, num_heads, max_seqlen_k, logits_dtype)
+        rows, stride = self.buffer
+        # What the op returns of the buffer: the whole buffer, or its [:seq_len, :width] at offset 0.
+        self.view = None if (rows, stride) == (seq_len, self.width) else ((seq_len, self.width), (stride, 1))
+        self.config = cfg = kernels.dense_config(num_heads, head_dim, logits_dtype, clean_logits, max_seqlen_k > 0)
+        self.launcher = driver.PreparedLaunch(kernels.cuda_kernel(cfg, index), kernels.PARAMS_BYTES,
+                                              grid=min(get_num_sms(), -(-seq_len // cfg.queries)),
+                                              block=kernels.NUM_THREADS, smem_bytes=cfg.smem_bytes,
+                                              pdl=PROCESS_SETTINGS.pdl)
+        self.fields = (stride, seq_len, seq_len_kv, self.width)  # logits_stride, num_rows, seq_len_kv, logits_width
+        self.maps: dict[tuple[int, int, int, int], bytes] = {}  # the four maps per (q, weights, kv, kv_scales)
+        self.blocks: dict[tuple, object] = {}  # whole blocks per (q, kv, kv_scales, weights, ks, ke, logits)
+        self.seen: dict[tuple, None] = {}
+        kernel = self.launcher.kernel
+        self._function, self._context = kernel.function, kernel.context
+        self._get_current, self._launch_ex = driver.driver.cuCtxGetCurrent, driver.driver.cuLaunchKernelEx
+        self._slot, self._new_block = driver.param_slot, driver.param_block
+        self.call = self._launch
+
+    def _op_path(self, q, kv, kv_scales, weights, ks, ke):
+        return self.op(q, kv, kv_scales, weights, ks, ke, *self.scalars)
+
+    def _launch(self, q, kv, kv_scales, weights, ks, ke):
+        pq, pkv, pks, pw = q.data_ptr(), kv.data_ptr(), kv_scales.data_ptr(), weights.data_ptr()
+        index = self.index
+        if (pq | pkv | pks | pw) & 15 or target.current_device() != index or (
+                _deterministic() and _fill_uninitialized()):
+            return self.op(q, kv, kv_scales, weights, ks, ke, *self.scalars)
+        buffer = self._empty(self.buffer, (self.buffer[1], 1), self.dtype)
+        key = (pq, pkv, pks, pw, ks.data_ptr(), ke.data_ptr(), buffer.data_ptr())
+        slot = self.blocks.get(key)
+        if slot is None:
+            slot = self._block(key, q, kv, kv_scales, weights)
+        view = self.view
+        logits = buffer if view is None else _alias(buffer, view[0], view[1], 0)
+        launcher = self.launcher
+        stream = target.current_stream(index)
+        config = launcher._configs.get(stream)
+        if config is None:
+            launcher.launch(slot, stream)
+            return logits
+        if stream == 0:
+            err, current = self._get_current()
+            if err or current != self._context:  # CUcontext == compares the handles
+                launcher.launch(slot, stream)
+                return logits
+        err = self._launch_ex(config, self._function, slot.pointers_address, 0)[0]
+        if err:
+            launcher.raise_error(err, stream)
+        return logits
+
+    def _block(self, key: tuple, q, kv, kv_scales, weights):
+        """The parameters of pointer tuple ``key`` (its second call: a block of its own, never written again; its
+        first: this thread's slot, packed for this launch only)."""
+        pq, pkv, pks, pw, pks_start, pke, plogits = key
+        maps = self.maps.get((pq, pw, pkv, pks))
+        if maps is None:
+            if len(self.maps) >= MAX_MAP_SETS:
+                self.maps.clear()
+            maps = self.maps[(pq, pw, pkv, pks)] = b"".join(kernels.encode_maps(
+                kernels.dense_map_args(self.config, q, kv, kv_scales, weights), Backend.CUDA))
+        second = key in self.seen
+        if second:
+            self.seen.pop(key, None)
+            block = self._new_block(_PARAMS_BYTES)
+        else:
+            if len(self.seen) >= 4 * MAX_BLOCKS:
+                self.seen.clear()
+            self.seen[key] = None
+            block = self._slot(_PARAMS_BYTES)
+        view = block.view
+        view[:_MAPS_BYTES] = maps
+        stride, rows, seq_len_kv, width = self.fields
+        _pack(view, _FIELDS_START, plogits, stride, pks_start, pke, 0, 0, 0, rows, seq_len_kv, width, 0)
+        view[_FIELDS_END:_PARAMS_BYTES] = _RESERVED
+        if second:
+            if len(self.blocks) >= MAX_BLOCKS:
+                self.blocks.clear()
+            self.blocks[key] = block
+        return block
+
+
+def dense_entry(check: Callable, op: Callable, layout: Callable, other: Callable):
+    """The eager entry of ``fp8_mqa_logits``: ``entry(q, kv, kv_scales, weights, ks, ke, clean_logits, max_seqlen_k,
+    logits_dtype)`` (the pair ``kv`` unpacked) returns the logits through the call's plan, or ``other(...)`` (the
+    public function's general path, same arguments) while torch.compile traces, a dispatch mode is active, for scalars
+    the plan does not take or a tensor argument that is no plain tensor; ``op(...)``: the op's own eager path;
+    ``check(...)``: the op's checks, returning ``(seq_len, seq_len_kv, num_heads, head_dim)``; ``layout(seq_len,
+    seq_len_kv, num_heads, max_seqlen_k, logits_dtype) -> ((rows, row_stride), width)``.
+
+    The plans live in the closure: ``entry.plans`` (signature tuple -> plan) and ``entry.hot``: ``[(guard check,
+    settings key, scalars, plan call)]``, newest first, at most ``MAX_GUARDS_PER_WEIGHT``, as
+    :func:`paged_entry`'s."""
+    plans: dict[tuple, DenseMqaPlan] = {}
+    hot: list[tuple] = []
+    settings = PROCESS_SETTINGS
+
+    def miss(key, tensors, scalars):
+        signature = tuple(v for t in tensors for v in (t.shape, t.stride(), t.dtype, t.device)) + scalars + (key,)
+        plan = plans.get(signature)
+        if plan is None:
+            plan = DenseMqaPlan(check, op, layout, tensors, *scalars)
+            if len(plans) >= MAX_PLANS:
+                plans.clear()
+            plans[signature] = plan
+        g = guard(*tensors)
+        if g is not None:
+            hot.insert(0, (g.check, key, scalars, plan.call))
+            del hot[MAX_GUARDS_PER_WEIGHT:]
+        return plan.call(*tensors)
+
+    def entry(q, kv, kv_scales, weights, ks, ke, clean_logits, max_seqlen_k, logits_dtype):
+        if (clean_logits is not True and clean_logits is not False) or type(max_seqlen_k) is not int or \
+                max_seqlen_k < 0 or (logits_dtype is not _F32 and logits_dtype is not _BF16) or \
+                _is_compiling() or _dispatch_depth():
+            return other(q, kv, kv_scales, weights, ks, ke, clean_logits, max_seqlen_k, logits_dtype)
+        key = settings.key  # interned: `is` compares it
+        for hit, k, (clean, max_k, dtype), call in hot:
+            if k is key and clean is clean_logits and max_k == max_seqlen_k and dtype is logits_dtype and \
+                    hit(q, kv, kv_scales, weights, ks, ke):
+                return call(q, kv, kv_scales, weights, ks, ke)
+        tensors = (q, kv, kv_scales, weights, ks, ke)
+        for t in tensors:
+            if type(t) is not _Tensor:
+                return other(*tensors, clean_logits, max_seqlen_k, logits_dtype)
+        return miss(key, tensors, (clean_logits, max_seqlen_k, logits_dtype))
+
+    def clear_plans() -> None:
+        plans.clear()
+        hot.clear()
+
+    entry.plans, entry.hot = plans, hot
+    # _core.plans.clear() / stats() cover these plans too ("attention.dense.mqa_logits": (plans, hot guards)).
+    register_cache("attention.dense.", clear_plans, lambda: {"mqa_logits": (len(plans), len(hot))})
     return entry

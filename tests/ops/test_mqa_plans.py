@@ -158,7 +158,7 @@ def test_plan_launches_what_the_op_launches(fake_gpu, next_n, width, dtype):
 def test_block_is_reused_for_repeated_pointers(fake_gpu):
     args = _operands()
     fake_gpu.on()
-    attention.fp8_paged_mqa_logits(*args, 256)
+    first = attention.fp8_paged_mqa_logits(*args, 256)  # alive: its freed address could be the buffer's below
     (plan,) = attention._paged_entry.plans.values()
     buffer = torch.empty(2, 256)  # what a caching allocator does: the freed logits' address again
     plan._empty = lambda sizes, strides, dtype: buffer
@@ -166,6 +166,7 @@ def test_block_is_reused_for_repeated_pointers(fake_gpu):
         attention.fp8_paged_mqa_logits(*args, 256)
     (block,) = plan.blocks.values()
     assert [launch["params_address"] == block.address for launch in fake_gpu.launches[1:]] == [False, True, True]
+    assert first.data_ptr() != buffer.data_ptr()
     assert all(launch["params"][:LOGITS.start] == fake_gpu.launches[0]["params"][:LOGITS.start]
                for launch in fake_gpu.launches)
     encoded = len(fake_gpu.specs)
@@ -261,3 +262,161 @@ def test_slot_left_dirty_by_another_launch_is_fully_rewritten(fake_gpu):
     slot.view[:640] = b"\xff" * 640
     slow = attention._paged_impl(*args, 256, False, torch.float32)
     _same_launch(*fake_gpu.launches[-2:], fast, slow)
+
+
+# ---------------------------------------------------------------------------------------------- dense (prefill)
+def _dense_operands(seq_len: int = 6, seq_len_kv: int = 300, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    q = (torch.randn(seq_len, H, D, generator=g) * 0.5).to(torch.float8_e4m3fn)
+    kv = (torch.randn(seq_len_kv, D, generator=g) * 0.5).to(torch.float8_e4m3fn)
+    scales = torch.rand(seq_len_kv, generator=g) + 0.5
+    w = torch.randn(seq_len, H, generator=g)
+    ks = torch.randint(0, seq_len_kv // 2, (seq_len,), generator=g, dtype=torch.int32)
+    ke = ks + torch.randint(1, seq_len_kv // 2, (seq_len,), generator=g, dtype=torch.int32)
+    return q, (kv, scales), w, ks, ke
+
+
+def _dense_plans() -> int:
+    return plans.stats()["attention.dense.mqa_logits"][0]
+
+
+@pytest.mark.parametrize("clean,max_k", [(True, 0), (False, 0), (False, 64)])
+def test_dense_cpu_calls_through_a_plan_give_the_reference(clean, max_k):
+    args = _dense_operands()
+    expected = attention.fp8_mqa_logits_reference(*args, clean, max_k)
+    for _ in range(3):
+        out = attention.fp8_mqa_logits(*args, clean, max_k)
+        assert torch.equal(out, expected) and out.stride() == expected.stride()
+    assert _dense_plans() == 1
+    other = _dense_operands(seed=1)
+    assert torch.equal(attention.fp8_mqa_logits(*other, clean, max_k),
+                       attention.fp8_mqa_logits_reference(*other, clean, max_k))
+    assert _dense_plans() == 1
+
+
+def test_dense_cpu_errors_after_a_cached_call_are_the_ops():
+    q, kv, w, ks, ke = _dense_operands()
+    attention.fp8_mqa_logits(q, kv, w, ks, ke)
+    with pytest.raises(ValueError, match="clean_logits must be False with compressed logits"):
+        attention.fp8_mqa_logits(q, kv, w, ks, ke, True, 64)
+    with pytest.raises(TypeError, match="max_seqlen_k must be an int"):
+        attention.fp8_mqa_logits(q, kv, w, ks, ke, False, True)
+    with pytest.raises(TypeError, match="kv must be a \\(values, scales\\) pair"):
+        attention.fp8_mqa_logits(q, kv[0], w, ks, ke)
+    with pytest.raises(TypeError, match="weights must be float32 on SM90"):
+        attention.fp8_mqa_logits(q, kv, w.bfloat16(), ks, ke)
+    with pytest.raises(ValueError, match="logits_dtype must be torch.float32 or torch.bfloat16"):
+        attention.fp8_mqa_logits(q, kv, w, ks, ke, True, 0, torch.float16)
+    assert _dense_plans() == 1
+
+
+def test_dense_subclasses_take_the_custom_op():
+    class Sub(torch.Tensor):
+        pass
+
+    q, *rest = _dense_operands()
+    out = attention.fp8_mqa_logits(q.as_subclass(Sub), *rest)
+    assert _dense_plans() == 0 and torch.equal(out, attention.fp8_mqa_logits_reference(q, *rest))
+
+
+@pytest.mark.parametrize("seq_len,clean,max_k,dtype", [(6, True, 0, torch.float32), (64, False, 0, torch.float32),
+                                                       (5, False, 100, torch.bfloat16), (4, True, 0, torch.float32)])
+def test_dense_plan_launches_what_the_op_launches(fake_gpu, seq_len, clean, max_k, dtype):
+    """Each call launches the op's bytes (but the fresh logits' address), grid, block, shared memory, stream and PDL
+    attribute, and returns logits of the op's shape, strides and storage size (a buffer with more rows than seq_len,
+    its columns only, or the whole buffer)."""
+    q, (kv, s), w, ks, ke = _dense_operands(seq_len=seq_len, seq_len_kv=768 if seq_len == 4 else 300)
+    fake_gpu.on()
+    kept = []
+    for call in range(3):
+        fast = attention.fp8_mqa_logits(q, (kv, s), w, ks, ke, clean, max_k, dtype)
+        slow = attention._dense_impl(q, kv, s, w, ks, ke, clean, max_k, dtype)
+        kept += [fast, slow]
+        _same_launch(*fake_gpu.launches[-2:], fast, slow)
+        assert len(fake_gpu.launches) == 2 * (call + 1) and fake_gpu.launches[-1]["stream"] == 0x77
+    (plan,) = attention._dense_entry.plans.values()
+    assert plan.call == plan._launch
+
+
+def test_dense_block_is_reused_for_repeated_pointers(fake_gpu):
+    args = _dense_operands()
+    fake_gpu.on()
+    first = attention.fp8_mqa_logits(*args)  # alive: its address is not the buffer's below
+    (plan,) = attention._dense_entry.plans.values()
+    buffer = torch.empty(plan.buffer)  # what a caching allocator does: the freed logits' address again
+    plan._empty = lambda sizes, strides, dtype: buffer
+    for _ in range(3):
+        attention.fp8_mqa_logits(*args)
+    (block,) = plan.blocks.values()
+    assert [launch["params_address"] == block.address for launch in fake_gpu.launches[1:]] == [False, True, True]
+    assert len(fake_gpu.specs) == 4 and first.data_ptr() != buffer.data_ptr()  # the four maps, encoded once
+
+
+def test_dense_changed_pointers_take_the_ops_path(fake_gpu):
+    """Same signature, q / kv scales 8 bytes off 16: the op's path copies them (its maps read the copies)."""
+    q, (kv, s), w, ks, ke = _dense_operands()
+    fake_gpu.on()
+    attention.fp8_mqa_logits(q, (kv, s), w, ks, ke)
+    q_off = torch.zeros(q.numel() + 16, dtype=torch.uint8)[8:q.numel() + 8].view(torch.float8_e4m3fn).view(q.shape)
+    q_off.copy_(q)
+    attention.fp8_mqa_logits(q_off, (kv, s), w, ks, ke)
+    s_off = torch.zeros(s.numel() + 4)[2:s.numel() + 2]
+    s_off.copy_(s)
+    attention.fp8_mqa_logits(q, (kv, s_off), w, ks, ke)
+    addresses = {spec.global_address for spec in fake_gpu.specs}
+    assert q_off.data_ptr() not in addresses and s_off.data_ptr() not in addresses
+    assert len(fake_gpu.launches) == 3 and _dense_plans() == 1
+
+
+@pytest.mark.parametrize("change", ["seq_len", "clean", "max_k", "dtype", "w-stride", "num_sms"])
+def test_dense_each_signature_change_misses(fake_gpu, change):
+    q, (kv, s), w, ks, ke = _dense_operands()
+    fake_gpu.on()
+    attention.fp8_mqa_logits(q, (kv, s), w, ks, ke)
+    clean, max_k, dtype = True, 0, torch.float32
+    if change == "seq_len":
+        q, (kv, s), w, ks, ke = _dense_operands(seq_len=9)
+    elif change == "clean":
+        clean = False
+    elif change == "max_k":
+        clean, max_k = False, 64
+    elif change == "dtype":
+        dtype = torch.bfloat16
+    elif change == "w-stride":
+        w = torch.cat([w, w], 1)[:, :H]
+    else:
+        utils.set_num_sms(7)
+    try:
+        fast = attention.fp8_mqa_logits(q, (kv, s), w, ks, ke, clean, max_k, dtype)
+        slow = attention._dense_impl(q, kv, s, w, ks, ke, clean, max_k, dtype)
+        _same_launch(*fake_gpu.launches[-2:], fast, slow)
+    finally:
+        utils.set_num_sms(0)
+    assert _dense_plans() == 2
+
+
+def test_dense_deterministic_fill_takes_the_ops_allocation(fake_gpu):
+    args = _dense_operands()
+    fake_gpu.on()
+    attention.fp8_mqa_logits(*args)
+    torch.use_deterministic_algorithms(True)
+    try:
+        out = attention.fp8_mqa_logits(*args)
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert torch.isnan(out).all()
+
+
+@pytest.mark.parametrize("which", ["q", "kv", "kv_scales", "weights"])
+def test_dense_new_operand_address_gets_its_maps(fake_gpu, which):
+    """Same signature, one operand moved: the launch reads the moved one (the op's bytes), maps re-encoded."""
+    q, (kv, s), w, ks, ke = _dense_operands()
+    fake_gpu.on()
+    attention.fp8_mqa_logits(q, (kv, s), w, ks, ke)
+    args = dict(q=q, kv=kv, kv_scales=s, weights=w)
+    args[which] = args[which].clone()
+    q, kv, s, w = args.values()
+    fast = attention.fp8_mqa_logits(q, (kv, s), w, ks, ke)
+    slow = attention._dense_impl(q, kv, s, w, ks, ke, True, 0, torch.float32)
+    _same_launch(*fake_gpu.launches[-2:], fast, slow)
+    assert args[which].data_ptr() in {spec.global_address for spec in fake_gpu.specs} and _dense_plans() == 1
