@@ -29,7 +29,7 @@ import torch
 from .. import env
 from .._core import plans as core_plans
 from .._core.checks import byte_span, is_meta
-from .._core.plans import ALLOCATORS, MAX_GUARDS_PER_WEIGHT, MAX_PLANS, MAX_WORKSPACES, GemmPlan, guard
+from .._core.plans import ALLOCATORS, MAX_WORKSPACES, GemmPlan, guard, index_entry, plan_of, signature
 from ..runtime import target
 from ..runtime.target import Backend
 from ..utils import PROCESS_SETTINGS, m_major_strides
@@ -148,23 +148,15 @@ def fp8_entry(check: Callable, op: Callable, other: Callable, recipe: tuple):
 
     def miss(key, x, sx, y, sy, d) -> None:
         tensors = (x, sx, y, sy, d)
-        signature = tuple(v for t in tensors for v in (t.shape, t.stride(), t.dtype, t.device)) + (key,)
-        plan = plans.get(signature)
-        if plan is None:
+
+        def make() -> Fp8EinsumPlan:
             check(x, sx, y, sy, d)
-            plan = Fp8EinsumPlan(op, x, sx, y, sy, d)
-            if len(plans) >= MAX_PLANS:
-                plans.clear()
-            plans[signature] = plan
+            return Fp8EinsumPlan(op, x, sx, y, sy, d)
+
+        plan = plan_of(plans, signature(tensors, key), make)
         g = guard(*tensors)
         if g is not None:
-            entries = index.get(id(y))
-            if entries is None:
-                if len(index) >= MAX_PLANS:
-                    index.clear()
-                entries = index[id(y)] = []
-            entries.insert(0, (g.check, key, plan.call))
-            del entries[MAX_GUARDS_PER_WEIGHT:]
+            index_entry(index, y, (g.check, key, plan.call))
         plan.call(x, sx, y, sy, d)
 
     def entry(expr, a, b, d, c, rec) -> None:

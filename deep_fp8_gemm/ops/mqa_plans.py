@@ -24,7 +24,8 @@ from typing import Callable
 import torch
 
 from .._core.checks import is_meta
-from .._core.plans import ALLOCATORS, MAX_GUARDS_PER_WEIGHT, MAX_MAP_SETS, MAX_PLANS, guard, register_cache
+from .._core.plans import (ALLOCATORS, MAX_GUARDS_PER_WEIGHT, MAX_MAP_SETS, MAX_PLANS, guard, plan_of, register_cache,
+                           signature)
 from ..kernels import mqa_logits as kernels
 from ..runtime import params as param_structs
 from ..runtime import target
@@ -62,15 +63,15 @@ class PagedMqaPlan:
     * the thread's parameter slot (:func:`~deep_fp8_gemm.runtime.driver.param_slot`: the logits pointer is new on every
       call): the maps of (q, weights) cached per pointer pair, those of the cache per cache pointer (one per layer),
       the fields packed by name (``MqaLogitsParams``), the reserved tail zeroed;
-    * the launch on the current stream (``PreparedLaunch``'s fast path inlined; on the null stream the kernel's
-      context must be current, else ``launch()``, which holds every rule).
+    * the launch on the current stream (``PreparedLaunch.launch``: on the null stream the kernel's context must be
+      current).
 
     Nothing else is allocated and nothing cached is memory a launch reads, so a launch captured into a CUDA graph
     points at the caller's tensors and the logits the graph's pool gave it only.
     """
 
     __slots__ = ("op", "call", "dtype", "batch", "rows", "index", "launcher", "strides", "layout", "qw_maps", "kv_maps",
-                 "config", "blocks", "seen", "_empty", "_function", "_context", "_get_current", "_launch_ex", "_slot",
+                 "config", "blocks", "seen", "_empty", "_slot",
                  "_new_block")
 
     def __init__(self, check: Callable, op: Callable, layout: Callable, tensors: tuple, max_context_len: int,
@@ -97,9 +98,6 @@ class PagedMqaPlan:
         self.strides: dict[int, int] = {}  # max_context_len -> the logits' row stride (the op's layout rule)
         self.qw_maps: dict[tuple[int, int], bytes] = {}  # encoded (tma_q, tma_weights) per (q, weights) pointers
         self.kv_maps: dict[int, bytes] = {}  # encoded (tma_kv, tma_kv_scales) per cache pointer (one per layer)
-        kernel = self.launcher.kernel
-        self._function, self._context = kernel.function, kernel.context
-        self._get_current, self._launch_ex = driver.driver.cuCtxGetCurrent, driver.driver.cuLaunchKernelEx
         # Whole parameter blocks per pointer tuple (q, kv_cache, weights, context_lens, block_table, schedule_meta,
         # logits, max_context_len), and the tuples met once (a block is built on the second call with a tuple).
         self.blocks: dict[tuple, object] = {}
@@ -128,20 +126,7 @@ class PagedMqaPlan:
             slot = self._block(key, q, kv_cache, weights, block_table, stride)
         if max_context_len != stride:
             logits = logits[:, :max_context_len]
-        launcher = self.launcher
-        stream = target.current_stream(index)
-        config = launcher._configs.get(stream)
-        if config is None:
-            launcher.launch(slot, stream)
-            return logits
-        if stream == 0:
-            err, current = self._get_current()
-            if err or current != self._context:  # CUcontext == compares the handles
-                launcher.launch(slot, stream)
-                return logits
-        err = self._launch_ex(config, self._function, slot.pointers_address, 0)[0]
-        if err:
-            launcher.raise_error(err, stream)
+        self.launcher.launch(slot, target.current_stream(index))
         return logits
 
     def _stride(self, max_context_len: int) -> int:
@@ -216,13 +201,8 @@ def paged_entry(check: Callable, op: Callable, layout: Callable, other: Callable
     settings = PROCESS_SETTINGS
 
     def miss(key, tensors, max_context_len, logits_dtype):
-        signature = tuple(v for t in tensors for v in (t.shape, t.stride(), t.dtype, t.device)) + (logits_dtype, key)
-        plan = plans.get(signature)
-        if plan is None:
-            plan = PagedMqaPlan(check, op, layout, tensors, max_context_len, logits_dtype)
-            if len(plans) >= MAX_PLANS:
-                plans.clear()
-            plans[signature] = plan
+        plan = plan_of(plans, signature(tensors, logits_dtype, key),
+                       lambda: PagedMqaPlan(check, op, layout, tensors, max_context_len, logits_dtype))
         g = guard(*tensors)
         if g is not None:
             hot.insert(0, (g.check, key, logits_dtype, plan.call))
@@ -285,7 +265,7 @@ class DenseMqaPlan:
     Nothing else is allocated and nothing cached is memory a launch reads (the logits are the caller's)."""
 
     __slots__ = ("op", "call", "scalars", "dtype", "index", "launcher", "config", "buffer", "width", "view", "fields",
-                 "maps", "blocks", "seen", "_empty", "_function", "_context", "_get_current", "_launch_ex", "_slot",
+                 "maps", "blocks", "seen", "_empty", "_slot",
                  "_new_block")
 
     def __init__(self, check: Callable, op: Callable, layout: Callable, tensors: tuple, clean_logits: bool,
@@ -319,9 +299,6 @@ class DenseMqaPlan:
         self.maps: dict[tuple[int, int, int, int], bytes] = {}  # the four maps per (q, weights, kv, kv_scales)
         self.blocks: dict[tuple, object] = {}  # whole blocks per (q, kv, kv_scales, weights, ks, ke, logits)
         self.seen: dict[tuple, None] = {}
-        kernel = self.launcher.kernel
-        self._function, self._context = kernel.function, kernel.context
-        self._get_current, self._launch_ex = driver.driver.cuCtxGetCurrent, driver.driver.cuLaunchKernelEx
         self._slot, self._new_block = driver.param_slot, driver.param_block
         self.call = self._launch
 
@@ -341,20 +318,7 @@ class DenseMqaPlan:
             slot = self._block(key, q, kv, kv_scales, weights)
         view = self.view
         logits = buffer if view is None else _alias(buffer, view[0], view[1], 0)
-        launcher = self.launcher
-        stream = target.current_stream(index)
-        config = launcher._configs.get(stream)
-        if config is None:
-            launcher.launch(slot, stream)
-            return logits
-        if stream == 0:
-            err, current = self._get_current()
-            if err or current != self._context:  # CUcontext == compares the handles
-                launcher.launch(slot, stream)
-                return logits
-        err = self._launch_ex(config, self._function, slot.pointers_address, 0)[0]
-        if err:
-            launcher.raise_error(err, stream)
+        self.launcher.launch(slot, target.current_stream(index))
         return logits
 
     def _block(self, key: tuple, q, kv, kv_scales, weights):
@@ -404,13 +368,7 @@ def dense_entry(check: Callable, op: Callable, layout: Callable, other: Callable
     settings = PROCESS_SETTINGS
 
     def miss(key, tensors, scalars):
-        signature = tuple(v for t in tensors for v in (t.shape, t.stride(), t.dtype, t.device)) + scalars + (key,)
-        plan = plans.get(signature)
-        if plan is None:
-            plan = DenseMqaPlan(check, op, layout, tensors, *scalars)
-            if len(plans) >= MAX_PLANS:
-                plans.clear()
-            plans[signature] = plan
+        plan = plan_of(plans, signature(tensors, *scalars, key), lambda: DenseMqaPlan(check, op, layout, tensors, *scalars))
         g = guard(*tensors)
         if g is not None:
             hot.insert(0, (g.check, key, scalars, plan.call))

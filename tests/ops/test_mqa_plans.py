@@ -8,7 +8,6 @@ compared with that of the op without a plan (``attention._paged_impl``: the chec
 
 from __future__ import annotations
 
-import hashlib
 
 import pytest
 import torch
@@ -18,8 +17,7 @@ from deep_fp8_gemm._core import plans
 from deep_fp8_gemm.compat import attention as compat_attention
 from deep_fp8_gemm.kernels import launching
 from deep_fp8_gemm.runtime import driver as drv
-from deep_fp8_gemm.runtime import target
-from tests.runtime.test_driver import FakeDriver
+from tests._fake_gpu import fake_gpu as fake_gpu_context
 
 H, D, BLOCKS_PER_ROW = 64, 128, 4  # the V3.2 indexer's heads and head_dim; 256-token contexts
 LOGITS = slice(512, 520)  # MqaLogitsParams.logits: the fresh buffer's address, new on every call
@@ -94,30 +92,8 @@ def test_subclasses_take_the_custom_op():
 # ---------------------------------------------------------------------------------------------- GPU path, faked
 @pytest.fixture
 def fake_gpu(monkeypatch):
-    fake = FakeDriver()
-    fake.param_sizes = [640]  # MqaLogitsParams
-    monkeypatch.setattr(drv, "driver", fake)
-    drv._reset_for_tests()
-    launching.cuda_function.cache_clear()
-    specs = []
-
-    def encode(spec):
-        specs.append(spec)
-        return hashlib.sha512(repr(spec).encode()).digest() * 2  # 128 bytes, one per distinct spec
-
-    monkeypatch.setattr(drv, "encode_tensor_map", encode)
-
-    def on(stream: int = 0x77):  # after the operands exist
-        monkeypatch.setattr(target, "gpu_index", lambda device: None if device.type == "meta" else 0)
-        monkeypatch.setattr(target, "capability", lambda index: (9, 0))
-        monkeypatch.setattr(target, "current_stream", lambda index: stream)
-        monkeypatch.setattr(target, "current_device", lambda: 0)
-
-    fake.on, fake.specs = on, specs
-    yield fake
-    plans.clear()  # plans made against the fake GPU must not serve later CPU calls
-    drv._reset_for_tests()
-    launching.cuda_function.cache_clear()
+    with fake_gpu_context(monkeypatch, 640, caches=(launching.cuda_function.cache_clear,)) as fake:  # MqaLogitsParams
+        yield fake
 
 
 _FIELDS = ("grid", "block", "smem", "stream", "attrs", "function")
