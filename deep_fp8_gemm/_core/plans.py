@@ -254,7 +254,10 @@ class GemmPlan:
             block = self._checked_block(a, sa, b, sb, out, gl, sd, pa, psa, pb, psb, pd, pgl, psd)
             if block is None:  # nothing to launch: CPU / empty problem, done
                 return
-        self.launch(block)
+        if self.workspace is None:  # launch()'s common case without its frame
+            self.launcher.launch(block, target.current_stream(self.index))
+        else:
+            self.launch(block)
 
     def launch(self, block) -> None:
         """Launch from ``block``, a parameter block of this plan (one it holds in ``blocks``, or one a call packed):
@@ -416,10 +419,11 @@ def gemm_entry(spec: GemmEntrySpec) -> Callable:
                        lambda: GemmPlan(spec, *tensors[:5], gl, expected_m))
         g = guard(*tensors)
         if g is not None:
-            index_entry(index, tensors[2], (g, expected_m, key, plan))
+            index_entry(index, tensors[2], (g.check, expected_m, key, plan.__call__))
         plan(*tensors)
 
-    # Index entries are (guard, expected_m, settings key, plan); the settings key is interned, so `is` compares it.
+    # Index entries are (guard check, expected_m, settings key, plan call); the settings key is interned, so `is`
+    # compares it; the bound methods are stored so that a hit looks no attribute up.
     if spec.layout_name is None:
         def entry(a, sa, b, sb, out, gl=None, expected_m=None) -> bool:
             if _is_compiling() or _dispatch_depth() or type(a) is not _Tensor or type(sa) is not _Tensor or \
@@ -428,9 +432,9 @@ def gemm_entry(spec: GemmEntrySpec) -> Callable:
             key = settings.key
             entries = index.get(id(b))
             if entries is not None:
-                for g, _, k, plan in entries:
-                    if k is key and g.check(a, sa, b, sb, out):
-                        plan(a, sa, b, sb, out)
+                for hit, _, k, call in entries:
+                    if k is key and hit(a, sa, b, sb, out):
+                        call(a, sa, b, sb, out)
                         return True
             plan_and_call(key, None, (a, sa, b, sb, out))
             return True
@@ -443,9 +447,9 @@ def gemm_entry(spec: GemmEntrySpec) -> Callable:
             key = settings.key
             entries = index.get(id(b))
             if entries is not None:
-                for g, _, k, plan in entries:
-                    if k is key and g.check(a, sa, b, sb, out, gl):
-                        plan(a, sa, b, sb, out, gl)
+                for hit, _, k, call in entries:
+                    if k is key and hit(a, sa, b, sb, out, gl):
+                        call(a, sa, b, sb, out, gl)
                         return True
             plan_and_call(key, None, (a, sa, b, sb, out, gl))
             return True
@@ -465,9 +469,9 @@ def gemm_entry(spec: GemmEntrySpec) -> Callable:
             key = settings.key
             entries = index.get(id(b))
             if entries is not None:
-                for g, em, k, plan in entries:
-                    if k is key and em == expected_m and g.check(a, sa, b, sb, out, gl):
-                        plan(a, sa, b, sb, out, gl)
+                for hit, em, k, call in entries:
+                    if k is key and em == expected_m and hit(a, sa, b, sb, out, gl):
+                        call(a, sa, b, sb, out, gl)
                         return True
             plan_and_call(key, expected_m, (a, sa, b, sb, out, gl))
             return True
@@ -491,9 +495,9 @@ def gemm_entry(spec: GemmEntrySpec) -> Callable:
         else:
             tensors = (a, sa, b, sb, out, gl)
         key = settings.key
-        for g, em, k, plan in entries:
-            if k is key and em == expected_m and g.check(*tensors):
-                plan(a, sa, b, sb, out, gl)
+        for matches, em, k, call in entries:
+            if k is key and em == expected_m and matches(*tensors):
+                call(a, sa, b, sb, out, gl)
                 return True
         return False
 
@@ -520,36 +524,37 @@ def pair_output_entry(spec: GemmEntrySpec) -> Callable:
     a few branches cost proportionally less than on the bf16 entries."""
     plans: dict[tuple, GemmPlan] = {}
     index: dict[int, list] = {}
-    expected_rule, dense = spec.expected_m, spec.layout_name is None
+    dense = spec.layout_name is None
+    takes_none, required = spec.expected_m == "none", spec.expected_m == "required"
     settings = PROCESS_SETTINGS
 
+    # Index entries are (guard check, expected_m, settings key, use_ue8m0, plan call).
     def entry(a, sa, b, sb, d, sd, gl, expected_m, ue8m0) -> bool:
         if _is_compiling() or _dispatch_depth() or type(a) is not _Tensor or type(sa) is not _Tensor or \
                 type(b) is not _Tensor or type(sb) is not _Tensor or type(d) is not _Tensor or \
                 type(sd) is not _Tensor or type(ue8m0) is not bool or (gl is not None if dense else
                                                                        type(gl) is not _Tensor):
             return False
-        if expected_rule == "none":
+        if takes_none:
             if expected_m is not None:
                 return False  # the op's own path raises
-        elif (expected_m is not None or expected_rule == "required") and \
-                (type(expected_m) is not int or expected_m <= 0):
-            if expected_rule == "required":  # as gemm_entry: the required kind raises here
+        elif (expected_m is not None or required) and (type(expected_m) is not int or expected_m <= 0):
+            if required:  # as gemm_entry: the required kind raises here
                 check_expected_m(expected_m)
             return False
         tensors = (a, sa, b, sb, d, sd) if dense else (a, sa, b, sb, d, sd, gl)
         key = settings.key
         entries = index.get(id(b))
         if entries is not None:
-            for g, em, k, option, plan in entries:
-                if k is key and em == expected_m and option is ue8m0 and g.check(*tensors):
-                    plan(a, sa, b, sb, d, gl, sd)
+            for hit, em, k, option, call in entries:
+                if k is key and em == expected_m and option is ue8m0 and hit(*tensors):
+                    call(a, sa, b, sb, d, gl, sd)
                     return True
         plan = plan_of(plans, signature(tensors, expected_m, key, ue8m0),
                        lambda: GemmPlan(spec, a, sa, b, sb, d, gl, expected_m, sd, (ue8m0,)))
         g = guard(*tensors)
         if g is not None:
-            index_entry(index, b, (g, expected_m, key, ue8m0, plan))
+            index_entry(index, b, (g.check, expected_m, key, ue8m0, plan.__call__))
         plan(a, sa, b, sb, d, gl, sd)
         return True
 
@@ -878,4 +883,5 @@ def plans_of(kind: str) -> list[GemmPlan]:
 def inject_guard_for_tests(kind: str, weight: torch.Tensor, guard_tensors: tuple, plan: GemmPlan) -> None:
     """Put ``(guard(*guard_tensors), plan)`` first in ``kind``'s index under ``id(weight)`` (tests: an entry whose guard
     does not match a call's tensors, as after a freed weight's id is reused, must never serve it)."""
-    GEMM_ENTRIES[kind].index[id(weight)] = [(guard(*guard_tensors), plan.expected_m, PROCESS_SETTINGS.key, plan)]
+    GEMM_ENTRIES[kind].index[id(weight)] = [(guard(*guard_tensors).check, plan.expected_m, PROCESS_SETTINGS.key,
+                                             plan.__call__)]
