@@ -49,8 +49,11 @@ def fp8_fp4_paged_mqa_logits(q, kv_cache, weights, context_lens, block_table, sc
                              clean_logits: bool = False, logits_dtype: torch.dtype = torch.float32,
                              indices=None) -> torch.Tensor:
     """:func:`deep_fp8_gemm.attention.fp8_paged_mqa_logits` with ``q = (values, None)``."""
-    _no_indices(indices)
-    return attention.fp8_paged_mqa_logits(_fp8_q(q), kv_cache, weights, context_lens, block_table, schedule_meta,
+    if indices is not None:
+        _no_indices(indices)
+    # The common call (a (values, None) tuple) without _fp8_q's frame: this runs per layer per decode step.
+    values = q[0] if type(q) is tuple and len(q) == 2 and q[1] is None else _fp8_q(q)
+    return attention.fp8_paged_mqa_logits(values, kv_cache, weights, context_lens, block_table, schedule_meta,
                                           max_context_len, clean_logits, logits_dtype)
 
 
