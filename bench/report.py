@@ -514,6 +514,8 @@ def write_summary(results_dir: Path | str = RESULTS_DIR, summary: Path | str = S
     results_dir, summary = Path(results_dir), Path(summary)
     docs = []
     for path in sorted(results_dir.glob("*.json")):
+        if path.name == HOST_RESULTS.name:  # the host-time runs: their own section (host_markdown), not a family
+            continue
         try:
             docs.append(json.loads(path.read_text()))
         except (OSError, json.JSONDecodeError) as exc:

@@ -180,6 +180,15 @@ def test_summary_without_and_with_results(tmp_path):
     assert report.NOT_MEASURED not in text and "Synthetic GPU" in text and "geomean speedup" in text
 
 
+def test_summary_skips_the_host_runs_file(tmp_path):
+    """bench/results/host_stub.json (bench_host's recorded runs) sits beside the families' JSONs and is its own
+    section: the summary must not read it as a family (it has no "env"; the default results directory holds it)."""
+    (tmp_path / report.HOST_RESULTS.name).write_text('{"what": "w", "machine": "m", "runs": []}')
+    summary = tmp_path / "RESULTS.md"
+    assert report.main(["--results", str(tmp_path), "--summary", str(summary)]) == 0
+    assert report.NOT_MEASURED in summary.read_text()
+
+
 # --- the pipeline on tiny CPU shapes -------------------------------------------------------------------------
 
 @pytest.mark.parametrize("entry, argv", [
