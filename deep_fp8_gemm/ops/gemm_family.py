@@ -233,9 +233,10 @@ def make_family(row: KindRow, lay: GemmLayout, output: OutputPolicy) -> GemmFami
 
 
 def _entry_point(family: GemmFamily, lay: GemmLayout, output: OutputPolicy, impl: Callable, op) -> Callable:
-    """``call(lhs, rhs, out, grouped_layout=None, expected_m=None, *options)``: the public op. Eager calls of a bf16
-    family go through the per-call fast path (``_core.plans.gemm_entry``: checks cached per tensor signature);
-    traced calls and dispatch modes run the custom op, so compiled model code sees one node per GEMM."""
+    """``call(lhs, rhs, out, grouped_layout=None, expected_m=None, *options)``: the public op. Eager calls of the bf16
+    and the FP8-output families (``OutputPolicy.pair_plan``) go through the per-call fast path
+    (``_core.plans.gemm_entry`` / ``pair_output_entry``: checks cached per tensor signature); traced calls and
+    dispatch modes run the custom op, so compiled model code sees one node per GEMM."""
     grouped_name = lay.grouped
     has_expected = lay.expected_m != "none"
     required = lay.expected_m == "required"
@@ -260,6 +261,21 @@ def _entry_point(family: GemmFamily, lay: GemmLayout, output: OutputPolicy, impl
             (impl if eager(a, sa, b, sb, out, gl) else op)(a, sa, b, sb, out, *flat_layout_args(gl, expected_m))
         return call
 
+    def general(lhs, rhs, out, gl, expected_m, options) -> None:
+        """Any output policy's call: its checks, then the custom op or (eager) its implementation."""
+        outs = output.unpack(out)
+        a, sa, b, sb = operands(lhs, rhs, outs[0], *zip(outs[1:], output.names[1:]),
+                                *(((gl, grouped_name),) if grouped_name else ()), out_name=output.names[0])
+        if required:
+            check_expected_m(expected_m)
+        options = output.check_options(options or tuple(o[2] for o in output.options))
+        (impl if eager(a, sa, b, sb, *outs, gl) else op)(a, sa, b, sb, *outs, *flat_layout_args(gl, expected_m),
+                                                          *options)
+
+    if not output.pair_plan:  # an output the per-call plans do not know (a new value of the table): the general path
+        return lambda lhs, rhs, out, gl=None, expected_m=None, *options: general(lhs, rhs, out, gl, expected_m,
+                                                                                  options)
+
     arity = output.arity
     entry = pair_output_entry(GemmEntrySpec(
         family, lambda a, sa, b, sb, *rest: family.check(a, sa, b, sb, *rest[:arity], *flat_layout_args(*rest[arity:])),
@@ -272,14 +288,7 @@ def _entry_point(family: GemmFamily, lay: GemmLayout, output: OutputPolicy, impl
         b, sb = rhs if type(rhs) is tuple and len(rhs) == 2 else unpack_pair(rhs, "rhs")
         if len(options) <= 1 and entry(a, sa, b, sb, d, sd, gl, expected_m, options[0] if options else default_option):
             return  # eager: checks cached per tensor signature (_core.plans)
-        outs = output.unpack(out)
-        a, sa, b, sb = operands(lhs, rhs, outs[0], *zip(outs[1:], output.names[1:]),
-                                *(((gl, grouped_name),) if grouped_name else ()), out_name=output.names[0])
-        if required:
-            check_expected_m(expected_m)
-        options = output.check_options(options or tuple(o[2] for o in output.options))
-        (impl if eager(a, sa, b, sb, *outs, gl) else op)(a, sa, b, sb, *outs, *flat_layout_args(gl, expected_m),
-                                                          *options)
+        general(lhs, rhs, out, gl, expected_m, options)
     return call
 
 

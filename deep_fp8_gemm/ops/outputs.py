@@ -55,6 +55,9 @@ class OutputPolicy:
     args: tuple[str, ...]
     schema: str
     options: tuple[tuple[str, str, object], ...] = ()
+    #: The per-call plans serve this output as the pair ``(D, sD)`` with the one bool option ``use_ue8m0``
+    #: (``_core.plans.pair_output_entry``, launched as ``kernels.gemm.launch_fp8_output`` launches it).
+    pair_plan: bool = False
 
     @property
     def arity(self) -> int:
@@ -189,6 +192,7 @@ class Fp8Output(OutputPolicy):
     name, dtype_name, names, args = "fp8", "fp8", OUT_NAMES, ("d", "sd")
     schema = "Tensor(a!) d, Tensor(b!) sd"
     options = (("use_ue8m0", "bool", False),)
+    pair_plan = True
 
     def unpack(self, out):
         return unpack_pair(out, "out")
