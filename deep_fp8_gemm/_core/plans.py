@@ -145,6 +145,30 @@ def _overlaps_or_misaligned(p: int, span: int, *others: tuple[int, int]) -> bool
     return False
 
 
+def block_for(seen: dict, key: tuple, size: int, limit: int = MAX_MAP_SETS) -> tuple[object, bool]:
+    """The parameter block a plan packs for the pointer tuple ``key`` (a call whose tuple has no block yet), and
+    whether to keep it: on the tuple's second call a block of its own (True: :func:`keep_block` it once packed; it is
+    never written again, so any thread may launch from it); on its first this thread's slot (False: packed for this
+    launch only, so a tensor allocated anew every step costs no block per call). ``seen``: the tuples met once
+    (cleared at ``4 * limit``)."""
+    from ..runtime import driver
+
+    if key in seen:
+        del seen[key]
+        return driver.param_block(size), True
+    if len(seen) >= 4 * limit:
+        seen.clear()
+    seen[key] = None
+    return driver.param_slot(size), False
+
+
+def keep_block(blocks: dict, key: tuple, block, limit: int = MAX_MAP_SETS) -> None:
+    """Keep ``block`` (from :func:`block_for`, packed) as ``blocks[key]``; the dict cleared when it holds ``limit``."""
+    if len(blocks) >= limit:
+        blocks.clear()
+    blocks[key] = block
+
+
 def _remember(plans: dict, key: tuple, plan):
     if len(plans) >= MAX_PLANS:
         plans.clear()
@@ -316,25 +340,13 @@ class GemmPlan:
         head = self.heads.get(key[:4])
         if head is None:
             head = self._encode(a, sa, b, out, key[:4])
-        second = key in self.seen
-        if second:  # the second call with these pointers: a block of their own, never written again
-            from ..runtime import driver
-
-            block = driver.param_block(_GEMM_PARAMS_BYTES)
-        else:  # the first: this thread's slot, packed for this launch only
-            if len(self.seen) >= 4 * MAX_MAP_SETS:
-                self.seen.clear()
-            self.seen[key] = None
-            block = _param_slot(_GEMM_PARAMS_BYTES)
+        block, keep = block_for(self.seen, key, _GEMM_PARAMS_BYTES)
         view = block.view
         view[:_MAPS_BYTES] = head
         # The whole tail (sD and its stride 0 for bf16); split-K's workspace is written per launch.
         _pack_tail(view, _TAIL_START, psb, pgl, self.rows, psd, self.ld_sd, 0, 0)
-        if second:
-            self.seen.pop(key, None)
-            if len(self.blocks) >= MAX_MAP_SETS:
-                self.blocks.clear()
-            self.blocks[key] = block
+        if keep:
+            keep_block(self.blocks, key, block)
         return block
 
     def _split_k_workspace(self, stream: int) -> tuple:

@@ -18,7 +18,7 @@ import torch
 
 from .. import env
 from .._core.checks import byte_span, is_meta
-from .._core.plans import MAX_MAP_SETS, guard, index_entry, plan_of, signature
+from .._core.plans import MAX_MAP_SETS, block_for, guard, index_entry, keep_block, plan_of, signature
 from ..runtime import params as param_structs
 from ..runtime import target
 from ..runtime.target import Backend
@@ -121,7 +121,6 @@ class Bf16Plan:
             self.op(a, b, d, x, expected_m)
             return None
         from ..kernels import bf16_gemm as kernels
-        from ..runtime import driver
 
         key = (pa, pb, pd, px)
         head = self.heads.get(key[:2])
@@ -130,15 +129,7 @@ class Bf16Plan:
             if len(self.heads) >= MAX_MAP_SETS:
                 self.heads.clear()
             head = self.heads[key[:2]] = b"".join(maps)
-        second = key in self.seen
-        if second:  # the second call with these pointers: a block of their own, never written again
-            self.seen.pop(key, None)
-            block = driver.param_block(kernels.PARAMS_BYTES)
-        else:  # the first: this thread's slot, packed for this launch only
-            if len(self.seen) >= 4 * MAX_MAP_SETS:
-                self.seen.clear()
-            self.seen[key] = None
-            block = driver.param_slot(kernels.PARAMS_BYTES)
+        block, keep = block_for(self.seen, key, kernels.PARAMS_BYTES)
         view = block.view
         view[:kernels.MAPS_BYTES] = head
         view[kernels.MAPS_BYTES:kernels.PARAMS_BYTES] = self.tail
@@ -146,10 +137,8 @@ class Bf16Plan:
             self.pointers.pack_into(view, pd, px, 0)
         else:
             self.pointers.pack_into(view, pd, 0, px)
-        if second:
-            if len(self.blocks) >= MAX_MAP_SETS:
-                self.blocks.clear()
-            self.blocks[key] = block
+        if keep:
+            keep_block(self.blocks, key, block)
         return block
 
 

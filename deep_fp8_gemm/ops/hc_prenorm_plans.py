@@ -18,7 +18,8 @@ from typing import Callable
 import torch
 
 from .._core.checks import byte_span, is_meta
-from .._core.plans import MAX_MAP_SETS, guard, index_entry, plan_of, register_cache, signature
+from .._core.plans import (MAX_MAP_SETS, block_for, guard, index_entry, keep_block, plan_of, register_cache,
+                           signature)
 from ..kernels import bf16_gemm
 from ..kernels import hc_prenorm as kernels
 from ..runtime import params as param_structs
@@ -53,8 +54,7 @@ class HcPrenormPlan:
     nothing, so a launch captured into a CUDA graph points at the caller's tensors only.
     """
 
-    __slots__ = ("op", "call", "spans", "index", "config", "launcher", "tail", "heads", "blocks", "seen", "_slot",
-                 "_new_block")
+    __slots__ = ("op", "call", "spans", "index", "config", "launcher", "tail", "heads", "blocks", "seen")
 
     def __init__(self, check: Callable, op: Callable, a, b, d, sqr_sum, num_splits):
         m, n, k, splits = check(a, b, d, sqr_sum, num_splits)
@@ -78,7 +78,6 @@ class HcPrenormPlan:
         self.heads: dict[tuple[int, int], bytes] = {}  # encoded (tma_a, tma_b) per (pa, pb)
         self.blocks: dict[tuple[int, int, int, int], object] = {}  # whole blocks per (pa, pb, pd, ps)
         self.seen: dict[tuple[int, int, int, int], None] = {}  # pointer tuples met once
-        self._slot, self._new_block = driver.param_slot, driver.param_block
         self.call = self._launch
 
     def _launch(self, a, b, d, sqr_sum, num_splits) -> None:
@@ -105,23 +104,13 @@ class HcPrenormPlan:
             if len(self.heads) >= MAX_MAP_SETS:
                 self.heads.clear()
             head = self.heads[key[:2]] = maps[0] + maps[1]
-        second = key in self.seen
-        if second:  # the second call with these pointers: a block of their own, never written again
-            self.seen.pop(key, None)
-            block = self._new_block(_PARAMS_BYTES)
-        else:  # the first: this thread's slot, packed for this launch only
-            if len(self.seen) >= 4 * MAX_MAP_SETS:
-                self.seen.clear()
-            self.seen[key] = None
-            block = self._slot(_PARAMS_BYTES)
+        block, keep = block_for(self.seen, key, _PARAMS_BYTES)
         view = block.view
         view[:_MAPS_BYTES] = head
         view[_MAPS_BYTES:_PARAMS_BYTES] = self.tail
         _pack(view, _POINTERS_START, pd, ps)
-        if second:
-            if len(self.blocks) >= MAX_MAP_SETS:
-                self.blocks.clear()
-            self.blocks[key] = block
+        if keep:
+            keep_block(self.blocks, key, block)
         return block
 
 

@@ -24,8 +24,8 @@ from typing import Callable
 import torch
 
 from .._core.checks import is_meta
-from .._core.plans import (ALLOCATORS, MAX_GUARDS_PER_WEIGHT, MAX_MAP_SETS, MAX_PLANS, guard, plan_of, register_cache,
-                           signature)
+from .._core.plans import (ALLOCATORS, MAX_GUARDS_PER_WEIGHT, MAX_MAP_SETS, MAX_PLANS, block_for, guard, keep_block,
+                           plan_of, register_cache, signature)
 from ..kernels import mqa_logits as kernels
 from ..runtime import params as param_structs
 from ..runtime import target
@@ -71,8 +71,7 @@ class PagedMqaPlan:
     """
 
     __slots__ = ("op", "call", "dtype", "batch", "rows", "index", "launcher", "strides", "layout", "qw_maps", "kv_maps",
-                 "config", "blocks", "seen", "_empty", "_slot",
-                 "_new_block")
+                 "config", "blocks", "seen", "_empty")
 
     def __init__(self, check: Callable, op: Callable, layout: Callable, tensors: tuple, max_context_len: int,
                  logits_dtype: torch.dtype):
@@ -102,7 +101,6 @@ class PagedMqaPlan:
         # logits, max_context_len), and the tuples met once (a block is built on the second call with a tuple).
         self.blocks: dict[tuple, object] = {}
         self.seen: dict[tuple, None] = {}
-        self._slot, self._new_block = driver.param_slot, driver.param_block
         self.call = self._launch
 
     def _op_path(self, q, kv_cache, weights, context_lens, block_table, schedule_meta, max_context_len):
@@ -143,25 +141,15 @@ class PagedMqaPlan:
         kv = self.kv_maps.get(pkv)
         if qw is None or kv is None:
             qw, kv = self._encode(q, kv_cache, weights, pq, pkv, pw)
-        second = key in self.seen
-        if second:
-            self.seen.pop(key, None)
-            block = self._new_block(_PARAMS_BYTES)
-        else:
-            if len(self.seen) >= 4 * MAX_BLOCKS:
-                self.seen.clear()
-            self.seen[key] = None
-            block = self._slot(_PARAMS_BYTES)
+        block, keep = block_for(self.seen, key, _PARAMS_BYTES, MAX_BLOCKS)
         view = block.view
         view[:_HALF_MAPS] = qw
         view[_HALF_MAPS:_MAPS_BYTES] = kv
         _pack(view, _FIELDS_START, plogits, stride, 0, 0, pcl, pbt, psm, self.batch, 0, max_context_len,
               block_table.stride(0))
         view[_FIELDS_END:_PARAMS_BYTES] = _RESERVED
-        if second:
-            if len(self.blocks) >= MAX_BLOCKS:
-                self.blocks.clear()
-            self.blocks[key] = block
+        if keep:
+            keep_block(self.blocks, key, block, MAX_BLOCKS)
         return block
 
     def _encode(self, q, kv_cache, weights, pq: int, pkv: int, pw: int) -> tuple[bytes, bytes]:
@@ -265,8 +253,7 @@ class DenseMqaPlan:
     Nothing else is allocated and nothing cached is memory a launch reads (the logits are the caller's)."""
 
     __slots__ = ("op", "call", "scalars", "dtype", "index", "launcher", "config", "buffer", "width", "view", "fields",
-                 "maps", "blocks", "seen", "_empty", "_slot",
-                 "_new_block")
+                 "maps", "blocks", "seen", "_empty")
 
     def __init__(self, check: Callable, op: Callable, layout: Callable, tensors: tuple, clean_logits: bool,
                  max_seqlen_k: int, logits_dtype: torch.dtype):
@@ -299,7 +286,6 @@ class DenseMqaPlan:
         self.maps: dict[tuple[int, int, int, int], bytes] = {}  # the four maps per (q, weights, kv, kv_scales)
         self.blocks: dict[tuple, object] = {}  # whole blocks per (q, kv, kv_scales, weights, ks, ke, logits)
         self.seen: dict[tuple, None] = {}
-        self._slot, self._new_block = driver.param_slot, driver.param_block
         self.call = self._launch
 
     def _op_path(self, q, kv, kv_scales, weights, ks, ke):
@@ -331,24 +317,14 @@ class DenseMqaPlan:
                 self.maps.clear()
             maps = self.maps[(pq, pw, pkv, pks)] = b"".join(kernels.encode_maps(
                 kernels.dense_map_args(self.config, q, kv, kv_scales, weights), Backend.CUDA))
-        second = key in self.seen
-        if second:
-            self.seen.pop(key, None)
-            block = self._new_block(_PARAMS_BYTES)
-        else:
-            if len(self.seen) >= 4 * MAX_BLOCKS:
-                self.seen.clear()
-            self.seen[key] = None
-            block = self._slot(_PARAMS_BYTES)
+        block, keep = block_for(self.seen, key, _PARAMS_BYTES, MAX_BLOCKS)
         view = block.view
         view[:_MAPS_BYTES] = maps
         stride, rows, seq_len_kv, width = self.fields
         _pack(view, _FIELDS_START, plogits, stride, pks_start, pke, 0, 0, 0, rows, seq_len_kv, width, 0)
         view[_FIELDS_END:_PARAMS_BYTES] = _RESERVED
-        if second:
-            if len(self.blocks) >= MAX_BLOCKS:
-                self.blocks.clear()
-            self.blocks[key] = block
+        if keep:
+            keep_block(self.blocks, key, block, MAX_BLOCKS)
         return block
 
 

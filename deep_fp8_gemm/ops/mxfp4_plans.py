@@ -21,7 +21,8 @@ from typing import Callable
 import torch
 
 from .._core.checks import is_meta
-from .._core.plans import MAX_MAP_SETS, MAX_WORKSPACES, guard, index_entry, plan_of, register_cache, signature
+from .._core.plans import (MAX_MAP_SETS, MAX_WORKSPACES, block_for, guard, index_entry, keep_block, plan_of,
+                           register_cache, signature)
 from ..kernels import mxfp4_gemm as kernels
 from ..runtime import params as param_structs
 from ..runtime import target
@@ -57,8 +58,7 @@ class Mxfp4MaskedPlan:
     nothing cached reaches a CPU result.
     """
 
-    __slots__ = ("op", "call", "index", "config", "launcher", "tail", "shape", "buffers", "heads", "blocks", "seen",
-                 "_slot", "_new_block")
+    __slots__ = ("op", "call", "index", "config", "launcher", "tail", "shape", "buffers", "heads", "blocks", "seen")
 
     def __init__(self, check: Callable, op: Callable, x, sa, p: PreparedMxfp4, d, masked_m, expected_m: int):
         check((x, sa), p, d, masked_m, expected_m)
@@ -90,7 +90,6 @@ class Mxfp4MaskedPlan:
         self.heads: dict[tuple[int, int, int, int], bytes] = {}  # four maps per (x, tiles, meta, columns)
         self.blocks: dict[tuple, object] = {}  # whole blocks per (x, d, masked_m, tiles, meta, wave, columns)
         self.seen: dict[tuple, None] = {}  # pointer tuples met once
-        self._slot, self._new_block = driver.param_slot, driver.param_block
         self.call = self._launch
 
     def _launch(self, a, p, d, masked_m, expected_m) -> None:
@@ -133,23 +132,13 @@ class Mxfp4MaskedPlan:
             if len(self.heads) >= MAX_MAP_SETS:
                 self.heads.clear()
             head = self.heads[(px, pt, pm, pc)] = b"".join(maps)
-        second = key in self.seen
-        if second:
-            self.seen.pop(key, None)
-            block = self._new_block(_PARAMS_BYTES)
-        else:
-            if len(self.seen) >= 4 * MAX_MAP_SETS:
-                self.seen.clear()
-            self.seen[key] = None
-            block = self._slot(_PARAMS_BYTES)
+        block, keep = block_for(self.seen, key, _PARAMS_BYTES)
         view = block.view
         view[:_MAPS_BYTES] = head
         view[_MAPS_BYTES:_PARAMS_BYTES] = self.tail
         _pack(view, _POINTERS_START, pd, pml, pw)
-        if second:
-            if len(self.blocks) >= MAX_MAP_SETS:
-                self.blocks.clear()
-            self.blocks[key] = block
+        if keep:
+            keep_block(self.blocks, key, block)
         return block
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from .._core.checks import byte_span, is_meta
-from .._core.plans import MAX_MAP_SETS, guard, index_entry, plan_of, signature
+from .._core.plans import MAX_MAP_SETS, block_for, guard, index_entry, keep_block, plan_of, signature
 from ..kernels import gemm as kernels
 from ..runtime import target
 from ..runtime.target import Backend
@@ -108,8 +108,6 @@ class Wgrad1d1dPlan:
                                       pc & 15 or (pd < pc + span_c and pc < hi)))):
             self.op(a, sa, b, sb, d, c)
             return None
-        from ..runtime import driver
-
         key = (pa, psa, pb, psb, pd, pc)
         head = self.heads.get(key[:4])
         if head is None:
@@ -117,23 +115,13 @@ class Wgrad1d1dPlan:
             if len(self.heads) >= MAX_MAP_SETS:
                 self.heads.clear()
             head = self.heads[key[:4]] = b"".join(maps)
-        second = key in self.seen
-        if second:  # the second call with these pointers: a block of their own, never written again
-            self.seen.pop(key, None)
-            block = driver.param_block(_PARAMS_BYTES)
-        else:  # the first: this thread's slot, packed for this launch only
-            if len(self.seen) >= 4 * MAX_MAP_SETS:
-                self.seen.clear()
-            self.seen[key] = None
-            block = driver.param_slot(_PARAMS_BYTES)
+        block, keep = block_for(self.seen, key, _PARAMS_BYTES)
         view = block.view
         view[:_MAPS_BYTES] = head
         view[_MAPS_BYTES:_PARAMS_BYTES] = self.tail
         _POINTERS.pack_into(view, pd, pc)
-        if second:
-            if len(self.blocks) >= MAX_MAP_SETS:
-                self.blocks.clear()
-            self.blocks[key] = block
+        if keep:
+            keep_block(self.blocks, key, block)
         return block
 
 
