@@ -30,6 +30,7 @@ import torch
 from ._core.checks import check_bool
 from ._core.family import register_op
 from .kernels import quant as quant_host
+from .ops import transpose_plans
 from .quant import GROUP, check_input, kernel_launcher, per_token_cast_to_fp8_torch
 from .utils import ceil_div, empty_m_major, get_col_major_tma_aligned_tensor
 
@@ -87,6 +88,14 @@ def _cast_transpose_impl(x: torch.Tensor, use_ue8m0: bool = False) -> tuple[torc
     return x_fp8, get_col_major_tma_aligned_tensor(x_sf), xt_fp8, get_col_major_tma_aligned_tensor(xt_sf)
 
 
+def _check_k_grouped(x: object, ks: object) -> list[int]:
+    _check_grouped_input(x)
+    return _check_ks(ks, x)
+
+
+_cast_transpose_eager = transpose_plans.cast_transpose_entry(_check_cast_transpose_input, _cast_transpose_impl)
+
+
 def _cast_transpose_fake(x: torch.Tensor, use_ue8m0: bool = False) -> tuple[torch.Tensor, ...]:
     _check_cast_transpose_input(x)
     m, k = x.shape
@@ -116,6 +125,10 @@ def per_token_cast_to_fp8_and_transpose(
         (row-major); ``xt_sf`` ``[k, ceil(m/128)]`` float32, strides ``(1, get_tma_aligned_size(k, 4))``.
         ``(xt_fp8, xt_sf)`` groups 128 consecutive *rows* of ``x`` (tokens): the operand of a weight gradient.
     """
+    if type(use_ue8m0) is bool:
+        result = _cast_transpose_eager(x, use_ue8m0)  # eager: cached checks (ops.transpose_plans)
+        if result is not None:
+            return result
     _check_cast_transpose_input(x)
     return torch.ops.deep_fp8_gemm.per_token_cast_to_fp8_and_transpose.default(
         x, check_bool(use_ue8m0, "use_ue8m0"))
@@ -153,6 +166,9 @@ def _k_grouped_impl(x: torch.Tensor, ks: list[int], use_ue8m0: bool = False) -> 
     return flat, get_col_major_tma_aligned_tensor(sf)
 
 
+_k_grouped_eager = transpose_plans.k_grouped_entry(_check_k_grouped, _k_grouped_impl)
+
+
 def _k_grouped_fake(x: torch.Tensor, ks: list[int], use_ue8m0: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     _check_grouped_input(x)
     ks = _check_ks(ks, x)
@@ -181,6 +197,10 @@ def transpose_cast_to_fp8_k_grouped(
         rows ``128j .. 128j+127`` of ``x`` (group ``g``'s columns start at ``sum(ks[:g]) / 128``). This is the
         ``(a, sa)`` / ``(b, sb)`` layout of ``k_grouped_fp8_gemm_nt_contiguous``.
     """
+    if type(use_ue8m0) is bool:
+        result = _k_grouped_eager(x, ks, use_ue8m0)  # eager: cached checks (ops.transpose_plans)
+        if result is not None:
+            return result
     _check_grouped_input(x)
     ks = _check_ks(ks, x)
     return torch.ops.deep_fp8_gemm.transpose_cast_to_fp8_k_grouped.default(

@@ -285,12 +285,42 @@ def render_source(config: Mxfp4Config, simulator: bool = False) -> tuple[str, st
 
 
 # ---------------------------------------------------------------------------------------------- scales
-def column_scales(sa: torch.Tensor) -> torch.Tensor:
-    """``sa [G, m_max, K/128]`` fp32 -> ``[G, K/128, m_pad]`` (m_pad = m_max rounded up to 4: 16-byte rows), the
-    M-major layout the kernel's sA box reads; a copy (G x K/128 x m_pad floats, small at decode)."""
+def scales_layout_in_place(sa: torch.Tensor) -> bool:
+    """Whether the kernel's sA map can read ``sa [G, m_max, K/128]`` fp32 where it lies, as far as its strides go:
+    the M-major TMA-aligned layout of ``get_mn_major_tma_aligned_tensor`` / DeepEP's low-latency dispatch (unit
+    stride along the rows, a K-block stride ``P`` that is a multiple of 4 elements and at least ``m_max``, a group
+    stride a multiple of 4). :func:`scales_in_place` adds the address."""
+    g, m, kb = sa.shape
+    p, q = sa.stride(2), sa.stride(0)
+    return (sa.dtype == torch.float32 and (sa.stride(1) == 1 or m <= 1) and p % 4 == 0 and p >= m
+            and (q % 4 == 0 or g == 1))
+
+
+def scales_in_place(sa: torch.Tensor) -> bool:
+    """:func:`scales_layout_in_place` at a 16-byte aligned address (TMA's): the kernel reads ``sa`` as it is."""
+    return scales_layout_in_place(sa) and sa.data_ptr() % 16 == 0
+
+
+def column_scales(sa: torch.Tensor, *outputs: torch.Tensor | None) -> torch.Tensor:
+    """``sa [G, m_max, K/128]`` fp32 -> the ``[G, K/128, rows]`` view the kernel's sA box reads (unit last stride,
+    16-byte row and group strides: :func:`map_args`): ``sa.transpose(1, 2)`` itself when :func:`scales_in_place`
+    and no tensor of ``outputs`` (what the launch writes; None: none) overlaps it, else a copy into
+    ``[G, K/128, m_pad]`` (m_pad = m_max rounded up to 4: 16-byte rows; G x K/128 x m_pad floats, small at decode),
+    so a result never depends on the order the kernel reads sA and writes its outputs."""
+    if scales_in_place(sa) and not any(t is not None and _overlap(sa, t) for t in outputs):
+        return sa.transpose(1, 2)
     out, rows = column_buffer(*sa.shape, sa.device)
     rows.copy_(sa)
     return out
+
+
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    from .._core.checks import byte_range
+
+    if a.numel() == 0 or b.numel() == 0:
+        return False
+    (lo_a, hi_a), (lo_b, hi_b) = byte_range(a), byte_range(b)
+    return lo_a < hi_b and lo_b < hi_a
 
 
 def column_buffer(g: int, m_max: int, kb: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -319,20 +349,23 @@ assert ctypes.sizeof(Mxfp4Params) == 576 and Mxfp4Params.num_rows.offset == 544
 def map_args(cfg: Mxfp4Config, x: torch.Tensor, tiles: torch.Tensor, meta: torch.Tensor, sa_cols: torch.Tensor):
     """The four rank-3 maps: the prepared tiles ``[G K/128 N/64][16][256]`` u8 (box: the tile's waves), A
     ``[G, m_max, K]`` e4m3 (box 128 x BLOCK_M, 128-byte swizzle), the metadata ``[G K/128 N/64][17][16]`` u8 (box: the
-    tile's waves) and sA ``[G, K/128, m_pad]`` (box BLOCK_M). A wave's tile / metadata is one contiguous record, the
+    tile's waves) and sA ``[G, K/128, rows]`` (:func:`column_scales`' view; box BLOCK_M). A wave's tile / metadata is one contiguous record, the
     tile's waves consecutive ones (``[G][K/128][N/64]`` order)."""
     batches, rows, k = x.shape  # masked: [G, m_max, K]; contiguous: [1, M_sum, K]
     kb = k // BLOCK_K
     records = cfg.num_groups * kb * (cfg.n // 64)
     waves = cfg.block_n // 64
-    m_pad = sa_cols.shape[2]
+    # sA: rows (m_pad of a copy, m_max in place: TMA zero-fills the box past them either way), K-blocks, groups.
+    # A group stride is any 16-byte multiple when there is one group (an unsqueezed [1, M_sum, K/128] may have another).
+    sa_rows, sa_row_bytes = sa_cols.shape[2], sa_cols.stride(1) * 4
+    sa_group_bytes = sa_cols.stride(0) * 4 if sa_cols.shape[0] > 1 else sa_row_bytes * kb
     return (
         (TmaDtype.UINT8, tiles.data_ptr(), (256, 16, records), (256, WAVE_TILE_BYTES), (256, 16, waves),
          TmaSwizzle.NONE),
         (TmaDtype.UINT8, x.data_ptr(), (k, rows, batches), (k, rows * k), (BLOCK_K, cfg.block_m, 1), TmaSwizzle.B128),
         (TmaDtype.UINT8, meta.data_ptr(), (16, 17, records), (16, WAVE_META_BYTES), (16, 17, waves), TmaSwizzle.NONE),
-        (TmaDtype.FLOAT32, sa_cols.data_ptr(), (m_pad, kb, batches), (m_pad * 4, kb * m_pad * 4), (cfg.block_m, 1, 1),
-         TmaSwizzle.NONE),
+        (TmaDtype.FLOAT32, sa_cols.data_ptr(), (sa_rows, kb, batches), (sa_row_bytes, sa_group_bytes),
+         (cfg.block_m, 1, 1), TmaSwizzle.NONE),
     )
 
 
@@ -390,7 +423,7 @@ def launch(config: Mxfp4Config, x: torch.Tensor, sa: torch.Tensor, prepared, d: 
     batches, rows, _ = x.shape
     if rows == 0 or batches == 0:
         return
-    sa_cols = column_scales(sa)
+    sa_cols = column_scales(sa, d, sd)
     maps = encode_maps(map_args(config, x, prepared.tiles, prepared.meta, sa_cols), backend)
     params = param_structs.pack(Mxfp4Params, tma_w=maps[0], tma_a=maps[1], tma_meta=maps[2], tma_sa=maps[3],
                                 d=d.data_ptr(), grouped_layout=grouped_layout.data_ptr(),

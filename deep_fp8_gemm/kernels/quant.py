@@ -200,6 +200,7 @@ class TransposeParams(ctypes.Structure):
 
 
 assert ctypes.sizeof(TransposeParams) == 80
+TRANSPOSE_PARAMS_BYTES = ctypes.sizeof(TransposeParams)
 
 
 # ---------------------------------------------------------------------------------------------- JIT
@@ -558,27 +559,68 @@ def per_token_cast_to_fp8_and_transpose_cuda(x: torch.Tensor, use_ue8m0: bool = 
     return run_cast_transpose(check_tensor(x, "x", (2,)), ue8m0=bool(use_ue8m0))
 
 
-def run_cast_transpose(x: torch.Tensor, launch=None, ue8m0: bool = False) -> tuple[torch.Tensor, ...]:
-    x = _rows_view(x)
+@dataclasses.dataclass(frozen=True)
+class TransposeLaunchPlan:
+    """Everything about a cast-transpose / k-grouped-transpose launch that depends on the input's signature (shape,
+    strides, dtype; ``ks`` for the k-grouped one) and not on its address: the outputs' ``(shape, strides, dtype)``
+    in return order, the :class:`TransposeParams` fields that a call fills with the outputs' pointers
+    (``output_fields``, in return order; ``input`` is always per call), every other field's constant value by
+    name, the grid. Made by :func:`plan_cast_transpose` / :func:`plan_k_grouped_transpose`; the general path
+    (:func:`run_cast_transpose`, :func:`run_k_grouped_transpose`) and the per-call fast path
+    (``ops.transpose_plans``) both launch from it."""
+
+    kind: QuantKind
+    input_type: InputType
+    ue8m0: bool
+    outputs: tuple  # ((shape, strides, dtype), ...) in return order
+    output_fields: tuple[str, ...]  # the TransposeParams pointer field of each output, same order
+    fields: dict  # TransposeParams field -> value, every field but "input" and output_fields
+    grid: int
+    vectorizable: bool  # the shape allows the 16-byte variant (the address is checked per call)
+    empty: bool  # nothing to launch: the outputs are returned empty
+    keep: object = None  # a device tensor the constant fields point at (the group prefix), held by the plan
+
+    def kernel_config(self, vectorized: bool) -> QuantKernelConfig:
+        return QuantKernelConfig(self.kind, self.input_type, vectorized, ue8m0=self.ue8m0)
+
+    def params(self, x_ptr: int, output_ptrs) -> TransposeParams:
+        return TransposeParams(input=x_ptr, **dict(zip(self.output_fields, output_ptrs)), **self.fields)
+
+
+def plan_cast_transpose(x: torch.Tensor, ue8m0: bool = False) -> TransposeLaunchPlan:
+    """The launch plan of the fused cast-transpose for inputs of ``x``'s signature (``x``: 2-D with a unit last
+    stride, :func:`_rows_view`'s form); raises ``ValueError`` for an empty or too-large ``x``."""
     m, k = x.shape
     if m <= 0 or k <= 0:
         raise ValueError(f"x must have at least one row and one column, got x.shape={tuple(x.shape)}")
     _check_transpose_size(m, k, "x")
     mb, kb = (m + GROUP - 1) // GROUP, (k + GROUP - 1) // GROUP
     rows_aligned, cols_aligned = aligned_m(m), aligned_m(k)
-    x_fp8 = torch.empty((m, k), dtype=torch.float8_e4m3fn, device=x.device)
-    xt_fp8 = torch.empty((k, m), dtype=torch.float8_e4m3fn, device=x.device)
-    x_sf = torch.empty_strided((m, kb), (1, rows_aligned), dtype=torch.float32, device=x.device)
-    xt_sf = torch.empty_strided((k, mb), (1, cols_aligned), dtype=torch.float32, device=x.device)
-    vectorized = _vectorizable(x, k) and m % 16 == 0  # xᵀ rows (m bytes) are stored 16 bytes at a time
-    config = QuantKernelConfig(QuantKind.CAST_TRANSPOSE, _INPUT_TYPES[x.dtype], vectorized, ue8m0=ue8m0)
-    params = TransposeParams(
-        input=x.data_ptr(), output=x_fp8.data_ptr(), scales=x_sf.data_ptr(), output_t=xt_fp8.data_ptr(),
-        scales_t=xt_sf.data_ptr(), group_prefix=0, input_row_stride=_row_stride(x), num_rows=m, num_cols=k,
-        scale_stride=rows_aligned, scale_t_stride=cols_aligned, num_groups=0, reserved=0,
-    )
-    (launch or launch_cuda)(config, params, mb * kb, x.device)
-    return x_fp8, x_sf, xt_fp8, xt_sf
+    fp8, f32 = torch.float8_e4m3fn, torch.float32
+    outputs = (((m, k), (k, 1), fp8), ((m, kb), (1, rows_aligned), f32), ((k, m), (m, 1), fp8),
+               ((k, mb), (1, cols_aligned), f32))
+    fields = dict(group_prefix=0, input_row_stride=_row_stride(x), num_rows=m, num_cols=k, scale_stride=rows_aligned,
+                  scale_t_stride=cols_aligned, num_groups=0, reserved=0)
+    # xᵀ rows (m bytes) are stored 16 bytes at a time by the vector variant
+    return TransposeLaunchPlan(QuantKind.CAST_TRANSPOSE, _INPUT_TYPES[x.dtype], ue8m0, outputs,
+                               ("output", "scales", "output_t", "scales_t"), fields, mb * kb,
+                               _vectorizable_layout(x, k) and m % 16 == 0, False)
+
+
+def run_cast_transpose(x: torch.Tensor, launch=None, ue8m0: bool = False) -> tuple[torch.Tensor, ...]:
+    x = _rows_view(x)
+    return _run_transpose_plan(plan_cast_transpose(x, ue8m0), x, launch or launch_cuda)
+
+
+def _run_transpose_plan(plan: TransposeLaunchPlan, x: torch.Tensor, launch) -> tuple[torch.Tensor, ...]:
+    """Allocate ``plan``'s outputs and launch it on ``x`` (already in an addressable layout) with ``launch``."""
+    outs = tuple(torch.empty_strided(shape, strides, dtype=dtype, device=x.device)
+                 for shape, strides, dtype in plan.outputs)
+    if not plan.empty:
+        vectorized = plan.vectorizable and x.data_ptr() % 16 == 0
+        launch(plan.kernel_config(vectorized), plan.params(x.data_ptr(), [t.data_ptr() for t in outs]), plan.grid,
+               x.device)
+    return outs
 
 
 def transpose_cast_to_fp8_k_grouped_cuda(x: torch.Tensor, ks: list[int], use_ue8m0: bool = False
@@ -623,15 +665,30 @@ def _group_prefix(ks: list[int], device: torch.device) -> torch.Tensor:
     return prefix
 
 
+def plan_k_grouped_transpose(x: torch.Tensor, ks: list[int], ue8m0: bool = False) -> TransposeLaunchPlan:
+    """The launch plan of the k-grouped transpose for inputs of ``x``'s signature and these ``ks`` (checked by the
+    caller: Python ints, multiples of 128, summing to ``x.shape[0]``); ``x`` in :func:`_rows_view`'s form. The plan
+    holds the group prefix (``keep``) its ``group_prefix`` field points at."""
+    total, n = x.shape
+    aligned_n = aligned_m(n)
+    outputs = (((total * n,), (1,), torch.float8_e4m3fn), ((n, total // GROUP), (1, aligned_n), torch.float32))
+    empty = total == 0 or n == 0
+    if not empty:
+        _check_transpose_size(total, n, "x")
+    prefix = None if empty else _group_prefix(ks, x.device)
+    fields = dict(output=0, scales=0, group_prefix=0 if prefix is None else prefix.data_ptr(),
+                  input_row_stride=_row_stride(x), num_rows=total, num_cols=n, scale_stride=0,
+                  scale_t_stride=aligned_n, num_groups=len(ks), reserved=0)
+    # Stores of xᵀ are always 16-byte chunks (ks[g] % 128 == 0); the vector variant also needs 16-byte rows of x.
+    return TransposeLaunchPlan(QuantKind.K_GROUPED_TRANSPOSE, _INPUT_TYPES[x.dtype], ue8m0, outputs,
+                               ("output_t", "scales_t"), fields, (total // GROUP) * ((n + GROUP - 1) // GROUP),
+                               _vectorizable_layout(x, n), empty, prefix)
+
+
 def run_k_grouped_transpose(x: torch.Tensor, ks: list[int], launch=None, ue8m0: bool = False
                ) -> tuple[torch.Tensor, torch.Tensor]:
     x = _rows_view(x)
-    total, n = x.shape
-    aligned_n = aligned_m(n)
-    flat = torch.empty((total * n,), dtype=torch.float8_e4m3fn, device=x.device)
-    sf = torch.empty_strided((n, total // GROUP), (1, aligned_n), dtype=torch.float32, device=x.device)
-    if total == 0 or n == 0:
-        return flat, sf
+    return _run_transpose_plan(plan_k_grouped_transpose(x, ks, ue8m0), x, launch or launch_cuda)
     _check_transpose_size(total, n, "x")
     prefix = _group_prefix(ks, x.device)
     # Stores of xᵀ are always 16-byte chunks (ks[g] % 128 == 0); the vector variant also needs 16-byte rows of x.

@@ -151,7 +151,7 @@ def _run_kernel(x: torch.Tensor, sa: torch.Tensor, p: PreparedMxfp4, d: torch.Te
                          f"d contiguous {d.is_contiguous()}")
     backend = backend_of(x.device, "gemm")
     config = mxfp4_gemm.pick_config(n, k, g, expected_m, mxfp4_gemm.num_ctas(backend))
-    mxfp4_gemm.launch(config, x, sa.contiguous(), p, d, masked_m.to(x.device), backend)
+    mxfp4_gemm.launch(config, x, sa, p, d, masked_m.to(x.device), backend)
 
 
 # ---------------------------------------------------------------------------------------------- MoE experts
@@ -237,7 +237,7 @@ def m_grouped_gemm_fp8_fp4_bf16_nt_contiguous(a: tuple[torch.Tensor, torch.Tenso
             config = mxfp4_gemm.pick_config(n, k, g, min(32, max(1, m_sum // max(g, 1))), sms, layout, alignment)
         else:
             config = mxfp4_gemm.pick_contiguous_path(n, k, g, m_sum, sms, layout, alignment)
-        mxfp4_gemm.launch(config, x, sa.contiguous(), p, d, grouped_layout, backend)
+        mxfp4_gemm.launch(config, x, sa, p, d, grouped_layout, backend)
         return
     rows = contiguous_row_groups(grouped_layout, m_sum, g, use_psum_layout, alignment)
     for e in rows.unique().tolist():
@@ -300,7 +300,7 @@ def _fp8_output(output: str, x: torch.Tensor, sa: torch.Tensor, p: PreparedMxfp4
             config = mxfp4_gemm.pick_contiguous_path(n, k, g, rows, sms, layout, alignment, output, use_ue8m0)
         else:
             config = mxfp4_gemm.pick_config(n, k, g, expected_m, sms, layout, alignment, output, use_ue8m0)
-        mxfp4_gemm.launch(config, x, sa.contiguous(), p, d, grouped_layout, backend, sd)
+        mxfp4_gemm.launch(config, x, sa, p, d, grouped_layout, backend, sd)
         return
     if masked:
         acc = masked_gemm_reference(x, sa, p, grouped_layout).float()

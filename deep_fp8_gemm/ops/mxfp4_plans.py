@@ -20,7 +20,7 @@ from typing import Callable
 
 import torch
 
-from .._core.checks import is_meta
+from .._core.checks import byte_span, is_meta
 from .._core.plans import (MAX_MAP_SETS, MAX_WORKSPACES, block_for, guard, index_entry, keep_block, plan_of,
                            register_cache, signature)
 from ..kernels import mxfp4_gemm as kernels
@@ -43,7 +43,10 @@ class Mxfp4MaskedPlan:
 
     * the pointers of ``x``, ``tiles`` and ``meta`` 16-byte aligned (TMA; else the op's path, which raises its
       message);
-    * ``sa`` copied into the kernel's column layout (``kernels.mxfp4_gemm.column_buffer``: one torch op, on every
+    * ``sa`` read where it lies when it has the kernel's M-major TMA-aligned layout already (DeepEP's dispatch,
+      ``get_col_major_tma_aligned_tensor``: :func:`kernels.mxfp4_gemm.scales_layout_in_place`; ``_launch_in_place``,
+      also under capture), unless ``d`` overlaps it or its address is off 16 bytes (the op's path: it copies);
+      else copied into the kernel's column layout (``kernels.mxfp4_gemm.column_buffer``: one torch op, on every
       call) in a buffer the plan keeps per (stream, thread) — launches on one stream read it in stream order, and
       two threads never share one (at most :data:`~deep_fp8_gemm._core.plans.MAX_WORKSPACES`, then dropped: the
       caching allocator reuses a freed buffer only in its stream's order);
@@ -58,7 +61,8 @@ class Mxfp4MaskedPlan:
     nothing cached reaches a CPU result.
     """
 
-    __slots__ = ("op", "call", "index", "config", "launcher", "tail", "shape", "buffers", "heads", "blocks", "seen")
+    __slots__ = ("op", "call", "index", "config", "launcher", "tail", "shape", "buffers", "heads", "blocks", "seen",
+                 "in_place", "spans")
 
     def __init__(self, check: Callable, op: Callable, x, sa, p: PreparedMxfp4, d, masked_m, expected_m: int):
         check((x, sa), p, d, masked_m, expected_m)
@@ -90,7 +94,10 @@ class Mxfp4MaskedPlan:
         self.heads: dict[tuple[int, int, int, int], bytes] = {}  # four maps per (x, tiles, meta, columns)
         self.blocks: dict[tuple, object] = {}  # whole blocks per (x, d, masked_m, tiles, meta, wave, columns)
         self.seen: dict[tuple, None] = {}  # pointer tuples met once
-        self.call = self._launch
+        # sa in the kernel's layout already (DeepEP's): its own pointer in the map, no buffer, no copy
+        self.in_place = kernels.scales_layout_in_place(sa)
+        self.spans = (byte_span(sa), byte_span(d))  # a d overlapping sa: the op's path (it copies sa first)
+        self.call = self._launch_in_place if self.in_place else self._launch
 
     def _launch(self, a, p, d, masked_m, expected_m) -> None:
         index = self.index
@@ -113,6 +120,27 @@ class Mxfp4MaskedPlan:
             block = self._block(key, x, tiles, meta, columns[0])
         columns[1].copy_(sa)
         self.launcher.launch(block, stream)
+
+    def _launch_in_place(self, a, p, d, masked_m, expected_m) -> None:
+        """A call whose ``sa`` the kernel reads where it lies (:func:`kernels.mxfp4_gemm.scales_layout_in_place`):
+        ``sa``'s pointer takes the buffer's place in the key and the map; nothing is copied, so a capture is served
+        too."""
+        x, sa = a
+        tiles, meta = p.tiles, p.meta
+        key = (x.data_ptr(), d.data_ptr(), masked_m.data_ptr(), tiles.data_ptr(), meta.data_ptr(),
+               p.wave_per32.data_ptr(), sa.data_ptr())
+        pd, psa = key[1], key[6]
+        span_sa, span_d = self.spans
+        if pd < psa + span_sa and psa < pd + span_d:
+            self.op(a, p, d, masked_m, expected_m)
+            return
+        block = self.blocks.get(key)
+        if block is None:
+            if (key[0] | key[3] | key[4] | psa) & 15:  # TMA: the op's path raises its message, or copies sa
+                self.op(a, p, d, masked_m, expected_m)
+                return
+            block = self._block(key, x, tiles, meta, sa.transpose(1, 2))
+        self.launcher.launch(block, target.current_stream(self.index))
 
     def _columns(self, stream: int) -> tuple:
         """This (stream, thread)'s column buffer, made on first use (never under capture: see _launch)."""

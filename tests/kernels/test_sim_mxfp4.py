@@ -154,6 +154,39 @@ def test_per32_blocks_against_float64(monkeypatch):
     check(*run_op(monkeypatch, wide_rows=wide))
 
 
+@pytest.mark.parametrize("row_stride", [None, 12])
+def test_m_major_scales_are_read_in_place_with_the_same_bits(monkeypatch, row_stride):
+    """sA in the M-major TMA-aligned layout (``get_col_major_tma_aligned_tensor``, DeepEP's dispatch; or a wider
+    K-block stride of 12): the kernel's map reads it where it lies — rows m_max = 6 of a K-block stride of 8 (12), the
+    box past them zero-filled by TMA — and the result is bit for bit that of the same values row-major (copied into the
+    column buffer first)."""
+    from deep_fp8_gemm.utils import get_col_major_tma_aligned_tensor
+
+    monkeypatch.setenv("DFG_SIMULATE", "1")
+    monkeypatch.setenv("DFG_SIM_NUM_SMS", "4")
+    g, n, k, m_max = 3, 128, 512, 6
+    p = mxfp4.prepare_mxfp4_weights(*weights(g, n, k))
+    a, sa = activations(g, m_max, k, 5)
+    masked_m = torch.tensor((6, 0, 5), dtype=torch.int32)
+    copied = torch.full((g, m_max, n), 7.0, dtype=torch.bfloat16)
+    mxfp4.m_grouped_gemm_fp8_fp4_bf16_nt_masked((a, sa.contiguous()), p, copied, masked_m, 4)
+    if row_stride is None:
+        sa_m = get_col_major_tma_aligned_tensor(sa)
+        assert sa_m.stride() == (4 * 8, 1, 8)
+    else:
+        sa_m = torch.empty_strided(sa.shape, (4 * row_stride, 1, row_stride), dtype=torch.float32).copy_(sa)
+    assert mxfp4_gemm.scales_in_place(sa_m)
+
+    def no_copy(*args):
+        raise AssertionError("sa in the kernel's layout was copied")
+
+    monkeypatch.setattr(mxfp4_gemm, "column_buffer", no_copy)
+    in_place = torch.full((g, m_max, n), 7.0, dtype=torch.bfloat16)
+    mxfp4.m_grouped_gemm_fp8_fp4_bf16_nt_masked((a, sa_m), p, in_place, masked_m, 4)
+    assert torch.equal(in_place, copied)
+    check(in_place, dequantised_product(a, sa, *weights(g, n, k)), masked_m)
+
+
 def test_global_bytes_are_the_checkpoints(monkeypatch):
     """The simulator's count of the global bytes the kernel's TMA loads read, per expert, against what the checkpoint
     and the activations hold: FP4 codes (N K / 2) + UE8M0 scales (N K / 32, one byte each) + e4m3 activations and

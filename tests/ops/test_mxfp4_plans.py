@@ -168,10 +168,68 @@ def test_new_scales_are_copied_on_every_call(fake_gpu):
     op(a, p, d, masked_m, 4)
     mxfp4._masked(a, p, d, masked_m, 4)
     _same_launch(fake_gpu, *fake_gpu.launches[-2:], a[1])
-    other = (a[0], a[1].clone().transpose(1, 2).contiguous().transpose(1, 2))  # another signature: its own plan
+    other = (a[0], a[1].clone().transpose(0, 1).contiguous().transpose(0, 1))  # another signature: its own plan
     op(other, p, d, masked_m, 4)
     columns = mxfp4._masked_entry.plans[list(mxfp4._masked_entry.plans)[-1]].buffers
     assert torch.equal(next(iter(columns.values()))[0], mxfp4_gemm.column_scales(a[1])) and _plans() == 2
+
+
+def _m_major(sa: torch.Tensor, row_stride: int) -> torch.Tensor:
+    """``sa``'s values in the M-major layout of K-block stride ``row_stride`` (DeepEP's / the TMA-aligned one)."""
+    g, m, kb = sa.shape
+    out = torch.empty_strided((g, m, kb), (kb * row_stride, 1, row_stride), dtype=torch.float32)
+    out.copy_(sa)
+    return out
+
+
+@pytest.mark.parametrize("m_max,row_stride", [(8, 8), (6, 8), (6, 12)])
+def test_m_major_scales_are_read_in_place(fake_gpu, monkeypatch, m_max, row_stride):
+    """sa already in the kernel's layout: no buffer, no copy (``column_buffer`` refuses to run); the plan's launches
+    are the op's, byte for byte (the op reads it in place too), and the sA map is sa's own: dims (m_max, K/128, G),
+    strides (row_stride, K/128 x row_stride) x 4 bytes."""
+    p = _weights()
+    a, d, masked_m = _operands(m_max)
+    a = (a[0], _m_major(a[1], row_stride))
+    fake_gpu.on()
+
+    def no_copy(*args):
+        raise AssertionError("sa in the kernel's layout was copied")
+
+    monkeypatch.setattr(mxfp4_gemm, "column_buffer", no_copy)
+    for _ in range(3):
+        op(a, p, d, masked_m, 4)
+        mxfp4._masked(a, p, d, masked_m, 4)
+        fast, slow = fake_gpu.launches[-2:]
+        for field in _FIELDS + ("params",):
+            assert fast[field] == slow[field], field
+    plan = _plan()
+    assert plan.in_place and plan.call == plan._launch_in_place and not plan.buffers and len(plan.blocks) == 1
+    kb = K // 128
+    (spec,) = set(_sa_specs(fake_gpu, a[1].data_ptr()))
+    assert spec.global_dims[:3] == (m_max, kb, G) and spec.global_strides[:2] == (row_stride * 4, kb * row_stride * 4)
+    assert fast["params"][SA_MAP] == hashlib.sha512(repr(spec).encode()).digest() * 2
+
+
+def test_d_overlapping_in_place_scales_is_copied_first(fake_gpu):
+    """A d whose bytes overlap an in-place sa: the kernel would read sA while writing d, so the call takes the op's
+    path, which copies sa into a buffer first (the CPU path computes before it writes d: the same result)."""
+    p = _weights()
+    a, d, masked_m = _operands(8)
+    a = (a[0], _m_major(a[1], 8))
+    fake_gpu.on()
+    op(a, p, d, masked_m, 4)
+    op(a, p, d, masked_m, 4)
+    assert _sa_specs(fake_gpu, a[1].data_ptr())
+    storage = torch.zeros(d.numel() * 2 + 4096, dtype=torch.uint8)
+    d2 = storage[:d.numel() * 2].view(torch.bfloat16).view(d.shape)
+    sa2 = storage[d.numel() * 2 - 64:].view(torch.float32)[:a[1].numel()].view(a[1].shape)  # sa2[0] in d2's tail
+    sa2 = sa2.as_strided(a[1].shape, a[1].stride())
+    assert mxfp4_gemm.scales_in_place(sa2)
+    launches, specs = len(fake_gpu.launches), len(fake_gpu.specs)
+    op((a[0], sa2), p, d2, masked_m, 4)
+    assert len(fake_gpu.launches) == launches + 1
+    (spec,) = [s for s in fake_gpu.specs[specs:] if s.dtype == TmaDtype.FLOAT32]
+    assert spec.global_address != sa2.data_ptr()  # a copy's, not sa2's
 
 
 @pytest.mark.parametrize("case", ["x", "tiles"])

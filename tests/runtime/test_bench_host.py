@@ -28,7 +28,31 @@ def test_bench_host_json_rows():
     for row in rows.values():
         assert row["call_us"] > 0 and row["launch_floor_us"] > 0
         assert row["ratio"] == pytest.approx(row["call_us"] / row["launch_floor_us"], rel=0.01)
-    assert rows["per_token"]["alloc_us"] > 0
+    # The GEMMs write the caller's d; the quantiser returns two new tensors, the indexer its logits: their floors
+    # make them too.
+    assert {op: row["outputs"] for op, row in rows.items() if row["outputs"]} == {"per_token": 2, "paged_mqa_logits": 1}
+    per_token = rows["per_token"]
+    assert per_token["outputs_floor_us"] > per_token["launch_floor_us"]
+    assert per_token["ratio_outputs"] == pytest.approx(per_token["call_us"] / per_token["outputs_floor_us"], rel=0.01)
+    assert per_token["bar_ratio"] == per_token["ratio_outputs"] and rows["dense"]["bar_ratio"] == rows["dense"]["ratio"]
+
+
+def test_output_maker_makes_the_ops_results():
+    """The floor's outputs are the op's: sizes, strides, storage offset and size, dtype; a view of a padded buffer
+    (the MQA logits) is made as one; outputs sharing an input's storage are not new."""
+    import torch
+
+    from bench import bench_host
+
+    base = torch.empty((8, 40), dtype=torch.float32)
+    outs = (torch.empty((8, 3), dtype=torch.float8_e4m3fn), torch.empty_strided((8, 2), (1, 8)), base[:6, :33])
+    x = torch.zeros(4)
+    assert bench_host.new_outputs((x, outs), (x, (x, x))) == outs
+    made = bench_host.output_maker(outs[:2])()
+    assert [(t.shape, t.stride(), t.dtype) for t in made] == [(t.shape, t.stride(), t.dtype) for t in outs[:2]]
+    view = bench_host.output_maker(outs[2:])()
+    assert (view.shape, view.stride(), view.storage_offset()) == ((6, 33), (40, 1), 0)
+    assert view.untyped_storage().nbytes() == base.untyped_storage().nbytes()
 
 
 def test_bench_host_cuda_rows_without_a_gpu_exit_3():
