@@ -35,7 +35,8 @@ bf16_dense = ``bf16_gemm_nt``, bf16_masked, bf16_contiguous = ``m_grouped_bf16_g
   outputs_floor_us``. A torch tensor costs ~0.75 µs to make and free here even with no elements, so no
   implementation returning two new tensors can come within 1.5x of the bare launch (2.7 µs for three arguments).
 * ``bar_ratio``: the ratio issue 45's bar (1.5) applies to: ``ratio_outputs`` where the op returns new tensors,
-  else ``ratio``.
+  else ``ratio``; null for per_channel, which launches no kernel (plain torch on every device, as the reference's:
+  on the stub its ``call_us`` is torch's arithmetic on the CPU, not a launch path).
 
 The op's and the floor's timed batches alternate and last alike, so both medians see the same load of a shared
 machine.
@@ -444,7 +445,9 @@ def measure(device: torch.device, *, calls: int, repeats: int, only: set[str] | 
             out_us = statistics.median(out_samples)
             row["outputs_floor_us"] = round(out_us, 3)
             row["ratio_outputs"] = round(call_us / out_us, 2)
-        row["bar_ratio"] = row.get("ratio_outputs", row["ratio"])
+        # No kernel (plain torch, as the reference's per_channel_cast_to_fp8): the stub runs torch's arithmetic on
+        # the CPU, so call_us is that compute, not a launch path; the bar does not apply.
+        row["bar_ratio"] = None if params_kind == "none" else row.get("ratio_outputs", row["ratio"])
         rows.append(row)
     return rows
 
@@ -746,8 +749,12 @@ def main(argv: list[str] | None = None) -> int:
             outs = (f"{row['outputs_floor_us']:>12.2f}{row['ratio_outputs']:>8.2f}" if "outputs_floor_us" in row
                     else f"{'':>12}{'':>8}")
             print(f"{row['op']:<{width}}{row['device']:<8}{row['call_us']:>10.2f}{row['launch_floor_us']:>10.2f}"
-                  f"{row['ratio']:>8.2f}{outs}{row['bar_ratio']:>7.2f}")
+                  f"{row['ratio']:>8.2f}{outs}{_bar(row['bar_ratio']):>7}")
     return 0
+
+
+def _bar(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
 
 
 if __name__ == "__main__":
