@@ -301,7 +301,10 @@ def _decode_path_ops(device: torch.device, gpu: bool) -> list[tuple[str, int, st
     bw = torch.zeros((h, dd, r), dtype=torch.bfloat16, device=device)
     d = torch.empty((nb, h, dd), dtype=torch.bfloat16, device=device)
     ops.append(("einsum", 4, "bf16", einsum.einsum, ("bhr,hdr->bhd", a, bw, d)))
-    x = (_fp8((nb, h, r), device, gpu), _scales((nb, h, r // 128), device))
+    # sx as the library's quantiser hands it over (per_token_cast_to_fp8(x.view(-1, r)): M-major [b * h, r / 128],
+    # TMA-aligned) viewed back as [b, h, r / 128]: G-major for the kernel, read in place (h % 4 == 0).
+    sx = get_col_major_tma_aligned_tensor(_scales((nb * h, r // 128), device)).view(nb, h, r // 128)
+    x = (_fp8((nb, h, r), device, gpu), sx)
     y = (_fp8((h, dd, r), device, gpu), _scales((h, dd // 128, r // 128), device))
     ops.append(("fp8_einsum", 6, "gemm", einsum.fp8_einsum, ("bhr,hdr->bhd", x, y, d)))
 
@@ -592,8 +595,9 @@ def _fp8_einsum_kernel(args) -> None:
     from deep_fp8_gemm.runtime.compiler import compile_kernel
     from deep_fp8_gemm.utils import get_num_sms
 
-    _, (x, _), (y, _), _ = args
-    cfg = ops.FAMILIES["masked"].plan(x.permute(1, 0, 2), y, x.shape[0], get_num_sms())
+    _, (x, sx), (y, _), _ = args
+    major = gemm.sa_major_of(sx.permute(1, 0, 2)) or "m"  # the kernel of sx's layout (ops.einsum._fp8_run)
+    cfg = ops.FAMILIES["masked"].plan(x.permute(1, 0, 2), y, x.shape[0], get_num_sms(), sa_major=major)
     compile_kernel(cfg.kernel_name(), gemm.render_source(cfg))
 
 

@@ -10,7 +10,7 @@ using Kernel = dfg::Fp8GemmKernel<static_cast<dfg::GemmKind>({{KIND}}), {{SHAPE_
                                   {{BLOCK_N}}, {{NUM_STAGES}}, {{NUM_GROUPS}}, {{CLUSTER_M}}, {{CLUSTER_N}},
                                   {{NUM_MATH_WARPGROUPS}}, {{BAND_WIDTH}}, {{SMEM_BYTES}}, {{MATH_REGISTERS}},
                                   {{PRODUCER_REGISTERS}}, {{SPLIT_K}}, {{USE_UE8M0}}, {{SWAP_AB}},
-                                  {{PSUM_ALIGNMENT}}>;
+                                  {{PSUM_ALIGNMENT}}, static_cast<dfg::ScaleMajor>({{SA_MAJOR}})>;
 }  // namespace
 
 DFG_DEFINE_KERNEL({{KERNEL_NAME}}, Kernel::kNumThreads, dfg::GemmParams, Kernel::run)

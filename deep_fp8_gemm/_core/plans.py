@@ -208,14 +208,18 @@ class GemmPlan:
     """The checked, prepared form of one signature of a 1D2D GEMM family of any output (bf16; FP8 and SwiGLU·FP8,
     whose output is the pair ``(D, sD)`` and whose option is ``use_ue8m0``; dense, contiguous, masked, psum; see the
     module docstring). Call it with tensors of that signature: ``plan(a, sa, b, sb, out, grouped_layout, sd)``
-    (``grouped_layout`` None for dense; ``out`` = D and ``sd`` = sD for the FP8 outputs, ``sd`` None for bf16)."""
+    (``grouped_layout`` None for dense; ``out`` = D and ``sd`` = sD for the FP8 outputs, ``sd`` None for bf16).
+
+    ``sa_major`` (``GemmConfig.sa_major``; "k" / "g": fp8_einsum's plan, ``ops.einsum_plans``): sA is read in that
+    layout where it lies, never converted; a call whose sA the kernel cannot read so (a misaligned address) is the
+    caller's to route elsewhere (``ValueError`` here)."""
 
     __slots__ = ("family", "spec", "expected_m", "options", "empty", "index", "rows", "groups", "cfg", "launcher",
                  "blocks", "heads", "seen", "sa_ready", "sb_ready", "gl_ready", "ready", "spans", "ld_sd", "values_check",
-                 "workspace", "device", "fast")
+                 "workspace", "device", "fast", "sa_major")
 
     def __init__(self, spec: GemmEntrySpec, a, sa, b, sb, out, gl, expected_m: int | None, sd=None,
-                 options: tuple = ()):
+                 options: tuple = (), sa_major: str = "m"):
         outs = (out,) if sd is None else (out, sd)
         problem = spec.check(a, sa, b, sb, *outs, gl, expected_m)
         self.family, self.spec, self.expected_m, self.options = spec.family, spec, expected_m, options
@@ -244,7 +248,9 @@ class GemmPlan:
         # second call with a tuple: a grouped layout allocated anew every step costs no block per call).
         self.heads: dict[tuple[int, int, int, int], bytes] = {}
         self.seen: dict[tuple[int, int, int, int, int, int], None] = {}
-        self.sa_ready = sa.numel() == 0 or sa.stride() == m_major_strides(tuple(sa.shape))
+        self.sa_major = sa_major
+        self.sa_ready = (sa.numel() == 0 or sa.stride() == m_major_strides(tuple(sa.shape)) if sa_major == "m"
+                         else gemm_host.sa_major_of(sa) == sa_major)
         self.sb_ready = sb.is_contiguous()
         self.gl_ready = gl is None or gl.is_contiguous()
         self.ready = self.sa_ready and self.sb_ready and self.gl_ready  # no conversion needed on any call
@@ -257,7 +263,7 @@ class GemmPlan:
 
         target.backend_of(a.device, "gemm")  # RuntimeError on a GPU other than sm_90, as the op
         _bind_driver()
-        cfg = self.family.plan(a, b, self.expected_m, get_num_sms(), *self.options)
+        cfg = self.family.plan(a, b, self.expected_m, get_num_sms(), *self.options, sa_major=self.sa_major)
         self.launcher = driver.PreparedLaunch(gemm_host.cuda_kernel(cfg, self.index), _GEMM_PARAMS_BYTES,
                                               grid=cfg.grid_size, block=cfg.num_threads, cluster=cfg.cluster_size,
                                               smem_bytes=cfg.smem_bytes, pdl=PROCESS_SETTINGS.pdl)
@@ -324,6 +330,9 @@ class GemmPlan:
         if self.values_check is not None and not _capturing():  # DFG_CHECK_LAYOUTS=1 on a GPU: syncs
             self.values_check(gl, self.rows, self.groups)
         if not self.ready or psa & 15:
+            if self.sa_major != "m":  # normalise_scales makes the M-major layout, which this kernel does not read
+                raise ValueError(f"a plan of sa_major={self.sa_major!r} reads sA where it lies: it needs a "
+                                 f"16-byte aligned sA of that layout, got address {psa:#x}, strides {sa.stride()}")
             if not self.sa_ready or psa & 15:
                 sa = normalise_scales(sa)
                 psa = sa.data_ptr()

@@ -17,9 +17,9 @@ from .rules import (BAND_BLOCKS, BLOCK32_BLOCK_M, BLOCK32_BLOCK_N, BLOCK32_KINDS
                     BLOCK_N_CHOICES, CONTIGUOUS_ALIGNMENT, CONTIGUOUS_KINDS,
                     FP8_OUTPUT_BLOCK_N, FP8_OUTPUT_KINDS, FP32_ACCUMULATE_KINDS, FP32_ACCUMULATE_REGISTER_OVERHEAD,
                     K_GROUPED, KIND_IDS, KINDS, LAYOUT_OF, MATH_REGISTER_OVERHEAD, MAX_STAGES, MULTICAST_MIN_M,
-                    PRODUCER_REGISTERS, REGISTER_FILE, SMEM_LIMIT, SWAP_AB_BLOCK_M, SWAP_AB_BLOCK_N, SWAP_AB_KINDS,
+                    PRODUCER_REGISTERS, REGISTER_FILE, SA_MAJOR_KINDS, SA_MAJORS, SMEM_LIMIT, SWAP_AB_BLOCK_M, SWAP_AB_BLOCK_N, SWAP_AB_KINDS,
                     SWAP_AB_MARGIN, SWAP_AB_MAX_M, SWIGLU_BLOCK_N, SWIGLU_KINDS, SWIGLU_MMA_N, GemmConfig, GemmKind,
-                    block32_product_floats, block32_record_bytes, check_config, contiguous_block_m, math_registers_needed, max_stages, mma_n, num_math_warpgroups,
+                    block32_product_floats, block32_record_bytes, check_config, contiguous_block_m, math_registers_needed, max_stages, mma_n, num_math_warpgroups, sa_pitch,
                     output_columns, problem_rules, smem_bytes, split_k_workspace, waves_m)
 
 __all__ = [name for name in dir() if not name.startswith("_") and name not in ("cost", "heuristic", "rules")]

@@ -48,17 +48,17 @@ def _split_k_choices(kind: str, m: int, n: int, k: int, block_m: int, block_n: i
 
 @functools.lru_cache(maxsize=1024)
 def _legal_tiles(kind: str, n: int, shape_k: int, num_groups: int, smem_limit: int,
-                 block_ms: tuple[int, ...]) -> tuple[tuple[int, int, int], ...]:
+                 block_ms: tuple[int, ...], sa_major: str = "m") -> tuple[tuple[int, int, int], ...]:
     """``(block_m, block_n, num_stages)`` of every tile :func:`check_config` accepts for this problem without M
     (its rules do not read M), BLOCK_M-major in the heuristic's order. Cached: a sweep over M (``precompile
     --model``) asks for the same list thousands of times."""
     tiles = []
     for block_m in block_ms:
         for block_n in block_n_choices(kind):
-            num_stages = max_stages(block_m, block_n, smem_limit, kind)
+            num_stages = max_stages(block_m, block_n, smem_limit, kind, sa_major)
             candidate = GemmConfig(kind=kind, shape_n=n, shape_k=shape_k, num_groups=num_groups, block_m=block_m,
                                    block_n=block_n, num_stages=num_stages, cluster_m=1, cluster_n=1, band_width=1,
-                                   grid_size=1)
+                                   grid_size=1, sa_major=sa_major)
             try:
                 check_config(candidate, smem_limit)
             except ValueError:
@@ -80,6 +80,7 @@ def get_config(
     ue8m0: bool = False,
     swap_ab: bool | None = None,
     batch_invariant: bool = True,
+    sa_major: str = "m",
 ) -> GemmConfig:
     """The config for a problem. ``m``: rows (dense), m_sum (contiguous) or expected rows per group (masked).
     ``kind="k_grouped"``: ``m`` / ``n`` of every group, ``k`` the per-group K the cost model assumes (the config's
@@ -96,6 +97,10 @@ def get_config(
     them (they do not change an element's arithmetic: docs/batch-invariance.md). False: the fast mode, split-K and
     swap-AB weighed by the model for each problem.
 
+    ``sa_major`` (``config.SA_MAJORS``; "k" / "g" for the masked kind only): sA's global layout, compiled in; a K- or
+    G-major sA takes four times the sA shared memory per stage, so a tile may get fewer stages (the cost model does
+    not weigh stages or sA: the tile, cluster and grid are the "m" pick's).
+
     Pure and cached: the same arguments always give the same config.
     """
     _validate_problem(m, n, k, num_groups, kind, num_sms)
@@ -104,7 +109,7 @@ def get_config(
     block_ms = ((contiguous_block_m(contiguous_alignment),) if kind in CONTIGUOUS_KINDS
                 else BLOCK32_BLOCK_M if kind in BLOCK32_KINDS else BLOCK_M_CHOICES)
     best = None
-    for block_m, block_n, num_stages in _legal_tiles(kind, n, shape_k, num_groups, smem_limit, block_ms):
+    for block_m, block_n, num_stages in _legal_tiles(kind, n, shape_k, num_groups, smem_limit, block_ms, sa_major):
         if block_m > 64 and m_eff <= 64 and kind not in CONTIGUOUS_KINDS:
             continue  # a 64-row tile already covers all rows
         splits = (1,) if batch_invariant else _split_k_choices(kind, m_eff, n, k, block_m, block_n, num_sms)
@@ -156,7 +161,7 @@ def get_config(
     cfg = GemmConfig(kind=kind, shape_n=n, shape_k=shape_k, num_groups=num_groups, block_m=block_m, block_n=block_n,
                      num_stages=num_stages, cluster_m=cluster_m, cluster_n=cluster_n, band_width=band_width,
                      grid_size=num_clusters * cluster_size, split_k=split_k, ue8m0=ue8m0, swap_ab=swap_ab,
-                     psum_alignment=psum_alignment)
+                     psum_alignment=psum_alignment, sa_major=sa_major)
     check_config(cfg, smem_limit)
     return cfg
 

@@ -65,6 +65,13 @@ SWAP_AB_KINDS = tuple(row.name for row in _TABLE.rows if "swap_ab" in row.orders
 BLOCK32_KINDS = _TABLE.kinds_where(granularity="1x32/32x32")
 BLOCK32_BLOCK_M = (64, 128)
 BLOCK32_BLOCK_N = (32, 64, 96, 128)
+#: sA's global layouts (scales.cuh ``ScaleMajor``, the value of ``GemmConfig.sa_major``): which dimension of sA
+#: ``[G, rows, ceil(K/128)]`` is unit-stride. "m": the library's M-major TMA-aligned layout (every kind); "k" / "g":
+#: read where fp8_einsum's caller left it (row-major ``sx [b, h, kb]``, or the M-major ``[b * h, kb]`` of
+#: per_token_cast_to_fp8 viewed back: ``ops.einsum``), one 16-byte box row per row, four times the sA shared memory.
+SA_MAJORS = ("m", "k", "g")
+#: The kinds a K- or G-major sA is compiled for: the masked bf16 kind, whose sA map is 3-D (fp8_einsum's heads).
+SA_MAJOR_KINDS = ("masked",)
 
 BLOCK_K = GRAN_K  # the kernels' K tile is one scale group: one sA / sB value per row (per block) per K block
 SMEM_LIMIT = 232_448  # bytes of shared memory one block may use on sm_90
@@ -126,6 +133,9 @@ class GemmConfig:
     # The psum kinds (LAYOUT_OF "psum"): the layout's group-start alignment, 64 or 128 rows, a multiple of block_m
     # (scheduler.cuh, psum_block_group; get_config sets the contiguous alignment); 128 for every other kind.
     psum_alignment: int = DEFAULT_CONTIGUOUS_ALIGNMENT
+    # sA's global layout (:data:`SA_MAJORS`): "m" for every kernel but fp8_einsum's, which reads a K- or G-major sx
+    # in place (:data:`SA_MAJOR_KINDS`; the producer's sA box and the math warps' sA pitch, fp8_gemm.cuh kSaMajor).
+    sa_major: str = "m"
 
     def __hash__(self) -> int:
         # Configs key the per-call kernel caches: hash the fields once, not on every launch.
@@ -190,12 +200,18 @@ class GemmConfig:
         return BLOCK_K // self.gran_k
 
     @property
+    def sa_pitch(self) -> int:
+        """Floats between two rows' scales in a stage's sA (``kSaPitch``): 1, or 4 for a K- / G-major sA (its box is
+        16 bytes per row)."""
+        return sa_pitch(self.sa_major)
+
+    @property
     def math_registers(self) -> int:
         return 240 if self.num_math_warpgroups == 1 else 232
 
     @property
     def smem_bytes(self) -> int:
-        return smem_bytes(self.block_m, self.block_n, self.num_stages, self.kind, self.swap_ab)
+        return smem_bytes(self.block_m, self.block_n, self.num_stages, self.kind, self.swap_ab, self.sa_major)
 
     @property
     def multicast(self) -> str:
@@ -222,6 +238,7 @@ class GemmConfig:
             "USE_UE8M0": self.ue8m0,
             "SWAP_AB": self.swap_ab,
             "PSUM_ALIGNMENT": self.psum_alignment,
+            "SA_MAJOR": SA_MAJORS.index(self.sa_major),  # scales.cuh ScaleMajor's value
         }
 
     def kernel_name(self) -> str:
@@ -232,6 +249,7 @@ class GemmConfig:
             + (f"_sk{self.split_k}" if self.split_k > 1 else "") + ("_ue8m0" if self.ue8m0 else "")
             + ("_swapab" if self.swap_ab else "")
             + (f"_a{self.psum_alignment}" if self.psum_alignment != DEFAULT_CONTIGUOUS_ALIGNMENT else "")
+            + (f"_sa{self.sa_major}" if self.sa_major != "m" else "")
         )
 
     def as_dict(self) -> dict:
@@ -248,13 +266,21 @@ class GemmConfig:
             mma_rows=self.mma_rows,
             mma_cols=self.mma_cols,
             scale_groups_per_k_block=self.scale_groups_per_k_block,
+            sa_pitch=self.sa_pitch,
         )
         return d
 
 
-def smem_bytes(block_m: int, block_n: int, num_stages: int, kind: str = "dense", swap_ab: bool = False) -> int:
+def sa_pitch(sa_major: str) -> int:
+    """Floats per row of a stage's sA for sA's global layout ``sa_major`` (scales.cuh ``scale_row_pitch``)."""
+    return 1 if sa_major == "m" else 4
+
+
+def smem_bytes(block_m: int, block_n: int, num_stages: int, kind: str = "dense", swap_ab: bool = False,
+               sa_major: str = "m") -> int:
     """Dynamic shared memory of the kernel (same map as Fp8GemmKernel in fp8_gemm.cuh; swap-AB: the transposed
-    bf16 D tile [BLOCK_M][BLOCK_N] of policy_swap_ab.cuh, the same stages)."""
+    bf16 D tile [BLOCK_M][BLOCK_N] of policy_swap_ab.cuh, the same stages; a K- / G-major sA: its stage four times
+    larger, ``sa_pitch``)."""
     fp32_out = kind in FP32_ACCUMULATE_KINDS
     if kind in FP8_OUTPUT_KINDS:  # e4m3 D tile [BLOCK_M][128] + the amax partials [math warps][2 waves][32] u32
         d_tile = round_up(block_m * FP8_OUTPUT_BLOCK_N + 4 * num_math_warpgroups(block_m) * 2 * waves_m(block_m)
@@ -265,7 +291,7 @@ def smem_bytes(block_m: int, block_n: int, num_stages: int, kind: str = "dense",
     b_stage = block_n * BLOCK_K
     if kind in BLOCK32_KINDS:  # records of sA [4][BLOCK_M], the scale products, the full / empty / scales barriers
         return d_tile + num_stages * (a_stage + b_stage + block32_record_bytes(block_m, block_n))
-    sa_stage = round_up(block_m * 4, 128)
+    sa_stage = round_up(block_m * 4 * sa_pitch(sa_major), 128)
     # 1D2D: the K block's sB values of the tile's two scale blocks; 1D1D: the K block's BLOCK_N row scales of B.
     sb_stage = round_up(block_n * 4, 128) if fp32_out else 16
     if fp32_out:  # stage records of sA and sB, then the full and empty barrier arrays
@@ -330,6 +356,11 @@ def check_config(cfg: GemmConfig, smem_limit: int = SMEM_LIMIT) -> None:
         problems.append(f"num_stages must be in [2, {MAX_STAGES}], got {cfg.num_stages}")
     problems += _fp8_output_problems(cfg)
     problems += _block32_problems(cfg)
+    if cfg.sa_major not in SA_MAJORS:
+        problems.append(f"sa_major must be one of {SA_MAJORS}, got {cfg.sa_major!r}")
+    elif cfg.sa_major != "m" and (cfg.kind not in SA_MAJOR_KINDS or cfg.swap_ab):
+        problems.append(f"sa_major={cfg.sa_major!r} (sA read K- or G-major) is compiled for the kinds "
+                        f"{SA_MAJOR_KINDS} only, got kind={cfg.kind!r} swap_ab={cfg.swap_ab}")
     if cfg.kind in FP32_ACCUMULATE_KINDS and cfg.cluster_size != 1:
         problems.append(f"the 1D1D kernel does not multicast (its sB slice is per CTA): cluster 1x1, got "
                         f"{cfg.cluster_m}x{cfg.cluster_n}")
@@ -506,8 +537,8 @@ def round_up(a: int, b: int) -> int:
 
 
 @functools.lru_cache(maxsize=4096)  # pure; the heuristic asks it for every candidate tile of every problem
-def max_stages(block_m: int, block_n: int, smem_limit: int, kind: str = "dense") -> int:
+def max_stages(block_m: int, block_n: int, smem_limit: int, kind: str = "dense", sa_major: str = "m") -> int:
     stages = MAX_STAGES
-    while stages >= 2 and smem_bytes(block_m, block_n, stages, kind) > smem_limit:
+    while stages >= 2 and smem_bytes(block_m, block_n, stages, kind, False, sa_major) > smem_limit:
         stages -= 1
     return stages

@@ -131,7 +131,9 @@ def tensor_map_args_1d2d(cfg: GemmConfig, a: torch.Tensor, sa: torch.Tensor, b: 
 
     Shapes: A ``[rows, k]`` or ``[G, rows, k]`` (masked) e4m3; sA M-major ``[rows, kb]`` / ``[G, rows, kb]``
     with ``stride(-2) == 1`` (kb = ceil(k/128), or ceil(k/32) for the 1x32 recipe, whose box is the stage's four
-    columns); B ``[n, k]`` or ``[G, n, k]``; D ``[rows, n]`` / ``[G, rows, n]`` bf16, or for the
+    columns), or with ``cfg.sa_major`` "k" / "g" a ``[G, rows, kb]`` whose kb / G dimension is unit-stride
+    (:func:`sa_major_of`; its map: :func:`sa_map_args`); B ``[n, k]`` or ``[G, n, k]``; D ``[rows, n]`` /
+    ``[G, rows, n]`` bf16, or for the
     FP8-output kinds e4m3 ``[rows, n_out]`` / ``[G, rows, n_out]`` (``n_out`` = n, SwiGLU n / 2).
     A 2-D operand gets a unit batch dimension (its batch stride is then never used). Plain tuples
     because this runs on every new pointer set: they hash and compare faster than spec objects.
@@ -167,10 +169,53 @@ def tensor_map_args_1d2d(cfg: GemmConfig, a: torch.Tensor, sa: torch.Tensor, b: 
          TmaSwizzle.B128),
         (TmaDtype.UINT8, b.data_ptr(), (k, n, b_batch), (b.stride(-2), b_batch_stride), (BLOCK_K, b_rows_per_load, 1),
          TmaSwizzle.B128),
+        sa_map_args(cfg, sa) if cfg.sa_major != "m" else
         (TmaDtype.FLOAT32, sa.data_ptr(), (rows, kb, a_batch), (sa.stride(-1) * 4, sa_batch_stride),
          (cfg.block_m, cfg.scale_groups_per_k_block, 1), TmaSwizzle.NONE),
         d_map,
     )
+
+
+#: Floats of a K- / G-major sA box's row: TMA's 16-byte minimum along the unit-stride dimension (scales.cuh).
+SA_BOX_FLOATS = 4
+
+
+def _stride_bytes(t: torch.Tensor, dim: int) -> int:
+    """``t``'s stride along ``dim`` in bytes, a size-1 dimension's as 16 (never stepped: any multiple of 16 serves)."""
+    return 16 if t.shape[dim] == 1 else t.stride(dim) * t.element_size()
+
+
+def sa_major_of(sa: torch.Tensor, address: bool = True) -> str | None:
+    """``"k"`` or ``"g"`` where the masked kernel can read the fp32 ``sa [G, rows, kb]`` where it lies with a K- / G-major
+    sA map (``GemmConfig.sa_major``, scales.cuh ``ScaleMajor``): its kb (``"k"``) or G (``"g"``) dimension unit-stride,
+    the other two strides multiples of 16 bytes and (``address``; a plan decides by the signature alone) a 16-byte
+    aligned address; else None (the M-major copy). Every size-1 dimension counts as unit-stride and as 16-byte strided.
+    fp8_einsum's two caller layouts, seen as ``sx.permute(1, 0, 2)``: row-major ``sx [b, h, kb]`` is K-major
+    (kb % 4 == 0), per_token_cast_to_fp8's ``[b * h, kb]`` viewed back is G-major (h % 4 == 0)."""
+    if sa.dim() != 3 or sa.dtype != torch.float32 or sa.numel() == 0 or (address and sa.data_ptr() % 16):
+        return None
+    unit = [sa.shape[i] == 1 or sa.stride(i) == 1 for i in range(3)]
+    aligned = [_stride_bytes(sa, i) % 16 == 0 for i in range(3)]
+    if unit[2] and aligned[0] and aligned[1]:
+        return "k"
+    if unit[0] and aligned[1] and aligned[2]:
+        return "g"
+    return None
+
+
+def sa_map_args(cfg: GemmConfig, sa: torch.Tensor) -> MapArgs:
+    """The sA map of a K- or G-major ``sa [G, rows, kb]`` (``cfg.sa_major``, :func:`sa_major_of`): the unit-stride
+    dimension innermost with a box of 4 floats (16 bytes), the rows next (BLOCK_M of them), the third dimension a box
+    of 1: "k" dims (kb, rows, G), "g" dims (G, rows, kb). The kernel's coordinates follow the same order
+    (fp8_gemm.cuh produce)."""
+    groups, rows, kb = sa.shape
+    if cfg.sa_major == "k":
+        dims, strides = (kb, rows, groups), (_stride_bytes(sa, 1), _stride_bytes(sa, 0))
+    elif cfg.sa_major == "g":
+        dims, strides = (groups, rows, kb), (_stride_bytes(sa, 1), _stride_bytes(sa, 2))
+    else:
+        raise ValueError(f"sa_map_args serves sa_major 'k' / 'g', got {cfg.sa_major!r}")
+    return (TmaDtype.FLOAT32, sa.data_ptr(), dims, strides, (SA_BOX_FLOATS, cfg.block_m, 1), TmaSwizzle.NONE)
 
 
 def tensor_map_specs_1d2d(cfg: GemmConfig, a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, d: torch.Tensor

@@ -6,8 +6,8 @@ from __future__ import annotations
 import functools
 from typing import Sequence
 
-from ..config import (FP8_OUTPUT_KINDS, FP32_ACCUMULATE_KINDS, KINDS, SWIGLU_KINDS, GemmConfig, get_config,
-                      k_grouped_config)
+from ..config import (FP8_OUTPUT_KINDS, FP32_ACCUMULATE_KINDS, KINDS, SA_MAJOR_KINDS, SWIGLU_KINDS, GemmConfig,
+                      get_config, k_grouped_config)
 from ..kinds import TABLE
 from .gemm import render_source
 
@@ -41,6 +41,17 @@ DEEPSEEK_V3_SWIGLU = ((4096, 7168),)
 # (1536, 7168), wkv (512, 7168), wq_b / 8 and the indexer's wq_b (8192, 1536), wo_b / 8 and the shared expert's w2
 # (7168, 2048), the shared expert's w13 (4096, 7168), the indexer's wk (128, 7168). docs/block32.md.
 DEEPSEEK_V41_DENSE_BLOCK32 = ((4096, 7168), (7168, 2048), (1536, 7168), (512, 7168), (8192, 1536), (128, 7168))
+
+# fp8_einsum("bhr,hdr->bhd") (ops.einsum): DeepSeek-V4's o_proj heads, wo_a per group of heads (o_lora_rank d = 1024
+# over r = 128 heads x 512 / 16 groups = 4096), as (N, K) = (d, r), at 16 and 8 groups (tensor-parallel 1 and 2) and
+# the masked kind's expected rows; the kernels that read sx where the caller left it (GemmConfig.sa_major "k": row-major
+# sx, "g": per_token_cast_to_fp8's M-major sx viewed back), audited with the masked kind. Not K-loop gated: their
+# tiles are the heuristic's picks for other shapes than the ceilings were set on (the 64 x 112 tile of 8 heads at
+# 1 token issues 0.464 per tensor cycle, over the masked m64 ceiling 0.42, as its M-major twin does); instead
+# tests/kernels/test_sa_major_kernels.py holds a variant's math loop to its M-major twin's, instruction for instruction.
+DEEPSEEK_V4_EINSUM_HEADS = ((1024, 4096),)
+EINSUM_GROUPS = (16, 8)
+EINSUM_SA_MAJORS = ("k", "g")
 
 
 def default_shapes(kind: str) -> tuple[tuple[int, int], ...]:
@@ -92,6 +103,17 @@ def _configs(kind: str, shapes: Sequence[tuple[int, int]], ms: Sequence[int] | N
                 for m in ms or MASKED_EXPECTED_MS:
                     configs.append(get_config(m, n, k, g, kind, num_sms))
     return configs
+
+
+def einsum_configs(kind: str, ms: Sequence[int] | None, num_sms: int, num_groups: int | None) -> list[GemmConfig]:
+    """fp8_einsum's kernels of ``kind`` (none but for :data:`~deep_fp8_gemm.config.SA_MAJOR_KINDS`): the heuristic's
+    pick for DeepSeek-V4's o_proj heads (:data:`DEEPSEEK_V4_EINSUM_HEADS`) per sA layout of :data:`EINSUM_SA_MAJORS`,
+    ``ms`` tokens (default the masked kind's expected rows), ``num_groups`` heads (default :data:`EINSUM_GROUPS`)."""
+    if kind not in SA_MAJOR_KINDS:
+        return []
+    return [get_config(m, n, k, g, kind, num_sms, sa_major=major) for n, k in DEEPSEEK_V4_EINSUM_HEADS
+            for g in ([num_groups] if num_groups else EINSUM_GROUPS) for m in ms or MASKED_EXPECTED_MS
+            for major in EINSUM_SA_MAJORS]
 
 
 #: The fp32 epilogue (policy_1d1d.cuh, store_fp32_accumulate) moves each fragment pair as one 8-byte load of C and
@@ -153,7 +175,8 @@ def audit_targets(kind: str, shapes: Sequence[tuple[int, int]] | None = None, ms
     (:data:`CONTIGUOUS_AUDIT_ALIGNMENTS`); masked: ``ms`` are expected rows
     per group; k_grouped: ``ms`` are the out-feature counts, shapes ``(n, nominal K per group)``. The FP8-output and
     SwiGLU kinds take their layout kind's ``ms``; the SwiGLU kinds' shapes are ``(2I, H)`` (default DeepSeek-V3's
-    up-projection, 4096 x 7168). Each target's ``gate_kloop`` says whether it is a kernel CI gates
+    up-projection, 4096 x 7168). The masked kind adds fp8_einsum's kernels (:func:`einsum_configs`: sA read K- or
+    G-major) where no ``shapes`` are given. Each target's ``gate_kloop`` says whether it is a kernel CI gates
     (:func:`gated_kernel_names`).
     """
     from ..runtime.audit import AuditTarget
@@ -161,6 +184,8 @@ def audit_targets(kind: str, shapes: Sequence[tuple[int, int]] | None = None, ms
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
     configs = _configs(kind, tuple(shapes) if shapes else default_shapes(kind), ms, num_sms, num_groups)
+    if not shapes:
+        configs += einsum_configs(kind, ms, num_sms, num_groups)
     gated = gated_kernel_names(kind)
     targets, seen = [], set()
     for cfg in configs:

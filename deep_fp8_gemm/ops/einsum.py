@@ -25,12 +25,14 @@ import torch
 
 from .._core import bf16_math, plans
 from .._core.checks import check_no_overlap, check_not_self_overlapping, is_meta
+from ..kernels import gemm as gemm_host
 from ..kernels import launching
 from ..runtime import target
 from ..runtime.target import Backend
 from . import bf16 as bf16_ops
 from .bf16_plans import Bf16Plan, plan_entry
 from .einsum_plans import fp8_entry
+from .masked import FAMILIES as MASKED_FAMILIES
 from .masked import m_grouped_gemm_fp8_fp8_bf16_nt_masked
 
 __all__ = ["einsum", "fp8_einsum", "EINSUM_EXPRESSIONS", "FP8_EINSUM_EXPRESSIONS"]
@@ -226,8 +228,12 @@ def fp8_einsum(expr: str, a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.T
     ``b = (y [h, d, r] e4m3, sy [h, ceil(d/128), ceil(r/128)] fp32)`` (per head 128x128 blocks), ``d`` ``[b, h, d]``
     bfloat16: ``d[:, i] = bf16(dequant(x[:, i]) · dequant(y[i])ᵀ)`` for every head ``i`` as the FP8 masked kernel
     computes it (one group per head, every row valid; the 1D2D promotion). ``c`` (``d``'s shape, bfloat16):
-    ``d = bf16(c + that)``. Host time: a call without ``c`` runs through the plan of its signature
-    (``ops.einsum_plans``)."""
+    ``d = bf16(c + that)``. ``sx`` is read where it lies when the kernel's sA map can: row-major (strides
+    ``(h * kb, kb, 1)``, ``kb = ceil(r/128)`` a multiple of 4) or per_token_cast_to_fp8's M-major ``[b * h, kb]``
+    viewed back (strides ``(h, 1, align(b * h, 4))``, ``h`` a multiple of 4), 16-byte aligned (any strides with a
+    unit-stride kb or h dimension and the other two 16-byte multiples: ``kernels.gemm.sa_major_of``); any other ``sx``
+    is copied per call into the M-major layout. ``x``, ``y`` and ``d`` are copied where their strides or addresses are
+    off 16 bytes. Host time: a call without ``c`` runs through the plan of its signature (``ops.einsum_plans``)."""
     _FP8_ENTRY(expr, a, b, d, c, recipe)
 
 
@@ -312,7 +318,16 @@ def _fp8_run(x, sx, y, sy, d, c) -> None:
     direct = d.data_ptr() % 16 == 0 and all(s_ % 8 == 0 for s_ in d.stride()[:2])
     out = d.permute(1, 0, 2) if direct else torch.empty(h, nb, dd, dtype=torch.bfloat16, device=d.device)
     base = None if c is None else c.float()  # read before d is written (c may be d)
-    m_grouped_gemm_fp8_fp8_bf16_nt_masked((xa, sx.permute(1, 0, 2)), (ya, sy.contiguous()), out, masked_m, nb)
+    sa = sx.permute(1, 0, 2)
+    major = gemm_host.sa_major_of(sa)
+    backend = target.backend_of(d.device, "gemm")
+    if major is not None and backend is not Backend.REFERENCE:
+        # sx read where it lies (a K- or G-major sA map, kernels.gemm.sa_major_of): the masked family's config for
+        # that layout, launched on the checked views; every other sx goes through the M-major copy of the op.
+        cfg = MASKED_FAMILIES["masked"].plan(xa, ya, nb, gemm_host.num_sms_for(backend), sa_major=major)
+        gemm_host.launch_1d2d(cfg, xa, sa, ya, sy.contiguous(), out, masked_m, backend)
+    else:
+        m_grouped_gemm_fp8_fp8_bf16_nt_masked((xa, sa), (ya, sy.contiguous()), out, masked_m, nb)
     if not direct:
         d.copy_(out.permute(1, 0, 2))
     if base is not None:

@@ -3,7 +3,8 @@ the design of ``_core.plans`` / ``ops.bf16_plans`` over the FP8 masked GEMM's ow
 ``ops.einsum`` builds the entry over its own checks and path; this module knows nothing else of the op.
 
 ``fp8_einsum("bhr,hdr->bhd", (x, sx), (y, sy), d)`` is the masked GEMM with one group per head and every row valid,
-on permuted views: A = ``x.permute(1, 0, 2)``, sA = ``sx.permute(1, 0, 2)`` (converted to the M-major TMA-aligned
+on permuted views: A = ``x.permute(1, 0, 2)``, sA = ``sx.permute(1, 0, 2)`` (read where it lies when K- or G-major,
+``kernels.gemm.sa_major_of``, by the kernel compiled for that layout; else converted to the M-major TMA-aligned
 layout), B = ``y``, sB = ``sy``, D = ``d.permute(1, 0, 2)``, ``masked_m`` = ``[b] * h``. A view starts at its base's
 address and spans its bytes, so everything the masked GEMM's plan keys by (data pointers, byte spans) is a function
 of the caller's tensors: a call makes no view. What the op makes per call:
@@ -14,7 +15,10 @@ of the caller's tensors: a call makes no view. What the op makes per call:
   free later), like split-K's workspace (``GemmPlan._split_k_workspace``).
 * sA's conversion: the data differ per call, so it stays per call (``[b, h, kb]`` with the M-major strides, filled
   by one ``copy_`` from ``sx``: the transposed layout ``normalise_scales`` makes, without the permuted view). Skipped,
-  as by the op, when ``sx.permute(1, 0, 2)`` already has that layout.
+  as by the op, when ``sx.permute(1, 0, 2)`` already has that layout, and when it is K- or G-major (the consumers'
+  row-major ``sx`` with ``ceil(r/128) % 4 == 0``, and per_token_cast_to_fp8's M-major ``[b * h, kb]`` viewed back
+  with ``h % 4 == 0``): the plan's GEMM then runs the kernel of ``GemmConfig.sa_major`` "k" / "g", which reads sx
+  itself (as the op does).
 * copies of a misaligned ``x`` / ``y`` / ``d`` or of a ``y`` / ``x`` / ``d`` whose strides the maps cannot describe,
   and ``c``'s fp32 round trip: not planned (a signature with such strides, and ``c``, always take the op's path; an
   address off 16 bytes takes it for that call).
@@ -30,6 +34,7 @@ from .. import env
 from .._core import plans as core_plans
 from .._core.checks import byte_span, is_meta
 from .._core.plans import ALLOCATORS, MAX_WORKSPACES, GemmPlan, guard, index_entry, plan_of, signature
+from ..kernels import gemm as gemm_host
 from ..runtime import target
 from ..runtime.target import Backend
 from ..utils import PROCESS_SETTINGS, m_major_strides
@@ -59,7 +64,7 @@ class Fp8EinsumPlan:
     """
 
     __slots__ = ("op", "call", "index", "gemm", "spans", "convert", "sa_shape", "sa_strides", "counts", "h", "nb",
-                 "device", "_empty")
+                 "device", "_empty", "sa_major")
 
     def __init__(self, op: Callable, x, sx, y, sy, d):
         self.op = self.call = op
@@ -75,15 +80,18 @@ class Fp8EinsumPlan:
         self.index, self.h, self.nb, self.device, self._empty = target.gpu_index(d.device), h, nb, d.device, empty
         kb = sx.shape[2]
         strides = m_major_strides((h, nb, kb))
-        # sA as the kernel reads it: sx's own layout when its permuted view is M-major already, else a [b, h, kb]
-        # tensor whose permuted view is (what normalise_scales makes), filled by copy_ per call.
-        self.convert = sx.permute(1, 0, 2).stride() != strides
+        # sA as the kernel reads it: sx itself when its permuted view is K- or G-major (the kernel of that layout) or
+        # M-major already, else a [b, h, kb] tensor whose permuted view is M-major (what normalise_scales makes),
+        # filled by copy_ per call. The op takes the same decision per call (ops.einsum._fp8_run).
+        self.sa_major = gemm_host.sa_major_of(sx.permute(1, 0, 2), address=False) or "m"
+        self.convert = self.sa_major == "m" and sx.permute(1, 0, 2).stride() != strides
         self.sa_shape, self.sa_strides = (nb, h, kb), (strides[1], strides[0], strides[2])
         sa = self._scales(sx)
         counts = torch.full((h,), nb, dtype=_I32, device=d.device)
         self.counts: dict[int, torch.Tensor] = {}  # stream -> masked_m (eager calls)
         masked = core_plans.GEMM_ENTRIES["masked"].spec
-        self.gemm = GemmPlan(masked, x.permute(1, 0, 2), sa.permute(1, 0, 2), y, sy, d.permute(1, 0, 2), counts, nb)
+        self.gemm = GemmPlan(masked, x.permute(1, 0, 2), sa.permute(1, 0, 2), y, sy, d.permute(1, 0, 2), counts, nb,
+                             sa_major=self.sa_major)
         if not self.gemm.fast:  # sy not contiguous: the op copies it on every call
             return
         self.spans = (byte_span(x), byte_span(sx), byte_span(y), byte_span(sy), byte_span(d))
@@ -96,12 +104,10 @@ class Fp8EinsumPlan:
         sa.copy_(sx)
         return sa
 
-    def _masked_m(self):
+    def _masked_m(self, capturing: bool, stream: int):
         """The launch's ``masked_m``: the current stream's (eager), or the capture's own (never cached)."""
-        index = self.index
-        if target.is_capturing(index):
+        if capturing:
             return torch.full((self.h,), self.nb, dtype=_I32, device=self.device)
-        stream = target.current_stream(index)
         counts = self.counts.get(stream)
         if counts is None:
             if len(self.counts) >= MAX_WORKSPACES:
@@ -118,16 +124,22 @@ class Fp8EinsumPlan:
                 or target.current_device() != self.index):
             self.op(x, sx, y, sy, d)
             return
-        sa = self._scales(sx)
-        psa = sa.data_ptr()
+        if self.convert:
+            sa = self._scales(sx)
+            psa = sa.data_ptr()
+        else:  # sx read where it lies (K-, G- or M-major)
+            sa, psa = sx, psx
         if psa & 15:  # sx read in place at an address the map cannot take: the op copies it
             self.op(x, sx, y, sy, d)
             return
-        counts = self._masked_m()
-        gemm = self.gemm
+        index, gemm = self.index, self.gemm
+        stream = target.current_stream(index)
+        counts = self._masked_m(target.is_capturing(index), stream)
         block = gemm.blocks.get((px, psa, py, pd, psy, counts.data_ptr(), 0))
         if block is None:  # the GEMM plan's own pointer checks, maps and block, on the views
             gemm(x.permute(1, 0, 2), sa.permute(1, 0, 2), y, sy, d.permute(1, 0, 2), counts)
+        elif gemm.workspace is None:  # the masked kind: no split-K workspace, launched on the stream at hand
+            gemm.launcher.launch(block, stream)
         else:
             gemm.launch(block)
 

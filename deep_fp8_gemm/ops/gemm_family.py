@@ -186,11 +186,13 @@ def make_family(row: KindRow, lay: GemmLayout, output: OutputPolicy) -> GemmFami
         lay.reference_check(gl, problem.m)
         reference_validated(a, sa, b, sb, *outs, gl, expected_m, *options)
 
-    def plan(a, b, expected_m, num_sms: int, *options) -> GemmConfig:
+    def plan(a, b, expected_m, num_sms: int, *options, sa_major: str = "m") -> GemmConfig:
+        """The config rule: ``get_config`` of the problem (``sa_major``: sA's global layout, "m" but for
+        fp8_einsum's sx read where it lies, ``ops.einsum``)."""
         m, n, k, groups, extra = lay.plan_problem(a, b, expected_m)
         options = options or tuple(o[2] for o in output.options)
         return get_config(m, n, k, groups, kind, num_sms, **extra, **output.config_options(options),
-                          batch_invariant=PROCESS_SETTINGS.batch_invariant)
+                          batch_invariant=PROCESS_SETTINGS.batch_invariant, sa_major=sa_major)
 
     def dispatch(a, sa, b, sb, *rest, **kwargs) -> None:
         """Run a checked, non-empty call on its backend (the reference, the simulator or the sm_90 kernel); the

@@ -12,7 +12,8 @@ struct GemmParams {
                                 // k-grouped: unused (per-group maps at group_maps)
     TensorMap tma_b;            // B  [G][N][K]    e4m3: dims (K, N, G),    box (128, B rows per load, 1), SW128;
                                 // k-grouped: unused
-    TensorMap tma_sa;           // sA fp32 M-major:      dims (rows, ceil(K/128), G), box (BLOCK_M, 1, 1)
+    TensorMap tma_sa;           // sA fp32 M-major:      dims (rows, ceil(K/128), G), box (BLOCK_M, 1, 1);
+                                // K- / G-major (kSaMajor, scales.cuh ScaleMajor): box (4, BLOCK_M, 1)
     union {
         TensorMap tma_d;        // bf16 kinds: D [G][rows][N] bf16, dims (N, rows, G), box (16, kWgRows, 1), SW32;
                                 // FP8-output kinds: D [G][rows][N_out] e4m3, dims (N_out, rows, G),

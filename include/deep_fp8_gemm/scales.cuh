@@ -15,6 +15,22 @@
 
 namespace dfg {
 
+// Which dimension of sA [G][rows][ceil(K/128)] (the 1x128 per-row scales of A) is unit-stride in global memory, and so
+// how a stage's BLOCK_M scales are loaded (Fp8GemmKernel's kSaMajor; deep_fp8_gemm GemmConfig.sa_major "m" / "k" /
+// "g"). TMA reads 16-byte multiples along the unit-stride dimension and needs every other stride a 16-byte multiple:
+//   M  M-major, TMA-aligned (the library's layout): map dims (rows, kb, G), box (BLOCK_M, 1, 1), coordinates
+//      (row0, kb, g); the stage holds row r's scale at float r.
+//   K  K-major, e.g. fp8_einsum's row-major sx [b, h, kb] as [h][b][kb] (kb % 4 == 0): dims (kb, rows, G), box
+//      (4, BLOCK_M, 1), coordinates (kb, row0, g).
+//   G  G-major, e.g. per_token_cast_to_fp8's M-major [b * h, kb] viewed as [h][b][kb] (strides 1, h, align(b h, 4);
+//      h % 4 == 0): dims (G, rows, kb), box (4, BLOCK_M, 1), coordinates (g, row0, kb).
+// K and G land as [BLOCK_M][4] floats: row r's scale at float 4 r (scale_row_pitch), the other three the next K
+// blocks' / groups' or TMA's zero fill, never read. Only the masked bf16 kind takes K or G (config.check_config).
+enum class ScaleMajor : u32 { M = 0, K = 1, G = 2 };
+
+// Floats between two rows' scales in a stage's sA (the box's inner extent: one float, or 16 bytes).
+DFG_HOST_DEVICE constexpr u32 scale_row_pitch(ScaleMajor major) { return major == ScaleMajor::M ? 1u : 4u; }
+
 template <u32 BLOCK_N, u32 kNumScaleBlocksN>
 struct ScaleColumns {
     static_assert(BLOCK_N % 8 == 0, "column groups of 8");

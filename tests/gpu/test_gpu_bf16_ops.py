@@ -125,6 +125,35 @@ def test_gpu_einsum_heads(bsz, h, r, dd):
     assert calc_diff(z3.cpu(), torch.einsum("bhr,hdr->bhd", x.double().cpu(), y.double().cpu())) < 1e-3
 
 
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bsz,h,r,dd", HEADS)
+def test_gpu_fp8_einsum_reads_sx_where_it_lies(bsz, h, r, dd):
+    """sx row-major (K-major for the kernel) and as per_token_cast_to_fp8 returns it, viewed back (G-major): the bits
+    of a layout the op copies into the M-major one (rows of kb + 1 floats) (issue 45)."""
+    from deep_fp8_gemm import per_block_cast_to_fp8, per_token_cast_to_fp8
+    from deep_fp8_gemm.kernels.gemm import sa_major_of
+
+    g = torch.Generator().manual_seed(bsz + 45)
+    x = torch.randn(bsz, h, r, generator=g).cuda()
+    y = torch.randn(h, dd, r, generator=g).cuda()
+    xf, sx = per_token_cast_to_fp8(x.view(-1, r))
+    kb = sx.shape[-1]
+    pairs = [per_block_cast_to_fp8(y[i]) for i in range(h)]
+    yf, sy = torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
+    sx_g = sx.view(bsz, h, kb) if sx.stride(0) == 1 else sx.t().contiguous().t().view(bsz, h, kb)
+    sx_k = sx_g.contiguous()
+    sx_copied = torch.empty(bsz, h, kb + 1, device="cuda")[:, :, :kb]
+    sx_copied.copy_(sx_k)
+    assert [sa_major_of(s.permute(1, 0, 2)) for s in (sx_g, sx_k, sx_copied)] == ["g", "k", None]
+    outs = []
+    for s in (sx_copied, sx_k, sx_g):
+        z = torch.empty(bsz, h, dd, dtype=BF16, device="cuda")
+        deep_gemm.fp8_einsum("bhr,hdr->bhd", (xf.view(bsz, h, r), s), (yf, sy), z)
+        outs.append(z)
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+
+
 @pytest.mark.gpu
 def test_gpu_einsum_bmk_bnk_mn():
     g = torch.Generator().manual_seed(5)

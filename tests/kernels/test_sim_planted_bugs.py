@@ -34,8 +34,8 @@ PLANTED = {
     ),
     "wrong_row_scale": (
         "kernels/fp8_gemm.cuh",
-        "const float sa_hi = kSwapAB || kRowScaledB ? 0.0f : sa[frag_row + w * 64 + 8];",
-        "const float sa_hi = kSwapAB || kRowScaledB ? 0.0f : sa[frag_row + w * 64];",
+        "const float sa_hi = kSwapAB || kRowScaledB ? 0.0f : sa[(frag_row + w * 64 + 8) * kSaPitch];",
+        "const float sa_hi = kSwapAB || kRowScaledB ? 0.0f : sa[(frag_row + w * 64) * kSaPitch];",
         dict(m=64, n=128, k=256, block_m=64, block_n=64, cluster=(1, 1)),
     ),
     "wrong_barrier_arrive_count": (

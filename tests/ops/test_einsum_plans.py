@@ -270,6 +270,90 @@ def test_copy_needing_signatures_take_the_ops_path(fake_gpu, layout):
     assert plan.call is plan.op and len(fake_gpu.launches) == 2
 
 
+# ---------------------------------------------------------------------------------------------- sx read where it lies
+HK = 4  # heads for the K- / G-major layouts: G-major needs h % 4 == 0, K-major kb % 4 == 0 (r = 512)
+RK = 512
+
+
+def _where_it_lies(major: str, nb: int = NB):
+    """Operands with sx as the consumers pass it: "k" row-major ``[b, h, kb]``, "g" per_token_cast_to_fp8's M-major
+    ``[b * h, kb]`` viewed back (strides ``(h, 1, align(b * h, 4))``)."""
+    g = torch.Generator().manual_seed(7)
+    x = (torch.randn(nb, HK, RK, generator=g) * 4).to(FP8)
+    sx = torch.rand(nb, HK, RK // 128, generator=g) + 0.5
+    if major == "g":
+        flat = utils.get_col_major_tma_aligned_tensor(sx.reshape(nb * HK, -1))
+        sx = flat.view(nb, HK, -1)
+        assert sx.stride() == (HK, 1, utils.get_tma_aligned_size(nb * HK, 4))
+    y = (torch.randn(HK, DD, RK, generator=g) * 4).to(FP8)
+    sy = torch.rand(HK, DD // 128, RK // 128, generator=g) + 0.5
+    assert gemm_host.sa_major_of(sx.permute(1, 0, 2)) == major
+    return (x, sx), (y, sy), torch.zeros(nb, HK, DD, dtype=BF16)
+
+
+def _refuse_sa_copies(monkeypatch) -> None:
+    """From here on any conversion of sA raises: the M-major copy of the op (normalise_scales,
+    get_col_major_tma_aligned_tensor) and of the plan (its copy_ into a tensor of its own)."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("sA copied")
+
+    from deep_fp8_gemm.ops import gemm_family
+
+    monkeypatch.setattr(gemm_family, "normalise_scales", refuse)
+    monkeypatch.setattr(core_plans, "normalise_scales", refuse)
+    monkeypatch.setattr(utils, "get_col_major_tma_aligned_tensor", refuse)
+    monkeypatch.setattr(torch.Tensor, "copy_", refuse)
+
+
+@pytest.mark.parametrize("major", ["k", "g"])
+def test_sx_where_it_lies_launches_the_ops_bytes_without_a_copy(fake_gpu, monkeypatch, major):
+    """Row-major sx (kb % 4 == 0) and the library quantiser's sx viewed back (h % 4 == 0): the plan and the op both
+    launch the kernel of that sA layout with sx's own address in the sA map, byte for byte the same parameters (but
+    masked_m's pointer); nothing copies sA (the copies raise)."""
+    a, b, d = _where_it_lies(major)
+    fake_gpu.on()
+    _refuse_sa_copies(monkeypatch)
+    for call in range(3):
+        einsum.fp8_einsum(EXPR, a, b, d)
+        einsum._fp8_einsum(EXPR, a, b, d)
+        _same_launch(*fake_gpu.launches[-2:])
+    plan = _plan()
+    assert plan.call == plan._launch and not plan.convert and plan.gemm.cfg.sa_major == major
+    assert plan.gemm.fast and len(plan.gemm.blocks) == 1 and "_sa" + major in plan.gemm.cfg.kernel_name()
+    sa_maps = [s for s in fake_gpu.specs if s.dtype == TmaDtype.FLOAT32]
+    assert sa_maps and {s.global_address for s in sa_maps} == {a[1].data_ptr()}
+    nb, kb = NB, RK // 128
+    dims = (kb, nb, HK) if major == "k" else (HK, nb, kb)
+    assert {(s.global_dims, s.box_dims) for s in sa_maps} == {(dims, (4, plan.gemm.cfg.block_m, 1))}
+
+
+@pytest.mark.parametrize("major", ["k", "g"])
+def test_sx_where_it_lies_misaligned_or_overlapped_takes_the_ops_path(fake_gpu, major):
+    """Same signature, sx 4 bytes off 16: the op's path copies it into the M-major layout for the M-major kernel; a d
+    over sx raises the op's message and launches nothing."""
+    a, b, d = _where_it_lies(major)
+    fake_gpu.on()
+    for _ in range(2):
+        einsum.fp8_einsum(EXPR, a, b, d)
+    plan, launches = _plan(), len(fake_gpu.launches)
+    sx = a[1]
+    raw = torch.zeros(sx.untyped_storage().nbytes() // 4 + 1)
+    shifted = raw.as_strided(sx.shape, sx.stride(), sx.storage_offset() + 1)  # 4 bytes on
+    shifted.copy_(sx)
+    assert shifted.data_ptr() % 16 == 4
+    einsum.fp8_einsum(EXPR, (a[0], shifted), b, d)
+    assert len(fake_gpu.launches) == launches + 1 and fake_gpu.launches[-1]["smem"] < fake_gpu.launches[-2]["smem"]
+    sa_map = [s for s in fake_gpu.specs if s.dtype == TmaDtype.FLOAT32][-1]  # the M-major copy's
+    assert sa_map.global_address % 16 == 0 and sa_map.box_dims == (64, 1, 1) and _plan() is plan
+    wide = torch.zeros(max(sx.untyped_storage().nbytes(), d.numel() * 2), dtype=torch.uint8)  # d and sx at its start
+    alias = wide.view(torch.float32).as_strided(sx.shape, sx.stride(), sx.storage_offset())
+    alias.copy_(sx)
+    over = wide[:NB * HK * DD * 2].view(BF16).view(NB, HK, DD)
+    with pytest.raises(ValueError, match="d must not overlap a\\[1\\]"):
+        einsum.fp8_einsum(EXPR, (a[0], alias), b, over)
+    assert len(fake_gpu.launches) == launches + 1
+
+
 @pytest.mark.parametrize("change", ["b", "d-stride", "num_sms"])
 def test_each_signature_change_misses(fake_gpu, change):
     a, b = _operands()

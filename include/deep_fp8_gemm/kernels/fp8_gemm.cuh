@@ -36,7 +36,9 @@
 //
 //   family       shared memory (dynamic, 1024-aligned; kSmem* offsets; = config.smem_bytes by static_assert)
 //   bf16 kinds   D tile (bf16, BLOCK_N/16 swizzled 16-column chunks) | A stages | B stages |
-//                per stage a record {sA | sB | full barrier | empty barrier} (128-byte multiple)
+//                per stage a record {sA | sB | full barrier | empty barrier} (128-byte multiple); sA is BLOCK_M
+//                floats, or [BLOCK_M][4] where the masked kind reads a K- or G-major sA (kSaMajor, fp8_einsum's sx
+//                where it lies; scales.cuh ScaleMajor: row r's scale at float 4 r, the stage's tx bytes with it)
 //   fp32 kinds   A stages | B stages | per stage a record {sA | sB} | full barriers | empty barriers (no D tile:
 //                D is written from registers)
 //
@@ -128,7 +130,7 @@ namespace dfg {
 template <GemmKind kKind, u32 SHAPE_N, u32 SHAPE_K, u32 BLOCK_M, u32 BLOCK_N, u32 kNumStages, u32 kNumGroups,
           u32 kClusterM, u32 kClusterN, u32 kNumMathWarpgroups, u32 kBandWidth, u32 kExpectedSmemBytes,
           u32 kExpectedMathRegisters, u32 kExpectedProducerRegisters, u32 kSplitK = 1, bool kUe8m0 = false,
-          bool kSwapAB = false, u32 kPsumAlignment = 128>
+          bool kSwapAB = false, u32 kPsumAlignment = 128, ScaleMajor kSaMajor = ScaleMajor::M>
 struct Fp8GemmKernel {
     // ---------------------------------------------------------------- shape of the work
     static constexpr u32 BLOCK_K = 128;
@@ -167,6 +169,9 @@ struct Fp8GemmKernel {
     static constexpr u32 kMmaChunks = kMmaCols / kMmaN;
     static constexpr u32 kMmaValues = WgmmaFragment<kMmaN>::kValues;  // the scratch accumulator
     static constexpr u32 SHAPE_N_OUT = kSwiglu ? SHAPE_N / 2 : SHAPE_N;  // D's columns
+    // sA's global layout (scales.cuh ScaleMajor) and the floats between two rows' scales in a stage: 1, or 4 where
+    // the box's unit-stride dimension is not the rows (fp8_einsum's sx read where it lies).
+    static constexpr u32 kSaPitch = scale_row_pitch(kSaMajor);
 
     static_assert(SHAPE_N % 8 == 0 && SHAPE_K % 16 == 0, "TMA needs 16-byte row strides: N % 8 == 0, K % 16 == 0");
     static_assert(kSwapAB ? (BLOCK_M % 8 == 0 && BLOCK_M >= 8 && BLOCK_M <= 32)
@@ -191,6 +196,8 @@ struct Fp8GemmKernel {
     static_assert(!kSwiglu || (SHAPE_N % kSwigluBlockN == 0 && kWavesM == 1),
                   "SwiGLU: N = 2I with I % 128 == 0; one m64 wave per warpgroup (register budget, see above)");
     static_assert(!kUe8m0 || kFp8Output, "power-of-two scales are an FP8-output option");
+    static_assert(kSaMajor == ScaleMajor::M || (kKind == GemmKind::GroupedMasked && !kSwapAB),
+                  "a K- or G-major sA: the masked bf16 kind (its 3-D sA map; config.check_config)");
     static_assert(kNumStages >= 2, "at least two stages to overlap loads with math");
     static_assert(!kBlock32 || (kSplitK == 1 && !kSwapAB && kWavesM == 1 && kMmaChunks == 1 && !kFp8Output),
                   "the 1x32 recipe: bf16 out, no split-K or swap-AB, one m64 wave per math warpgroup");
@@ -229,7 +236,7 @@ struct Fp8GemmKernel {
     static constexpr u32 kSmemABytes = BLOCK_M * BLOCK_K;  // one stage; 1024-byte multiple
     static constexpr u32 kSmemBBytes = BLOCK_N * BLOCK_K;
     // 1x32 recipe: the stage's four sA columns (policy_block32.cuh).
-    static constexpr u32 kSmemSABytes = kBlock32 ? B32::kSmemSABytes : round_up(BLOCK_M * 4u, 128u);
+    static constexpr u32 kSmemSABytes = kBlock32 ? B32::kSmemSABytes : round_up(BLOCK_M * 4u * kSaPitch, 128u);
     // 1D2D: sB of scale blocks block0 and block1 (8 bytes used); 1D1D: the K block's BLOCK_N row scales of B; the
     // 1x32 recipe: the scale warps' sA x sB products.
     static constexpr u32 kSmemSBBytes =
@@ -268,7 +275,7 @@ struct Fp8GemmKernel {
     static constexpr u32 kSmemBytes = kSmemRecordsEnd + (kBarriersInRecord ? 0u : 2 * kNumStages * 8u);
     // The full barrier's bytes (the 1x32 recipe's sA arrives on the scales barrier, B32::kSATxBytes).
     static constexpr u32 kStageTxBytes =
-        kSmemABytes + kSmemBBytes + (kBlock32 ? 0u : BLOCK_M * 4) + (kRowScaledB ? BLOCK_N * 4 : 0u);
+        kSmemABytes + kSmemBBytes + (kBlock32 ? 0u : BLOCK_M * 4 * kSaPitch) + (kRowScaledB ? BLOCK_N * 4 : 0u);
     static_assert(kSmemABytes % 1024 == 0 && kSmemBBytes % 1024 == 0, "stages keep 1024-byte alignment");
     static_assert(!kBlock32 || (kSmemSB == kSmemSA + B32::kSmemSABytes &&
                                 kSmemFull == kSmemSA + B32::kRecordBytesBeforeBarriers),
@@ -400,7 +407,13 @@ struct Fp8GemmKernel {
                                                              k0, row0, a_batch, rank);
                 tma_load_tile<BLOCK_N, BLOCK_K, kMulticastB>(smem + kSmemB + stage * kSmemBBytes, &params.tma_b, bar,
                                                              k0, n0, b_batch, rank, tile.multicast);
-                if constexpr (!kBlock32)
+                if constexpr (kSaMajor == ScaleMajor::K)  // the box's four floats per row: K blocks kb..kb + 3
+                    hal::tma_load_3d(smem + kSmemSA + stage * kSmemRecordBytes, &params.tma_sa, bar,
+                                     static_cast<i32>(kb), row0, a_batch);
+                else if constexpr (kSaMajor == ScaleMajor::G)  // groups a_batch..a_batch + 3
+                    hal::tma_load_3d(smem + kSmemSA + stage * kSmemRecordBytes, &params.tma_sa, bar, a_batch, row0,
+                                     static_cast<i32>(kb));
+                else if constexpr (!kBlock32)
                     hal::tma_load_3d(smem + kSmemSA + stage * kSmemRecordBytes, &params.tma_sa, bar, row0,
                                      static_cast<i32>(kb), a_batch);
             });
@@ -533,8 +546,8 @@ struct Fp8GemmKernel {
                 DFG_UNROLL
                 for (u32 w = 0; w < kWavesM; ++w) {
                     // Per-row sA (swap-AB: per column, read by promote_swap_ab; 1D1D: read under the wgmma).
-                    const float sa_lo = kSwapAB || kRowScaledB ? 0.0f : sa[frag_row + w * 64];
-                    const float sa_hi = kSwapAB || kRowScaledB ? 0.0f : sa[frag_row + w * 64 + 8];
+                    const float sa_lo = kSwapAB || kRowScaledB ? 0.0f : sa[(frag_row + w * 64) * kSaPitch];
+                    const float sa_hi = kSwapAB || kRowScaledB ? 0.0f : sa[(frag_row + w * 64 + 8) * kSaPitch];
                     DFG_UNROLL
                     for (u32 c = 0; c < kMmaChunks; ++c) {  // one chunk (the whole tile) but for the SwiGLU kinds
                         DFG_UNROLL
