@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from .._core.checks import check_expected_m
+from .._core.checks import check_expected_m, check_no_overlap
 from ..constants import GRAN_K
 from ..env import simulate
 from ..runtime import target
@@ -112,6 +112,18 @@ def m_grouped_gemm_fp8_fp4_bf16_nt_masked(a: tuple[torch.Tensor, torch.Tensor],
     _masked(a, b, d, masked_m, expected_m)
 
 
+def check_outputs_apart(outs: tuple[tuple[torch.Tensor, str], ...], x: torch.Tensor, sa: torch.Tensor,
+                        p: PreparedMxfp4, layout: torch.Tensor, layout_name: str) -> None:
+    """Every output's bytes overlap none of the inputs the kernel reads while it writes them (``a``, ``b``'s stored
+    form, the grouped layout): ``ValueError`` naming both, on every backend (the CPU path would compute before it
+    writes; the kernel could not), as the FP8 GEMMs' ``out``. Tensors on another device than the output's are
+    apart by definition (their addresses are another space)."""
+    named = ((x, "a[0]"), (sa, "a[1]"), (layout, layout_name), (p.tiles, "b (tiles)"), (p.meta, "b (meta)"),
+             (p.wave_per32, "b (wave_per32)"))
+    for out, name in outs:
+        check_no_overlap(out, tuple((t, n) for t, n in named if t.device == out.device), name)
+
+
 def _masked_checks(a, p: PreparedMxfp4, d, masked_m, expected_m) -> tuple[torch.Tensor, torch.Tensor]:
     """Every check of the masked bf16 GEMM on prepared weights ``p``, in its order: ``(x, sa)``."""
     g, n, k = p.shape
@@ -123,6 +135,7 @@ def _masked_checks(a, p: PreparedMxfp4, d, masked_m, expected_m) -> tuple[torch.
     if not isinstance(d, torch.Tensor) or d.dtype != torch.bfloat16 or tuple(d.shape) != (g, m_max, n):
         raise ValueError(f"d must be bfloat16 [G, m_max, N] = {(g, m_max, n)}, got "
                          f"{getattr(d, 'dtype', type(d).__name__)} {tuple(getattr(d, 'shape', ()))}")
+    check_outputs_apart(((d, "d"),), x, sa, p, masked_m, "masked_m")
     return x, sa
 
 
@@ -219,6 +232,7 @@ def m_grouped_gemm_fp8_fp4_bf16_nt_contiguous(a: tuple[torch.Tensor, torch.Tenso
     devices = {t.device for t in (x, sa, d, grouped_layout, p.tiles)}
     if len(devices) != 1:
         raise ValueError(f"a, b, d and grouped_layout must be on one device, got {sorted(map(str, devices))}")
+    check_outputs_apart(((d, "d"),), x, sa, p, grouped_layout, "grouped_layout")
     alignment = get_m_alignment_for_contiguous_layout()
     if m_sum == 0:
         return
@@ -274,7 +288,7 @@ def _fp8_output(output: str, x: torch.Tensor, sa: torch.Tensor, p: PreparedMxfp4
     ``out = (d e4m3 [.., rows, N_out], sd fp32 [.., rows, N_out/128] M-major TMA-aligned)``. ``kernel``: "register_a"
     at ``expected_m`` tokens, "convert" (contiguous layouts, fp8), or None (contiguous: the cost model's pick)."""
     from ..kernels import mxfp4_gemm
-    from .outputs import FP8_OUT, SWIGLU_FP8, check_out, check_out_layout
+    from .outputs import FP8_OUT, OUT_NAMES, SWIGLU_FP8, check_out, check_out_layout
 
     mxfp4_gemm.kind_of(layout, output)  # a row of the kinds table, on every backend
     policy = SWIGLU_FP8 if output == "swiglu_fp8" else FP8_OUT
@@ -284,6 +298,9 @@ def _fp8_output(output: str, x: torch.Tensor, sa: torch.Tensor, p: PreparedMxfp4
     rows = x.shape[-2]
     check_out(out, lead, rows, policy.n_out(n), x.device, "m_max" if masked else "m_sum")
     d, sd = out
+    check_no_overlap(d, ((sd, OUT_NAMES[1]),), OUT_NAMES[0])
+    check_outputs_apart(((d, OUT_NAMES[0]), (sd, OUT_NAMES[1])), x, sa, p, grouped_layout,
+                        "masked_m" if masked else "grouped_layout")
     if not isinstance(use_ue8m0, bool):
         raise TypeError(f"use_ue8m0 must be a bool, got {type(use_ue8m0).__name__}")
     if target.gpu_index(x.device) is not None or simulate():  # runtime.target: the one device seam

@@ -41,11 +41,12 @@ class Mxfp4MaskedPlan:
     (else the op reads ``masked_m``'s values); then a call, unless a CUDA graph is being captured (the op's path: its
     scale columns are the capture's own memory):
 
-    * the pointers of ``x``, ``tiles`` and ``meta`` 16-byte aligned (TMA; else the op's path, which raises its
-      message);
+    * the pointers of ``x``, ``tiles`` and ``meta`` 16-byte aligned (TMA) and ``d``'s bytes apart from every
+      input's (integer compares against the signature's byte spans: ``sa`` per call, the rest when a pointer tuple's
+      block is made); else the op's path, which raises its message;
     * ``sa`` read where it lies when it has the kernel's M-major TMA-aligned layout already (DeepEP's dispatch,
       ``get_col_major_tma_aligned_tensor``: :func:`kernels.mxfp4_gemm.scales_layout_in_place`; ``_launch_in_place``,
-      also under capture), unless ``d`` overlaps it or its address is off 16 bytes (the op's path: it copies);
+      also under capture), unless its address is off 16 bytes (the op's path: it copies);
       else copied into the kernel's column layout (``kernels.mxfp4_gemm.column_buffer``: one torch op, on every
       call) in a buffer the plan keeps per (stream, thread) — launches on one stream read it in stream order, and
       two threads never share one (at most :data:`~deep_fp8_gemm._core.plans.MAX_WORKSPACES`, then dropped: the
@@ -96,7 +97,9 @@ class Mxfp4MaskedPlan:
         self.seen: dict[tuple, None] = {}  # pointer tuples met once
         # sa in the kernel's layout already (DeepEP's): its own pointer in the map, no buffer, no copy
         self.in_place = kernels.scales_layout_in_place(sa)
-        self.spans = (byte_span(sa), byte_span(d))  # a d overlapping sa: the op's path (it copies sa first)
+        # Byte spans of x, sa, masked_m, the three prepared tensors and d (a function of the signature): a d whose
+        # bytes meet any input's takes the op's path, which refuses it (ops.mxfp4.check_outputs_apart).
+        self.spans = tuple(byte_span(t) for t in (x, sa, masked_m, p.tiles, p.meta, p.wave_per32, d))
         self.call = self._launch_in_place if self.in_place else self._launch
 
     def _launch(self, a, p, d, masked_m, expected_m) -> None:
@@ -112,9 +115,13 @@ class Mxfp4MaskedPlan:
         tiles, meta = p.tiles, p.meta
         key = (x.data_ptr(), d.data_ptr(), masked_m.data_ptr(), tiles.data_ptr(), meta.data_ptr(),
                p.wave_per32.data_ptr(), columns[2])
+        psa, pd = sa.data_ptr(), key[1]
+        if pd < psa + self.spans[1] and psa < pd + self.spans[6]:  # sa is not in the key: checked per call
+            self.op(a, p, d, masked_m, expected_m)
+            return
         block = self.blocks.get(key)
         if block is None:
-            if (key[0] | key[3] | key[4]) & 15:  # TMA: the op's path raises its message
+            if (key[0] | key[3] | key[4]) & 15 or self._overlapping(key, psa):  # the op's path raises its message
                 self.op(a, p, d, masked_m, expected_m)
                 return
             block = self._block(key, x, tiles, meta, columns[0])
@@ -129,18 +136,22 @@ class Mxfp4MaskedPlan:
         tiles, meta = p.tiles, p.meta
         key = (x.data_ptr(), d.data_ptr(), masked_m.data_ptr(), tiles.data_ptr(), meta.data_ptr(),
                p.wave_per32.data_ptr(), sa.data_ptr())
-        pd, psa = key[1], key[6]
-        span_sa, span_d = self.spans
-        if pd < psa + span_sa and psa < pd + span_d:
-            self.op(a, p, d, masked_m, expected_m)
-            return
         block = self.blocks.get(key)
         if block is None:
-            if (key[0] | key[3] | key[4] | psa) & 15:  # TMA: the op's path raises its message, or copies sa
-                self.op(a, p, d, masked_m, expected_m)
+            psa = key[6]
+            if (key[0] | key[3] | key[4] | psa) & 15 or self._overlapping(key, psa):  # the op's path: its message,
+                self.op(a, p, d, masked_m, expected_m)  # or sa copied (misaligned)
                 return
             block = self._block(key, x, tiles, meta, sa.transpose(1, 2))
         self.launcher.launch(block, target.current_stream(self.index))
+
+    def _overlapping(self, key: tuple, psa: int) -> bool:
+        """Whether d's bytes meet those of x, sa, masked_m or the prepared tensors at this key's pointers (the spans
+        are the signature's; a block exists only for a key that passed)."""
+        px, pd, pml, pt, pm, pw = key[:6]
+        hi = pd + self.spans[6]
+        return any(span and pd < ptr + span and ptr < hi
+                   for ptr, span in zip((px, psa, pml, pt, pm, pw), self.spans[:6]))
 
     def _columns(self, stream: int) -> tuple:
         """This (stream, thread)'s column buffer, made on first use (never under capture: see _launch)."""

@@ -1,6 +1,7 @@
 """MXFP4 experts, host side (issue 42): per_token_cast_to_fp4, the prepared form, the float64 reference and the
 bit model of the in-register e2m1 -> e4m3 conversion."""
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -395,3 +396,76 @@ def test_fp8_fp4_masked_refusals(monkeypatch):
     with pytest.raises(ValueError, match="must be a multiple of 64"):  # the kernel's waves, on every backend
         m_grouped_fp8_fp4_gemm_nt_masked(a, (b[0][:, :16], b[1][:, :16]), d[..., :16], masked_m, 2,
                                          recipe_a=(1, 128), recipe_b=(1, 32))
+
+
+# ------------------------------------------------------------------------------------------------- outputs apart
+def _laid_over(inputs: dict, over: str, shape, dtype) -> tuple[dict, torch.Tensor]:
+    """Copies of ``inputs`` back to back (16-byte aligned) in one byte buffer, and a ``dtype`` ``shape`` output whose
+    bytes start where input ``over``'s copy does: an output laid over an input."""
+    offsets, end = {}, 0
+    for name, t in inputs.items():
+        offsets[name] = end
+        end += -(-t.numel() * t.element_size() // 16) * 16
+    out_bytes = int(np.prod(shape)) * torch.empty(0, dtype=dtype).element_size()
+    buf = torch.zeros(max(end, offsets[over] + out_bytes), dtype=torch.uint8)
+    copies = {}
+    for name, t in inputs.items():
+        copies[name] = buf[offsets[name]:offsets[name] + t.numel() * t.element_size()].view(t.dtype).view(t.shape)
+        copies[name].copy_(t)
+    return copies, buf[offsets[over]:offsets[over] + out_bytes].view(dtype).view(shape)
+
+
+@pytest.mark.parametrize("over", ["a[0]", "a[1]", "masked_m", "b (tiles)"])
+def test_outputs_overlapping_an_input_are_refused(over, monkeypatch):
+    """The MXFP4 names refuse an output whose bytes meet an input's, on every backend (the kernel would read what it
+    writes; the CPU path computes first, so it would not show): masked and contiguous, bf16 and FP8 out."""
+    from deep_fp8_gemm.utils import empty_m_major
+
+    monkeypatch.delenv("DFG_SIMULATE", raising=False)
+    (x, sa), (w, sf), d, masked_m = _mxfp4_call()
+    p = mxfp4.prepare_mxfp4_weights(w, sf)
+    g, n, k = p.shape
+    inputs = {"a[0]": x, "a[1]": sa.contiguous(), "masked_m": masked_m, "b (tiles)": p.tiles}
+    view, d2 = _laid_over(inputs, over, d.shape, torch.bfloat16)
+    p2 = mxfp4.PreparedMxfp4(view["b (tiles)"], p.meta, p.wave_per32)
+    a2 = (view["a[0]"], view["a[1]"])
+    with pytest.raises(ValueError, match=rf"^d must not overlap {re.escape(over)}:"):
+        mxfp4.m_grouped_gemm_fp8_fp4_bf16_nt_masked(a2, p2, d2, view["masked_m"], 2)
+    view, d8 = _laid_over(inputs, over, (g, x.shape[1], n), torch.float8_e4m3fn)  # FP8 out: D over the input
+    p2, a2 = mxfp4.PreparedMxfp4(view["b (tiles)"], p.meta, p.wave_per32), (view["a[0]"], view["a[1]"])
+    out = (d8, empty_m_major((g, x.shape[1], -(-n // 128)), "cpu"))
+    with pytest.raises(ValueError, match=rf"^out\[0\] \(D\) must not overlap {re.escape(over)}:"):
+        mxfp4.m_grouped_gemm_fp8_fp4_fp8_nt_masked(a2, p2, out, view["masked_m"], 2)
+    if over == "masked_m":
+        return
+    # the contiguous layouts: the same rows flattened, all of expert 0
+    view, d2 = _laid_over(inputs, over, d.shape, torch.bfloat16)
+    p2 = mxfp4.PreparedMxfp4(view["b (tiles)"], p.meta, p.wave_per32)
+    flat = (view["a[0]"].view(-1, k), view["a[1]"].view(-1, k // 128))
+    m_indices = torch.zeros(flat[0].shape[0], dtype=torch.int32)
+    with pytest.raises(ValueError, match=rf"^d must not overlap {re.escape(over)}:"):
+        mxfp4.m_grouped_gemm_fp8_fp4_bf16_nt_contiguous(flat, p2, d2.view(-1, n), m_indices)
+    view, d8 = _laid_over(inputs, over, (g * x.shape[1], n), torch.float8_e4m3fn)
+    p2 = mxfp4.PreparedMxfp4(view["b (tiles)"], p.meta, p.wave_per32)
+    flat = (view["a[0]"].view(-1, k), view["a[1]"].view(-1, k // 128))
+    out = (d8, empty_m_major((flat[0].shape[0], -(-n // 128)), "cpu"))
+    with pytest.raises(ValueError, match=rf"^out\[0\] \(D\) must not overlap {re.escape(over)}:"):
+        mxfp4.m_grouped_gemm_fp8_fp4_fp8_nt_contiguous(flat, p2, out, m_indices)
+
+
+def test_outputs_apart_from_inputs_still_compute():
+    """The same buffers with the output past every input: no refusal (the check compares bytes, not storages)."""
+    (x, sa), (w, sf), d, masked_m = _mxfp4_call()
+    p = mxfp4.prepare_mxfp4_weights(w, sf)
+    inputs = {"a[0]": x, "a[1]": sa.contiguous(), "masked_m": masked_m, "b (tiles)": p.tiles}
+    end = sum(-(-t.numel() * t.element_size() // 16) * 16 for t in inputs.values())
+    view, _ = _laid_over(dict(inputs, end=torch.zeros(d.numel() * 2 // 16 * 16 + 16, dtype=torch.uint8)), "end",
+                         d.shape, torch.bfloat16)
+    d_far = view["end"][:d.numel() * 2].view(torch.bfloat16).view(d.shape)
+    assert view["end"].data_ptr() - view["a[0]"].data_ptr() == end
+    want = d.clone()
+    mxfp4.m_grouped_gemm_fp8_fp4_bf16_nt_masked((x, sa), p, want, masked_m, 2)
+    d_far.fill_(7.0)
+    p2 = mxfp4.PreparedMxfp4(view["b (tiles)"], p.meta, p.wave_per32)
+    mxfp4.m_grouped_gemm_fp8_fp4_bf16_nt_masked((view["a[0]"], view["a[1]"]), p2, d_far, view["masked_m"], 2)
+    assert torch.equal(d_far, want)

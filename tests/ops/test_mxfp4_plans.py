@@ -210,26 +210,40 @@ def test_m_major_scales_are_read_in_place(fake_gpu, monkeypatch, m_max, row_stri
     assert fast["params"][SA_MAP] == hashlib.sha512(repr(spec).encode()).digest() * 2
 
 
-def test_d_overlapping_in_place_scales_is_copied_first(fake_gpu):
-    """A d whose bytes overlap an in-place sa: the kernel would read sA while writing d, so the call takes the op's
-    path, which copies sa into a buffer first (the CPU path computes before it writes d: the same result)."""
+@pytest.mark.parametrize("layout", ["copied", "in_place"])
+@pytest.mark.parametrize("over", ["a[0]", "a[1]", "masked_m"])
+def test_d_overlapping_an_input_after_cached_calls_raises_the_ops_message(fake_gpu, layout, over):
+    """A d whose bytes meet x's, sa's or masked_m's, after cached calls with the same signature: the op's message,
+    warm as cold, and no launch (the kernel would read what it writes). sa is not in the copy path's block key, so
+    its check is per call; the others' when a pointer tuple's block is made."""
     p = _weights()
     a, d, masked_m = _operands(8)
-    a = (a[0], _m_major(a[1], 8))
+    if layout == "in_place":
+        a = (a[0], _m_major(a[1], 8))
+    inputs = {"a[0]": a[0], "a[1]": a[1], "masked_m": masked_m}
+    sizes = {name: -(-t.untyped_storage().nbytes() // 16) * 16 for name, t in inputs.items()}
+    names = list(inputs)
+    at = sum(sizes[name] for name in names[:names.index(over)])
+    buf = torch.zeros(max(sum(sizes.values()), at + d.numel() * 2), dtype=torch.uint8)
+    copies, start = {}, 0
+    for name, t in inputs.items():
+        storage = buf[start:start + t.untyped_storage().nbytes()].view(t.dtype)
+        copies[name] = storage.as_strided(t.shape, t.stride())
+        copies[name].copy_(t)
+        start += sizes[name]
+    d_over = buf[at:at + d.numel() * 2].view(torch.bfloat16).view(d.shape)
     fake_gpu.on()
-    op(a, p, d, masked_m, 4)
-    op(a, p, d, masked_m, 4)
-    assert _sa_specs(fake_gpu, a[1].data_ptr())
-    storage = torch.zeros(d.numel() * 2 + 4096, dtype=torch.uint8)
-    d2 = storage[:d.numel() * 2].view(torch.bfloat16).view(d.shape)
-    sa2 = storage[d.numel() * 2 - 64:].view(torch.float32)[:a[1].numel()].view(a[1].shape)  # sa2[0] in d2's tail
-    sa2 = sa2.as_strided(a[1].shape, a[1].stride())
-    assert mxfp4_gemm.scales_in_place(sa2)
-    launches, specs = len(fake_gpu.launches), len(fake_gpu.specs)
-    op((a[0], sa2), p, d2, masked_m, 4)
-    assert len(fake_gpu.launches) == launches + 1
-    (spec,) = [s for s in fake_gpu.specs[specs:] if s.dtype == TmaDtype.FLOAT32]
-    assert spec.global_address != sa2.data_ptr()  # a copy's, not sa2's
+    for _ in range(3):  # the plan, its block, a hit
+        op((copies["a[0]"], copies["a[1]"]), p, d, masked_m, 4)
+    launches = len(fake_gpu.launches)
+    call = ((copies["a[0]"], copies["a[1]"]), p, d_over, copies["masked_m"], 4)
+    with pytest.raises(ValueError) as warm:
+        op(*call)
+    assert _plans() == 1 and str(warm.value).startswith(f"d must not overlap {over}:")
+    plans.clear()
+    with pytest.raises(ValueError) as cold:
+        op(*call)
+    assert str(warm.value) == str(cold.value) and len(fake_gpu.launches) == launches
 
 
 @pytest.mark.parametrize("case", ["x", "tiles"])
@@ -371,3 +385,25 @@ def test_empty_problem_launches_nothing(fake_gpu):
     for _ in range(2):
         op(a, p, d, masked_m, 4)
     assert not fake_gpu.launches and _plans() == 1 and _plan().call is _plan().op
+
+
+def test_scales_moved_into_d_after_a_cached_block_raise_the_ops_message(fake_gpu):
+    """The copy path's block key holds the plan's buffer, not sa: an sa moved into d's bytes with every other pointer
+    the same hits the cached block, and must still be refused (checked per call), warm as cold."""
+    p = _weights()
+    a, d, masked_m = _operands(8)
+    fake_gpu.on()
+    for _ in range(3):
+        op(a, p, d, masked_m, 4)
+    plan = _plan()
+    assert not plan.in_place and len(plan.blocks) == 1
+    sa_in_d = d.view(torch.uint8).view(-1)[:a[1].untyped_storage().nbytes()].view(torch.float32)
+    sa_in_d = sa_in_d.as_strided(a[1].shape, a[1].stride())
+    launches = len(fake_gpu.launches)
+    with pytest.raises(ValueError) as warm:
+        op((a[0], sa_in_d), p, d, masked_m, 4)
+    plans.clear()
+    with pytest.raises(ValueError) as cold:
+        op((a[0], sa_in_d), p, d, masked_m, 4)
+    assert str(warm.value) == str(cold.value) and str(warm.value).startswith("d must not overlap a[1]:")
+    assert len(fake_gpu.launches) == launches

@@ -83,5 +83,5 @@ def test_audit_covers_the_split_k_kernels_the_heuristic_picks():
     split = [t for t in targets if t.config["split_k"] > 1]
     assert split and any(t.name.startswith("dfg_fp8_gemm_dense_n576_k7168") for t in split)
     tail = lambda t: (f", {t.config['split_k']}, false, {str(t.config['swap_ab']).lower()},\n"  # noqa: E731
-                      f"{' ' * 34}{t.config['psum_alignment']}>;")
+                      f"{' ' * 34}{t.config['psum_alignment']}, static_cast<dfg::ScaleMajor>(0)>;")  # sA M-major
     assert all("SPLIT_K" not in t.source and tail(t) in t.source for t in targets)
