@@ -250,7 +250,7 @@ class GemmPlan:
         self.seen: dict[tuple[int, int, int, int, int, int], None] = {}
         self.sa_major = sa_major
         self.sa_ready = (sa.numel() == 0 or sa.stride() == m_major_strides(tuple(sa.shape)) if sa_major == "m"
-                         else gemm_host.sa_major_of(sa) == sa_major)
+                         else gemm_host.sa_major_of(sa, address=False) == sa_major)  # address: per call
         self.sb_ready = sb.is_contiguous()
         self.gl_ready = gl is None or gl.is_contiguous()
         self.ready = self.sa_ready and self.sb_ready and self.gl_ready  # no conversion needed on any call

@@ -328,6 +328,27 @@ def test_sx_where_it_lies_launches_the_ops_bytes_without_a_copy(fake_gpu, monkey
 
 
 @pytest.mark.parametrize("major", ["k", "g"])
+def test_a_plan_made_on_a_misaligned_sx_serves_aligned_calls(fake_gpu, major):
+    """The signature's first call with sx 4 bytes off 16 (the op's path: copied) makes a plan that later aligned
+    calls of the same signature go through, launching the op's bytes: the layout is the signature's, the address
+    each call's (a plan that judged the first call's address would leave every later call on the op's path)."""
+    a, b, d = _where_it_lies(major)
+    sx = a[1]
+    raw = torch.zeros(sx.untyped_storage().nbytes() // 4 + 1)
+    shifted = raw.as_strided(sx.shape, sx.stride(), sx.storage_offset() + 1)  # 4 bytes on
+    shifted.copy_(sx)
+    fake_gpu.on()
+    einsum.fp8_einsum(EXPR, (a[0], shifted), b, d)
+    plan = _plan()
+    assert plan.call == plan._launch and plan.gemm.fast and plan.gemm.cfg.sa_major == major
+    for _ in range(2):
+        einsum.fp8_einsum(EXPR, a, b, d)
+        einsum._fp8_einsum(EXPR, a, b, d)
+        _same_launch(*fake_gpu.launches[-2:])
+    assert _plan() is plan and len(plan.gemm.blocks) == 1
+
+
+@pytest.mark.parametrize("major", ["k", "g"])
 def test_sx_where_it_lies_misaligned_or_overlapped_takes_the_ops_path(fake_gpu, major):
     """Same signature, sx 4 bytes off 16: the op's path copies it into the M-major layout for the M-major kernel; a d
     over sx raises the op's message and launches nothing."""
