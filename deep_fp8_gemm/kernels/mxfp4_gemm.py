@@ -301,26 +301,17 @@ def scales_in_place(sa: torch.Tensor) -> bool:
     return scales_layout_in_place(sa) and sa.data_ptr() % 16 == 0
 
 
-def column_scales(sa: torch.Tensor, *outputs: torch.Tensor | None) -> torch.Tensor:
+def column_scales(sa: torch.Tensor) -> torch.Tensor:
     """``sa [G, m_max, K/128]`` fp32 -> the ``[G, K/128, rows]`` view the kernel's sA box reads (unit last stride,
-    16-byte row and group strides: :func:`map_args`): ``sa.transpose(1, 2)`` itself when :func:`scales_in_place`
-    and no tensor of ``outputs`` (what the launch writes; None: none) overlaps it, else a copy into
-    ``[G, K/128, m_pad]`` (m_pad = m_max rounded up to 4: 16-byte rows; G x K/128 x m_pad floats, small at decode),
-    so a result never depends on the order the kernel reads sA and writes its outputs."""
-    if scales_in_place(sa) and not any(t is not None and _overlap(sa, t) for t in outputs):
+    16-byte row and group strides: :func:`map_args`): ``sa.transpose(1, 2)`` itself when :func:`scales_in_place`,
+    else a copy into ``[G, K/128, m_pad]`` (m_pad = m_max rounded up to 4: 16-byte rows; G x K/128 x m_pad floats,
+    small at decode). The ops refuse an output overlapping ``sa`` before this (``ops.mxfp4.check_outputs_apart``), so
+    reading it in place never races the kernel's stores."""
+    if scales_in_place(sa):
         return sa.transpose(1, 2)
     out, rows = column_buffer(*sa.shape, sa.device)
     rows.copy_(sa)
     return out
-
-
-def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
-    from .._core.checks import byte_range
-
-    if a.numel() == 0 or b.numel() == 0:
-        return False
-    (lo_a, hi_a), (lo_b, hi_b) = byte_range(a), byte_range(b)
-    return lo_a < hi_b and lo_b < hi_a
 
 
 def column_buffer(g: int, m_max: int, kb: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -423,7 +414,7 @@ def launch(config: Mxfp4Config, x: torch.Tensor, sa: torch.Tensor, prepared, d: 
     batches, rows, _ = x.shape
     if rows == 0 or batches == 0:
         return
-    sa_cols = column_scales(sa, d, sd)
+    sa_cols = column_scales(sa)
     maps = encode_maps(map_args(config, x, prepared.tiles, prepared.meta, sa_cols), backend)
     params = param_structs.pack(Mxfp4Params, tma_w=maps[0], tma_a=maps[1], tma_meta=maps[2], tma_sa=maps[3],
                                 d=d.data_ptr(), grouped_layout=grouped_layout.data_ptr(),

@@ -24,7 +24,7 @@ from typing import Callable
 
 import torch
 
-from .._core.plans import ALLOCATORS, MAX_GUARDS_PER_WEIGHT, MAX_PLANS, guard, register_cache
+from .._core.plans import ALLOCATORS, MAX_GUARDS_PER_WEIGHT, guard, plan_of, register_cache
 from ..kernels import quant as quant_host
 from ..runtime import params as param_structs
 from ..runtime import target
@@ -127,13 +127,6 @@ _plans: dict[tuple, TransposePlan] = {}
 _hot: list[list] = []
 
 
-def _remember(key: tuple, plan: TransposePlan) -> TransposePlan:
-    if len(_plans) >= MAX_PLANS:
-        _plans.clear()
-    _plans[key] = plan
-    return plan
-
-
 def _push(entries: list, entry: tuple) -> None:
     entries.insert(0, entry)
     del entries[MAX_GUARDS_PER_WEIGHT:]
@@ -152,11 +145,7 @@ def cast_transpose_entry(check: Callable, impl: Callable) -> Callable:
             if hit(x):
                 return call(x)
         key = ("cast_transpose", ue8m0, x.shape, x.stride(), x.dtype, x.device)
-        plan = _plans.get(key)
-        if plan is None:
-            check(x)
-            plan = _remember(key, TransposePlan(x, lambda v: quant_host.plan_cast_transpose(v, ue8m0),
-                                                lambda v: impl(v, ue8m0)))
+        plan = plan_of(_plans, key, lambda: _cast_transpose_plan(x, check, ue8m0, impl))
         g = guard(x)
         if g is not None:
             _push(hot[ue8m0], (g.check, plan.call))
@@ -182,11 +171,7 @@ def k_grouped_entry(check: Callable, impl: Callable) -> Callable:
             if planned == ks_key and hit(x):
                 return call(x)
         key = ("k_grouped", ue8m0, ks_key, x.shape, x.stride(), x.dtype, x.device)
-        plan = _plans.get(key)
-        if plan is None:
-            ks_list = check(x, ks)
-            plan = _remember(key, TransposePlan(x, lambda v: quant_host.plan_k_grouped_transpose(v, ks_list, ue8m0),
-                                                lambda v: impl(v, ks_list, ue8m0)))
+        plan = plan_of(_plans, key, lambda: _k_grouped_plan(x, check(x, ks), ue8m0, impl))
         g = guard(x)
         if g is not None:
             _push(hot[ue8m0], (g.check, ks_key, plan.call))
@@ -194,6 +179,17 @@ def k_grouped_entry(check: Callable, impl: Callable) -> Callable:
 
     _hot.extend(hot)
     return entry
+
+
+def _cast_transpose_plan(x: torch.Tensor, check: Callable, ue8m0: bool, impl: Callable) -> TransposePlan:
+    """The cast-transpose's plan for ``x``'s signature, after the op's check."""
+    check(x)
+    return TransposePlan(x, lambda v: quant_host.plan_cast_transpose(v, ue8m0), lambda v: impl(v, ue8m0))
+
+
+def _k_grouped_plan(x: torch.Tensor, ks: list[int], ue8m0: bool, impl: Callable) -> TransposePlan:
+    """The k-grouped op's plan for ``x``'s signature and the checked ``ks``."""
+    return TransposePlan(x, lambda v: quant_host.plan_k_grouped_transpose(v, ks, ue8m0), lambda v: impl(v, ks, ue8m0))
 
 
 def _clear() -> None:
